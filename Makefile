@@ -1,0 +1,32 @@
+# The two commands of the README: `make serve` and `make test`. Both set everything up first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Offline BPE files for tiktoken, when this checkout sits beside the shared folder.
+ifneq ($(wildcard ../shared/tiktoken),)
+export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
+endif
+export RAY_AUTH_MODE ?= token
+
+.PHONY: help setup serve test test-slow bench
+
+help:
+	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
+	@echo "make test       set up .venv and run the test suite (unit + integration)"
+	@echo "make test-slow  the slow suite"
+	@echo "make bench      the benchmarks under bench/"
+
+setup:
+	@scripts/setup.sh
+
+serve: setup
+	.venv/bin/reasonray serve $(ARGS)
+
+test: setup
+	scripts/test.sh default $(ARGS)
+
+test-slow: setup
+	scripts/test.sh slow $(ARGS)
+
+bench: setup
+	.venv/bin/python bench/overhead.py

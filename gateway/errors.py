@@ -1,0 +1,58 @@
+"""Errors of the LLM gateway, by whose fault they are.
+
+    LLMError                      something went wrong talking to the model
+    ├── LLMConfigError            the gateway is configured wrongly (missing key, bad URL): the operator's fault
+    ├── ProviderRejectedError     the provider refused this request (400/401/403/404/422): retrying will not help
+    ├── TransientProviderError    one attempt failed (429, 5xx, timeout, connection); another may not
+    ├── ProviderUnavailableError  the provider failed on every attempt
+    │   └── CircuitOpenError      too many consecutive failures: calls fail fast until the breaker half-opens
+    └── RemoteRequestsForbidden   a test tried to reach a non-loopback endpoint
+"""
+
+from __future__ import annotations
+
+
+class LLMError(Exception):
+    """Something went wrong talking to the model."""
+
+
+class LLMConfigError(LLMError):
+    """The gateway is configured wrongly; the message says which setting to change."""
+
+
+class ProviderRejectedError(LLMError):
+    """The provider refused the request itself; retrying the same request cannot succeed."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class TransientProviderError(LLMError):
+    """One attempt failed in a way that another attempt may not (rate limit, server error, timeout)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+
+class ProviderUnavailableError(LLMError):
+    """The provider failed on every attempt (rate limits, server errors, timeouts, connection errors)."""
+
+    def __init__(self, message: str, *, attempts: int = 0, cause: str = "") -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.cause = cause
+
+
+class CircuitOpenError(ProviderUnavailableError):
+    """The breaker is open after consecutive failures; calls fail fast until it half-opens."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, attempts=0, cause="circuit_open")
+        self.retry_after_s = retry_after_s
+
+
+class RemoteRequestsForbidden(LLMError):
+    """Raised when requests to non-loopback endpoints are switched off (the test suite does this)."""

@@ -1,0 +1,1 @@
+"""The simulated model: a deterministic, OpenAI-compatible HTTP server for tests, benchmarks and demos."""

@@ -1,0 +1,321 @@
+"""The simulated model's behaviour, free of HTTP: what it answers to a chat request, and when it fails.
+
+Replies are deterministic for a given request and seed. By default the model answers simple
+arithmetic after a short `<thinking>`; `[[sim ...]]` directives in the latest user message script
+longer reasoning, scripted replies and faults (docs/simulator.md lists them).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import operator
+import random
+import re
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.tokens import TokenCounter, count_messages
+from gateway.protocol import Message, ToolCall
+
+MODEL_NAME = "simulated"
+DIRECTIVE = re.compile(r"\[\[sim\s+([^\]]*)\]\]")
+PROGRESS = re.compile(r"\[progress (\d+)/(\d+)\]")
+ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
+FAULT_KINDS = ("429", "500", "timeout")
+
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_PHRASES = (
+    "re-checking the constraints of the problem",
+    "working through the next sub-case",
+    "comparing this partial result with the earlier one",
+    "verifying the intermediate quantity",
+    "exploring an alternative decomposition",
+    "consolidating what has been established so far",
+)
+
+
+class SimulatorError(Exception):
+    """A request the simulator cannot answer (bad directive, exhausted script); answered with HTTP 400."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "429", "500" or "timeout"
+
+
+@dataclass
+class SimChoice:
+    text: str = ""
+    finish_reason: str = "stop"
+    tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: str | None = None  # the stop sequence that ended the text (vLLM's field name)
+
+
+@dataclass
+class SimResponse:
+    choices: list[SimChoice]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class SimRequest:
+    messages: tuple[Message, ...]
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    n: int = 1
+    seed: int | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass
+class FaultPlan:
+    rate: float = 0.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"fault rate must be between 0 and 1, got {self.rate}")
+        unknown = set(self.kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; use any of {', '.join(FAULT_KINDS)}")
+
+
+@dataclass
+class SimStats:
+    requests: int = 0
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    scripted: int = 0
+
+
+def parse_directives(text: str) -> dict[str, str]:
+    """`[[sim think=300 answer=7]]` -> {"think": "300", "answer": "7"}; later keys win."""
+    found: dict[str, str] = {}
+    for body in DIRECTIVE.findall(text):
+        for key, value in re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", body):
+            found[key] = value.strip('"')
+    return found
+
+
+def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
+    """The first arithmetic expression in `text` with at least one operator, and its value."""
+    for match in ARITHMETIC.finditer(text):
+        expr = match.group(0).strip().replace("×", "*").replace("÷", "/").replace("^", "**")
+        expr = re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", expr)
+        if not re.search(r"\d\s*[-+*/%]", expr):
+            continue
+        try:
+            value = _eval(ast.parse(expr, mode="eval").body)
+        except (SyntaxError, ValueError, ZeroDivisionError, OverflowError):
+            continue
+        return expr, value
+    return None
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _eval(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ValueError("exponent too large")
+        return _OPS[type(node.op)](left, right)
+    raise ValueError(f"not arithmetic: {ast.dump(node)[:80]}")
+
+
+def format_number(value: float) -> str:
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.6g}"
+
+
+class SimulatedModel:
+    """Answers chat requests the way docs/simulator.md describes."""
+
+    def __init__(self, counter: TokenCounter, *, seed: int = 0, faults: FaultPlan | None = None) -> None:
+        self.counter = counter
+        self.seed = seed
+        self.faults = faults or FaultPlan()
+        self._fault_rng = random.Random(seed)
+        self._scripts: dict[str, deque[dict[str, Any]]] = {}
+        self._directed_faults: dict[str, int] = defaultdict(int)
+        self.stats = SimStats()
+
+    # -- administration -------------------------------------------------------------------------
+    def add_script(self, name: str, replies: list[dict[str, Any]]) -> None:
+        self._scripts.setdefault(name, deque()).extend(replies)
+
+    def reset(self) -> None:
+        self._scripts.clear()
+        self._directed_faults.clear()
+        self.stats = SimStats()
+        self._fault_rng = random.Random(self.seed)
+
+    # -- faults ---------------------------------------------------------------------------------
+    def fault_for(self, request: SimRequest) -> Fault | None:
+        """A fault to inject instead of answering: a `fault=` directive first, then the random rate."""
+        self.stats.requests += 1
+        directives = parse_directives(_last_user_text(request.messages))
+        if "fault" in directives:
+            kind = directives["fault"]
+            if kind not in FAULT_KINDS:
+                raise SimulatorError(f"[[sim fault={kind}]]: use one of {', '.join(FAULT_KINDS)}")
+            key = _request_digest(request)
+            if self._directed_faults[key] < int(directives.get("times", "1")):
+                self._directed_faults[key] += 1
+                return self._count(Fault(kind))
+        if self.faults.rate and self._fault_rng.random() < self.faults.rate:
+            return self._count(Fault(self._fault_rng.choice(self.faults.kinds)))
+        return None
+
+    def _count(self, fault: Fault) -> Fault:
+        self.stats.faults[fault.kind] += 1
+        return fault
+
+    # -- answers --------------------------------------------------------------------------------
+    def respond(self, request: SimRequest) -> SimResponse:
+        directives = parse_directives(_last_user_text(request.messages))
+        choices = [self._choice(request, directives, index) for index in range(max(1, request.n))]
+        return SimResponse(
+            choices=choices,
+            prompt_tokens=count_messages(self.counter, request.messages),
+            completion_tokens=sum(self._choice_tokens(c) for c in choices),
+        )
+
+    def _choice_tokens(self, choice: SimChoice) -> int:
+        return self.counter.count(choice.text) + sum(
+            self.counter.count(c.name + c.arguments) for c in choice.tool_calls
+        )
+
+    def _rng(self, request: SimRequest, index: int) -> random.Random:
+        if request.temperature > 0 and request.seed is None:
+            return random.Random()  # sampled: differs on every call
+        return random.Random(f"{self.seed}:{request.seed}:{index}:{_request_digest(request)}")
+
+    def _choice(self, request: SimRequest, directives: dict[str, str], index: int) -> SimChoice:
+        if "script" in directives:
+            return self._scripted(directives["script"])
+        rng = self._rng(request, index)
+        if "think" in directives:
+            text, cut_off = self._long_reasoning(request, directives, rng)
+        else:
+            text, cut_off = self._short_reasoning(request, directives, rng), False
+        return self._finish(text, request, cut_off)
+
+    def _scripted(self, name: str) -> SimChoice:
+        queue = self._scripts.get(name)
+        if not queue:
+            raise SimulatorError(f"script {name!r} has no replies left; add some with POST /v1/sim/scripts")
+        reply = queue.popleft()
+        self.stats.scripted += 1
+        calls = tuple(
+            ToolCall(id=c.get("id") or f"call_{i}", name=c["name"], arguments=json.dumps(c.get("arguments", {})))
+            for i, c in enumerate(reply.get("tool_calls", []))
+        )
+        return SimChoice(
+            text=reply.get("content") or "",
+            finish_reason=reply.get("finish_reason") or ("tool_calls" if calls else "stop"),
+            tool_calls=calls,
+        )
+
+    def _short_reasoning(self, request: SimRequest, directives: dict[str, str], rng: random.Random) -> str:
+        question = _last_user_text(request.messages)
+        if "answer" in directives:
+            answer = directives["answer"]
+            thought = f"The instructions fix the answer; after {rng.choice(_PHRASES)} it is {answer}."
+        elif (found := evaluate_arithmetic(DIRECTIVE.sub("", question))) is not None:
+            expr, value = found
+            answer = format_number(value)
+            thought = f"The question asks for {expr}. Computing it step by step: {expr} = {answer}."
+        else:
+            answer = "I am a simulated model: I answer arithmetic and follow [[sim ...]] directives only."
+            thought = "This is not an arithmetic question and carries no [[sim]] directive."
+        return f"<thinking>{thought}</thinking>\n<answer>{answer}</answer>"
+
+    def _long_reasoning(self, request: SimRequest, directives: dict[str, str], rng: random.Random) -> tuple[str, bool]:
+        """Reason for `think` tokens in total, resuming from the progress markers the prompt shows.
+
+        Returns the text and whether max_tokens cut it off. When the prompt mentions `<continue>`,
+        the model ends a full chunk with that marker itself instead of being cut off.
+        """
+        try:
+            total = int(directives["think"])
+        except ValueError:
+            raise SimulatorError(f"[[sim think={directives['think']}]]: think takes a whole number of tokens")
+        answer = directives.get("answer", "done")
+        prompt = "\n".join(m.content or "" for m in request.messages)
+        done = max((int(d) for d, n in PROGRESS.findall(prompt) if int(n) == total), default=0)
+        budget = request.max_tokens if request.max_tokens is not None else 10**9
+        wants_continue = "<continue>" in prompt
+        closing = f"</thinking>\n<answer>{answer}</answer>"
+        parts = [] if done else ["<thinking>"]
+        used = self.counter.count(parts[0]) if parts else 0
+        step = done
+        while done + used < total:
+            sentence = f" Step {step}: {rng.choice(_PHRASES)} [progress {done + used}/{total}]."
+            cost = self.counter.count(sentence)
+            room = budget - used - (self.counter.count(" <continue>") if wants_continue else 0)
+            if cost > room:
+                parts.append(self.counter.head(sentence, max(room, 0)))
+                if wants_continue:
+                    parts.append(" <continue>")
+                return "".join(parts), not wants_continue
+            parts.append(sentence)
+            used += cost
+            step += 1
+        parts.append(f" [progress {total}/{total}]")
+        parts.append(closing)
+        return "".join(parts), False
+
+    def _finish(self, text: str, request: SimRequest, cut_off: bool = False) -> SimChoice:
+        """Apply stop sequences (excluded from the text, as OpenAI does) and max_tokens."""
+        stop_at, stop_reason = len(text), None
+        for seq in request.stop:
+            pos = text.find(seq)
+            if 0 <= pos < stop_at:
+                stop_at, stop_reason = pos, seq
+        text = text[:stop_at]
+        if request.max_tokens is not None and self.counter.count(text) > request.max_tokens:
+            return SimChoice(text=self.counter.head(text, request.max_tokens), finish_reason="length")
+        if cut_off and stop_reason is None:
+            return SimChoice(text=text, finish_reason="length")
+        return SimChoice(text=text, finish_reason="stop", stop_reason=stop_reason)
+
+
+def _last_user_text(messages: tuple[Message, ...]) -> str:
+    for m in reversed(messages):
+        if m.role == "user":
+            return m.content or ""
+    return ""
+
+
+def _request_digest(request: SimRequest) -> str:
+    body = json.dumps([[m.role, m.content] for m in request.messages], ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def embed(text: str, dims: int = 384) -> list[float]:
+    """A deterministic bag-of-words embedding: texts sharing words point the same way (feature hashing)."""
+    vector = [0.0] * dims
+    words = re.findall(r"\w+", text.lower())
+    for word in words:
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dims
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = sum(v * v for v in vector) ** 0.5 or 1.0
+    return [v / norm for v in vector]

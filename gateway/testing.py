@@ -1,0 +1,97 @@
+"""Strict test doubles for the LLM protocol, for unit tests and notebooks.
+
+`ScriptedLLM` answers from a script and raises on any call the script did not foresee;
+`assert_complete()` checks that the whole script was used. `FunctionLLM` computes each reply
+from the request. Both report usage with the real token counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Union
+
+from gateway.protocol import Choice, Completion, LLMRequest, ToolCall, Usage
+from gateway.tokens import TokenCounter, count_messages, counter_for_model
+
+Reply = Union[str, Completion, ToolCall, tuple[ToolCall, ...], BaseException]
+
+
+class UnexpectedCall(AssertionError):
+    """The code under test called the model more often than the script allows."""
+
+
+def make_completion(
+    request: LLMRequest,
+    reply: str | ToolCall | tuple[ToolCall, ...],
+    *,
+    model: str,
+    counter: TokenCounter,
+    finish_reason: str | None = None,
+) -> Completion:
+    calls: tuple[ToolCall, ...] = ()
+    text = ""
+    if isinstance(reply, ToolCall):
+        calls = (reply,)
+    elif isinstance(reply, tuple):
+        calls = reply
+    else:
+        text = reply
+    completion_tokens = counter.count(text) + sum(counter.count(c.name + c.arguments) for c in calls)
+    return Completion(
+        choices=(Choice(text=text, finish_reason=finish_reason or ("tool_calls" if calls else "stop"), tool_calls=calls),),
+        usage=Usage(count_messages(counter, request.messages), completion_tokens),
+        model=model,
+    )
+
+
+class ScriptedLLM:
+    def __init__(self, replies: Iterable[Reply], model: str = "scripted") -> None:
+        self._replies = list(replies)
+        self._model = model
+        self._counter = counter_for_model(model)
+        self.requests: list[LLMRequest] = []
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        self.requests.append(request)
+        if not self._replies:
+            last = request.messages[-1].content if request.messages else None
+            raise UnexpectedCall(f"call {len(self.requests)} was not scripted; its last message: {last!r:.200}")
+        reply = self._replies.pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        if isinstance(reply, Completion):
+            return reply
+        return make_completion(request, reply, model=self._model, counter=self._counter)
+
+    @property
+    def remaining(self) -> int:
+        return len(self._replies)
+
+    def assert_complete(self) -> None:
+        if self._replies:
+            raise AssertionError(f"{len(self._replies)} scripted repl(ies) never used: {self._replies!r:.300}")
+
+
+class FunctionLLM:
+    def __init__(self, fn: Callable[[LLMRequest], Reply], model: str = "function") -> None:
+        self._fn = fn
+        self._model = model
+        self._counter = counter_for_model(model)
+        self.requests: list[LLMRequest] = []
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        self.requests.append(request)
+        reply = self._fn(request)
+        if isinstance(reply, BaseException):
+            raise reply
+        if isinstance(reply, Completion):
+            return reply
+        return make_completion(request, reply, model=self._model, counter=self._counter)

@@ -1,0 +1,168 @@
+"""The `reasonray` command: serve the API on Ray, ask it a question, run the simulated model."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+import httpx
+
+from gateway.errors import LLMConfigError
+from reasonray.config import ConfigError, Settings, load_settings
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _load(config: str | None, overrides: dict[str, Any]) -> Settings:
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        _fail(str(exc))
+    data = settings.model_dump(mode="json")
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        section, key = dotted.split(".")
+        data[section][key] = value
+    return Settings.model_validate(data)
+
+
+@click.group()
+@click.version_option(package_name="reasonray")
+def main() -> None:
+    """ReasonRay: LLM reasoning served on Ray."""
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml to use.")
+@click.option("--llm", type=click.Choice(["auto", "simulated", "openai"]), default=None,
+              help="Model provider; default from [llm] provider (auto: simulated unless an endpoint or key is set).")
+@click.option("--host", default=None, help="Address the API binds (default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="API port (default 8000).")
+@click.option("--address", default="local", show_default=True,
+              help="Ray cluster: 'local' starts one here, 'auto' joins the running one, or host:port.")
+@click.option("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all).")
+@click.option("--dashboard/--no-dashboard", default=True, show_default=True, help="Start the Ray dashboard.")
+def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
+    """Run the Serve API on a Ray cluster until Ctrl-C."""
+    import ray
+    from ray import serve as ray_serve
+
+    from gateway.simulator.server import SimulatorServer, SimulatorSettings
+    from serve_app import build_app
+
+    settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
+    simulator = None
+    if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
+        s = settings.llm.simulator
+        simulator = SimulatorServer(SimulatorSettings(
+            host=s.host, port=s.port, ttft_ms=s.ttft_ms, tokens_per_second=s.tokens_per_second,
+            fault_rate=s.fault_rate, fault_kinds=tuple(s.fault_kinds), seed=s.seed,
+        )).start()
+        settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})})
+    try:
+        app = build_app({"settings": settings.model_dump(mode="json")})
+    except (ConfigError, LLMConfigError) as exc:
+        if simulator:
+            simulator.stop()
+        _fail(str(exc))
+
+    context = ray.init(address=address, num_cpus=num_cpus, include_dashboard=dashboard,
+                       dashboard_host="127.0.0.1", namespace="reasonray", log_to_driver=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        ray_serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
+        ray_serve.run(app, name="reasonray", route_prefix="/")
+        base = f"http://{settings.server.host}:{settings.server.port}"
+        click.echo(f"ReasonRay is serving on a Ray cluster ({settings.resolved_provider()} model"
+                   f"{', SIMULATED' if simulator or settings.resolved_provider() == 'simulated' else ''}).")
+        click.echo(f"  JSON-RPC   POST {base}/rpc")
+        click.echo(f"  API docs   {base}/docs")
+        click.echo(f"  health     {base}/healthz")
+        if dashboard and context.dashboard_url:
+            click.echo(f"  dashboard  http://{context.dashboard_url}")
+        if simulator:
+            click.echo(f"  simulated model  {simulator.url}")
+        click.echo('Try:  reasonray ask "What is 17 * 23?"     (Ctrl-C stops)')
+        stop.wait()
+    finally:
+        click.echo("stopping...")
+        ray_serve.shutdown()
+        ray.shutdown()
+        if simulator:
+            simulator.stop()
+
+
+@main.command()
+@click.argument("question")
+@click.option("--strategy", default=None, help="Strategy to use (default: the server's).")
+@click.option("--strategy-config", default=None, help="Strategy config as JSON, e.g. '{\"max_tokens\": 512}'.")
+@click.option("--trace", is_flag=True, help="Also print the run's events.")
+@click.option("--url", default=DEFAULT_URL, show_default=True, envvar="REASONRAY_URL", help="Where the API runs.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the answer.")
+def ask(question, strategy, strategy_config, trace, url, timeout) -> None:
+    """Ask the running service a question through reasoning.execute."""
+    params: dict[str, Any] = {"query": question, "include_trace": trace}
+    if strategy:
+        params["strategy"] = strategy
+    if strategy_config:
+        try:
+            params["strategy_config"] = json.loads(strategy_config)
+        except json.JSONDecodeError as exc:
+            _fail(f"--strategy-config is not valid JSON: {exc}")
+    call = {"jsonrpc": "2.0", "method": "reasoning.execute", "params": params, "id": 1}
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/rpc", json=call, timeout=timeout)
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach ReasonRay at {url}: {exc}. Is `reasonray serve` running?", 1)
+    body = response.json()
+    if "error" in body:
+        error = body["error"]
+        click.echo(f"error {error['code']}: {error['message']}", err=True)
+        if error.get("data"):
+            click.echo(json.dumps(error["data"], indent=2), err=True)
+        sys.exit(1)
+    result = body["result"]
+    click.echo(result["answer"])
+    metrics = {k: v for k, v in result["metrics"].items() if k != "strategy_specific"}
+    click.echo(f"\nstrategy: {result['strategy_used']} (chosen by {result['resolution']['strategy_decided_by']})")
+    click.echo(f"metrics:  {json.dumps(metrics)}")
+    click.echo(f"specific: {json.dumps(result['metrics']['strategy_specific'])}")
+    click.echo(f"trace_id: {result['trace_id']}")
+    if trace:
+        click.echo(json.dumps(result["trace"], indent=2))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8001, show_default=True, type=int)
+@click.option("--ttft-ms", default=0.0, show_default=True, help="Simulated time to first token.")
+@click.option("--tokens-per-second", default=0.0, show_default=True, help="Simulated generation speed (0: instant).")
+@click.option("--fault-rate", default=0.0, show_default=True, help="Share of requests that fail on purpose.")
+@click.option("--fault-kinds", default="429,500,timeout", show_default=True, help="Comma-separated: 429, 500, timeout.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--hang-s", default=30.0, show_default=True, help="How long a timeout fault keeps the client waiting.")
+def sim(host, port, ttft_ms, tokens_per_second, fault_rate, fault_kinds, seed, hang_s) -> None:
+    """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
+    from gateway.simulator.engine import FaultPlan
+    from gateway.simulator.server import SimulatorSettings, run
+
+    kinds = tuple(k.strip() for k in fault_kinds.split(",") if k.strip())
+    try:
+        FaultPlan(fault_rate, kinds)
+    except ValueError as exc:
+        _fail(str(exc))
+    click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1")
+    run(SimulatorSettings(host=host, port=port, ttft_ms=ttft_ms, tokens_per_second=tokens_per_second,
+                          fault_rate=fault_rate, fault_kinds=kinds, seed=seed, hang_s=hang_s))

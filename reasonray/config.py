@@ -1,0 +1,193 @@
+"""System configuration: `config.toml` read with tomllib, overridden by the environment, validated by Pydantic.
+
+Environment overrides: `REASONRAY_<SECTION>__<KEY>=value` (double underscore between levels, values
+parsed as JSON when they parse, e.g. `REASONRAY_REASONING__ENABLED_STRATEGIES='["chain_of_thought"]'`),
+plus the standard `OPENAI_BASE_URL` (the endpoint) and, through `[llm] api_key_env`, `OPENAI_API_KEY`.
+Every error names the key and the values it allows (docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "REASONRAY_"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config.toml"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names each bad key and what it allows."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetrySettings(_Section):
+    max_attempts: int = Field(3, ge=1, le=10, description="Attempts per LLM call, the first included.")
+    initial_backoff_s: float = Field(1.0, ge=0, description="Wait after the first failure; doubles each attempt.")
+    max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between attempts.")
+    jitter_s: float = Field(0.5, ge=0, description="Random extra wait, up to this, so clients do not retry in step.")
+
+
+class BreakerSettings(_Section):
+    failure_threshold: int = Field(5, ge=1, description="Consecutive failed attempts that open the breaker.")
+    reset_timeout_s: float = Field(60.0, gt=0, description="Seconds the breaker stays open before one trial call.")
+
+
+class CacheSettings(_Section):
+    enabled: bool = Field(True, description="Serve repeatable LLM calls (temperature 0 or a seed) from the cache.")
+    max_entries: int = Field(10_000, ge=1, description="Entries kept; the least recently used go first.")
+    ttl_s: float = Field(3600.0, gt=0, description="Seconds an entry stays valid.")
+
+
+class SimulatorSection(_Section):
+    host: str = Field("127.0.0.1", description="Where `serve --llm simulated` binds the simulated model.")
+    port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free one.")
+    ttft_ms: float = Field(0.0, ge=0, description="Simulated time to first token.")
+    tokens_per_second: float = Field(0.0, ge=0, description="Simulated generation speed; 0 means instant.")
+    fault_rate: float = Field(0.0, ge=0, le=1, description="Share of requests that fail on purpose.")
+    fault_kinds: list[Literal["429", "500", "timeout"]] = Field(["429", "500", "timeout"], description="Which faults.")
+    seed: int = Field(0, description="Seed of the simulated model's choices.")
+
+
+class LLMSettings(_Section):
+    provider: Literal["auto", "openai", "simulated"] = Field(
+        "auto",
+        description="openai: any OpenAI-compatible endpoint; simulated: the built-in simulated model; "
+        "auto: openai when OPENAI_BASE_URL or the API key variable is set, else simulated.",
+    )
+    model: str = Field("gpt-4.1", min_length=1, description="Model name sent to the endpoint.")
+    base_url: str | None = Field(None, description="Endpoint base URL, e.g. http://localhost:8000/v1 for vLLM.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
+    api_key_required: bool = Field(True, description="Refuse to start without a key (false for keyless local servers).")
+    request_timeout_s: float = Field(60.0, gt=0, description="Timeout of one LLM call.")
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens", description="How the endpoint names the output limit (OpenAI reasoning models want max_completion_tokens)."
+    )
+    retry: RetrySettings = RetrySettings()
+    circuit_breaker: BreakerSettings = BreakerSettings()
+    cache: CacheSettings = CacheSettings()
+    simulator: SimulatorSection = SimulatorSection()
+
+
+class PerformanceSettings(_Section):
+    max_concurrent_requests: int = Field(100, ge=1, description="Requests one replica works on at once (Serve's max_ongoing_requests).")
+    strategy_selection_timeout_ms: int = Field(50, ge=1, description="Budget for resolving a strategy.")
+    enable_metrics: bool = Field(True, description="Export metrics to the Ray metrics endpoint.")
+
+
+class ReasoningSettings(_Section):
+    default_strategy: str | None = Field(
+        None, description="Strategy used when a request names none; none means requests must name one."
+    )
+    enabled_strategies: list[str] = Field(default_factory=list, description="Strategies served; may be empty.")
+    strategies: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per-strategy settings: `default_<field>` sets a config field's default, other keys are limits.",
+    )
+    performance: PerformanceSettings = PerformanceSettings()
+
+    @field_validator("default_strategy", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value in ("", "none", "null") else value
+
+    @model_validator(mode="after")
+    def _default_is_enabled(self) -> ReasoningSettings:
+        if len(set(self.enabled_strategies)) != len(self.enabled_strategies):
+            raise ValueError("enabled_strategies lists a strategy twice")
+        if self.default_strategy is not None and self.default_strategy not in self.enabled_strategies:
+            raise ValueError(
+                f"default_strategy {self.default_strategy!r} is not enabled; "
+                f"choose one of {self.enabled_strategies or '[] (none enabled)'} or leave it unset"
+            )
+        return self
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="Address Ray Serve binds; loopback unless you mean to expose it.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the API.")
+    num_replicas: int = Field(1, ge=1, description="Replicas of the API deployment.")
+    replica_num_cpus: float = Field(0.1, ge=0, description="CPUs each replica reserves (the work is I/O-bound).")
+
+
+class LoggingSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    format: Literal["json", "console"] = Field("json", description="json for machines, console for people.")
+
+
+class Settings(_Section):
+    data_dir: Path = Field(Path(".reasonray"), description="Where ReasonRay keeps its data (event logs, memory, sessions).")
+    server: ServerSettings = ServerSettings()
+    llm: LLMSettings = LLMSettings()
+    reasoning: ReasoningSettings = ReasoningSettings()
+    logging: LoggingSettings = LoggingSettings()
+
+    def resolved_provider(self, environ: dict[str, str] | None = None) -> Literal["openai", "simulated"]:
+        env = os.environ if environ is None else environ
+        if self.llm.provider != "auto":
+            return self.llm.provider
+        return "openai" if (self.llm.base_url or env.get(self.llm.api_key_env)) else "simulated"
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
+        node[path[-1]] = _parse_env_value(raw)
+    if environ.get("OPENAI_BASE_URL"):
+        data.setdefault("llm", {}).setdefault("base_url", environ["OPENAI_BASE_URL"])
+    if environ.get("REASONRAY_DATA_DIR"):
+        data["data_dir"] = environ["REASONRAY_DATA_DIR"]
+    return data
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling against docs/configuration.md"
+        elif e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Read `path` (default: the repository's config.toml, if any), apply the environment, validate."""
+    env = dict(os.environ if environ is None else environ)
+    config_path = Path(path or env.get("REASONRAY_CONFIG") or DEFAULT_CONFIG_PATH)
+    data: dict[str, Any] = {}
+    if config_path.exists():
+        try:
+            data = tomllib.loads(config_path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_path} is not valid TOML: {exc}") from exc
+    elif path is not None:
+        raise ConfigError(f"config file {config_path} does not exist")
+    data = _apply_env(data, env)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(config_path))) from None

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run a pytest suite and make "no tests ran" (pytest exit 5) loud: it never passes silently.
+#   scripts/test.sh            unit + integration (everything not marked slow)
+#   scripts/test.sh slow       the slow suite
+set -uo pipefail
+cd "$(dirname "$0")/.."
+suite=${1:-default}
+shift || true
+case "$suite" in
+    default) marker="not slow" ;;
+    slow) marker="slow" ;;
+    *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;
+esac
+
+.venv/bin/python -m pytest -m "$marker" "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "ERROR: pytest collected no tests for the '$suite' suite (-m \"$marker\"); nothing was tested." >&2
+    exit 1
+fi
+exit "$rc"

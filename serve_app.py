@@ -1,0 +1,161 @@
+"""The Ray Serve application: JSON-RPC 2.0 at POST /rpc, REST mirrors, GET /healthz, OpenAPI at /docs.
+
+Transport only: validation, trace ids, error mapping and wiring. The reasoning lives in the pure
+packages; `build_app` is the one typed builder that binds everything:
+
+    serve run serve_app:build_app config_path=config.toml
+"""
+
+
+import time
+from typing import Any
+
+import ray
+import structlog
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from ray import serve
+from ray.serve import Application
+
+from actors.llm_cache import RayCacheStore, cache_actor
+from actors.registry import registry_actor
+from gateway.tokens import counter_for_model
+from reasonray import __version__
+from reasonray.api import accept_trace_id, build_dispatcher
+from reasonray.config import Settings, load_settings
+from reasonray.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, MAX_ITERATIONS, STRATEGY_UNAVAILABLE
+from reasonray.llm import build_llm, client_for
+from reasonray.logs import configure_logging
+from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
+from strategies.registry import StrategyRegistry, build_catalogue
+
+log = structlog.get_logger("reasonray.serve")
+
+api = FastAPI(
+    title="ReasonRay",
+    version=__version__,
+    description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
+    "reasoning.strategies); REST mirrors under /v1. See docs/api.md.",
+)
+
+HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, INTERNAL_ERROR: 503}
+LLM_PROBE_TTL_S = 5.0
+
+
+@serve.deployment
+@serve.ingress(api)
+class ReasonRayIngress:
+    def __init__(self, settings: dict[str, Any], app_name: str) -> None:
+        self.settings = Settings.model_validate(settings)
+        configure_logging(self.settings.logging)
+        self.registry = registry_actor(app_name, self.settings.reasoning)
+        snapshot = ray.get(self.registry.configure.remote(self.settings.reasoning.model_dump(mode="json")))
+        reasoning = self.settings.reasoning.model_copy(
+            update={"enabled_strategies": snapshot["enabled"], "default_strategy": snapshot["default"]}
+        )
+        catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
+        self.client = client_for(self.settings)
+        self.cache = cache_actor(app_name, self.settings.llm.cache)
+        llm, self.resilient = build_llm(self.settings, self.client, RayCacheStore(self.cache))
+        self.service = ReasoningService(
+            catalogue,
+            llm,
+            counter_for_model(self.client.model),
+            selection_budget_ms=self.settings.reasoning.performance.strategy_selection_timeout_ms,
+        )
+        self.rpc = build_dispatcher(self.service, self._describe_strategies)
+        self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
+        log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
+
+    async def _describe_strategies(self) -> dict[str, Any]:
+        return await self.registry.describe.remote()
+
+    @api.post("/rpc", summary="JSON-RPC 2.0 endpoint (single or batch)")
+    async def rpc(self, request: Request) -> Response:
+        body = await request.body()
+        payload, trace_ids = await self.rpc.handle(body, accept_trace_id(request.headers.get("x-trace-id")))
+        headers = {"X-Trace-Id": trace_ids[0]} if len(trace_ids) == 1 else {}
+        if payload is None:
+            return Response(status_code=204, headers=headers)
+        return JSONResponse(payload, headers=headers)
+
+    @api.post("/v1/reasoning/execute", response_model=ExecuteResult, summary="REST mirror of reasoning.execute")
+    async def execute(self, params: ExecuteParams, request: Request) -> Response:
+        return await self._rest("reasoning.execute", params.model_dump(exclude_none=True), request)
+
+    @api.get("/v1/strategies", summary="REST mirror of reasoning.strategies")
+    async def strategies(self, request: Request) -> Response:
+        return await self._rest("reasoning.strategies", {}, request)
+
+    async def _rest(self, method: str, params: dict[str, Any], request: Request) -> Response:
+        call = {"jsonrpc": "2.0", "method": method, "params": params, "id": 0}
+        payload, trace_ids = await self.rpc.handle_payload(call, accept_trace_id(request.headers.get("x-trace-id")))
+        headers = {"X-Trace-Id": trace_ids[0]}
+        if "error" in payload:
+            error = payload["error"]
+            return JSONResponse({"error": error}, status_code=HTTP_STATUS.get(error["code"], 500), headers=headers)
+        return JSONResponse(payload["result"], headers=headers)
+
+    @api.get("/healthz", summary="Health of Ray, the strategy registry and the LLM endpoint")
+    async def healthz(self) -> Response:
+        registry = await self._registry_health()
+        llm = await self._llm_health()
+        status = "ok" if registry["ok"] and llm["reachable"] and llm["breaker"] == "closed" else "degraded"
+        if not registry["ok"]:
+            status = "unavailable"
+        body = {
+            "status": status,
+            "version": __version__,
+            "ray": {"initialized": ray.is_initialized(), "node_id": ray.get_runtime_context().get_node_id()},
+            "registry": registry,
+            "llm": llm,
+        }
+        return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
+
+    async def _registry_health(self) -> dict[str, Any]:
+        try:
+            snapshot = await self.registry.snapshot.remote()
+        except Exception as exc:  # the actor is restarting or gone
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        return {"ok": True, **snapshot}
+
+    async def _llm_health(self) -> dict[str, Any]:
+        checked_at, cached = self._llm_probe
+        if time.monotonic() - checked_at < LLM_PROBE_TTL_S:
+            return {**cached, "breaker": self.resilient.breaker.state}
+        started = time.perf_counter()
+        try:
+            await self.client.ping()
+            probe = {"reachable": True, "latency_ms": round((time.perf_counter() - started) * 1000, 2)}
+        except Exception as exc:
+            probe = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        probe.update(
+            provider=self.settings.resolved_provider(),
+            model=self.client.model,
+            base_url=self.client.base_url,
+            simulated=self.settings.resolved_provider() == "simulated",
+        )
+        self._llm_probe = (time.monotonic(), probe)
+        return {**probe, "breaker": self.resilient.breaker.state}
+
+
+class AppArgs(BaseModel):
+    """Arguments of `build_app` (what `serve run serve_app:build_app key=value` passes)."""
+
+    config_path: str | None = Field(None, description="config.toml to load; default: the repository's config.toml.")
+    settings: dict[str, Any] | None = Field(None, description="Already-loaded settings (the CLI passes these).")
+    app_name: str = Field("reasonray", pattern=r"^[a-z0-9-]+$", description="Names the application's actors.")
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Validate everything a replica needs before anything is deployed, then bind the ingress."""
+    parsed = AppArgs.model_validate(args or {})
+    settings = Settings.model_validate(parsed.settings) if parsed.settings else load_settings(parsed.config_path)
+    build_catalogue(StrategyRegistry().discover(), settings.reasoning)  # raises ConfigError naming the key
+    client_for(settings)  # raises LLMConfigError naming the variable to set
+    return ReasonRayIngress.options(
+        num_replicas=settings.server.num_replicas,
+        max_ongoing_requests=settings.reasoning.performance.max_concurrent_requests,
+        ray_actor_options={"num_cpus": settings.server.replica_num_cpus},
+    ).bind(settings.model_dump(mode="json"), parsed.app_name)

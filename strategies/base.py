@@ -1,0 +1,143 @@
+"""The `ReasoningStrategy` protocol, the context a strategy receives, and the result contract.
+
+A strategy gets everything it may touch through `StrategyContext`: the LLM (already cached,
+retried and observed), the token counter, the event sink and `fanout`, which runs branches
+concurrently (asyncio in-process; Ray tasks behind Serve). It returns a `ReasoningResult` whose
+standard metrics `context.result(...)` fills in from what the run's LLM calls added up to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.tokens import TokenCounter
+from reasonray.errors import InvalidParamsError, describe_errors, json_safe_errors
+from reasonray.events import EventSink, ObservedLLM
+
+T = TypeVar("T")
+
+
+class ReasoningMetrics(BaseModel):
+    total_tokens: int = Field(description="Prompt plus completion tokens over every LLM call of the run.")
+    prompt_tokens: int = Field(description="Tokens sent to the model over the run.")
+    completion_tokens: int = Field(description="Tokens the model generated over the run.")
+    execution_time_ms: int = Field(description="Wall time of the strategy, in milliseconds.")
+    llm_calls: int = Field(description="LLM calls made, cache hits included.")
+    cache_hits: int = Field(description="LLM calls answered from the response cache.")
+    retries: int = Field(description="Extra attempts spent on transient provider failures.")
+    model: str = Field(description="The model that answered.")
+    simulated: bool = Field(description="True when the answer came from the simulated model, not a real LLM.")
+    strategy_specific: dict[str, Any] = Field(default_factory=dict, description="Metrics particular to the strategy.")
+
+
+class ReasoningResult(BaseModel):
+    answer: str = Field(description="The final answer, reasoning tags stripped.")
+    strategy_used: str = Field(description="The strategy that ran.")
+    metrics: ReasoningMetrics
+    trace: list[dict[str, Any]] | None = Field(None, description="The run's events, when the request asked for them.")
+
+
+class Fanout(Protocol):
+    """Runs independent branches concurrently and returns their results in order."""
+
+    async def __call__(self, branches: Sequence[Callable[[], Awaitable[T]]]) -> list[T]: ...
+
+
+async def local_fanout(branches: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    return list(await asyncio.gather(*(branch() for branch in branches)))
+
+
+@dataclass
+class StrategyContext:
+    llm: ObservedLLM
+    tokens: TokenCounter
+    emit: EventSink
+    trace_id: str
+    fanout: Fanout = local_fanout
+    started: float = field(default_factory=time.perf_counter)
+
+    def result(self, strategy: str, answer: str, **strategy_specific: Any) -> ReasoningResult:
+        t = self.llm.tally
+        return ReasoningResult(
+            answer=answer,
+            strategy_used=strategy,
+            metrics=ReasoningMetrics(
+                total_tokens=t.prompt_tokens + t.completion_tokens,
+                prompt_tokens=t.prompt_tokens,
+                completion_tokens=t.completion_tokens,
+                execution_time_ms=self.elapsed_ms(),
+                llm_calls=t.calls,
+                cache_hits=t.cache_hits,
+                retries=t.retries,
+                model=t.model or self.llm.model,
+                simulated=t.simulated,
+                strategy_specific=strategy_specific,
+            ),
+        )
+
+    def elapsed_ms(self) -> int:
+        return round((time.perf_counter() - self.started) * 1000)
+
+
+@runtime_checkable
+class ReasoningStrategy(Protocol):
+    """What every strategy implements (seed 000, FR-1.2). `reason` takes `context=` and `config=`."""
+
+    name: ClassVar[str]
+
+    async def reason(self, query: str, **kwargs: Any) -> ReasoningResult: ...
+
+    def get_config_schema(self) -> dict[str, Any]: ...
+
+    def get_capabilities(self) -> list[str]: ...
+
+
+class StrategyConfig(BaseModel):
+    """Base of per-request strategy configs: unknown keys are errors, every field has a description."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StrategySettings(BaseModel):
+    """Base of system-level strategy settings (limits from config.toml, not per-request knobs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Strategy:
+    """Convenience base: config/settings models as class attributes, schema and capabilities derived."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[StrategyConfig]] = StrategyConfig
+    Settings: ClassVar[type[StrategySettings]] = StrategySettings
+    extra_capabilities: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, settings: StrategySettings | None = None) -> None:
+        self.settings = settings or self.Settings()
+
+    def get_config_schema(self) -> dict[str, Any]:
+        return self.Config.model_json_schema()
+
+    def get_capabilities(self) -> list[str]:
+        return [f"reasoning.strategy.{self.name}", *self.extra_capabilities]
+
+    def parse_config(self, config: StrategyConfig | dict[str, Any] | None) -> StrategyConfig:
+        if isinstance(config, self.Config):
+            return config
+        try:
+            return self.Config.model_validate(config or {})
+        except ValidationError as exc:
+            raise InvalidParamsError(
+                f"invalid strategy_config for {self.name}: {describe_errors(exc)}",
+                {"errors": json_safe_errors(exc), "config_schema": self.get_config_schema()},
+            ) from None
+
+    async def reason(self, query: str, **kwargs: Any) -> ReasoningResult:
+        raise NotImplementedError

@@ -1,0 +1,24 @@
+"""Shared test set-up: offline tokenizer files, no real LLM requests, clean logging state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+_SHARED_TIKTOKEN = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
+if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
+
+import gateway.openai_client  # noqa: E402
+
+# No test may reach a real provider: only loopback endpoints (the simulated model) are allowed.
+gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
+
+
+@pytest.fixture(autouse=True)
+def _no_remote_llm_requests():
+    gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
+    yield
+    gateway.openai_client.ALLOW_REMOTE_REQUESTS = False

@@ -1,0 +1,78 @@
+import pytest
+
+from gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache, cache_key
+from gateway.protocol import LLMRequest, user
+from gateway.testing import ScriptedLLM
+
+BASE = LLMRequest(messages=(user("What is 2+2?"),), max_tokens=100)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"messages": (user("What is 2+3?"),)},
+        {"max_tokens": 101},
+        {"stop": ("<answer>",)},
+        {"temperature": 0.5},
+        {"seed": 7},
+        {"n": 2},
+        {"tools": ({"type": "function", "function": {"name": "calc"}},)},
+    ],
+)
+def test_every_output_changing_field_changes_the_key(change):
+    import msgspec
+
+    assert cache_key("m", BASE) != cache_key("m", msgspec.structs.replace(BASE, **change))
+
+
+def test_the_model_is_part_of_the_key_and_equal_requests_share_one():
+    assert cache_key("a", BASE) != cache_key("b", BASE)
+    assert cache_key("a", BASE) == cache_key("a", LLMRequest(messages=(user("What is 2+2?"),), max_tokens=100))
+
+
+def test_lru_evicts_the_least_recently_used():
+    cache = LRUTTLCache(max_entries=2)
+    cache.put("a", b"1")
+    cache.put("b", b"2")
+    assert cache.get("a") == b"1"  # a is now the most recent
+    cache.put("c", b"3")
+    assert cache.get("b") is None and cache.get("a") == b"1" and cache.get("c") == b"3"
+    assert cache.stats().evictions == 1
+
+
+def test_entries_expire_after_the_ttl():
+    now = [0.0]
+    cache = LRUTTLCache(max_entries=10, ttl_s=5, clock=lambda: now[0])
+    cache.put("a", b"1")
+    now[0] = 5.0
+    assert cache.get("a") == b"1"
+    now[0] = 5.1
+    assert cache.get("a") is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.expirations, stats.entries) == (1, 1, 1, 0)
+
+
+async def test_repeatable_calls_are_served_from_the_cache():
+    inner = ScriptedLLM(["<answer>4</answer>"])
+    store = LocalCacheStore(LRUTTLCache())
+    llm = CachingLLM(inner, store)
+    first = await llm.complete(BASE)
+    second = await llm.complete(BASE)
+    assert not first.cached and second.cached and second.text == first.text
+    assert second.usage == first.usage and second.attempts == 0
+    assert store.cache.stats().hit_rate == 0.5
+    inner.assert_complete()
+
+
+async def test_sampled_calls_always_reach_the_model_but_seeded_ones_are_cached():
+    import msgspec
+
+    sampled = msgspec.structs.replace(BASE, temperature=0.8)
+    seeded = msgspec.structs.replace(BASE, temperature=0.8, seed=3)
+    inner = ScriptedLLM(["one", "two", "seeded"])
+    llm = CachingLLM(inner, LocalCacheStore(LRUTTLCache()))
+    assert (await llm.complete(sampled)).text == "one"
+    assert (await llm.complete(sampled)).text == "two"
+    assert (await llm.complete(seeded)).text == "seeded"
+    assert (await llm.complete(seeded)).cached
+    inner.assert_complete()

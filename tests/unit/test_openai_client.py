@@ -1,0 +1,79 @@
+"""The OpenAI implementation of the LLM protocol, over HTTP against the simulated model."""
+
+import pytest
+
+import gateway.openai_client as oc
+from gateway.errors import ProviderRejectedError, RemoteRequestsForbidden, TransientProviderError
+from gateway.protocol import LLMRequest, Message, ToolCall, user
+from gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = SimulatorServer(SimulatorSettings(port=0, hang_s=3)).start()
+    yield srv
+    srv.stop()
+
+
+def llm_for(server, **kw):
+    return oc.OpenAILLM("gpt-4.1", base_url=server.url, api_key="x", **kw)
+
+
+async def test_a_completion_carries_text_usage_and_the_simulated_label(server):
+    completion = await llm_for(server).complete(LLMRequest(messages=(user("What is 17 * 23?"),), max_tokens=200))
+    assert "<answer>391</answer>" in completion.text
+    assert completion.simulated and completion.model == "simulated"
+    assert completion.usage.prompt_tokens > 0 and completion.latency_ms > 0
+
+
+async def test_stop_sequence_that_matched_is_reported(server):
+    completion = await llm_for(server).complete(LLMRequest(messages=(user("What is 1+1?"),), stop=("<answer>",)))
+    assert completion.choices[0].stop_sequence == "<answer>"
+
+
+async def test_tool_call_history_round_trips(server):
+    history = (
+        user("[[sim script=tc]]"),
+        Message(role="assistant", tool_calls=(ToolCall(id="c1", name="calc", arguments="{}"),)),
+        Message(role="tool", content="4", tool_call_id="c1"),
+    )
+    server.app.state.model.add_script("tc", [{"content": "done"}])
+    assert (await llm_for(server).complete(LLMRequest(messages=history))).text == "done"
+
+
+@pytest.mark.parametrize("kind,status", [("500", 500), ("429", 429)])
+async def test_server_errors_and_rate_limits_are_transient(server, kind, status):
+    with pytest.raises(TransientProviderError) as err:
+        await llm_for(server).complete(LLMRequest(messages=(user(f"[[sim fault={kind}]] {kind}"),)))
+    assert err.value.status_code == status
+    if kind == "429":
+        assert err.value.retry_after_s == 0.0
+
+
+async def test_timeouts_and_refused_connections_are_transient(server):
+    with pytest.raises(TransientProviderError, match="Timeout"):
+        await llm_for(server, timeout_s=0.5).complete(LLMRequest(messages=(user("[[sim fault=timeout]] t"),)))
+    dead = oc.OpenAILLM("m", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="x")
+    with pytest.raises(TransientProviderError, match="Connection"):
+        await dead.complete(LLMRequest(messages=(user("q"),)))
+
+
+async def test_a_bad_request_is_rejected_not_retried(server):
+    with pytest.raises(ProviderRejectedError) as err:
+        await llm_for(server).complete(LLMRequest(messages=(user("[[sim think=abc]]"),)))
+    assert err.value.status_code == 400 and "think takes a whole number" in str(err.value)
+
+
+async def test_tests_cannot_reach_remote_endpoints():
+    llm = oc.OpenAILLM("gpt-4.1", base_url="https://api.openai.com/v1", api_key="sk-test")
+    with pytest.raises(RemoteRequestsForbidden):
+        await llm.complete(LLMRequest(messages=(user("q"),)))
+    with pytest.raises(RemoteRequestsForbidden):
+        await llm.ping()
+
+
+@pytest.mark.parametrize("url,loopback", [("http://127.0.0.1:1/v1", True), ("http://localhost/v1", True),
+                                          ("http://[::1]:8/v1", True), ("https://api.openai.com/v1", False),
+                                          ("http://10.0.0.1/v1", False)])
+def test_loopback_detection(url, loopback):
+    assert oc.is_loopback_url(url) is loopback

@@ -1,0 +1,173 @@
+"""The simulated model: its behaviour (engine) and its HTTP surface with the official openai client."""
+
+import openai
+import pytest
+
+from gateway.protocol import Message
+from gateway.simulator.engine import FaultPlan, SimRequest, SimulatedModel, SimulatorError, embed, evaluate_arithmetic
+from gateway.simulator.server import SimulatorServer, SimulatorSettings
+from gateway.tokens import counter_for_model
+from reasonray.tags import extract_answer
+
+COUNTER = counter_for_model("simulated")
+
+
+def ask(text, **kw):
+    return SimRequest(messages=(Message(role="user", content=text),), **kw)
+
+
+@pytest.fixture
+def model():
+    return SimulatedModel(COUNTER)
+
+
+@pytest.mark.parametrize(
+    "question,answer",
+    [("What is 17 * 23?", "391"), ("Compute (2 + 3) * 4.", "20"), ("What is 7 / 2?", "3.5"), ("What is 12 x 12?", "144")],
+)
+def test_answers_arithmetic_after_short_reasoning(model, question, answer):
+    text = model.respond(ask(question)).choices[0].text
+    assert text.startswith("<thinking>") and extract_answer(text) == answer
+
+
+def test_non_arithmetic_questions_get_a_labelled_reply(model):
+    assert "simulated model" in extract_answer(model.respond(ask("Who wrote Hamlet?")).choices[0].text)
+
+
+def test_arithmetic_parser_ignores_plain_numbers():
+    assert evaluate_arithmetic("In 2024 there were 3 cats") is None
+
+
+def test_think_directive_reasons_for_n_tokens_in_one_call(model):
+    response = model.respond(ask("[[sim think=2000 answer=7]] solve it"))
+    text = response.choices[0].text
+    assert extract_answer(text) == "7"
+    assert 2000 <= response.completion_tokens <= 2040
+
+
+def test_think_directive_resumes_from_progress_seen_in_the_prompt(model):
+    """Chunked reasoning: each call continues from the last progress marker the prompt carries."""
+    total, generated, carry, calls = 3000, 0, "", 0
+    while True:
+        calls += 1
+        request = SimRequest(
+            messages=(Message(role="user", content=f"[[sim think={total} answer=9]] <continue>\n{carry}"),), max_tokens=800
+        )
+        choice = model.respond(request).choices[0]
+        generated += COUNTER.count(choice.text)
+        if extract_answer(choice.text) is not None:
+            break
+        assert choice.text.endswith("<continue>")
+        carry = COUNTER.tail(choice.text, 200)
+    assert extract_answer(choice.text) == "9"
+    assert calls == 4 and total <= generated <= total + 4 * 40
+
+
+def test_stop_sequences_end_the_text_and_are_reported(model):
+    choice = model.respond(ask("What is 1+1?", stop=("<answer>",))).choices[0]
+    assert "<answer>" not in choice.text and choice.stop_reason == "<answer>" and choice.finish_reason == "stop"
+
+
+def test_max_tokens_truncates_with_finish_reason_length(model):
+    choice = model.respond(ask("[[sim think=500]]", max_tokens=50)).choices[0]
+    assert choice.finish_reason == "length" and COUNTER.count(choice.text) == 50
+
+
+def test_seeded_replies_repeat_and_sampled_ones_vary(model):
+    seeded = [model.respond(ask("[[sim answer=1]]", temperature=1.0, seed=5)).choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    sampled = {model.respond(ask("[[sim think=300]]", temperature=1.0)).choices[0].text for _ in range(5)}
+    assert len(sampled) > 1
+
+
+def test_n_returns_that_many_choices_and_usage_adds_up(model):
+    response = model.respond(ask("What is 3*3?", n=3, temperature=0.7, seed=1))
+    assert len(response.choices) == 3
+    assert response.completion_tokens == sum(COUNTER.count(c.text) for c in response.choices)
+
+
+def test_scripted_replies_are_consumed_in_order(model):
+    model.add_script("s1", [{"content": "first"}, {"tool_calls": [{"name": "calc", "arguments": {"x": 1}}]}])
+    assert model.respond(ask("[[sim script=s1]]")).choices[0].text == "first"
+    call = model.respond(ask("[[sim script=s1]]")).choices[0]
+    assert call.finish_reason == "tool_calls" and call.tool_calls[0].name == "calc"
+    with pytest.raises(SimulatorError, match="no replies left"):
+        model.respond(ask("[[sim script=s1]]"))
+
+
+def test_fault_directive_fails_the_same_request_n_times(model):
+    request = ask("[[sim fault=500 times=2]] What is 1+1?")
+    kinds = [model.fault_for(request) for _ in range(3)]
+    assert [k.kind if k else None for k in kinds] == ["500", "500", None]
+
+
+def test_random_faults_follow_the_rate_and_are_repeatable():
+    runs = []
+    for _ in range(2):
+        model = SimulatedModel(COUNTER, seed=3, faults=FaultPlan(0.5, ("429",)))
+        runs.append([model.fault_for(ask(f"q{i}")) is not None for i in range(200)])
+    assert runs[0] == runs[1] and 70 < sum(runs[0]) < 130
+    with pytest.raises(ValueError, match="unknown fault kinds"):
+        FaultPlan(0.1, ("503",))
+
+
+def test_embeddings_are_normalised_and_similar_texts_are_closer():
+    a, b, c = embed("reset the password"), embed("how to reset a password"), embed("weather in Paris")
+    dot = lambda x, y: sum(i * j for i, j in zip(x, y))  # noqa: E731
+    assert abs(dot(a, a) - 1) < 1e-9 and dot(a, b) > dot(a, c)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = SimulatorServer(SimulatorSettings(port=0, hang_s=3)).start()
+    yield srv
+    srv.stop()
+
+
+async def test_the_official_client_talks_to_the_server(server):
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="gpt-4.1", messages=[{"role": "user", "content": "What is 17 * 23?"}], temperature=0
+    )
+    completion = raw.parse()
+    assert raw.headers["x-reasonray-simulated"] == "true"
+    assert completion.model == "simulated"
+    assert extract_answer(completion.choices[0].message.content) == "391"
+    assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["simulated"]
+
+
+async def test_streaming_yields_the_same_text_and_usage(server):
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
+    plain = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "What is 6*7?"}], temperature=0
+    )
+    stream = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "What is 6*7?"}], temperature=0,
+        stream=True, stream_options={"include_usage": True},
+    )
+    parts, usage = [], None
+    async for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(parts) == plain.choices[0].message.content
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+
+async def test_embeddings_endpoint(server):
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
+    result = await client.embeddings.create(model="any", input=["one", "two"])
+    assert len(result.data) == 2 and len(result.data[0].embedding) == 384
+
+
+async def test_faults_come_back_as_http_errors(server):
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "[[sim fault=429]] a"}])
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "[[sim fault=500]] b"}])
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        await client.chat.completions.create(model="m", messages=[])

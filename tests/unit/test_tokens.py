@@ -1,0 +1,55 @@
+import structlog
+import tiktoken
+
+from gateway import tokens
+from gateway.protocol import Message, ToolCall
+from gateway.tokens import EstimateCounter, count_messages, counter_for_model
+
+
+def test_counts_with_tiktoken_offline():
+    counter = counter_for_model("gpt-4.1")
+    assert counter.encoding_name == "o200k_base"
+    assert counter.count("hello world") == len(tiktoken.get_encoding("o200k_base").encode("hello world"))
+
+
+def test_unknown_model_names_use_cl100k():
+    assert counter_for_model("simulated").encoding_name == "cl100k_base"
+
+
+def test_head_and_tail_cut_by_tokens():
+    counter = counter_for_model("simulated")
+    text = " ".join(f"word{i}" for i in range(200))
+    assert counter.count(counter.head(text, 10)) == 10
+    tail = counter.tail(text, 10)
+    assert counter.count(tail) == 10 and text.endswith(tail)
+    assert counter.tail("short", 100) == "short"
+
+
+def test_falls_back_to_the_estimate_with_one_warning(monkeypatch):
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    tokens._load.cache_clear()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            first = counter_for_model("simulated")
+            second = counter_for_model("simulated")
+        assert isinstance(first, EstimateCounter) and second is first
+        warnings = [e for e in logs if e["event"] == "tokenizer.fallback_estimate"]
+        assert len(warnings) == 1 and "TIKTOKEN_CACHE_DIR" in warnings[0]["hint"]
+        assert first.count("a" * 10) == 3  # ceil(10 / 4)
+        assert first.tail("abcdefgh", 1) == "efgh"
+    finally:
+        tokens._load.cache_clear()
+
+
+def test_message_count_follows_the_chat_format():
+    counter = counter_for_model("simulated")
+    messages = [
+        Message(role="system", content="be brief"),
+        Message(role="assistant", tool_calls=(ToolCall(id="c1", name="calc", arguments='{"x": 1}'),)),
+    ]
+    expected = 3 + (3 + counter.count("system") + counter.count("be brief"))
+    expected += 3 + counter.count("assistant") + counter.count("calc") + counter.count('{"x": 1}')
+    assert count_messages(counter, messages) == expected
