@@ -1,0 +1,94 @@
+"""One local Ray cluster, one Serve instance and simulated models for the whole integration session."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
+from reasonray.config import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if Path(item.fspath).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.integration)
+
+
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        out[key] = deep_merge(out.get(key, {}), value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
+    """The repository's config.toml, pointed at a simulated model, with fast retries for tests."""
+    base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
+    fast = {
+        "llm": {
+            "provider": "simulated",
+            "base_url": sim_url,
+            "request_timeout_s": 5,
+            "retry": {"initial_backoff_s": 0.05, "max_backoff_s": 0.2, "jitter_s": 0.01},
+        },
+        "logging": {"level": "warning"},
+    }
+    return Settings.model_validate(deep_merge(deep_merge(base, fast), changes)).model_dump(mode="json")
+
+
+@pytest.fixture(scope="session")
+def simulator():
+    server = SimulatorServer(SimulatorSettings(port=0, hang_s=10)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="reasonray-tests", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_base(ray_cluster):
+    from ray import serve
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
+def deploy(settings: dict[str, Any], app_name: str, route_prefix: str) -> None:
+    from ray import serve
+
+    from serve_app import build_app
+
+    serve.run(build_app({"settings": settings, "app_name": app_name}), name=app_name, route_prefix=route_prefix)
+
+
+@pytest.fixture(scope="session")
+def api(serve_base, simulator):
+    """The main application at /, as `reasonray serve` deploys it."""
+    deploy(settings_for(simulator.url), "reasonray", "/")
+    with httpx.Client(base_url=serve_base, timeout=60) as client:
+        yield client
+
+
+def rpc(client: httpx.Client, method: str, params: dict[str, Any] | None = None, id: int | None = 1, path: str = "/rpc"):
+    call: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        call["params"] = params
+    if id is not None:
+        call["id"] = id
+    return client.post(path, json=call)

@@ -1,0 +1,71 @@
+"""The README's main command: `reasonray serve` on its own local Ray cluster, then `reasonray ask`.
+
+Runs before the other integration modules (file order), so two Ray clusters never share the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.simulator.server import free_port
+
+BIN = Path(sys.executable).parent
+
+
+def test_serve_with_a_real_provider_and_no_key_names_the_variable():
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    done = subprocess.run([BIN / "reasonray", "serve", "--llm", "openai"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "OPENAI_API_KEY is not set" in done.stderr and "export OPENAI_API_KEY" in done.stderr
+
+
+def test_serve_with_a_bad_config_reports_the_key(tmp_path):
+    bad = tmp_path / "config.toml"
+    bad.write_text('[reasoning]\nenabled_strategies = ["chain_of_thought", "nope"]\n')
+    done = subprocess.run([BIN / "reasonray", "serve", "--config", bad], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "strategy 'nope' is not installed" in done.stderr
+
+
+def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id():
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS")}
+    proc = subprocess.Popen(
+        [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"reasonray serve did not come up:\n{proc.stdout.read()}")
+            time.sleep(0.5)
+        asked = subprocess.run(
+            [BIN / "reasonray", "ask", "What is 17 * 23?", "--url", f"http://127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert asked.returncode == 0, asked.stderr
+        lines = asked.stdout.splitlines()
+        assert lines[0] == "391"
+        assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
+        assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, output
+        assert f"POST http://127.0.0.1:{port}/rpc" in output and "stopping..." in output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
