@@ -76,8 +76,9 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
             simulator.stop()
         _fail(str(exc))
 
-    context = ray.init(address=address, num_cpus=num_cpus, include_dashboard=dashboard,
-                       dashboard_host="127.0.0.1", namespace="reasonray", log_to_driver=False)
+    # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
+    own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1"} if address == "local" else {}
+    context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
