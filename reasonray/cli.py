@@ -86,8 +86,9 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
         ray_serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
         ray_serve.run(app, name="reasonray", route_prefix="/")
         base = f"http://{settings.server.host}:{settings.server.port}"
-        click.echo(f"ReasonRay is serving on a Ray cluster ({settings.resolved_provider()} model"
-                   f"{', SIMULATED' if simulator or settings.resolved_provider() == 'simulated' else ''}).")
+        model = ("the SIMULATED model (not a real LLM; see docs/simulator.md)"
+                 if settings.resolved_provider() == "simulated" else f"{settings.llm.model} at {settings.llm.base_url or 'OpenAI'}")
+        click.echo(f"ReasonRay is serving on a Ray cluster, answering with {model}.")
         click.echo(f"  JSON-RPC   POST {base}/rpc")
         click.echo(f"  API docs   {base}/docs")
         click.echo(f"  health     {base}/healthz")
@@ -95,7 +96,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
             click.echo(f"  dashboard  http://{context.dashboard_url}")
         if simulator:
             click.echo(f"  simulated model  {simulator.url}")
-        click.echo('Try:  reasonray ask "What is 17 * 23?"     (Ctrl-C stops)')
+        click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')
         stop.wait()
     finally:
         click.echo("stopping...")
@@ -146,20 +147,27 @@ def ask(question, strategy, strategy_config, trace, url, timeout) -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml whose [llm.simulator] gives the defaults.")
+@click.option("--host", default=None, help="Bind address [default: 127.0.0.1].")
 @click.option("--port", default=8001, show_default=True, type=int)
-@click.option("--ttft-ms", default=0.0, show_default=True, help="Simulated time to first token.")
-@click.option("--tokens-per-second", default=0.0, show_default=True, help="Simulated generation speed (0: instant).")
-@click.option("--fault-rate", default=0.0, show_default=True, help="Share of requests that fail on purpose.")
-@click.option("--fault-kinds", default="429,500,timeout", show_default=True, help="Comma-separated: 429, 500, timeout.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--ttft-ms", type=float, default=None, help="Simulated time to first token [default: 0].")
+@click.option("--tokens-per-second", type=float, default=None, help="Simulated generation speed [default: 0, instant].")
+@click.option("--fault-rate", type=float, default=None, help="Share of requests that fail on purpose [default: 0].")
+@click.option("--fault-kinds", default=None, help="Comma-separated: 429, 500, timeout [default: all three].")
+@click.option("--seed", type=int, default=None, help="Seed of the model's choices [default: 0].")
 @click.option("--hang-s", default=30.0, show_default=True, help="How long a timeout fault keeps the client waiting.")
-def sim(host, port, ttft_ms, tokens_per_second, fault_rate, fault_kinds, seed, hang_s) -> None:
+def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_kinds, seed, hang_s) -> None:
     """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
     from gateway.simulator.engine import FaultPlan
     from gateway.simulator.server import SimulatorSettings, run
 
-    kinds = tuple(k.strip() for k in fault_kinds.split(",") if k.strip())
+    defaults = _load(config_path, {}).llm.simulator
+    host = host or defaults.host
+    ttft_ms = defaults.ttft_ms if ttft_ms is None else ttft_ms
+    tokens_per_second = defaults.tokens_per_second if tokens_per_second is None else tokens_per_second
+    fault_rate = defaults.fault_rate if fault_rate is None else fault_rate
+    seed = defaults.seed if seed is None else seed
+    kinds = tuple(k.strip() for k in fault_kinds.split(",") if k.strip()) if fault_kinds else tuple(defaults.fault_kinds)
     try:
         FaultPlan(fault_rate, kinds)
     except ValueError as exc:

@@ -171,3 +171,20 @@ async def test_faults_come_back_as_http_errors(server):
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "[[sim fault=500]] b"}])
     with pytest.raises(openai.BadRequestError, match="messages"):
         await client.chat.completions.create(model="m", messages=[])
+
+
+async def test_latency_model_adds_time_to_first_token_and_per_token_time():
+    import time
+
+    slow = SimulatorServer(SimulatorSettings(port=0, ttft_ms=150, tokens_per_second=400)).start()
+    try:
+        client = openai.AsyncOpenAI(base_url=slow.url, api_key="x", max_retries=0)
+        started = time.perf_counter()
+        completion = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "[[sim think=200 answer=1]]"}], temperature=0
+        )
+        elapsed = time.perf_counter() - started
+        expected = 0.150 + completion.usage.completion_tokens / 400
+        assert expected <= elapsed < expected + 0.5
+    finally:
+        slow.stop()
