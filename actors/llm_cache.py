@@ -27,11 +27,6 @@ class LLMCacheActor:
         stats = self._cache.stats()
         return {**msgspec.structs.asdict(stats), "hit_rate": stats.hit_rate}
 
-    def reset(self, clear_entries: bool = False) -> None:
-        self._cache.reset_stats()
-        if clear_entries:
-            self._cache.clear()
-
 
 class RayCacheStore:
     """The CacheStore protocol over the cache actor."""

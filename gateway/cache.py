@@ -71,14 +71,8 @@ class LRUTTLCache:
             self._data.popitem(last=False)
             self._stats.evictions += 1
 
-    def clear(self) -> None:
-        self._data.clear()
-
     def stats(self) -> CacheStats:
         return msgspec.structs.replace(self._stats, entries=len(self._data))
-
-    def reset_stats(self) -> None:
-        self._stats = CacheStats()
 
 
 class CacheStore(Protocol):

@@ -85,10 +85,13 @@ class OpenAILLM:
     def model(self) -> str:
         return self._model
 
-    async def ping(self) -> None:
-        """Raise unless the endpoint answers `GET /models`."""
+    def _check_allowed(self) -> None:
         if not ALLOW_REMOTE_REQUESTS and not is_loopback_url(self.base_url):
             raise RemoteRequestsForbidden(f"requests to {self.base_url} are switched off (tests allow loopback only)")
+
+    async def ping(self) -> None:
+        """Raise unless the endpoint answers `GET /models`."""
+        self._check_allowed()
         await self._client.models.list()
 
     async def close(self) -> None:
@@ -113,8 +116,7 @@ class OpenAILLM:
         return params
 
     async def complete(self, request: LLMRequest) -> Completion:
-        if not ALLOW_REMOTE_REQUESTS and not is_loopback_url(self.base_url):
-            raise RemoteRequestsForbidden(f"requests to {self.base_url} are switched off (tests allow loopback only)")
+        self._check_allowed()
         started = time.perf_counter()
         try:
             response = await self._client.chat.completions.create(**self._params(request))

@@ -107,7 +107,3 @@ def system(content: str) -> Message:
 
 def user(content: str) -> Message:
     return Message(role="user", content=content)
-
-
-def assistant(content: str | None, tool_calls: tuple[ToolCall, ...] = ()) -> Message:
-    return Message(role="assistant", content=content, tool_calls=tool_calls)

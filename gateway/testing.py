@@ -44,39 +44,9 @@ def make_completion(
     )
 
 
-class ScriptedLLM:
-    def __init__(self, replies: Iterable[Reply], model: str = "scripted") -> None:
-        self._replies = list(replies)
-        self._model = model
-        self._counter = counter_for_model(model)
-        self.requests: list[LLMRequest] = []
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    async def complete(self, request: LLMRequest) -> Completion:
-        self.requests.append(request)
-        if not self._replies:
-            last = request.messages[-1].content if request.messages else None
-            raise UnexpectedCall(f"call {len(self.requests)} was not scripted; its last message: {last!r:.200}")
-        reply = self._replies.pop(0)
-        if isinstance(reply, BaseException):
-            raise reply
-        if isinstance(reply, Completion):
-            return reply
-        return make_completion(request, reply, model=self._model, counter=self._counter)
-
-    @property
-    def remaining(self) -> int:
-        return len(self._replies)
-
-    def assert_complete(self) -> None:
-        if self._replies:
-            raise AssertionError(f"{len(self._replies)} scripted repl(ies) never used: {self._replies!r:.300}")
-
-
 class FunctionLLM:
+    """Computes each reply from the request; records every request it saw."""
+
     def __init__(self, fn: Callable[[LLMRequest], Reply], model: str = "function") -> None:
         self._fn = fn
         self._model = model
@@ -95,3 +65,21 @@ class FunctionLLM:
         if isinstance(reply, Completion):
             return reply
         return make_completion(request, reply, model=self._model, counter=self._counter)
+
+
+class ScriptedLLM(FunctionLLM):
+    """Replies from a script, in order; a call the script did not foresee raises UnexpectedCall."""
+
+    def __init__(self, replies: Iterable[Reply], model: str = "scripted") -> None:
+        super().__init__(self._next, model)
+        self._replies = list(replies)
+
+    def _next(self, request: LLMRequest) -> Reply:
+        if not self._replies:
+            last = request.messages[-1].content if request.messages else None
+            raise UnexpectedCall(f"call {len(self.requests)} was not scripted; its last message: {last!r:.200}")
+        return self._replies.pop(0)
+
+    def assert_complete(self) -> None:
+        if self._replies:
+            raise AssertionError(f"{len(self._replies)} scripted repl(ies) never used: {self._replies!r:.300}")

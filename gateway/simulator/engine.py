@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.tokens import TokenCounter, count_messages
-from gateway.protocol import Message, ToolCall
+from gateway.protocol import LLMRequest, Message, ToolCall
 
 MODEL_NAME = "simulated"
 DIRECTIVE = re.compile(r"\[\[sim\s+([^\]]*)\]\]")
@@ -67,17 +67,6 @@ class SimResponse:
     choices: list[SimChoice]
     prompt_tokens: int
     completion_tokens: int
-
-
-@dataclass
-class SimRequest:
-    messages: tuple[Message, ...]
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    temperature: float = 0.0
-    n: int = 1
-    seed: int | None = None
-    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass
@@ -167,7 +156,7 @@ class SimulatedModel:
         self._fault_rng = random.Random(self.seed)
 
     # -- faults ---------------------------------------------------------------------------------
-    def fault_for(self, request: SimRequest) -> Fault | None:
+    def fault_for(self, request: LLMRequest) -> Fault | None:
         """A fault to inject instead of answering: a `fault=` directive first, then the random rate."""
         self.stats.requests += 1
         directives = parse_directives(_last_user_text(request.messages))
@@ -188,7 +177,7 @@ class SimulatedModel:
         return fault
 
     # -- answers --------------------------------------------------------------------------------
-    def respond(self, request: SimRequest) -> SimResponse:
+    def respond(self, request: LLMRequest) -> SimResponse:
         directives = parse_directives(_last_user_text(request.messages))
         choices = [self._choice(request, directives, index) for index in range(max(1, request.n))]
         return SimResponse(
@@ -202,12 +191,12 @@ class SimulatedModel:
             self.counter.count(c.name + c.arguments) for c in choice.tool_calls
         )
 
-    def _rng(self, request: SimRequest, index: int) -> random.Random:
-        if request.temperature > 0 and request.seed is None:
-            return random.Random()  # sampled: differs on every call
+    def _rng(self, request: LLMRequest, index: int) -> random.Random:
+        if request.sampled:
+            return random.Random()  # differs on every call
         return random.Random(f"{self.seed}:{request.seed}:{index}:{_request_digest(request)}")
 
-    def _choice(self, request: SimRequest, directives: dict[str, str], index: int) -> SimChoice:
+    def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
         if "script" in directives:
             return self._scripted(directives["script"])
         rng = self._rng(request, index)
@@ -233,7 +222,7 @@ class SimulatedModel:
             tool_calls=calls,
         )
 
-    def _short_reasoning(self, request: SimRequest, directives: dict[str, str], rng: random.Random) -> str:
+    def _short_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
         question = _last_user_text(request.messages)
         if "answer" in directives:
             answer = directives["answer"]
@@ -247,7 +236,7 @@ class SimulatedModel:
             thought = "This is not an arithmetic question and carries no [[sim]] directive."
         return f"<thinking>{thought}</thinking>\n<answer>{answer}</answer>"
 
-    def _long_reasoning(self, request: SimRequest, directives: dict[str, str], rng: random.Random) -> tuple[str, bool]:
+    def _long_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> tuple[str, bool]:
         """Reason for `think` tokens in total, resuming from the progress markers the prompt shows.
 
         Returns the text and whether max_tokens cut it off. When the prompt mentions `<continue>`,
@@ -282,7 +271,7 @@ class SimulatedModel:
         parts.append(closing)
         return "".join(parts), False
 
-    def _finish(self, text: str, request: SimRequest, cut_off: bool = False) -> SimChoice:
+    def _finish(self, text: str, request: LLMRequest, cut_off: bool = False) -> SimChoice:
         """Apply stop sequences (excluded from the text, as OpenAI does) and max_tokens."""
         stop_at, stop_reason = len(text), None
         for seq in request.stop:
@@ -304,7 +293,7 @@ def _last_user_text(messages: tuple[Message, ...]) -> str:
     return ""
 
 
-def _request_digest(request: SimRequest) -> str:
+def _request_digest(request: LLMRequest) -> str:
     body = json.dumps([[m.role, m.content] for m in request.messages], ensure_ascii=False)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 

@@ -21,13 +21,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.protocol import Message, ToolCall
+from gateway.protocol import LLMRequest, Message, ToolCall
 from gateway.simulator.engine import (
     FAULT_KINDS,
     MODEL_NAME,
     FaultPlan,
     SimChoice,
-    SimRequest,
     SimulatedModel,
     SimulatorError,
     embed,
@@ -70,7 +69,7 @@ def _content_text(content: Any) -> str | None:
     raise ValueError(f"message content must be a string or a list of parts, not {type(content).__name__}")
 
 
-def _parse_request(body: dict[str, Any]) -> SimRequest:
+def _parse_request(body: dict[str, Any]) -> LLMRequest:
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ValueError("'messages' must be a non-empty list")
     messages = []
@@ -95,11 +94,11 @@ def _parse_request(body: dict[str, Any]) -> SimRequest:
     n = body.get("n") or 1
     if not isinstance(n, int) or not 1 <= n <= 128:
         raise ValueError("'n' must be an integer from 1 to 128")
-    return SimRequest(
+    return LLMRequest(
         messages=tuple(messages),
         max_tokens=max_tokens,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
-        temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
+        temperature=1.0 if body.get("temperature") is None else float(body["temperature"]),  # OpenAI's default
         n=n,
         seed=body.get("seed"),
         tools=tuple(body.get("tools") or ()),

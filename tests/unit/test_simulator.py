@@ -3,8 +3,8 @@
 import openai
 import pytest
 
-from gateway.protocol import Message
-from gateway.simulator.engine import FaultPlan, SimRequest, SimulatedModel, SimulatorError, embed, evaluate_arithmetic
+from gateway.protocol import LLMRequest, Message
+from gateway.simulator.engine import FaultPlan, SimulatedModel, SimulatorError, embed, evaluate_arithmetic
 from gateway.simulator.server import SimulatorServer, SimulatorSettings
 from gateway.tokens import counter_for_model
 from reasonray.tags import extract_answer
@@ -13,7 +13,7 @@ COUNTER = counter_for_model("simulated")
 
 
 def ask(text, **kw):
-    return SimRequest(messages=(Message(role="user", content=text),), **kw)
+    return LLMRequest(messages=(Message(role="user", content=text),), **kw)
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_think_directive_resumes_from_progress_seen_in_the_prompt(model):
     total, generated, carry, calls = 3000, 0, "", 0
     while True:
         calls += 1
-        request = SimRequest(
+        request = LLMRequest(
             messages=(Message(role="user", content=f"[[sim think={total} answer=9]] <continue>\n{carry}"),), max_tokens=800
         )
         choice = model.respond(request).choices[0]
