@@ -36,7 +36,7 @@ api = FastAPI(
     title="ReasonRay",
     version=__version__,
     description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
-    "reasoning.strategies); REST mirrors under /v1. See docs/api.md.",
+    "reasoning.bounded_context, reasoning.strategies); REST mirrors under /v1. See docs/api.md.",
 )
 
 HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, INTERNAL_ERROR: 503}
@@ -63,6 +63,8 @@ class ReasonRayIngress:
             llm,
             counter_for_model(self.client.model),
             selection_budget_ms=self.settings.reasoning.performance.strategy_selection_timeout_ms,
+            data_dir=self.settings.data_dir,
+            log_queries=self.settings.logging.log_queries,
         )
         self.rpc = build_dispatcher(self.service, self._describe_strategies)
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
@@ -152,6 +154,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     """Validate everything a replica needs before anything is deployed, then bind the ingress."""
     parsed = AppArgs.model_validate(args or {})
     settings = Settings.model_validate(parsed.settings) if parsed.settings else load_settings(parsed.config_path)
+    # replicas run in other working directories: give them an absolute data directory
+    settings = settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
     build_catalogue(StrategyRegistry().discover(), settings.reasoning)  # raises ConfigError naming the key
     client_for(settings)  # raises LLMConfigError naming the variable to set
     return ReasonRayIngress.options(

@@ -10,7 +10,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.jsonrpc import Call, Dispatcher
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
@@ -31,6 +33,20 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BoundedContextParams(BaseModel):
+    """Parameters of `reasoning.bounded_context` (seed 001); omitted settings take the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=50_000, description="The problem to solve.")
+    chunk_size: int | None = Field(None, description="Max tokens per iteration (1024-32768).")
+    carryover_size: int | None = Field(None, description="Tokens carried forward (512-16384, below chunk_size).")
+    max_iterations: int | None = Field(None, description="Max reasoning iterations (1-50).")
+    carryover_mode: Literal["tail", "summary"] | None = Field(None, description="tail or summary.")
+    on_max_iterations: Literal["error", "final_answer"] | None = Field(None, description="What happens when iterations run out.")
+    include_trace: bool = Field(False, description="Return the run's events as `trace`.")
+
+
 def build_dispatcher(
     service: ReasoningService, describe_strategies: Callable[[], Awaitable[dict[str, Any]]]
 ) -> Dispatcher:
@@ -40,6 +56,27 @@ def build_dispatcher(
     async def execute(params: ExecuteParams, call: Call) -> ExecuteResult:
         """Run a reasoning strategy on a query and return the answer with metrics."""
         return await service.execute(params, call.trace_id)
+
+    @rpc.method("reasoning.bounded_context", BoundedContextParams)
+    async def bounded_context(params: BoundedContextParams, call: Call) -> dict[str, Any]:
+        """Bounded-context reasoning with the seed's parameters and result shape."""
+        config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
+        execute_params = ExecuteParams(
+            query=params.query, strategy="bounded_context", strategy_config=config, include_trace=params.include_trace
+        )
+        result = await service.execute(execute_params, call.trace_id)
+        specific = result.metrics.strategy_specific
+        return {
+            "answer": result.answer,
+            "iterations": specific["iterations"],
+            "total_tokens": result.metrics.total_tokens,
+            "compute_savings_pct": specific["compute_savings_pct"],
+            "total_iterations": specific["total_iterations"],
+            "execution_time_ms": result.metrics.execution_time_ms,
+            "metrics": result.metrics.model_dump(),
+            "trace": result.trace,
+            "trace_id": result.trace_id,
+        }
 
     @rpc.method("reasoning.strategies", NoParams)
     async def strategies(params: NoParams, call: Call) -> dict[str, Any]:

@@ -120,6 +120,9 @@ class ServerSettings(_Section):
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     format: Literal["json", "console"] = Field("json", description="json for machines, console for people.")
+    log_queries: bool = Field(
+        False, description="With level debug, log each query with personal data redacted. Off: queries are never logged."
+    )
 
 
 class Settings(_Section):

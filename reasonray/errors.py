@@ -45,6 +45,12 @@ class BudgetExceededError(ReasonRayError):
     """The request's cumulative token budget ran out."""
 
 
+def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:
+    """Keep what a run achieved before `exc` (iterations, carryover) for the error's `data.partial`."""
+    exc.partial_result = partial  # type: ignore[attr-defined]
+    return exc
+
+
 def describe_errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors())
 

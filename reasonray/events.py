@@ -1,16 +1,19 @@
 """Everything a run does is an event: a msgspec struct carrying the run's trace id.
 
-Events keep the full text (thinking included) for the run's trace; the log line written for each
-event carries only sizes and timings, never prompt or answer text. `ObservedLLM` wraps the LLM a
-strategy sees so that every call becomes an `LLM_INVOCATION` event and counts towards the run's
-standard metrics.
+Events keep the full text (thinking included). `EventRecorder` appends each one to the run's JSONL
+file under the data directory as it happens (so a long run holds none of its history in memory),
+keeps them in memory only when the caller asked for the trace, and writes one log line per event
+with sizes and timings, never prompt or answer text. `ObservedLLM` wraps the LLM a strategy sees
+so that every call becomes an `LLM_INVOCATION` event and counts towards the run's standard metrics.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
 
 import msgspec
 import structlog
@@ -41,6 +44,33 @@ class LLMInvocation(Event, tag="LLM_INVOCATION"):
     simulated: bool
 
 
+class IterationEnd(Event, tag="ITERATION_END"):
+    """A multi-iteration strategy finished one iteration."""
+
+    iteration: int
+    prompt_tokens: int
+    completion_tokens: int
+    has_answer: bool
+    stop: str  # "answer", "continue" (the model asked for more room) or "length" (cut off)
+
+
+class Carryover(Event, tag="CARRYOVER"):
+    """What is carried into the next iteration (thinking stripped), and how it was made."""
+
+    iteration: int
+    mode: str  # "tail" or "summary"
+    tokens: int
+    text: str
+    fallback: bool = False  # summary generation failed or came back empty: the raw tail was used
+
+
+class RunWarning(Event, tag="WARNING"):
+    """Something was degraded to keep the run going (truncation, fallback)."""
+
+    code: str
+    message: str
+
+
 class RunEnd(Event, tag="RUN_END"):
     """The run finished (status ok) or failed (status error, with the error type)."""
 
@@ -53,23 +83,53 @@ class RunEnd(Event, tag="RUN_END"):
 EventSink = Callable[[Event], None]
 
 
+TEXT_FIELDS = frozenset({"messages", "responses", "text", "message"})
+_encoder = msgspec.json.Encoder()
+
+
 def to_dict(event: Event) -> dict[str, Any]:
     return msgspec.to_builtins(event)
 
 
-class EventRecorder:
-    """Collects a run's events for its trace and writes one content-free log line per event."""
+def event_log_path(data_dir: Path, trace_id: str) -> Path:
+    """Where a run's events go: <data_dir>/events/<UTC date>/<trace_id>.jsonl."""
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return Path(data_dir) / "events" / day / f"{trace_id}.jsonl"
 
-    def __init__(self) -> None:
+
+class EventRecorder:
+    """Appends a run's events to its JSONL file, keeps them only when asked, and logs each without text."""
+
+    def __init__(self, path: Path | None = None, *, keep: bool = True) -> None:
+        self.path = path
+        self.keep = keep
         self.events: list[Event] = []
+        self._file: IO[bytes] | None = None
 
     def __call__(self, event: Event) -> None:
-        self.events.append(event)
-        fields = {k: v for k, v in to_dict(event).items() if k not in ("messages", "responses", "type", "ts")}
+        if self.keep:
+            self.events.append(event)
+        if self.path is not None:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("ab")
+            self._file.write(_encoder.encode(event) + b"\n")
+            self._file.flush()
+        fields = {k: v for k, v in to_dict(event).items() if k not in TEXT_FIELDS and k not in ("type", "ts")}
         log.info(type(event).__name__, **fields)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def as_trace(self) -> list[dict[str, Any]]:
         return [to_dict(e) for e in self.events]
+
+
+def read_event_log(path: Path) -> list[dict[str, Any]]:
+    """A run's events as written, oldest first."""
+    return [msgspec.json.decode(line) for line in path.read_bytes().splitlines() if line]
 
 
 class Tally(msgspec.Struct):

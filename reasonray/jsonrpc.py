@@ -90,6 +90,8 @@ def error_for(exc: Exception) -> RpcError:
                 data["retry_after_s"] = round(exc.retry_after_s, 3)
             if isinstance(exc, ProviderRejectedError):
                 data["status_code"] = exc.status_code
+            if getattr(exc, "partial_result", None):
+                data["partial"] = exc.partial_result
             message = exc.message if isinstance(exc, ReasonRayError) else str(exc)
             if error_type == "provider_unavailable" or error_type == "circuit_open":
                 message = f"Reasoning service temporarily unavailable: {message}"

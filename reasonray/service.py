@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -14,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.protocol import LLM
 from gateway.tokens import TokenCounter
-from reasonray.events import EventRecorder, ObservedLLM, RunEnd
+from reasonray.events import EventRecorder, ObservedLLM, RunEnd, event_log_path
+from reasonray.redact import redact
 from strategies.base import Fanout, ReasoningResult, StrategyContext, local_fanout
 from strategies.registry import Catalogue, Resolution
 
@@ -60,12 +62,16 @@ class ReasoningService:
         *,
         fanout: Fanout = local_fanout,
         selection_budget_ms: float = 50.0,
+        data_dir: Path | None = None,
+        log_queries: bool = False,
     ) -> None:
         self.catalogue = catalogue
         self.llm = llm
         self.tokens = tokens
         self.fanout = fanout
         self.selection_budget_ms = selection_budget_ms
+        self.data_dir = data_dir
+        self.log_queries = log_queries
 
     def resolve(self, params: ExecuteParams) -> Resolution:
         started = time.perf_counter()
@@ -77,8 +83,11 @@ class ReasoningService:
 
     async def execute(self, params: ExecuteParams, trace_id: str) -> ExecuteResult:
         resolution = self.resolve(params)
+        if self.log_queries:  # opt-in debug logging, personal data redacted
+            log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
         strategy = self.catalogue.entries[resolution.strategy].strategy
-        recorder = EventRecorder()
+        path = event_log_path(self.data_dir, trace_id) if self.data_dir is not None else None
+        recorder = EventRecorder(path, keep=params.include_trace)
         context = StrategyContext(
             llm=ObservedLLM(self.llm, recorder, trace_id=trace_id, strategy=resolution.strategy),
             tokens=self.tokens,
@@ -91,7 +100,10 @@ class ReasoningService:
         except Exception as exc:
             recorder(self._run_end(context, resolution.strategy, error=exc))
             raise
-        recorder(self._run_end(context, resolution.strategy))
+        else:
+            recorder(self._run_end(context, resolution.strategy))
+        finally:
+            recorder.close()
         return ExecuteResult(
             **result.model_dump(exclude={"trace"}),
             trace=recorder.as_trace() if params.include_trace else None,

@@ -25,6 +25,9 @@ DIRECTIVE = re.compile(r"\[\[sim\s+([^\]]*)\]\]")
 PROGRESS = re.compile(r"\[progress (\d+)/(\d+)\]")
 ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
 FAULT_KINDS = ("429", "500", "timeout")
+# What the simulated model recognises in prompts, as a real model would follow instructions.
+CARRYOVER_HEADINGS = ("Current Strategy:", "Key Findings:", "Progress:", "Next Steps:", "Unresolved:")
+FINAL_ANSWER_REQUEST = "give your final answer now"
 
 _OPS = {
     ast.Add: operator.add,
@@ -200,6 +203,11 @@ class SimulatedModel:
         if "script" in directives:
             return self._scripted(directives["script"])
         rng = self._rng(request, index)
+        system_text = " ".join(m.content or "" for m in request.messages if m.role == "system")
+        if all(heading in system_text for heading in CARRYOVER_HEADINGS):
+            return self._finish(self._carryover_summary(request, directives), request)
+        if FINAL_ANSWER_REQUEST in _last_user_text(request.messages):
+            return self._finish(self._final_answer(request, directives), request)
         if "think" in directives:
             text, cut_off = self._long_reasoning(request, directives, rng)
         else:
@@ -239,37 +247,68 @@ class SimulatedModel:
     def _long_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> tuple[str, bool]:
         """Reason for `think` tokens in total, resuming from the progress markers the prompt shows.
 
-        Returns the text and whether max_tokens cut it off. When the prompt mentions `<continue>`,
-        the model ends a full chunk with that marker itself instead of being cut off.
+        The reasoning is visible text with a short `<thinking>` aside every few sentences. Returns
+        the text and whether max_tokens cut it off; when the prompt mentions `<continue>`, a full
+        chunk ends with that marker instead of being cut off.
         """
-        try:
-            total = int(directives["think"])
-        except ValueError:
-            raise SimulatorError(f"[[sim think={directives['think']}]]: think takes a whole number of tokens")
+        total = self._think_total(directives)
         answer = directives.get("answer", "done")
-        prompt = "\n".join(m.content or "" for m in request.messages)
-        done = max((int(d) for d, n in PROGRESS.findall(prompt) if int(n) == total), default=0)
+        done = self._progress(request, total)
         budget = request.max_tokens if request.max_tokens is not None else 10**9
-        wants_continue = "<continue>" in prompt
-        closing = f"</thinking>\n<answer>{answer}</answer>"
-        parts = [] if done else ["<thinking>"]
-        used = self.counter.count(parts[0]) if parts else 0
-        step = done
+        wants_continue = "<continue>" in _all_text(request.messages)
+        reserve = self.counter.count(" <continue>") if wants_continue else 0
+        parts: list[str] = []
+        used = 0
+        step = done // 20
         while done + used < total:
             sentence = f" Step {step}: {rng.choice(_PHRASES)} [progress {done + used}/{total}]."
+            if step % 8 == 7:
+                sentence += f" <thinking>scratch: re-derive step {step} to be sure</thinking>"
             cost = self.counter.count(sentence)
-            room = budget - used - (self.counter.count(" <continue>") if wants_continue else 0)
-            if cost > room:
-                parts.append(self.counter.head(sentence, max(room, 0)))
+            if cost > budget - used - reserve:
+                parts.append(self.counter.head(sentence, max(budget - used - reserve, 0)))
                 if wants_continue:
                     parts.append(" <continue>")
                 return "".join(parts), not wants_continue
             parts.append(sentence)
             used += cost
             step += 1
-        parts.append(f" [progress {total}/{total}]")
-        parts.append(closing)
+        parts.append(f" [progress {total}/{total}] <answer>{answer}</answer>")
         return "".join(parts), False
+
+    def _think_total(self, directives: dict[str, str]) -> int:
+        try:
+            return int(directives["think"])
+        except ValueError:
+            raise SimulatorError(f"[[sim think={directives['think']}]]: think takes a whole number of tokens") from None
+
+    @staticmethod
+    def _progress(request: LLMRequest, total: int) -> int:
+        text = _all_text(request.messages)
+        return max((int(d) for d, n in PROGRESS.findall(text) if int(n) == total), default=0)
+
+    def _carryover_summary(self, request: LLMRequest, directives: dict[str, str]) -> str:
+        """What the model writes when asked for a structured carryover (see docs/simulator.md)."""
+        if "think" in directives:
+            total = self._think_total(directives)
+            done = self._progress(request, total)
+            progress = f"[progress {done}/{total}] reasoning tokens completed."
+            step = f"step {done // 20}"
+        else:
+            progress, step = "the problem has been restated.", "the first step"
+        return (
+            "Current Strategy: work through the problem step by step, checking each intermediate result.\n"
+            "Key Findings: the intermediate results so far are consistent with each other.\n"
+            f"Progress: {progress}\n"
+            f"Next Steps: continue from {step}.\n"
+            "Unresolved: the final answer."
+        )
+
+    def _final_answer(self, request: LLMRequest, directives: dict[str, str]) -> str:
+        if "answer" in directives:
+            return f"<answer>{directives['answer']}</answer>"
+        found = evaluate_arithmetic(DIRECTIVE.sub("", _last_user_text(request.messages)))
+        return f"<answer>{format_number(found[1]) if found else 'unknown'}</answer>"
 
     def _finish(self, text: str, request: LLMRequest, cut_off: bool = False) -> SimChoice:
         """Apply stop sequences (excluded from the text, as OpenAI does) and max_tokens."""
@@ -291,6 +330,10 @@ def _last_user_text(messages: tuple[Message, ...]) -> str:
         if m.role == "user":
             return m.content or ""
     return ""
+
+
+def _all_text(messages: tuple[Message, ...]) -> str:
+    return "\n".join(m.content or "" for m in messages)
 
 
 def _request_digest(request: LLMRequest) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,14 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+DATA_DIR = Path(tempfile.mkdtemp(prefix="reasonray-it-"))
+
+
 def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
     """The repository's config.toml, pointed at a simulated model, with fast retries for tests."""
     base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
     fast = {
+        "data_dir": str(DATA_DIR),
         "llm": {
             "provider": "simulated",
             "base_url": sim_url,

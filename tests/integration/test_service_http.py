@@ -17,7 +17,7 @@ from tests.integration.conftest import deploy, rpc, settings_for
 def test_healthz_reports_ray_registry_and_llm(api):
     body = api.get("/healthz").json()
     assert body["status"] == "ok" and body["ray"]["initialized"]
-    assert body["registry"] == {"ok": True, "enabled": ["chain_of_thought"], "default": "chain_of_thought"}
+    assert body["registry"] == {"ok": True, "enabled": ["chain_of_thought", "bounded_context"], "default": "chain_of_thought"}
     assert body["llm"]["reachable"] and body["llm"]["simulated"] and body["llm"]["breaker"] == "closed"
 
 
@@ -49,6 +49,7 @@ def test_a_caller_trace_id_is_kept(api):
         (b'{"jsonrpc": "2.0", "method": "reasoning.unknown", "id": 1}', -32601),
         (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": ""}, "id": 1}', -32602),
         (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "q", "strategy": "react"}, "id": 1}', -32002),
+        (b'{"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": {"query": "[[sim think=30000 answer=7]]"}, "id": 1}', -32001),
     ],
 )
 def test_error_codes_over_http(api, body, code):

@@ -1,18 +1,6 @@
 from gateway.testing import ScriptedLLM
-from gateway.tokens import counter_for_model
-from reasonray.events import EventRecorder, ObservedLLM
-from strategies.base import StrategyContext
 from strategies.chain_of_thought import SYSTEM_PROMPT, ChainOfThought
-
-
-def context(llm):
-    recorder = EventRecorder()
-    return StrategyContext(
-        llm=ObservedLLM(llm, recorder, trace_id="t1", strategy="chain_of_thought"),
-        tokens=counter_for_model("scripted"),
-        emit=recorder,
-        trace_id="t1",
-    ), recorder
+from tests.unit.strategy_harness import context_for as context
 
 
 async def test_one_call_answer_extracted_and_thinking_stripped():

@@ -5,6 +5,7 @@ import structlog
 
 from reasonray.config import ConfigError, ReasoningSettings
 from reasonray.errors import InvalidParamsError, StrategyUnavailableError
+from strategies.bounded_context import BoundedContext
 from strategies.chain_of_thought import ChainOfThought
 from strategies.registry import ENTRY_POINT_GROUP, StrategyRegistry, build_catalogue
 
@@ -17,6 +18,7 @@ def settings(**kw):
 def test_built_in_strategies_are_discovered_through_entry_points():
     registry = StrategyRegistry().discover()
     assert registry.classes["chain_of_thought"] is ChainOfThought
+    assert registry.classes["bounded_context"] is BoundedContext
     assert registry.failures == []
 
 
@@ -36,7 +38,7 @@ def test_a_broken_plugin_is_recorded_and_logged_not_raised():
 
 
 def test_enabling_an_unknown_strategy_is_a_config_error_listing_the_installed_ones():
-    with pytest.raises(ConfigError, match="'tree_of_light' is not installed; installed strategies: chain_of_thought"):
+    with pytest.raises(ConfigError, match="'tree_of_light' is not installed; installed strategies: bounded_context, chain_of_thought"):
         build_catalogue(StrategyRegistry().discover(), settings(enabled_strategies=["tree_of_light"], default_strategy=None))
 
 

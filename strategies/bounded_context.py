@@ -1,0 +1,254 @@
+"""Bounded-context reasoning (Delethink-style): reasoning in chunks whose context never exceeds
+`chunk_size` tokens, each chunk starting from the query and a carryover of the one before.
+
+`tail` carries the first `head_tokens` of the first chunk and the last `carryover_size` tokens of
+the previous one (no extra call); `summary` asks the model for a structured carryover and falls back
+to the raw tail when that fails. Only the current chunk and the carryover are held in memory; the
+full text of every chunk goes to the event log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from gateway.errors import LLMError
+from gateway.protocol import LLMRequest, Message, system, user
+from gateway.tokens import count_messages
+from reasonray.errors import InvalidParamsError, MaxIterationsError, attach_partial
+from reasonray.events import Carryover, IterationEnd, RunWarning
+from reasonray.tags import extract_answer, strip_thinking
+from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext, StrategySettings
+from strategies.compute_cost import CostLedger
+
+INSTRUCTIONS = (
+    "Solve the problem by reasoning step by step in plain text: your visible reasoning is what you keep "
+    "when your working memory is cleared between chunks. Use <thinking>...</thinking> only for scratch "
+    "work you will not need again. When you are certain, write the final answer as <answer>...</answer>. "
+    "If you run out of room before finishing, end with <continue> and you will resume from your latest reasoning."
+)
+SUMMARY_INSTRUCTIONS = (
+    "You compress a reasoning process into a carryover for its next chunk. Keep the key insights, the "
+    "approach, what is done, what is left and the open questions; drop redundant detail and completed "
+    "steps. Answer with exactly these five lines:\n"
+    "Current Strategy: ...\nKey Findings: ...\nProgress: ...\nNext Steps: ...\nUnresolved: ..."
+)
+FINAL_INSTRUCTION = "You have used your reasoning budget. Stop reasoning and give your final answer now inside <answer></answer>."
+STOP_SEQUENCES = ("</answer>", "<continue>")
+MIN_GENERATION_TOKENS = 256
+FINAL_ANSWER_TOKENS = 512
+
+
+class BoundedContextConfig(StrategyConfig):
+    chunk_size: int = Field(8192, ge=1024, le=32768, description="Most tokens in one iteration's context: prompt, carryover and generation.")
+    carryover_size: int = Field(4096, ge=512, le=16384, description="Most tokens carried into the next iteration; below chunk_size.")
+    max_iterations: int = Field(5, ge=1, le=50, description="Most iterations; capped by the server's max_allowed_iterations.")
+    carryover_mode: Literal["tail", "summary"] = Field(
+        "tail", description="tail: the last carryover_size tokens (Delethink, no extra call); summary: a structured summary written by the model."
+    )
+    head_tokens: int = Field(100, ge=0, le=1024, description="Tokens of the first chunk kept in every later prompt (tail mode).")
+    on_max_iterations: Literal["error", "final_answer"] = Field(
+        "error", description="error: fail with -32001 and the partial trace; final_answer: one more call for an answer from the last carryover."
+    )
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the reasoning calls.")
+    seed: int | None = Field(None, description="Sampling seed of the reasoning calls.")
+
+    @model_validator(mode="after")
+    def _carryover_below_chunk(self) -> BoundedContextConfig:
+        if self.carryover_size >= self.chunk_size:
+            raise ValueError(
+                f"carryover_size must be less than chunk_size (got carryover_size={self.carryover_size}, "
+                f"chunk_size={self.chunk_size}): lower carryover_size or raise chunk_size"
+            )
+        return self
+
+
+class BoundedContextSettings(StrategySettings):
+    max_allowed_iterations: int = Field(50, ge=1, le=50, description="Most iterations any request may ask for.")
+
+
+@dataclass
+class Chunk:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    answer: str | None
+    stop: str
+
+
+@dataclass
+class RunState:
+    """All a run holds between iterations: constant in size whatever the depth."""
+
+    head: str = ""
+    carryover: str = ""
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    ledger: CostLedger = field(default_factory=CostLedger)
+    compressions: int = 0
+    fallbacks: int = 0
+
+
+class BoundedContext(Strategy):
+    name = "bounded_context"
+    description = "Long reasoning in fixed-size chunks with carryover: linear compute in the reasoning length."
+    Config = BoundedContextConfig
+    Settings = BoundedContextSettings
+    extra_capabilities = ("reasoning.long_form", "reasoning.bounded_memory")
+
+    async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
+        cfg = self.parse_config(config)
+        self._check_limits(cfg)
+        state = RunState()
+        try:
+            for iteration in range(cfg.max_iterations):
+                chunk = await self._reason_chunk(query, state, iteration, cfg, context)
+                if chunk.answer is not None:
+                    return self._result(context, cfg, state, chunk.answer, "answer")
+                await self._carry(query, chunk, state, iteration, cfg, context)
+            if cfg.on_max_iterations == "final_answer":
+                return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
+        except (LLMError, InvalidParamsError) as exc:
+            raise attach_partial(exc, self._partial(cfg, state)) from None
+        raise self._out_of_iterations(cfg, state)
+
+    def _check_limits(self, cfg: BoundedContextConfig) -> None:
+        allowed = self.settings.max_allowed_iterations
+        if cfg.max_iterations > allowed:
+            raise InvalidParamsError(
+                f"max_iterations {cfg.max_iterations} exceeds this server's max_allowed_iterations ({allowed}): ask for at most {allowed}",
+                {"max_allowed_iterations": allowed},
+            )
+
+    def _messages(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig) -> tuple[Message, ...]:
+        if iteration == 0:
+            return system(INSTRUCTIONS), user(query)
+        if cfg.carryover_mode == "tail":
+            memory = f"It began:\n{state.head}\n[...]\nMost recently:\n{state.carryover}"
+        else:
+            memory = f"Carryover from your earlier reasoning:\n{state.carryover}"
+        return system(INSTRUCTIONS), user(f"{query}\n\n--- Your reasoning so far ---\n{memory}\n--- Continue from here. ---")
+
+    def _fit(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> tuple[tuple[Message, ...], int]:
+        """The iteration's messages and generation budget, shortening the carryover if the prompt is too long."""
+        messages = self._messages(query, state, iteration, cfg)
+        room = cfg.chunk_size - count_messages(context.tokens, messages)
+        if room < MIN_GENERATION_TOKENS and state.carryover:
+            keep = max(0, context.tokens.count(state.carryover) - (MIN_GENERATION_TOKENS - room))
+            state.carryover = context.tokens.tail(state.carryover, keep)
+            self._warn(context, "carryover_truncated", f"carryover cut to {keep} tokens to fit chunk_size {cfg.chunk_size}")
+            messages = self._messages(query, state, iteration, cfg)
+            room = cfg.chunk_size - count_messages(context.tokens, messages)
+        if room < MIN_GENERATION_TOKENS:
+            raise InvalidParamsError(
+                f"context size exceeded: the prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens, "
+                f"leaving {room} to reason in (at least {MIN_GENERATION_TOKENS} needed); shorten the query, "
+                "reduce carryover_size or raise chunk_size"
+            )
+        return messages, room
+
+    async def _reason_chunk(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> Chunk:
+        messages, room = self._fit(query, state, iteration, cfg, context)
+        completion = await context.llm.complete(
+            LLMRequest(messages=messages, max_tokens=room, stop=STOP_SEQUENCES, temperature=cfg.temperature, seed=cfg.seed)
+        )
+        answer = extract_answer(completion.text)
+        stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
+        chunk = Chunk(completion.text, completion.usage.prompt_tokens, completion.usage.completion_tokens, answer, stop)
+        state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
+        state.iterations.append({
+            "iteration": iteration, "tokens": chunk.prompt_tokens + chunk.completion_tokens,
+            "prompt_tokens": chunk.prompt_tokens, "completion_tokens": chunk.completion_tokens,
+            "has_answer": answer is not None, "stop": stop,
+        })
+        context.emit(IterationEnd(trace_id=context.trace_id, strategy=self.name, iteration=iteration,
+                                  prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens,
+                                  has_answer=answer is not None, stop=stop))
+        return chunk
+
+    async def _carry(self, query: str, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> None:
+        visible = strip_thinking(chunk.text)
+        if iteration == 0:
+            state.head = context.tokens.head(visible, cfg.head_tokens)
+        fallback = False
+        if cfg.carryover_mode == "summary":
+            summary = await self._summarize(query, state, visible, cfg, context)
+            fallback = summary is None
+            state.carryover = summary if summary is not None else context.tokens.tail(visible, cfg.carryover_size)
+        else:
+            state.carryover = context.tokens.tail(visible, cfg.carryover_size)
+        state.compressions += 1
+        state.fallbacks += fallback
+        state.iterations[-1]["carryover_tokens"] = context.tokens.count(state.carryover)
+        context.emit(Carryover(trace_id=context.trace_id, strategy=self.name, iteration=iteration, mode=cfg.carryover_mode,
+                               tokens=state.iterations[-1]["carryover_tokens"], text=state.carryover, fallback=fallback))
+
+    async def _summarize(self, query: str, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext) -> str | None:
+        """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
+        frame = user(f"Problem:\n{query}\n\nPrevious carryover:\n{state.carryover or '(none)'}\n\nLatest reasoning:\n")
+        room_for_source = cfg.chunk_size - cfg.carryover_size - count_messages(context.tokens, (system(SUMMARY_INSTRUCTIONS), frame))
+        messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + context.tokens.tail(visible, max(room_for_source, 0))))
+        try:
+            completion = await context.llm.complete(LLMRequest(messages=messages, max_tokens=cfg.carryover_size, temperature=0.0))
+        except LLMError as exc:
+            self._warn(context, "carryover_fallback", f"summary generation failed ({type(exc).__name__}); carrying the raw tail")
+            return None
+        state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
+        summary = strip_thinking(completion.text)
+        if not summary:
+            self._warn(context, "carryover_fallback", "the summary came back empty; carrying the raw tail")
+            return None
+        return context.tokens.head(summary, cfg.carryover_size)
+
+    async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
+        """One more call, from the last carryover, that must answer."""
+        last = self._messages(query, state, len(state.iterations), cfg)
+        messages = (last[0], user(f"{last[1].content}\n\n{FINAL_INSTRUCTION}"))
+        room = min(FINAL_ANSWER_TOKENS, cfg.chunk_size - count_messages(context.tokens, messages))
+        completion = await context.llm.complete(LLMRequest(messages=messages, max_tokens=max(room, 1), stop=("</answer>",), temperature=0.0))
+        state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
+        answer = extract_answer(completion.text)
+        return answer if answer is not None else strip_thinking(completion.text)
+
+    def _warn(self, context: StrategyContext, code: str, message: str) -> None:
+        context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code=code, message=message))
+
+    def _partial(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
+        return {
+            "iterations": state.iterations,
+            "total_iterations": len(state.iterations),
+            "reasoning_capacity_tokens": capacity(cfg),
+            "last_carryover": state.carryover,
+            **state.ledger.summary(),
+        }
+
+    def _out_of_iterations(self, cfg: BoundedContextConfig, state: RunState) -> MaxIterationsError:
+        allowed = self.settings.max_allowed_iterations
+        suggestion = min(cfg.max_iterations * 2, allowed)
+        hint = (f"Consider increasing max_iterations to {suggestion}." if suggestion > cfg.max_iterations
+                else "max_iterations is at the server's limit: raise chunk_size or lower carryover_size instead.")
+        return MaxIterationsError(
+            f"Unable to complete reasoning within {cfg.max_iterations} iterations "
+            f"(capacity {capacity(cfg)} tokens). {hint}",
+            {**self._partial(cfg, state), "suggested_max_iterations": suggestion},
+        )
+
+    def _result(self, context: StrategyContext, cfg: BoundedContextConfig, state: RunState, answer: str, stopped_by: str) -> ReasoningResult:
+        return context.result(
+            self.name,
+            answer,
+            iterations=state.iterations,
+            total_iterations=len(state.iterations),
+            stopped_by=stopped_by,
+            carryover_mode=cfg.carryover_mode,
+            carryover_compressions=state.compressions,
+            carryover_fallbacks=state.fallbacks,
+            reasoning_capacity_tokens=capacity(cfg),
+            **state.ledger.summary(),
+        )
+
+
+def capacity(cfg: BoundedContextConfig) -> int:
+    """Total reasoning capacity (BR-5): chunk_size + (max_iterations - 1) x (chunk_size - carryover_size)."""
+    return cfg.chunk_size + (cfg.max_iterations - 1) * (cfg.chunk_size - cfg.carryover_size)

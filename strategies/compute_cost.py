@@ -1,0 +1,72 @@
+"""Compute accounting for chunked reasoning (docs/strategies/bounded_context.md derives it).
+
+A call whose context holds L tokens (prompt plus generation) attends over L(L+1)/2 token pairs,
+prefill and decoding together. A run is a list of calls; the baseline is the same reasoning
+generated in one growing context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def attention_pairs(length: int) -> int:
+    return length * (length + 1) // 2
+
+
+@dataclass
+class CostLedger:
+    """Prompt and generated tokens of every call of a run, as the provider counted them."""
+
+    chunk_calls: list[tuple[int, int]] = field(default_factory=list)  # reasoning chunks
+    other_calls: list[tuple[int, int]] = field(default_factory=list)  # carryover summaries, final answer
+
+    def chunk(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.chunk_calls.append((prompt_tokens, completion_tokens))
+
+    def other(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.other_calls.append((prompt_tokens, completion_tokens))
+
+    def summary(self) -> dict[str, float | int]:
+        calls = self.chunk_calls + self.other_calls
+        if not self.chunk_calls:
+            return {}
+        first_prompt = self.chunk_calls[0][0]
+        reasoning = sum(c for _, c in self.chunk_calls)
+        bounded_attention = sum(attention_pairs(p + c) for p, c in calls)
+        baseline_attention = attention_pairs(first_prompt + reasoning)
+        bounded_processed = sum(p + c for p, c in calls)
+        generated = 0
+        baseline_processed = 0
+        for _, c in self.chunk_calls:  # the same chunks, each re-reading everything before it
+            generated += c
+            baseline_processed += first_prompt + generated
+        ratio = bounded_attention / baseline_attention
+        return {
+            "reasoning_tokens": reasoning,
+            "attention_cost_bounded": bounded_attention,
+            "attention_cost_baseline": baseline_attention,
+            "attention_cost_ratio": round(ratio, 4),
+            "compute_savings_pct": round(max(0.0, 1 - ratio) * 100, 2),
+            "tokens_processed_bounded": bounded_processed,
+            "tokens_processed_baseline": baseline_processed,
+            "tokens_processed_ratio": round(bounded_processed / baseline_processed, 4),
+        }
+
+
+def closed_form_attention(
+    reasoning: int, chunk_size: int, first_prompt: int, later_prompt: int, extra_calls: list[int] | None = None
+) -> tuple[int, int]:
+    """(bounded, baseline) attention for `reasoning` tokens: the first chunk generates
+    chunk_size - first_prompt tokens, each later one chunk_size - later_prompt, the last one what is
+    left; `extra_calls` are the context lengths of any other calls (summaries)."""
+    first = min(reasoning, chunk_size - first_prompt)
+    bounded = attention_pairs(first_prompt + first)
+    left = reasoning - first
+    per_chunk = chunk_size - later_prompt
+    while left > 0:
+        generated = min(left, per_chunk)
+        bounded += attention_pairs(later_prompt + generated)
+        left -= generated
+    bounded += sum(attention_pairs(length) for length in extra_calls or [])
+    return bounded, attention_pairs(first_prompt + reasoning)

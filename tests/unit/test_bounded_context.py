@@ -1,0 +1,212 @@
+"""bounded_context: every edge case of seed 001, both carryover modes, limits, metrics, events."""
+
+import json
+
+import pytest
+
+from gateway.errors import ProviderUnavailableError
+from gateway.protocol import LLMRequest
+from gateway.simulator.inprocess import SimulatedLLM
+from gateway.testing import FunctionLLM, ScriptedLLM
+from gateway.tokens import count_messages, counter_for_model
+from reasonray.errors import InvalidParamsError, MaxIterationsError
+from reasonray.events import read_event_log
+from strategies.bounded_context import BoundedContext, BoundedContextSettings, capacity
+from strategies.compute_cost import attention_pairs
+from tests.unit.strategy_harness import context_for
+
+COUNTER = counter_for_model("simulated")
+
+
+async def run(llm, query="[[sim think=30000 answer=7]] Solve it.", strategy=None, **config):
+    context, recorder = context_for(llm, strategy="bounded_context")
+    result = await (strategy or BoundedContext()).reason(query, context=context, config=config)
+    return result, recorder
+
+
+class Recording(SimulatedLLM):
+    """The simulated model, keeping every request it was sent."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list[LLMRequest] = []
+
+    async def complete(self, request):
+        self.requests.append(request)
+        return await super().complete(request)
+
+
+@pytest.mark.parametrize("mode", ["tail", "summary"])
+async def test_thirty_thousand_tokens_of_reasoning_answer_within_ten_iterations(mode):
+    llm = Recording()
+    result, _ = await run(llm, max_iterations=10, carryover_mode=mode)
+    specific = result.metrics.strategy_specific
+    assert result.answer == "7"
+    assert specific["stopped_by"] == "answer" and specific["compute_savings_pct"] > 50
+    assert specific["reasoning_tokens"] >= 30000
+    assert [i["iteration"] for i in specific["iterations"]] == list(range(specific["total_iterations"]))
+    assert specific["iterations"][-1]["has_answer"] and not any(i["has_answer"] for i in specific["iterations"][:-1])
+    for request in llm.requests:  # BR-4: no context ever exceeds chunk_size
+        assert count_messages(COUNTER, request.messages) + request.max_tokens <= 8192
+
+
+async def test_every_call_is_counted_with_the_gateway_tokenizer_not_estimated():
+    llm = Recording()
+    result, recorder = await run(llm, max_iterations=10)
+    invocations = [e for e in recorder.events if type(e).__name__ == "LLMInvocation"]
+    specific = result.metrics.strategy_specific
+    assert [i["prompt_tokens"] for i in specific["iterations"]] == [e.prompt_tokens for e in invocations]
+    assert [count_messages(COUNTER, r.messages) for r in llm.requests] == [e.prompt_tokens for e in invocations]
+    lengths = [e.prompt_tokens + e.completion_tokens for e in invocations]
+    assert specific["attention_cost_bounded"] == sum(attention_pairs(n) for n in lengths)
+    reasoning = sum(e.completion_tokens for e in invocations)
+    assert specific["attention_cost_baseline"] == attention_pairs(invocations[0].prompt_tokens + reasoning)
+
+
+async def test_default_five_iterations_run_out_with_the_partial_trace():
+    with pytest.raises(MaxIterationsError) as err:
+        await run(SimulatedLLM(), max_iterations=5)
+    data = err.value.data
+    assert "within 5 iterations (capacity 24576 tokens)" in str(err.value)
+    assert "increasing max_iterations to 10" in str(err.value)
+    assert data["total_iterations"] == 5 and len(data["iterations"]) == 5
+    assert data["reasoning_capacity_tokens"] == 24576 and "[progress" in data["last_carryover"]
+
+
+async def test_final_answer_mode_asks_once_more_from_the_last_carryover():
+    result, _ = await run(SimulatedLLM(), max_iterations=2, on_max_iterations="final_answer")
+    assert result.answer == "7" and result.metrics.strategy_specific["stopped_by"] == "final_answer"
+    assert result.metrics.llm_calls == 3
+
+
+async def test_answer_in_the_first_chunk_returns_with_no_carryover():
+    llm = ScriptedLLM(["<thinking>quick</thinking>It is 4. <answer>4"])
+    result, recorder = await run(llm, query="What is 2+2?")
+    llm.assert_complete()
+    specific = result.metrics.strategy_specific
+    assert result.answer == "4" and specific["total_iterations"] == 1 and specific["carryover_compressions"] == 0
+    assert not any(type(e).__name__ == "Carryover" for e in recorder.events)
+    assert llm.requests[0].stop == ("</answer>", "<continue>")
+
+
+async def test_a_chunk_with_no_stop_sequence_continues():
+    from gateway.protocol import Choice, Completion, Usage
+
+    cut = Completion(choices=(Choice(text="Step 1: partial work", finish_reason="length"),), usage=Usage(100, 50), model="scripted")
+    llm = ScriptedLLM([cut, "Step 2 <answer>5"])
+    result, _ = await run(llm, query="q")
+    llm.assert_complete()
+    assert [i["stop"] for i in result.metrics.strategy_specific["iterations"]] == ["length", "answer"]
+    assert "Step 1: partial work" in llm.requests[1].messages[-1].content
+
+
+async def test_thinking_is_stripped_from_the_carryover_but_kept_in_the_event_log(tmp_path):
+    llm = ScriptedLLM(["visible step <thinking>SECRET scratch</thinking> more visible", "<answer>1"])
+    context, _ = context_for(llm, path=tmp_path / "run.jsonl", keep=False)
+    await BoundedContext().reason("q", context=context, config={})
+    assert "SECRET" not in llm.requests[1].messages[-1].content
+    assert "visible step" in llm.requests[1].messages[-1].content
+    events = read_event_log(tmp_path / "run.jsonl")
+    assert "SECRET scratch" in events[0]["responses"][0]
+    assert [e["type"] for e in events] == ["LLM_INVOCATION", "ITERATION_END", "CARRYOVER", "LLM_INVOCATION", "ITERATION_END"]
+    carryover = next(e for e in events if e["type"] == "CARRYOVER")
+    assert "SECRET" not in carryover["text"]
+
+
+async def test_summary_mode_uses_the_structured_carryover():
+    llm = Recording()
+    result, recorder = await run(llm, max_iterations=10, carryover_mode="summary")
+    carryovers = [e for e in recorder.events if type(e).__name__ == "Carryover"]
+    assert carryovers and all("Key Findings:" in c.text and not c.fallback for c in carryovers)
+    assert all(c.tokens <= 4096 for c in carryovers)
+    assert result.metrics.strategy_specific["carryover_fallbacks"] == 0
+    summary_requests = [r for r in llm.requests if "Current Strategy:" in (r.messages[0].content or "")]
+    assert len(summary_requests) == len(carryovers)
+    assert all(count_messages(COUNTER, r.messages) + r.max_tokens <= 8192 for r in summary_requests)
+
+
+@pytest.mark.parametrize("failure", ["", "<thinking>only thinking</thinking>", ProviderUnavailableError("down", attempts=3)])
+async def test_a_failed_or_empty_summary_falls_back_to_the_raw_tail(failure):
+    llm = ScriptedLLM(["first chunk of visible reasoning", failure, "<answer>9"])
+    result, recorder = await run(llm, query="q", carryover_mode="summary")
+    llm.assert_complete()
+    [carryover] = [e for e in recorder.events if type(e).__name__ == "Carryover"]
+    assert carryover.fallback and carryover.text == "first chunk of visible reasoning"
+    assert result.answer == "9" and result.metrics.strategy_specific["carryover_fallbacks"] == 1
+    assert any(type(e).__name__ == "RunWarning" and e.code == "carryover_fallback" for e in recorder.events)
+
+
+@pytest.mark.parametrize(
+    "config,fragment",
+    [
+        ({"chunk_size": 4096, "carryover_size": 8192}, "carryover_size must be less than chunk_size"),
+        ({"max_iterations": 0}, "max_iterations: Input should be greater than or equal to 1"),
+        ({"max_iterations": 51}, "max_iterations: Input should be less than or equal to 50"),
+        ({"chunk_size": 512}, "chunk_size: Input should be greater than or equal to 1024"),
+        ({"carryover_mode": "zip"}, "carryover_mode: Input should be 'tail' or 'summary'"),
+    ],
+)
+async def test_invalid_parameters_say_what_to_change(config, fragment):
+    with pytest.raises(InvalidParamsError, match=fragment):
+        await run(ScriptedLLM([]), **config)
+
+
+async def test_the_servers_iteration_cap_is_enforced():
+    strategy = BoundedContext(BoundedContextSettings(max_allowed_iterations=10))
+    with pytest.raises(InvalidParamsError, match="exceeds this server's max_allowed_iterations \\(10\\)"):
+        await run(ScriptedLLM([]), strategy=strategy, max_iterations=20)
+
+
+async def test_a_query_too_long_for_the_chunk_is_refused_before_any_call():
+    llm = ScriptedLLM([])
+    with pytest.raises(InvalidParamsError, match="context size exceeded.*shorten the query"):
+        await run(llm, query="word " * 1200, chunk_size=1024, carryover_size=512)
+    assert llm.requests == []
+
+
+async def test_a_carryover_that_no_longer_fits_is_cut_with_a_warning():
+    query = "word " * 300  # about 300 tokens of a 1024-token chunk
+    llm = ScriptedLLM(["reasoning " * 700, "<answer>2"])
+    result, recorder = await run(llm, query=query, chunk_size=1024, carryover_size=900, head_tokens=0)
+    second = llm.requests[1]
+    assert count_messages(COUNTER, second.messages) + second.max_tokens <= 1024 and second.max_tokens >= 256
+    assert any(type(e).__name__ == "RunWarning" and e.code == "carryover_truncated" for e in recorder.events)
+    assert result.answer == "2"
+
+
+async def test_a_provider_failure_keeps_the_partial_iterations():
+    llm = ScriptedLLM(["step one", ProviderUnavailableError("HTTP 503", attempts=3)])
+    with pytest.raises(ProviderUnavailableError) as err:
+        await run(llm, query="q")
+    assert err.value.partial_result["total_iterations"] == 1
+
+
+async def test_128k_tokens_of_reasoning_complete_with_8k_chunks():
+    result, _ = await run(SimulatedLLM(), query="[[sim think=128000 answer=42]] go", max_iterations=50)
+    specific = result.metrics.strategy_specific
+    assert result.answer == "42" and specific["reasoning_tokens"] >= 128000
+    assert specific["compute_savings_pct"] > 75
+
+
+@pytest.mark.parametrize("carryover_size", [512, 2048, 4096])
+@pytest.mark.parametrize("mode", ["tail", "summary"])
+async def test_answers_hold_across_carryover_sizes(mode, carryover_size):
+    result, _ = await run(SimulatedLLM(), query="[[sim think=12000 answer=3]] go", max_iterations=20,
+                          carryover_mode=mode, carryover_size=carryover_size)
+    assert result.answer == "3"
+
+
+def test_capacity_follows_br5():
+    from strategies.bounded_context import BoundedContextConfig
+
+    assert capacity(BoundedContextConfig()) == 8192 + 4 * 4096
+    assert capacity(BoundedContextConfig(max_iterations=10, chunk_size=16384, carryover_size=1024)) == 16384 + 9 * 15360
+
+
+async def test_config_schema_and_capabilities():
+    strategy = BoundedContext()
+    schema = strategy.get_config_schema()
+    assert {"chunk_size", "carryover_size", "max_iterations", "carryover_mode"} <= set(schema["properties"])
+    assert all(p.get("description") for p in schema["properties"].values())
+    assert "reasoning.strategy.bounded_context" in strategy.get_capabilities()
+    json.dumps(schema)
