@@ -30,3 +30,4 @@ test-slow: setup
 
 bench: setup
 	.venv/bin/python bench/overhead.py
+	.venv/bin/python bench/bounded_context.py

@@ -55,18 +55,30 @@ class CostLedger:
 
 
 def closed_form_attention(
-    reasoning: int, chunk_size: int, first_prompt: int, later_prompt: int, extra_calls: list[int] | None = None
+    reasoning: int,
+    chunk_size: int,
+    first_prompt: int,
+    later_frame: int,
+    carryover: int | None = None,
+    *,
+    carryover_size: int = 0,
+    visible_fraction: float = 1.0,
+    summary_call: int = 0,
 ) -> tuple[int, int]:
-    """(bounded, baseline) attention for `reasoning` tokens: the first chunk generates
-    chunk_size - first_prompt tokens, each later one chunk_size - later_prompt, the last one what is
-    left; `extra_calls` are the context lengths of any other calls (summaries)."""
-    first = min(reasoning, chunk_size - first_prompt)
-    bounded = attention_pairs(first_prompt + first)
-    left = reasoning - first
-    per_chunk = chunk_size - later_prompt
+    """(bounded, baseline) attention for `reasoning` tokens, chunk by chunk (docs/strategies/bounded_context.md).
+
+    The first chunk generates chunk_size - first_prompt tokens. A later chunk's prompt is
+    `later_frame` (instructions, query, head, framing) plus the carryover: `carryover` tokens when
+    fixed (summary mode), else the visible tail of the previous chunk, min(carryover_size,
+    visible_fraction x its generation) (tail mode). Each summary call adds `summary_call` context tokens.
+    """
+    generated = min(reasoning, chunk_size - first_prompt)
+    bounded = attention_pairs(first_prompt + generated)
+    left = reasoning - generated
     while left > 0:
-        generated = min(left, per_chunk)
-        bounded += attention_pairs(later_prompt + generated)
+        carried = carryover if carryover is not None else min(carryover_size, int(visible_fraction * generated))
+        prompt = later_frame + carried
+        generated = min(left, chunk_size - prompt)
+        bounded += attention_pairs(prompt + generated) + (attention_pairs(summary_call) if summary_call else 0)
         left -= generated
-    bounded += sum(attention_pairs(length) for length in extra_calls or [])
     return bounded, attention_pairs(first_prompt + reasoning)
