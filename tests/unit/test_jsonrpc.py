@@ -208,3 +208,37 @@ def test_caller_trace_ids_are_accepted_only_when_well_formed():
 def test_the_error_table_covers_every_custom_code():
     codes = {code for _, code, _ in jsonrpc.ERROR_TABLE}
     assert {-32602, -32603, -32001, -32002, -32003, -32004} <= codes
+
+
+def bounded_dispatcher():
+    from gateway.simulator.inprocess import SimulatedLLM
+
+    return dispatcher(SimulatedLLM(), enabled=("chain_of_thought", "bounded_context"))
+
+
+@pytest.mark.parametrize(
+    "params,fragment",
+    [
+        ({"query": ""}, "query: String should have at least 1 character"),
+        ({"query": "x" * 50_001}, "query: String should have at most 50000 characters"),
+        ({"query": "q", "chunk_size": 4096, "carryover_size": 8192}, "carryover_size must be less than chunk_size"),
+        ({"query": "q", "max_iterations": 0}, "max_iterations: Input should be greater than or equal to 1"),
+    ],
+)
+async def test_bounded_context_method_edge_cases_are_invalid_params(params, fragment):
+    response = await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1})
+    assert response["error"]["code"] == -32602 and fragment in response["error"]["message"]
+
+
+async def test_bounded_context_method_answers_in_the_seeds_shape():
+    params = {"query": "[[sim think=20000 answer=11]] go", "max_iterations": 10}
+    result = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))["result"]
+    assert result["answer"] == "11" and result["total_iterations"] == len(result["iterations"]) >= 3
+    assert {"answer", "iterations", "total_tokens", "compute_savings_pct"} <= set(result)
+
+
+async def test_max_iterations_over_rpc_carries_the_partial_trace():
+    params = {"query": "[[sim think=30000 answer=7]] go", "max_iterations": 2}
+    error = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))["error"]
+    assert error["code"] == -32001 and error["data"]["error_type"] == "max_iterations"
+    assert len(error["data"]["iterations"]) == 2 and error["data"]["suggested_max_iterations"] == 4
