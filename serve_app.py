@@ -20,6 +20,7 @@ from ray.serve import Application
 
 from actors.llm_cache import RayCacheStore, cache_actor
 from actors.registry import registry_actor
+from gateway.simulator.server import free_port
 from gateway.tokens import counter_for_model
 from reasonray import __version__
 from reasonray.api import accept_trace_id, build_dispatcher
@@ -140,6 +141,22 @@ class ReasonRayIngress:
         )
         self._llm_probe = (time.monotonic(), probe)
         return {**probe, "breaker": self.resilient.breaker.state}
+
+
+def ray_environment(settings: Settings) -> dict[str, str]:
+    """Environment a Ray cluster needs before it starts, for the configured ingress.
+
+    The HAProxy ingress always opens a stats and a metrics listener; they get free ports here so that
+    two clusters on one machine (or a lingering one) never collide.
+    """
+    if not settings.server.fast_ingress:
+        return {}
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+    }
 
 
 class AppArgs(BaseModel):

@@ -77,7 +77,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from serve_app import build_app
+    from serve_app import build_app, ray_environment
 
     sim_port, api_port = free_port(), free_port()
     sim = subprocess.Popen(
@@ -94,6 +94,8 @@ def main() -> None:
 
         by_default, by_request = resolution_overhead(settings)
 
+        if os.environ.get("BENCH_INGRESS") != "default":  # BENCH_INGRESS=default measures Serve's plain proxy
+            os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": api_port})
         serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")

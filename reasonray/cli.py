@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -58,7 +59,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
     from ray import serve as ray_serve
 
     from gateway.simulator.server import SimulatorServer, SimulatorSettings
-    from serve_app import build_app
+    from serve_app import build_app, ray_environment
 
     settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
     simulator = None
@@ -77,6 +78,9 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
         _fail(str(exc))
 
     # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
+    if address == "local":
+        for name, value in ray_environment(settings).items():
+            os.environ.setdefault(name, value)
     own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1"} if address == "local" else {}
     context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
     stop = threading.Event()

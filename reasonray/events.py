@@ -85,6 +85,7 @@ EventSink = Callable[[Event], None]
 
 TEXT_FIELDS = frozenset({"messages", "responses", "text", "message"})
 _encoder = msgspec.json.Encoder()
+_made_dirs: set[Path] = set()
 
 
 def to_dict(event: Event) -> dict[str, Any]:
@@ -98,7 +99,11 @@ def event_log_path(data_dir: Path, trace_id: str) -> Path:
 
 
 class EventRecorder:
-    """Appends a run's events to its JSONL file, keeps them only when asked, and logs each without text."""
+    """Appends a run's events to its JSONL file, keeps them only when asked, and logs each without text.
+
+    The file is buffered (64 KiB): a long run's text leaves memory as the buffer fills, and `close`
+    writes the rest when the run ends, successfully or not.
+    """
 
     def __init__(self, path: Path | None = None, *, keep: bool = True) -> None:
         self.path = path
@@ -111,10 +116,11 @@ class EventRecorder:
             self.events.append(event)
         if self.path is not None:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = self.path.open("ab")
+                if self.path.parent not in _made_dirs:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    _made_dirs.add(self.path.parent)
+                self._file = self.path.open("ab", buffering=64 * 1024)  # written as the buffer fills and at close
             self._file.write(_encoder.encode(event) + b"\n")
-            self._file.flush()
         fields = {k: v for k, v in to_dict(event).items() if k not in TEXT_FIELDS and k not in ("type", "ts")}
         log.info(type(event).__name__, **fields)
 

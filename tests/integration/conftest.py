@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ def simulator():
 def ray_cluster():
     import ray
 
+    from serve_app import ray_environment
+
+    os.environ.update(ray_environment(Settings()))  # the ingress `reasonray serve` uses
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="reasonray-tests", log_to_driver=False)
     yield
     ray.shutdown()

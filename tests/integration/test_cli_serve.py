@@ -1,6 +1,7 @@
 """The README's main command: `reasonray serve` on its own local Ray cluster, then `reasonray ask`.
 
-Runs before the other integration modules (file order), so two Ray clusters never share the machine.
+The subprocess gets a clean environment (no settings of the test session's own cluster), as a
+user's shell would.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def test_serve_with_a_bad_config_reports_the_key(tmp_path):
 
 def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id():
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS")}
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
+    }
     proc = subprocess.Popen(
         [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,

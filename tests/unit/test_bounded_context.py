@@ -102,8 +102,9 @@ async def test_a_chunk_with_no_stop_sequence_continues():
 
 async def test_thinking_is_stripped_from_the_carryover_but_kept_in_the_event_log(tmp_path):
     llm = ScriptedLLM(["visible step <thinking>SECRET scratch</thinking> more visible", "<answer>1"])
-    context, _ = context_for(llm, path=tmp_path / "run.jsonl", keep=False)
+    context, recorder = context_for(llm, path=tmp_path / "run.jsonl", keep=False)
     await BoundedContext().reason("q", context=context, config={})
+    recorder.close()
     assert "SECRET" not in llm.requests[1].messages[-1].content
     assert "visible step" in llm.requests[1].messages[-1].content
     events = read_event_log(tmp_path / "run.jsonl")
