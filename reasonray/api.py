@@ -8,9 +8,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -78,10 +78,11 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
         _fail(str(exc))
 
     # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
+    own: dict[str, Any] = {}
     if address == "local":
         for name, value in ray_environment(settings).items():
             os.environ.setdefault(name, value)
-    own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1"} if address == "local" else {}
+        own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1"}
     context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -83,7 +83,7 @@ class RunEnd(Event, tag="RUN_END"):
 EventSink = Callable[[Event], None]
 
 
-TEXT_FIELDS = frozenset({"messages", "responses", "text", "message"})
+TEXT_FIELDS = frozenset({"messages", "responses", "text"})  # model and user text: event log only, never logs
 _encoder = msgspec.json.Encoder()
 _made_dirs: set[Path] = set()
 

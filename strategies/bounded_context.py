@@ -80,7 +80,8 @@ class Chunk:
 
 @dataclass
 class RunState:
-    """All a run holds between iterations: constant in size whatever the depth."""
+    """All a run holds between iterations: the head and carryover text (bounded by the config, whatever
+    the depth) and a few numbers per iteration for its metrics."""
 
     head: str = ""
     carryover: str = ""
@@ -214,14 +215,17 @@ class BoundedContext(Strategy):
     def _warn(self, context: StrategyContext, code: str, message: str) -> None:
         context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code=code, message=message))
 
-    def _partial(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
+    def _progress(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
+        """The metrics a finished and an interrupted run share."""
         return {
             "iterations": state.iterations,
             "total_iterations": len(state.iterations),
             "reasoning_capacity_tokens": capacity(cfg),
-            "last_carryover": state.carryover,
             **state.ledger.summary(),
         }
+
+    def _partial(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
+        return {**self._progress(cfg, state), "last_carryover": state.carryover}
 
     def _out_of_iterations(self, cfg: BoundedContextConfig, state: RunState) -> MaxIterationsError:
         allowed = self.settings.max_allowed_iterations
@@ -238,14 +242,11 @@ class BoundedContext(Strategy):
         return context.result(
             self.name,
             answer,
-            iterations=state.iterations,
-            total_iterations=len(state.iterations),
             stopped_by=stopped_by,
             carryover_mode=cfg.carryover_mode,
             carryover_compressions=state.compressions,
             carryover_fallbacks=state.fallbacks,
-            reasoning_capacity_tokens=capacity(cfg),
-            **state.ledger.summary(),
+            **self._progress(cfg, state),
         )
 
 

@@ -253,9 +253,10 @@ class SimulatedModel:
         """
         total = self._think_total(directives)
         answer = directives.get("answer", "done")
-        done = self._progress(request, total)
+        prompt = _all_text(request.messages)
+        done = _progress(prompt, total)
         budget = request.max_tokens if request.max_tokens is not None else 10**9
-        wants_continue = "<continue>" in _all_text(request.messages)
+        wants_continue = "<continue>" in prompt
         reserve = self.counter.count(" <continue>") if wants_continue else 0
         parts: list[str] = []
         used = 0
@@ -282,16 +283,11 @@ class SimulatedModel:
         except ValueError:
             raise SimulatorError(f"[[sim think={directives['think']}]]: think takes a whole number of tokens") from None
 
-    @staticmethod
-    def _progress(request: LLMRequest, total: int) -> int:
-        text = _all_text(request.messages)
-        return max((int(d) for d, n in PROGRESS.findall(text) if int(n) == total), default=0)
-
     def _carryover_summary(self, request: LLMRequest, directives: dict[str, str]) -> str:
         """What the model writes when asked for a structured carryover (see docs/simulator.md)."""
         if "think" in directives:
             total = self._think_total(directives)
-            done = self._progress(request, total)
+            done = _progress(_all_text(request.messages), total)
             progress = f"[progress {done}/{total}] reasoning tokens completed."
             step = f"step {done // 20}"
         else:
@@ -334,6 +330,11 @@ def _last_user_text(messages: tuple[Message, ...]) -> str:
 
 def _all_text(messages: tuple[Message, ...]) -> str:
     return "\n".join(m.content or "" for m in messages)
+
+
+def _progress(prompt: str, total: int) -> int:
+    """The furthest progress marker of a `think=total` reasoning that the prompt shows."""
+    return max((int(d) for d, n in PROGRESS.findall(prompt) if int(n) == total), default=0)
 
 
 def _request_digest(request: LLMRequest) -> str:

@@ -211,3 +211,14 @@ async def test_config_schema_and_capabilities():
     assert all(p.get("description") for p in schema["properties"].values())
     assert "reasoning.strategy.bounded_context" in strategy.get_capabilities()
     json.dumps(schema)
+
+
+async def test_warnings_reach_the_logs_with_their_message_but_no_model_text():
+    import structlog
+
+    llm = ScriptedLLM(["private reasoning text", "", "<answer>9"])
+    with structlog.testing.capture_logs() as logs:
+        await run(llm, query="q", carryover_mode="summary")
+    [warning] = [e for e in logs if e["event"] == "RunWarning"]
+    assert warning["code"] == "carryover_fallback" and "raw tail" in warning["message"]
+    assert "private reasoning text" not in json.dumps(logs, default=str)

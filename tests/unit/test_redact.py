@@ -11,9 +11,9 @@ from strategies.registry import StrategyRegistry, build_catalogue
 
 
 def test_personal_data_and_secrets_are_redacted():
-    text = "mail ann@example.com, key sk-abcdefghijklmnop1234, password: hunter2, card 4111 1111 1111 1111, host 10.1.2.3"
+    text = "mail ann@example.com, key sk-FAKE_test_key_000000, password: hunter2, card 4111 1111 1111 1111, host 10.1.2.3"
     redacted = redact(text)
-    for secret in ("ann@example.com", "sk-abcdefghijklmnop1234", "hunter2", "4111 1111", "10.1.2.3"):
+    for secret in ("ann@example.com", "sk-FAKE_test_key_000000", "hunter2", "4111 1111", "10.1.2.3"):
         assert secret not in redacted
     assert "[email]" in redacted and "[secret]" in redacted and "[number]" in redacted and "[ip]" in redacted
     assert redact("What is 17 * 23?") == "What is 17 * 23?"
