@@ -18,16 +18,18 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 
+from actors.fanout import LLMSpec, RayFanout
 from actors.llm_cache import RayCacheStore, cache_actor
-from actors.registry import registry_actor
+from actors.registry import RayRegistry, registry_actor
 from gateway.simulator.server import free_port
 from gateway.tokens import counter_for_model
 from reasonray import __version__
 from reasonray.api import accept_trace_id, build_dispatcher
 from reasonray.config import Settings, load_settings
-from reasonray.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, MAX_ITERATIONS, STRATEGY_UNAVAILABLE
+from reasonray.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, MAX_ITERATIONS, NOT_FOUND, STRATEGY_UNAVAILABLE
 from reasonray.llm import build_llm, client_for
 from reasonray.logs import configure_logging
+from reasonray.registry import RegistryService, agent_lookup
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
 from strategies.registry import StrategyRegistry, build_catalogue
 
@@ -37,10 +39,11 @@ api = FastAPI(
     title="ReasonRay",
     version=__version__,
     description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
-    "reasoning.bounded_context, reasoning.strategies); REST mirrors under /v1. See docs/api.md.",
+    "reasoning.bounded_context, reasoning.strategies, agent.register/get/list/discover/unregister); "
+    "REST mirrors under /v1. See docs/api.md.",
 )
 
-HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, INTERNAL_ERROR: 503}
+HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, NOT_FOUND: 404, INTERNAL_ERROR: 503}
 LLM_PROBE_TTL_S = 5.0
 
 
@@ -50,8 +53,10 @@ class ReasonRayIngress:
     def __init__(self, settings: dict[str, Any], app_name: str) -> None:
         self.settings = Settings.model_validate(settings)
         configure_logging(self.settings.logging)
-        self.registry = registry_actor(app_name, self.settings.reasoning)
-        snapshot = ray.get(self.registry.configure.remote(self.settings.reasoning.model_dump(mode="json")))
+        data_dir = str(self.settings.data_dir)
+        handle = registry_actor(app_name, self.settings.reasoning, self.settings.data_dir)
+        snapshot = ray.get(handle.configure.remote(self.settings.reasoning.model_dump(mode="json"), data_dir))
+        self.registry = RayRegistry(handle)
         reasoning = self.settings.reasoning.model_copy(
             update={"enabled_strategies": snapshot["enabled"], "default_strategy": snapshot["default"]}
         )
@@ -63,16 +68,15 @@ class ReasonRayIngress:
             catalogue,
             llm,
             counter_for_model(self.client.model),
+            fanout=RayFanout(LLMSpec(self.settings.model_dump_json(), app_name)),
+            agents=agent_lookup(self.registry),
             selection_budget_ms=self.settings.reasoning.performance.strategy_selection_timeout_ms,
             data_dir=self.settings.data_dir,
             log_queries=self.settings.logging.log_queries,
         )
-        self.rpc = build_dispatcher(self.service, self._describe_strategies)
+        self.rpc = build_dispatcher(self.service, self.registry)
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
-
-    async def _describe_strategies(self) -> dict[str, Any]:
-        return await self.registry.describe.remote()
 
     @api.post("/rpc", summary="JSON-RPC 2.0 endpoint (single or batch)")
     async def rpc(self, request: Request) -> Response:
@@ -118,7 +122,7 @@ class ReasonRayIngress:
 
     async def _registry_health(self) -> dict[str, Any]:
         try:
-            snapshot = await self.registry.snapshot.remote()
+            snapshot = await self.registry.snapshot()
         except Exception as exc:  # the actor is restarting or gone
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
         return {"ok": True, **snapshot}
@@ -173,7 +177,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     settings = Settings.model_validate(parsed.settings) if parsed.settings else load_settings(parsed.config_path)
     # replicas run in other working directories: give them an absolute data directory
     settings = settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
-    build_catalogue(StrategyRegistry().discover(), settings.reasoning)  # raises ConfigError naming the key
+    RegistryService(settings.reasoning, settings.data_dir)  # raises ConfigError naming the key or the agents file
     client_for(settings)  # raises LLMConfigError naming the variable to set
     return ReasonRayIngress.options(
         num_replicas=settings.server.num_replicas,

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.protocol import LLM
+from gateway.tokens import counter_for_model
+from reasonray.agents import AGENT_ID, AgentRegistration
+from reasonray.config import ReasoningSettings
 from reasonray.jsonrpc import Call, Dispatcher
+from reasonray.registry import LocalRegistry, Registry, RegistryService, agent_lookup
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
 
 _TRACE_ID = re.compile(r"^[A-Za-z0-9._-]{8,128}$")
@@ -45,9 +50,21 @@ class BoundedContextParams(BaseModel):
     include_trace: bool = Field(False, description="Return the run's events as `trace`.")
 
 
-def build_dispatcher(
-    service: ReasoningService, describe_strategies: Callable[[], Awaitable[dict[str, Any]]]
-) -> Dispatcher:
+class AgentIdParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_id: str = Field(pattern=AGENT_ID, description="The agent's id.")
+
+
+class DiscoverParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    capabilities: list[str] = Field(
+        default_factory=list, max_length=64, description="Agents advertising all of these are returned; empty: every agent."
+    )
+
+
+def build_dispatcher(service: ReasoningService, registry: Registry) -> Dispatcher:
     rpc = Dispatcher(new_trace_id)
 
     @rpc.method("reasoning.execute", ExecuteParams)
@@ -78,7 +95,42 @@ def build_dispatcher(
 
     @rpc.method("reasoning.strategies", NoParams)
     async def strategies(params: NoParams, call: Call) -> dict[str, Any]:
-        """The enabled strategies with their capabilities and config schemas, and the default."""
-        return await describe_strategies()
+        """The enabled strategies with their capabilities and config schemas, the default, and plugin failures."""
+        return await registry.describe()
+
+    @rpc.method("agent.register", AgentRegistration)
+    async def agent_register(params: AgentRegistration, call: Call) -> dict[str, Any]:
+        """Register (or replace) an AgentCard; its strategies must exist and be enabled."""
+        return await registry.register_agent(params.model_dump(mode="json"), sorted(rpc.methods))
+
+    @rpc.method("agent.get", AgentIdParams)
+    async def agent_get(params: AgentIdParams, call: Call) -> dict[str, Any]:
+        """One registered AgentCard."""
+        return await registry.get_agent(params.agent_id)
+
+    @rpc.method("agent.list", NoParams)
+    async def agent_list(params: NoParams, call: Call) -> dict[str, Any]:
+        """Every registered AgentCard."""
+        return {"agents": await registry.list_agents()}
+
+    @rpc.method("agent.discover", DiscoverParams)
+    async def agent_discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
+        """The agents advertising all the given capabilities."""
+        return {"capabilities": params.capabilities, "agents": await registry.discover_agents(params.capabilities)}
+
+    @rpc.method("agent.unregister", AgentIdParams)
+    async def agent_unregister(params: AgentIdParams, call: Call) -> dict[str, Any]:
+        """Remove an AgentCard; requests naming it fail from then on."""
+        return {"unregistered": await registry.unregister_agent(params.agent_id)}
 
     return rpc
+
+
+def local_dispatcher(reasoning: ReasoningSettings, llm: LLM, *, data_dir: Path | None = None, **service_options: Any) -> Dispatcher:
+    """The whole API in this process, without Ray: for unit tests, notebooks and scripts."""
+    registry = RegistryService(reasoning, data_dir)
+    local = LocalRegistry(registry)
+    service = ReasoningService(
+        registry.catalogue, llm, counter_for_model(llm.model), agents=agent_lookup(local), data_dir=data_dir, **service_options
+    )
+    return build_dispatcher(service, local)

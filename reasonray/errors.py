@@ -6,7 +6,8 @@
     ├── StrategyUnavailableError    the strategy asked for is unknown, disabled or none  -32002
     ├── MaxIterationsError          a strategy used its iterations without an answer    -32001
     ├── ModelBehaviorError          the model's output broke the strategy's protocol    -32003
-    └── BudgetExceededError         the request's token budget ran out                  -32004
+    ├── BudgetExceededError         the request's token budget ran out                  -32004
+    └── NotFoundError               the agent (session, memory) named does not exist    -32005
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class ModelBehaviorError(ReasonRayError):
 
 class BudgetExceededError(ReasonRayError):
     """The request's cumulative token budget ran out."""
+
+
+class NotFoundError(ReasonRayError):
+    """The caller named something (an agent, a session, a memory) that does not exist; `data` says what is there."""
 
 
 def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:

@@ -64,6 +64,30 @@ class Carryover(Event, tag="CARRYOVER"):
     fallback: bool = False  # summary generation failed or came back empty: the raw tail was used
 
 
+class BranchRun(Event, tag="BRANCH"):
+    """A branch of a fan-out finished as a Ray task: where it ran and what it cost."""
+
+    label: str
+    index: int
+    task_id: str
+    node_id: str
+    pid: int
+    elapsed_ms: float
+    llm_calls: int
+
+
+class ThoughtNode(Event, tag="THOUGHT"):
+    """A node of a tree-of-thought search: the thought, its evaluation and what the search did with it."""
+
+    node_id: str  # "0.2.1": the root's third child's second child
+    parent_id: str
+    depth: int
+    text: str
+    score: float
+    is_answer: bool
+    status: str  # "kept", "pruned", "answer" (the chosen solution) or "unexplored"
+
+
 class RunWarning(Event, tag="WARNING"):
     """Something was degraded to keep the run going (truncation, fallback)."""
 
@@ -148,6 +172,16 @@ class Tally(msgspec.Struct):
     retries: int = 0
     simulated: bool = False
     model: str = ""  # as the endpoint names itself (the simulator answers "simulated")
+
+    def add(self, other: Tally) -> None:
+        """Count another tally's calls (a branch that ran elsewhere) into this one."""
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.calls += other.calls
+        self.cache_hits += other.cache_hits
+        self.retries += other.retries
+        self.simulated = self.simulated or other.simulated
+        self.model = other.model or self.model
 
 
 class ObservedLLM:

@@ -11,6 +11,7 @@
 | -32002 | strategy unavailable                      | StrategyUnavailableError (`data.available`)           |
 | -32003 | model misbehaved                          | ModelBehaviorError                                    |
 | -32004 | token budget exceeded                     | BudgetExceededError                                   |
+| -32005 | not found                                 | NotFoundError: no such agent (`data` lists them)      |
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from reasonray.errors import (
     InvalidParamsError,
     MaxIterationsError,
     ModelBehaviorError,
+    NotFoundError,
     ReasonRayError,
     StrategyUnavailableError,
     describe_errors,
@@ -53,6 +55,7 @@ MAX_ITERATIONS = -32001
 STRATEGY_UNAVAILABLE = -32002
 MODEL_BEHAVIOR = -32003
 BUDGET_EXCEEDED = -32004
+NOT_FOUND = -32005
 
 # Most specific first: the first matching row decides.
 ERROR_TABLE: list[tuple[type[Exception], int, str]] = [
@@ -61,6 +64,7 @@ ERROR_TABLE: list[tuple[type[Exception], int, str]] = [
     (StrategyUnavailableError, STRATEGY_UNAVAILABLE, "strategy_unavailable"),
     (ModelBehaviorError, MODEL_BEHAVIOR, "model_behavior"),
     (BudgetExceededError, BUDGET_EXCEEDED, "budget_exceeded"),
+    (NotFoundError, NOT_FOUND, "not_found"),
     (CircuitOpenError, INTERNAL_ERROR, "circuit_open"),
     (ProviderUnavailableError, INTERNAL_ERROR, "provider_unavailable"),
     (ProviderRejectedError, INTERNAL_ERROR, "provider_rejected"),

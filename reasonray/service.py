@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.protocol import LLM
 from gateway.tokens import TokenCounter
+from reasonray.agents import AGENT_ID, AgentCard
+from reasonray.errors import InvalidParamsError, NotFoundError
 from reasonray.events import EventRecorder, ObservedLLM, RunEnd, event_log_path
 from reasonray.redact import redact
 from strategies.base import Fanout, ReasoningResult, StrategyContext, local_fanout
@@ -35,6 +38,9 @@ class ExecuteParams(BaseModel):
         None, pattern=r"^[a-z_][a-z0-9_]*$", max_length=64, description="Strategy to use; omitted: the agent's or system default."
     )
     strategy_config: dict[str, Any] | None = Field(None, description="Strategy-specific configuration (see reasoning.strategies).")
+    agent_id: str | None = Field(
+        None, pattern=AGENT_ID, description="Run as this registered agent: only its strategies, its default and config apply."
+    )
     include_trace: bool = Field(False, description="Return the run's events (full LLM text included) as `trace`.")
 
     @field_validator("query")
@@ -51,6 +57,14 @@ class ExecuteResult(ReasoningResult):
     resolution: Resolution = Field(description="Which strategy ran, with which config, decided at which level.")
 
 
+AgentLookup = Callable[[str], Awaitable[AgentCard]]
+"""Fetches a registered AgentCard by id, raising NotFoundError when there is none."""
+
+
+async def no_agents(agent_id: str) -> AgentCard:
+    raise NotFoundError(f"no agent with id {agent_id!r}; this service has no agent directory", {"agent_id": agent_id})
+
+
 class ReasoningService:
     """Resolves and runs strategies against one LLM stack."""
 
@@ -61,6 +75,7 @@ class ReasoningService:
         tokens: TokenCounter,
         *,
         fanout: Fanout = local_fanout,
+        agents: AgentLookup = no_agents,
         selection_budget_ms: float = 50.0,
         data_dir: Path | None = None,
         log_queries: bool = False,
@@ -69,20 +84,28 @@ class ReasoningService:
         self.llm = llm
         self.tokens = tokens
         self.fanout = fanout
+        self.agents = agents
         self.selection_budget_ms = selection_budget_ms
         self.data_dir = data_dir
         self.log_queries = log_queries
 
-    def resolve(self, params: ExecuteParams) -> Resolution:
+    async def resolve(self, params: ExecuteParams) -> Resolution:
+        agent = await self.agents(params.agent_id) if params.agent_id else None
+        if agent is not None and "reasoning.execute" not in agent.supported_methods:
+            raise InvalidParamsError(
+                f"agent {agent.id!r} does not support reasoning.execute (its methods: {', '.join(agent.supported_methods)}); "
+                "re-register it with reasoning.execute in supported_methods",
+                {"agent_id": agent.id},
+            )
         started = time.perf_counter()
-        resolution = self.catalogue.resolve(params.strategy, params.strategy_config)
+        resolution = self.catalogue.resolve(params.strategy, params.strategy_config, agent=agent)
         took_ms = (time.perf_counter() - started) * 1000
         if took_ms > self.selection_budget_ms:
             log.warning("strategy.selection_slow", took_ms=round(took_ms, 3), budget_ms=self.selection_budget_ms)
         return resolution
 
     async def execute(self, params: ExecuteParams, trace_id: str) -> ExecuteResult:
-        resolution = self.resolve(params)
+        resolution = await self.resolve(params)
         if self.log_queries:  # opt-in debug logging, personal data redacted
             log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
         strategy = self.catalogue.entries[resolution.strategy].strategy

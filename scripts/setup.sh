@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install ReasonRay with its test tools. Idempotent: it reinstalls only when
-# pyproject.toml changed since the last successful install.
+# Create .venv and install ReasonRay with its test tools and the example third-party strategy
+# (examples/reasonray-step-back). Idempotent: it reinstalls only when a pyproject.toml changed since
+# the last successful install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,15 +12,22 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 fi
 
 stamp=.venv/.installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml examples/*/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-# The registry mirrors configured on some machines print one warning per package; keep real errors.
-quiet() { "$@" 2> >(grep -v -e 'is ignored: it is neither' -e BuildBackendWarning >&2); }
+# pip and setuptools print warnings by the screenful (registry mirrors, editable installs): keep them
+# in .venv/pip.log and show them only when the install fails.
+quiet() {
+    if ! "$@" 2>>.venv/pip.log; then
+        cat .venv/pip.log >&2
+        echo "setup failed: '$*' (log above, also in .venv/pip.log)" >&2
+        return 1
+    fi
+}
 quiet .venv/bin/python -m pip install --quiet --upgrade pip
-quiet .venv/bin/python -m pip install --quiet -e '.[dev]'
+quiet .venv/bin/python -m pip install --quiet -e '.[dev]' -e examples/reasonray-step-back
 echo "$want" > "$stamp"
 echo "ReasonRay installed in .venv"

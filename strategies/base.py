@@ -1,9 +1,10 @@
 """The `ReasoningStrategy` protocol, the context a strategy receives, and the result contract.
 
 A strategy gets everything it may touch through `StrategyContext`: the LLM (already cached,
-retried and observed), the token counter, the event sink and `fanout`, which runs branches
-concurrently (asyncio in-process; Ray tasks behind Serve). It returns a `ReasoningResult` whose
-standard metrics `context.result(...)` fills in from what the run's LLM calls added up to.
+retried and observed), the token counter, the event sink and `fan_out`, which runs independent
+branches concurrently (asyncio in-process; Ray tasks behind Serve, so a cluster spreads them). It
+returns a `ReasoningResult` whose standard metrics `context.result(...)` fills in from what the
+run's LLM calls added up to, branches included.
 """
 
 from __future__ import annotations
@@ -43,14 +44,27 @@ class ReasoningResult(BaseModel):
     trace: list[dict[str, Any]] | None = Field(None, description="The run's events, when the request asked for them.")
 
 
+Branch = Callable[["StrategyContext"], Awaitable[T]]
+"""One unit of parallel work: `async def branch(context) -> value`.
+
+A branch may run in another process, so it must pickle: a module-level function, or a
+`functools.partial` of one over picklable arguments, never a closure over the caller's context.
+Its LLM calls and events count towards the run that fanned it out.
+"""
+
+
 class Fanout(Protocol):
-    """Runs independent branches concurrently and returns their results in order."""
+    """Runs independent branches concurrently and returns their values in order.
 
-    async def __call__(self, branches: Sequence[Callable[[], Awaitable[T]]]) -> list[T]: ...
+    `label` names the branches in events and in Ray (e.g. "tree_of_thought.expand").
+    """
+
+    async def __call__(self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]: ...
 
 
-async def local_fanout(branches: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-    return list(await asyncio.gather(*(branch() for branch in branches)))
+async def local_fanout(context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
+    """Branches as coroutines on the caller's event loop, sharing its context."""
+    return list(await asyncio.gather(*(branch(context) for branch in branches)))
 
 
 @dataclass
@@ -80,6 +94,10 @@ class StrategyContext:
                 strategy_specific=strategy_specific,
             ),
         )
+
+    async def fan_out(self, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
+        """Run `branches` concurrently through this context's fanout; values come back in order."""
+        return await self.fanout(self, branches, label=label)
 
     def elapsed_ms(self) -> int:
         return round((time.perf_counter() - self.started) * 1000)

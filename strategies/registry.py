@@ -18,6 +18,7 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
+from reasonray.agents import AgentCard
 from reasonray.config import ConfigError, ReasoningSettings
 from reasonray.errors import StrategyUnavailableError, describe_errors
 from strategies.base import ReasoningStrategy
@@ -66,6 +67,7 @@ class StrategyRegistry:
 
 class Resolution(BaseModel):
     strategy: str = Field(description="The strategy that runs.")
+    agent_id: str | None = Field(None, description="The agent the request named, whose default and config applied.")
     strategy_decided_by: Literal["request", "agent", "system"] = Field(description="Which level chose the strategy.")
     config: dict[str, Any] = Field(description="The effective strategy config.")
     config_sources: dict[str, Level] = Field(description="For each config field, the level that set it.")
@@ -104,11 +106,11 @@ class Catalogue:
         )
         return StrategyUnavailableError(f"{message}; {hint}", {"available": available})
 
-    def choose(self, requested: str | None, agent_default: str | None = None) -> tuple[str, Literal["request", "agent", "system"]]:
+    def choose(self, requested: str | None, agent: AgentCard | None = None) -> tuple[str, Literal["request", "agent", "system"]]:
         if requested:
             name, level = requested, "request"
-        elif agent_default:
-            name, level = agent_default, "agent"
+        elif agent is not None and agent.default_strategy:
+            name, level = agent.default_strategy, "agent"
         elif self.default:
             name, level = self.default, "system"
         else:
@@ -116,21 +118,22 @@ class Catalogue:
         if name not in self.entries:
             why = "is installed but not enabled on this server" if name in self.installed else "is not a known strategy"
             raise self._unavailable(f"strategy {name!r} {why}")
+        if agent is not None and name not in agent.strategies:
+            usable = [s for s in agent.strategies if s in self.entries]
+            chosen = "the request names" if level == "request" else f"the {level} default is"
+            raise StrategyUnavailableError(
+                f"agent {agent.id!r} does not support strategy {name!r} ({chosen} {name!r}); "
+                f"the agent supports: {', '.join(usable) or 'none that are enabled'}",
+                {"available": usable, "agent_id": agent.id},
+            )
         return name, level
 
-    def resolve(
-        self,
-        requested: str | None,
-        request_config: dict[str, Any] | None = None,
-        *,
-        agent_default: str | None = None,
-        agent_config: dict[str, Any] | None = None,
-    ) -> Resolution:
-        name, level = self.choose(requested, agent_default)
+    def resolve(self, requested: str | None, request_config: dict[str, Any] | None = None, *, agent: AgentCard | None = None) -> Resolution:
+        name, level = self.choose(requested, agent)
         entry = self.entries[name]
         layers: list[tuple[Level, dict[str, Any]]] = [
             ("system", entry.defaults),
-            ("agent", agent_config or {}),
+            ("agent", agent.strategy_config.get(name, {}) if agent is not None else {}),
             ("request", request_config or {}),
         ]
         merged: dict[str, Any] = {}
@@ -143,7 +146,13 @@ class Catalogue:
         if parse is not None:  # strategies built on `Strategy` validate and fill in their defaults
             merged = parse(merged).model_dump(mode="json")
             sources = {key: sources.get(key, "default") for key in merged}
-        return Resolution(strategy=name, strategy_decided_by=level, config=merged, config_sources=sources)
+        return Resolution(
+            strategy=name,
+            agent_id=agent.id if agent is not None else None,
+            strategy_decided_by=level,
+            config=merged,
+            config_sources=sources,
+        )
 
 
 def _instantiate(cls: type, name: str, section: dict[str, Any]) -> CatalogueEntry:

@@ -28,6 +28,12 @@ FAULT_KINDS = ("429", "500", "timeout")
 # What the simulated model recognises in prompts, as a real model would follow instructions.
 CARRYOVER_HEADINGS = ("Current Strategy:", "Key Findings:", "Progress:", "Next Steps:", "Unresolved:")
 FINAL_ANSWER_REQUEST = "give your final answer now"
+STEP_REQUEST, SCORE_REQUEST, VOTE_REQUEST = "<step>", "<score>", "<vote>"  # tree-of-thought prompts
+STEP_MARK = re.compile(r"\bStep \d+:")
+CANDIDATE = re.compile(r"^Candidate (\d+):", re.MULTILINE)
+# A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
+# the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
+SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
 
 _OPS = {
     ast.Add: operator.add,
@@ -208,6 +214,12 @@ class SimulatedModel:
             return self._finish(self._carryover_summary(request, directives), request)
         if FINAL_ANSWER_REQUEST in _last_user_text(request.messages):
             return self._finish(self._final_answer(request, directives), request)
+        if STEP_REQUEST in system_text:
+            return self._finish(self._propose(request, directives, rng), request)
+        if SCORE_REQUEST in system_text:
+            return self._finish(self._value(request, rng), request)
+        if VOTE_REQUEST in system_text:
+            return self._finish(self._vote(request, rng), request)
         if "think" in directives:
             text, cut_off = self._long_reasoning(request, directives, rng)
         else:
@@ -242,7 +254,62 @@ class SimulatedModel:
         else:
             answer = "I am a simulated model: I answer arithmetic and follow [[sim ...]] directives only."
             thought = "This is not an arithmetic question and carries no [[sim]] directive."
+            return f"<thinking>{thought}</thinking>\n<answer>{answer}</answer>"
+        if self._slips(request, directives, rng):
+            answer = _wrong(answer, rng)
+            thought = f"Working quickly, {SLIP_STEP}: it comes to {answer}."
         return f"<thinking>{thought}</thinking>\n<answer>{answer}</answer>"
+
+    def _slips(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> bool:
+        """Whether a sampled reply (temperature > 0) slips, with the `slip` directive's probability."""
+        raw = directives.get("slip", "0")
+        try:
+            chance = float(raw)
+        except ValueError:
+            chance = -1.0
+        if not 0.0 <= chance <= 1.0:
+            raise SimulatorError(f"[[sim slip={raw}]]: slip is a probability between 0 and 1")
+        return request.temperature > 0 and rng.random() < chance
+
+    # -- tree of thought ------------------------------------------------------------------------
+    def _propose(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
+        """The next step of a solution: `steps` steps (default 2), then the answer."""
+        shown = _last_user_text(request.messages)
+        depth = len(STEP_MARK.findall(shown))
+        try:
+            total = int(directives.get("steps", "2"))
+        except ValueError:
+            raise SimulatorError(f"[[sim steps={directives['steps']}]]: steps takes a whole number") from None
+        if depth >= total:
+            answer = self._final_answer(request, directives).removeprefix("<answer>").removesuffix("</answer>")
+            if SLIP_STEP in shown:
+                answer = _wrong(answer, rng)
+            return f"<thinking>The steps so far settle it.</thinking>\n<answer>{answer}</answer>"
+        thought = SLIP_STEP if self._slips(request, directives, rng) else rng.choice(_PHRASES)
+        return f"<thinking>Deciding what to do next.</thinking>\n<step>Step {depth + 1}: {thought}.</step>"
+
+    def _value(self, request: LLMRequest, rng: random.Random) -> str:
+        """A 0-1 score: low for a path with a slip, high for a clean path that reached its answer."""
+        shown = _last_user_text(request.messages)
+        if SLIP_STEP in shown:
+            score = 0.1 + 0.2 * rng.random()
+        elif re.search(r"^Answer:", shown, re.MULTILINE):
+            score = 0.9 + 0.1 * rng.random()
+        else:
+            score = 0.6 + 0.2 * rng.random()
+        return f"<thinking>Checking each step in turn.</thinking>\n<score>{score:.2f}</score>"
+
+    def _vote(self, request: LLMRequest, rng: random.Random) -> str:
+        """A vote for a candidate without a slip, preferring those that reached an answer."""
+        shown = _last_user_text(request.messages)
+        marks = list(CANDIDATE.finditer(shown))
+        if not marks:
+            return "<thinking>There are no numbered candidates to compare.</thinking>\n<vote>1</vote>"
+        bodies = {int(m.group(1)): shown[m.end() : nxt.start() if nxt else len(shown)] for m, nxt in zip(marks, [*marks[1:], None])}
+        clean = [n for n, body in bodies.items() if SLIP_STEP not in body]
+        finished = [n for n in clean if "Answer:" in bodies[n]]
+        choice = rng.choice(finished or clean or list(bodies))
+        return f"<thinking>Comparing the candidates.</thinking>\n<vote>{choice}</vote>"
 
     def _long_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> tuple[str, bool]:
         """Reason for `think` tokens in total, resuming from the progress markers the prompt shows.
@@ -319,6 +386,15 @@ class SimulatedModel:
         if cut_off and stop_reason is None:
             return SimChoice(text=text, finish_reason="length")
         return SimChoice(text=text, finish_reason="stop", stop_reason=stop_reason)
+
+
+def _wrong(answer: str, rng: random.Random) -> str:
+    """A plausible wrong answer: a number off by a little, or a hedged version of the text."""
+    try:
+        value = float(answer)
+    except ValueError:
+        return f"approximately {answer}"
+    return format_number(value + rng.choice((-1, 1)) * rng.randint(1, 9))
 
 
 def _last_user_text(messages: tuple[Message, ...]) -> str:

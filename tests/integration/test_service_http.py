@@ -17,7 +17,11 @@ from tests.integration.conftest import deploy, rpc, settings_for
 def test_healthz_reports_ray_registry_and_llm(api):
     body = api.get("/healthz").json()
     assert body["status"] == "ok" and body["ray"]["initialized"]
-    assert body["registry"] == {"ok": True, "enabled": ["chain_of_thought", "bounded_context"], "default": "chain_of_thought"}
+    assert body["registry"] == {
+        "ok": True,
+        "enabled": ["chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency"],
+        "default": "chain_of_thought",
+    }
     assert body["llm"]["reachable"] and body["llm"]["simulated"] and body["llm"]["breaker"] == "closed"
 
 

@@ -9,7 +9,7 @@ from gateway.errors import CircuitOpenError, ProviderRejectedError, ProviderUnav
 from gateway.testing import FunctionLLM, ScriptedLLM
 from gateway.tokens import counter_for_model
 from reasonray import jsonrpc
-from reasonray.api import accept_trace_id, build_dispatcher
+from reasonray.api import accept_trace_id, local_dispatcher
 from reasonray.config import ReasoningSettings
 from reasonray.errors import BudgetExceededError, MaxIterationsError, ModelBehaviorError
 from reasonray.service import ReasoningService
@@ -22,13 +22,7 @@ def dispatcher(llm, enabled=("chain_of_thought",)):
         default_strategy=enabled[0] if enabled else None,
         strategies={"chain_of_thought": {"default_max_tokens": 512}} if enabled else {},
     )
-    catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
-    service = ReasoningService(catalogue, llm, counter_for_model("scripted"))
-
-    async def describe():
-        return catalogue.describe()
-
-    return build_dispatcher(service, describe)
+    return local_dispatcher(reasoning, llm)
 
 
 def answer_llm():

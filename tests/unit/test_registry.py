@@ -1,12 +1,16 @@
+from datetime import datetime, timezone
 from importlib.metadata import EntryPoint
 
 import pytest
 import structlog
 
+from reasonray.agents import AgentCard
 from reasonray.config import ConfigError, ReasoningSettings
 from reasonray.errors import InvalidParamsError, StrategyUnavailableError
 from strategies.bounded_context import BoundedContext
 from strategies.chain_of_thought import ChainOfThought
+from strategies.self_consistency import SelfConsistency
+from strategies.tree_of_thought import TreeOfThought
 from strategies.registry import ENTRY_POINT_GROUP, StrategyRegistry, build_catalogue
 
 
@@ -19,6 +23,8 @@ def test_built_in_strategies_are_discovered_through_entry_points():
     registry = StrategyRegistry().discover()
     assert registry.classes["chain_of_thought"] is ChainOfThought
     assert registry.classes["bounded_context"] is BoundedContext
+    assert registry.classes["tree_of_thought"] is TreeOfThought
+    assert registry.classes["self_consistency"] is SelfConsistency
     assert registry.failures == []
 
 
@@ -38,7 +44,7 @@ def test_a_broken_plugin_is_recorded_and_logged_not_raised():
 
 
 def test_enabling_an_unknown_strategy_is_a_config_error_listing_the_installed_ones():
-    with pytest.raises(ConfigError, match="'tree_of_light' is not installed; installed strategies: bounded_context, chain_of_thought"):
+    with pytest.raises(ConfigError, match="'tree_of_light' is not installed; installed strategies: bounded_context, chain_of_thought, .*tree_of_thought"):
         build_catalogue(StrategyRegistry().discover(), settings(enabled_strategies=["tree_of_light"], default_strategy=None))
 
 
@@ -67,8 +73,13 @@ def test_resolution_request_overrides_system_field_by_field():
 def test_resolution_falls_back_to_agent_then_system():
     cat = catalogue()
     assert cat.resolve(None).strategy_decided_by == "system"
-    by_agent = cat.resolve(None, agent_default="chain_of_thought", agent_config={"max_tokens": 64})
+    agent = AgentCard(
+        id="a1", name="A", capabilities=["reasoning.strategy.chain_of_thought"], default_strategy="chain_of_thought",
+        strategy_config={"chain_of_thought": {"max_tokens": 64}}, registered_at=datetime.now(timezone.utc),
+    )
+    by_agent = cat.resolve(None, agent=agent)
     assert by_agent.strategy_decided_by == "agent" and by_agent.config_sources["max_tokens"] == "agent"
+    assert by_agent.agent_id == "a1" and by_agent.config["max_tokens"] == 64
 
 
 def test_unknown_disabled_and_missing_default_strategies_are_explained():

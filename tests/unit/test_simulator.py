@@ -111,6 +111,33 @@ def test_random_faults_follow_the_rate_and_are_repeatable():
         FaultPlan(0.1, ("503",))
 
 
+def test_slip_directive_makes_some_sampled_answers_wrong_and_never_greedy_ones(model):
+    answers = [extract_answer(model.respond(ask("What is 17 * 23? [[sim slip=0.5]]", temperature=0.8, seed=s)).choices[0].text) for s in range(20)]
+    assert 3 <= sum(a != "391" for a in answers) <= 17
+    assert all(a.lstrip("-").isdigit() for a in answers)
+    greedy = [extract_answer(model.respond(ask("What is 17 * 23? [[sim slip=1]]", seed=s)).choices[0].text) for s in range(5)]
+    assert greedy == ["391"] * 5
+    with pytest.raises(SimulatorError, match="slip is a probability between 0 and 1"):
+        model.respond(ask("What is 1+1? [[sim slip=2]]", temperature=1.0))
+
+
+def test_tree_of_thought_prompts_get_steps_scores_and_votes(model):
+    from strategies.tree_of_thought import PROPOSE_PROMPT, VALUE_PROMPT, VOTE_PROMPT
+
+    def chat(system_text, user_text, **kw):
+        return model.respond(LLMRequest(messages=(Message(role="system", content=system_text), Message(role="user", content=user_text)), **kw)).choices[0].text
+
+    problem = "Problem: What is 6 * 7? [[sim steps=1]]\n\nSteps so far:\n"
+    assert "<step>Step 1:" in chat(PROPOSE_PROMPT, problem + "(none)", temperature=0.7, seed=1)
+    assert extract_answer(chat(PROPOSE_PROMPT, problem + "Step 1: checking.", temperature=0.7, seed=1)) == "42"
+    slipped = problem + "Step 1: rounding the intermediate result to keep the numbers simple."
+    assert extract_answer(chat(PROPOSE_PROMPT, slipped, temperature=0.7, seed=1)) != "42"
+    score = lambda text: float(chat(VALUE_PROMPT, text).split("<score>")[1].split("</score>")[0])  # noqa: E731
+    assert score(slipped) < 0.5 < score(problem + "Step 1: checking.") < score(problem + "Step 1: checking.\nAnswer: 42")
+    ballot = chat(VOTE_PROMPT, f"Candidate 1:\n{slipped}\n\nCandidate 2:\n{problem}Step 1: checking.", temperature=0.7, seed=3)
+    assert "<vote>2</vote>" in ballot
+
+
 def test_embeddings_are_normalised_and_similar_texts_are_closer():
     a, b, c = embed("reset the password"), embed("how to reset a password"), embed("weather in Paris")
     dot = lambda x, y: sum(i * j for i, j in zip(x, y))  # noqa: E731

@@ -1,4 +1,6 @@
-from reasonray.tags import extract_answer, strip_thinking
+import pytest
+
+from reasonray.tags import extract_answer, extract_tag, normalize_answer, strip_thinking
 
 
 def test_strip_removes_closed_thinking_and_keeps_the_rest():
@@ -33,3 +35,21 @@ def test_extract_answer_reads_an_unclosed_answer_to_the_end():
 
 def test_extract_answer_is_none_without_a_tag():
     assert extract_answer("<thinking>t</thinking>just text") is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [("  $1,200.00. ", "1200"), ("The Answer", "the  answer"), ("12.50", "12.5"), ("\\boxed{42}", "42"), ("50%", "50"), ("-3", "-3.0")],
+)
+def test_normalised_answers_compare_equal(a, b):
+    assert normalize_answer(a) == normalize_answer(b)
+
+
+def test_normalisation_keeps_different_answers_apart():
+    assert normalize_answer("1,2") != normalize_answer("12")
+    assert normalize_answer("12") != normalize_answer("12.5")
+
+
+def test_extract_tag_ignores_tags_inside_thinking():
+    assert extract_tag("<thinking><score>0.1</score></thinking><score>0.83</score>", "score") == "0.83"
+    assert extract_tag("no tag", "vote") is None

@@ -1,0 +1,74 @@
+"""Self-consistency (Wang et al., 2022): sample several chains of thought, answer with the majority.
+
+Each chain is one chain-of-thought call at a temperature above zero with its own seed (seeds
+`seed`, `seed + 1`, ...), so a run is repeatable and its calls are cacheable, yet the chains differ.
+The chains run concurrently through the context's fan-out (Ray tasks behind Serve). Answers are
+compared after `normalize_answer` ("1,200.00" and "1200" agree); the most frequent one wins, ties
+going to the answer reached first in chain order. `agreement` is the winner's share of the chains.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+from typing import Any
+
+from pydantic import Field
+
+from gateway.protocol import LLMRequest, system, user
+from reasonray.errors import ModelBehaviorError
+from reasonray.tags import extract_answer, normalize_answer
+from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
+from strategies.chain_of_thought import SYSTEM_PROMPT
+
+
+class SelfConsistencyConfig(StrategyConfig):
+    samples: int = Field(5, ge=1, le=20, description="Chains of thought to sample; the majority answer wins.")
+    temperature: float = Field(0.7, gt=0.0, le=2.0, description="Sampling temperature of each chain (above 0, or all chains agree).")
+    seed: int = Field(0, ge=0, description="Seed of the first chain; chain i uses seed + i, so runs repeat.")
+    max_tokens: int = Field(4096, ge=1, le=262_144, description="Most tokens each chain may generate.")
+    system_prompt: str = Field(SYSTEM_PROMPT, min_length=1, max_length=20_000, description="Instructions for each chain.")
+
+
+async def sample_chain(query: str, cfg: SelfConsistencyConfig, seed: int, context: StrategyContext) -> str | None:
+    """One sampled chain's answer (inside `<answer>`), or None when it gave none."""
+    completion = await context.llm.complete(
+        LLMRequest(
+            messages=(system(cfg.system_prompt), user(query)),
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+            seed=seed,
+        )
+    )
+    return extract_answer(completion.text)
+
+
+class SelfConsistency(Strategy):
+    name = "self_consistency"
+    description = "Several sampled chains of thought in parallel; the majority answer wins, with its agreement."
+    Config = SelfConsistencyConfig
+    extra_capabilities = ("reasoning.parallel", "reasoning.voting")
+
+    async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
+        cfg = self.parse_config(config)
+        chains = [partial(sample_chain, query, cfg, cfg.seed + i) for i in range(cfg.samples)]
+        answers = await context.fan_out(chains, label=f"{self.name}.sample")
+        answered = [(a, normalize_answer(a)) for a in answers if a]
+        if not answered:
+            raise ModelBehaviorError(
+                f"none of the {cfg.samples} sampled chains gave an <answer>; raise max_tokens or check the model",
+                {"samples": cfg.samples},
+            )
+        votes = Counter(norm for _, norm in answered)
+        first_seen = {norm: i for i, (_, norm) in reversed(list(enumerate(answered)))}
+        winner = max(votes, key=lambda norm: (votes[norm], -first_seen[norm]))
+        answer = next(a for a, norm in answered if norm == winner)
+        return context.result(
+            self.name,
+            answer,
+            samples=cfg.samples,
+            answered=len(answered),
+            votes=dict(votes.most_common()),
+            agreement=round(votes[winner] / cfg.samples, 4),
+            answers=[normalize_answer(a) if a else None for a in answers],
+        )

@@ -1,0 +1,266 @@
+"""Tree of thought (Yao et al., 2023): propose steps, evaluate them, search the tree they form.
+
+A node is a partial solution: the steps from the root. Expanding a node samples `breadth` next
+steps (one call each, seeds `seed + i`, so a run repeats); a proposal may instead be the final
+answer. Each new node is evaluated, either by **value** (one call scoring the path 0-1, at
+temperature 0) or by **vote** (`votes` sampled calls each naming the most promising sibling; the
+score is the node's share of the votes). Search is breadth-first with a beam (`beam_width` best
+nodes per level, nodes below `prune_threshold` dropped) or depth-first (best child first, pruned
+below the threshold, backtracking when a subtree yields nothing). Expansion and evaluation of a
+level fan out through the context (Ray tasks behind Serve). Every node is a THOUGHT event, so the
+run's trace shows the whole tree; a last THOUGHT event with status "answer" marks the solution.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gateway.protocol import LLMRequest, system, user
+from reasonray.events import ThoughtNode
+from reasonray.tags import extract_answer, extract_tag, strip_thinking
+from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
+
+PROPOSE_PROMPT = (
+    "You solve problems one step at a time. Given the problem and the steps so far, write only the "
+    "next step inside <step>...</step>. If the steps so far already determine the answer, write only "
+    "the final answer inside <answer>...</answer>."
+)
+VALUE_PROMPT = (
+    "You check partial solutions. Judge whether the steps so far are correct and likely to lead to the "
+    "right answer. Reply with a number between 0 and 1 inside <score>...</score>; 1 means certainly right."
+)
+VOTE_PROMPT = (
+    "Several candidate partial solutions to one problem follow. Analyse each briefly, then name the most "
+    "promising one by its number inside <vote>...</vote>."
+)
+ANSWER_PROMPT = "Solve the problem. Give only the final answer inside <answer>...</answer>."
+_STEP_PREFIX = re.compile(r"^\s*Step \d+:\s*", re.IGNORECASE)
+
+
+class TreeOfThoughtConfig(StrategyConfig):
+    search: Literal["bfs", "dfs"] = Field("bfs", description="bfs: a beam per level; dfs: best child first, with backtracking.")
+    breadth: int = Field(3, ge=1, le=8, description="Next steps proposed for each expanded node.")
+    depth: int = Field(3, ge=1, le=10, description="Most steps in a solution path.")
+    beam_width: int = Field(2, ge=1, le=8, description="bfs: nodes kept per level.")
+    evaluation: Literal["value", "vote"] = Field("value", description="value: score each node 0-1; vote: siblings compete for votes.")
+    votes: int = Field(3, ge=1, le=8, description="vote: sampled votes per evaluation.")
+    prune_threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="value: nodes scoring below are pruned (vote: nodes with no vote are)."
+    )
+    max_nodes: int = Field(60, ge=1, le=500, description="Most nodes evaluated in one run, a budget on calls.")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="Sampling temperature of proposals and votes.")
+    seed: int = Field(0, ge=0, description="Seed of the first proposal of each node; proposal i uses seed + i.")
+    max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per call.")
+
+
+@dataclass
+class Node:
+    id: str
+    parent_id: str
+    steps: tuple[str, ...]  # the path from the root, thinking stripped
+    answer: str | None = None  # set when this node is a final answer rather than a step
+    score: float = 0.0
+    status: str = "unexplored"
+
+    @property
+    def depth(self) -> int:
+        return len(self.steps) + (self.answer is not None)
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.id, "parent": self.parent_id, "depth": self.depth, "score": round(self.score, 4),
+                "status": self.status, "is_answer": self.answer is not None}
+
+
+def render(query: str, steps: tuple[str, ...], answer: str | None = None) -> str:
+    lines = [f"Problem: {query}", "", "Steps so far:"]
+    lines += [f"Step {i}: {step}" for i, step in enumerate(steps, 1)] or ["(none)"]
+    if answer is not None:
+        lines.append(f"Answer: {answer}")
+    return "\n".join(lines)
+
+
+async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> tuple[str, bool] | None:
+    """One proposed next step, or the final answer: (text, is_answer); None when the reply has neither."""
+    completion = await context.llm.complete(
+        LLMRequest(messages=(system(PROPOSE_PROMPT), user(render(query, steps))),
+                   max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+    )
+    answer = extract_answer(completion.text)
+    if answer:
+        return answer, True
+    step = extract_tag(completion.text, "step")
+    return (_STEP_PREFIX.sub("", step), False) if step else None
+
+
+async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: StrategyContext) -> float | None:
+    """The node's 0-1 score from a temperature-0 judge; None when the reply holds no number."""
+    completion = await context.llm.complete(
+        LLMRequest(messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))),
+                   max_tokens=cfg.max_tokens, temperature=0.0)
+    )
+    try:
+        return min(max(float(extract_tag(completion.text, "score") or ""), 0.0), 1.0)
+    except ValueError:
+        return None
+
+
+async def vote(query: str, nodes: list[Node], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> int | None:
+    """The index of the candidate one sampled vote prefers; None for a vote outside the list."""
+    listing = "\n\n".join(f"Candidate {i}:\n{render(query, n.steps, n.answer)}" for i, n in enumerate(nodes, 1))
+    completion = await context.llm.complete(
+        LLMRequest(messages=(system(VOTE_PROMPT), user(f"Problem: {query}\n\n{listing}")),
+                   max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+    )
+    raw = extract_tag(completion.text, "vote") or ""
+    return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= len(nodes) else None
+
+
+class Search:
+    """One run's tree: expansion, evaluation and the bookkeeping both search orders share."""
+
+    def __init__(self, query: str, cfg: TreeOfThoughtConfig, context: StrategyContext, strategy: str) -> None:
+        self.query, self.cfg, self.context, self.strategy = query, cfg, context, strategy
+        self.nodes: list[Node] = []
+        self.unparsed = 0
+
+    @property
+    def budget_left(self) -> int:
+        return self.cfg.max_nodes - len(self.nodes)
+
+    async def expand(self, parents: list[Node]) -> list[Node]:
+        """Propose `breadth` children per parent (one fan-out), drop duplicates, evaluate them (another)."""
+        slots = [(p, i) for p in parents for i in range(self.cfg.breadth)][: max(self.budget_left, 0)]
+        proposals = await self.context.fan_out(
+            [partial(propose, self.query, p.steps, self.cfg, self.cfg.seed + i) for p, i in slots],
+            label=f"{self.strategy}.expand",
+        )
+        children: list[Node] = []
+        seen: set[tuple[str, str, bool]] = set()
+        for (parent, _), proposal in zip(slots, proposals):
+            if proposal is None:
+                self.unparsed += 1
+                continue
+            text, is_answer = proposal
+            if (parent.id, text, is_answer) in seen:
+                continue
+            seen.add((parent.id, text, is_answer))
+            index = sum(1 for c in children if c.parent_id == parent.id)
+            node_id = f"{parent.id}.{index}"
+            children.append(Node(node_id, parent.id, parent.steps if is_answer else (*parent.steps, text), text if is_answer else None))
+        await self.evaluate(children)
+        self.nodes += children
+        return sorted(children, key=lambda n: -n.score)
+
+    async def evaluate(self, nodes: list[Node]) -> None:
+        if not nodes:
+            return
+        label = f"{self.strategy}.evaluate"
+        if self.cfg.evaluation == "value":
+            scores = await self.context.fan_out([partial(value, self.query, n, self.cfg) for n in nodes], label=label)
+            self.unparsed += sum(s is None for s in scores)
+            for node, score in zip(nodes, scores):
+                node.score = score or 0.0
+            return
+        ballots = await self.context.fan_out(
+            [partial(vote, self.query, nodes, self.cfg, self.cfg.seed + v) for v in range(self.cfg.votes)], label=label
+        )
+        self.unparsed += sum(b is None for b in ballots)
+        for index, node in enumerate(nodes):
+            node.score = sum(b == index for b in ballots) / self.cfg.votes
+
+    def passes(self, node: Node) -> bool:
+        return node.score > 0 if self.cfg.evaluation == "vote" else node.score >= self.cfg.prune_threshold
+
+    def record(self, node: Node, status: str) -> None:
+        node.status = status
+        self.context.emit(
+            ThoughtNode(trace_id=self.context.trace_id, strategy=self.strategy, node_id=node.id, parent_id=node.parent_id,
+                        depth=node.depth, text=node.answer if node.answer is not None else node.steps[-1],
+                        score=round(node.score, 4), is_answer=node.answer is not None, status=status)
+        )
+
+    async def bfs(self, root: Node) -> Node | None:
+        frontier = [root]
+        for _ in range(self.cfg.depth):
+            if not frontier or self.budget_left <= 0:
+                break
+            ranked = await self.expand(frontier)
+            kept = [n for n in ranked if self.passes(n)][: self.cfg.beam_width]
+            for node in ranked:
+                self.record(node, "kept" if node in kept else "pruned")
+            if kept and kept[0].answer is not None:
+                return kept[0]
+            frontier = [n for n in kept if n.answer is None]
+        return None
+
+    async def dfs(self, node: Node) -> Node | None:
+        if node.depth >= self.cfg.depth or self.budget_left <= 0:
+            return None
+        ranked = await self.expand([node])
+        for child in ranked:
+            self.record(child, "kept" if self.passes(child) else "pruned")
+        for child in ranked:
+            if child.status != "kept":
+                continue
+            if child.answer is not None:
+                return child
+            if found := await self.dfs(child):
+                return found
+        return None
+
+
+class TreeOfThought(Strategy):
+    name = "tree_of_thought"
+    description = "Proposes several next steps, evaluates them, and searches the tree (beam BFS or DFS with pruning)."
+    Config = TreeOfThoughtConfig
+    extra_capabilities = ("reasoning.search", "reasoning.parallel")
+
+    async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
+        cfg = self.parse_config(config)
+        search = Search(query, cfg, context, self.name)
+        root = Node("0", "", ())
+        found = await (search.bfs(root) if cfg.search == "bfs" else search.dfs(root))
+        answers = [n for n in search.nodes if n.answer is not None]
+        solution = found or max(answers, key=lambda n: (n.status != "pruned", n.score), default=None)
+        if solution is not None:
+            answer, fallback = solution.answer or "", None if found else "best_answer_seen"
+            search.record(solution, "answer")
+        else:  # the search ended on steps only: ask for the answer along the best path
+            answer, fallback = await self._answer_from_best_path(query, search, cfg, context), "final_answer_call"
+        best = solution or max(search.nodes, key=lambda n: (n.depth, n.score), default=root)
+        return context.result(
+            self.name,
+            answer,
+            search=cfg.search,
+            evaluation=cfg.evaluation,
+            nodes_evaluated=len(search.nodes),
+            pruned=sum(n.status == "pruned" for n in search.nodes),
+            max_depth_reached=max((n.depth for n in search.nodes), default=0),
+            solution_path=_path_ids(best.id),
+            solution_steps=list(best.steps),
+            solution_score=round(best.score, 4),
+            fallback=fallback,
+            unparsed_replies=search.unparsed,
+            tree=[n.summary() for n in search.nodes],
+        )
+
+    async def _answer_from_best_path(self, query: str, search: Search, cfg: TreeOfThoughtConfig, context: StrategyContext) -> str:
+        best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
+        completion = await context.llm.complete(
+            LLMRequest(
+                messages=(system(ANSWER_PROMPT), user(f"{render(query, best.steps)}\n\nThe search ended here: give your final answer now.")),
+                max_tokens=cfg.max_tokens,
+                temperature=0.0,
+            )
+        )
+        return extract_answer(completion.text) or strip_thinking(completion.text)
+
+
+def _path_ids(node_id: str) -> list[str]:
+    parts = node_id.split(".")
+    return [".".join(parts[: i + 1]) for i in range(1, len(parts))]

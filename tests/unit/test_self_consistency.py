@@ -1,0 +1,64 @@
+"""Self-consistency: sampled chains with distinct seeds, majority vote on normalised answers."""
+
+import pytest
+
+from gateway.simulator.inprocess import SimulatedLLM
+from gateway.testing import FunctionLLM
+from reasonray.errors import ModelBehaviorError
+from strategies.self_consistency import SelfConsistency
+from tests.unit.strategy_harness import context_for
+
+
+def by_seed(replies):
+    return FunctionLLM(lambda req: replies[req.seed])
+
+
+async def run(llm, **config):
+    ctx, recorder = context_for(llm, strategy="self_consistency")
+    return await SelfConsistency().reason("How much?", context=ctx, config=config), recorder
+
+
+async def test_majority_over_normalised_answers_with_agreement():
+    llm = by_seed({
+        3: "<thinking>a</thinking><answer>$1,200.00</answer>",
+        4: "<answer>1100</answer>",
+        5: "<answer>1200</answer>",
+        6: "no tags at all",
+        7: "<answer>1100</answer>",
+        8: "<answer>1200.</answer>",
+    })
+    result, recorder = await run(llm, samples=6, seed=3, temperature=0.9)
+    assert sorted(r.seed for r in llm.requests) == [3, 4, 5, 6, 7, 8]
+    assert all(r.temperature == 0.9 for r in llm.requests)
+    assert result.answer == "$1,200.00"  # the winner as its first chain wrote it
+    specific = result.metrics.strategy_specific
+    assert specific["votes"] == {"1200": 3, "1100": 2}
+    assert specific["agreement"] == 0.5 and specific["answered"] == 5
+    assert specific["answers"] == ["1200", "1100", "1200", None, "1100", "1200"]
+    assert result.metrics.llm_calls == 6 and len(recorder.events) == 6
+
+
+async def test_ties_go_to_the_answer_reached_first():
+    result, _ = await run(by_seed({0: "<answer>b</answer>", 1: "<answer>a</answer>"}), samples=2)
+    assert result.answer == "b"
+
+
+async def test_no_answer_in_any_chain_is_a_model_behaviour_error():
+    with pytest.raises(ModelBehaviorError, match="none of the 3 sampled chains gave an <answer>"):
+        await run(FunctionLLM(lambda req: "thinking out loud"), samples=3)
+
+
+async def test_temperature_zero_is_refused_because_every_chain_would_agree():
+    from reasonray.errors import InvalidParamsError
+
+    with pytest.raises(InvalidParamsError, match="temperature: Input should be greater than 0"):
+        await run(by_seed({}), temperature=0)
+
+
+async def test_on_the_simulator_the_vote_recovers_from_slips():
+    result, _ = await run(SimulatedLLM(), samples=9)
+    assert result.metrics.strategy_specific["agreement"] == 1.0  # no slips asked for
+    ctx, _ = context_for(SimulatedLLM(), strategy="self_consistency")
+    noisy = await SelfConsistency().reason("What is 17 * 23? [[sim slip=0.3]]", context=ctx, config={"samples": 9})
+    assert noisy.answer == "391"
+    assert 0.5 < noisy.metrics.strategy_specific["agreement"] < 1.0
