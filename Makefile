@@ -31,3 +31,4 @@ test-slow: setup
 bench: setup
 	.venv/bin/python bench/overhead.py
 	.venv/bin/python bench/bounded_context.py
+	.venv/bin/python bench/strategies.py

@@ -13,8 +13,6 @@ crash mid-write leaves the previous file intact.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +22,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 
 from reasonray.config import ConfigError
 from reasonray.errors import InvalidParamsError, NotFoundError, describe_errors
+from reasonray.storage import write_atomic
 
 if TYPE_CHECKING:
     from strategies.registry import Catalogue
@@ -135,20 +134,8 @@ class AgentDirectory:
         return {card.id: card for card in cards}
 
     def _save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = AgentFile(agents=list(self.cards.values())).model_dump_json(indent=2)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".agents-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)  # atomic: readers see the old file or the new one, never half of one
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        if self.path is not None:
+            write_atomic(self.path, AgentFile(agents=list(self.cards.values())).model_dump_json(indent=2).encode())
 
     def register(self, registration: AgentRegistration, catalogue: Catalogue, known_methods: list[str]) -> tuple[AgentCard, bool]:
         """Validate and store a card; returns it as stored and whether it replaced a card with the same id."""

@@ -113,16 +113,19 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
 
 @main.command()
 @click.argument("question")
-@click.option("--strategy", default=None, help="Strategy to use (default: the server's).")
+@click.option("--strategy", default=None, help="Strategy to use (default: the agent's or the server's).")
+@click.option("--agent", default=None, help="Run as this registered agent (agent_id).")
 @click.option("--strategy-config", default=None, help="Strategy config as JSON, e.g. '{\"max_tokens\": 512}'.")
 @click.option("--trace", is_flag=True, help="Also print the run's events.")
 @click.option("--url", default=DEFAULT_URL, show_default=True, envvar="REASONRAY_URL", help="Where the API runs.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the answer.")
-def ask(question, strategy, strategy_config, trace, url, timeout) -> None:
+def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None:
     """Ask the running service a question through reasoning.execute."""
     params: dict[str, Any] = {"query": question, "include_trace": trace}
     if strategy:
         params["strategy"] = strategy
+    if agent:
+        params["agent_id"] = agent
     if strategy_config:
         try:
             params["strategy_config"] = json.loads(strategy_config)

@@ -3,11 +3,16 @@
 
     ReasonRayError
     ├── InvalidParamsError          the caller sent bad parameters                      -32602
+    │   └── ReentryError            client tool results do not match the pending calls  -32602
     ├── StrategyUnavailableError    the strategy asked for is unknown, disabled or none  -32002
     ├── MaxIterationsError          a strategy used its iterations without an answer    -32001
+    │   └── MaxLLMCallsError        a turn used its LLM calls without finishing         -32001
     ├── ModelBehaviorError          the model's output broke the strategy's protocol    -32003
+    │   └── UnregisteredToolError   the model called a tool that is not available       -32003
     ├── BudgetExceededError         the request's token budget ran out                  -32004
-    └── NotFoundError               the agent (session, memory) named does not exist    -32005
+    ├── NotFoundError               the agent (session, memory) named does not exist    -32005
+    ├── ToolFailedError             a tool (server or client) failed: the turn ends     -32006
+    └── SessionStateError           the session cannot take this request now            -32007
 """
 
 from __future__ import annotations
@@ -48,6 +53,26 @@ class BudgetExceededError(ReasonRayError):
 
 class NotFoundError(ReasonRayError):
     """The caller named something (an agent, a session, a memory) that does not exist; `data` says what is there."""
+
+
+class ReentryError(InvalidParamsError):
+    """`session.resume` results are missing, extra or mismatched; `data` names the call ids. Nothing changed."""
+
+
+class MaxLLMCallsError(MaxIterationsError):
+    """A turn made its maximum number of LLM calls without a final answer."""
+
+
+class UnregisteredToolError(ModelBehaviorError):
+    """The model called a tool that is not registered (or not available in the current mode)."""
+
+
+class ToolFailedError(ReasonRayError):
+    """A tool failed; AGN-031 ends the turn at the first failure. `data` names the call and the error."""
+
+
+class SessionStateError(ReasonRayError):
+    """The session cannot take this request now (a turn while client results are pending, a closed session)."""
 
 
 def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:

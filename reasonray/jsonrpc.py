@@ -11,7 +11,9 @@
 | -32002 | strategy unavailable                      | StrategyUnavailableError (`data.available`)           |
 | -32003 | model misbehaved                          | ModelBehaviorError                                    |
 | -32004 | token budget exceeded                     | BudgetExceededError                                   |
-| -32005 | not found                                 | NotFoundError: no such agent (`data` lists them)      |
+| -32005 | not found                                 | NotFoundError: no such agent or session               |
+| -32006 | tool failed                               | ToolFailedError: the turn ended at a failed tool      |
+| -32007 | session state conflict                    | SessionStateError: e.g. a turn while calls are pending|
 """
 
 from __future__ import annotations
@@ -36,10 +38,15 @@ from reasonray.errors import (
     BudgetExceededError,
     InvalidParamsError,
     MaxIterationsError,
+    MaxLLMCallsError,
     ModelBehaviorError,
     NotFoundError,
     ReasonRayError,
+    ReentryError,
+    SessionStateError,
     StrategyUnavailableError,
+    ToolFailedError,
+    UnregisteredToolError,
     describe_errors,
     json_safe_errors,
 )
@@ -56,15 +63,22 @@ STRATEGY_UNAVAILABLE = -32002
 MODEL_BEHAVIOR = -32003
 BUDGET_EXCEEDED = -32004
 NOT_FOUND = -32005
+TOOL_FAILED = -32006
+SESSION_STATE = -32007
 
 # Most specific first: the first matching row decides.
 ERROR_TABLE: list[tuple[type[Exception], int, str]] = [
+    (ReentryError, INVALID_PARAMS, "reentry_mismatch"),
     (InvalidParamsError, INVALID_PARAMS, "invalid_params"),
+    (MaxLLMCallsError, MAX_ITERATIONS, "max_llm_calls"),
+    (UnregisteredToolError, MODEL_BEHAVIOR, "unregistered_tool"),
     (MaxIterationsError, MAX_ITERATIONS, "max_iterations"),
     (StrategyUnavailableError, STRATEGY_UNAVAILABLE, "strategy_unavailable"),
     (ModelBehaviorError, MODEL_BEHAVIOR, "model_behavior"),
     (BudgetExceededError, BUDGET_EXCEEDED, "budget_exceeded"),
     (NotFoundError, NOT_FOUND, "not_found"),
+    (ToolFailedError, TOOL_FAILED, "tool_failed"),
+    (SessionStateError, SESSION_STATE, "session_state"),
     (CircuitOpenError, INTERNAL_ERROR, "circuit_open"),
     (ProviderUnavailableError, INTERNAL_ERROR, "provider_unavailable"),
     (ProviderRejectedError, INTERNAL_ERROR, "provider_rejected"),

@@ -7,21 +7,21 @@ longer reasoning, scripted replies and faults (docs/simulator.md lists them).
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-import operator
 import random
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.arithmetic import evaluate, format_number
 from gateway.tokens import TokenCounter, count_messages
 from gateway.protocol import LLMRequest, Message, ToolCall
 
 MODEL_NAME = "simulated"
 DIRECTIVE = re.compile(r"\[\[sim\s+([^\]]*)\]\]")
+CALL_DIRECTIVE = re.compile(r"\[\[sim\s+call=([A-Za-z0-9_.-]+)\s*")
 PROGRESS = re.compile(r"\[progress (\d+)/(\d+)\]")
 ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
 FAULT_KINDS = ("429", "500", "timeout")
@@ -35,15 +35,6 @@ CANDIDATE = re.compile(r"^Candidate (\d+):", re.MULTILINE)
 # the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
 SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
 
-_OPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
 _PHRASES = (
     "re-checking the constraints of the problem",
     "working through the next sub-case",
@@ -98,6 +89,23 @@ class SimStats:
     scripted: int = 0
 
 
+def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """`[[sim call=calculator {"expression": "2+3"}]]` directives, in order: (tool name, arguments)."""
+    calls = []
+    for match in CALL_DIRECTIVE.finditer(text):
+        rest = text[match.end() :]
+        arguments: dict[str, Any] = {}
+        if rest.startswith("{"):
+            try:
+                arguments, _ = json.JSONDecoder().raw_decode(rest)
+            except json.JSONDecodeError as exc:
+                raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments are not a JSON object ({exc})") from None
+            if not isinstance(arguments, dict):
+                raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments must be a JSON object")
+        calls.append((match.group(1), arguments))
+    return calls
+
+
 def parse_directives(text: str) -> dict[str, str]:
     """`[[sim think=300 answer=7]]` -> {"think": "300", "answer": "7"}; later keys win."""
     found: dict[str, str] = {}
@@ -115,31 +123,11 @@ def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
         if not re.search(r"\d\s*[-+*/%]", expr):
             continue
         try:
-            value = _eval(ast.parse(expr, mode="eval").body)
-        except (SyntaxError, ValueError, ZeroDivisionError, OverflowError):
+            value = evaluate(expr)
+        except (ValueError, ZeroDivisionError, OverflowError):
             continue
         return expr, value
     return None
-
-
-def _eval(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        value = _eval(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent too large")
-        return _OPS[type(node.op)](left, right)
-    raise ValueError(f"not arithmetic: {ast.dump(node)[:80]}")
-
-
-def format_number(value: float) -> str:
-    if float(value).is_integer():
-        return str(int(value))
-    return f"{value:.6g}"
 
 
 class SimulatedModel:
@@ -208,6 +196,8 @@ class SimulatedModel:
     def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
         if "script" in directives:
             return self._scripted(directives["script"])
+        if calls := parse_calls(_last_user_text(request.messages)):
+            return self._tool_step(request, calls)
         rng = self._rng(request, index)
         system_text = " ".join(m.content or "" for m in request.messages if m.role == "system")
         if all(heading in system_text for heading in CARRYOVER_HEADINGS):
@@ -225,6 +215,16 @@ class SimulatedModel:
         else:
             text, cut_off = self._short_reasoning(request, directives, rng), False
         return self._finish(text, request, cut_off)
+
+    def _tool_step(self, request: LLMRequest, calls: list[tuple[str, dict[str, Any]]]) -> SimChoice:
+        """The next `call=` directive as a tool call, one per LLM call; then answer with the last result."""
+        results = _tool_results_since_last_user(request.messages)
+        if len(results) < len(calls):
+            name, arguments = calls[len(results)]
+            call_id = f"call_{_request_digest(request)[:8]}_{len(results)}"
+            return SimChoice(finish_reason="tool_calls", tool_calls=(ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)),))
+        last = results[-1]
+        return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{last}</answer>")
 
     def _scripted(self, name: str) -> SimChoice:
         queue = self._scripts.get(name)
@@ -395,6 +395,16 @@ def _wrong(answer: str, rng: random.Random) -> str:
     except ValueError:
         return f"approximately {answer}"
     return format_number(value + rng.choice((-1, 1)) * rng.randint(1, 9))
+
+
+def _tool_results_since_last_user(messages: tuple[Message, ...]) -> list[str]:
+    results: list[str] = []
+    for m in reversed(messages):
+        if m.role == "user":
+            break
+        if m.role == "tool":
+            results.append(m.content or "")
+    return results[::-1]
 
 
 def _last_user_text(messages: tuple[Message, ...]) -> str:

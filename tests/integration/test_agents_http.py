@@ -122,3 +122,21 @@ def test_agent_cards_survive_a_restart_of_the_service(agents_api, serve_base):
     assert result_of(rpc(client, "agent.unregister", {"agent_id": "survivor"}))["unregistered"]["id"] == "survivor"
     missing = rpc(client, "agent.get", {"agent_id": "survivor"})
     assert missing.json()["error"]["code"] == -32005
+
+
+def test_a_broken_plugin_in_a_ray_worker_is_reported_and_the_registry_serves(ray_cluster, tmp_path):
+    from actors.registry import StrategyRegistryActor
+    from reasonray.config import ReasoningSettings
+    from tests.plugins import write_broken_plugin
+
+    plugins = write_broken_plugin(tmp_path / "plugins")
+    reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
+    actor = StrategyRegistryActor.options(runtime_env={"env_vars": {"PYTHONPATH": str(plugins)}}).remote(
+        reasoning.model_dump(mode="json"), str(tmp_path / "data")
+    )
+    described = ray.get(actor.call.remote("describe"), timeout=60)
+    assert described["plugin_failures"] == [
+        {"name": "broken", "target": "broken_plugin:Broken", "error": "ImportError: broken_plugin needs libfoo, which is not installed"}
+    ]
+    assert ray.get(actor.call.remote("snapshot")) == {"enabled": ["chain_of_thought"], "default": "chain_of_thought"}
+    ray.kill(actor)

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from gateway.simulator.server import free_port
-from tests.plugins import write_broken_plugin
 
 BIN = Path(sys.executable).parent
 
@@ -36,14 +35,12 @@ def test_serve_with_a_bad_config_reports_the_key(tmp_path):
     assert done.returncode == 2 and "strategy 'nope' is not installed" in done.stderr
 
 
-def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id(tmp_path):
-    """Also: a broken plugin on the path is reported by reasoning.strategies and takes nothing down."""
+def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id():
     port = free_port()
     env = {
         k: v for k, v in os.environ.items()
         if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
     }
-    env["PYTHONPATH"] = str(write_broken_plugin(tmp_path / "plugins"))
     proc = subprocess.Popen(
         [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -68,9 +65,6 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id(tmp_path):
         assert lines[0] == "391"
         assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
         assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
-        described = httpx.get(f"http://127.0.0.1:{port}/v1/strategies", timeout=10).json()
-        assert [f["name"] for f in described["plugin_failures"]] == ["broken"]
-        assert "broken_plugin needs libfoo" in described["plugin_failures"][0]["error"]
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, output

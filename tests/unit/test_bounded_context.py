@@ -7,7 +7,7 @@ import pytest
 from gateway.errors import ProviderUnavailableError
 from gateway.protocol import LLMRequest
 from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import FunctionLLM, ScriptedLLM
+from gateway.testing import ScriptedLLM
 from gateway.tokens import count_messages, counter_for_model
 from reasonray.errors import InvalidParamsError, MaxIterationsError
 from reasonray.events import read_event_log

@@ -7,13 +7,10 @@ import structlog
 
 from gateway.errors import CircuitOpenError, ProviderRejectedError, ProviderUnavailableError
 from gateway.testing import FunctionLLM, ScriptedLLM
-from gateway.tokens import counter_for_model
 from reasonray import jsonrpc
 from reasonray.api import accept_trace_id, local_dispatcher
 from reasonray.config import ReasoningSettings
 from reasonray.errors import BudgetExceededError, MaxIterationsError, ModelBehaviorError
-from reasonray.service import ReasoningService
-from strategies.registry import StrategyRegistry, build_catalogue
 
 
 def dispatcher(llm, enabled=("chain_of_thought",)):
