@@ -21,6 +21,7 @@ from ray.serve import Application
 from actors.fanout import LLMSpec, RayFanout
 from actors.llm_cache import RayCacheStore, cache_actor
 from actors.registry import RayRegistry, registry_actor
+from actors.session import RaySessions, session_pipeline
 from gateway.simulator.server import free_port
 from gateway.tokens import counter_for_model
 from reasonray import __version__
@@ -39,11 +40,12 @@ api = FastAPI(
     title="ReasonRay",
     version=__version__,
     description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
-    "reasoning.bounded_context, reasoning.strategies, agent.register/get/list/discover/unregister); "
+    "reasoning.bounded_context, reasoning.strategies, agent.register/get/list/discover/unregister, "
+    "session.create/turn/resume/get/close/tools); "
     "REST mirrors under /v1. See docs/api.md.",
 )
 
-HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, NOT_FOUND: 404, INTERNAL_ERROR: 503}
+HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, NOT_FOUND: 404, INTERNAL_ERROR: 503}  # REST mirrors
 LLM_PROBE_TTL_S = 5.0
 
 
@@ -64,17 +66,19 @@ class ReasonRayIngress:
         self.client = client_for(self.settings)
         self.cache = cache_actor(app_name, self.settings.llm.cache)
         llm, self.resilient = build_llm(self.settings, self.client, RayCacheStore(self.cache))
+        spec = LLMSpec(self.settings.model_dump_json(), app_name)
         self.service = ReasoningService(
             catalogue,
             llm,
             counter_for_model(self.client.model),
-            fanout=RayFanout(LLMSpec(self.settings.model_dump_json(), app_name)),
+            fanout=RayFanout(spec),
             agents=agent_lookup(self.registry),
             selection_budget_ms=self.settings.reasoning.performance.strategy_selection_timeout_ms,
             data_dir=self.settings.data_dir,
             log_queries=self.settings.logging.log_queries,
         )
-        self.rpc = build_dispatcher(self.service, self.registry)
+        sessions = RaySessions(app_name, spec, session_pipeline(self.settings, llm))
+        self.rpc = build_dispatcher(self.service, self.registry, sessions)
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
 

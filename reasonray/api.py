@@ -18,6 +18,7 @@ from reasonray.agents import AGENT_ID, AgentRegistration
 from reasonray.config import ReasoningSettings
 from reasonray.jsonrpc import Call, Dispatcher
 from reasonray.registry import LocalRegistry, Registry, RegistryService, agent_lookup
+from reasoner.session import SESSION_ID, Sessions, SessionSpec
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
 
 _TRACE_ID = re.compile(r"^[A-Za-z0-9._-]{8,128}$")
@@ -64,7 +65,29 @@ class DiscoverParams(BaseModel):
     )
 
 
-def build_dispatcher(service: ReasoningService, registry: Registry) -> Dispatcher:
+class SessionIdParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str = Field(pattern=SESSION_ID, description="The session's id, from session.create.")
+
+
+class TurnParams(SessionIdParams):
+    message: str = Field(min_length=1, max_length=100_000, description="The user's message for this turn.")
+
+
+class ToolResultParam(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool_call_id: str = Field(min_length=1, max_length=128, description="The id of the pending call this answers.")
+    content: str = Field(max_length=1_000_000, description="The tool's output (or its error message).")
+    is_error: bool = Field(False, description="True when the client tool failed; the turn then ends with -32006.")
+
+
+class ResumeParams(SessionIdParams):
+    tool_results: list[ToolResultParam] = Field(min_length=1, max_length=64, description="One result per pending client call.")
+
+
+def build_dispatcher(service: ReasoningService, registry: Registry, sessions: Sessions | None = None) -> Dispatcher:
     rpc = Dispatcher(new_trace_id)
 
     @rpc.method("reasoning.execute", ExecuteParams)
@@ -123,14 +146,51 @@ def build_dispatcher(service: ReasoningService, registry: Registry) -> Dispatche
         """Remove an AgentCard; requests naming it fail from then on."""
         return {"unregistered": await registry.unregister_agent(params.agent_id)}
 
+    if sessions is not None:
+        _session_methods(rpc, sessions)
     return rpc
 
 
-def local_dispatcher(reasoning: ReasoningSettings, llm: LLM, *, data_dir: Path | None = None, **service_options: Any) -> Dispatcher:
+def _session_methods(rpc: Dispatcher, sessions: Sessions) -> None:
+    @rpc.method("session.create", SessionSpec)
+    async def session_create(params: SessionSpec, call: Call) -> dict[str, Any]:
+        """Start a session with its mode(s), server tools by name, client tools as schemas and bootstrap text."""
+        return await sessions.create(params)
+
+    @rpc.method("session.turn", TurnParams)
+    async def session_turn(params: TurnParams, call: Call) -> dict[str, Any]:
+        """A new turn: the final answer (exit mode 1) or pending client tool calls (exit mode 2), with the trace."""
+        return await sessions.turn(params.session_id, params.message, call.trace_id)
+
+    @rpc.method("session.resume", ResumeParams)
+    async def session_resume(params: ResumeParams, call: Call) -> dict[str, Any]:
+        """Re-enter a turn with the results of its pending client tool calls."""
+        results = [r.model_dump() for r in params.tool_results]
+        return await sessions.resume(params.session_id, results, call.trace_id)
+
+    @rpc.method("session.get", SessionIdParams)
+    async def session_get(params: SessionIdParams, call: Call) -> dict[str, Any]:
+        """The session's status, mode, pending calls and last turn's trace."""
+        return await sessions.get(params.session_id)
+
+    @rpc.method("session.close", SessionIdParams)
+    async def session_close(params: SessionIdParams, call: Call) -> dict[str, Any]:
+        """Close the session: later turns are refused; its state stays readable."""
+        return await sessions.close(params.session_id)
+
+    @rpc.method("session.tools", NoParams)
+    async def session_tools(params: NoParams, call: Call) -> dict[str, Any]:
+        """The server tools sessions can use, with their schemas."""
+        return {"server_tools": sessions.tools()}
+
+
+def local_dispatcher(
+    reasoning: ReasoningSettings, llm: LLM, *, data_dir: Path | None = None, sessions: Sessions | None = None, **service_options: Any
+) -> Dispatcher:
     """The whole API in this process, without Ray: for unit tests, notebooks and scripts."""
     registry = RegistryService(reasoning, data_dir)
     local = LocalRegistry(registry)
     service = ReasoningService(
         registry.catalogue, llm, counter_for_model(llm.model), agents=agent_lookup(local), data_dir=data_dir, **service_options
     )
-    return build_dispatcher(service, local)
+    return build_dispatcher(service, local, sessions)

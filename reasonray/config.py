@@ -122,6 +122,14 @@ class ServerSettings(_Section):
     )
 
 
+class SessionSettings(_Section):
+    idle_timeout_s: float = Field(300.0, gt=0, description="A session actor idle this long exits; its state stays on disk.")
+    max_llm_calls: int = Field(8, ge=1, le=64, description="Default most LLM calls per turn (session.create may set its own).")
+    code_timeout_s: float = Field(5.0, gt=0, le=120, description="Wall-clock limit of one run of the python tool.")
+    code_memory_mb: int = Field(256, ge=32, le=8192, description="Address-space limit of one run of the python tool.")
+    code_max_output_chars: int = Field(4000, ge=100, le=1_000_000, description="The python tool's output is cut to this.")
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     format: Literal["json", "console"] = Field("json", description="json for machines, console for people.")
@@ -135,6 +143,7 @@ class Settings(_Section):
     server: ServerSettings = ServerSettings()
     llm: LLMSettings = LLMSettings()
     reasoning: ReasoningSettings = ReasoningSettings()
+    sessions: SessionSettings = SessionSettings()
     logging: LoggingSettings = LoggingSettings()
 
     def resolved_provider(self, environ: dict[str, str] | None = None) -> Literal["openai", "simulated"]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,23 @@ def api(serve_base, simulator):
     deploy(settings_for(simulator.url), "reasonray", "/")
     with httpx.Client(base_url=serve_base, timeout=60) as client:
         yield client
+
+
+@contextmanager
+def own_app(serve_base: str, sim_url: str, app_name: str, **changes: Any) -> Iterator[tuple[httpx.Client, dict[str, Any]]]:
+    """An application of its own at /<app_name>, with a fresh data directory and these settings changes."""
+    data_dir = Path(tempfile.mkdtemp(prefix=f"reasonray-{app_name}-"))
+    settings = settings_for(sim_url, data_dir=str(data_dir), **changes)
+    deploy(settings, app_name, f"/{app_name}")
+    with httpx.Client(base_url=f"{serve_base}/{app_name}", timeout=120) as client:
+        yield client, settings
+
+
+def result_of(response: httpx.Response) -> Any:
+    """The JSON-RPC result, or a failure showing the whole error."""
+    body = response.json()
+    assert "result" in body, body
+    return body["result"]
 
 
 def rpc(client: httpx.Client, method: str, params: dict[str, Any] | None = None, id: int | None = 1, path: str = "/rpc"):

@@ -19,7 +19,7 @@ def test_healthz_reports_ray_registry_and_llm(api):
     assert body["status"] == "ok" and body["ray"]["initialized"]
     assert body["registry"] == {
         "ok": True,
-        "enabled": ["chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency"],
+        "enabled": ["chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "react"],
         "default": "chain_of_thought",
     }
     assert body["llm"]["reachable"] and body["llm"]["simulated"] and body["llm"]["breaker"] == "closed"
@@ -52,7 +52,7 @@ def test_a_caller_trace_id_is_kept(api):
         (b'{"jsonrpc": "1.0", "method": "reasoning.execute", "id": 1}', -32600),
         (b'{"jsonrpc": "2.0", "method": "reasoning.unknown", "id": 1}', -32601),
         (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": ""}, "id": 1}', -32602),
-        (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "q", "strategy": "react"}, "id": 1}', -32002),
+        (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "q", "strategy": "tree_of_light"}, "id": 1}', -32002),
         (b'{"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": {"query": "[[sim think=30000 answer=7]]"}, "id": 1}', -32001),
     ],
 )
@@ -105,7 +105,7 @@ def test_repeatable_calls_hit_the_shared_cache_and_sampled_calls_do_not(api):
 def test_rest_mirrors_and_openapi(api):
     response = api.post("/v1/reasoning/execute", json={"query": "What is 10 / 4?"})
     assert response.status_code == 200 and response.json()["answer"] == "2.5"
-    error = api.post("/v1/reasoning/execute", json={"query": "q", "strategy": "react"})
+    error = api.post("/v1/reasoning/execute", json={"query": "q", "strategy": "tree_of_light"})
     assert error.status_code == 400 and error.json()["error"]["code"] == -32002
     assert api.get("/v1/strategies").json()["default_strategy"] == "chain_of_thought"
     paths = api.get("/openapi.json").json()["paths"]

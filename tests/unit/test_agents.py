@@ -160,9 +160,9 @@ async def test_agent_methods_round_trip(api):
 
 
 async def test_registration_errors_are_invalid_params(api):
-    bad = await rpc(api, "agent.register", card(capabilities=["reasoning.strategy.react"], default_strategy=None, strategy_config={}).model_dump())
+    bad = await rpc(api, "agent.register", card(capabilities=["reasoning.strategy.tree_of_light"], default_strategy=None, strategy_config={}).model_dump())
     assert bad["error"]["code"] == -32602
-    assert "'react' is not a known strategy" in bad["error"]["message"]
+    assert "'tree_of_light' is not a known strategy" in bad["error"]["message"]
     malformed = await rpc(api, "agent.register", {"id": "x", "name": "x"})
     assert malformed["error"]["code"] == -32602 and "capabilities: Field required" in malformed["error"]["message"]
 

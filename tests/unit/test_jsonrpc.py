@@ -115,7 +115,7 @@ async def test_query_is_sanitised_before_the_model_sees_it():
 
 
 async def test_unknown_strategy_and_zero_enabled():
-    response = await call(dispatcher(ScriptedLLM([])), execute({"query": "q", "strategy": "react"}))
+    response = await call(dispatcher(ScriptedLLM([])), execute({"query": "q", "strategy": "tree_of_light"}))
     assert response["error"]["code"] == -32002 and response["error"]["data"]["available"] == ["chain_of_thought"]
     response = await call(dispatcher(ScriptedLLM([]), enabled=()), execute({"query": "q"}))
     assert response["error"]["code"] == -32002

@@ -84,8 +84,8 @@ def test_resolution_falls_back_to_agent_then_system():
 
 def test_unknown_disabled_and_missing_default_strategies_are_explained():
     cat = catalogue()
-    with pytest.raises(StrategyUnavailableError, match="'react' is not a known strategy; available: chain_of_thought"):
-        cat.resolve("react")
+    with pytest.raises(StrategyUnavailableError, match="'tree_of_light' is not a known strategy; available: chain_of_thought"):
+        cat.resolve("tree_of_light")
     cat_none = build_catalogue(StrategyRegistry().discover(), settings(enabled_strategies=[], default_strategy=None))
     with pytest.raises(StrategyUnavailableError, match="installed but not enabled") as err:
         cat_none.resolve("chain_of_thought")

@@ -1,5 +1,6 @@
 """The simulated model: its behaviour (engine) and its HTTP surface with the official openai client."""
 
+import json
 import openai
 import pytest
 
@@ -136,6 +137,22 @@ def test_tree_of_thought_prompts_get_steps_scores_and_votes(model):
     assert score(slipped) < 0.5 < score(problem + "Step 1: checking.") < score(problem + "Step 1: checking.\nAnswer: 42")
     ballot = chat(VOTE_PROMPT, f"Candidate 1:\n{slipped}\n\nCandidate 2:\n{problem}Step 1: checking.", temperature=0.7, seed=3)
     assert "<vote>2</vote>" in ballot
+
+
+def test_call_directives_call_tools_in_order_then_answer_with_the_last_result(model):
+    question = 'Go [[sim call=calculator {"expression": "2+3"}]] [[sim call=get_weather {"city": "Paris"}]]'
+    first = model.respond(ask(question)).choices[0]
+    assert first.finish_reason == "tool_calls" and first.tool_calls[0].name == "calculator"
+    assert json.loads(first.tool_calls[0].arguments) == {"expression": "2+3"}
+    so_far = (Message(role="user", content=question), Message(role="assistant", tool_calls=first.tool_calls),
+              Message(role="tool", tool_call_id=first.tool_calls[0].id, content="5"))
+    second = model.respond(LLMRequest(messages=so_far)).choices[0]
+    assert second.tool_calls[0].name == "get_weather" and second.tool_calls[0].id != first.tool_calls[0].id
+    done = (*so_far, Message(role="assistant", tool_calls=second.tool_calls),
+            Message(role="tool", tool_call_id=second.tool_calls[0].id, content="Sunny"))
+    assert extract_answer(model.respond(LLMRequest(messages=done)).choices[0].text) == "Sunny"
+    with pytest.raises(SimulatorError, match="the arguments are not a JSON object"):
+        model.respond(ask("[[sim call=calculator {oops}]]"))
 
 
 def test_embeddings_are_normalised_and_similar_texts_are_closer():

@@ -1,0 +1,330 @@
+"""The pipeline around the reasoner (AGN-031 section 12): session creation, routing of new turns and
+client re-entry, provider population and restoration, and persistence through a repository.
+
+Every request loads the session from the repository, so whichever process serves it (a fresh
+session actor after an eviction, a crash or a restart) continues exactly where the last one saved.
+A turn's outcome is saved atomically: a completed turn, a hand-off to the client (exit mode 2), or
+a failed turn (status idle again, the failure noted in the conversation). Re-entry results that do
+not match the pending calls change nothing, so the client can send them again.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import structlog
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from gateway.protocol import LLM, Message
+from reasonray.errors import NotFoundError, ReasonRayError, ReentryError, SessionStateError
+from reasonray.events import Event, EventRecorder, ObservedLLM, event_log_path
+from reasonray.storage import write_atomic
+from reasoner.executor import MODE_TOOL, ToolExecutor
+from reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, SubmittedResult, ToolLedger
+from reasoner.reasoner import AwaitingClient, Completed, TurnExit, TurnReasoner
+from reasoner.tools import ClientTool, ToolBox
+from reasoner.trace import TurnStarted, as_dicts
+
+log = structlog.get_logger(__name__)
+
+SESSION_ID = r"^[A-Za-z0-9_-]{8,64}$"
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant working through a conversation. Use the tools when they help; "
+    "think inside <thinking>...</thinking> and give your final reply inside <answer>...</answer>."
+)
+Status = Literal["idle", "awaiting_client_tools", "closed"]
+
+
+class SessionSpec(BaseModel):
+    """What `session.create` takes: the session's modes, tools and bootstrap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str = Field("default", min_length=1, max_length=64, description="The mode the session starts in.")
+    modes: dict[str, ModeSpec] | None = Field(None, description="Every mode by name; omitted: one mode with all tools.")
+    server_tools: list[str] = Field(default_factory=list, description="Server tools by name (see session.tools).")
+    client_tools: list[ClientTool] = Field(default_factory=list, max_length=64, description="Tools the client runs, as OpenAI function schemas.")
+    bootstrap: str | None = Field(None, max_length=20_000, description="Welcome / initialisation text for the first turn (turn-scoped).")
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1, max_length=20_000, description="The session's system prompt.")
+    max_llm_calls: int | None = Field(None, ge=1, le=64, description="Most LLM calls per turn; omitted: the server's default.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SessionSpec:
+        modes = self.modes or {self.mode: ModeSpec()}
+        if self.mode not in modes:
+            raise ValueError(f"mode {self.mode!r} is not one of the modes given ({', '.join(sorted(modes))})")
+        client = [t.name for t in self.client_tools]
+        clash = sorted((set(client) & set(self.server_tools)) | ({MODE_TOOL} & set(client)))
+        if clash or len(set(client)) != len(client):
+            raise ValueError(f"tool names must be unique across server and client tools (and not {MODE_TOOL!r}): {clash or client}")
+        known = set(client) | set(self.server_tools)
+        for name, spec in modes.items():
+            unknown = sorted(set(spec.tools or []) - known)
+            if unknown:
+                raise ValueError(f"mode {name!r} lists tools the session does not have: {unknown}")
+        return self
+
+
+class SessionState(BaseModel):
+    """A session as the repository stores it."""
+
+    session_id: str
+    status: Status
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    spec: SessionSpec
+    providers: dict[str, Any]
+    turn: int = 0
+    turn_llm_calls: int = 0
+    turn_trace_id: str | None = None
+    trace: list[dict[str, Any]] = Field(default_factory=list)
+    last_answer: str | None = None
+    last_error: dict[str, Any] | None = None
+
+
+class SessionRepository(Protocol):
+    """Save and load session state (AGN-031 section 7). `save` must be atomic."""
+
+    def load(self, session_id: str) -> SessionState | None: ...
+
+    def save(self, state: SessionState) -> None: ...
+
+
+class FileSessionRepository:
+    """One JSON file per session under `root`, replaced atomically; survives process restarts.
+
+    Cluster-safe when `root` is storage every node sees (the data directory on a shared volume);
+    each session is written by one session actor at a time.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _path(self, session_id: str) -> Path:
+        return self.root / f"{session_id}.json"
+
+    def load(self, session_id: str) -> SessionState | None:
+        path = self._path(session_id)
+        return SessionState.model_validate_json(path.read_bytes()) if path.exists() else None
+
+    def save(self, state: SessionState) -> None:
+        write_atomic(self._path(state.session_id), state.model_dump_json().encode())
+
+
+class TurnResult(BaseModel):
+    """What `session.turn` and `session.resume` return."""
+
+    session_id: str
+    turn: int = Field(description="The turn's number, from 1.")
+    status: Literal["completed", "awaiting_client_tools"] = Field(description="Exit mode 1 or exit mode 2.")
+    answer: str | None = Field(None, description="The final answer (exit mode 1).")
+    pending_tool_calls: list[dict[str, Any]] = Field(
+        default_factory=list, description="Client calls to run (exit mode 2): tool_call_id, name, arguments."
+    )
+    mode: str = Field(description="The session's mode after the turn.")
+    llm_calls: int = Field(description="LLM calls the turn has made so far.")
+    trace: list[dict[str, Any]] = Field(description="The turn's CompositionTrace, in order.")
+
+
+class SessionPipeline:
+    def __init__(self, repository: SessionRepository, llm: LLM, toolbox: ToolBox, *, data_dir: Path | None = None,
+                 default_max_llm_calls: int = 8) -> None:
+        self.repository = repository
+        self.llm = llm
+        self.toolbox = toolbox
+        self.data_dir = data_dir
+        self.default_max_llm_calls = default_max_llm_calls
+
+    # -- routing: create, new turn, re-entry, inspection, close ----------------------------------------
+    def create(self, spec: SessionSpec, session_id: str | None = None) -> SessionState:
+        self.toolbox.select(spec.server_tools)  # unknown names: InvalidParamsError listing what exists
+        modes = spec.modes or {spec.mode: ModeSpec()}
+        bootstrap = [text for text in (spec.bootstrap, modes[spec.mode].bootstrap) if text]
+        providers = ContextProviders(Instructions(spec.system_prompt), ModeState(spec.mode, modes), Conversation(), Bootstrap(bootstrap), ToolLedger())
+        now = datetime.now(timezone.utc)
+        state = SessionState(session_id=session_id or uuid.uuid4().hex, status="idle", created_at=now, updated_at=now,
+                             spec=spec, providers=providers.dump())
+        self.repository.save(state)
+        log.info("session.created", session_id=state.session_id, mode=spec.mode)
+        return state
+
+    async def turn(self, session_id: str, message: str, trace_id: str) -> TurnResult:
+        state = self._load(session_id, expect="idle")
+        providers = ContextProviders.load(state.providers)
+        providers.conversation.history.append(Message(role="user", content=message))
+        providers.ledger = ToolLedger()  # a fresh ledger per turn
+        state = state.model_copy(update={"turn": state.turn + 1, "turn_llm_calls": 0, "turn_trace_id": trace_id, "trace": [], "last_error": None})
+        trace: list[Event] = [TurnStarted(trace_id=trace_id, strategy="session", turn=state.turn, mode=providers.mode.mode)]
+        return await self._run(state, providers, trace, resume=False)
+
+    async def resume(self, session_id: str, results: list[SubmittedResult], trace_id: str) -> TurnResult:
+        state = self._load(session_id, expect="awaiting_client_tools")
+        providers = ContextProviders.load(state.providers)
+        providers.ledger.submit(results)  # the pipeline populates ToolResults for client tools
+        return await self._run(state, providers, [], resume=True)
+
+    def get(self, session_id: str) -> dict[str, Any]:
+        state = self._load(session_id)
+        providers = ContextProviders.load(state.providers)
+        return {
+            "session_id": state.session_id, "status": state.status, "mode": providers.mode.mode, "turn": state.turn,
+            "created_at": state.created_at.isoformat(), "updated_at": state.updated_at.isoformat(),
+            "pending_tool_calls": _pending(providers), "messages": len(providers.conversation.history),
+            "last_answer": state.last_answer, "last_error": state.last_error, "trace": state.trace,
+            "server_tools": state.spec.server_tools, "client_tools": [t.name for t in state.spec.client_tools],
+        }
+
+    def close(self, session_id: str) -> dict[str, Any]:
+        state = self._load(session_id)
+        if state.status != "closed":
+            self._save(state.model_copy(update={"status": "closed"}))
+        return {"session_id": session_id, "status": "closed"}
+
+    # -- one run of the reasoner, and its outcome saved -----------------------------------------------
+    async def _run(self, state: SessionState, providers: ContextProviders, trace: list[Event], *, resume: bool) -> TurnResult:
+        trace_id = state.turn_trace_id or state.session_id
+        recorder = EventRecorder(event_log_path(self.data_dir, trace_id) if self.data_dir else None, keep=False)
+
+        def emit(event: Event) -> None:
+            recorder(event)
+            if not type(event).__name__ == "LLMInvocation":
+                trace.append(event)
+
+        reasoner = self._reasoner(state, providers, emit, trace_id)
+        try:
+            exit_ = await (reasoner.resume() if resume else reasoner.run())
+        except ReentryError as exc:
+            raise _in_session(exc, state) from None  # nothing changes: the client can send the right results
+        except ReasonRayError as exc:
+            self._save_failure(state, providers, trace, reasoner, exc)
+            raise _in_session(exc, state) from None
+        finally:
+            recorder.close()
+        return self._save_exit(state, providers, trace, reasoner, exit_)
+
+    def _reasoner(self, state: SessionState, providers: ContextProviders, emit: Any, trace_id: str) -> TurnReasoner:
+        tools = {t.name: t for t in self.toolbox.select(state.spec.server_tools)}
+        executor = ToolExecutor(tools, {t.name: t for t in state.spec.client_tools}, providers, emit, trace_id, "session")
+        llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
+        return TurnReasoner(llm, providers, executor, emit, trace_id, "session",
+                            max_llm_calls=state.spec.max_llm_calls or self.default_max_llm_calls, llm_calls=state.turn_llm_calls)
+
+    def _save_exit(self, state: SessionState, providers: ContextProviders, trace: list[Event],
+                   reasoner: TurnReasoner, exit_: TurnExit) -> TurnResult:
+        match exit_:
+            case Completed(answer):
+                providers.conversation.history.append(Message(role="assistant", content=answer))
+                status, pending = "idle", []
+            case AwaitingClient():
+                status, answer, pending = "awaiting_client_tools", None, _pending(providers)
+        steps = [*state.trace, *as_dicts(trace)]
+        self._save(state.model_copy(update={
+            "status": status, "providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": steps,
+            "last_answer": answer if answer is not None else state.last_answer,
+        }))
+        return TurnResult(session_id=state.session_id, turn=state.turn, status="completed" if status == "idle" else status,
+                          answer=answer, pending_tool_calls=pending, mode=providers.mode.mode, llm_calls=reasoner.llm_calls, trace=steps)
+
+    def _save_failure(self, state: SessionState, providers: ContextProviders, trace: list[Event],
+                      reasoner: TurnReasoner, exc: ReasonRayError) -> None:
+        """A failed turn ends: the session is idle again, the failure noted for the model and the client."""
+        providers.conversation.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
+        providers.ledger = ToolLedger()
+        error = {"error_type": type(exc).__name__, "message": exc.message, **exc.data}
+        self._save(state.model_copy(update={
+            "status": "idle", "providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls,
+            "trace": [*state.trace, *as_dicts(trace)], "last_error": error,
+        }))
+
+    def _load(self, session_id: str, expect: Status | None = None) -> SessionState:
+        state = self.repository.load(session_id)
+        if state is None:
+            raise NotFoundError(f"no session {session_id!r}; create one with session.create", {"session_id": session_id})
+        if expect and state.status != expect:  # reading or closing a closed session is fine
+            raise _state_conflict(state, expect)
+        return state
+
+    def _save(self, state: SessionState) -> None:
+        self.repository.save(state.model_copy(update={"updated_at": datetime.now(timezone.utc)}))
+
+
+def _in_session(exc: ReasonRayError, state: SessionState) -> ReasonRayError:
+    """The same error, naming the session and its turn."""
+    exc.message = f"session {state.session_id!r}, turn {state.turn}: {exc.message}"
+    exc.data.setdefault("session_id", state.session_id)
+    exc.args = (exc.message,)
+    return exc
+
+
+def _pending(providers: ContextProviders) -> list[dict[str, Any]]:
+    return [{"tool_call_id": e.tool_call_id, "name": e.tool, "arguments": _json_or_text(e.arguments)} for e in providers.ledger.pending()]
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def _state_conflict(state: SessionState, expected: Status | None) -> SessionStateError:
+    data = {"session_id": state.session_id, "status": state.status}
+    if state.status == "closed":
+        return SessionStateError(f"session {state.session_id!r} is closed; create a new one with session.create", data)
+    if state.status == "awaiting_client_tools":
+        ids = [e["tool_call_id"] for e in _pending(ContextProviders.load(state.providers))]
+        return SessionStateError(
+            f"session {state.session_id!r} is waiting for the results of client tool calls {', '.join(ids)}; "
+            "send them with session.resume before a new turn", {**data, "pending_tool_call_ids": ids})
+    return SessionStateError(f"session {state.session_id!r} has no pending client tool calls; send a new turn with session.turn", data)
+
+
+class Sessions(Protocol):
+    """The session API's backend: in this process (`LocalSessions`) or through session actors (`actors/session.py`)."""
+
+    async def create(self, spec: SessionSpec) -> dict[str, Any]: ...
+
+    async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]: ...
+
+    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]: ...
+
+    async def get(self, session_id: str) -> dict[str, Any]: ...
+
+    async def close(self, session_id: str) -> dict[str, Any]: ...
+
+    def tools(self) -> list[dict[str, Any]]: ...
+
+
+def created(state: SessionState) -> dict[str, Any]:
+    return {"session_id": state.session_id, "status": state.status, "mode": state.spec.mode,
+            "server_tools": state.spec.server_tools, "client_tools": [t.name for t in state.spec.client_tools]}
+
+
+class LocalSessions:
+    """`Sessions` over a pipeline in this process (tests, notebooks)."""
+
+    def __init__(self, pipeline: SessionPipeline) -> None:
+        self.pipeline = pipeline
+
+    async def create(self, spec: SessionSpec) -> dict[str, Any]:
+        return created(self.pipeline.create(spec))
+
+    async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
+        return (await self.pipeline.turn(session_id, message, trace_id)).model_dump(mode="json")
+
+    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
+        submitted = [SubmittedResult(r["tool_call_id"], r["content"], r.get("is_error", False)) for r in results]
+        return (await self.pipeline.resume(session_id, submitted, trace_id)).model_dump(mode="json")
+
+    async def get(self, session_id: str) -> dict[str, Any]:
+        return self.pipeline.get(session_id)
+
+    async def close(self, session_id: str) -> dict[str, Any]:
+        return self.pipeline.close(session_id)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.pipeline.toolbox.tools.values()]

@@ -1,0 +1,70 @@
+"""ReAct (Yao et al., 2022) on the session reasoner's tool loop: think, act with a server tool, observe, repeat.
+
+The query becomes a one-turn conversation for `reasoner.TurnReasoner`, with the server tools the
+config names (OpenAI function calling) and no client tools, so `reasoning.execute` can use tools.
+The loop's rules hold: an unknown tool is a hard error (-32003), the first failing tool ends the run
+(-32006), and `max_tool_calls` bounds the steps that call tools (-32001 beyond it). The run's
+CompositionTrace steps are its events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from reasonray.sandbox import SandboxLimits
+from reasoner.builtin_tools import builtin_toolbox
+from reasoner.executor import ToolExecutor
+from reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, ToolLedger
+from reasoner.reasoner import AwaitingClient, Completed, TurnReasoner
+from gateway.protocol import Message
+from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext, StrategySettings
+
+SYSTEM_PROMPT = (
+    "Answer the question. Work in steps: think about what you need (inside <thinking>...</thinking>), "
+    "call a tool when it helps, read its result, and repeat. When you know the answer, reply with it "
+    "inside <answer>...</answer> and call no tool."
+)
+
+
+class ReActConfig(StrategyConfig):
+    max_tool_calls: int = Field(10, ge=1, le=50, description="Most model steps that call tools before the answer is due.")
+    tools: list[str] = Field(["calculator", "python"], description="Server tools the model may call (calculator, python).")
+    max_tokens: int = Field(2048, ge=16, le=32_768, description="Most tokens per model step.")
+    system_prompt: str = Field(SYSTEM_PROMPT, min_length=1, max_length=20_000, description="Instructions for the model.")
+
+
+class ReActSettings(StrategySettings):
+    code_timeout_s: float = Field(5.0, gt=0, le=120, description="Wall-clock limit of one run of the python tool.")
+    code_memory_mb: int = Field(256, ge=32, le=8192, description="Address-space limit of one run of the python tool.")
+
+
+class ReAct(Strategy):
+    name = "react"
+    description = "Reason and act: the model calls server tools (calculator, sandboxed python) until it can answer."
+    Config = ReActConfig
+    Settings = ReActSettings
+    extra_capabilities = ("reasoning.tools",)
+
+    def __init__(self, settings: StrategySettings | None = None) -> None:
+        super().__init__(settings)
+        self.toolbox = builtin_toolbox(SandboxLimits(self.settings.code_timeout_s, self.settings.code_memory_mb))
+
+    async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
+        cfg = self.parse_config(config)
+        tools = {t.name: t for t in self.toolbox.select(cfg.tools)}
+        providers = ContextProviders(
+            Instructions(cfg.system_prompt), ModeState("react", {"react": ModeSpec()}),
+            Conversation([Message(role="user", content=query)]), Bootstrap(), ToolLedger(),
+        )
+        executor = ToolExecutor(tools, {}, providers, context.emit, context.trace_id, self.name)
+        reasoner = TurnReasoner(context.llm, providers, executor, context.emit, context.trace_id, self.name,
+                                max_llm_calls=cfg.max_tool_calls + 1, max_tokens=cfg.max_tokens)
+        match await reasoner.run():
+            case Completed(answer):
+                pass
+            case AwaitingClient():  # no client tools are offered, so the executor cannot hand any over
+                raise AssertionError("react offers no client tools")
+        calls = [{"tool": e.tool, "arguments": e.arguments, "status": e.status} for e in providers.ledger.entries()]
+        return context.result(self.name, answer, tool_calls=calls, steps=reasoner.llm_calls)

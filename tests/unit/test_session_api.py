@@ -1,0 +1,60 @@
+"""The session.* JSON-RPC methods in-process: results, error codes and messages."""
+
+import pytest
+
+from gateway.simulator.inprocess import SimulatedLLM
+from reasonray.api import local_dispatcher
+from reasonray.config import ReasoningSettings
+from reasoner.builtin_tools import builtin_toolbox
+from reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture
+def api(tmp_path):
+    llm = SimulatedLLM()
+    sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    return local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions)
+
+
+async def rpc(api, method, params):
+    response, _ = await api.handle_payload({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    return response
+
+
+async def test_create_turn_handoff_resume_get_close(api):
+    created = (await rpc(api, "session.create", {"server_tools": ["calculator"], "client_tools": [WEATHER]}))["result"]
+    sid = created["session_id"]
+    assert created["server_tools"] == ["calculator"] and created["client_tools"] == ["get_weather"]
+    message = 'Weather? [[sim call=calculator {"expression": "6*7"}]] [[sim call=get_weather {"city": "Oslo"}]]'
+    turn = (await rpc(api, "session.turn", {"session_id": sid, "message": message}))["result"]
+    assert turn["status"] == "awaiting_client_tools"
+    [pending] = turn["pending_tool_calls"]
+    assert pending["name"] == "get_weather" and pending["arguments"] == {"city": "Oslo"}
+    got = (await rpc(api, "session.get", {"session_id": sid}))["result"]
+    assert got["status"] == "awaiting_client_tools" and got["pending_tool_calls"] == [pending]
+    conflict = (await rpc(api, "session.turn", {"session_id": sid, "message": "next"}))["error"]
+    assert conflict["code"] == -32007 and conflict["data"]["pending_tool_call_ids"] == [pending["tool_call_id"]]
+    wrong = (await rpc(api, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": "nope", "content": "x"}]}))["error"]
+    assert wrong["code"] == -32602 and wrong["data"]["error_type"] == "reentry_mismatch"
+    assert wrong["data"]["missing"] == [pending["tool_call_id"]] and wrong["data"]["unexpected"] == ["nope"]
+    done = (await rpc(api, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": pending["tool_call_id"], "content": "Snow"}]}))["result"]
+    assert done["status"] == "completed" and done["answer"] == "Snow"
+    assert [s["type"] for s in done["trace"]][-4:] == ["REENTRY_VERIFIED", "CONTINUATION", "LLM_CALL", "EXIT"]
+    closed = (await rpc(api, "session.close", {"session_id": sid}))["result"]
+    assert closed == {"session_id": sid, "status": "closed"}
+
+
+async def test_error_codes(api):
+    missing = (await rpc(api, "session.turn", {"session_id": "unknown-session", "message": "hi"}))["error"]
+    assert missing["code"] == -32005 and "create one with session.create" in missing["message"]
+    bad = (await rpc(api, "session.create", {"server_tools": ["teleport"]}))["error"]
+    assert bad["code"] == -32602 and "available: calculator, python" in bad["message"]
+    sid = (await rpc(api, "session.create", {"server_tools": ["calculator"]}))["result"]["session_id"]
+    failed = (await rpc(api, "session.turn", {"session_id": sid, "message": '[[sim call=calculator {"expression": "1/0"}]]'}))["error"]
+    assert failed["code"] == -32006 and failed["data"]["tool"] == "calculator"
+    unknown_tool = (await rpc(api, "session.turn", {"session_id": sid, "message": "[[sim call=get_weather]]"}))["error"]
+    assert unknown_tool["code"] == -32003 and unknown_tool["data"]["error_type"] == "unregistered_tool"
+    tools = (await rpc(api, "session.tools", {}))["result"]["server_tools"]
+    assert {t["function"]["name"] for t in tools} == {"calculator", "python"}
