@@ -23,8 +23,7 @@ from actors.fanout import LLMSpec
 from reasonray.config import Settings
 from reasonray.sandbox import SandboxLimits
 from reasoner.builtin_tools import builtin_toolbox
-from reasoner.providers import SubmittedResult
-from reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec, created
+from reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec, created, submitted
 
 log = structlog.get_logger(__name__)
 
@@ -53,9 +52,8 @@ class SessionActor:
             return (await self.pipeline.turn(self.session_id, message, trace_id)).model_dump(mode="json")
 
     async def resume(self, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
-        submitted = [SubmittedResult(r["tool_call_id"], r["content"], r.get("is_error", False)) for r in results]
         async with self._using():
-            return (await self.pipeline.resume(self.session_id, submitted, trace_id)).model_dump(mode="json")
+            return (await self.pipeline.resume(self.session_id, submitted(results), trace_id)).model_dump(mode="json")
 
     def _using(self) -> _Use:
         if self.watchdog is None:
@@ -105,11 +103,11 @@ class RaySessions:
         return created(self.pipeline.create(spec))
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
-        self.pipeline.get(session_id)  # unknown sessions fail here, without starting an actor
+        self.pipeline.require(session_id)  # an unknown session fails here, without starting an actor
         return await self.call(session_id, "turn", message, trace_id)
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
-        self.pipeline.get(session_id)
+        self.pipeline.require(session_id)
         return await self.call(session_id, "resume", results, trace_id)
 
     async def get(self, session_id: str) -> dict[str, Any]:

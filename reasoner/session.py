@@ -21,7 +21,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 
 from gateway.protocol import LLM, Message
 from reasonray.errors import NotFoundError, ReasonRayError, ReentryError, SessionStateError
-from reasonray.events import Event, EventRecorder, ObservedLLM, event_log_path
+from reasonray.events import Event, EventRecorder, LLMInvocation, ObservedLLM, event_log_path
 from reasonray.storage import write_atomic
 from reasoner.executor import MODE_TOOL, ToolExecutor
 from reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, SubmittedResult, ToolLedger
@@ -167,6 +167,10 @@ class SessionPipeline:
         providers.ledger.submit(results)  # the pipeline populates ToolResults for client tools
         return await self._run(state, providers, [], resume=True)
 
+    def require(self, session_id: str) -> SessionState:
+        """The session's saved state; NotFoundError when there is none."""
+        return self._load(session_id)
+
     def get(self, session_id: str) -> dict[str, Any]:
         state = self._load(session_id)
         providers = ContextProviders.load(state.providers)
@@ -191,7 +195,7 @@ class SessionPipeline:
 
         def emit(event: Event) -> None:
             recorder(event)
-            if not type(event).__name__ == "LLMInvocation":
+            if not isinstance(event, LLMInvocation):  # full text goes to the event log, not the trace
                 trace.append(event)
 
         reasoner = self._reasoner(state, providers, emit, trace_id)
@@ -299,6 +303,11 @@ class Sessions(Protocol):
     def tools(self) -> list[dict[str, Any]]: ...
 
 
+def submitted(results: list[dict[str, Any]]) -> list[SubmittedResult]:
+    """`session.resume`'s tool_results as the ledger takes them."""
+    return [SubmittedResult(r["tool_call_id"], r["content"], r.get("is_error", False)) for r in results]
+
+
 def created(state: SessionState) -> dict[str, Any]:
     return {"session_id": state.session_id, "status": state.status, "mode": state.spec.mode,
             "server_tools": state.spec.server_tools, "client_tools": [t.name for t in state.spec.client_tools]}
@@ -317,8 +326,7 @@ class LocalSessions:
         return (await self.pipeline.turn(session_id, message, trace_id)).model_dump(mode="json")
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
-        submitted = [SubmittedResult(r["tool_call_id"], r["content"], r.get("is_error", False)) for r in results]
-        return (await self.pipeline.resume(session_id, submitted, trace_id)).model_dump(mode="json")
+        return (await self.pipeline.resume(session_id, submitted(results), trace_id)).model_dump(mode="json")
 
     async def get(self, session_id: str) -> dict[str, Any]:
         return self.pipeline.get(session_id)
