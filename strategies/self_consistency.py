@@ -60,8 +60,7 @@ class SelfConsistency(Strategy):
                 {"samples": cfg.samples},
             )
         votes = Counter(norm for _, norm in answered)
-        first_seen = {norm: i for i, (_, norm) in reversed(list(enumerate(answered)))}
-        winner = max(votes, key=lambda norm: (votes[norm], -first_seen[norm]))
+        winner = max(votes, key=votes.__getitem__)  # a Counter keeps first-seen order, so ties go to the earliest
         answer = next(a for a, norm in answered if norm == winner)
         return context.result(
             self.name,

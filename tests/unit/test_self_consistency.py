@@ -56,8 +56,9 @@ async def test_temperature_zero_is_refused_because_every_chain_would_agree():
 
 
 async def test_on_the_simulator_the_vote_recovers_from_slips():
-    result, _ = await run(SimulatedLLM(), samples=9)
-    assert result.metrics.strategy_specific["agreement"] == 1.0  # no slips asked for
+    ctx, _ = context_for(SimulatedLLM(), strategy="self_consistency")
+    clean = await SelfConsistency().reason("What is 17 * 23?", context=ctx, config={"samples": 9})
+    assert clean.answer == "391" and clean.metrics.strategy_specific["agreement"] == 1.0  # no slips asked for
     ctx, _ = context_for(SimulatedLLM(), strategy="self_consistency")
     noisy = await SelfConsistency().reason("What is 17 * 23? [[sim slip=0.3]]", context=ctx, config={"samples": 9})
     assert noisy.answer == "391"
