@@ -20,9 +20,11 @@ from ray.serve import Application
 
 from actors.fanout import LLMSpec, RayFanout
 from actors.llm_cache import RayCacheStore, cache_actor
+from actors.memory import RayMemory
 from actors.registry import RayRegistry, registry_actor
 from actors.session import RaySessions, session_pipeline
 from gateway.simulator.server import free_port
+from memory.service import check_memory
 from gateway.tokens import counter_for_model
 from reasonray import __version__
 from reasonray.api import accept_trace_id, build_dispatcher
@@ -31,6 +33,7 @@ from reasonray.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, MAX_ITERATIONS, NO
 from reasonray.llm import build_llm, client_for
 from reasonray.logs import configure_logging
 from reasonray.registry import RegistryService, agent_lookup
+from reasonray.sandbox import SandboxLimits
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
 from strategies.registry import StrategyRegistry, build_catalogue
 
@@ -41,7 +44,9 @@ api = FastAPI(
     version=__version__,
     description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
     "reasoning.bounded_context, reasoning.strategies, agent.register/get/list/discover/unregister, "
-    "session.create/turn/resume/get/close/tools); "
+    "session.create/turn/resume/get/close/tools, memory.retrieve/store/get/genealogy/descendants/errors/traces/"
+    "list_workspaces/delete_workspace, stats.get/reset, and the aliases solve_coding_task, retrieve_memories, "
+    "get_memory_genealogy, get_statistics); "
     "REST mirrors under /v1. See docs/api.md.",
 )
 
@@ -67,6 +72,7 @@ class ReasonRayIngress:
         self.cache = cache_actor(app_name, self.settings.llm.cache)
         llm, self.resilient = build_llm(self.settings, self.client, RayCacheStore(self.cache))
         spec = LLMSpec(self.settings.model_dump_json(), app_name)
+        memory = RayMemory(app_name, self.settings) if self.settings.memory.enabled else None
         self.service = ReasoningService(
             catalogue,
             llm,
@@ -76,9 +82,16 @@ class ReasonRayIngress:
             selection_budget_ms=self.settings.reasoning.performance.strategy_selection_timeout_ms,
             data_dir=self.settings.data_dir,
             log_queries=self.settings.logging.log_queries,
+            memory=memory,
+            memory_settings=self.settings.memory,
+            budget=self.settings.budget,
         )
         sessions = RaySessions(app_name, spec, session_pipeline(self.settings, llm))
-        self.rpc = build_dispatcher(self.service, self.registry, sessions)
+        s = self.settings.sessions
+        self.rpc = build_dispatcher(
+            self.service, self.registry, sessions, cache_stats=self.cache.stats.remote,
+            sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
+        )
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
 
@@ -183,6 +196,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     settings = settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
     RegistryService(settings.reasoning, settings.data_dir)  # raises ConfigError naming the key or the agents file
     client_for(settings)  # raises LLMConfigError naming the variable to set
+    check_memory(settings)  # raises MemoryUnavailableError naming the model or server to fix
     return ReasonRayIngress.options(
         num_replicas=settings.server.num_replicas,
         max_ongoing_requests=settings.reasoning.performance.max_concurrent_requests,

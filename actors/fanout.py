@@ -71,18 +71,20 @@ class _Worker:
             return cls.llms[spec]
 
 
-async def _run(spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str) -> tuple[T, list[Event], Tally]:
+async def _run(spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str, options: dict[str, Any]) -> tuple[T, list[Event], Tally]:
     events: list[Event] = []
-    llm = ObservedLLM(_Worker.llm(spec), events.append, trace_id=trace_id, strategy=strategy)
+    llm = ObservedLLM(_Worker.llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
     context = StrategyContext(llm=llm, tokens=counter_for_model(llm.model), emit=events.append, trace_id=trace_id)
     value = await branch(context)
     return value, events, llm.tally
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def run_branch(spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str) -> tuple[T, list[Event], Tally, dict[str, Any]]:
+def run_branch(
+    spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str, options: dict[str, Any]
+) -> tuple[T, list[Event], Tally, dict[str, Any]]:
     started = time.perf_counter()
-    value, events, tally = _Worker.run(_run(spec, branch, trace_id, strategy))
+    value, events, tally = _Worker.run(_run(spec, branch, trace_id, strategy, options))
     runtime = ray.get_runtime_context()
     where = {
         "task_id": runtime.get_task_id() or "",
@@ -101,8 +103,9 @@ class RayFanout:
 
     async def __call__(self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
         strategy = context.llm.strategy
+        options = context.llm.branch_options(len(branches))  # the run's memories and token budget apply there too
         refs = [
-            run_branch.options(name=f"{label}[{i}]").remote(self.spec, branch, context.trace_id, strategy)
+            run_branch.options(name=f"{label}[{i}]").remote(self.spec, branch, context.trace_id, strategy, options)
             for i, branch in enumerate(branches)
         ]
         try:

@@ -14,9 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.protocol import LLM
 from gateway.tokens import counter_for_model
+from memory.service import MemoryClient
 from reasonray.agents import AGENT_ID, AgentRegistration
-from reasonray.config import ReasoningSettings
+from reasonray.config import MemorySettings, ReasoningSettings
 from reasonray.jsonrpc import Call, Dispatcher
+from reasonray.memory_api import CacheStats, add_memory_methods
+from reasonray.sandbox import SandboxLimits
 from reasonray.registry import LocalRegistry, Registry, RegistryService, agent_lookup
 from reasoner.session import SESSION_ID, Sessions, SessionSpec
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
@@ -87,7 +90,15 @@ class ResumeParams(SessionIdParams):
     tool_results: list[ToolResultParam] = Field(min_length=1, max_length=64, description="One result per pending client call.")
 
 
-def build_dispatcher(service: ReasoningService, registry: Registry, sessions: Sessions | None = None) -> Dispatcher:
+def build_dispatcher(
+    service: ReasoningService,
+    registry: Registry,
+    sessions: Sessions | None = None,
+    *,
+    cache_stats: CacheStats | None = None,
+    sandbox: SandboxLimits = SandboxLimits(),
+) -> Dispatcher:
+    """The API over a service; memory.*, stats.* and the seed's aliases when the service has a memory bank."""
     rpc = Dispatcher(new_trace_id)
 
     @rpc.method("reasoning.execute", ExecuteParams)
@@ -148,6 +159,9 @@ def build_dispatcher(service: ReasoningService, registry: Registry, sessions: Se
 
     if sessions is not None:
         _session_methods(rpc, sessions)
+    if service.memory_loop is not None:
+        add_memory_methods(rpc, service.memory_loop.client, service.memory_loop.settings, service,
+                           cache_stats=cache_stats, sandbox=sandbox)
     return rpc
 
 
@@ -185,12 +199,20 @@ def _session_methods(rpc: Dispatcher, sessions: Sessions) -> None:
 
 
 def local_dispatcher(
-    reasoning: ReasoningSettings, llm: LLM, *, data_dir: Path | None = None, sessions: Sessions | None = None, **service_options: Any
+    reasoning: ReasoningSettings,
+    llm: LLM,
+    *,
+    data_dir: Path | None = None,
+    sessions: Sessions | None = None,
+    memory: MemoryClient | None = None,
+    memory_settings: MemorySettings | None = None,
+    **service_options: Any,
 ) -> Dispatcher:
     """The whole API in this process, without Ray: for unit tests, notebooks and scripts."""
     registry = RegistryService(reasoning, data_dir)
     local = LocalRegistry(registry)
     service = ReasoningService(
-        registry.catalogue, llm, counter_for_model(llm.model), agents=agent_lookup(local), data_dir=data_dir, **service_options
+        registry.catalogue, llm, counter_for_model(llm.model), agents=agent_lookup(local), data_dir=data_dir,
+        memory=memory, memory_settings=memory_settings, **service_options,
     )
     return build_dispatcher(service, local, sessions)

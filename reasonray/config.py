@@ -130,6 +130,52 @@ class SessionSettings(_Section):
     code_max_output_chars: int = Field(4000, ge=100, le=1_000_000, description="The python tool's output is cut to this.")
 
 
+class ScoreWeights(_Section):
+    similarity: float = Field(0.7, ge=0, description="Weight of semantic similarity to the task.")
+    recency: float = Field(0.15, ge=0, description="Weight of recency (exponential decay by age).")
+    error_context: float = Field(0.15, ge=0, description="Weight of error-context relevance (lessons from failures).")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScoreWeights:
+        if self.similarity + self.recency + self.error_context <= 0:
+            raise ValueError("at least one of similarity, recency and error_context must be above 0")
+        return self
+
+
+class MemorySettings(_Section):
+    enabled: bool = Field(True, description="Serve the memory bank (memory.* methods and memory-aware runs).")
+    chroma_url: str | None = Field(
+        None, description="A Chroma server (`chroma run`), e.g. http://10.0.0.5:8000; unset: embedded Chroma under data_dir/chroma."
+    )
+    collection_prefix: str = Field("rb", pattern=r"^[a-z0-9]{1,16}$", description="Prefix of the Chroma collections.")
+    embedding: Literal["sentence_transformers", "openai", "chroma_default"] = Field(
+        "sentence_transformers",
+        description="sentence_transformers: all-MiniLM-L6-v2 on this machine (bundled, offline); openai: the "
+        "endpoint's /v1/embeddings; chroma_default: Chroma's ONNX model (downloads on first use).",
+    )
+    embedding_model: str | None = Field(
+        None, description="sentence_transformers: a model directory (default: the bundled all-MiniLM-L6-v2); "
+        "openai: the model name (default text-embedding-3-small)."
+    )
+    embedding_base_url: str | None = Field(None, description="openai embeddings endpoint; default: [llm] base_url.")
+    default_workspace: str = Field("default", pattern=r"^[a-z0-9](?:[a-z0-9_-]{0,46}[a-z0-9])?$", description="Workspace of requests that name none.")
+    top_k: int = Field(1, ge=1, le=20, description="Past tasks whose memories are retrieved (the paper's default and best: 1).")
+    candidates: int = Field(20, ge=1, le=500, description="Nearest neighbours fetched from Chroma before composite re-ranking.")
+    min_similarity: float = Field(0.2, ge=0, le=1, description="Memories less similar than this to the task are never retrieved.")
+    recency_half_life_days: float = Field(30.0, gt=0, description="Age at which a memory's recency score halves.")
+    weights: ScoreWeights = ScoreWeights()
+    max_items_per_trajectory: int = Field(3, ge=1, le=10, description="Most items extracted from one judged trajectory.")
+    max_contrast_items: int = Field(5, ge=1, le=10, description="Most items a MaTTS self-contrast extracts.")
+    passive_learning: bool = Field(False, description="Learn from good Q&A exchanges of runs that did not ask to learn.")
+    passive_min_answer_chars: int = Field(100, ge=1, description="Shorter answers are never learned passively.")
+
+
+class BudgetSettings(_Section):
+    max_prompt_tokens: int | None = Field(None, ge=64, description="Prompts above this are cut (head and tail kept), with a warning.")
+    max_output_tokens: int | None = Field(None, ge=1, description="Caps every call's max_tokens.")
+    max_total_tokens: int | None = Field(None, ge=1, description="Prompt plus completion tokens one request may spend in all.")
+
+
 class LoggingSettings(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     format: Literal["json", "console"] = Field("json", description="json for machines, console for people.")
@@ -144,6 +190,8 @@ class Settings(_Section):
     llm: LLMSettings = LLMSettings()
     reasoning: ReasoningSettings = ReasoningSettings()
     sessions: SessionSettings = SessionSettings()
+    memory: MemorySettings = MemorySettings()
+    budget: BudgetSettings = BudgetSettings()
     logging: LoggingSettings = LoggingSettings()
 
     def resolved_provider(self, environ: dict[str, str] | None = None) -> Literal["openai", "simulated"]:

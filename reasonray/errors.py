@@ -12,7 +12,8 @@
     ├── BudgetExceededError         the request's token budget ran out                  -32004
     ├── NotFoundError               the agent (session, memory) named does not exist    -32005
     ├── ToolFailedError             a tool (server or client) failed: the turn ends     -32006
-    └── SessionStateError           the session cannot take this request now            -32007
+    ├── SessionStateError           the session cannot take this request now            -32007
+    └── MemoryUnavailableError      the memory store or embedding model cannot serve     -32008
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class ToolFailedError(ReasonRayError):
 
 class SessionStateError(ReasonRayError):
     """The session cannot take this request now (a turn while client results are pending, a closed session)."""
+
+
+class MemoryUnavailableError(ReasonRayError):
+    """The memory bank cannot serve: Chroma unreachable, an embedding model missing or mismatched."""
 
 
 def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:

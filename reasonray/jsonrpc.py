@@ -14,6 +14,7 @@
 | -32005 | not found                                 | NotFoundError: no such agent or session               |
 | -32006 | tool failed                               | ToolFailedError: the turn ended at a failed tool      |
 | -32007 | session state conflict                    | SessionStateError: e.g. a turn while calls are pending|
+| -32008 | memory unavailable                        | MemoryUnavailableError: Chroma or the embedding model |
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from reasonray.errors import (
     InvalidParamsError,
     MaxIterationsError,
     MaxLLMCallsError,
+    MemoryUnavailableError,
     ModelBehaviorError,
     NotFoundError,
     ReasonRayError,
@@ -65,6 +67,7 @@ BUDGET_EXCEEDED = -32004
 NOT_FOUND = -32005
 TOOL_FAILED = -32006
 SESSION_STATE = -32007
+MEMORY_UNAVAILABLE = -32008
 
 # Most specific first: the first matching row decides.
 ERROR_TABLE: list[tuple[type[Exception], int, str]] = [
@@ -79,6 +82,7 @@ ERROR_TABLE: list[tuple[type[Exception], int, str]] = [
     (NotFoundError, NOT_FOUND, "not_found"),
     (ToolFailedError, TOOL_FAILED, "tool_failed"),
     (SessionStateError, SESSION_STATE, "session_state"),
+    (MemoryUnavailableError, MEMORY_UNAVAILABLE, "memory_unavailable"),
     (CircuitOpenError, INTERNAL_ERROR, "circuit_open"),
     (ProviderUnavailableError, INTERNAL_ERROR, "provider_unavailable"),
     (ProviderRejectedError, INTERNAL_ERROR, "provider_rejected"),

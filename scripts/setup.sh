@@ -28,6 +28,9 @@ quiet() {
     fi
 }
 quiet .venv/bin/python -m pip install --quiet --upgrade pip
+# torch first, pinned: the CPU build of this version lies on disk here; any other torch requirement
+# (sentence-transformers asks for one) would make pip fetch a multi-gigabyte CUDA build.
+quiet .venv/bin/python -m pip install --quiet torch==2.13.0
 quiet .venv/bin/python -m pip install --quiet -e '.[dev]' -e examples/reasonray-step-back
 echo "$want" > "$stamp"
 echo "ReasonRay installed in .venv"

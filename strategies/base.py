@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.tokens import TokenCounter
+from memory.items import Trajectory
 from reasonray.errors import InvalidParamsError, describe_errors, json_safe_errors
 from reasonray.events import EventSink, ObservedLLM
 
@@ -67,6 +68,14 @@ async def local_fanout(context: StrategyContext, branches: Sequence[Branch[T]], 
     return list(await asyncio.gather(*(branch(context) for branch in branches)))
 
 
+Resolver = Callable[[str, dict[str, Any]], tuple["ReasoningStrategy", dict[str, Any]]]
+"""Looks up another enabled strategy by name with its effective config (system defaults merged in)."""
+
+
+def no_resolver(name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
+    raise InvalidParamsError(f"strategy {name!r} cannot be composed here: this context has no strategy catalogue")
+
+
 @dataclass
 class StrategyContext:
     llm: ObservedLLM
@@ -74,7 +83,10 @@ class StrategyContext:
     emit: EventSink
     trace_id: str
     fanout: Fanout = local_fanout
+    resolve: Resolver = no_resolver
     started: float = field(default_factory=time.perf_counter)
+    trajectories: list[Trajectory] = field(default_factory=list)
+    """Attempts a strategy reports for learning (MaTTS, refine); empty: the run's LLM output is the trajectory."""
 
     def result(self, strategy: str, answer: str, **strategy_specific: Any) -> ReasoningResult:
         t = self.llm.tally

@@ -29,6 +29,9 @@ FAULT_KINDS = ("429", "500", "timeout")
 CARRYOVER_HEADINGS = ("Current Strategy:", "Key Findings:", "Progress:", "Next Steps:", "Unresolved:")
 FINAL_ANSWER_REQUEST = "give your final answer now"
 STEP_REQUEST, SCORE_REQUEST, VOTE_REQUEST = "<step>", "<score>", "<vote>"  # tree-of-thought prompts
+FEEDBACK_REQUEST = "<feedback>"  # an evaluation that also wants feedback (refine)
+JUDGE_REQUEST, MEMORY_REQUEST = "<status>", "<memory>"  # reasoning-memory judge and extraction prompts
+FINAL_ANSWER_LINE = re.compile(r"^(?:Final answer|Answer):\s*(.*)$", re.MULTILINE)
 STEP_MARK = re.compile(r"\bStep \d+:")
 CANDIDATE = re.compile(r"^Candidate (\d+):", re.MULTILINE)
 # A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
@@ -194,12 +197,17 @@ class SimulatedModel:
         return random.Random(f"{self.seed}:{request.seed}:{index}:{_request_digest(request)}")
 
     def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
+        system_text = " ".join(m.content or "" for m in request.messages if m.role == "system")
+        # prompts about a task (judging it, learning from it) quote the task, directives included: they come first
+        if JUDGE_REQUEST in system_text:
+            return self._finish(self._judge(request), request)
+        if MEMORY_REQUEST in system_text:
+            return self._finish(self._memories(request, system_text), request)
         if "script" in directives:
             return self._scripted(directives["script"])
         if calls := parse_calls(_last_user_text(request.messages)):
             return self._tool_step(request, calls)
         rng = self._rng(request, index)
-        system_text = " ".join(m.content or "" for m in request.messages if m.role == "system")
         if all(heading in system_text for heading in CARRYOVER_HEADINGS):
             return self._finish(self._carryover_summary(request, directives), request)
         if FINAL_ANSWER_REQUEST in _last_user_text(request.messages):
@@ -207,7 +215,7 @@ class SimulatedModel:
         if STEP_REQUEST in system_text:
             return self._finish(self._propose(request, directives, rng), request)
         if SCORE_REQUEST in system_text:
-            return self._finish(self._value(request, rng), request)
+            return self._finish(self._value(request, rng, wants_feedback=FEEDBACK_REQUEST in system_text), request)
         if VOTE_REQUEST in system_text:
             return self._finish(self._vote(request, rng), request)
         if "think" in directives:
@@ -288,16 +296,86 @@ class SimulatedModel:
         thought = SLIP_STEP if self._slips(request, directives, rng) else rng.choice(_PHRASES)
         return f"<thinking>Deciding what to do next.</thinking>\n<step>Step {depth + 1}: {thought}.</step>"
 
-    def _value(self, request: LLMRequest, rng: random.Random) -> str:
-        """A 0-1 score: low for a path with a slip, high for a clean path that reached its answer."""
+    def _value(self, request: LLMRequest, rng: random.Random, wants_feedback: bool = False) -> str:
+        """A 0-1 score: low for a path with a slip or a wrong answer, high for a clean path that reached its answer."""
         shown = _last_user_text(request.messages)
-        if SLIP_STEP in shown:
+        verdict = self._check(shown)
+        if verdict is False:
             score = 0.1 + 0.2 * rng.random()
+            feedback = (f"One step is wrong: {SLIP_STEP} changes the result. Keep every intermediate value exact."
+                        if SLIP_STEP in shown else "The final answer does not follow from the problem; recompute it.")
         elif re.search(r"^Answer:", shown, re.MULTILINE):
             score = 0.9 + 0.1 * rng.random()
+            feedback = "Every step checks out."
         else:
             score = 0.6 + 0.2 * rng.random()
-        return f"<thinking>Checking each step in turn.</thinking>\n<score>{score:.2f}</score>"
+            feedback = "The partial solution is sound so far; finish it."
+        extra = f"\n<feedback>{feedback}</feedback>" if wants_feedback else ""
+        return f"<thinking>Checking each step in turn.</thinking>\n<score>{score:.2f}</score>{extra}"
+
+    def _check(self, shown: str) -> bool | None:
+        """Whether the solution shown is right: False for a slip or an answer that differs from the problem's.
+
+        The problem is what comes before the solution (the first arithmetic or `answer=` directive);
+        the solution's answer is its last "Answer:" or "Final answer:" line. None when it cannot tell.
+        """
+        if SLIP_STEP in shown:
+            return False
+        answers = FINAL_ANSWER_LINE.findall(shown)
+        if not answers:
+            return None
+        given = re.sub(r"</?answer>", "", answers[-1]).strip()
+        directives = parse_directives(shown)
+        if "answer" in directives:
+            expected = directives["answer"]
+        elif (found := evaluate_arithmetic(DIRECTIVE.sub("", shown))) is not None:
+            expected = format_number(found[1])
+        else:
+            return None
+        return _same_answer(given, expected)
+
+    # -- reasoning memory -----------------------------------------------------------------------
+    def _judge(self, request: LLMRequest) -> str:
+        """The LLM-as-judge verdict: failure for a slip or a wrong answer, success otherwise."""
+        shown = _last_user_text(request.messages)
+        verdict = self._check(shown)
+        if verdict is None:
+            answers = FINAL_ANSWER_LINE.findall(shown)
+            verdict = bool(answers) and bool(answers[-1].strip()) and "I am a simulated model" not in shown
+        why = "Every step holds and the answer solves the task." if verdict else "A step or the final answer is wrong."
+        return f"Thoughts: {why}\n<status>{'success' if verdict else 'failure'}</status>"
+
+    def _memories(self, request: LLMRequest, system_text: str) -> str:
+        """Memory items in the format the prompt asks for: lessons from what worked and what failed."""
+        shown = _last_user_text(request.messages)
+        labels = re.findall(r"^Trajectory(?: \d+)? \((success|failure)\)", shown, re.MULTILINE)
+        if shown.startswith("Question:"):
+            answer = shown.split("Answer:", 1)[-1].strip()
+            return _memory_item("Reuse a worked explanation", "A past answer that explained this kind of question well.",
+                                " ".join(answer.split())[:400] or "Explain step by step.")
+        items = []
+        if "success" in labels:
+            items.append(_memory_item(
+                "Work through the problem step by step",
+                "Break the problem into explicit steps and compute each one exactly.",
+                "Write out every intermediate quantity and compute it exactly before combining them; check the final "
+                "answer against what the question asks.",
+            ))
+        if "failure" in labels and "<error_type>" in system_text:
+            slipped = SLIP_STEP in shown
+            items.append(_memory_item(
+                "Keep intermediate results exact" if slipped else "Verify the final answer",
+                "Rounding or guessing an intermediate value leads to a wrong final answer." if slipped
+                else "An unchecked final answer can be wrong even when the steps look plausible.",
+                "Carry exact values through every step and round only the final answer, if at all." if slipped
+                else "Recompute the answer independently before giving it.",
+                error=("premature rounding" if slipped else "unverified answer",
+                       "An intermediate result was rounded to keep the numbers simple, so the final answer was off." if slipped
+                       else "The final answer was given without checking it against the problem.",
+                       "Keep every intermediate value exact; re-check the arithmetic before answering." if slipped
+                       else "Check the answer against the problem statement before giving it."),
+            ))
+        return "<thinking>Looking for what generalises.</thinking>\n" + "\n".join(items)
 
     def _vote(self, request: LLMRequest, rng: random.Random) -> str:
         """A vote for a candidate without a slip, preferring those that reached an answer."""
@@ -386,6 +464,20 @@ class SimulatedModel:
         if cut_off and stop_reason is None:
             return SimChoice(text=text, finish_reason="length")
         return SimChoice(text=text, finish_reason="stop", stop_reason=stop_reason)
+
+
+def _memory_item(title: str, description: str, content: str, error: tuple[str, str, str] | None = None) -> str:
+    fields = f"<title>{title}</title><description>{description}</description><content>{content}</content>"
+    if error is not None:
+        fields += f"<error_type>{error[0]}</error_type><failure_pattern>{error[1]}</failure_pattern><corrective_guidance>{error[2]}</corrective_guidance>"
+    return f"<memory>{fields}</memory>"
+
+
+def _same_answer(given: str, expected: str) -> bool:
+    try:
+        return abs(float(given.replace(",", "")) - float(expected.replace(",", ""))) < 1e-9
+    except ValueError:
+        return " ".join(given.lower().split()) == " ".join(expected.lower().split())
 
 
 def _wrong(answer: str, rng: random.Random) -> str:

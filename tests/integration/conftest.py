@@ -47,6 +47,9 @@ def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
             "retry": {"initial_backoff_s": 0.05, "max_backoff_s": 0.2, "jitter_s": 0.01},
         },
         "logging": {"level": "warning"},
+        # the simulator's /v1/embeddings: every test app would otherwise load torch in its memory actor
+        # (tests/integration/test_memory_http.py runs the default, sentence-transformers, on purpose)
+        "memory": {"embedding": "openai"},
     }
     return Settings.model_validate(deep_merge(deep_merge(base, fast), changes)).model_dump(mode="json")
 

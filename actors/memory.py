@@ -1,0 +1,78 @@
+"""The memory bank actor: the one owner of the application's Chroma client and embedding model.
+
+Every replica, task and session reaches the ReasoningBank through it (`RayMemory`). Its calls run
+the bank's blocking work (embedding, Chroma reads and writes) in worker threads, so a slow write
+never stalls the actor's event loop and reads go on meanwhile. It restarts when it fails
+(`max_restarts=-1`), reopening the store from disk or the Chroma server; calls in flight are
+retried on the new instance, which is safe because every write is an upsert by item id.
+
+With embedded Chroma (no `[memory] chroma_url`) the data lives on one node's disk, so the actor is
+pinned to the node that created it; a cluster that should survive losing that node uses a Chroma
+server instead (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from actors import NAMESPACE, unwrap
+from memory.service import BankService, open_bank
+from reasonray.config import Settings
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class MemoryBankActor:
+    def __init__(self, settings_json: str) -> None:
+        settings = Settings.model_validate_json(settings_json)
+        self._service = BankService(open_bank(settings))
+        load = getattr(self._service.bank.embedder, "load", None)
+        if load is not None:  # load the model now, off the event loop, so the first retrieval does not wait for it
+            threading.Thread(target=self._warm, args=(load,), daemon=True).start()
+
+    @staticmethod
+    def _warm(load: Any) -> None:
+        try:
+            load()
+        except Exception:  # reported, with its fix, by the first call that needs the model
+            pass
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Any public BankService method by name, run in a worker thread."""
+        if method.startswith("_") or not callable(getattr(self._service, method, None)):
+            raise AttributeError(f"the memory bank has no method {method!r}")
+        return await asyncio.to_thread(getattr(self._service, method), *args, **kwargs)
+
+    async def ready(self) -> dict[str, Any]:
+        return {"embedder": self._service.bank.embedder.name, "workspaces": len(self._service.bank.store.workspaces())}
+
+
+class RayMemory:
+    """`memory.service.MemoryClient` over the application's memory bank actor, created on first use
+    (an application that never touches memory never starts it)."""
+
+    def __init__(self, app_name: str, settings: Settings) -> None:
+        self.app_name = app_name
+        self.settings = settings
+        self._handle: Any = None
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = memory_actor(self.app_name, self.settings)
+        return self._handle
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await unwrap(self.handle.call.remote(method, *args, **kwargs))
+
+
+def memory_actor(app_name: str, settings: Settings):
+    """The application's memory bank actor, created on first use."""
+    options: dict[str, Any] = {"name": f"{app_name}-memory", "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
+    if not settings.memory.chroma_url:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return MemoryBankActor.options(**options).remote(settings.model_dump_json())

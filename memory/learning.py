@@ -1,0 +1,230 @@
+"""The learning loop of the ReasoningBank paper (arXiv 2509.25140): judge a trajectory, extract
+memory items from it, and (for MaTTS) contrast several trajectories.
+
+- Judging: a verifier gives the label when there is one (an expected answer, unit tests);
+  otherwise an LLM judge at temperature 0 labels the trajectory success or failure.
+- Extraction: separate prompts for successes ("why it worked") and failures ("why it failed and
+  how to prevent it"), at most `max_items` items each, general rather than tied to the task.
+  Items from failures carry error context (type, pattern, corrective guidance).
+- Self-contrast (MaTTS parallel): all k trajectories in one prompt; at most `max_contrast_items`
+  items on what the successes share and where the failures went wrong.
+- Passive learning: a Q&A exchange that passes the quality thresholds becomes items too.
+
+Model replies use tags (`<status>`, `<memory>` with `<title>`, `<description>`, `<content>` and,
+for failures, `<error_type>`, `<failure_pattern>`, `<corrective_guidance>`); blocks that do not
+parse or validate are skipped, never stored half-formed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ValidationError
+
+from gateway.protocol import LLM, LLMRequest, system, user
+from memory.items import ErrorContext, MemoryEntry, MemoryItem, Outcome, SourceType, Trajectory
+from reasonray.errors import ModelBehaviorError
+from reasonray.tags import extract_tag, normalize_answer
+
+Verifier = Callable[[str], Awaitable[bool]]
+"""Checks an answer against ground truth (an expected answer, unit tests): True is a success."""
+
+MAX_TRAJECTORY_CHARS = 12_000
+MEMORY_BLOCK = re.compile(r"<memory>(.*?)</memory>", re.DOTALL)
+
+JUDGE_PROMPT = (
+    "You are an expert in evaluating whether an AI agent solved a task. You are given the task and the "
+    "agent's trajectory: its reasoning and its final answer. Decide whether the final answer correctly and "
+    "completely solves the task. Check the reasoning step by step for errors; an answer reached through a "
+    "wrong step is a failure.\n"
+    "Reply with your reasoning, then exactly one verdict: <status>success</status> or <status>failure</status>."
+)
+
+ITEM_FORMAT = (
+    "Write each memory item as:\n"
+    "<memory><title>a short name for the strategy or lesson</title>"
+    "<description>one sentence summarising it</description>"
+    "<content>1-3 sentences of actionable guidance</content>{error_fields}</memory>"
+)
+ERROR_FIELDS = (
+    "<error_type>the kind of error</error_type><failure_pattern>what went wrong, in general terms</failure_pattern>"
+    "<corrective_guidance>how to avoid it next time</corrective_guidance>"
+)
+GENERAL = (
+    "Do not repeat similar or overlapping items. Do not mention the specific task, its numbers or its "
+    "strings: write insights that carry over to other tasks."
+)
+SUCCESS_PROMPT = (
+    "You are an expert in distilling reusable reasoning strategies. You are given a task and a trajectory "
+    "that solved it successfully. First think about why the trajectory succeeded, then summarise the "
+    "insights as at most {n} memory items. " + GENERAL + "\n" + ITEM_FORMAT.format(error_fields="")
+)
+FAILURE_PROMPT = (
+    "You are an expert in learning from mistakes. You are given a task and a trajectory that failed to "
+    "solve it. First reflect on why it failed, then summarise the lessons and the strategies that prevent "
+    "this failure in future as at most {n} memory items, each with its error context. " + GENERAL + "\n"
+    + ITEM_FORMAT.format(error_fields=ERROR_FIELDS)
+)
+CONTRAST_PROMPT = (
+    "You are an expert in distilling reusable reasoning strategies. You are given a task and several "
+    "trajectories that attempted it, each labelled success or failure. Compare and contrast them: what do "
+    "the successful ones share, and where exactly did the failed ones go wrong? Summarise at most {n} memory "
+    "items. Lessons from failures carry their error context. " + GENERAL + "\n"
+    + ITEM_FORMAT.format(error_fields="") + "\nand for a lesson from a failure, add inside the memory: " + ERROR_FIELDS
+)
+PASSIVE_PROMPT = (
+    "You are an expert in capturing knowledge. You are given a question and the answer it received. "
+    "Extract the reusable knowledge in the answer as at most {n} memory items. " + GENERAL + "\n"
+    + ITEM_FORMAT.format(error_fields="")
+)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    outcome: Outcome
+    judged_by: Literal["verifier", "llm_judge"]
+    rationale: str = ""
+
+
+@dataclass(frozen=True)
+class PassiveThresholds:
+    min_answer_chars: int = 100
+    min_question_chars: int = 10
+
+    def rejects(self, question: str, answer: str) -> str | None:
+        """Why an exchange is not worth learning from, or None when it is."""
+        if len(answer.strip()) < self.min_answer_chars:
+            return f"answer shorter than {self.min_answer_chars} characters"
+        if len(question.strip()) < self.min_question_chars:
+            return f"question shorter than {self.min_question_chars} characters"
+        return None
+
+
+def clip(text: str, limit: int = MAX_TRAJECTORY_CHARS) -> str:
+    """Head and tail of a long trajectory, with the cut marked."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters omitted ...]\n{text[-half:]}"
+
+
+def exact_verifier(expected: str) -> Verifier:
+    """Success when the answer equals `expected` once normalised ("1,200.00" equals "1200")."""
+    want = normalize_answer(expected)
+
+    async def verify(answer: str) -> bool:
+        return normalize_answer(answer) == want
+
+    return verify
+
+
+def parse_items(text: str, *, limit: int, require_error: bool = False) -> tuple[list[dict], int]:
+    """The memory items in a reply as field dicts, at most `limit`, and how many blocks were unusable."""
+    drafts, rejected = [], 0
+    for body in MEMORY_BLOCK.findall(text):
+        fields = {k: extract_tag(body, k) for k in ("title", "description", "content", "error_type",
+                                                     "failure_pattern", "corrective_guidance", "tags")}
+        if not all(fields[k] for k in ("title", "description", "content")):
+            rejected += 1
+            continue
+        has_error = all(fields[k] for k in ("error_type", "failure_pattern", "corrective_guidance"))
+        if require_error and not has_error:
+            rejected += 1
+            continue
+        drafts.append({**fields, "has_error": has_error})
+    return drafts[:limit], rejected + max(len(drafts) - limit, 0)
+
+
+class Learner:
+    """Judges and extracts with one LLM (strategies' model, cache and retries included)."""
+
+    def __init__(self, llm: LLM, *, max_items: int = 3, max_contrast_items: int = 5, max_tokens: int = 2048) -> None:
+        self.llm = llm
+        self.max_items = max_items
+        self.max_contrast_items = max_contrast_items
+        self.max_tokens = max_tokens
+
+    async def _ask(self, instructions: str, content: str) -> str:
+        completion = await self.llm.complete(
+            LLMRequest(messages=(system(instructions), user(content)), max_tokens=self.max_tokens, temperature=0.0)
+        )
+        return completion.text
+
+    async def judge(self, query: str, trajectory: Trajectory, verifier: Verifier | None = None) -> Judgement:
+        if verifier is not None:
+            ok = await verifier(trajectory.answer)
+            return Judgement("success" if ok else "failure", "verifier", "the verifier accepted the answer" if ok else "the verifier rejected the answer")
+        reply = await self._ask(JUDGE_PROMPT, f"Task:\n{query}\n\nTrajectory:\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}")
+        status = (extract_tag(reply, "status") or "").strip().lower()
+        if status not in ("success", "failure"):
+            raise ModelBehaviorError(
+                "the judge gave no <status>success</status> or <status>failure</status> verdict",
+                {"reply": reply[:500]},
+            )
+        return Judgement(status, "llm_judge", reply[:2000])  # type: ignore[arg-type]
+
+    def _items(self, drafts: list[dict], source: SourceType, **common) -> list[MemoryItem]:
+        items = []
+        for d in drafts:
+            error = None
+            if d["has_error"]:
+                error = ErrorContext(error_type=d["error_type"], failure_pattern=d["failure_pattern"],
+                                     corrective_guidance=d["corrective_guidance"])
+            tags = [t.strip() for t in (d["tags"] or "").split(",") if t.strip()][:20]
+            try:
+                items.append(MemoryItem(title=d["title"][:200], description=d["description"][:500], content=d["content"][:4000],
+                                        error_context=error, pattern_tags=tags, source_type=source, **common))
+            except ValidationError:
+                continue
+        return items
+
+    async def extract(self, query: str, trajectory: Trajectory, outcome: Outcome, **common) -> list[MemoryItem]:
+        prompt = (SUCCESS_PROMPT if outcome == "success" else FAILURE_PROMPT).format(n=self.max_items)
+        reply = await self._ask(prompt, f"Task:\n{query}\n\nTrajectory ({outcome}):\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}")
+        drafts, _ = parse_items(reply, limit=self.max_items, require_error=outcome == "failure")
+        return self._items(drafts, outcome, **common)
+
+    async def contrast(self, query: str, judged: Sequence[tuple[Trajectory, Outcome]], **common) -> list[MemoryItem]:
+        shown = "\n\n".join(
+            f"Trajectory {i} ({outcome}):\n{clip(t.text, MAX_TRAJECTORY_CHARS // len(judged))}\nFinal answer: {t.answer}"
+            for i, (t, outcome) in enumerate(judged, 1)
+        )
+        reply = await self._ask(CONTRAST_PROMPT.format(n=self.max_contrast_items), f"Task:\n{query}\n\n{shown}")
+        drafts, _ = parse_items(reply, limit=self.max_contrast_items)
+        return self._items(drafts, "contrast", **common)
+
+    async def passive(self, question: str, answer: str, **common) -> list[MemoryItem]:
+        reply = await self._ask(PASSIVE_PROMPT.format(n=self.max_items), f"Question:\n{question}\n\nAnswer:\n{clip(answer)}")
+        drafts, _ = parse_items(reply, limit=self.max_items)
+        return self._items(drafts, "passive", **common)
+
+    async def learn(
+        self,
+        query: str,
+        trajectories: Sequence[Trajectory],
+        *,
+        task_id: str,
+        workspace: str,
+        verifier: Verifier | None = None,
+        domain: str | None = None,
+    ) -> tuple[MemoryEntry, list[Judgement]]:
+        """Judge every trajectory, then extract: one trajectory by its outcome, several by self-contrast."""
+        if not trajectories:
+            raise ValueError("learning needs at least one trajectory")
+        judgements = [await self.judge(query, t, verifier) for t in trajectories]
+        common = {"task_id": task_id, "workspace": workspace, "domain_category": domain}
+        if len(trajectories) == 1:
+            items = await self.extract(query, trajectories[0], judgements[0].outcome, **common)
+        else:
+            items = await self.contrast(query, [(t, j.outcome) for t, j in zip(trajectories, judgements)], **common)
+        chosen = [j for t, j in zip(trajectories, judgements) if t.selected] or judgements[-1:]
+        outcome: Outcome = chosen[0].outcome  # the outcome of the answer the task returned
+        text = trajectories[0].text if len(trajectories) == 1 else "\n\n".join(
+            f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(zip(trajectories, judgements), 1)
+        )
+        entry = MemoryEntry(task_id=task_id, query=query, trajectory=text, outcome=outcome,
+                            judged_by=judgements[0].judged_by, items=items)
+        return entry, judgements

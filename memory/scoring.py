@@ -1,0 +1,72 @@
+"""The composite retrieval score (seed 003, requirement 13).
+
+Three components, each in 0-1, combined by configurable weights (divided by their sum, so the
+composite stays in 0-1):
+
+- similarity: cosine similarity between the task and the memory's key, clamped at 0 (opposite
+  directions are as irrelevant as orthogonal ones);
+- recency: exponential decay with a half-life, `0.5 ** (age / half_life)`: 1 for a new memory, 0.5
+  at one half-life, 0.25 at two;
+- error-context relevance: 0 for memories without error context; for lessons from failures, how
+  well they match the current task: 1 when the task's domain is the memory's domain, the share of
+  the task's error patterns the memory names, and otherwise the similarity itself (a failure on a
+  similar task is a relevant warning). The strongest signal counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from memory.items import MemoryItem
+from reasonray.config import ScoreWeights
+
+SECONDS_PER_DAY = 86_400.0
+
+
+class Scores(BaseModel):
+    similarity: float = Field(description="Cosine similarity to the task, clamped to 0-1.")
+    recency: float = Field(description="0.5 ** (age / half-life).")
+    error_context: float = Field(description="Relevance of the memory's error context to the task (0 without one).")
+    composite: float = Field(description="Weighted mean of the three.")
+
+
+def similarity_from_cosine_distance(distance: float) -> float:
+    """Chroma's cosine distance is 1 - cos(a, b); the similarity is cos, clamped to 0-1."""
+    return min(max(1.0 - distance, 0.0), 1.0)
+
+
+def recency(created_at: datetime, now: datetime, half_life_days: float) -> float:
+    age_days = max((now - created_at).total_seconds(), 0.0) / SECONDS_PER_DAY
+    return 0.5 ** (age_days / half_life_days)
+
+
+def error_relevance(item: MemoryItem, similarity: float, domain: str | None, error_patterns: Sequence[str]) -> float:
+    if item.error_context is None:
+        return 0.0
+    signals = [similarity]
+    if domain is not None:
+        signals.append(1.0 if item.domain_category == domain else 0.0)
+    if error_patterns:
+        named = {t.lower() for t in item.pattern_tags} | {item.error_context.error_type.lower()}
+        signals.append(sum(p.lower() in named for p in error_patterns) / len(error_patterns))
+    return max(signals)
+
+
+def composite(
+    item: MemoryItem,
+    similarity: float,
+    *,
+    now: datetime,
+    weights: ScoreWeights,
+    half_life_days: float,
+    domain: str | None = None,
+    error_patterns: Sequence[str] = (),
+) -> Scores:
+    r = recency(item.created_at, now, half_life_days)
+    e = error_relevance(item, similarity, domain, error_patterns)
+    total = weights.similarity + weights.recency + weights.error_context
+    score = (weights.similarity * similarity + weights.recency * r + weights.error_context * e) / total
+    return Scores(similarity=round(similarity, 6), recency=round(r, 6), error_context=round(e, 6), composite=round(score, 6))

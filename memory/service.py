@@ -1,0 +1,127 @@
+"""The memory bank as a service: JSON in, JSON out, so the same object answers in-process callers
+and, through the memory bank actor, every replica of an application. `open_bank` builds the bank
+the configuration describes (embedding model and Chroma client); `LocalMemory` is the async
+`MemoryClient` over a bank in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from memory.bank import ReasoningBank
+from memory.embeddings import ChromaDefaultEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder
+from memory.items import MemoryEntry, MemoryItem
+from memory.store import ChromaStore, open_client
+from reasonray.config import Settings
+
+DEFAULT_OPENAI_EMBEDDING_MODEL = "text-embedding-3-small"
+
+
+def build_embedder(settings: Settings, environ: dict[str, str] | None = None) -> Embedder:
+    env = os.environ if environ is None else environ
+    m = settings.memory
+    if m.embedding == "sentence_transformers":
+        return SentenceTransformerEmbedder(m.embedding_model)
+    if m.embedding == "openai":
+        simulated = settings.resolved_provider(env) == "simulated"
+        return OpenAIEmbedder(
+            m.embedding_model or ("simulated" if simulated else DEFAULT_OPENAI_EMBEDDING_MODEL),
+            base_url=m.embedding_base_url or settings.llm.base_url,
+            api_key="simulated" if simulated else env.get(settings.llm.api_key_env),
+            timeout_s=settings.llm.request_timeout_s,
+        )
+    return ChromaDefaultEmbedder()
+
+
+def open_bank(settings: Settings, embedder: Embedder | None = None) -> ReasoningBank:
+    """The configured bank: Chroma embedded under data_dir/chroma, or the server at [memory] chroma_url."""
+    embedder = embedder or build_embedder(settings)
+    client = open_client(settings.memory.chroma_url, Path(settings.data_dir))
+    return ReasoningBank(ChromaStore(client, embedder.name, settings.memory.collection_prefix), embedder, settings.memory)
+
+
+class BankService:
+    """ReasoningBank operations with JSON-ready arguments and answers."""
+
+    def __init__(self, bank: ReasoningBank) -> None:
+        self.bank = bank
+
+    def retrieve(self, query: str, workspace: str, **options: Any) -> list[dict[str, Any]]:
+        return [r.model_dump(mode="json") for r in self.bank.retrieve(query, workspace=workspace, **options)]
+
+    def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
+        parsed = [MemoryItem.model_validate(i) for i in items]
+        return [i.model_dump(mode="json") for i in self.bank.store_items(parsed, workspace=workspace, keys=keys)]
+
+    def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
+        items, trace_id = self.bank.store_entry(MemoryEntry.model_validate(entry), workspace=workspace)
+        return {"items": [i.model_dump(mode="json") for i in items], "trace_id": trace_id}
+
+    def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return self.bank.get(memory_id, workspace=workspace).model_dump(mode="json")
+
+    def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return self.bank.genealogy(memory_id, workspace=workspace)
+
+    def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
+        return [i.model_dump(mode="json") for i in self.bank.descendants(memory_id, workspace=workspace)]
+
+    def errors(self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        found = self.bank.errors(workspace=workspace, error_type=error_type, domain=domain, limit=limit)
+        return [i.model_dump(mode="json") for i in found]
+
+    def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
+        return self.bank.traces(task_id, workspace=workspace)
+
+    def list_workspaces(self) -> list[dict[str, Any]]:
+        return self.bank.list_workspaces()
+
+    def delete_workspace(self, workspace: str) -> dict[str, Any]:
+        return self.bank.delete_workspace(workspace)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.bank.stats.snapshot(), "embedder": self.bank.embedder.name}
+
+    def reset_stats(self) -> dict[str, Any]:
+        self.bank.stats.reset()
+        return self.stats()
+
+    def record_run(self, tally: dict[str, Any], ok: bool) -> None:
+        self.bank.stats.record_run(tally, ok)
+
+    def record_passive(self, captured: bool) -> None:
+        self.bank.stats.record_passive(captured)
+
+
+class MemoryClient(Protocol):
+    """BankService's methods, awaited: in this process (`LocalMemory`) or on the actor (`RayMemory`)."""
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class LocalMemory:
+    """The MemoryClient over a bank in this process; blocking Chroma and embedding work runs in threads."""
+
+    def __init__(self, service: BankService) -> None:
+        self.service = service
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method.startswith("_") or not callable(getattr(self.service, method, None)):
+            raise AttributeError(f"the memory bank has no method {method!r}")
+        return await asyncio.to_thread(getattr(self.service, method), *args, **kwargs)
+
+
+def check_memory(settings: Settings) -> None:
+    """Fail at start-up, naming the fix, when the configured bank cannot work (no model, no server)."""
+    m = settings.memory
+    if not m.enabled:
+        return
+    if m.embedding == "sentence_transformers" and not m.embedding_model:
+        from memory.embeddings import bundled_model_path
+
+        bundled_model_path()
+    if m.chroma_url:
+        open_client(m.chroma_url, Path(settings.data_dir))

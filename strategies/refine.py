@@ -1,0 +1,141 @@
+"""Think, evaluate, refine (seed 003, requirement 2): the iterative agent of the ReasoningBank system.
+
+Each iteration the model solves (or, after the first, re-examines its previous attempt in the light
+of the feedback), then an evaluator at temperature 0 scores the attempt from 0 to 1 with specific
+feedback. The loop stops early when a score is above `threshold` (0.8), stops when an attempt
+repeats an earlier one (the trajectory hash, answer and reasoning, was seen before: refining again
+would loop), and otherwise runs `max_iterations` (3). The answer is the best-scored attempt's,
+ties going to the later one. All attempts, with their scores and feedback, form the trajectory
+that memory learning sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from pydantic import Field
+
+from gateway.protocol import LLMRequest, system, user
+from memory.items import Trajectory
+from reasonray.events import IterationEnd, RunWarning
+from reasonray.tags import extract_answer, extract_tag, normalize_answer, strip_thinking
+from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
+from strategies.chain_of_thought import SYSTEM_PROMPT
+
+EVALUATE_PROMPT = (
+    "You are a strict reviewer. Check the proposed solution to the problem step by step: is every step "
+    "right, and does the answer solve the problem? Rate it from 0 to 1 inside <score>...</score> (1: certainly "
+    "correct and complete, 0: wrong), then say specifically what to fix inside <feedback>...</feedback>."
+)
+REFINE_PROMPT = (
+    "Carefully re-examine your previous attempt at the problem, including every reasoning step, in the light "
+    "of the reviewer's feedback. If you find mistakes or inconsistencies, correct them; if everything is right, "
+    "confirm your answer. Think step by step inside <thinking>...</thinking>, then give only the final answer "
+    "inside <answer>...</answer>."
+)
+SCORE = re.compile(r"[01](?:\.\d+)?|\.\d+")
+
+
+class RefineConfig(StrategyConfig):
+    max_iterations: int = Field(3, ge=1, le=10, description="Most think-evaluate-refine iterations.")
+    threshold: float = Field(0.8, ge=0.0, le=1.0, description="A score above this stops early.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the attempts (the evaluator uses 0).")
+    seed: int | None = Field(None, description="Seed of the attempts; attempt i uses seed + i.")
+    max_tokens: int = Field(4096, ge=1, le=262_144, description="Most tokens per attempt.")
+    evaluate_max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per evaluation.")
+
+
+def parse_score(text: str) -> float | None:
+    raw = extract_tag(text, "score")
+    found = SCORE.search(raw or "")
+    return min(max(float(found.group(0)), 0.0), 1.0) if found else None
+
+
+async def evaluate(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> tuple[float | None, str]:
+    """A 0-1 score and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
+    completion = await context.llm.complete(
+        LLMRequest(
+            messages=(system(EVALUATE_PROMPT), user(f"Problem:\n{query}\n\nProposed solution:\n{strip_thinking(text)}\nAnswer: {answer}")),
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
+    )
+    return parse_score(completion.text), (extract_tag(completion.text, "feedback") or "").strip()
+
+
+def trajectory_hash(text: str, answer: str) -> str:
+    reasoning = " ".join(text.split()).lower()
+    return hashlib.sha256(f"{normalize_answer(answer)}\x00{reasoning}".encode()).hexdigest()[:16]
+
+
+class Refine(Strategy):
+    name = "refine"
+    description = "Think, evaluate (score and feedback), refine: up to 3 iterations, early stop above 0.8, loop detection."
+    Config = RefineConfig
+    extra_capabilities = ("reasoning.iterative", "reasoning.self_evaluation")
+
+    async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
+        cfg = self.parse_config(config)
+        attempts: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        stop = "max_iterations"
+        for iteration in range(1, cfg.max_iterations + 1):
+            if attempts:
+                last = attempts[-1]
+                messages = (
+                    system(REFINE_PROMPT),
+                    user(f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}\n\n"
+                         f"Reviewer's score: {last['score']}\nReviewer's feedback: {last['feedback'] or '(none)'}"),
+                )
+            else:
+                messages = (system(SYSTEM_PROMPT), user(query))
+            before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
+            completion = await context.llm.complete(
+                LLMRequest(messages=messages, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                           seed=None if cfg.seed is None else cfg.seed + iteration - 1)
+            )
+            text = completion.text
+            answer = extract_answer(text)
+            if answer is None:
+                answer = strip_thinking(text)
+            digest = trajectory_hash(text, answer)
+            if digest in seen:
+                stop = "loop_detected"
+                context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code="loop_detected",
+                                        message=f"iteration {iteration} repeated an earlier attempt; refining stopped"))
+                self._iteration_end(context, iteration, before, True, stop)
+                break
+            seen.add(digest)
+            score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
+            if score is None:
+                context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code="unscored",
+                                        message=f"the evaluator gave no <score> for iteration {iteration}; counted as 0"))
+            attempts.append({"iteration": iteration, "text": text, "answer": answer, "score": score or 0.0, "feedback": feedback, "hash": digest})
+            passed = (score or 0.0) > cfg.threshold
+            self._iteration_end(context, iteration, before, True, "threshold" if passed else "continue")
+            if passed:
+                stop = "threshold"
+                break
+        best = max(reversed(attempts), key=lambda a: a["score"])  # ties go to the later attempt
+        context.trajectories.append(Trajectory(
+            text="\n\n".join(f"[attempt {a['iteration']}, score {a['score']:.2f}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts),
+            answer=best["answer"], score=best["score"], selected=True,
+        ))
+        return context.result(
+            self.name,
+            best["answer"],
+            iterations=len(attempts),
+            stop_reason=stop,
+            best_iteration=best["iteration"],
+            best_score=best["score"],
+            scores=[a["score"] for a in attempts],
+            history=[{k: a[k] for k in ("iteration", "answer", "score", "feedback", "hash")} for a in attempts],
+        )
+
+    def _iteration_end(self, context: StrategyContext, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
+        t = context.llm.tally
+        context.emit(IterationEnd(trace_id=context.trace_id, strategy=self.name, iteration=iteration,
+                                  prompt_tokens=t.prompt_tokens - before[0], completion_tokens=t.completion_tokens - before[1],
+                                  has_answer=has_answer, stop=stop))
