@@ -41,7 +41,8 @@ SCORE = re.compile(r"[01](?:\.\d+)?|\.\d+")
 class RefineConfig(StrategyConfig):
     max_iterations: int = Field(3, ge=1, le=10, description="Most think-evaluate-refine iterations.")
     threshold: float = Field(0.8, ge=0.0, le=1.0, description="A score above this stops early.")
-    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the attempts (the evaluator uses 0).")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the first attempt (the evaluator uses 0).")
+    refine_temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the re-examinations.")
     seed: int | None = Field(None, description="Seed of the attempts; attempt i uses seed + i.")
     max_tokens: int = Field(4096, ge=1, le=262_144, description="Most tokens per attempt.")
     evaluate_max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per evaluation.")
@@ -93,7 +94,7 @@ class Refine(Strategy):
                 messages = (system(SYSTEM_PROMPT), user(query))
             before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
             completion = await context.llm.complete(
-                LLMRequest(messages=messages, max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                LLMRequest(messages=messages, max_tokens=cfg.max_tokens, temperature=cfg.refine_temperature if attempts else cfg.temperature,
                            seed=None if cfg.seed is None else cfg.seed + iteration - 1)
             )
             text = completion.text

@@ -8,6 +8,7 @@ from reasonray.config import ReasoningSettings
 from strategies.registry import StrategyRegistry
 
 INSTALLED = sorted(StrategyRegistry().discover().classes)
+COMPOSES = {"matts": ["chain_of_thought"]}  # strategies that run another enabled strategy
 QUERY = {"bounded_context": "[[sim think=3000 answer=391]] What is 17 * 23?"}
 
 
@@ -22,7 +23,7 @@ async def test_result_and_metrics_contract(name):
     assert all(field.get("description") for field in schema["properties"].values()), "every config field is described"
     assert strategy.get_capabilities()[0] == f"reasoning.strategy.{name}"
 
-    reasoning = ReasoningSettings(enabled_strategies=[name], default_strategy=name)
+    reasoning = ReasoningSettings(enabled_strategies=[name, *COMPOSES.get(name, [])], default_strategy=name)
     api = local_dispatcher(reasoning, SimulatedLLM())
     response, _ = await api.handle_payload({
         "jsonrpc": "2.0", "id": 1, "method": "reasoning.execute",
