@@ -165,14 +165,18 @@ class ReasonRayIngress:
 
 
 def ray_environment(settings: Settings) -> dict[str, str]:
-    """Environment a Ray cluster needs before it starts, for the configured ingress.
+    """Environment a Ray cluster needs before it starts, for the configured ingress and fan-out.
 
-    The HAProxy ingress always opens a stats and a metrics listener; they get free ports here so that
-    two clusters on one machine (or a lingering one) never collide.
+    Fan-out branches are Ray tasks that ask for no CPU, so Ray would keep only as many idle worker
+    processes as there are free CPUs and start new ones (about 1.2 s each) for every wide fan-out:
+    `[server] warm_workers` raises that soft limit. The HAProxy ingress always opens a stats and a
+    metrics listener; they get free ports here so that two clusters on one machine never collide.
     """
+    env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
     if not settings.server.fast_ingress:
-        return {}
+        return env
     return {
+        **env,
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),

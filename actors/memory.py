@@ -18,11 +18,15 @@ import threading
 from typing import Any
 
 import ray
+import structlog
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import NAMESPACE, unwrap
 from memory.service import BankService, open_bank
 from reasonray.config import Settings
+
+log = structlog.get_logger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -67,7 +71,14 @@ class RayMemory:
         return self._handle
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await unwrap(self.handle.call.remote(method, *args, **kwargs))
+        try:
+            return await unwrap(self.handle.call.remote(method, *args, **kwargs))
+        except (ActorDiedError, ActorUnavailableError):
+            # killed for good (an operator, a lost node): start a new one, which reopens the store, and retry once
+            log.info("memory.actor_replaced", app=self.app_name, method=method)
+            self._handle = None
+            await asyncio.sleep(0.2)  # let Ray release the dead actor's name
+            return await unwrap(self.handle.call.remote(method, *args, **kwargs))
 
 
 def memory_actor(app_name: str, settings: Settings):

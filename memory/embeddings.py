@@ -53,12 +53,13 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, model: str | None = None) -> None:
         self.model = model or bundled_model_path()
+        self.label = model.rstrip("/").rsplit("/", 1)[-1] if model else "all-MiniLM-L6-v2"
         self._loaded: Any = None
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
-        return f"sentence-transformers:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
+        return f"sentence-transformers:{self.label}"
 
     def load(self) -> Any:
         with self._lock:

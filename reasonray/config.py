@@ -115,6 +115,9 @@ class ServerSettings(_Section):
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the API.")
     num_replicas: int = Field(1, ge=1, description="Replicas of the API deployment.")
     replica_num_cpus: float = Field(0.1, ge=0, description="CPUs each replica reserves (the work is I/O-bound).")
+    warm_workers: int = Field(
+        8, ge=0, le=256, description="Idle worker processes a node keeps for fan-out branches (Ray's num_workers_soft_limit)."
+    )
     fast_ingress: bool = Field(
         True,
         description="Serve's HAProxy ingress and throughput-optimised data plane: about half the per-request "

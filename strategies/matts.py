@@ -16,6 +16,7 @@ attempt is reported as a trajectory, so a memory-aware run learns by self-contra
 from __future__ import annotations
 
 import dataclasses
+import time
 from functools import partial
 from typing import Any, Literal
 
@@ -93,6 +94,7 @@ class Matts(Strategy):
             raise InvalidParamsError("matts cannot use matts as its base_strategy; choose e.g. chain_of_thought or refine")
         base, base_config = context.resolve(cfg.base_strategy, cfg.base_config)
         k = cfg.k if cfg.enabled else 1
+        started = time.perf_counter()
         if k == 1:
             attempts = [await attempt(base, query, base_config, context)]
         elif cfg.mode == "parallel":
@@ -101,6 +103,8 @@ class Matts(Strategy):
             )
         else:
             attempts = await self._sequential(base, base_config, query, k, context)
+        attempts_ms = round((time.perf_counter() - started) * 1000, 1)
+        started = time.perf_counter()
         scores: list[float | None] = [None] * len(attempts)
         if len(attempts) == 1:
             chosen = 0
@@ -125,6 +129,8 @@ class Matts(Strategy):
             selected=chosen,
             answers=[a["answer"] for a in attempts],
             scores=scores,
+            attempts_ms=attempts_ms,
+            selection_ms=round((time.perf_counter() - started) * 1000, 1),
         )
 
     @staticmethod

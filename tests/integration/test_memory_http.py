@@ -1,0 +1,158 @@
+"""The ReasoningBank through the running service: Ray Serve over HTTP, the memory bank actor, Chroma
+embedded on disk and as a server, the simulated model through the openai client, MaTTS as Ray tasks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+
+from actors import NAMESPACE
+from gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
+from memory.store import StoreError
+from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
+
+pytestmark = pytest.mark.integration
+
+TASK_A = "A baker packs 17 * 23 rolls into boxes. How many rolls? [[sim slip=1]]"
+TASK_B = "A baker packs 17 * 24 rolls into boxes. How many rolls?"
+
+
+def system_prompt(trace: list[dict]) -> str:
+    return next(e for e in trace if e["type"] == "LLM_INVOCATION")["messages"][0]["content"]
+
+
+def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_it_after_a_restart(serve_base, simulator):
+    """The default embedder (all-MiniLM-L6-v2 via sentence-transformers, offline) in the memory bank actor."""
+    from ray import serve
+
+    with own_app(serve_base, simulator.url, "mem-e2e", memory={"embedding": "sentence_transformers"}) as (client, settings):
+        a = result_of(rpc(client, "reasoning.execute", {
+            "query": TASK_A, "strategy_config": {"temperature": 0.8}, "memory": {"learn": True, "task_id": "A"}}))
+        learned = a["memory"]
+        assert learned["outcome"] == "failure" and learned["judged_by"] == "llm_judge" and learned["stored"]
+        assert any(Path(settings["data_dir"], "chroma").glob("*.sqlite3"))  # embedded Chroma, on disk
+
+        b = result_of(rpc(client, "reasoning.execute", {"query": TASK_B, "include_trace": True, "memory": {"task_id": "B"}}))
+        assert [m["id"] for m in b["memory"]["retrieved"]] == learned["stored"]
+        assert "[WARNING: past failure]" in system_prompt(b["trace"])
+        assert [e["type"] for e in b["trace"]][0] == "MEMORY_RETRIEVAL"
+        assert b["answer"] == "408"
+
+        stats = result_of(rpc(client, "stats.get"))
+        assert stats["embedder"] == "sentence-transformers:all-MiniLM-L6-v2" and stats["traces"]["failure"] == 1
+        assert stats["embedding"]["count"] >= 2 and stats["retrieval"]["count"] == 2 and "hit_rate" in stats["llm_cache"]
+
+        serve.delete("mem-e2e")
+        ray.kill(ray.get_actor("mem-e2e-memory", namespace=NAMESPACE), no_restart=True)
+        deploy(settings, "mem-e2e", "/mem-e2e")
+        again = result_of(rpc(client, "reasoning.execute", {"query": TASK_B, "memory": {"task_id": "B2"}}))
+        assert [m["id"] for m in again["memory"]["retrieved"]] == learned["stored"]
+        assert result_of(rpc(client, "memory.get", {"memory_id": learned["stored"][0]}))["error_context"]
+
+
+def test_the_memory_bank_actor_restarts_after_a_crash_and_reopens_the_store(serve_base, simulator):
+    with own_app(serve_base, simulator.url, "mem-crash") as (client, _):
+        stored = result_of(rpc(client, "memory.store", {"items": [{"title": "T", "description": "D.", "content": "C."}]}))
+        actor = ray.get_actor("mem-crash-memory", namespace=NAMESPACE)
+        ray.kill(actor, no_restart=False)  # a crash: Ray restarts it (max_restarts=-1)
+        got = result_of(rpc(client, "memory.get", {"memory_id": stored["stored"][0]["id"]}))
+        assert got["title"] == "T"
+
+
+def test_matts_parallel_k5_fans_out_as_ray_tasks_in_about_one_attempts_time(serve_base, ray_cluster):
+    slow = SimulatorServer(SimulatorSettings(port=0, ttft_ms=1500)).start()
+    try:
+        with own_app(serve_base, slow.url, "mem-matts", llm={"cache": {"enabled": False}}) as (client, _):
+            def run(k: int) -> tuple[dict, float]:
+                started = time.perf_counter()
+                result = result_of(rpc(client, "reasoning.execute", {
+                    "query": f"What is 19 * 21? (run {k}) [[sim slip=0.3]]", "strategy": "matts", "include_trace": True,
+                    "strategy_config": {"k": k, "seed": k}}))
+                return result, time.perf_counter() - started
+
+            run(5)  # start the worker processes the branches run in
+            one, _ = run(1)
+            five, _ = run(5)
+        branches = [e for e in five["trace"] if e["type"] == "BRANCH" and e["label"] == "matts.attempt"]
+        assert len(branches) == 5 and len({b["task_id"] for b in branches}) == 5
+        assert five["metrics"]["strategy_specific"]["k"] == 5 and len(five["metrics"]["strategy_specific"]["scores"]) == 5
+        assert one["metrics"]["strategy_specific"]["fallback"] is True
+        # the five attempts run at once: about one attempt's time (bench/matts.py measures it closely)
+        t1, t5 = one["metrics"]["strategy_specific"]["attempts_ms"], five["metrics"]["strategy_specific"]["attempts_ms"]
+        assert t5 < 1.5 * t1, (t1, t5)
+        assert five["metrics"]["strategy_specific"]["selection_ms"] < 1.5 * t1  # the five judges run at once too
+    finally:
+        slow.stop()
+
+
+@pytest.fixture
+def chroma_server():
+    port = free_port()
+    path = tempfile.mkdtemp(prefix="reasonray-chroma-server-")
+    chroma = shutil.which("chroma", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen([chroma, "run", "--path", path, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/api/v2/heartbeat", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail("chroma run did not start within 60 s")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_chroma_server_backs_the_bank_and_outlives_the_actor(serve_base, simulator, chroma_server):
+    with own_app(serve_base, simulator.url, "mem-server", memory={"chroma_url": chroma_server}) as (client, _):
+        stored = result_of(rpc(client, "memory.store", {"workspace": "shared", "key": "merge two sorted lists",
+                                                         "items": [{"title": "Two pointers", "description": "Walk both lists.", "content": "Advance the smaller."}]}))
+        ray.kill(ray.get_actor("mem-server-memory", namespace=NAMESPACE), no_restart=True)
+        found = result_of(rpc(client, "memory.retrieve", {"workspace": "shared", "query": "merge two sorted lists"}))
+        assert [m["memory"]["id"] for m in found["memories"]] == [stored["stored"][0]["id"]]
+        import chromadb
+
+        port = int(chroma_server.rsplit(":", 1)[1])
+        names = [c.name for c in chromadb.HttpClient(host="127.0.0.1", port=port).list_collections()]
+        assert "rb-m-shared" in names  # the items live on the server, not in the actor
+
+
+def test_an_unreachable_chroma_server_fails_the_deployment_clearly(simulator):
+    from serve_app import build_app
+
+    settings = settings_for(simulator.url, memory={"chroma_url": f"http://127.0.0.1:{free_port()}"})
+    with pytest.raises(StoreError, match="chroma run"):
+        build_app({"settings": settings, "app_name": "mem-nowhere"})
+
+
+def test_memory_methods_aliases_and_errors_over_http(api):
+    ws = "http-api"
+    item = {"title": "Check edge cases", "description": "Empty input breaks loops.", "content": "Test the empty list first."}
+    root = result_of(rpc(api, "memory.store", {"workspace": ws, "items": [item]}))["stored"][0]
+    child = result_of(rpc(api, "memory.store", {"workspace": ws, "items": [{**item, "title": "Check more edges", "parent_memory_id": root["id"]}]}))["stored"][0]
+    tree = result_of(rpc(api, "get_memory_genealogy", {"memory_id": root["id"], "workspace": ws}))
+    assert [d["memory"]["id"] for d in tree["descendants"]] == [child["id"]]
+    found = result_of(rpc(api, "retrieve_memories", {"query": "Check edge cases. Empty input breaks loops.", "workspace": ws}))
+    assert found["memories"]
+    assert result_of(rpc(api, "get_statistics"))["items_stored"] >= 2
+    missing = rpc(api, "memory.store", {"workspace": ws, "items": [{"title": "only a title"}]}).json()["error"]
+    assert missing["code"] == -32602 and "description" in missing["message"]
+    unknown = rpc(api, "memory.get", {"workspace": ws, "memory_id": "00000000-0000-0000-0000-000000000000"}).json()["error"]
+    assert unknown["code"] == -32005
+    assert result_of(rpc(api, "memory.delete_workspace", {"workspace": ws, "confirm": True}))["deleted_memories"] == 2
+    solved = result_of(rpc(api, "solve_coding_task", {
+        "task": 'Write add(a, b). [[sim answer="add=lambda a,b: a+b"]]', "matts_k": 2, "tests": "assert add(1, 2) == 3", "workspace": ws}))
+    assert solved["outcome"] == "success" and solved["judged_by"] == "verifier"
