@@ -32,3 +32,5 @@ bench: setup
 	.venv/bin/python bench/overhead.py
 	.venv/bin/python bench/bounded_context.py
 	.venv/bin/python bench/strategies.py
+	.venv/bin/python bench/memory.py
+	.venv/bin/python bench/matts.py

@@ -19,7 +19,7 @@ def test_healthz_reports_ray_registry_and_llm(api):
     assert body["status"] == "ok" and body["ray"]["initialized"]
     assert body["registry"] == {
         "ok": True,
-        "enabled": ["chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "react"],
+        "enabled": ["chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "react", "refine", "matts"],
         "default": "chain_of_thought",
     }
     assert body["llm"]["reachable"] and body["llm"]["simulated"] and body["llm"]["breaker"] == "closed"

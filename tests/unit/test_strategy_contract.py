@@ -13,7 +13,7 @@ QUERY = {"bounded_context": "[[sim think=3000 answer=391]] What is 17 * 23?"}
 
 
 def test_every_strategy_the_issues_ask_for_is_installed():
-    assert {"chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "step_back"} <= set(INSTALLED)
+    assert {"chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "react", "refine", "matts", "step_back"} <= set(INSTALLED)
 
 
 @pytest.mark.parametrize("name", INSTALLED)
