@@ -86,7 +86,7 @@ class ReasonRayIngress:
             memory_settings=self.settings.memory,
             budget=self.settings.budget,
         )
-        sessions = RaySessions(app_name, spec, session_pipeline(self.settings, llm))
+        sessions = RaySessions(app_name, spec, session_pipeline(self.settings, llm, app_name))
         s = self.settings.sessions
         self.rpc = build_dispatcher(
             self.service, self.registry, sessions, cache_stats=self.cache.stats.remote,

@@ -20,6 +20,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from actors import NAMESPACE, unwrap
 from actors.fanout import LLMSpec
+from actors.memory import RayMemory
 from reasonray.config import Settings
 from reasonray.sandbox import SandboxLimits
 from reasoner.builtin_tools import builtin_toolbox
@@ -28,10 +29,12 @@ from reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec
 log = structlog.get_logger(__name__)
 
 
-def session_pipeline(settings: Settings, llm: Any) -> SessionPipeline:
+def session_pipeline(settings: Settings, llm: Any, app_name: str) -> SessionPipeline:
     """The pipeline every session actor (and the in-process API) uses, from `[sessions]` settings."""
     s = settings.sessions
-    toolbox = builtin_toolbox(SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars))
+    memory = RayMemory(app_name, settings) if settings.memory.enabled else None
+    toolbox = builtin_toolbox(SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars),
+                              memory, settings.memory.default_workspace)
     repository = FileSessionRepository(Path(settings.data_dir) / "sessions")
     return SessionPipeline(repository, llm, toolbox, data_dir=Path(settings.data_dir), default_max_llm_calls=s.max_llm_calls)
 
@@ -41,7 +44,7 @@ class SessionActor:
     def __init__(self, session_id: str, spec: LLMSpec) -> None:
         self.session_id = session_id
         settings = Settings.model_validate_json(spec.settings_json)
-        self.pipeline = session_pipeline(settings, spec.build())
+        self.pipeline = session_pipeline(settings, spec.build(), spec.app_name)
         self.idle_timeout_s = settings.sessions.idle_timeout_s
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()

@@ -1,4 +1,4 @@
-"""The server tools ReasonRay ships: `calculator` and `python` (sandboxed)."""
+"""The server tools ReasonRay ships: `calculator`, `python` (sandboxed) and `memory_search` (the ReasoningBank)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Annotated
 from pydantic import Field
 
 from gateway.arithmetic import evaluate, format_number
+from memory.items import WORKSPACE, MemoryItem, format_memory_block
+from memory.service import MemoryClient
 from reasonray.sandbox import SandboxLimits, run_python
 from reasoner.tools import ServerTool, ToolBox, server_tool
 
@@ -34,5 +36,23 @@ def python_tool(limits: SandboxLimits) -> ServerTool:
     return run
 
 
-def builtin_toolbox(limits: SandboxLimits = SandboxLimits()) -> ToolBox:
-    return ToolBox([calculator, python_tool(limits)])
+def memory_tool(memory: MemoryClient, default_workspace: str) -> ServerTool:
+    @server_tool(name="memory_search")
+    async def search(
+        query: Annotated[str, Field(min_length=1, max_length=5000, description="The task or question to find past lessons for.")],
+        workspace: Annotated[str | None, Field(pattern=WORKSPACE, description="Workspace to search; default: the server's.")] = None,
+        top_k: Annotated[int, Field(ge=1, le=5, description="Past tasks whose lessons to return.")] = 1,
+    ) -> str:
+        """Search the reasoning memory for lessons from similar past tasks (warnings mark past failures)."""
+        found = await memory.call("retrieve", query, workspace or default_workspace, top_k=top_k)
+        items = [MemoryItem.model_validate(r["memory"]) for r in found]
+        return format_memory_block(items) or "No memories of similar tasks."
+
+    return search
+
+
+def builtin_toolbox(limits: SandboxLimits = SandboxLimits(), memory: MemoryClient | None = None, default_workspace: str = "default") -> ToolBox:
+    tools = [calculator, python_tool(limits)]
+    if memory is not None:
+        tools.append(memory_tool(memory, default_workspace))
+    return ToolBox(tools)

@@ -58,3 +58,24 @@ async def test_error_codes(api):
     assert unknown_tool["code"] == -32003 and unknown_tool["data"]["error_type"] == "unregistered_tool"
     tools = (await rpc(api, "session.tools", {}))["result"]["server_tools"]
     assert {t["function"]["name"] for t in tools} == {"calculator", "python"}
+
+
+async def test_a_session_searches_the_reasoning_memory_with_the_memory_search_tool(tmp_path):
+    from memory.items import MemoryItem
+    from tests.unit.memory_harness import local_memory, make_bank
+
+    bank = make_bank(tmp_path / "bank")
+    lesson = MemoryItem(title="Convert units first", description="Mixed units give wrong sums.", content="Convert to one unit before adding.")
+    bank.store_items([lesson], workspace="default", keys=["add lengths in metres and centimetres"])
+    llm = SimulatedLLM()
+    toolbox = builtin_toolbox(memory=local_memory(bank))
+    sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, toolbox, data_dir=tmp_path))
+    api = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions)
+    assert "memory_search" in [t["function"]["name"] for t in (await rpc(api, "session.tools", {}))["result"]["server_tools"]]
+    sid = (await rpc(api, "session.create", {"server_tools": ["memory_search"]}))["result"]["session_id"]
+    message = 'How do I add 2 m and 30 cm? [[sim call=memory_search {"query": "add lengths in metres and centimetres"}]]'
+    turn = (await rpc(api, "session.turn", {"session_id": sid, "message": message}))["result"]
+    assert turn["status"] == "completed" and "Convert units first" in turn["answer"]
+    bad = 'Search [[sim call=memory_search {"query": "x", "workspace": "Not Valid"}]]'
+    failed = (await rpc(api, "session.turn", {"session_id": sid, "message": bad}))["error"]
+    assert failed["code"] in (-32006, -32602) and "workspace" in failed["message"]
