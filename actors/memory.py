@@ -51,9 +51,6 @@ class MemoryBankActor:
             raise AttributeError(f"the memory bank has no method {method!r}")
         return await asyncio.to_thread(getattr(self._service, method), *args, **kwargs)
 
-    async def ready(self) -> dict[str, Any]:
-        return {"embedder": self._service.bank.embedder.name, "workspaces": len(self._service.bank.store.workspaces())}
-
 
 class RayMemory:
     """`memory.service.MemoryClient` over the application's memory bank actor, created on first use

@@ -142,7 +142,10 @@ class MemoryLoop:
             except Exception as exc:
                 why_not = f"learning failed: {type(exc).__name__}: {exc}"[:300]
         report.passive = "captured" if why_not is None else f"skipped: {why_not}"
-        await self.client.call("record_passive", why_not is None)
+        try:
+            await self.client.call("record_passive", why_not is None)
+        except Exception as exc:  # statistics only: the answer stands
+            log.warning("memory.stats_not_recorded", error=f"{type(exc).__name__}: {exc}"[:300])
         if why_not is None:
             emit(MemoryLearning(
                 trace_id=llm.trace_id, strategy=llm.strategy, workspace=report.workspace, task_id=report.task_id,

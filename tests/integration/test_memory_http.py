@@ -85,10 +85,10 @@ def test_matts_parallel_k5_fans_out_as_ray_tasks_in_about_one_attempts_time(serv
         assert len(branches) == 5 and len({b["task_id"] for b in branches}) == 5
         assert five["metrics"]["strategy_specific"]["k"] == 5 and len(five["metrics"]["strategy_specific"]["scores"]) == 5
         assert one["metrics"]["strategy_specific"]["fallback"] is True
-        # the five attempts run at once: about one attempt's time (bench/matts.py measures it closely)
+        # the five attempts run at once (in turn they would take 5x): bench/matts.py measures the ratio closely
         t1, t5 = one["metrics"]["strategy_specific"]["attempts_ms"], five["metrics"]["strategy_specific"]["attempts_ms"]
-        assert t5 < 1.5 * t1, (t1, t5)
-        assert five["metrics"]["strategy_specific"]["selection_ms"] < 1.5 * t1  # the five judges run at once too
+        assert t5 < 2.5 * t1, (t1, t5)
+        assert five["metrics"]["strategy_specific"]["selection_ms"] < 2.5 * t1  # the five judges run at once too
     finally:
         slow.stop()
 
