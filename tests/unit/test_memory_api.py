@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from gateway.simulator.inprocess import SimulatedLLM
@@ -86,3 +87,56 @@ async def test_solve_coding_task_verifies_with_the_tests_in_the_sandbox(tmp_path
     assert r["matts"]["k"] == 2 and r["memories_stored"]
     wrong = (await call("solve_coding_task", {"task": task, "enable_matts": False, "tests": "assert add(2, 3) == 6", "task_id": "code-2"}))["result"]
     assert wrong["outcome"] == "failure" and wrong["matts"]["fallback"] is True
+
+
+async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_show_the_saving(tmp_path):
+    """Requirement 6.3-6.4: repeatable calls hit the response cache; stats.get reports the hit rate and API calls."""
+    from gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+
+    settings = load_settings()
+    bank = make_bank(tmp_path / "bank")
+    class Counting(SimulatedLLM):
+        calls = 0
+
+        async def complete(self, request):
+            Counting.calls += 1
+            return await super().complete(request)
+
+    simulated = Counting()
+    rpc = local_dispatcher(settings.reasoning, CachingLLM(simulated, LocalCacheStore(LRUTTLCache())), data_dir=tmp_path,
+                           memory=local_memory(bank), memory_settings=settings.memory)
+
+    async def run(query):
+        payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": query}, "id": 1}, None)
+        return payload["result"]
+
+    workload = [f"What is {a} * 7?" for a in range(10)]
+    for query in workload:  # warm-up
+        await run(query)
+    await asyncio.sleep(0.1)  # run statistics are recorded in the background
+    await rpc.handle_payload({"jsonrpc": "2.0", "method": "stats.reset", "params": {}, "id": 2}, None)
+    requests_before = Counting.calls
+    for query in workload[:3] + [f"What is {a} * 9?" for a in range(7)]:  # 30% of the tasks seen before
+        await run(query)
+    await asyncio.sleep(0.1)
+    payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "stats.get", "params": {}, "id": 3}, None)
+    llm = payload["result"]["llm"]
+    assert llm["calls"] == 10 and llm["cache_hits"] == 3 and llm["cache_hit_rate"] == 0.3
+    assert llm["api_calls"] == 7 == Counting.calls - requests_before  # 30% fewer calls reached the model
+
+
+def test_each_embedding_choice_builds_its_embedder():
+    from memory.embeddings import ChromaDefaultEmbedder, OpenAIEmbedder, SentenceTransformerEmbedder
+    from memory.service import build_embedder
+
+    base = load_settings(environ={})
+
+    def with_memory(**memory):
+        return base.model_copy(update={"memory": base.memory.model_copy(update=memory)})
+
+    st = build_embedder(with_memory())
+    assert isinstance(st, SentenceTransformerEmbedder) and st.name == "sentence-transformers:all-MiniLM-L6-v2"
+    assert st._loaded is None  # loaded on first use, not at construction
+    oa = build_embedder(with_memory(embedding="openai", embedding_base_url="http://127.0.0.1:9/v1"), environ={})
+    assert isinstance(oa, OpenAIEmbedder) and oa.model == "simulated" and oa.base_url == "http://127.0.0.1:9/v1"
+    assert isinstance(build_embedder(with_memory(embedding="chroma_default")), ChromaDefaultEmbedder)  # nothing downloaded yet
