@@ -23,7 +23,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import NAMESPACE, unwrap
-from memory.service import BankService, open_bank
+from memory.service import BankService, invoke, open_bank
 from reasonray.config import Settings
 
 log = structlog.get_logger(__name__)
@@ -47,9 +47,7 @@ class MemoryBankActor:
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Any public BankService method by name, run in a worker thread."""
-        if method.startswith("_") or not callable(getattr(self._service, method, None)):
-            raise AttributeError(f"the memory bank has no method {method!r}")
-        return await asyncio.to_thread(getattr(self._service, method), *args, **kwargs)
+        return await asyncio.to_thread(invoke, self._service, method, *args, **kwargs)
 
 
 class RayMemory:

@@ -11,11 +11,14 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
+
 from memory.bank import ReasoningBank
 from memory.embeddings import ChromaDefaultEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder
 from memory.items import MemoryEntry, MemoryItem
 from memory.store import ChromaStore, open_client
 from reasonray.config import Settings
+from reasonray.errors import MemoryUnavailableError
 
 DEFAULT_OPENAI_EMBEDDING_MODEL = "text-embedding-3-small"
 
@@ -96,6 +99,19 @@ class BankService:
         self.bank.stats.record_passive(captured)
 
 
+def invoke(service: BankService, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Call a public BankService method by name; a store that stops answering is MemoryUnavailableError."""
+    if method.startswith("_") or not callable(getattr(service, method, None)):
+        raise AttributeError(f"the memory bank has no method {method!r}")
+    try:
+        return getattr(service, method)(*args, **kwargs)
+    except (httpx.TransportError, ConnectionError) as exc:  # a Chroma server that went away mid-run
+        raise MemoryUnavailableError(
+            f"the memory store did not answer ({type(exc).__name__}: {exc}); check that the Chroma server of "
+            "[memory] chroma_url is running and reachable"
+        ) from exc
+
+
 class MemoryClient(Protocol):
     """BankService's methods, awaited: in this process (`LocalMemory`) or on the actor (`RayMemory`)."""
 
@@ -109,9 +125,7 @@ class LocalMemory:
         self.service = service
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method.startswith("_") or not callable(getattr(self.service, method, None)):
-            raise AttributeError(f"the memory bank has no method {method!r}")
-        return await asyncio.to_thread(getattr(self.service, method), *args, **kwargs)
+        return await asyncio.to_thread(invoke, self.service, method, *args, **kwargs)
 
 
 def check_memory(settings: Settings) -> None:

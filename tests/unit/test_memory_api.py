@@ -140,3 +140,23 @@ def test_each_embedding_choice_builds_its_embedder():
     oa = build_embedder(with_memory(embedding="openai", embedding_base_url="http://127.0.0.1:9/v1"), environ={})
     assert isinstance(oa, OpenAIEmbedder) and oa.model == "simulated" and oa.base_url == "http://127.0.0.1:9/v1"
     assert isinstance(build_embedder(with_memory(embedding="chroma_default")), ChromaDefaultEmbedder)  # nothing downloaded yet
+
+
+async def test_a_store_that_stops_answering_is_memory_unavailable(tmp_path):
+    import httpx
+    import pytest
+
+    from memory.service import BankService, LocalMemory
+    from reasonray.errors import MemoryUnavailableError
+
+    bank = make_bank(tmp_path)
+
+    def gone(*args, **kwargs):
+        raise httpx.ConnectError("connection refused")
+
+    bank.store.nearest = gone
+    memory = LocalMemory(BankService(bank))
+    with pytest.raises(MemoryUnavailableError, match="chroma_url"):
+        await memory.call("retrieve", "anything", "default")
+    with pytest.raises(AttributeError, match="no method"):
+        await memory.call("_prepare")
