@@ -217,22 +217,11 @@ class ReasoningBank:
         return prepared, trace_id
 
     # -- retrieval --------------------------------------------------------------------------------
-    def retrieve(
-        self,
-        query: str,
-        *,
-        workspace: str,
-        top_k: int | None = None,
-        exclude_task_ids: Sequence[str] = (),
-        domain: str | None = None,
-        error_patterns: Sequence[str] = (),
-        error_only: bool = False,
-        min_similarity: float | None = None,
-    ) -> list[Retrieved]:
+    def retrieve(self, query: str, *, workspace: str, **options: Any) -> list[Retrieved]:
+        """Embed the task and rank the workspace's memories for it (`ranked` lists the options)."""
         started = time.perf_counter()
         [vector] = self.embed([query])
-        found = self.ranked(vector, workspace=workspace, top_k=top_k, exclude_task_ids=exclude_task_ids, domain=domain,
-                            error_patterns=error_patterns, error_only=error_only, min_similarity=min_similarity)
+        found = self.ranked(vector, workspace=workspace, **options)
         self.stats.record_retrieval((time.perf_counter() - started) * 1000)
         return found
 
