@@ -77,7 +77,7 @@ class BankStats:
         self.reset()
 
     def reset(self) -> None:
-        with getattr(self, "_lock", threading.Lock()):
+        with self._lock:
             self.since = time.time()
             self.traces = {"success": 0, "failure": 0}
             self.items_stored = 0

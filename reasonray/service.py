@@ -140,12 +140,14 @@ class ReasoningService:
         strategy = self.catalogue.entries[resolution.strategy].strategy
         path = event_log_path(self.data_dir, trace_id) if self.data_dir is not None else None
         recorder = EventRecorder(path, keep=params.include_trace)
-        capture = TrajectoryCapture(recorder)
+        # a run that learns keeps its replies (its trajectory); others keep no history in memory
+        capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
+        sink = capture or recorder
         budget = self.budget.tightest(Budget(**params.budget.model_dump()) if params.budget else None)
         context = StrategyContext(
-            llm=ObservedLLM(self.llm, capture, trace_id=trace_id, strategy=resolution.strategy, budget=budget, counter=self.tokens),
+            llm=ObservedLLM(self.llm, sink, trace_id=trace_id, strategy=resolution.strategy, budget=budget, counter=self.tokens),
             tokens=self.tokens,
-            emit=capture,
+            emit=sink,
             trace_id=trace_id,
             fanout=self.fanout,
             resolve=self.resolve_strategy,
@@ -153,10 +155,11 @@ class ReasoningService:
         report = self.memory_loop.report(memory, trace_id) if self.memory_loop is not None else None
         try:
             if memory is not None and memory.enabled and report is not None:
-                await self.memory_loop.retrieve(memory, report, context.llm, capture, params.query)
+                await self.memory_loop.retrieve(memory, report, context.llm, sink, params.query)
             result = await strategy.reason(params.query, context=context, config=resolution.config)
             if report is not None:
                 await self._learn(memory, report, context, capture, params.query, result, verifier)
+                result.metrics = context.metrics(**result.metrics.strategy_specific)  # learning's calls count too
         except Exception as exc:
             recorder(self._run_end(context, resolution.strategy, error=exc))
             self._record_run(context, ok=False)
@@ -187,22 +190,17 @@ class ReasoningService:
         memory: MemoryParams | None,
         report: MemoryReport,
         context: StrategyContext,
-        capture: TrajectoryCapture,
+        capture: TrajectoryCapture | None,
         query: str,
         result: ReasoningResult,
         verifier: Verifier | None,
     ) -> None:
         assert self.memory_loop is not None
-        if memory is not None and memory.learn:
+        if memory is not None and capture is not None:  # memory.learn
             trajectories = context.trajectories or [capture.trajectory(result.answer)]
             await self.memory_loop.learn(memory, report, context.llm, capture, query, trajectories, verifier)
         elif self.memory_loop.settings.passive_learning:
-            await self.memory_loop.passive(report, context.llm, capture, query, result.answer)
-        # what learning cost counts in the run's metrics
-        t = context.llm.tally
-        result.metrics.llm_calls, result.metrics.cache_hits = t.calls, t.cache_hits
-        result.metrics.prompt_tokens, result.metrics.completion_tokens = t.prompt_tokens, t.completion_tokens
-        result.metrics.total_tokens = t.prompt_tokens + t.completion_tokens
+            await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
 
     def _record_run(self, context: StrategyContext, ok: bool) -> None:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""

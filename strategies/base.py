@@ -89,22 +89,22 @@ class StrategyContext:
     """Attempts a strategy reports for learning (MaTTS, refine); empty: the run's LLM output is the trajectory."""
 
     def result(self, strategy: str, answer: str, **strategy_specific: Any) -> ReasoningResult:
+        return ReasoningResult(answer=answer, strategy_used=strategy, metrics=self.metrics(**strategy_specific))
+
+    def metrics(self, **strategy_specific: Any) -> ReasoningMetrics:
+        """The run's standard metrics so far, from what its LLM calls (branches included) added up to."""
         t = self.llm.tally
-        return ReasoningResult(
-            answer=answer,
-            strategy_used=strategy,
-            metrics=ReasoningMetrics(
-                total_tokens=t.prompt_tokens + t.completion_tokens,
-                prompt_tokens=t.prompt_tokens,
-                completion_tokens=t.completion_tokens,
-                execution_time_ms=self.elapsed_ms(),
-                llm_calls=t.calls,
-                cache_hits=t.cache_hits,
-                retries=t.retries,
-                model=t.model or self.llm.model,
-                simulated=t.simulated,
-                strategy_specific=strategy_specific,
-            ),
+        return ReasoningMetrics(
+            total_tokens=t.prompt_tokens + t.completion_tokens,
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=t.completion_tokens,
+            execution_time_ms=self.elapsed_ms(),
+            llm_calls=t.calls,
+            cache_hits=t.cache_hits,
+            retries=t.retries,
+            model=t.model or self.llm.model,
+            simulated=t.simulated,
+            strategy_specific=strategy_specific,
         )
 
     async def fan_out(self, branches: Sequence[Branch[T]], *, label: str) -> list[T]:

@@ -106,6 +106,7 @@ async def test_learning_from_task_a_helps_a_similar_task_b_and_never_another_wor
                                          "memory": {"learn": True, "task_id": "A", "workspace": "team-1"}})
     report = a["result"]["memory"]
     assert report["outcome"] == "failure" and report["judged_by"] == "llm_judge" and report["stored"]
+    assert a["result"]["metrics"]["llm_calls"] == 3  # the answer, the judge and the extraction all count
     lesson = await call("memory.get", {"memory_id": report["stored"][0], "workspace": "team-1"})
     assert lesson["result"]["error_context"]["error_type"] == "premature rounding"
 
