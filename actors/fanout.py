@@ -48,7 +48,7 @@ class LLMSpec:
         return llm
 
 
-class _Worker:
+class WorkerLoop:
     """Per worker process: one background event loop and one LLM stack per spec."""
 
     lock = threading.Lock()
@@ -73,7 +73,7 @@ class _Worker:
 
 async def _run(spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str, options: dict[str, Any]) -> tuple[T, list[Event], Tally]:
     events: list[Event] = []
-    llm = ObservedLLM(_Worker.llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
+    llm = ObservedLLM(WorkerLoop.llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
     context = StrategyContext(llm=llm, tokens=counter_for_model(llm.model), emit=events.append, trace_id=trace_id)
     value = await branch(context)
     return value, events, llm.tally
@@ -84,7 +84,7 @@ def run_branch(
     spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str, options: dict[str, Any]
 ) -> tuple[T, list[Event], Tally, dict[str, Any]]:
     started = time.perf_counter()
-    value, events, tally = _Worker.run(_run(spec, branch, trace_id, strategy, options))
+    value, events, tally = WorkerLoop.run(_run(spec, branch, trace_id, strategy, options))
     runtime = ray.get_runtime_context()
     where = {
         "task_id": runtime.get_task_id() or "",

@@ -183,3 +183,12 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
     click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1")
     run(SimulatorSettings(host=host, port=port, ttft_ms=ttft_ms, tokens_per_second=tokens_per_second,
                           fault_rate=fault_rate, fault_kinds=kinds, seed=seed, hang_s=hang_s))
+
+
+def _register_eval() -> None:
+    from evals.run import main as eval_command
+
+    main.add_command(eval_command, "eval")
+
+
+_register_eval()

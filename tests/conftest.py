@@ -22,3 +22,13 @@ def _no_remote_llm_requests():
     gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
     yield
     gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored():
+    """A command under test may configure logging (`reasonray eval` does); the next test gets it back as it was."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

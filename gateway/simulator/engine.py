@@ -143,14 +143,33 @@ class SimulatedModel:
         self._fault_rng = random.Random(seed)
         self._scripts: dict[str, deque[dict[str, Any]]] = {}
         self._directed_faults: dict[str, int] = defaultdict(int)
+        self._answers: dict[str, str] = {}  # whitespace-normalised question -> reference answer
+        self.skill = 1.0
         self.stats = SimStats()
 
     # -- administration -------------------------------------------------------------------------
     def add_script(self, name: str, replies: list[dict[str, Any]]) -> None:
         self._scripts.setdefault(name, deque()).extend(replies)
 
+    def add_answers(self, answers: dict[str, str], skill: float = 1.0) -> int:
+        """An answer key: a prompt that quotes one of these questions gets its answer, right with
+        probability `skill` (the same questions are missed on every greedy call with one seed; each
+        sampled call draws anew). This is what lets an evaluation on a real dataset exercise the
+        strategies against the simulator; the accuracy it yields measures nothing about a real model."""
+        if not 0.0 <= skill <= 1.0:
+            raise ValueError(f"skill must be between 0 and 1, got {skill}")
+        for question, answer in answers.items():
+            key = _normalise(question)
+            if len(key) < 20:
+                raise ValueError(f"question {question!r} is too short to be recognised in prompts (20 characters at least)")
+            self._answers[key] = str(answer)
+        self.skill = skill
+        return len(self._answers)
+
     def reset(self) -> None:
         self._scripts.clear()
+        self._answers.clear()
+        self.skill = 1.0
         self._directed_faults.clear()
         self.stats = SimStats()
         self._fault_rng = random.Random(self.seed)
@@ -255,6 +274,9 @@ class SimulatedModel:
         if "answer" in directives:
             answer = directives["answer"]
             thought = f"The instructions fix the answer; after {rng.choice(_PHRASES)} it is {answer}."
+        elif (known := self._known(question)) is not None:
+            answer = self._recall(request, known, rng)
+            return f"<thinking>Reading the problem carefully and {rng.choice(_PHRASES)}.</thinking>\n<answer>{answer}</answer>"
         elif (found := evaluate_arithmetic(DIRECTIVE.sub("", question))) is not None:
             expr, value = found
             answer = format_number(value)
@@ -328,11 +350,29 @@ class SimulatedModel:
         directives = parse_directives(shown)
         if "answer" in directives:
             expected = directives["answer"]
+        elif (known := self._known(shown)) is not None:
+            expected = known[1]
         elif (found := evaluate_arithmetic(DIRECTIVE.sub("", shown))) is not None:
             expected = format_number(found[1])
         else:
             return None
         return _same_answer(given, expected)
+
+    def _known(self, text: str) -> tuple[str, str] | None:
+        """The answer-key question this text quotes, with its answer."""
+        if not self._answers:
+            return None
+        flat = _normalise(text)
+        for question, answer in self._answers.items():
+            if question in flat:
+                return question, answer
+        return None
+
+    def _recall(self, request: LLMRequest, known: tuple[str, str], rng: random.Random) -> str:
+        """The key's answer, or a plausible wrong one with probability 1 - skill."""
+        question, answer = known
+        draw = rng if request.sampled else random.Random(f"{self.seed}:{request.seed}:{question}")
+        return answer if draw.random() < self.skill else _wrong(answer, draw)
 
     # -- reasoning memory -----------------------------------------------------------------------
     def _judge(self, request: LLMRequest) -> str:
@@ -448,6 +488,8 @@ class SimulatedModel:
     def _final_answer(self, request: LLMRequest, directives: dict[str, str]) -> str:
         if "answer" in directives:
             return f"<answer>{directives['answer']}</answer>"
+        if (known := self._known(_all_text(request.messages))) is not None:
+            return f"<answer>{self._recall(request, known, self._rng(request, 0))}</answer>"
         found = evaluate_arithmetic(DIRECTIVE.sub("", _last_user_text(request.messages)))
         return f"<answer>{format_number(found[1]) if found else 'unknown'}</answer>"
 
@@ -478,6 +520,10 @@ def _same_answer(given: str, expected: str) -> bool:
         return abs(float(given.replace(",", "")) - float(expected.replace(",", ""))) < 1e-9
     except ValueError:
         return " ".join(given.lower().split()) == " ".join(expected.lower().split())
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _wrong(answer: str, rng: random.Random) -> str:

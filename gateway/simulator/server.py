@@ -194,6 +194,18 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         model.add_script(body["name"], body["replies"])
         return JSONResponse({"ok": True}, headers=SIM_HEADER)
 
+    @app.post("/v1/sim/answers")
+    async def add_answers(request: Request) -> JSONResponse:
+        body = await request.json()
+        answers, skill = body.get("answers"), body.get("skill", 1.0)
+        if not isinstance(answers, dict) or not all(isinstance(v, str) for v in answers.values()):
+            return _error(400, "an answer key needs 'answers' ({question: answer} with string answers) and optionally 'skill' (0-1)")
+        try:
+            known = model.add_answers(answers, float(skill))
+        except (TypeError, ValueError) as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"known": known, "skill": model.skill}, headers=SIM_HEADER)
+
     @app.post("/v1/sim/faults")
     async def set_faults(request: Request) -> JSONResponse:
         body = await request.json()

@@ -232,3 +232,48 @@ async def test_latency_model_adds_time_to_first_token_and_per_token_time():
         assert expected <= elapsed < expected + 0.5
     finally:
         slow.stop()
+
+
+QUESTIONS = {f"A farmer has {i} rows of {i + 4} trees in orchard {i}. How many trees are there?": str(i * (i + 4)) for i in range(1, 41)}
+
+
+def test_an_answer_key_answers_dataset_questions_with_the_given_skill(model):
+    assert model.add_answers(QUESTIONS, skill=0.6) == 40
+    greedy = {q: extract_answer(model.respond(ask(f"Solve this.\n\n{q}")).choices[0].text) for q in QUESTIONS}
+    right = sum(greedy[q] == a for q, a in QUESTIONS.items())
+    assert 14 <= right <= 34  # about 60% of 40
+    wrong = [q for q in QUESTIONS if greedy[q] != QUESTIONS[q]]
+    assert all(greedy[q].lstrip("-").isdigit() for q in wrong)  # plausible wrong numbers, not refusals
+    # greedy calls with one seed miss the same questions every time; another seed misses others
+    assert {q: extract_answer(model.respond(ask(f"Solve this.\n\n{q}")).choices[0].text) for q in QUESTIONS} == greedy
+    reseeded = {q: extract_answer(model.respond(ask(q, seed=7)).choices[0].text) for q in QUESTIONS}
+    assert reseeded != greedy
+    # the judge knows the key too
+    question = next(iter(QUESTIONS))
+    assert model._check(f"{question}\nAnswer: {QUESTIONS[question]}") is True
+    assert model._check(f"{question}\nAnswer: 0") is False
+
+
+def test_a_perfect_skill_is_always_right_and_reset_forgets_the_key(model):
+    model.add_answers(QUESTIONS, skill=1.0)
+    assert all(extract_answer(model.respond(ask(q, temperature=1.0)).choices[0].text) == a for q, a in QUESTIONS.items())
+    model.reset()
+    assert "simulated model" in extract_answer(model.respond(ask(next(iter(QUESTIONS)))).choices[0].text)
+    with pytest.raises(ValueError, match="too short"):
+        model.add_answers({"2+2?": "4"})
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        model.add_answers(QUESTIONS, skill=1.5)
+
+
+async def test_the_answer_key_endpoint(server):
+    import httpx
+
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        ok = await http.post("/sim/answers", json={"answers": dict(list(QUESTIONS.items())[:3]), "skill": 1.0})
+        assert ok.status_code == 200 and ok.json() == {"known": 3, "skill": 1.0}
+        bad = await http.post("/sim/answers", json={"answers": ["not", "a", "map"]})
+        assert bad.status_code == 400 and "answers" in bad.json()["error"]["message"]
+        client = openai.AsyncOpenAI(base_url=server.url, api_key="x")
+        question, answer = next(iter(QUESTIONS.items()))
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
+        assert extract_answer(reply.choices[0].message.content) == answer

@@ -1,0 +1,106 @@
+"""`ray job submit` of an evaluation on a local Ray cluster with a dashboard (the job server), the
+way docs/evaluation.md tells a researcher to run it: the repository uploaded as the working
+directory, 50 GSM8K examples, report and plots written; then a memory-aware run on the same cluster.
+
+The cluster is its own (`ray start --head --block` on free ports), stopped by signalling that
+process, never with `ray stop`, which would kill every Ray process on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.simulator.server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def job_cluster(tmp_path_factory):
+    assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
+    dashboard = free_port()
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
+    temp = tmp_path_factory.mktemp("ray")
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={free_port()}", f"--dashboard-port={dashboard}",
+         "--dashboard-host=127.0.0.1", "--num-cpus=2", f"--ray-client-server-port={free_port()}",
+         f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+         f"--temp-dir={temp}", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:  # 401: up, and asking for the cluster's token, which `ray job submit` sends
+                if httpx.get(f"{address}/api/version", timeout=2).status_code in (200, 401):
+                    break
+            except httpx.HTTPError:
+                pass
+            assert head.poll() is None, "ray start --head exited"
+            assert time.monotonic() < deadline, "the Ray dashboard did not come up in 90 s"
+            time.sleep(1)
+        yield address, env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # --block: the head stops what it started
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+
+
+def submit(address: str, env: dict[str, str], *args: str, runtime_env: dict | None = None) -> subprocess.CompletedProcess:
+    command = [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO)]
+    if runtime_env:
+        command += ["--runtime-env-json", json.dumps(runtime_env)]
+    return subprocess.run([*command, "--", "python", "-m", "evals.run", *args], env=env, capture_output=True, text=True, timeout=400)
+
+
+def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_plots(job_cluster, tmp_path):
+    address, env = job_cluster
+    out = tmp_path / "gsm8k"
+    job = submit(address, env, "--dataset", str(GSM8K), "--strategies", "chain_of_thought,self_consistency",
+                 "--limit", "50", "--out", str(out), "--no-progress")
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "succeeded" in job.stdout + job.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["simulated"] is True and report["cluster"]["ray"] is True and report["cluster"]["nodes"] >= 1
+    rows = {r["group"]: r for r in report["rows"]}
+    assert set(rows) == {"chain_of_thought/default", "self_consistency/default"}
+    assert all(r["examples"] == 50 and r["errors"] == 0 for r in rows.values())
+    # the simulated model answers at skill 0.7; five votes recover most of its misses
+    assert rows["self_consistency/default"]["accuracy"] > rows["chain_of_thought/default"]["accuracy"]
+    assert rows["self_consistency/default"]["llm_calls_per_example"] == 5
+    assert len((out / "results.jsonl").read_text().splitlines()) == 100
+    assert "accuracy (SIMULATED)" in (out / "report.md").read_text()
+    for plot in ("accuracy_vs_tokens.png", "latency.png"):
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+
+    again = submit(address, env, "--dataset", str(GSM8K), "--strategies", "chain_of_thought,self_consistency",
+                   "--limit", "50", "--out", str(out), "--no-progress")
+    assert again.returncode == 0 and "0 to run, 100 already in" in again.stdout
+
+
+def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(job_cluster, tmp_path):
+    address, env = job_cluster
+    out = tmp_path / "memory"
+    # the simulated model's /v1/embeddings: the default embedder would load torch in the memory actor
+    job = submit(address, env, "--dataset", str(GSM8K), "--strategies", "chain_of_thought", "--limit", "6",
+                 "--out", str(out), "--memory", "--no-progress",
+                 runtime_env={"env_vars": {"REASONRAY_MEMORY__EMBEDDING": "openai", "REASONRAY_MEMORY__MIN_SIMILARITY": "0"}})
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["example_id"] for r in records] == [f"gsm8k-{i}" for i in range(1, 7)]  # streamed in order
+    assert records[0]["memory"]["retrieved"] == 0 and all(r["memory"]["retrieved"] >= 1 for r in records[1:])
+    assert all(r["memory"]["stored"] >= 1 and r["memory"]["outcome"] in ("success", "failure") for r in records)
+    assert (out / "data" / "chroma").is_dir()  # the run's bank lives with its results
