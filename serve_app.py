@@ -7,6 +7,7 @@ packages; `build_app` is the one typed builder that binds everything:
 """
 
 
+import asyncio
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ from ray.serve import Application
 from actors.fanout import LLMSpec, RayFanout
 from actors.llm_cache import RayCacheStore, cache_actor
 from actors.memory import RayMemory
+from actors.metrics import ray_metrics
 from actors.registry import RayRegistry, registry_actor
 from actors.session import RaySessions, session_pipeline
 from gateway.simulator.server import free_port
@@ -52,6 +54,7 @@ api = FastAPI(
 
 HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, NOT_FOUND: 404, INTERNAL_ERROR: 503}  # REST mirrors
 LLM_PROBE_TTL_S = 5.0
+SESSION_GAUGE_S = 5.0
 
 
 @serve.deployment
@@ -70,7 +73,8 @@ class ReasonRayIngress:
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
         self.client = client_for(self.settings)
         self.cache = cache_actor(app_name, self.settings.llm.cache)
-        llm, self.resilient = build_llm(self.settings, self.client, RayCacheStore(self.cache))
+        self.metrics = ray_metrics(self.settings.reasoning.performance.enable_metrics)
+        llm, self.resilient = build_llm(self.settings, self.client, RayCacheStore(self.cache), self.metrics)
         spec = LLMSpec(self.settings.model_dump_json(), app_name)
         memory = RayMemory(app_name, self.settings) if self.settings.memory.enabled else None
         self.service = ReasoningService(
@@ -85,18 +89,24 @@ class ReasonRayIngress:
             memory=memory,
             memory_settings=self.settings.memory,
             budget=self.settings.budget,
+            metrics=self.metrics,
         )
         sessions = RaySessions(app_name, spec, session_pipeline(self.settings, llm, app_name))
         s = self.settings.sessions
         self.rpc = build_dispatcher(
             self.service, self.registry, sessions, cache_stats=self.cache.stats.remote,
             sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
+            metrics=self.metrics,
         )
+        self.sessions = sessions
+        self._session_gauge: asyncio.Task | None = None
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
 
     @api.post("/rpc", summary="JSON-RPC 2.0 endpoint (single or batch)")
     async def rpc(self, request: Request) -> Response:
+        if self._session_gauge is None:
+            self._session_gauge = asyncio.create_task(self._count_sessions())
         body = await request.body()
         payload, trace_ids = await self.rpc.handle(body, accept_trace_id(request.headers.get("x-trace-id")))
         headers = {"X-Trace-Id": trace_ids[0]} if len(trace_ids) == 1 else {}
@@ -136,6 +146,16 @@ class ReasonRayIngress:
             "llm": llm,
         }
         return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
+
+    async def _count_sessions(self) -> None:
+        """Publish how many sessions have a live actor, every SESSION_GAUGE_S seconds."""
+        while True:
+            try:
+                live = await asyncio.to_thread(self.sessions.live_count)
+                self.metrics.record("reasonray_active_sessions", live)
+            except Exception as exc:  # the GCS is briefly unreachable: try again next round
+                log.warning("sessions.count_failed", error=f"{type(exc).__name__}: {exc}"[:200])
+            await asyncio.sleep(SESSION_GAUGE_S)
 
     async def _registry_health(self) -> dict[str, Any]:
         try:

@@ -40,11 +40,12 @@ class LLMSpec:
 
     def build(self) -> LLM:
         from actors.llm_cache import RayCacheStore, cache_actor
+        from actors.metrics import ray_metrics
         from reasonray.llm import build_llm, client_for
 
         settings = Settings.model_validate_json(self.settings_json)
         store = RayCacheStore(cache_actor(self.app_name, settings.llm.cache)) if settings.llm.cache.enabled else None
-        llm, _ = build_llm(settings, client_for(settings), store)
+        llm, _ = build_llm(settings, client_for(settings), store, ray_metrics(settings.reasoning.performance.enable_metrics))
         return llm
 
 

@@ -23,6 +23,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors import NAMESPACE, unwrap
+from actors.metrics import ray_metrics
 from memory.service import BankService, invoke, open_bank
 from reasonray.config import Settings
 
@@ -33,7 +34,7 @@ log = structlog.get_logger(__name__)
 class MemoryBankActor:
     def __init__(self, settings_json: str) -> None:
         settings = Settings.model_validate_json(settings_json)
-        self._service = BankService(open_bank(settings))
+        self._service = BankService(open_bank(settings), ray_metrics(settings.reasoning.performance.enable_metrics))
         load = getattr(self._service.bank.embedder, "load", None)
         if load is not None:  # load the model now, off the event loop, so the first retrieval does not wait for it
             threading.Thread(target=self._warm, args=(load,), daemon=True).start()

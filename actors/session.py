@@ -127,6 +127,12 @@ class RaySessions:
     def tools(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.pipeline.toolbox.tools.values()]
 
+    def live_count(self) -> int:
+        """Sessions of this application with a live actor (a call to Ray's GCS: blocking)."""
+        prefix = self.actor_name("")
+        return sum(1 for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a["namespace"] == NAMESPACE and a["name"].startswith(prefix))
+
     def actor_name(self, session_id: str) -> str:
         return f"{self.app_name}-session-{session_id}"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from memory.items import MemoryEntry, MemoryItem
 from memory.store import ChromaStore, open_client
 from reasonray.config import Settings
 from reasonray.errors import MemoryUnavailableError
+from reasonray.telemetry import Metrics, NoMetrics
 
 DEFAULT_OPENAI_EMBEDDING_MODEL = "text-embedding-3-small"
 
@@ -49,19 +51,29 @@ def open_bank(settings: Settings, embedder: Embedder | None = None) -> Reasoning
 class BankService:
     """ReasoningBank operations with JSON-ready arguments and answers."""
 
-    def __init__(self, bank: ReasoningBank) -> None:
+    def __init__(self, bank: ReasoningBank, metrics: Metrics | None = None) -> None:
         self.bank = bank
+        self.metrics = metrics or NoMetrics()
 
     def retrieve(self, query: str, workspace: str, **options: Any) -> list[dict[str, Any]]:
-        return [r.model_dump(mode="json") for r in self.bank.retrieve(query, workspace=workspace, **options)]
+        started = time.perf_counter()
+        found = self.bank.retrieve(query, workspace=workspace, **options)
+        self.metrics.record("reasonray_memory_retrieval_latency_ms", (time.perf_counter() - started) * 1000)
+        return [r.model_dump(mode="json") for r in found]
 
     def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
         parsed = [MemoryItem.model_validate(i) for i in items]
-        return [i.model_dump(mode="json") for i in self.bank.store_items(parsed, workspace=workspace, keys=keys)]
+        stored = self.bank.store_items(parsed, workspace=workspace, keys=keys)
+        self._size(workspace)
+        return [i.model_dump(mode="json") for i in stored]
 
     def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
         items, trace_id = self.bank.store_entry(MemoryEntry.model_validate(entry), workspace=workspace)
+        self._size(workspace)
         return {"items": [i.model_dump(mode="json") for i in items], "trace_id": trace_id}
+
+    def _size(self, workspace: str) -> None:
+        self.metrics.record("reasonray_memory_items", self.bank.store.count(workspace)[0], workspace=workspace)
 
     def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
         return self.bank.get(memory_id, workspace=workspace).model_dump(mode="json")
@@ -83,7 +95,9 @@ class BankService:
         return self.bank.list_workspaces()
 
     def delete_workspace(self, workspace: str) -> dict[str, Any]:
-        return self.bank.delete_workspace(workspace)
+        deleted = self.bank.delete_workspace(workspace)
+        self.metrics.record("reasonray_memory_items", 0, workspace=workspace)
+        return deleted
 
     def stats(self) -> dict[str, Any]:
         return {**self.bank.stats.snapshot(), "embedder": self.bank.embedder.name}

@@ -20,6 +20,7 @@ from reasonray.config import MemorySettings, ReasoningSettings
 from reasonray.jsonrpc import Call, Dispatcher
 from reasonray.memory_api import CacheStats, add_memory_methods
 from reasonray.sandbox import SandboxLimits
+from reasonray.telemetry import Metrics
 from reasonray.registry import LocalRegistry, Registry, RegistryService, agent_lookup
 from reasoner.session import SESSION_ID, Sessions, SessionSpec
 from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
@@ -97,9 +98,10 @@ def build_dispatcher(
     *,
     cache_stats: CacheStats | None = None,
     sandbox: SandboxLimits = SandboxLimits(),
+    metrics: Metrics | None = None,
 ) -> Dispatcher:
     """The API over a service; memory.*, stats.* and the seed's aliases when the service has a memory bank."""
-    rpc = Dispatcher(new_trace_id)
+    rpc = Dispatcher(new_trace_id, metrics)
 
     @rpc.method("reasoning.execute", ExecuteParams)
     async def execute(params: ExecuteParams, call: Call) -> ExecuteResult:
@@ -206,6 +208,7 @@ def local_dispatcher(
     sessions: Sessions | None = None,
     memory: MemoryClient | None = None,
     memory_settings: MemorySettings | None = None,
+    metrics: Metrics | None = None,
     **service_options: Any,
 ) -> Dispatcher:
     """The whole API in this process, without Ray: for unit tests, notebooks and scripts."""
@@ -213,6 +216,6 @@ def local_dispatcher(
     local = LocalRegistry(registry)
     service = ReasoningService(
         registry.catalogue, llm, counter_for_model(llm.model), agents=agent_lookup(local), data_dir=data_dir,
-        memory=memory, memory_settings=memory_settings, **service_options,
+        memory=memory, memory_settings=memory_settings, metrics=metrics, **service_options,
     )
-    return build_dispatcher(service, local, sessions)
+    return build_dispatcher(service, local, sessions, metrics=metrics)

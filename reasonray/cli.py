@@ -53,7 +53,8 @@ def main() -> None:
               help="Ray cluster: 'local' starts one here, 'auto' joins the running one, or host:port.")
 @click.option("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True, help="Start the Ray dashboard.")
-def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
+@click.option("--dashboard-port", type=int, default=8265, show_default=True, help="Port of the Ray dashboard (a cluster we start).")
+def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_port) -> None:
     """Run the Serve API on a Ray cluster until Ctrl-C."""
     import ray
     from ray import serve as ray_serve
@@ -82,7 +83,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
     if address == "local":
         for name, value in ray_environment(settings).items():
             os.environ.setdefault(name, value)
-        own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1"}
+        own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
     context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -97,8 +98,11 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard) -> None:
         click.echo(f"  JSON-RPC   POST {base}/rpc")
         click.echo(f"  API docs   {base}/docs")
         click.echo(f"  health     {base}/healthz")
-        if dashboard and context.dashboard_url:
+        if context.dashboard_url:
             click.echo(f"  dashboard  http://{context.dashboard_url}")
+        node = next((n for n in ray.nodes() if n.get("Alive") and n["NodeID"] == ray.get_runtime_context().get_node_id()), None)
+        if node is not None:
+            click.echo(f"  metrics    http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics  (docs/operations.md#metrics)")
         if simulator:
             click.echo(f"  simulated model  {simulator.url}")
         click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from pydantic import BaseModel, ValidationError
+
+from reasonray.telemetry import Metrics, NoMetrics
 
 from gateway.errors import (
     CircuitOpenError,
@@ -68,6 +71,9 @@ NOT_FOUND = -32005
 TOOL_FAILED = -32006
 SESSION_STATE = -32007
 MEMORY_UNAVAILABLE = -32008
+
+CODE_NAMES = {PARSE_ERROR: "parse_error", INVALID_REQUEST: "invalid_request", METHOD_NOT_FOUND: "method_not_found",
+              INVALID_PARAMS: "invalid_params", INTERNAL_ERROR: "internal"}
 
 # Most specific first: the first matching row decides.
 ERROR_TABLE: list[tuple[type[Exception], int, str]] = [
@@ -142,9 +148,10 @@ class Method:
 class Dispatcher:
     """Routes JSON-RPC calls to handlers with Pydantic-validated params."""
 
-    def __init__(self, new_trace_id: Callable[[], str]) -> None:
+    def __init__(self, new_trace_id: Callable[[], str], metrics: Metrics | None = None) -> None:
         self.methods: dict[str, Method] = {}
         self._new_trace_id = new_trace_id
+        self.metrics = metrics or NoMetrics()
 
     def method(self, name: str, params: type[BaseModel], description: str = "") -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
@@ -187,6 +194,19 @@ class Dispatcher:
             structlog.contextvars.unbind_contextvars("trace_id")
 
     async def _invoke(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
+        """Answer the call and count it: method (`unknown` for unregistered names), strategy, status."""
+        started = time.perf_counter()
+        response = await self._answer(call, trace_id)
+        method = call["method"] if call["method"] in self.methods else "unknown"
+        result, error = response.get("result"), response.get("error")
+        strategy = result.get("strategy_used") if isinstance(result, dict) else None
+        strategy = strategy if isinstance(strategy, str) else "none"
+        status = "ok" if error is None else (error.get("data") or {}).get("error_type") or CODE_NAMES.get(error["code"], "error")
+        self.metrics.record("reasonray_requests", method=method, strategy=strategy, status=status)
+        self.metrics.record("reasonray_request_latency_ms", (time.perf_counter() - started) * 1000, method=method, strategy=strategy)
+        return response
+
+    async def _answer(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
         request_id = call.get("id")
         method = self.methods.get(call["method"])
         try:

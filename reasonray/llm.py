@@ -11,6 +11,7 @@ from gateway.protocol import LLM
 from gateway.resilience import CircuitBreaker, ResilientLLM, RetryPolicy
 from gateway.simulator.engine import MODEL_NAME
 from reasonray.config import Settings
+from reasonray.telemetry import MeteredLLM, Metrics
 
 
 def client_for(settings: Settings, environ: dict[str, str] | None = None) -> OpenAILLM:
@@ -40,8 +41,10 @@ def client_for(settings: Settings, environ: dict[str, str] | None = None) -> Ope
     )
 
 
-def build_llm(settings: Settings, client: OpenAILLM, cache_store: CacheStore | None) -> tuple[LLM, ResilientLLM]:
-    """The stack strategies see (cache outside retries), and its resilient layer for health reports."""
+def build_llm(
+    settings: Settings, client: OpenAILLM, cache_store: CacheStore | None, metrics: Metrics | None = None
+) -> tuple[LLM, ResilientLLM]:
+    """The stack strategies see (metered, then cache outside retries), and its resilient layer for health reports."""
     r, b = settings.llm.retry, settings.llm.circuit_breaker
     resilient = ResilientLLM(
         client,
@@ -49,6 +52,8 @@ def build_llm(settings: Settings, client: OpenAILLM, cache_store: CacheStore | N
         CircuitBreaker(b.failure_threshold, b.reset_timeout_s),
         endpoint=client.base_url,
     )
-    if cache_store is None or not settings.llm.cache.enabled:
-        return resilient, resilient
-    return CachingLLM(resilient, cache_store), resilient
+    caching = cache_store is not None and settings.llm.cache.enabled
+    llm: LLM = CachingLLM(resilient, cache_store) if caching else resilient
+    if metrics is not None:
+        llm = MeteredLLM(llm, metrics, caching=caching, breaker=resilient.breaker, endpoint=client.base_url or "openai")
+    return llm, resilient

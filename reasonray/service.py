@@ -25,6 +25,7 @@ from reasonray.errors import InvalidParamsError, NotFoundError, StrategyUnavaila
 from reasonray.events import Budget, EventRecorder, ObservedLLM, RunEnd, event_log_path
 from reasonray.memory_loop import MemoryLoop, MemoryParams, MemoryReport, TrajectoryCapture
 from reasonray.redact import redact
+from reasonray.telemetry import Metrics, NoMetrics, record_run
 from strategies.base import Fanout, ReasoningResult, ReasoningStrategy, StrategyContext, local_fanout
 from strategies.registry import Catalogue, Resolution
 
@@ -98,6 +99,7 @@ class ReasoningService:
         memory: MemoryClient | None = None,
         memory_settings: MemorySettings | None = None,
         budget: BudgetSettings | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.catalogue = catalogue
         self.llm = llm
@@ -110,6 +112,7 @@ class ReasoningService:
         self.memory = memory
         self.memory_loop = MemoryLoop(memory, memory_settings or MemorySettings()) if memory is not None else None
         self.budget = Budget(**(budget or BudgetSettings()).model_dump())
+        self.metrics = metrics or NoMetrics()
         self._background: set[asyncio.Task] = set()
 
     def resolve_strategy(self, name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
@@ -163,10 +166,12 @@ class ReasoningService:
         except Exception as exc:
             recorder(self._run_end(context, resolution.strategy, error=exc))
             self._record_run(context, ok=False)
+            self._meter(context, resolution.strategy, getattr(exc, "data", None))
             raise
         else:
             recorder(self._run_end(context, resolution.strategy))
             self._record_run(context, ok=True)
+            self._meter(context, resolution.strategy, result.metrics.strategy_specific)
         finally:
             recorder.close()
         return ExecuteResult(
@@ -201,6 +206,10 @@ class ReasoningService:
             await self.memory_loop.learn(memory, report, context.llm, capture, query, trajectories, verifier)
         elif self.memory_loop.settings.passive_learning:
             await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
+
+    def _meter(self, context: StrategyContext, strategy: str, specific: dict[str, Any] | None) -> None:
+        t = context.llm.tally
+        record_run(self.metrics, strategy, t.prompt_tokens, t.completion_tokens, specific)
 
     def _record_run(self, context: StrategyContext, ok: bool) -> None:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""

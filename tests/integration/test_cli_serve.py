@@ -35,14 +35,14 @@ def test_serve_with_a_bad_config_reports_the_key(tmp_path):
     assert done.returncode == 2 and "strategy 'nope' is not installed" in done.stderr
 
 
-def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id():
-    port = free_port()
+def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboard_is_up():
+    port, dashboard = free_port(), free_port()
     env = {
         k: v for k, v in os.environ.items()
         if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
     }
     proc = subprocess.Popen(
-        [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
+        [BIN / "reasonray", "serve", "--port", str(port), "--dashboard-port", str(dashboard), "--num-cpus", "2"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
@@ -65,10 +65,14 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id():
         assert lines[0] == "391"
         assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
         assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
+        # the dashboard answers (401: it wants the cluster's token, as Ray 2.60 does by default)
+        assert httpx.get(f"http://127.0.0.1:{dashboard}/api/version", timeout=10).status_code in (200, 401)
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, output
         assert f"POST http://127.0.0.1:{port}/rpc" in output and "stopping..." in output
+        assert f"dashboard  http://127.0.0.1:{dashboard}" in output
+        assert "metrics    http://" in output and "/metrics" in output
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

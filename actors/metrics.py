@@ -1,0 +1,55 @@
+"""`reasonray.telemetry` metrics as `ray.util.metrics` objects, one set per process.
+
+Each Ray worker (Serve replica, fan-out or evaluation task, session or memory actor) records into
+its own objects; Ray exports them on the node's metrics endpoint (`ray_` prefix, `_total` on
+counters), where Prometheus scrapes them beside Serve's own. Every series also carries Ray's
+`WorkerId`, `NodeAddress` and `SessionName` tags: sum counters across them, take the max of gauges.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ray.util import metrics as ray_metrics_api
+
+from reasonray.telemetry import CATALOGUE, Metrics, NoMetrics, check
+
+
+class RayMetrics:
+    def __init__(self) -> None:
+        self._objects: dict[str, Any] = {}
+        for spec in CATALOGUE:
+            if spec.kind == "counter":
+                made = ray_metrics_api.Counter(spec.name, description=spec.description, tag_keys=spec.tags)
+            elif spec.kind == "histogram":
+                made = ray_metrics_api.Histogram(spec.name, description=spec.description, boundaries=list(spec.boundaries),
+                                                 tag_keys=spec.tags)
+            else:
+                made = ray_metrics_api.Gauge(spec.name, description=spec.description, tag_keys=spec.tags)
+            self._objects[spec.name] = made
+
+    def record(self, name: str, value: float = 1.0, **tags: str) -> None:
+        spec = check(name, tags)
+        made = self._objects[name]
+        if spec.kind == "counter":
+            made.inc(value, tags=tags or None)
+        elif spec.kind == "histogram":
+            made.observe(value, tags=tags or None)
+        else:
+            made.set(value, tags=tags or None)
+
+
+_lock = threading.Lock()
+_process: RayMetrics | None = None
+
+
+def ray_metrics(enabled: bool = True) -> Metrics:
+    """This process's metrics ([reasoning.performance] enable_metrics = false: nothing is recorded)."""
+    global _process
+    if not enabled:
+        return NoMetrics()
+    with _lock:
+        if _process is None:
+            _process = RayMetrics()
+        return _process

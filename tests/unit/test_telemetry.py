@@ -1,0 +1,123 @@
+"""The service's own metrics: the catalogue, and what the API, the LLM stack, runs and the memory bank record."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import TransientProviderError
+from gateway.protocol import LLMRequest, Message
+from gateway.resilience import CircuitBreaker, ResilientLLM, RetryPolicy
+from gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+from gateway.simulator.inprocess import SimulatedLLM
+from gateway.testing import FunctionLLM
+from memory.service import BankService
+from reasonray.api import local_dispatcher
+from reasonray.config import ReasoningSettings
+from reasonray.telemetry import CATALOGUE, SPECS, MeteredLLM, RecordingMetrics
+from tests.unit.memory_harness import make_bank
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "deploy" / "grafana" / "reasonray.json"
+
+
+def ask(text: str, **kw) -> LLMRequest:
+    return LLMRequest(messages=(Message(role="user", content=text),), **kw)
+
+
+def test_the_catalogue_is_valid_for_ray_and_prometheus():
+    for spec in CATALOGUE:
+        assert re.fullmatch(r"reasonray_[a-z0-9_]+", spec.name), spec.name
+        assert not spec.name.endswith("_total"), "Ray adds _total to counters"
+        if spec.kind == "histogram":
+            assert spec.boundaries and all(b > 0 for b in spec.boundaries), spec.name  # Ray refuses 0
+            assert list(spec.boundaries) == sorted(set(spec.boundaries)), spec.name
+    with pytest.raises(ValueError, match="takes tags"):
+        RecordingMetrics().record("reasonray_requests", method="x")
+    with pytest.raises(KeyError):
+        RecordingMetrics().record("reasonray_nope")
+
+
+def test_every_metric_is_documented_and_charted_and_the_dashboard_charts_nothing_else():
+    operations = (REPO / "docs" / "operations.md").read_text()
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    for spec in CATALOGUE:
+        assert f"`{spec.exported}`" in operations, spec.exported
+        assert spec.exported in exprs or f"ray_{spec.name}_" in exprs, spec.name
+    for name in set(re.findall(r"ray_reasonray_[a-z0-9_]+", exprs)):
+        base = re.sub(r"_(total|bucket|count|sum)$", "", name).removeprefix("ray_")
+        assert base in SPECS, name
+
+
+async def call(rpc, method, params):
+    payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, None)
+    return payload
+
+
+async def test_the_api_counts_requests_by_method_strategy_and_status_and_runs_by_tokens():
+    metrics = RecordingMetrics()
+    rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"]), SimulatedLLM(), metrics=metrics)
+    assert "result" in await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?", "strategy": "chain_of_thought"})
+    assert "error" in await call(rpc, "reasoning.execute", {"query": "q", "strategy": "tree_of_thought"})
+    assert "error" in await call(rpc, "reasoning.execute", {"query": ""})
+    assert "error" in await call(rpc, "made.up", {})
+    assert "result" in await call(rpc, "reasoning.execute", {
+        "query": "[[sim think=30000 answer=7]] go", "strategy": "bounded_context", "strategy_config": {"max_iterations": 10}})
+    statuses = [(t["method"], t["strategy"], t["status"]) for n, _, t in metrics.records if n == "reasonray_requests"]
+    assert statuses == [
+        ("reasoning.execute", "chain_of_thought", "ok"),
+        ("reasoning.execute", "none", "strategy_unavailable"),
+        ("reasoning.execute", "none", "invalid_params"),
+        ("unknown", "none", "method_not_found"),  # a caller's made-up name never becomes a series
+        ("reasoning.execute", "bounded_context", "ok"),
+    ]
+    assert len(metrics.values("reasonray_request_latency_ms")) == 5
+    assert metrics.total("reasonray_tokens", strategy="chain_of_thought", kind="completion") > 0
+    assert metrics.values("reasonray_bounded_context_iterations")[0] >= 2
+    assert 0 < metrics.values("reasonray_bounded_context_savings_pct")[0] <= 100
+
+
+async def test_the_llm_stack_counts_calls_cache_hits_retries_failures_and_the_breaker():
+    metrics = RecordingMetrics()
+    failures = iter([TransientProviderError("503", status_code=503), None, TransientProviderError("503", status_code=503),
+                     TransientProviderError("503", status_code=503)])
+
+    def reply(request):
+        error = next(failures, None)
+        return error if error is not None else "<answer>1</answer>"
+
+    breaker = CircuitBreaker(failure_threshold=2, reset_timeout_s=60)
+    resilient = ResilientLLM(FunctionLLM(reply, model="m"), RetryPolicy(2, 0, 0, 0), breaker)
+    llm = MeteredLLM(CachingLLM(resilient, LocalCacheStore(LRUTTLCache())), metrics, caching=True, breaker=breaker, endpoint="e")
+    await llm.complete(ask("a"))  # fails once, retried: ok
+    await llm.complete(ask("a"))  # cached
+    with pytest.raises(Exception):
+        await llm.complete(ask("b"))  # fails twice: the breaker opens
+    with pytest.raises(Exception):
+        await llm.complete(ask("c", temperature=0.9))  # sampled: not a cache question; fails fast, breaker open
+    calls = [t["outcome"] for n, _, t in metrics.records if n == "reasonray_llm_calls"]
+    assert calls == ["ok", "cached", "error", "error"]
+    assert metrics.total("reasonray_llm_retries") == 1
+    assert metrics.total("reasonray_llm_cache_hits") == 1 and metrics.total("reasonray_llm_cache_misses") == 2
+    assert [t["error"] for n, _, t in metrics.records if n == "reasonray_llm_failures"] == ["ProviderUnavailableError", "CircuitOpenError"]
+    assert metrics.values("reasonray_llm_breaker_state", endpoint="e")[-1] == 2  # open
+    assert len(metrics.values("reasonray_llm_latency_ms")) == 1  # only the call that reached the provider and succeeded
+
+
+def test_the_memory_bank_reports_retrieval_latency_and_its_size(tmp_path):
+    from memory.items import MemoryItem
+
+    metrics = RecordingMetrics()
+    service = BankService(make_bank(tmp_path), metrics)
+    item = MemoryItem(title="Check units", description="Convert before adding.", content="Convert all quantities first.",
+                      workspace="w1", source_type="manual").model_dump(mode="json")
+    service.store_items([item], "w1")
+    service.retrieve("units", "w1")
+    assert metrics.values("reasonray_memory_items", workspace="w1") == [1]
+    assert len(metrics.values("reasonray_memory_retrieval_latency_ms")) == 1
+    service.delete_workspace("w1")
+    assert metrics.values("reasonray_memory_items", workspace="w1")[-1] == 0
