@@ -152,16 +152,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], out: Path) -> list[Path]:
     """accuracy_vs_tokens.png (with the 95% intervals) and latency.png (distributions per row)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) stays as it is
 
     rows: list[Row] = report["_rows"]
     tag = " (SIMULATED model)" if report["simulated"] else ""
     paths = [out / "accuracy_vs_tokens.png", out / "latency.png"]
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for row in rows:
         ax.errorbar(row.tokens_per_example, row.accuracy * 100,
                     yerr=[[(row.accuracy - row.ci_low) * 100], [(row.ci_high - row.accuracy) * 100]],
@@ -174,9 +172,9 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(paths[0], dpi=110)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     data = [row.latencies_ms or [0.0] for row in rows]
     ax.boxplot(data, showfliers=True)
     ax.set_xticks(range(1, len(rows) + 1), [row.group for row in rows], rotation=20, ha="right", fontsize=8)
@@ -185,7 +183,6 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(paths[1], dpi=110)
-    plt.close(fig)
     return paths
 
 
