@@ -221,8 +221,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     RegistryService(settings.reasoning, settings.data_dir)  # raises ConfigError naming the key or the agents file
     client_for(settings)  # raises LLMConfigError naming the variable to set
     check_memory(settings)  # raises MemoryUnavailableError naming the model or server to fix
+    scaling = settings.server.autoscaling
+    replicas: dict[str, Any] = (
+        {"autoscaling_config": scaling.serve_config()} if scaling.enabled else {"num_replicas": settings.server.num_replicas}
+    )
     return ReasonRayIngress.options(
-        num_replicas=settings.server.num_replicas,
+        **replicas,
         max_ongoing_requests=settings.reasoning.performance.max_concurrent_requests,
         ray_actor_options={"num_cpus": settings.server.replica_num_cpus},
     ).bind(settings.model_dump(mode="json"), parsed.app_name)

@@ -110,6 +110,25 @@ class ReasoningSettings(_Section):
         return self
 
 
+class AutoscalingSettings(_Section):
+    enabled: bool = Field(False, description="Let Serve add and remove API replicas with the load (num_replicas is then ignored).")
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
+    max_replicas: int = Field(4, ge=1, description="Most replicas.")
+    target_ongoing_requests: float = Field(
+        32.0, gt=0, description="Requests in flight per replica Serve aims for; LLM-bound calls wait, so this is high."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+    def serve_config(self) -> dict[str, Any]:
+        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "target_ongoing_requests": self.target_ongoing_requests}
+
+
 class ServerSettings(_Section):
     host: str = Field("127.0.0.1", description="Address Ray Serve binds; loopback unless you mean to expose it.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the API.")
@@ -118,6 +137,7 @@ class ServerSettings(_Section):
     warm_workers: int = Field(
         8, ge=0, le=256, description="Idle worker processes a node keeps for fan-out branches (Ray's num_workers_soft_limit)."
     )
+    autoscaling: AutoscalingSettings = AutoscalingSettings()
     fast_ingress: bool = Field(
         True,
         description="Serve's HAProxy ingress and throughput-optimised data plane: about half the per-request "

@@ -1,13 +1,58 @@
+"""cluster.yaml, cluster.onprem.yaml and deploy/serve_config.yaml pass Ray's own validation and agree
+with how ReasonRay must be started."""
+
 from pathlib import Path
 
+import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
+from ray.serve.schema import ServeDeploySchema
+
+from reasonray.config import Settings
+from serve_app import AppArgs
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cluster_yaml_passes_rays_own_validation():
-    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+@pytest.mark.parametrize("name", ["cluster.yaml", "cluster.onprem.yaml"])
+def test_cluster_files_pass_rays_own_validation(name):
+    config = yaml.safe_load((REPO / name).read_text())
     validate_config(prepare_config(config))
-    assert config["head_node_type"] in config["available_node_types"]
-    assert any("reasonray serve --address auto" in c for c in config["head_start_ray_commands"])
+    head = " ".join(config["head_start_ray_commands"])
+    workers = " ".join(config["worker_start_ray_commands"])
+    assert "reasonray serve --address auto" in head and "chroma run" in head
+    for commands in (head, workers):
+        assert "RAY_AUTH_MODE=token" in commands and "RAY_SERVE_ENABLE_HA_PROXY=1" in commands
+        assert "--metrics-export-port=8080" in commands
+    assert any("scripts/setup.sh" in c for c in config["setup_commands"])  # torch CPU first, then ReasonRay
+    assert config["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"
+
+
+def test_the_onprem_variant_lists_its_machines():
+    config = yaml.safe_load((REPO / "cluster.onprem.yaml").read_text())
+    assert config["provider"]["type"] == "local" and config["provider"]["head_ip"] and config["provider"]["worker_ips"]
+
+
+def test_the_serve_config_file_is_a_valid_serve_deploy_config_for_build_app():
+    config = yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(config)
+    [app] = schema.applications
+    assert app.import_path == "serve_app:build_app"
+    AppArgs.model_validate(app.args)  # the builder accepts its args
+    [deployment] = app.deployments
+    assert deployment.name == "ReasonRayIngress" and deployment.autoscaling_config["max_replicas"] >= 1
+    env = app.runtime_env["env_vars"]
+    assert env["RAY_AUTH_MODE"] == "token" and env["REASONRAY_MEMORY__CHROMA_URL"].startswith("http://")
+
+
+def test_autoscaling_settings_become_serves_autoscaling_config():
+    from serve_app import build_app
+
+    settings = Settings.model_validate({"llm": {"provider": "simulated", "base_url": "http://127.0.0.1:9/v1"},
+                                        "memory": {"enabled": False},
+                                        "server": {"autoscaling": {"enabled": True, "min_replicas": 2, "max_replicas": 6}}})
+    app = build_app({"settings": settings.model_dump(mode="json")})
+    options = app._bound_deployment._deployment_config
+    assert options.autoscaling_config.min_replicas == 2 and options.autoscaling_config.max_replicas == 6
+    with pytest.raises(ValueError, match="above max_replicas"):
+        Settings.model_validate({"server": {"autoscaling": {"min_replicas": 5, "max_replicas": 2}}})

@@ -7,7 +7,7 @@ import pytest
 from tests.docs_examples import REPO, blocks
 
 
-@pytest.mark.parametrize("page", ["docs/simulator.md", "docs/custom-strategies.md", "docs/sessions.md", "docs/memory.md"])
+@pytest.mark.parametrize("page", ["docs/simulator.md", "docs/custom-strategies.md", "docs/sessions.md", "docs/memory.md", "docs/evaluation.md"])
 def test_python_examples_run(page):
     code = blocks(page, "python")
     assert code, f"{page} has no python example"
