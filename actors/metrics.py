@@ -11,9 +11,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import structlog
 from ray.util import metrics as ray_metrics_api
 
 from reasonray.telemetry import CATALOGUE, Metrics, NoMetrics, check
+
+log = structlog.get_logger(__name__)
 
 
 class RayMetrics:
@@ -30,14 +33,18 @@ class RayMetrics:
             self._objects[spec.name] = made
 
     def record(self, name: str, value: float = 1.0, **tags: str) -> None:
-        spec = check(name, tags)
+        spec = check(name, tags, value)
         made = self._objects[name]
-        if spec.kind == "counter":
-            made.inc(value, tags=tags or None)
-        elif spec.kind == "histogram":
-            made.observe(value, tags=tags or None)
-        else:
-            made.set(value, tags=tags or None)
+        try:
+            if spec.kind == "counter":
+                if value > 0:  # Ray refuses to add 0 (a failed run spent no tokens)
+                    made.inc(value, tags=tags or None)
+            elif spec.kind == "histogram":
+                made.observe(value, tags=tags or None)
+            else:
+                made.set(value, tags=tags or None)
+        except Exception as exc:  # metrics are best effort: a request never fails because of them
+            log.warning("metrics.not_recorded", metric=name, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
 _lock = threading.Lock()

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -161,14 +162,18 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
                 settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})})
             known = register_answer_key(settings.llm.base_url, dataset, options.sim_skill)
             echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
-        engine = _engine(settings, options, app_name)
+        engine, client = _engine(settings, options, app_name)
         progress = _progress(todo, options.progress)
+        started = time.perf_counter()
         try:
             ran = await run_grid(engine, dataset.examples, cells, results, concurrency=options.concurrency,
                                  memory=options.memory, on_record=lambda record: _tick(progress, record))
         finally:
             progress.close()
-        echo(f"ran {ran} examples")
+            if client is not None:
+                await client.close()
+        grid_s = time.perf_counter() - started
+        echo(f"ran {ran} examples in {grid_s:.1f} s")
     finally:
         if simulator is not None:
             simulator.stop()
@@ -189,6 +194,8 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
         "seeds": options.seeds,
         "memory": options.memory,
         "cluster": cluster,
+        "ran": ran,
+        "grid_seconds": round(grid_s, 3),
         "finished_at": datetime.now(timezone.utc).isoformat(),
     }
     report = build_report(records, cells, meta, options.prices)
@@ -231,12 +238,13 @@ def _simulator_host(use_ray: bool) -> str:
     return ray.util.get_node_ip_address() if cluster_summary()["nodes"] > 1 else "127.0.0.1"
 
 
-def _engine(settings: Settings, options: EvalOptions, app_name: str) -> Any:
+def _engine(settings: Settings, options: EvalOptions, app_name: str) -> tuple[Any, Any]:
+    """The engine, and the LLM client this process must close when the run ends (None for Ray)."""
     if options.use_ray:
         from actors.fanout import LLMSpec
         from evals.distributed import RayEngine
 
-        return RayEngine(LLMSpec(settings.model_dump_json(), app_name))
+        return RayEngine(LLMSpec(settings.model_dump_json(), app_name)), None
     from gateway.cache import LocalCacheStore, LRUTTLCache
     from gateway.tokens import counter_for_model
     from memory.service import BankService, LocalMemory, open_bank
@@ -250,7 +258,7 @@ def _engine(settings: Settings, options: EvalOptions, app_name: str) -> Any:
         build_catalogue(StrategyRegistry().discover(), settings.reasoning), llm, counter_for_model(client.model),
         memory=LocalMemory(BankService(open_bank(settings))) if options.memory else None,
         memory_settings=settings.memory, budget=settings.budget,
-    ))
+    )), client
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -75,13 +75,16 @@ class NoMetrics:
         pass
 
 
-def check(name: str, tags: dict[str, str]) -> MetricSpec:
-    """The spec of `name`; a name or tag set the catalogue does not have is a programming error."""
+def check(name: str, tags: dict[str, str], value: float = 1.0) -> MetricSpec:
+    """The spec of `name`; a name or tag set the catalogue does not have, or a counter going down,
+    is a programming error."""
     spec = SPECS.get(name)
     if spec is None:
         raise KeyError(f"{name!r} is not in reasonray.telemetry.CATALOGUE")
     if set(tags) != set(spec.tags):
         raise ValueError(f"{name} takes tags {spec.tags}, got {tuple(tags)}")
+    if spec.kind == "counter" and value < 0:
+        raise ValueError(f"{name} is a counter: it cannot go down by {value}")
     return spec
 
 
@@ -92,7 +95,7 @@ class RecordingMetrics:
         self.records: list[tuple[str, float, dict[str, str]]] = []
 
     def record(self, name: str, value: float = 1.0, **tags: str) -> None:
-        check(name, tags)
+        check(name, tags, value)
         self.records.append((name, value, tags))
 
     def values(self, name: str, **tags: str) -> list[float]:

@@ -39,6 +39,18 @@ def test_the_catalogue_is_valid_for_ray_and_prometheus():
         RecordingMetrics().record("reasonray_requests", method="x")
     with pytest.raises(KeyError):
         RecordingMetrics().record("reasonray_nope")
+    with pytest.raises(ValueError, match="cannot go down"):
+        RecordingMetrics().record("reasonray_llm_retries", -1, model="m")
+
+
+def test_ray_metrics_take_a_zero_count_and_never_fail_the_caller():
+    """A run that failed before its first token records 0 tokens: Ray's Counter refuses 0, we skip it."""
+    from actors.metrics import RayMetrics
+
+    metrics = RayMetrics()
+    metrics.record("reasonray_tokens", 0, strategy="chain_of_thought", kind="prompt")
+    metrics.record("reasonray_run_tokens", 0, strategy="chain_of_thought")
+    metrics.record("reasonray_active_sessions", 0)
 
 
 def test_every_metric_is_documented_and_charted_and_the_dashboard_charts_nothing_else():
