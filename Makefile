@@ -8,13 +8,14 @@ export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
 endif
 export RAY_AUTH_MODE ?= token
 
-.PHONY: help setup serve test test-slow bench
+.PHONY: help setup serve test test-slow bench eval
 
 help:
 	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
 	@echo "make test       set up .venv and run the test suite (unit + integration)"
 	@echo "make test-slow  the slow suite"
 	@echo "make bench      the benchmarks under bench/"
+	@echo "make eval ARGS=\"--dataset F --strategies A,B --out DIR\"   a batch evaluation (docs/evaluation.md)"
 
 setup:
 	@scripts/setup.sh
@@ -34,3 +35,7 @@ bench: setup
 	.venv/bin/python bench/strategies.py
 	.venv/bin/python bench/memory.py
 	.venv/bin/python bench/matts.py
+	.venv/bin/python bench/evals.py
+
+eval: setup
+	.venv/bin/python -m evals.run $(ARGS)
