@@ -33,6 +33,8 @@ structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=30)
+    parser.add_argument("--dataset", type=Path, default=REPO / "evals" / "samples" / "word_problems.jsonl",
+                        help="GSM8K-format JSONL (default: the repository's 30-problem sample)")
     parser.add_argument("--ttft-ms", type=float, default=300.0)
     parser.add_argument("--tokens-per-second", type=float, default=200.0)
     args = parser.parse_args()
@@ -46,7 +48,7 @@ def main() -> None:
                                         ("in-process, 8 at a time", False, 8),
                                         ("Ray tasks, 8 in flight", True, 8)]:
         report = asyncio.run(run_async(EvalOptions(
-            dataset=REPO / "evals" / "samples" / "word_problems.jsonl", strategies=["chain_of_thought"],
+            dataset=args.dataset, strategies=["chain_of_thought"],
             limit=args.examples, out=Path(tempfile.mkdtemp()) / "bench", use_ray=use_ray, concurrency=concurrency,
             cache=False, progress=False)))
         [row] = report["rows"]
