@@ -36,6 +36,7 @@ bench: setup
 	.venv/bin/python bench/memory.py
 	.venv/bin/python bench/matts.py
 	.venv/bin/python bench/evals.py
+	.venv/bin/python bench/metrics.py
 
 eval: setup
 	.venv/bin/python -m evals.run $(ARGS)
