@@ -182,7 +182,8 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
 
             from evals.distributed import release
 
-            release(app_name)
+            if ray.is_initialized():  # not when joining the cluster failed: its error is the one to see
+                release(app_name)
             if ray_started:
                 ray.shutdown()
     records = results.select(dataset.examples, cells)
@@ -223,7 +224,11 @@ def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, A
         for name, value in ray_environment(settings).items():
             os.environ.setdefault(name, value)
         options = {"include_dashboard": False}
-    ray.init(address=address, namespace="reasonray", log_to_driver=False, **options)
+    try:
+        ray.init(address=address, namespace="reasonray", log_to_driver=False, **options)
+    except ConnectionError as exc:
+        raise EvalError(f"cannot join the Ray cluster at {address}: {exc}; start one (`ray start --head`), "
+                        "or leave out --address to start a local one for the run") from None
     return True, {"ray": True, "address": address, **cluster_summary()}
 
 
