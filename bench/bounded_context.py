@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
-import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-if "TIKTOKEN_CACHE_DIR" not in os.environ and (REPO.parent / "shared" / "tiktoken").is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(REPO.parent / "shared" / "tiktoken")
+import _env  # noqa: E402,F401  (sets up the environment first)
 
-import structlog  # noqa: E402
 
 from gateway.protocol import LLMRequest, system, user  # noqa: E402
 from gateway.simulator.inprocess import SimulatedLLM  # noqa: E402
@@ -38,7 +31,6 @@ from reasonray.tags import strip_thinking  # noqa: E402
 from strategies.bounded_context import INSTRUCTIONS, BoundedContext, BoundedContextConfig, RunState  # noqa: E402
 from strategies.compute_cost import closed_form_attention  # noqa: E402
 
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 COUNTER = counter_for_model("simulated")
 EVENTS = Path(tempfile.mkdtemp(prefix="reasonray-bench-"))
 

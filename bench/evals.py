@@ -13,21 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-if "TIKTOKEN_CACHE_DIR" not in os.environ and (REPO.parent / "shared" / "tiktoken").is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(REPO.parent / "shared" / "tiktoken")
-os.environ.setdefault("RAY_AUTH_MODE", "token")
-
-import structlog  # noqa: E402
-
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+from _env import REPO  # noqa: E402  (sets up the environment first)
 
 
 def main() -> None:

@@ -17,19 +17,15 @@ Targets (issue 4): bank p50 under 1.5x raw Chroma, and under 25 ms at 100K items
 from __future__ import annotations
 
 import argparse
-import logging
 import random
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _env  # noqa: E402,F401  (sets up the environment first)
 
-import structlog  # noqa: E402
 
 from memory.bank import ReasoningBank  # noqa: E402
 from memory.embeddings import SentenceTransformerEmbedder  # noqa: E402
@@ -37,7 +33,6 @@ from memory.items import ErrorContext, MemoryItem  # noqa: E402
 from memory.store import MEMORIES, ChromaStore, open_client  # noqa: E402
 from reasonray.config import MemorySettings  # noqa: E402
 
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 SUBJECTS = ["a baker", "a farmer", "a train", "a student", "a shop", "a factory", "a cyclist", "a library", "a river", "a server"]
 VERBS = ["sells", "packs", "travels", "reads", "ships", "produces", "covers", "lends", "carries", "handles"]

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-if "TIKTOKEN_CACHE_DIR" not in os.environ and (REPO.parent / "shared" / "tiktoken").is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(REPO.parent / "shared" / "tiktoken")
-os.environ.setdefault("RAY_AUTH_MODE", "token")
+import _env  # noqa: E402,F401  (sets up the environment first)
 
 import ray  # noqa: E402
 

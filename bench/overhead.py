@@ -20,10 +20,7 @@ from pathlib import Path
 import httpx
 import openai
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-if "TIKTOKEN_CACHE_DIR" not in os.environ and (REPO.parent / "shared" / "tiktoken").is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(REPO.parent / "shared" / "tiktoken")
+from _env import REPO  # noqa: E402  (sets up the environment first)
 
 from gateway.simulator.server import free_port  # noqa: E402
 from reasonray.config import Settings, load_settings  # noqa: E402

@@ -16,16 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-if "TIKTOKEN_CACHE_DIR" not in os.environ and (REPO.parent / "shared" / "tiktoken").is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(REPO.parent / "shared" / "tiktoken")
+import _env  # noqa: E402,F401  (sets up the environment first)
 
 import structlog  # noqa: E402
 
@@ -37,7 +31,6 @@ from strategies.chain_of_thought import ChainOfThought  # noqa: E402
 from strategies.self_consistency import SelfConsistency  # noqa: E402
 from strategies.tree_of_thought import TreeOfThought  # noqa: E402
 
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 RUNS = [
     ("chain_of_thought (greedy)", ChainOfThought(), {}),

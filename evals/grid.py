@@ -21,6 +21,11 @@ class GridError(ValueError):
     """The grid cannot run: the message names the option and how to fix it."""
 
 
+def cell_key(strategy: str, config_name: str, seed: int) -> str:
+    """Names a cell in results.jsonl, run.json and the report: `strategy/config/seed=N`."""
+    return f"{strategy}/{config_name}/seed={seed}"
+
+
 @dataclass(frozen=True)
 class Cell:
     strategy: str
@@ -30,7 +35,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return f"{self.strategy}/{self.config_name}/seed={self.seed}"
+        return cell_key(self.strategy, self.config_name, self.seed)
 
     @property
     def group(self) -> str:

@@ -88,7 +88,7 @@ def summarise(group: str, strategy: str, config_name: str, records: list[Record]
 def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any], prices: Prices) -> dict[str, Any]:
     by_cell: dict[str, list[Record]] = {}
     for record in records:
-        by_cell.setdefault(f"{record.strategy}/{record.config_name}/seed={record.seed}", []).append(record)
+        by_cell.setdefault(record.cell, []).append(record)
     groups: dict[str, list[Cell]] = {}
     for cell in cells:
         groups.setdefault(cell.group, []).append(cell)

@@ -275,7 +275,7 @@ def _progress(total: int, enabled: bool) -> Any:
 def _tick(progress: Any, record: Record) -> None:
     progress.update(1)
     if record.status == "error":
-        progress.write(f"failed: {record.example_id} {record.strategy}/{record.config_name}/seed={record.seed}: {record.error}")
+        progress.write(f"failed: {record.example_id} {record.cell}: {record.error}")
 
 
 def _int_list(value: str) -> list[int]:

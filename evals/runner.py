@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from evals.datasets import Example
-from evals.grid import Cell
+from evals.grid import Cell, cell_key
 from evals.scoring import score
 from reasonray.jsonrpc import error_for
 from reasonray.memory_loop import MemoryParams
@@ -65,8 +65,12 @@ class Record:
     finished_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
     @property
+    def cell(self) -> str:
+        return cell_key(self.strategy, self.config_name, self.seed)
+
+    @property
     def key(self) -> tuple[str, str]:
-        return self.example_id, f"{self.strategy}/{self.config_name}/seed={self.seed}"
+        return self.example_id, self.cell
 
     @property
     def total_tokens(self) -> int:

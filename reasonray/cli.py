@@ -12,6 +12,7 @@ from typing import Any
 import click
 import httpx
 
+from evals.run import main as eval_command
 from gateway.errors import LLMConfigError
 from reasonray.config import ConfigError, Settings, load_settings
 
@@ -189,10 +190,4 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
                           fault_rate=fault_rate, fault_kinds=kinds, seed=seed, hang_s=hang_s))
 
 
-def _register_eval() -> None:
-    from evals.run import main as eval_command
-
-    main.add_command(eval_command, "eval")
-
-
-_register_eval()
+main.add_command(eval_command, "eval")  # `reasonray eval` is `python -m evals.run`

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from evals.datasets import DatasetError, load_dataset
 from evals.grid import GridError, build_grid, parse_configs
 from evals.report import Prices, build_report, percentile, wilson, write_report
-from evals.run import EvalOptions, main as eval_main, run_async
+from evals.run import EvalError, EvalOptions, main as eval_main, run_async
 from evals.runner import InProcessEngine, ResultLog, run_grid
 from evals.scoring import extract_code, extract_number, score_gsm8k, score_humaneval
 from gateway.errors import ProviderUnavailableError
@@ -289,7 +289,7 @@ async def test_run_async_in_process_writes_everything_against_the_simulator_over
     # the same --out with a changed config under the same name is refused, not mixed in
     options.configs = ['default={"temperature": 0.5}']
     options.strategies = ["chain_of_thought"]
-    with pytest.raises(Exception, match="another config"):
+    with pytest.raises(EvalError, match="another config"):
         await run_async(options)
 
 
