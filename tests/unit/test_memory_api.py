@@ -110,17 +110,24 @@ async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_s
         payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": query}, "id": 1}, None)
         return payload["result"]
 
+    async def recorded(calls):
+        """Run statistics are recorded in the background: wait until `calls` runs are counted."""
+        for _ in range(200):
+            payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "stats.get", "params": {}, "id": 3}, None)
+            if payload["result"]["llm"]["calls"] >= calls:
+                return payload["result"]["llm"]
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"stats.get counted {payload['result']['llm']['calls']} of {calls} runs after 10 s")
+
     workload = [f"What is {a} * 7?" for a in range(10)]
     for query in workload:  # warm-up
         await run(query)
-    await asyncio.sleep(0.1)  # run statistics are recorded in the background
+    await recorded(10)
     await rpc.handle_payload({"jsonrpc": "2.0", "method": "stats.reset", "params": {}, "id": 2}, None)
     requests_before = Counting.calls
     for query in workload[:3] + [f"What is {a} * 9?" for a in range(7)]:  # 30% of the tasks seen before
         await run(query)
-    await asyncio.sleep(0.1)
-    payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "stats.get", "params": {}, "id": 3}, None)
-    llm = payload["result"]["llm"]
+    llm = await recorded(10)
     assert llm["calls"] == 10 and llm["cache_hits"] == 3 and llm["cache_hit_rate"] == 0.3
     assert llm["api_calls"] == 7 == Counting.calls - requests_before  # 30% fewer calls reached the model
 

@@ -229,7 +229,7 @@ async def test_latency_model_adds_time_to_first_token_and_per_token_time():
         )
         elapsed = time.perf_counter() - started
         expected = 0.150 + completion.usage.completion_tokens / 400
-        assert expected <= elapsed < expected + 0.5
+        assert expected <= elapsed < expected + 1.5  # the model adds its latency, and not much else (slack for a loaded CI machine)
     finally:
         slow.stop()
 
