@@ -22,6 +22,7 @@ from actors import NAMESPACE, unwrap
 from actors.fanout import LLMSpec
 from actors.memory import RayMemory
 from reasonray.config import Settings
+from reasonray.memory_loop import MemoryLoop
 from reasonray.sandbox import SandboxLimits
 from reasoner.builtin_tools import builtin_toolbox
 from reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec, created, submitted
@@ -36,7 +37,9 @@ def session_pipeline(settings: Settings, llm: Any, app_name: str) -> SessionPipe
     toolbox = builtin_toolbox(SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars),
                               memory, settings.memory.default_workspace)
     repository = FileSessionRepository(Path(settings.data_dir) / "sessions")
-    return SessionPipeline(repository, llm, toolbox, data_dir=Path(settings.data_dir), default_max_llm_calls=s.max_llm_calls)
+    passive = MemoryLoop(memory, settings.memory) if memory is not None and settings.memory.passive_learning else None
+    return SessionPipeline(repository, llm, toolbox, data_dir=Path(settings.data_dir), default_max_llm_calls=s.max_llm_calls,
+                           passive=passive)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)

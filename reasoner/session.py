@@ -6,6 +6,10 @@ session actor after an eviction, a crash or a restart) continues exactly where t
 A turn's outcome is saved atomically: a completed turn, a hand-off to the client (exit mode 2), or
 a failed turn (status idle again, the failure noted in the conversation). Re-entry results that do
 not match the pending calls change nothing, so the client can send them again.
+
+With passive learning on (`[memory] passive_learning`), a completed turn's exchange (the user's
+message and the answer) is offered to the ReasoningBank after the turn is saved: learning that
+fails or is skipped changes nothing in the session and is reported in the turn's `memory`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validato
 from gateway.protocol import LLM, Message
 from reasonray.errors import NotFoundError, ReasonRayError, ReentryError, SessionStateError
 from reasonray.events import Event, EventRecorder, LLMInvocation, ObservedLLM, event_log_path
+from reasonray.memory_loop import MemoryLoop, MemoryReport
 from reasonray.storage import write_atomic
 from reasoner.executor import MODE_TOOL, ToolExecutor
 from reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, SubmittedResult, ToolLedger
@@ -128,16 +133,20 @@ class TurnResult(BaseModel):
     mode: str = Field(description="The session's mode after the turn.")
     llm_calls: int = Field(description="LLM calls the turn has made so far.")
     trace: list[dict[str, Any]] = Field(description="The turn's CompositionTrace, in order.")
+    memory: MemoryReport | None = Field(
+        None, description="Passive learning from the completed turn ([memory] passive_learning): 'captured' with the stored ids, or why it was skipped."
+    )
 
 
 class SessionPipeline:
     def __init__(self, repository: SessionRepository, llm: LLM, toolbox: ToolBox, *, data_dir: Path | None = None,
-                 default_max_llm_calls: int = 8) -> None:
+                 default_max_llm_calls: int = 8, passive: MemoryLoop | None = None) -> None:
         self.repository = repository
         self.llm = llm
         self.toolbox = toolbox
         self.data_dir = data_dir
         self.default_max_llm_calls = default_max_llm_calls
+        self.passive = passive  # learns from completed turns; None: passive learning is off
 
     # -- routing: create, new turn, re-entry, inspection, close ----------------------------------------
     def create(self, spec: SessionSpec, session_id: str | None = None) -> SessionState:
@@ -206,9 +215,13 @@ class SessionPipeline:
         except ReasonRayError as exc:
             self._save_failure(state, providers, trace, reasoner, exc)
             raise _in_session(exc, state) from None
+        else:
+            result = self._save_exit(state, providers, trace, reasoner, exit_)
+            if isinstance(exit_, Completed) and self.passive is not None:
+                result = await self._learn_passively(state, providers, trace, emit, result)
+            return result
         finally:
             recorder.close()
-        return self._save_exit(state, providers, trace, reasoner, exit_)
 
     def _reasoner(self, state: SessionState, providers: ContextProviders, emit: Any, trace_id: str) -> TurnReasoner:
         tools = {t.name: t for t in self.toolbox.select(state.spec.server_tools)}
@@ -232,6 +245,24 @@ class SessionPipeline:
         }))
         return TurnResult(session_id=state.session_id, turn=state.turn, status="completed" if status == "idle" else status,
                           answer=answer, pending_tool_calls=pending, mode=providers.mode.mode, llm_calls=reasoner.llm_calls, trace=steps)
+
+    async def _learn_passively(self, state: SessionState, providers: ContextProviders, trace: list[Event],
+                               emit: Any, result: TurnResult) -> TurnResult:
+        """Offer the completed turn's exchange to passive learning; its steps join the saved trace."""
+        assert self.passive is not None and result.answer is not None
+        question = next(m.content for m in reversed(providers.conversation.history) if m.role == "user")
+        report = self.passive.report(None, f"{state.session_id}-turn-{state.turn}")
+        learned_from = len(trace)
+        llm = ObservedLLM(self.llm, emit, trace_id=state.turn_trace_id or state.session_id, strategy="session")
+        await self.passive.passive(report, llm, emit, question or "", result.answer)
+        steps = as_dicts(trace[learned_from:])
+        if steps:
+            try:
+                saved = self._load(state.session_id)
+                self._save(saved.model_copy(update={"trace": [*saved.trace, *steps]}))
+            except OSError as exc:  # the turn is saved; only its learning steps are missing from the stored trace
+                log.warning("session.learning_steps_not_saved", session_id=state.session_id, error=f"{type(exc).__name__}: {exc}")
+        return result.model_copy(update={"memory": report, "trace": [*result.trace, *steps]})
 
     def _save_failure(self, state: SessionState, providers: ContextProviders, trace: list[Event],
                       reasoner: TurnReasoner, exc: ReasonRayError) -> None:

@@ -189,7 +189,7 @@ class MemorySettings(_Section):
     weights: ScoreWeights = ScoreWeights()
     max_items_per_trajectory: int = Field(3, ge=1, le=10, description="Most items extracted from one judged trajectory.")
     max_contrast_items: int = Field(5, ge=1, le=10, description="Most items a MaTTS self-contrast extracts.")
-    passive_learning: bool = Field(False, description="Learn from good Q&A exchanges of runs that did not ask to learn.")
+    passive_learning: bool = Field(False, description="Learn from good Q&A exchanges of runs that did not ask to learn, and of completed session turns.")
     passive_min_answer_chars: int = Field(100, ge=1, description="Shorter answers are never learned passively.")
 
 

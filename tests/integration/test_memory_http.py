@@ -130,6 +130,23 @@ def test_a_chroma_server_backs_the_bank_and_outlives_the_actor(serve_base, simul
         assert "rb-m-shared" in names  # the items live on the server, not in the actor
 
 
+def test_a_session_turn_is_learned_passively_in_the_session_actor_and_retrieved_later(serve_base, simulator):
+    explanation = ("Pack the rolls in boxes of 24 and count full boxes first; the remainder goes in one extra box, "
+                   "so 391 rolls need 17 boxes.")
+    with own_app(serve_base, simulator.url, "mem-passive", memory={"passive_learning": True}) as (client, _):
+        sid = result_of(rpc(client, "session.create", {}))["session_id"]
+        turn = result_of(rpc(client, "session.turn", {
+            "session_id": sid, "message": f'How many boxes do 391 rolls need? [[sim answer="{explanation}"]]'}))
+        assert turn["answer"] == explanation and turn["memory"]["passive"] == "captured"
+        assert turn["memory"]["task_id"] == f"{sid}-turn-1" and turn["trace"][-1]["type"] == "MEMORY_LEARNING"
+        assert ray.get_actor(f"mem-passive-session-{sid}", namespace=NAMESPACE)  # learned in the session's actor
+        found = result_of(rpc(client, "memory.retrieve", {"query": "How many boxes do 391 rolls need?", "min_similarity": 0}))
+        assert {m["memory"]["id"] for m in found["memories"]} >= set(turn["memory"]["stored"])
+        assert all(m["memory"]["source_type"] == "passive" for m in found["memories"])
+        assert result_of(rpc(client, "session.get", {"session_id": sid}))["trace"] == turn["trace"]
+        assert result_of(rpc(client, "stats.get"))["passive_learning"]["captured"] == 1
+
+
 def test_an_unreachable_chroma_server_fails_the_deployment_clearly(simulator):
     from serve_app import build_app
 

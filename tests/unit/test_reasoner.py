@@ -264,3 +264,77 @@ async def test_a_tool_is_one_decorated_typed_function(tmp_path):
     sid = p.create(SessionSpec(server_tools=["shout"])).session_id
     with pytest.raises(ToolFailedError, match="arguments for shout: times: Input should be a valid integer"):
         await p.turn(sid, "shout", "t1")
+
+
+LESSON = "<memory><title>Check the forecast source</title><description>One sentence.</description><content>Say where the forecast came from.</content></memory>"
+LONG_ANSWER = "Sunny in Paris this afternoon, 21 C, light wind from the west; the forecast comes from the client's weather tool."
+
+
+def passive_pipeline(tmp_path, llm, memory=None):
+    from reasonray.config import MemorySettings
+    from reasonray.memory_loop import MemoryLoop
+    from tests.unit.memory_harness import local_memory, make_bank
+
+    bank = make_bank(tmp_path / "bank")
+    loop = MemoryLoop(memory or local_memory(bank), MemorySettings(passive_learning=True))
+    return pipeline(tmp_path, llm, passive=loop), bank
+
+
+async def test_passive_learning_captures_a_completed_turn_after_the_hand_off_into_the_bank_and_the_trace(tmp_path):
+    llm = ScriptedLLM([call("w1", "get_weather", city="Paris"), f"<answer>{LONG_ANSWER}</answer>", LESSON])
+    p, bank = passive_pipeline(tmp_path, llm)
+    sid = session(p)
+    handed_off = await p.turn(sid, "What is the weather in Paris today?", "t1")
+    assert handed_off.status == "awaiting_client_tools" and handed_off.memory is None  # no answer yet: nothing to learn
+    final = await p.resume(sid, [SubmittedResult("w1", "Sunny, 21 C")], "t2")
+    llm.assert_complete()
+    assert final.answer == LONG_ANSWER and final.memory.passive == "captured"
+    assert final.memory.task_id == f"{sid}-turn-1" and final.memory.workspace == "default"
+    [stored] = final.memory.stored
+    item = bank.get(stored, workspace="default")
+    assert item.source_type == "passive" and item.title == "Check the forecast source"
+    assert "Question:\nWhat is the weather in Paris today?" in llm.requests[2].messages[1].content  # the turn's own message
+    assert steps(final)[-2:] == ["EXIT", "MEMORY_LEARNING"] and final.trace[-1]["source"] == "passive"
+    assert final.llm_calls == 2  # learning does not count against the turn's LLM call limit
+    saved = p.get(sid)
+    assert saved["trace"] == final.trace and saved["status"] == "idle" and saved["last_answer"] == LONG_ANSWER
+
+
+async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the_turn(tmp_path):
+    class Broken:
+        async def call(self, method, *args, **kwargs):
+            if method == "store_items":
+                raise ConnectionError("chroma server gone")
+            return None
+
+    llm = ScriptedLLM(["<answer>Hello!</answer>", f"<answer>{LONG_ANSWER}</answer>", LESSON])
+    p, bank = passive_pipeline(tmp_path, llm, memory=Broken())
+    sid = session(p)
+    short = await p.turn(sid, "Hi, how are you today?", "t1")
+    assert short.answer == "Hello!" and short.memory.passive == "skipped: answer shorter than 100 characters"
+    assert "MEMORY_LEARNING" not in steps(short)
+    failed = await p.turn(sid, "What is the weather in Paris today?", "t2")
+    llm.assert_complete()
+    assert failed.status == "completed" and failed.answer == LONG_ANSWER
+    assert failed.memory.passive == "skipped: learning failed: ConnectionError: chroma server gone" and failed.memory.stored == []
+    saved = p.get(sid)
+    assert saved["status"] == "idle" and saved["turn"] == 2 and saved["last_answer"] == LONG_ANSWER and saved["messages"] == 4
+    assert bank.list_workspaces() == []
+
+
+async def test_a_learning_step_that_cannot_be_saved_leaves_the_saved_turn_and_the_answer(tmp_path, monkeypatch):
+    llm = ScriptedLLM([f"<answer>{LONG_ANSWER}</answer>", LESSON])
+    p, _ = passive_pipeline(tmp_path, llm)
+    sid = session(p)
+    save = FileSessionRepository.save
+
+    def disk_full_for_learning(self, state):
+        if any(step["type"] == "MEMORY_LEARNING" for step in state.trace):
+            raise OSError(28, "No space left on device")
+        save(self, state)
+
+    monkeypatch.setattr(FileSessionRepository, "save", disk_full_for_learning)
+    result = await p.turn(sid, "What is the weather in Paris today?", "t1")
+    assert result.answer == LONG_ANSWER and result.memory.passive == "captured" and steps(result)[-1] == "MEMORY_LEARNING"
+    saved = p.get(sid)
+    assert saved["last_answer"] == LONG_ANSWER and saved["turn"] == 1 and saved["trace"][-1]["type"] == "EXIT"
