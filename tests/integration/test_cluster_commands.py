@@ -1,6 +1,8 @@
-"""`ray job submit` of an evaluation on a local Ray cluster with a dashboard (the job server), the
-way docs/evaluation.md tells a researcher to run it: the repository uploaded as the working
-directory, 50 GSM8K examples, report and plots written; then a memory-aware run on the same cluster.
+"""The operators' and researchers' cluster commands on a local Ray cluster with a dashboard (the job
+server and Serve's REST API): `ray job submit` of an evaluation, the way docs/evaluation.md tells a
+researcher to run it (the repository uploaded as the working directory, 50 GSM8K examples, report and
+plots written; then a memory-aware run), and `serve deploy` of deploy/serve_config.yaml, the way
+docs/deploy.md tells an operator to start the API without `reasonray serve`.
 
 The cluster is its own (`ray start --head --block` on free ports), stopped by signalling that
 process, never with `ray stop`, which would kill every Ray process on the machine."""
@@ -17,8 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from gateway.simulator.server import free_port
+from tests.integration.conftest import result_of, rpc
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
@@ -104,3 +108,42 @@ def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(job_cluster, t
     assert records[0]["memory"]["retrieved"] == 0 and all(r["memory"]["retrieved"] >= 1 for r in records[1:])
     assert all(r["memory"]["stored"] >= 1 and r["memory"]["outcome"] in ("success", "failure") for r in records)
     assert (out / "data" / "chroma").is_dir()  # the run's bank lives with its results
+
+
+def test_serve_deploy_of_the_serve_config_file_runs_the_api_on_the_cluster(job_cluster, simulator, tmp_path):
+    address, env = job_cluster
+    config = yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
+    port = free_port()
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    [app] = config["applications"]
+    app["args"]["config_path"] = str(REPO / "config.toml")  # the file's paths and addresses, made local
+    variables = app["runtime_env"]["env_vars"]
+    del variables["REASONRAY_MEMORY__CHROMA_URL"]  # embedded Chroma in the data directory
+    variables.update({"REASONRAY_DATA_DIR": str(tmp_path / "data"), "OPENAI_BASE_URL": simulator.url,
+                      "REASONRAY_LLM__PROVIDER": "simulated", "REASONRAY_MEMORY__EMBEDDING": "openai"})
+    config_file = tmp_path / "serve_config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    serve = [str(BIN / "serve")]
+    deployed = subprocess.run([*serve, "deploy", str(config_file), "--address", address], env=env, capture_output=True, text=True, timeout=120)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    health = client.get("/healthz")
+                    if health.status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "the API deployed with serve deploy did not answer /healthz in 180 s"
+                time.sleep(2)
+            assert health.json()["llm"]["simulated"] is True
+            result = result_of(rpc(client, "reasoning.execute", {"query": "What is 17 * 23?"}))
+            assert result["answer"] == "391" and result["strategy_used"] == "chain_of_thought"
+            stored = result_of(rpc(client, "memory.store", {"items": [{"title": "T", "description": "D.", "content": "C."}]}))
+            assert stored["stored"] and any((tmp_path / "data" / "chroma").glob("*.sqlite3"))  # the file's data directory
+        status = subprocess.run([*serve, "status", "--address", address], env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and yaml.safe_load(status.stdout)["applications"]["reasonray"]["status"] == "RUNNING", status.stdout
+    finally:
+        subprocess.run([*serve, "shutdown", "--yes", "--address", address], env=env, capture_output=True, timeout=120)
