@@ -30,7 +30,7 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def job_cluster(tmp_path_factory):
+def dashboard_cluster(tmp_path_factory):
     assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
     dashboard = free_port()
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
@@ -70,8 +70,8 @@ def submit(address: str, env: dict[str, str], *args: str, runtime_env: dict | No
     return subprocess.run([*command, "--", "python", "-m", "evals.run", *args], env=env, capture_output=True, text=True, timeout=400)
 
 
-def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_plots(job_cluster, tmp_path):
-    address, env = job_cluster
+def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_plots(dashboard_cluster, tmp_path):
+    address, env = dashboard_cluster
     out = tmp_path / "gsm8k"
     job = submit(address, env, "--dataset", str(GSM8K), "--strategies", "chain_of_thought,self_consistency",
                  "--limit", "50", "--out", str(out), "--no-progress")
@@ -95,8 +95,8 @@ def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_pl
     assert again.returncode == 0 and "0 to run, 100 already in" in again.stdout
 
 
-def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(job_cluster, tmp_path):
-    address, env = job_cluster
+def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(dashboard_cluster, tmp_path):
+    address, env = dashboard_cluster
     out = tmp_path / "memory"
     # the simulated model's /v1/embeddings: the default embedder would load torch in the memory actor
     job = submit(address, env, "--dataset", str(GSM8K), "--strategies", "chain_of_thought", "--limit", "6",
@@ -110,8 +110,8 @@ def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(job_cluster, t
     assert (out / "data" / "chroma").is_dir()  # the run's bank lives with its results
 
 
-def test_serve_deploy_of_the_serve_config_file_runs_the_api_on_the_cluster(job_cluster, simulator, tmp_path):
-    address, env = job_cluster
+def test_serve_deploy_of_the_serve_config_file_runs_the_api_on_the_cluster(dashboard_cluster, simulator, tmp_path):
+    address, env = dashboard_cluster
     config = yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
     port = free_port()
     config["http_options"] = {"host": "127.0.0.1", "port": port}
