@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 from gateway.simulator.server import free_port
+from reasonray.config import Settings
+from serve_app import ray_environment
 from tests.integration.conftest import result_of, rpc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +35,9 @@ BIN = Path(sys.executable).parent
 def dashboard_cluster(tmp_path_factory):
     assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
     dashboard = free_port()
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
+    # the environment `reasonray serve` gives a cluster, with ingress ports of its own: this process's
+    # environment carries the first cluster's HAProxy stats and metrics ports, which are taken
+    env = {**os.environ, **ray_environment(Settings()), "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
     temp = tmp_path_factory.mktemp("ray")
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={free_port()}", f"--dashboard-port={dashboard}",
