@@ -218,7 +218,7 @@ class SessionPipeline:
         else:
             result = self._save_exit(state, providers, trace, reasoner, exit_)
             if isinstance(exit_, Completed) and self.passive is not None:
-                result = await self._learn_passively(state, providers, trace, emit, result)
+                result = await self._learn_passively(state, providers, trace, emit, trace_id, result)
             return result
         finally:
             recorder.close()
@@ -247,13 +247,13 @@ class SessionPipeline:
                           answer=answer, pending_tool_calls=pending, mode=providers.mode.mode, llm_calls=reasoner.llm_calls, trace=steps)
 
     async def _learn_passively(self, state: SessionState, providers: ContextProviders, trace: list[Event],
-                               emit: Any, result: TurnResult) -> TurnResult:
+                               emit: Any, trace_id: str, result: TurnResult) -> TurnResult:
         """Offer the completed turn's exchange to passive learning; its steps join the saved trace."""
         assert self.passive is not None and result.answer is not None
         question = next(m.content for m in reversed(providers.conversation.history) if m.role == "user")
         report = self.passive.report(None, f"{state.session_id}-turn-{state.turn}")
         learned_from = len(trace)
-        llm = ObservedLLM(self.llm, emit, trace_id=state.turn_trace_id or state.session_id, strategy="session")
+        llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
         await self.passive.passive(report, llm, emit, question or "", result.answer)
         steps = as_dicts(trace[learned_from:])
         if steps:
