@@ -8,11 +8,12 @@ export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
 endif
 export RAY_AUTH_MODE ?= token
 
-.PHONY: help setup serve test test-slow bench eval
+.PHONY: help setup lint serve test test-slow bench eval
 
 help:
 	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
-	@echo "make test       set up .venv and run the test suite (unit + integration)"
+	@echo "make test       set up .venv, run the lint checks, then the test suite (unit + integration)"
+	@echo "make lint       ruff (lint and format) and the import-layer contracts"
 	@echo "make test-slow  the slow suite"
 	@echo "make bench      the benchmarks under bench/"
 	@echo "make eval ARGS=\"--dataset F --strategies A,B --out DIR\"   a batch evaluation (docs/evaluation.md)"
@@ -23,7 +24,13 @@ setup:
 serve: setup
 	.venv/bin/reasonray serve $(ARGS)
 
-test: setup
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
+	.venv/bin/mypy --strict -p reasonray.kernel -p reasonray.gateway
+
+test: setup lint
 	scripts/test.sh default $(ARGS)
 
 test-slow: setup
@@ -37,6 +44,7 @@ bench: setup
 	.venv/bin/python bench/matts.py
 	.venv/bin/python bench/evals.py
 	.venv/bin/python bench/metrics.py
+	.venv/bin/python bench/openai_endpoint.py
 
 eval: setup
-	.venv/bin/python -m evals.run $(ARGS)
+	.venv/bin/python -m reasonray.evals.run $(ARGS)

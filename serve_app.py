@@ -1,13 +1,15 @@
 """The Ray Serve application: JSON-RPC 2.0 at POST /rpc, REST mirrors, GET /healthz, OpenAPI at /docs.
 
-Transport only: validation, trace ids, error mapping and wiring. The reasoning lives in the pure
-packages; `build_app` is the one typed builder that binds everything:
+Transport only: validation, trace ids, error mapping, and the Ray parts (actors, fan-out) handed to
+the one builder, `reasonray.api.app.build_application`, which assembles the application the same way
+for every entry point. `build_app` validates the settings and binds the ingress:
 
-    serve run serve_app:build_app config_path=config.toml
+    serve run reasonray.serve_app:build_app config_path=config.toml
 """
 
-
 import asyncio
+import math
+import os
 import time
 from typing import Any
 
@@ -18,26 +20,42 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import BackpressureConfig
+from sse_starlette import EventSourceResponse
 
-from actors.fanout import LLMSpec, RayFanout
-from actors.llm_cache import RayCacheStore, cache_actor
-from actors.memory import RayMemory
-from actors.metrics import ray_metrics
-from actors.registry import RayRegistry, registry_actor
-from actors.session import RaySessions, session_pipeline
-from gateway.simulator.server import free_port
-from memory.service import check_memory
-from gateway.tokens import counter_for_model
 from reasonray import __version__
-from reasonray.api import accept_trace_id, build_dispatcher
-from reasonray.config import Settings, load_settings
-from reasonray.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, MAX_ITERATIONS, NOT_FOUND, STRATEGY_UNAVAILABLE
-from reasonray.llm import build_llm, client_for
-from reasonray.logs import configure_logging
-from reasonray.registry import RegistryService, agent_lookup
-from reasonray.sandbox import SandboxLimits
-from reasonray.service import ExecuteParams, ExecuteResult, ReasoningService
-from strategies.registry import StrategyRegistry, build_catalogue
+from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
+from reasonray.actors.llm_cache import RayCacheStore, ensure_cache_actor
+from reasonray.actors.memory import RayMemory, retire_stale_memory
+from reasonray.actors.metrics import node_metric_pages, ray_metrics
+from reasonray.actors.registry import RayRegistry, registry_actor
+from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
+from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
+from reasonray.api.a2a import A2AServer, auth_configured, card_json
+from reasonray.api.app import Backends, build_application
+from reasonray.api.audit import JsonlAuditLog, audit_log_path
+from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
+from reasonray.api.guard import GuardSettings, HttpGuard
+from reasonray.api.jsonrpc import RATE_LIMITED, error_for, http_status
+from reasonray.api.mcp_server import McpEndpoint
+from reasonray.api.methods import accept_trace_id, new_trace_id
+from reasonray.api.openai_compat import OpenAICompat, Reply, respond
+from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
+from reasonray.api.prometheus import merge as merge_metrics
+from reasonray.api.registry import RegistryService
+from reasonray.api.service import ExecuteParams, ExecuteResult
+from reasonray.api.streaming import rpc_sse, streaming_call
+from reasonray.api.tenancy import Guard, agent_exists_via, install_guard
+from reasonray.api.tracing import request_span
+from reasonray.gateway.factory import client_for
+from reasonray.gateway.simulator.server import free_port
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel import tracing
+from reasonray.kernel.config import Settings, load_settings
+from reasonray.kernel.errors import ForbiddenError, UnauthenticatedError
+from reasonray.kernel.logs import configure_logging
+from reasonray.memory.service import check_memory
+from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
 log = structlog.get_logger("reasonray.serve")
 
@@ -52,7 +70,69 @@ api = FastAPI(
     "REST mirrors under /v1. See docs/api.md.",
 )
 
-HTTP_STATUS = {INVALID_PARAMS: 422, STRATEGY_UNAVAILABLE: 400, MAX_ITERATIONS: 422, NOT_FOUND: 404, INTERNAL_ERROR: 503}  # REST mirrors
+api.add_route("/mcp", McpEndpoint.asgi, methods=["GET", "POST", "DELETE"], include_in_schema=False)  # MCP, Streamable HTTP
+# Host allow-list, JSON-only bodies, body and nesting caps, CORS: before any route (reasonray/api/guard.py)
+api.add_middleware(HttpGuard)
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/.well-known/agent-card.json"})  # everything else needs a bearer token
+
+
+class AuthGate:
+    """ASGI middleware in front of every route: verifies the bearer token and sets CURRENT_PRINCIPAL.
+
+    Routes added later are covered without doing anything; only PUBLIC_PATHS are open. The replica
+    sets `verifier` when `[auth]` is configured; None means authentication is off.
+    """
+
+    verifier: TokenVerifier | None = None
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        verifier = AuthGate.verifier
+        if scope["type"] != "http" or verifier is None:
+            return await self.app(scope, receive, send)
+        path, root = scope["path"], scope.get("root_path", "")
+        path = path[len(root) :] if root and path.startswith(root) else path  # the app's own path under its route prefix
+        if path in PUBLIC_PATHS:
+            return await self.app(scope, receive, send)
+        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+        try:
+            principal = verifier.verify(header)
+        except UnauthenticatedError as exc:
+            return await _unauthenticated(exc, path)(scope, receive, send)
+        token = CURRENT_PRINCIPAL.set(principal)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CURRENT_PRINCIPAL.reset(token)
+
+
+def _unauthenticated(exc: UnauthenticatedError, path: str) -> Response:
+    error = error_for(exc)
+    body: dict[str, Any] = {"code": error.code, "message": error.message, "data": error.data}
+    payload = {"jsonrpc": "2.0", "error": body, "id": None} if path == "/rpc" else {"error": body}
+    challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
+    return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge})
+
+
+def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
+    """Retry-After and X-RateLimit-* for a -32012 error; nothing for other errors."""
+    data = error.get("data") or {}
+    if error.get("code") != RATE_LIMITED or "retry_after_s" not in data:
+        return {}
+    wait = str(max(1, round(data["retry_after_s"] + 0.4999)))
+    return {"Retry-After": wait, "X-RateLimit-Limit": str(data.get("limit", "")), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": wait}
+
+
+def caller_has_role(*roles: str) -> bool:
+    """Whether the request's verified caller holds one of `roles` (module level: Serve pickles the
+    ingress's methods by value, and a ContextVar cannot travel that way)."""
+    principal = CURRENT_PRINCIPAL.get()
+    return principal is not None and bool(set(roles) & set(principal.roles))
+
+
+api.add_middleware(AuthGate)
 LLM_PROBE_TTL_S = 5.0
 SESSION_GAUGE_S = 5.0
 
@@ -62,57 +142,90 @@ SESSION_GAUGE_S = 5.0
 class ReasonRayIngress:
     def __init__(self, settings: dict[str, Any], app_name: str) -> None:
         self.settings = Settings.model_validate(settings)
+        os.umask(0o077)  # event logs, sessions, memory: readable by the service's user only
         configure_logging(self.settings.logging)
-        data_dir = str(self.settings.data_dir)
-        handle = registry_actor(app_name, self.settings.reasoning, self.settings.data_dir)
-        snapshot = ray.get(handle.configure.remote(self.settings.reasoning.model_dump(mode="json"), data_dir))
+        limits = self.settings.limits
+        HttpGuard.configure(
+            GuardSettings(
+                # the address it binds is a name clients use too (unless it is a wildcard)
+                allowed_hosts=[*self.settings.server.allowed_hosts]
+                + ([self.settings.server.host] if self.settings.server.host not in ("0.0.0.0", "::") else []),
+                cors_origins=self.settings.server.cors_origins,
+                max_body_bytes=limits.max_body_bytes,
+                max_json_depth=limits.max_json_depth,
+            )
+        )
+        tracing.set_content(tracing.content_from(self.settings))  # prompt text in spans only with [events] record = "full"
+        # the application's named actors follow these settings: kept when built from them, replaced when not
+        handle = registry_actor(app_name, self.settings.reasoning, self.settings.data_dir, self.settings.store.url)
+        snapshot = ray.get(handle.snapshot.remote())
         self.registry = RayRegistry(handle)
         reasoning = self.settings.reasoning.model_copy(
             update={"enabled_strategies": snapshot["enabled"], "default_strategy": snapshot["default"]}
         )
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
-        self.client = client_for(self.settings)
-        self.cache = cache_actor(app_name, self.settings.llm.cache)
         self.metrics = ray_metrics(self.settings.reasoning.performance.enable_metrics)
-        llm, self.resilient = build_llm(self.settings, self.client, RayCacheStore(self.cache), self.metrics)
         spec = LLMSpec(self.settings.model_dump_json(), app_name)
-        memory = RayMemory(app_name, self.settings) if self.settings.memory.enabled else None
-        self.service = ReasoningService(
-            catalogue,
-            llm,
-            counter_for_model(self.client.model),
-            fanout=RayFanout(spec),
-            agents=agent_lookup(self.registry),
-            selection_budget_ms=self.settings.reasoning.performance.strategy_selection_timeout_ms,
-            data_dir=self.settings.data_dir,
-            log_queries=self.settings.logging.log_queries,
-            memory=memory,
-            memory_settings=self.settings.memory,
-            budget=self.settings.budget,
+        retire_stale_memory(app_name, self.settings)
+        cache = RayCacheStore(ensure_cache_actor(app_name, self.settings.llm.cache))
+        self.pool = BranchPool(app_name, spec, self.settings.fanout)
+        self.pool.start()  # at deploy time: the first request finds the branch runners warm
+        backends = Backends(
+            registry=self.registry,
+            catalogue=catalogue,
+            cache=cache,
+            memory=RayMemory(app_name, self.settings) if self.settings.memory.enabled else None,
+            fanout=RayFanout(self.pool),
+            sessions=lambda llm: RaySessions(session_hosts(app_name, self.settings, spec), session_pipeline(self.settings, llm, app_name)),
             metrics=self.metrics,
+            cache_stats=cache.stats,
         )
-        sessions = RaySessions(app_name, spec, session_pipeline(self.settings, llm, app_name))
-        s = self.settings.sessions
-        self.rpc = build_dispatcher(
-            self.service, self.registry, sessions, cache_stats=self.cache.stats.remote,
-            sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
-            metrics=self.metrics,
-        )
-        self.sessions = sessions
+        application = build_application(self.settings, backends=backends)
+        assert application.client is not None and application.resilient is not None and application.sessions is not None
+        self.client, self.resilient, self.service = application.client, application.resilient, application.service
+        self.rpc, self.sessions = application.dispatcher, application.sessions
+        self.openai = OpenAICompat(self.rpc, counter_for_model(self.client.model), self.client.model)  # docs/openai.md
+        McpEndpoint.serve(self.rpc)  # /mcp (docs/mcp.md)
+        self.a2a = A2AServer(self.service, self.settings.data_dir / "sessions", __version__, bearer=auth_configured(self.settings))
+        if self.settings.auth.enabled:
+            self._guard(app_name)
         self._session_gauge: asyncio.Task | None = None
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
+
+    def _guard(self, app_name: str) -> None:
+        """Authentication on: tokens verified at the gate, every method behind the tenancy guard."""
+        auth = self.settings.auth
+        AuthGate.verifier = TokenVerifier(auth)
+
+        async def strategy_of(params: Any) -> str:
+            return (await self.service.resolve(params)).strategy
+
+        guard = Guard(
+            Policy(auth),
+            RayOwners(owners_actor(app_name, self.settings.data_dir)),
+            RayLimits(limiter_actor(app_name)),
+            agent_exists=lambda agent_id: agent_exists_via(self.registry.get_agent, agent_id),
+            strategy_of=strategy_of,
+            audit=JsonlAuditLog(audit_log_path(self.settings.data_dir)) if auth.audit else None,
+        )
+        install_guard(self.rpc, guard)
 
     @api.post("/rpc", summary="JSON-RPC 2.0 endpoint (single or batch)")
     async def rpc(self, request: Request) -> Response:
         if self._session_gauge is None:
             self._session_gauge = asyncio.create_task(self._count_sessions())
         body = await request.body()
-        payload, trace_ids = await self.rpc.handle(body, accept_trace_id(request.headers.get("x-trace-id")))
+        if (call := streaming_call(body)) is not None:  # reasoning.execute with "stream": true, as SSE
+            trace_id = accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
+            return EventSourceResponse(rpc_sse(self.rpc, call, trace_id), headers={"X-Trace-Id": trace_id})
+        with request_span("/rpc", request.headers) as trace_id:
+            payload, trace_ids = await self.rpc.handle(body, trace_id)
         headers = {"X-Trace-Id": trace_ids[0]} if len(trace_ids) == 1 else {}
         if payload is None:
             return Response(status_code=204, headers=headers)
-        return JSONResponse(payload, headers=headers)
+        limited = rate_limit_headers(payload.get("error") or {}) if isinstance(payload, dict) else {}
+        return JSONResponse(payload, headers={**headers, **limited}, status_code=429 if limited else 200)
 
     @api.post("/v1/reasoning/execute", response_model=ExecuteResult, summary="REST mirror of reasoning.execute")
     async def execute(self, params: ExecuteParams, request: Request) -> Response:
@@ -122,17 +235,62 @@ class ReasonRayIngress:
     async def strategies(self, request: Request) -> Response:
         return await self._rest("reasoning.strategies", {}, request)
 
+    @api.post("/v1/chat/completions", summary="OpenAI-compatible chat completions, plain or streamed (docs/openai.md)")
+    async def chat_completions(self, request: Request) -> Response:
+        trace_id = accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
+        reply = await respond(self.openai, await request.body(), trace_id)
+        if isinstance(reply, Reply):
+            return JSONResponse(reply.body, status_code=reply.status, headers={"X-Trace-Id": trace_id})
+        return EventSourceResponse(reply, headers={"X-Trace-Id": trace_id})
+
+    @api.get("/v1/models", summary="OpenAI-compatible model list: one model per enabled strategy (docs/openai.md)")
+    async def models(self) -> Response:
+        return JSONResponse(await self.openai.models())
+
     async def _rest(self, method: str, params: dict[str, Any], request: Request) -> Response:
         call = {"jsonrpc": "2.0", "method": method, "params": params, "id": 0}
-        payload, trace_ids = await self.rpc.handle_payload(call, accept_trace_id(request.headers.get("x-trace-id")))
+        with request_span(request.url.path, request.headers) as trace_id:
+            payload, trace_ids = await self.rpc.handle_payload(call, trace_id)
         headers = {"X-Trace-Id": trace_ids[0]}
         if "error" in payload:
             error = payload["error"]
-            return JSONResponse({"error": error}, status_code=HTTP_STATUS.get(error["code"], 500), headers=headers)
+            if "retry_after_s" in error.get("data", {}):  # overloaded: when to come back
+                headers["Retry-After"] = str(max(1, math.ceil(error["data"]["retry_after_s"])))
+            headers.update(rate_limit_headers(error))
+            return JSONResponse({"error": error}, status_code=http_status(error), headers=headers)
         return JSONResponse(payload["result"], headers=headers)
 
-    @api.get("/healthz", summary="Health of Ray, the strategy registry and the LLM endpoint")
+    @api.get("/.well-known/agent-card.json", summary="The A2A agent card (docs/interop.md)")
+    async def agent_card(self, request: Request) -> Response:
+        return JSONResponse(card_json(self.a2a.card(str(request.base_url))))
+
+    @api.post("/a2a", summary="A2A JSON-RPC endpoint (a2a-sdk): SendMessage, SendStreamingMessage, GetTask, CancelTask...")
+    async def a2a_rpc(self, request: Request) -> Response:
+        with request_span("/a2a", request.headers):
+            return await self.a2a.handle(request)
+
+    @api.get("/metrics", summary="Prometheus metrics of every node of the cluster (docs/operations.md)")
+    async def prometheus(self) -> Response:
+        return Response(merge_metrics(await node_metric_pages()), media_type=PROMETHEUS_TEXT)
+
+    @api.get("/health", summary="Public liveness probe (alias of /healthz)")
+    async def health(self) -> Response:
+        return await self.healthz()
+
+    @api.get("/healthz", summary="Public health: ok, degraded or unavailable, nothing more")
     async def healthz(self) -> Response:
+        body, status_code = await self._health()
+        return JSONResponse({"status": "ok" if body["status"] == "ok" else "degraded"}, status_code=status_code)
+
+    @api.get("/admin/health", summary="Operator health: Ray, the strategy registry and the LLM endpoint in detail")
+    async def admin_health(self) -> Response:
+        if self.settings.auth.enabled and not caller_has_role("operator", "admin"):  # the gate checked the token
+            error = error_for(ForbiddenError("forbidden: /admin/health is for the operator and admin roles"))
+            return JSONResponse({"error": {"code": error.code, "message": error.message, "data": error.data}}, status_code=403)
+        body, status_code = await self._health()
+        return JSONResponse(body, status_code=status_code)
+
+    async def _health(self) -> tuple[dict[str, Any], int]:
         registry = await self._registry_health()
         llm = await self._llm_health()
         status = "ok" if registry["ok"] and llm["reachable"] and llm["breaker"] == "closed" else "degraded"
@@ -144,14 +302,15 @@ class ReasonRayIngress:
             "ray": {"initialized": ray.is_initialized(), "node_id": ray.get_runtime_context().get_node_id()},
             "registry": registry,
             "llm": llm,
+            "fanout": self.pool.describe(),
         }
-        return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
+        return body, 503 if status == "unavailable" else 200
 
     async def _count_sessions(self) -> None:
-        """Publish how many sessions have a live actor, every SESSION_GAUGE_S seconds."""
+        """Publish how many sessions are live in the session hosts, every SESSION_GAUGE_S seconds."""
         while True:
             try:
-                live = await asyncio.to_thread(self.sessions.live_count)
+                live = await self.sessions.live_count()
                 self.metrics.record("reasonray_active_sessions", live)
             except Exception as exc:  # the GCS is briefly unreachable: try again next round
                 log.warning("sessions.count_failed", error=f"{type(exc).__name__}: {exc}"[:200])
@@ -176,6 +335,7 @@ class ReasonRayIngress:
             probe = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
         probe.update(
             provider=self.settings.resolved_provider(),
+            provider_reason=self.settings.provider_reason(),
             model=self.client.model,
             base_url=self.client.base_url,
             simulated=self.settings.resolved_provider() == "simulated",
@@ -187,9 +347,9 @@ class ReasonRayIngress:
 def ray_environment(settings: Settings) -> dict[str, str]:
     """Environment a Ray cluster needs before it starts, for the configured ingress and fan-out.
 
-    Fan-out branches are Ray tasks that ask for no CPU, so Ray would keep only as many idle worker
-    processes as there are free CPUs and start new ones (about 1.2 s each) for every wide fan-out:
-    `[server] warm_workers` raises that soft limit. The HAProxy ingress always opens a stats and a
+    Fan-out branches run on branch-runner actors started at deploy time (actors/fanout.py); other
+    zero-CPU work would find only as many idle worker processes as there are free CPUs and start new
+    ones (about 1.2 s each): `[server] warm_workers` raises that soft limit. The HAProxy ingress always opens a stats and a
     metrics listener; they get free ports here so that two clusters on one machine never collide.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
@@ -205,7 +365,7 @@ def ray_environment(settings: Settings) -> dict[str, str]:
 
 
 class AppArgs(BaseModel):
-    """Arguments of `build_app` (what `serve run serve_app:build_app key=value` passes)."""
+    """Arguments of `build_app` (what `serve run reasonray.serve_app:build_app key=value` passes)."""
 
     config_path: str | None = Field(None, description="config.toml to load; default: the repository's config.toml.")
     settings: dict[str, Any] | None = Field(None, description="Already-loaded settings (the CLI passes these).")
@@ -218,15 +378,22 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     settings = Settings.model_validate(parsed.settings) if parsed.settings else load_settings(parsed.config_path)
     # replicas run in other working directories: give them an absolute data directory
     settings = settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
-    RegistryService(settings.reasoning, settings.data_dir)  # raises ConfigError naming the key or the agents file
+    # raises ConfigError naming the key, the agents file or the unreachable store (whose schema it creates or migrates)
+    RegistryService(settings.reasoning, settings.data_dir, store_url=settings.store.url)
     client_for(settings)  # raises LLMConfigError naming the variable to set
     check_memory(settings)  # raises MemoryUnavailableError naming the model or server to fix
     scaling = settings.server.autoscaling
     replicas: dict[str, Any] = (
         {"autoscaling_config": scaling.serve_config()} if scaling.enabled else {"num_replicas": settings.server.num_replicas}
     )
+    actor_options: dict[str, Any] = {"num_cpus": settings.server.replica_num_cpus}
+    if otel := tracing.export_env():  # OTEL_* of the deploying process: replicas, their tasks and actors export too
+        actor_options["runtime_env"] = {"env_vars": otel}
     return ReasonRayIngress.options(
         **replicas,
         max_ongoing_requests=settings.reasoning.performance.max_concurrent_requests,
-        ray_actor_options={"num_cpus": settings.server.replica_num_cpus},
+        # a bounded queue: beyond it Serve's proxy answers 503 with Retry-After instead of queueing forever
+        max_queued_requests=settings.fanout.max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=max(1, math.ceil(settings.fanout.retry_after_s))),
+        ray_actor_options=actor_options,
     ).bind(settings.model_dump(mode="json"), parsed.app_name)

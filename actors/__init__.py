@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayTaskError, TaskCancelledError
+
+from reasonray.kernel.errors import RunCancelledError
 
 NAMESPACE = "reasonray"
 
@@ -15,3 +17,5 @@ async def unwrap(ref: Any) -> Any:
         return await ref
     except RayTaskError as exc:
         raise (exc.cause if isinstance(exc.cause, BaseException) else exc) from None
+    except TaskCancelledError:  # someone cancelled the task (ray.cancel): the caller's run was cancelled, -32014
+        raise RunCancelledError("a Ray task of the run was cancelled before it finished; retry the request") from None

@@ -1,12 +1,21 @@
-"""Fan-out as Ray tasks: each branch of a tree-of-thought step or a MaTTS round runs as its own task.
+"""Fan-out on a pool of async branch-runner actors: many branches share a process and an event loop.
 
-Branches are I/O-bound (they wait on the LLM), so the tasks ask for no CPU (`num_cpus=0`): five
-branches finish in about the time of one on a 2-core machine, and on a cluster Ray spreads them
-over the nodes. Each worker process keeps one event loop and one LLM stack (client, retries,
-breaker, the application's shared response cache) per application, built on first use from the
-settings the replica passes; the API key is read from the worker's environment, never shipped
-with the task. A branch returns its value together with its events and token tally, which the
-fanning-out run records as its own, plus a BRANCH event saying which task, node and process ran it.
+Each branch of a self-consistency vote, a tree-of-thought step, a MaTTS round or a refine step is one
+actor call (a Ray task) to a `BranchRunner`, an async actor whose calls are coroutines on its event
+loop: a branch waiting on the LLM holds no process, so a runner multiplexes hundreds of them. Every API
+replica owns a `BranchPool`: `[fanout] pool_size` runners created when the replica starts (so the first
+request finds them warm: process started, strategies imported, LLM stack built), spread over the nodes,
+grown by one runner whenever every runner already has `branches_per_runner` branches in flight (up to
+`max_pool_size`), and gone with the replica (a redeploy with other settings gets new pools). A replica
+runs at most `max_in_flight` branches at once; a fan-out beyond that is refused with OverloadedError
+(-32011, `retry_after_s`) instead of queueing without bound.
+
+Each runner keeps one LLM stack (client, retries, the endpoint's breaker, the application's shared
+response cache) per settings it was sent, built on first use; the API key is read from the runner's
+environment, never shipped with the call. A branch returns its value together with its events and token
+tally, which the fanning-out run records as its own, plus a BRANCH event saying which task, actor, node
+and process ran it. docs/architecture.md ("Fan-out") says why this, and not one Ray task per branch or a
+Serve deployment behind a DeploymentHandle.
 """
 
 from __future__ import annotations
@@ -15,18 +24,25 @@ import asyncio
 import os
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import ray
+import structlog
 
-from actors import unwrap
-from gateway.protocol import LLM
-from gateway.tokens import counter_for_model
-from reasonray.config import Settings
-from reasonray.events import BranchRun, Event, ObservedLLM, Tally
-from strategies.base import Branch, StrategyContext
+from reasonray.actors import NAMESPACE, unwrap
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.protocol import LLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel import tracing
+from reasonray.kernel.config import FanoutSettings, Settings
+from reasonray.kernel.errors import OverloadedError
+from reasonray.kernel.events import BranchRun, Event, Tally
+from reasonray.strategies.base import Branch, StrategyContext
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -39,29 +55,31 @@ class LLMSpec:
     app_name: str
 
     def build(self) -> LLM:
-        from actors.llm_cache import RayCacheStore, cache_actor
-        from actors.metrics import ray_metrics
-        from reasonray.llm import build_llm, client_for
+        from reasonray.actors.llm_cache import RayCacheStore, cache_actor
+        from reasonray.actors.metrics import ray_metrics
+        from reasonray.gateway.factory import build_llm, client_for
 
         settings = Settings.model_validate_json(self.settings_json)
+        tracing.set_content(tracing.content_from(settings))
         store = RayCacheStore(cache_actor(self.app_name, settings.llm.cache)) if settings.llm.cache.enabled else None
         llm, _ = build_llm(settings, client_for(settings), store, ray_metrics(settings.reasoning.performance.enable_metrics))
         return llm
 
 
 class WorkerLoop:
-    """Per worker process: one background event loop and one LLM stack per spec."""
+    """Per worker process of a synchronous Ray task (evaluation examples, reasonray/evals/distributed.py):
+    one background event loop and one LLM stack per spec."""
 
     lock = threading.Lock()
     loop: asyncio.AbstractEventLoop | None = None
-    llms: dict[LLMSpec, LLM] = {}
+    llms: ClassVar[dict[LLMSpec, LLM]] = {}
 
     @classmethod
     def run(cls, coroutine: Any) -> Any:
         with cls.lock:
             if cls.loop is None:
                 cls.loop = asyncio.new_event_loop()
-                threading.Thread(target=cls.loop.run_forever, name="reasonray-branches", daemon=True).start()
+                threading.Thread(target=cls.loop.run_forever, name="reasonray-tasks", daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coroutine, cls.loop).result()
 
     @classmethod
@@ -72,49 +90,146 @@ class WorkerLoop:
             return cls.llms[spec]
 
 
-async def _run(spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str, options: dict[str, Any]) -> tuple[T, list[Event], Tally]:
-    events: list[Event] = []
-    llm = ObservedLLM(WorkerLoop.llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
-    context = StrategyContext(llm=llm, tokens=counter_for_model(llm.model), emit=events.append, trace_id=trace_id)
-    value = await branch(context)
-    return value, events, llm.tally
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)  # a branch calls the LLM: never re-run it behind the caller's back
+class BranchRunner:
+    """Runs branches as coroutines on one event loop; asks for no CPU (the work waits on the LLM)."""
+
+    def __init__(self) -> None:
+        self._llms: dict[LLMSpec, LLM] = {}
+
+    def _llm(self, spec: LLMSpec) -> LLM:
+        if spec not in self._llms:
+            self._llms[spec] = spec.build()
+        return self._llms[spec]
+
+    async def warm(self, spec: LLMSpec) -> dict[str, Any]:
+        """Build the LLM stack and import what branches need, so the first real branch pays nothing."""
+        from reasonray.strategies.registry import StrategyRegistry
+
+        StrategyRegistry().discover()  # imports every strategy module (branches unpickle into them)
+        counter_for_model(self._llm(spec).model).count("warm")  # loads the tokenizer
+        runtime = ray.get_runtime_context()
+        return {"actor_id": runtime.get_actor_id(), "name": runtime.get_actor_name(), "node_id": runtime.get_node_id(), "pid": os.getpid()}
+
+    async def run(
+        self,
+        spec: LLMSpec,
+        branch: Branch[T],
+        trace_id: str,
+        strategy: str,
+        options: dict[str, Any],
+        carrier: dict[str, str] | None = None,
+        name: str = "",
+    ) -> tuple[T, list[Event], Tally, dict[str, Any]]:
+        started = time.perf_counter()
+        events: list[Event] = []
+        llm = ObservedLLM(self._llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
+        context = StrategyContext(llm=llm, tokens=counter_for_model(llm.model), emit=events.append, trace_id=trace_id)
+        # the branch's span continues the fanning-out run's trace (the carrier travelled with the call)
+        with tracing.span(
+            f"branch {name or strategy}", {"reasonray.strategy": strategy, "reasonray.trace_id": trace_id}, parent=carrier or {}
+        ):
+            value = await branch(context)
+        runtime = ray.get_runtime_context()
+        where = {
+            "task_id": runtime.get_task_id() or "",
+            "actor_id": runtime.get_actor_id() or "",
+            "node_id": runtime.get_node_id(),
+            "pid": os.getpid(),
+            "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+        }
+        return value, events, llm.tally, where
 
 
-@ray.remote(num_cpus=0, max_retries=0)
-def run_branch(
-    spec: LLMSpec, branch: Branch[T], trace_id: str, strategy: str, options: dict[str, Any]
-) -> tuple[T, list[Event], Tally, dict[str, Any]]:
-    started = time.perf_counter()
-    value, events, tally = WorkerLoop.run(_run(spec, branch, trace_id, strategy, options))
-    runtime = ray.get_runtime_context()
-    where = {
-        "task_id": runtime.get_task_id() or "",
-        "node_id": runtime.get_node_id(),
-        "pid": os.getpid(),
-        "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
-    }
-    return value, events, tally, where
+class BranchPool:
+    """One replica's branch runners and its bound on branches in flight (single event loop: no locks)."""
+
+    def __init__(self, app_name: str, spec: LLMSpec, settings: FanoutSettings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.prefix = f"{app_name}-branches-{uuid.uuid4().hex[:8]}"  # named: easy to find in the dashboard
+        self.runners: list[Any] = []
+        self.load: list[int] = []  # branches this replica has in flight on each runner
+        self.in_flight = 0
+        self.started: list[dict[str, Any]] = []  # where the runners created at deploy time run
+
+    def start(self, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+        """Create the initial runners and wait until they are warm (called at deploy time; blocking)."""
+        warming = [self._add() for _ in range(self.settings.pool_size)]
+        self.started = ray.get(warming, timeout=timeout_s)
+        log.info("fanout.pool_ready", runners=len(self.started), prefix=self.prefix)
+        return self.started
+
+    def _add(self) -> Any:
+        runner = BranchRunner.options(name=f"{self.prefix}-{len(self.runners)}", namespace=NAMESPACE, scheduling_strategy="SPREAD").remote()
+        self.runners.append(runner)
+        self.load.append(0)
+        return runner.warm.remote(self.spec)  # calls sent before it finishes queue behind it
+
+    def admit(self, branches: int) -> None:
+        """Take `branches` slots, or refuse with OverloadedError; a fan-out wider than the bound runs alone."""
+        bound = self.settings.max_in_flight
+        if self.in_flight and self.in_flight + branches > bound:
+            raise OverloadedError(
+                f"overloaded: {self.in_flight} branches in flight on this replica and [fanout] max_in_flight is {bound}; "
+                f"retry in {self.settings.retry_after_s:g}s (or raise max_in_flight / add replicas)",
+                {"in_flight": self.in_flight, "max_in_flight": bound, "retry_after_s": self.settings.retry_after_s},
+            )
+        self.in_flight += branches
+
+    def release(self, branches: int) -> None:
+        self.in_flight -= branches
+
+    def pick(self) -> int:
+        """The least-loaded runner, after adding one when all are at `branches_per_runner`."""
+        index = min(range(len(self.runners)), key=self.load.__getitem__)
+        if self.load[index] >= self.settings.branches_per_runner and len(self.runners) < self.settings.max_pool_size:
+            self._add()
+            index = len(self.runners) - 1
+            log.info("fanout.pool_grew", runners=len(self.runners), in_flight=self.in_flight)
+        self.load[index] += 1
+        return index
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "runners": len(self.runners),
+            "actor_ids": [r._actor_id.hex() for r in self.runners],
+            "started": self.started,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.settings.max_in_flight,
+        }
 
 
 class RayFanout:
-    """The `Fanout` behind Serve: one Ray task per branch, results merged into the calling run."""
+    """The `Fanout` behind Serve: one actor call per branch on the replica's pool, results merged into the run."""
 
-    def __init__(self, spec: LLMSpec) -> None:
-        self.spec = spec
+    def __init__(self, pool: BranchPool) -> None:
+        self.pool = pool
 
     async def __call__(self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
+        pool = self.pool
         strategy = context.llm.strategy
         options = context.llm.branch_options(len(branches))  # the run's memories and token budget apply there too
-        refs = [
-            run_branch.options(name=f"{label}[{i}]").remote(self.spec, branch, context.trace_id, strategy, options)
-            for i, branch in enumerate(branches)
-        ]
+        carrier = tracing.inject()  # the trace context, so branch spans join the run's trace ({} when off)
+        pool.admit(len(branches))
+        placed = [pool.pick() for _ in branches]
         try:
-            outcomes = await asyncio.gather(*(unwrap(ref) for ref in refs))
-        except Exception:
-            for ref in refs:
-                ray.cancel(ref)  # best effort: the run has failed, stop the other branches
-            raise  # the branch's own error (a provider failure, a bad model reply)
+            refs = [
+                pool.runners[r]
+                .run.options(name=f"{label}[{i}]")
+                .remote(pool.spec, branch, context.trace_id, strategy, options, carrier, f"{label}[{i}]")
+                for i, (r, branch) in enumerate(zip(placed, branches, strict=True))
+            ]
+            try:
+                outcomes = await asyncio.gather(*(unwrap(ref) for ref in refs))
+            except BaseException:
+                for ref in refs:
+                    ray.cancel(ref)  # best effort: the run has failed (or was cancelled), stop the other branches
+                raise  # the branch's own error (a provider failure, a bad model reply)
+        finally:
+            for r in placed:
+                pool.load[r] -= 1
+            pool.release(len(branches))
         values = []
         for index, (value, events, tally, where) in enumerate(outcomes):
             for event in events:

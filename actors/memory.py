@@ -1,10 +1,15 @@
 """The memory bank actor: the one owner of the application's Chroma client and embedding model.
 
-Every replica, task and session reaches the ReasoningBank through it (`RayMemory`). Its calls run
-the bank's blocking work (embedding, Chroma reads and writes) in worker threads, so a slow write
+Every replica, task and session reaches the ReasoningBank through it (`RayMemory`, a typed client
+with the `memory.service.MemoryClient` methods). The actor is `LocalMemory` run by Ray: its calls
+run the bank's blocking work (embedding, Chroma reads and writes) in worker threads, so a slow write
 never stalls the actor's event loop and reads go on meanwhile. It restarts when it fails
 (`max_restarts=-1`), reopening the store from disk or the Chroma server; calls in flight are
 retried on the new instance, which is safe because every write is an upsert by item id.
+
+It is built from the application's settings and replaced when the application is deployed with
+other ones (`retire_stale_memory` at deploy time, `actors.lifecycle`): memories go to the data
+directory or Chroma server configured now, never through a bank left over from an earlier deploy.
 
 With embedded Chroma (no `[memory] chroma_url`) the data lives on one node's disk, so the actor is
 pinned to the node that created it; a cluster that should survive losing that node uses a Chroma
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -22,20 +28,22 @@ import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actors import NAMESPACE, unwrap
-from actors.metrics import ray_metrics
-from memory.service import BankService, invoke, open_bank
-from reasonray.config import Settings
+from reasonray.actors import unwrap
+from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, retire_if_stale
+from reasonray.actors.metrics import ray_metrics
+from reasonray.kernel.config import Settings
+from reasonray.memory.service import BankService, LocalMemory, open_bank
 
 log = structlog.get_logger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class MemoryBankActor:
-    def __init__(self, settings_json: str) -> None:
+class MemoryBankActor(LocalMemory, Fingerprinted):
+    def __init__(self, fp: str, settings_json: str) -> None:
+        self._fingerprint = fp
         settings = Settings.model_validate_json(settings_json)
-        self._service = BankService(open_bank(settings), ray_metrics(settings.reasoning.performance.enable_metrics))
-        load = getattr(self._service.bank.embedder, "load", None)
+        super().__init__(BankService(open_bank(settings), ray_metrics(settings.reasoning.performance.enable_metrics)))
+        load = getattr(self.service.bank.embedder, "load", None)
         if load is not None:  # load the model now, off the event loop, so the first retrieval does not wait for it
             threading.Thread(target=self._warm, args=(load,), daemon=True).start()
 
@@ -46,14 +54,23 @@ class MemoryBankActor:
         except Exception:  # reported, with its fix, by the first call that needs the model
             pass
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Any public BankService method by name, run in a worker thread."""
-        return await asyncio.to_thread(invoke, self._service, method, *args, **kwargs)
+
+def memory_name(app_name: str) -> str:
+    return f"{app_name}-memory"
+
+
+def memory_fingerprint(settings: Settings) -> str:
+    return fingerprint(settings.model_dump(mode="json"))
+
+
+def retire_stale_memory(app_name: str, settings: Settings) -> None:
+    """Deploy time: a memory bank built from other settings goes; the next call starts one from these."""
+    retire_if_stale(memory_name(app_name), memory_fingerprint(settings))
 
 
 class RayMemory:
-    """`memory.service.MemoryClient` over the application's memory bank actor, created on first use
-    (an application that never touches memory never starts it)."""
+    """The typed `MemoryClient` over the application's memory bank actor, created on first use (an
+    application that never touches memory never starts it)."""
 
     def __init__(self, app_name: str, settings: Settings) -> None:
         self.app_name = app_name
@@ -63,23 +80,86 @@ class RayMemory:
     @property
     def handle(self) -> Any:
         if self._handle is None:
-            self._handle = memory_actor(self.app_name, self.settings)
+            options: dict[str, Any] = {}
+            if not self.settings.memory.chroma_url:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self._handle = actor_for(
+                MemoryBankActor, memory_name(self.app_name), memory_fingerprint(self.settings), self.settings.model_dump_json(), **options
+            )
         return self._handle
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, send: Callable[[Any], Any]) -> Any:
         try:
-            return await unwrap(self.handle.call.remote(method, *args, **kwargs))
+            return await unwrap(send(self.handle))
         except (ActorDiedError, ActorUnavailableError):
-            # killed for good (an operator, a lost node): start a new one, which reopens the store, and retry once
-            log.info("memory.actor_replaced", app=self.app_name, method=method)
+            # killed for good (an operator, a lost node, a redeploy): start a new one, which reopens the store, and retry once
+            log.info("memory.actor_replaced", app=self.app_name)
             self._handle = None
             await asyncio.sleep(0.2)  # let Ray release the dead actor's name
-            return await unwrap(self.handle.call.remote(method, *args, **kwargs))
+            return await unwrap(send(self.handle))
 
+    async def retrieve(
+        self,
+        query: str,
+        workspace: str,
+        *,
+        top_k: int | None = None,
+        exclude_task_ids: Sequence[str] = (),
+        domain: str | None = None,
+        error_patterns: Sequence[str] = (),
+        error_only: bool = False,
+        min_similarity: float | None = None,
+    ) -> list[dict[str, Any]]:
+        return await self._call(
+            lambda h: h.retrieve.remote(
+                query,
+                workspace,
+                top_k=top_k,
+                exclude_task_ids=list(exclude_task_ids),
+                domain=domain,
+                error_patterns=list(error_patterns),
+                error_only=error_only,
+                min_similarity=min_similarity,
+            )
+        )
 
-def memory_actor(app_name: str, settings: Settings):
-    """The application's memory bank actor, created on first use."""
-    options: dict[str, Any] = {"name": f"{app_name}-memory", "namespace": NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
-    if not settings.memory.chroma_url:
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return MemoryBankActor.options(**options).remote(settings.model_dump_json())
+    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.store_items.remote(items, workspace, keys))
+
+    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.store_entry.remote(entry, workspace))
+
+    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.get.remote(memory_id, workspace))
+
+    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.genealogy.remote(memory_id, workspace))
+
+    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.descendants.remote(memory_id, workspace))
+
+    async def errors(
+        self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.errors.remote(workspace, error_type, domain, limit))
+
+    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.traces.remote(task_id, workspace))
+
+    async def list_workspaces(self) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.list_workspaces.remote())
+
+    async def delete_workspace(self, workspace: str) -> dict[str, Any]:
+        return await self._call(lambda h: h.delete_workspace.remote(workspace))
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call(lambda h: h.stats.remote())
+
+    async def reset_stats(self) -> dict[str, Any]:
+        return await self._call(lambda h: h.reset_stats.remote())
+
+    async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
+        await self._call(lambda h: h.record_run.remote(tally, ok))
+
+    async def record_passive(self, captured: bool) -> None:
+        await self._call(lambda h: h.record_passive.remote(captured))

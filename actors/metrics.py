@@ -8,13 +8,16 @@ counters), where Prometheus scrapes them beside Serve's own. Every series also c
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
+import httpx
+import ray
 import structlog
 from ray.util import metrics as ray_metrics_api
 
-from reasonray.telemetry import CATALOGUE, Metrics, NoMetrics, check
+from reasonray.kernel.telemetry import CATALOGUE, Metrics, NoMetrics, check
 
 log = structlog.get_logger(__name__)
 
@@ -26,8 +29,9 @@ class RayMetrics:
             if spec.kind == "counter":
                 made = ray_metrics_api.Counter(spec.name, description=spec.description, tag_keys=spec.tags)
             elif spec.kind == "histogram":
-                made = ray_metrics_api.Histogram(spec.name, description=spec.description, boundaries=list(spec.boundaries),
-                                                 tag_keys=spec.tags)
+                made = ray_metrics_api.Histogram(
+                    spec.name, description=spec.description, boundaries=list(spec.boundaries), tag_keys=spec.tags
+                )
             else:
                 made = ray_metrics_api.Gauge(spec.name, description=spec.description, tag_keys=spec.tags)
             self._objects[spec.name] = made
@@ -60,3 +64,21 @@ def ray_metrics(enabled: bool = True) -> Metrics:
         if _process is None:
             _process = RayMetrics()
         return _process
+
+
+async def node_metric_pages(timeout_s: float = 5.0) -> list[str]:
+    """Every live node's metrics export page (Ray's own endpoint, where each process's metrics land).
+
+    A node that does not answer in time is left out (logged): the others' metrics still serve.
+    """
+    nodes = await asyncio.to_thread(ray.nodes)
+    urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics" for n in nodes if n.get("Alive")]
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        answers = await asyncio.gather(*(client.get(url) for url in urls), return_exceptions=True)
+    pages = []
+    for url, answer in zip(urls, answers, strict=True):
+        if isinstance(answer, Exception) or answer.status_code != 200:
+            log.warning("metrics.node_unreachable", url=url, error=str(answer)[:200])
+            continue
+        pages.append(answer.text)
+    return pages

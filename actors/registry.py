@@ -1,8 +1,10 @@
 """The strategy registry actor: one per application, the source of truth for the enabled catalogue and
-the AgentCards (`reasonray.registry.RegistryService`, served to every replica).
+the AgentCards (`reasonray.api.registry.RegistryService`, served to every replica through `RayRegistry`).
 
 A sync actor: Ray runs its calls one at a time, so agent registrations never interleave their
 writes to `<data_dir>/agents.json`. It restarts on failure and reloads the cards from that file.
+It is replaced when the application is deployed with another catalogue or data directory
+(`actors.lifecycle`), so a restart never reloads the settings of an earlier deploy.
 """
 
 from __future__ import annotations
@@ -12,61 +14,50 @@ from typing import Any
 
 import ray
 
-from actors import NAMESPACE, unwrap
-from reasonray.config import ReasoningSettings
-from reasonray.registry import RegistryService
+from reasonray.actors import unwrap
+from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
+from reasonray.api.registry import RegistryService
+from reasonray.kernel.config import ReasoningSettings
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class StrategyRegistryActor:
-    def __init__(self, reasoning: dict[str, Any], data_dir: str | None) -> None:
-        self.configure(reasoning, data_dir)
+class StrategyRegistryActor(RegistryService, Fingerprinted):
+    """RegistryService run by Ray: its methods are the actor's."""
 
-    def configure(self, reasoning: dict[str, Any], data_dir: str | None) -> dict[str, Any]:
-        """(Re)load the catalogue and the agent directory; idempotent. Returns the snapshot."""
-        self._service = RegistryService(ReasoningSettings.model_validate(reasoning), Path(data_dir) if data_dir else None)
-        return self._service.snapshot()
-
-    def call(self, method: str, *args: Any) -> Any:
-        """Any public RegistryService method by name (snapshot, describe, register_agent, ...)."""
-        if method.startswith("_") or not callable(getattr(self._service, method, None)):
-            raise AttributeError(f"the registry has no method {method!r}")
-        return getattr(self._service, method)(*args)
+    def __init__(self, fp: str, reasoning: dict[str, Any], data_dir: str | None, store_url: str | None = None) -> None:
+        self._fingerprint = fp
+        super().__init__(ReasoningSettings.model_validate(reasoning), Path(data_dir) if data_dir else None, store_url=store_url)
 
 
 class RayRegistry:
-    """`reasonray.registry.Registry` over the application's registry actor."""
+    """The typed `reasonray.api.registry.Registry` over the application's registry actor."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def _call(self, method: str, *args: Any) -> Any:
-        return await unwrap(self.handle.call.remote(method, *args))
-
     async def snapshot(self) -> dict[str, Any]:
-        return await self._call("snapshot")
+        return await unwrap(self.handle.snapshot.remote())
 
     async def describe(self) -> dict[str, Any]:
-        return await self._call("describe")
+        return await unwrap(self.handle.describe.remote())
 
     async def register_agent(self, registration: dict[str, Any], known_methods: list[str]) -> dict[str, Any]:
-        return await self._call("register_agent", registration, known_methods)
+        return await unwrap(self.handle.register_agent.remote(registration, known_methods))
 
     async def get_agent(self, agent_id: str) -> dict[str, Any]:
-        return await self._call("get_agent", agent_id)
+        return await unwrap(self.handle.get_agent.remote(agent_id))
 
     async def list_agents(self) -> list[dict[str, Any]]:
-        return await self._call("list_agents")
+        return await unwrap(self.handle.list_agents.remote())
 
     async def discover_agents(self, capabilities: list[str]) -> list[dict[str, Any]]:
-        return await self._call("discover_agents", capabilities)
+        return await unwrap(self.handle.discover_agents.remote(capabilities))
 
     async def unregister_agent(self, agent_id: str) -> dict[str, Any]:
-        return await self._call("unregister_agent", agent_id)
+        return await unwrap(self.handle.unregister_agent.remote(agent_id))
 
 
-def registry_actor(app_name: str, reasoning: ReasoningSettings, data_dir: Path | None):
-    """The application's registry actor, created on first use (callers then `configure` it)."""
-    return StrategyRegistryActor.options(
-        name=f"{app_name}-registry", namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
-    ).remote(reasoning.model_dump(mode="json"), str(data_dir) if data_dir else None)
+def registry_actor(app_name: str, reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> Any:
+    """The application's registry actor for these settings (deploy time: blocks until it answers)."""
+    args = (reasoning.model_dump(mode="json"), str(data_dir) if data_dir else None, store_url)
+    return ensure_actor(StrategyRegistryActor, f"{app_name}-registry", fingerprint(*args), *args)

@@ -1,156 +1,243 @@
-"""One actor per live session: created on first use, named by the session id, evicted when idle.
+"""Session hosts: a fixed set of named async actors, each serving many sessions from one event loop.
 
-The actor holds no state the repository does not: every request loads the session from
-`<data_dir>/sessions/` and saves its outcome atomically, so after an eviction, a crash (the actor
-restarts) or a service restart, the next request rehydrates it and continues exactly where it was,
-a pending client hand-off included. Calls into one session are serialised by a lock, so two
-requests never interleave their turns; different sessions never share an actor, hence never state.
+A session is a logical actor: its calls (turns, re-entries, close) go to the host its id hashes to
+(rendezvous hashing over `[sessions] hosts`), where a per-session lock orders and serialises them
+(`reasoner.hosting.LiveSessions`). The host keeps no state the repository does not: every call
+loads the session and saves its outcome atomically, so a host that dies (it restarts, or the call
+falls to another host) and a session dropped for idleness lose nothing.
+
+Each turn and re-entry carries a request id, saved with its outcome; the retry of a call whose host
+died after saving gets the saved outcome back instead of running the turn's LLM and tool calls
+again. Hosts are created at deploy time (`session_hosts`) and replaced when the application is
+deployed with other settings (`actors.lifecycle`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import hashlib
+import os
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from actors import NAMESPACE, unwrap
-from actors.fanout import LLMSpec
-from actors.memory import RayMemory
-from reasonray.config import Settings
-from reasonray.memory_loop import MemoryLoop
-from reasonray.sandbox import SandboxLimits
-from reasoner.builtin_tools import builtin_toolbox
-from reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec, created, submitted
+from reasonray.actors import NAMESPACE, unwrap
+from reasonray.actors.fanout import LLMSpec
+from reasonray.actors.lifecycle import (
+    Fingerprinted,
+    actor_for,
+    ensure_actor,
+    fingerprint,
+    retire_extra,
+)
+from reasonray.actors.memory import RayMemory
+from reasonray.kernel.config import Settings
+from reasonray.kernel.errors import OverloadedError
+from reasonray.kernel.repositories import run_index
+from reasonray.kernel.sandbox import SandboxLimits
+from reasonray.memory.loop import MemoryLoop
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.hosting import LiveSessions
+from reasonray.reasoner.repository import session_repository
+from reasonray.reasoner.session import (
+    SessionPipeline,
+    SessionSpec,
+    created,
+    submitted,
+)
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+RETRIES = 6  # a killed host restarts in about a second; this rides that out
+RETRY_AFTER_S = 1.0
+
 
 def session_pipeline(settings: Settings, llm: Any, app_name: str) -> SessionPipeline:
-    """The pipeline every session actor (and the in-process API) uses, from `[sessions]` settings."""
+    """The pipeline every session host (and the in-process API) uses, from `[sessions]` settings."""
     s = settings.sessions
     memory = RayMemory(app_name, settings) if settings.memory.enabled else None
-    toolbox = builtin_toolbox(SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars),
-                              memory, settings.memory.default_workspace)
-    repository = FileSessionRepository(Path(settings.data_dir) / "sessions")
+    toolbox = builtin_toolbox(
+        SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars), memory, settings.memory.default_workspace
+    )
+    repository = session_repository(settings.store.url, Path(settings.data_dir), settings.limits.session_retention_days)
     passive = MemoryLoop(memory, settings.memory) if memory is not None and settings.memory.passive_learning else None
-    return SessionPipeline(repository, llm, toolbox, data_dir=Path(settings.data_dir), default_max_llm_calls=s.max_llm_calls,
-                           passive=passive)
+    return SessionPipeline(
+        repository,
+        llm,
+        toolbox,
+        data_dir=Path(settings.data_dir),
+        default_max_llm_calls=s.max_llm_calls,
+        passive=passive,
+        runs=run_index(settings.store.url, Path(settings.data_dir)),
+        record=settings.events.record,
+        max_history=settings.limits.max_session_history,
+    )
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=16)
-class SessionActor:
-    def __init__(self, session_id: str, spec: LLMSpec) -> None:
-        self.session_id = session_id
+# max_task_retries=0: a call in flight when the host dies fails to the caller (`RaySessions`), which
+# retries it with the same request id, so a saved turn is answered from the repository, not run again.
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class SessionHost(Fingerprinted):
+    def __init__(self, fp: str, spec: LLMSpec) -> None:
+        self._fingerprint = fp
         settings = Settings.model_validate_json(spec.settings_json)
         self.pipeline = session_pipeline(settings, spec.build(), spec.app_name)
-        self.idle_timeout_s = settings.sessions.idle_timeout_s
-        self.lock = asyncio.Lock()
-        self.last_used = time.monotonic()
-        self.watchdog: asyncio.Task[None] | None = None
+        s = settings.sessions
+        self.live = LiveSessions(s.max_live_per_host, s.idle_timeout_s, RETRY_AFTER_S)
+        self._sweeper: asyncio.Task[None] | None = None
 
-    async def turn(self, message: str, trace_id: str) -> dict[str, Any]:
-        async with self._using():
-            return (await self.pipeline.turn(self.session_id, message, trace_id)).model_dump(mode="json")
+    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str) -> dict[str, Any]:
+        async with self._using(session_id):
+            return (await self.pipeline.turn(session_id, message, trace_id, request_id)).model_dump(mode="json")
 
-    async def resume(self, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
-        async with self._using():
-            return (await self.pipeline.resume(self.session_id, submitted(results), trace_id)).model_dump(mode="json")
+    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str) -> dict[str, Any]:
+        async with self._using(session_id):
+            return (await self.pipeline.resume(session_id, submitted(results), trace_id, request_id)).model_dump(mode="json")
 
-    def _using(self) -> _Use:
-        if self.watchdog is None:
-            self.watchdog = asyncio.create_task(self._evict_when_idle())
-        return _Use(self)
+    async def close(self, session_id: str) -> dict[str, Any]:
+        async with self._using(session_id):  # after the turns already queued for the session
+            closed = self.pipeline.close(session_id)
+        self.live.drop(session_id)
+        return closed
 
-    async def _evict_when_idle(self) -> None:
+    async def stats(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "live": len(self.live), "busy": self.live.busy}
+
+    async def is_live(self, session_id: str) -> bool:
+        """Whether the session is in this host's memory now (operators and tests)."""
+        return session_id in self.live
+
+    def _using(self, session_id: str) -> Any:
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep())
+        return self.live.use(session_id)
+
+    async def _sweep(self) -> None:
+        """Drop idle sessions from memory; their state stays in the repository."""
         while True:
-            await asyncio.sleep(max(self.idle_timeout_s / 4, 0.05))
-            if not self.lock.locked() and time.monotonic() - self.last_used > self.idle_timeout_s:
-                log.info("session.evicted", session_id=self.session_id, idle_s=self.idle_timeout_s)
-                _exit()  # the state is in the repository; the next request starts a new actor
+            await asyncio.sleep(max(self.live.idle_timeout_s / 4, 0.05))
+            dropped = self.live.drop_idle()
+            if dropped:
+                log.info("session.idle_dropped", sessions=dropped, live=len(self.live))
 
 
-def _exit() -> None:
-    """End this actor for good (no restart); its name is free for the next request's actor."""
-    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+class SessionHostClient:
+    """A typed handle on one session host; finds (or restarts the creation of) the host by name."""
+
+    def __init__(self, name: str, fp: str, spec: LLMSpec, handle: Any = None) -> None:
+        self.name = name
+        self.fp = fp
+        self.spec = spec
+        self._handle = handle
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:  # gone for good (killed by an operator): a new one, same settings
+            self._handle = actor_for(SessionHost, self.name, self.fp, self.spec)
+        return self._handle
+
+    def forget(self) -> None:
+        self._handle = None
+
+    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str) -> dict[str, Any]:
+        return await unwrap(self.handle.turn.remote(session_id, message, trace_id, request_id))
+
+    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str) -> dict[str, Any]:
+        return await unwrap(self.handle.resume.remote(session_id, results, trace_id, request_id))
+
+    async def close(self, session_id: str) -> dict[str, Any]:
+        return await unwrap(self.handle.close.remote(session_id))
+
+    async def stats(self) -> dict[str, Any]:
+        return await unwrap(self.handle.stats.remote())
 
 
-class _Use:
-    """Serialises the session's turns and marks it used."""
+def host_name(app_name: str, index: int) -> str:
+    return f"{app_name}-session-host-{index}"
 
-    def __init__(self, actor: SessionActor) -> None:
-        self.actor = actor
 
-    async def __aenter__(self) -> None:
-        await self.actor.lock.acquire()
+def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[SessionHostClient]:
+    """The application's session hosts, created now (deploy time) or kept when they run with these settings."""
+    fp = fingerprint(spec.settings_json)
+    names = [host_name(app_name, i) for i in range(settings.sessions.hosts)]
+    hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec)) for name in names]
+    retired = retire_extra(host_name(app_name, 0)[:-1], set(names))
+    if retired:
+        log.info("session.hosts_retired", hosts=retired)
+    return hosts
 
-    async def __aexit__(self, *exc: object) -> None:
-        self.actor.last_used = time.monotonic()
-        self.actor.lock.release()
+
+def host_index(session_id: str, hosts: int) -> int:
+    """Rendezvous (highest random weight) hashing: every replica picks the same host for a session, and
+    changing the number of hosts moves only the sessions of the hosts added or removed."""
+    return max(range(hosts), key=lambda i: hashlib.blake2b(f"{i}:{session_id}".encode(), digest_size=8).digest())
 
 
 class RaySessions:
-    """`reasoner.session.Sessions` through one actor per session. Creating and reading a session need
-    no actor (they touch the repository only); turns and re-entries run in the session's actor, found
-    by name or started, and a session whose actor just went away (evicted, killed) gets a new one that
-    rehydrates from the repository. A turn that was running when its actor died is run again from the
-    session's last saved state."""
+    """`reasoner.session.Sessions` over the session hosts. Creating and reading a session touch the
+    repository only; turns, re-entries and close run on the session's host, under its lock."""
 
-    def __init__(self, app_name: str, spec: LLMSpec, pipeline: SessionPipeline) -> None:
-        self.app_name = app_name
-        self.spec = spec
+    def __init__(self, hosts: list[SessionHostClient], pipeline: SessionPipeline) -> None:
+        self.hosts = hosts
         self.pipeline = pipeline  # repository access only: its LLM is never called here
 
     async def create(self, spec: SessionSpec) -> dict[str, Any]:
         return created(self.pipeline.create(spec))
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
-        self.pipeline.require(session_id)  # an unknown session fails here, without starting an actor
-        return await self.call(session_id, "turn", message, trace_id)
+        self.pipeline.require(session_id)  # an unknown session fails here, without a host call
+        request_id = uuid.uuid4().hex  # the same for every retry of this call
+        return await self._on_host(session_id, lambda host: host.turn(session_id, message, trace_id, request_id))
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
         self.pipeline.require(session_id)
-        return await self.call(session_id, "resume", results, trace_id)
+        request_id = uuid.uuid4().hex
+        return await self._on_host(session_id, lambda host: host.resume(session_id, results, trace_id, request_id))
 
     async def get(self, session_id: str) -> dict[str, Any]:
         return self.pipeline.get(session_id)
 
     async def close(self, session_id: str) -> dict[str, Any]:
-        closed = self.pipeline.close(session_id)
-        try:
-            ray.kill(ray.get_actor(self.actor_name(session_id), namespace=NAMESPACE), no_restart=True)
-        except ValueError:
-            pass  # no live actor: nothing to stop
-        return closed
+        self.pipeline.require(session_id)
+        return await self._on_host(session_id, lambda host: host.close(session_id))
 
     def tools(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.pipeline.toolbox.tools.values()]
 
-    def live_count(self) -> int:
-        """Sessions of this application with a live actor (a call to Ray's GCS: blocking)."""
-        prefix = self.actor_name("")
-        return sum(1 for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["namespace"] == NAMESPACE and a["name"].startswith(prefix))
+    async def live_count(self) -> int:
+        """Sessions live in the hosts' memory, all hosts together."""
+        return sum(s["live"] for s in await asyncio.gather(*(h.stats() for h in self.hosts)))
 
-    def actor_name(self, session_id: str) -> str:
-        return f"{self.app_name}-session-{session_id}"
+    def host_for(self, session_id: str) -> SessionHostClient:
+        return self.hosts[host_index(session_id, len(self.hosts))]
 
-    def _handle(self, session_id: str) -> Any:
-        return SessionActor.options(
-            name=self.actor_name(session_id), namespace=NAMESPACE, get_if_exists=True, lifetime="detached"
-        ).remote(session_id, self.spec)
-
-    async def call(self, session_id: str, method: str, *args: Any) -> Any:
-        for attempt in (1, 2):
+    async def _on_host(self, session_id: str, call: Callable[[SessionHostClient], Awaitable[T]]) -> T:
+        host = self.host_for(session_id)
+        for attempt in range(RETRIES):
             try:
-                return await unwrap(getattr(self._handle(session_id), method).remote(*args))
-            except (ActorDiedError, ActorUnavailableError):
-                if attempt == 2:
-                    raise
-                log.info("session.actor_replaced", session_id=session_id, method=method)
-                await asyncio.sleep(0.2)  # let Ray release the dead actor's name
-        raise AssertionError("unreachable")
+                return await call(host)
+            except (ActorDiedError, ActorUnavailableError) as exc:
+                # the host died or is restarting; the call is retried with the same request id: a turn it
+                # saved before dying is answered from the repository, one it had not saved runs again
+                log.info("session.host_retry", session_id=session_id, host=host.name, attempt=attempt + 1, error=type(exc).__name__)
+                if isinstance(exc, ActorDiedError) and _gone(host.name):
+                    host.forget()
+                await asyncio.sleep(0.2 * 2**attempt)
+        raise OverloadedError(
+            f"session {session_id!r}: its host {host.name} did not come back after {RETRIES} attempts; retry in {RETRY_AFTER_S:g} s",
+            {"session_id": session_id, "retry_after_s": RETRY_AFTER_S},
+        )
+
+
+def _gone(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return True
+    return False

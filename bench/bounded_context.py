@@ -19,17 +19,22 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import _env  # noqa: E402,F401  (sets up the environment first)
+import _env  # noqa: F401  (sets up the environment first)
 
-
-from gateway.protocol import LLMRequest, system, user  # noqa: E402
-from gateway.simulator.inprocess import SimulatedLLM  # noqa: E402
-from gateway.tokens import count_messages, counter_for_model  # noqa: E402
-from reasonray.events import EventRecorder, ObservedLLM  # noqa: E402
-from strategies.base import StrategyContext  # noqa: E402
-from reasonray.tags import strip_thinking  # noqa: E402
-from strategies.bounded_context import INSTRUCTIONS, BoundedContext, BoundedContextConfig, RunState  # noqa: E402
-from strategies.compute_cost import closed_form_attention  # noqa: E402
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.tokens import count_messages, counter_for_model
+from reasonray.kernel.events import EventRecorder
+from reasonray.kernel.tags import strip_thinking
+from reasonray.strategies.base import StrategyContext
+from reasonray.strategies.bounded_context import (
+    INSTRUCTIONS,
+    BoundedContext,
+    BoundedContextConfig,
+    RunState,
+)
+from reasonray.strategies.compute_cost import closed_form_attention
 
 COUNTER = counter_for_model("simulated")
 EVENTS = Path(tempfile.mkdtemp(prefix="reasonray-bench-"))
@@ -41,8 +46,9 @@ def query_for(tokens: int) -> str:
 
 async def bounded(llm, tokens: int, **config):
     recorder = EventRecorder(EVENTS / f"{time.time_ns()}.jsonl", keep=False)
-    context = StrategyContext(llm=ObservedLLM(llm, recorder, trace_id="bench", strategy="bounded_context"),
-                              tokens=COUNTER, emit=recorder, trace_id="bench")
+    context = StrategyContext(
+        llm=ObservedLLM(llm, recorder, trace_id="bench", strategy="bounded_context"), tokens=COUNTER, emit=recorder, trace_id="bench"
+    )
     try:
         return await BoundedContext().reason(query_for(tokens), context=context, config={"max_iterations": 50, **config})
     finally:
@@ -67,19 +73,26 @@ def closed_form(tokens: int, specific: dict, mode: str, visible: float) -> int:
     first_prompt = count_messages(COUNTER, (system(INSTRUCTIONS), user(query)))
     frame = count_messages(COUNTER, BoundedContext()._messages(query, RunState(), 1, cfg))
     if mode == "tail":
-        return closed_form_attention(specific["reasoning_tokens"], cfg.chunk_size, first_prompt, frame + cfg.head_tokens,
-                                     carryover_size=cfg.carryover_size, visible_fraction=visible)[0]
+        return closed_form_attention(
+            specific["reasoning_tokens"],
+            cfg.chunk_size,
+            first_prompt,
+            frame + cfg.head_tokens,
+            carryover_size=cfg.carryover_size,
+            visible_fraction=visible,
+        )[0]
     summary = specific["mean_summary_tokens"]
     summary_call = cfg.chunk_size - cfg.carryover_size + summary  # its prompt fills chunk - carryover, then it writes S
-    return closed_form_attention(specific["reasoning_tokens"], cfg.chunk_size, first_prompt, frame, summary,
-                                 summary_call=summary_call)[0]
+    return closed_form_attention(specific["reasoning_tokens"], cfg.chunk_size, first_prompt, frame, summary, summary_call=summary_call)[0]
 
 
 def compute(sizes: list[int]) -> None:
     visible = visible_fraction()
     print(f"\n1. Compute (chunk_size 8192, carryover_size 4096, head 100 tokens; visible share of reasoning {visible:.3f})")
-    print(f"{'reasoning':>10} {'mode':>8} {'iters':>5} {'answer':>6} {'tokens proc. ratio':>18} {'attention ratio':>15} "
-          f"{'savings %':>9} {'closed form Δ':>13}")
+    print(
+        f"{'reasoning':>10} {'mode':>8} {'iters':>5} {'answer':>6} {'tokens proc. ratio':>18} {'attention ratio':>15} "
+        f"{'savings %':>9} {'closed form Δ':>13}"
+    )
     verdicts = []
     for tokens in sizes:
         for mode in ("tail", "summary"):
@@ -91,20 +104,26 @@ def compute(sizes: list[int]) -> None:
                 s["mean_summary_tokens"] = round(sum(summaries) / max(len(summaries), 1))
             expected = closed_form(tokens, s, mode, visible)
             delta = (s["attention_cost_bounded"] - expected) / expected * 100
-            print(f"{tokens:>10} {mode:>8} {s['total_iterations']:>5} {result.answer:>6} {s['tokens_processed_ratio']:>18.3f} "
-                  f"{s['attention_cost_ratio']:>15.3f} {s['compute_savings_pct']:>9.1f} {delta:>+12.2f}%")
+            print(
+                f"{tokens:>10} {mode:>8} {s['total_iterations']:>5} {result.answer:>6} {s['tokens_processed_ratio']:>18.3f} "
+                f"{s['attention_cost_ratio']:>15.3f} {s['compute_savings_pct']:>9.1f} {delta:>+12.2f}%"
+            )
             floor = 75 if tokens >= 96_000 else 50 if tokens > 10_000 else None
             if floor is not None:
                 verdicts.append((tokens, mode, s["compute_savings_pct"] >= floor, floor, 1 - s["tokens_processed_ratio"] >= floor / 100))
             assert result.answer == "7" and abs(delta) < 2, f"{tokens} {mode}: closed form off by {delta:.2f}%"
     for tokens, mode, ok, floor, processed_ok in verdicts:
-        print(f"   target >= {floor}% at {tokens} ({mode}): attention {'PASS' if ok else 'FAIL'}, tokens processed {'PASS' if processed_ok else 'FAIL'}")
+        print(
+            f"   target >= {floor}% at {tokens} ({mode}): attention {'PASS' if ok else 'FAIL'}, tokens processed {'PASS' if processed_ok else 'FAIL'}"
+        )
     print("   carryover_size sensitivity, tail mode, 24000 tokens:")
     for carryover_size in (4096, 2048, 1024):
         result = asyncio.run(bounded(SimulatedLLM(), 24_000, carryover_size=carryover_size))
         s = result.metrics.strategy_specific
-        print(f"     carryover_size {carryover_size:>5}: {s['total_iterations']:>2} iterations, savings {s['compute_savings_pct']:5.1f}%, "
-              f"tokens processed ratio {s['tokens_processed_ratio']:.3f}")
+        print(
+            f"     carryover_size {carryover_size:>5}: {s['total_iterations']:>2} iterations, savings {s['compute_savings_pct']:5.1f}%, "
+            f"tokens processed ratio {s['tokens_processed_ratio']:.3f}"
+        )
 
 
 def peak_memory(iterations: int) -> int:
@@ -122,8 +141,10 @@ def memory() -> None:
     print("\n2. Memory (peak traced Python memory of one run, events streamed to disk)")
     small, large = peak_memory(5), peak_memory(50)
     growth = (large - small) / small * 100
-    print(f"   5 iterations: {small / 1024:8.1f} KiB   50 iterations: {large / 1024:8.1f} KiB   growth {growth:+.1f}% "
-          f"(target < 5%: {'PASS' if growth < 5 else 'FAIL'})")
+    print(
+        f"   5 iterations: {small / 1024:8.1f} KiB   50 iterations: {large / 1024:8.1f} KiB   growth {growth:+.1f}% "
+        f"(target < 5%: {'PASS' if growth < 5 else 'FAIL'})"
+    )
 
 
 def latency(sizes: list[int], ttft_ms: float, tokens_per_second: float) -> None:
@@ -139,9 +160,11 @@ def latency(sizes: list[int], ttft_ms: float, tokens_per_second: float) -> None:
             elapsed = time.perf_counter() - started
             s = result.metrics.strategy_specific
             extra_calls = result.metrics.llm_calls - s["total_iterations"]
-            print(f"   {tokens:>6} tokens {mode:>8}: {elapsed:6.2f} s vs one context {base:6.2f} s -> "
-                  f"{(elapsed / base - 1) * 100:+5.1f}% ({s['total_iterations']} chunk calls, {extra_calls} summary calls, "
-                  f"{result.metrics.completion_tokens - s['reasoning_tokens']} summary tokens)")
+            print(
+                f"   {tokens:>6} tokens {mode:>8}: {elapsed:6.2f} s vs one context {base:6.2f} s -> "
+                f"{(elapsed / base - 1) * 100:+5.1f}% ({s['total_iterations']} chunk calls, {extra_calls} summary calls, "
+                f"{result.metrics.completion_tokens - s['reasoning_tokens']} summary tokens)"
+            )
 
 
 def main() -> None:

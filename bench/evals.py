@@ -17,30 +17,46 @@ import os
 import tempfile
 from pathlib import Path
 
-from _env import REPO  # noqa: E402  (sets up the environment first)
+from _env import REPO
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=30)
-    parser.add_argument("--dataset", type=Path, default=REPO / "evals" / "samples" / "word_problems.jsonl",
-                        help="GSM8K-format JSONL (default: the repository's 30-problem sample)")
+    parser.add_argument(
+        "--dataset",
+        type=Path,
+        default=REPO / "evals" / "samples" / "word_problems.jsonl",
+        help="GSM8K-format JSONL (default: the repository's 30-problem sample)",
+    )
     parser.add_argument("--ttft-ms", type=float, default=300.0)
     parser.add_argument("--tokens-per-second", type=float, default=200.0)
     args = parser.parse_args()
     os.environ["REASONRAY_LLM__SIMULATOR__TTFT_MS"] = str(args.ttft_ms)
     os.environ["REASONRAY_LLM__SIMULATOR__TOKENS_PER_SECOND"] = str(args.tokens_per_second)
 
-    from evals.run import EvalOptions, run_async
+    from reasonray.evals.run import EvalOptions, run_async
 
     rows = []
-    for label, use_ray, concurrency in [("in-process, 1 at a time (baseline)", False, 1),
-                                        ("in-process, 8 at a time", False, 8),
-                                        ("Ray tasks, 8 in flight", True, 8)]:
-        report = asyncio.run(run_async(EvalOptions(
-            dataset=args.dataset, strategies=["chain_of_thought"],
-            limit=args.examples, out=Path(tempfile.mkdtemp()) / "bench", use_ray=use_ray, concurrency=concurrency,
-            cache=False, progress=False)))
+    for label, use_ray, concurrency in [
+        ("in-process, 1 at a time (baseline)", False, 1),
+        ("in-process, 8 at a time", False, 8),
+        ("Ray tasks, 8 in flight", True, 8),
+    ]:
+        report = asyncio.run(
+            run_async(
+                EvalOptions(
+                    dataset=args.dataset,
+                    strategies=["chain_of_thought"],
+                    limit=args.examples,
+                    out=Path(tempfile.mkdtemp()) / "bench",
+                    use_ray=use_ray,
+                    concurrency=concurrency,
+                    cache=False,
+                    progress=False,
+                )
+            )
+        )
         [row] = report["rows"]
         assert row["examples"] == args.examples and row["errors"] == 0, row
         rows.append((label, report["grid_seconds"], args.examples / report["grid_seconds"]))

@@ -17,16 +17,17 @@ import os
 import statistics
 import time
 
-import _env  # noqa: E402,F401  (sets up the environment first)
+import _env  # noqa: F401  (sets up the environment first)
 
 
 async def measure(service, k: int, runs: int) -> tuple[list[float], list[float]]:
-    from reasonray.service import ExecuteParams
+    from reasonray.api.service import ExecuteParams
 
     attempts, totals = [], []
     for i in range(runs):
-        params = ExecuteParams(query=f"What is {13 + i} * {17 + k}? [[sim slip=0.3]]", strategy="matts",
-                               strategy_config={"k": k, "seed": 100 * k + i})
+        params = ExecuteParams(
+            query=f"What is {13 + i} * {17 + k}? [[sim slip=0.3]]", strategy="matts", strategy_config={"k": k, "seed": 100 * k + i}
+        )
         started = time.perf_counter()
         result = await service.execute(params, f"bench-{k}-{i}")
         totals.append((time.perf_counter() - started) * 1000)
@@ -43,27 +44,28 @@ def main() -> None:
 
     import ray
 
-    from actors.fanout import LLMSpec, RayFanout
-    from gateway.simulator.server import SimulatorServer, SimulatorSettings
-    from gateway.tokens import counter_for_model
-    from reasonray.config import load_settings
-    from reasonray.llm import build_llm, client_for
-    from reasonray.service import ReasoningService
-    from serve_app import ray_environment
-    from strategies.registry import StrategyRegistry, build_catalogue
+    from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
+    from reasonray.api.app import Backends, build_application
+    from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+    from reasonray.kernel.config import load_settings
+    from reasonray.serve_app import ray_environment
 
     sim = SimulatorServer(SimulatorSettings(port=0, ttft_ms=args.ttft_ms, tokens_per_second=args.tokens_per_second)).start()
     settings = load_settings(environ={})
-    settings = settings.model_copy(update={
-        "llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": sim.url,
-                                               "cache": settings.llm.cache.model_copy(update={"enabled": False})}),
-    })
+    settings = settings.model_copy(
+        update={
+            "llm": settings.llm.model_copy(
+                update={"provider": "simulated", "base_url": sim.url, "cache": settings.llm.cache.model_copy(update={"enabled": False})}
+            ),
+        }
+    )
     os.environ.update(ray_environment(settings))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        llm, _ = build_llm(settings, client_for(settings), None)
-        service = ReasoningService(build_catalogue(StrategyRegistry().discover(), settings.reasoning), llm,
-                                   counter_for_model(llm.model), fanout=RayFanout(LLMSpec(settings.model_dump_json(), "bench-matts")))
+        pool = BranchPool("bench-matts", LLMSpec(settings.model_dump_json(), "bench-matts"), settings.fanout)
+        pool.start()
+        backends = Backends(cache=None, fanout=RayFanout(pool))
+        service = build_application(settings, backends=backends, data_dir=None, memory=False).service
         asyncio.run(measure(service, 5, 2))  # start the worker processes the branches run in
         a1, t1 = asyncio.run(measure(service, 1, args.runs))
         a5, t5 = asyncio.run(measure(service, 5, args.runs))
@@ -71,7 +73,9 @@ def main() -> None:
         ray.shutdown()
         sim.stop()
     m = statistics.median
-    print(f"simulated model: ttft {args.ttft_ms:.0f} ms, {args.tokens_per_second:.0f} tokens/s; {args.runs} runs each; Ray tasks")
+    print(
+        f"simulated model: ttft {args.ttft_ms:.0f} ms, {args.tokens_per_second:.0f} tokens/s; {args.runs} runs each; branches on a pool of async branch runners"
+    )
     print("| MaTTS parallel | attempts phase p50 (ms) | whole run p50 (ms) |")
     print("|---|---:|---:|")
     print(f"| k=1 | {m(a1):.0f} | {m(t1):.0f} |")

@@ -21,18 +21,16 @@ import random
 import statistics
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import _env  # noqa: E402,F401  (sets up the environment first)
+import _env  # noqa: F401  (sets up the environment first)
 
-
-from memory.bank import ReasoningBank  # noqa: E402
-from memory.embeddings import SentenceTransformerEmbedder  # noqa: E402
-from memory.items import ErrorContext, MemoryItem  # noqa: E402
-from memory.store import MEMORIES, ChromaStore, open_client  # noqa: E402
-from reasonray.config import MemorySettings  # noqa: E402
-
+from reasonray.kernel.config import MemorySettings
+from reasonray.memory.bank import ReasoningBank
+from reasonray.memory.embeddings import SentenceTransformerEmbedder
+from reasonray.memory.items import ErrorContext, MemoryItem
+from reasonray.memory.store import MEMORIES, ChromaStore, open_client
 
 SUBJECTS = ["a baker", "a farmer", "a train", "a student", "a shop", "a factory", "a cyclist", "a library", "a river", "a server"]
 VERBS = ["sells", "packs", "travels", "reads", "ships", "produces", "covers", "lends", "carries", "handles"]
@@ -42,15 +40,17 @@ BATCH = 4000
 
 
 def task(rng: random.Random) -> str:
-    return (f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.randint(2, 999)} {rng.choice(OBJECTS)} "
-            f"every {rng.choice(['hour', 'day', 'week', 'month'])} for {rng.randint(2, 60)} periods. {rng.choice(ASKS)}")
+    return (
+        f"{rng.choice(SUBJECTS).capitalize()} {rng.choice(VERBS)} {rng.randint(2, 999)} {rng.choice(OBJECTS)} "
+        f"every {rng.choice(['hour', 'day', 'week', 'month'])} for {rng.randint(2, 60)} periods. {rng.choice(ASKS)}"
+    )
 
 
 class HashEmbedder:
     name = "bench-hash"
 
     def embed(self, texts: list[str]) -> list[list[float]]:
-        from gateway.simulator.engine import embed
+        from reasonray.gateway.simulator.engine import embed
 
         return [embed(t) for t in texts]
 
@@ -70,7 +70,7 @@ def main() -> None:
     rng = random.Random(7)
     embedder = SentenceTransformerEmbedder() if args.embedder == "minilm" else HashEmbedder()
     settings = MemorySettings()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     started = time.perf_counter()
     queries = [task(rng) for _ in range(args.queries)]
@@ -80,8 +80,10 @@ def main() -> None:
         t = time.perf_counter()
         embedder.embed([q])
         embed_ms.append((time.perf_counter() - t) * 1000)
-    print(f"embedder {embedder.name}: loaded and warmed in {time.perf_counter() - started:.1f} s; "
-          f"one query embedding p50 {percentiles(embed_ms)[0]:.2f} ms")
+    print(
+        f"embedder {embedder.name}: loaded and warmed in {time.perf_counter() - started:.1f} s; "
+        f"one query embedding p50 {percentiles(embed_ms)[0]:.2f} ms"
+    )
 
     with tempfile.TemporaryDirectory(prefix="reasonray-bench-memory-") as tmp:
         store = ChromaStore(open_client(None, Path(tmp)), embedder.name)
@@ -96,10 +98,22 @@ def main() -> None:
                 vectors = embedder.embed(texts)
                 items = []
                 for i in range(n):
-                    error = ErrorContext(error_type="slip", failure_pattern="rounded early", corrective_guidance="stay exact") if i % 5 == 0 else None
-                    items.append(MemoryItem(title=f"Lesson {stored + i}", description="A lesson from a past task.", content="Keep values exact.",
-                                            error_context=error, workspace="bench", task_id=f"t{(stored + i) // 2}",
-                                            created_at=now - timedelta(days=rng.randint(0, 365))))
+                    error = (
+                        ErrorContext(error_type="slip", failure_pattern="rounded early", corrective_guidance="stay exact")
+                        if i % 5 == 0
+                        else None
+                    )
+                    items.append(
+                        MemoryItem(
+                            title=f"Lesson {stored + i}",
+                            description="A lesson from a past task.",
+                            content="Keep values exact.",
+                            error_context=error,
+                            workspace="bench",
+                            task_id=f"t{(stored + i) // 2}",
+                            created_at=now - timedelta(days=rng.randint(0, 365)),
+                        )
+                    )
                 store.add(items, texts, vectors)
                 stored += n
             fill_s = time.perf_counter() - t
@@ -117,8 +131,11 @@ def main() -> None:
                 ours.append((time.perf_counter() - t) * 1000)
             (r50, r95), (o50, o95) = percentiles(raw), percentiles(ours)
             rows.append((size, r50, r95, o50, o95))
-            print(f"  {size:>7} items stored (+{fill_s:.0f} s): raw Chroma p50 {r50:.2f} ms p95 {r95:.2f} | "
-                  f"bank p50 {o50:.2f} ms p95 {o95:.2f} | ratio p50 {o50 / r50:.2f}x", flush=True)
+            print(
+                f"  {size:>7} items stored (+{fill_s:.0f} s): raw Chroma p50 {r50:.2f} ms p95 {r95:.2f} | "
+                f"bank p50 {o50:.2f} ms p95 {o95:.2f} | ratio p50 {o50 / r50:.2f}x",
+                flush=True,
+            )
 
     print()
     print("| items | raw Chroma p50 / p95 (ms) | bank retrieval p50 / p95 (ms) | bank / raw (p50) |")

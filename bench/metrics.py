@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-import _env  # noqa: E402,F401  (sets up the environment first)
-
-import ray  # noqa: E402
+import _env  # noqa: F401  (sets up the environment first)
+import ray
 
 
 @ray.remote(num_cpus=0)
@@ -24,13 +23,18 @@ class Bench:
 
         import structlog
 
-        from actors.metrics import RayMetrics
-        from gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
-        from gateway.resilience import CircuitBreaker, ResilientLLM, RetryPolicy
-        from gateway.simulator.inprocess import SimulatedLLM
-        from reasonray.api import local_dispatcher
-        from reasonray.config import ReasoningSettings
-        from reasonray.telemetry import MeteredLLM, NoMetrics
+        from reasonray.actors.metrics import RayMetrics
+        from reasonray.api.app import local_dispatcher
+        from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+        from reasonray.gateway.metered import MeteredLLM
+        from reasonray.gateway.resilience import (
+            CircuitBreaker,
+            ResilientLLM,
+            RetryPolicy,
+        )
+        from reasonray.gateway.simulator.inprocess import SimulatedLLM
+        from reasonray.kernel.config import ReasoningSettings
+        from reasonray.kernel.telemetry import NoMetrics
 
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
@@ -44,9 +48,13 @@ class Bench:
         rpcs = {"off": dispatcher(NoMetrics()), "on": dispatcher(RayMetrics())}
         times: dict[str, list[float]] = {"off": [], "on": []}
         for i in range(requests):
-            for label in (("off", "on") if i % 2 else ("on", "off")):
-                call = {"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute",
-                        "params": {"query": f"What is {i} * 7?", "strategy_config": {"temperature": 0.5}}}  # sampled: no cache hits
+            for label in ("off", "on") if i % 2 else ("on", "off"):
+                call = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "reasoning.execute",
+                    "params": {"query": f"What is {i} * 7?", "strategy_config": {"temperature": 0.5}},
+                }  # sampled: no cache hits
                 started = time.perf_counter()
                 payload, _ = await rpcs[label].handle_payload(call, None)
                 times[label].append((time.perf_counter() - started) * 1000)

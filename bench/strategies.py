@@ -19,18 +19,17 @@ import logging
 import statistics
 import time
 
-import _env  # noqa: E402,F401  (sets up the environment first)
+import _env  # noqa: F401  (sets up the environment first)
+import structlog
 
-import structlog  # noqa: E402
-
-from gateway.simulator.inprocess import SimulatedLLM  # noqa: E402
-from gateway.tokens import counter_for_model  # noqa: E402
-from reasonray.events import EventRecorder, ObservedLLM  # noqa: E402
-from strategies.base import StrategyContext  # noqa: E402
-from strategies.chain_of_thought import ChainOfThought  # noqa: E402
-from strategies.self_consistency import SelfConsistency  # noqa: E402
-from strategies.tree_of_thought import TreeOfThought  # noqa: E402
-
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.events import EventRecorder
+from reasonray.strategies.base import StrategyContext
+from reasonray.strategies.chain_of_thought import ChainOfThought
+from reasonray.strategies.self_consistency import SelfConsistency
+from reasonray.strategies.tree_of_thought import TreeOfThought
 
 RUNS = [
     ("chain_of_thought (greedy)", ChainOfThought(), {}),

@@ -24,12 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from memory.embeddings import Embedder
-from memory.items import MemoryEntry, MemoryItem, utc_now
-from memory.scoring import Scores, composite, similarity_from_cosine_distance
-from memory.store import ChromaStore
-from reasonray.config import MemorySettings
-from reasonray.errors import InvalidParamsError, NotFoundError
+from reasonray.kernel.config import MemorySettings
+from reasonray.kernel.errors import InvalidParamsError, NotFoundError
+from reasonray.memory.embeddings import Embedder
+from reasonray.memory.items import MemoryEntry, MemoryItem, utc_now
+from reasonray.memory.scoring import Scores, composite, similarity_from_cosine_distance
+from reasonray.memory.store import ChromaStore
 
 LATENCY_WINDOW = 2048
 
@@ -70,7 +70,7 @@ class _Latencies:
 
 
 class BankStats:
-    """Counters of requirement 11: traces and outcomes, LLM calls and cache hits, retrieval and embedding time."""
+    """The bank's statistics: traces and outcomes, LLM calls and cache hits, retrieval and embedding time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -253,8 +253,15 @@ class ReasoningBank:
             similarity = similarity_from_cosine_distance(distance)
             if similarity < floor:
                 continue
-            scores = composite(item, similarity, now=now, weights=s.weights, half_life_days=s.recency_half_life_days,
-                               domain=domain, error_patterns=error_patterns)
+            scores = composite(
+                item,
+                similarity,
+                now=now,
+                weights=s.weights,
+                half_life_days=s.recency_half_life_days,
+                domain=domain,
+                error_patterns=error_patterns,
+            )
             scored.append((item, scores))
         scored.sort(key=lambda pair: pair[1].composite, reverse=True)
         chosen: list[str] = []
@@ -265,17 +272,21 @@ class ReasoningBank:
                 if len(chosen) == top_k:
                     continue
                 chosen.append(group)
-            results.append(Retrieved(
-                memory=item,
-                scores=scores,
-                warning=item.is_warning,
-                genealogy={"parent_memory_id": str(item.parent_memory_id) if item.parent_memory_id else None,
-                           "evolution_stage": item.evolution_stage},
-            ))
+            results.append(
+                Retrieved(
+                    memory=item,
+                    scores=scores,
+                    warning=item.is_warning,
+                    genealogy={
+                        "parent_memory_id": str(item.parent_memory_id) if item.parent_memory_id else None,
+                        "evolution_stage": item.evolution_stage,
+                    },
+                )
+            )
         return results
 
     def errors(self, *, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100) -> list[MemoryItem]:
-        """Memories carrying error context (requirement 4.5), optionally of one error type or domain."""
+        """Memories carrying error context (what failures taught), optionally of one error type or domain."""
         clauses: list[dict[str, Any]] = [{"has_error": True}]
         if error_type:
             clauses.append({"error_type": error_type})

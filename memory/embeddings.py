@@ -12,12 +12,12 @@ Embedders are synchronous: the memory bank actor calls them from a worker thread
 
 from __future__ import annotations
 
-from reasonray.errors import MemoryUnavailableError
-
 import threading
 from typing import Any, Protocol
 
 import structlog
+
+from reasonray.kernel.errors import MemoryUnavailableError
 
 log = structlog.get_logger(__name__)
 
@@ -99,8 +99,7 @@ class OpenAIEmbedder:
             response = self._client.embeddings.create(model=self.model, input=texts)
         except Exception as exc:
             raise EmbeddingError(
-                f"the embeddings endpoint {self.base_url or 'api.openai.com'} failed for model {self.model!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"the embeddings endpoint {self.base_url or 'api.openai.com'} failed for model {self.model!r}: {type(exc).__name__}: {exc}"
             ) from exc
         return [d.embedding for d in sorted(response.data, key=lambda d: d.index)]
 

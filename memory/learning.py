@@ -24,10 +24,17 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from gateway.protocol import LLM, LLMRequest, system, user
-from memory.items import ErrorContext, MemoryEntry, MemoryItem, Outcome, SourceType, Trajectory
-from reasonray.errors import ModelBehaviorError
-from reasonray.tags import extract_tag, normalize_answer
+from reasonray.gateway.protocol import LLM, LLMRequest, system, user
+from reasonray.kernel.errors import ModelBehaviorError
+from reasonray.kernel.tags import extract_tag, normalize_answer
+from reasonray.memory.items import (
+    ErrorContext,
+    MemoryEntry,
+    MemoryItem,
+    Outcome,
+    SourceType,
+    Trajectory,
+)
 
 Verifier = Callable[[str], Awaitable[bool]]
 """Checks an answer against ground truth (an expected answer, unit tests): True is a success."""
@@ -65,20 +72,25 @@ SUCCESS_PROMPT = (
 FAILURE_PROMPT = (
     "You are an expert in learning from mistakes. You are given a task and a trajectory that failed to "
     "solve it. First reflect on why it failed, then summarise the lessons and the strategies that prevent "
-    "this failure in future as at most {n} memory items, each with its error context. " + GENERAL + "\n"
+    "this failure in future as at most {n} memory items, each with its error context. "
+    + GENERAL
+    + "\n"
     + ITEM_FORMAT.format(error_fields=ERROR_FIELDS)
 )
 CONTRAST_PROMPT = (
     "You are an expert in distilling reusable reasoning strategies. You are given a task and several "
     "trajectories that attempted it, each labelled success or failure. Compare and contrast them: what do "
     "the successful ones share, and where exactly did the failed ones go wrong? Summarise at most {n} memory "
-    "items. Lessons from failures carry their error context. " + GENERAL + "\n"
-    + ITEM_FORMAT.format(error_fields="") + "\nand for a lesson from a failure, add inside the memory: " + ERROR_FIELDS
+    "items. Lessons from failures carry their error context. "
+    + GENERAL
+    + "\n"
+    + ITEM_FORMAT.format(error_fields="")
+    + "\nand for a lesson from a failure, add inside the memory: "
+    + ERROR_FIELDS
 )
 PASSIVE_PROMPT = (
     "You are an expert in capturing knowledge. You are given a question and the answer it received. "
-    "Extract the reusable knowledge in the answer as at most {n} memory items. " + GENERAL + "\n"
-    + ITEM_FORMAT.format(error_fields="")
+    "Extract the reusable knowledge in the answer as at most {n} memory items. " + GENERAL + "\n" + ITEM_FORMAT.format(error_fields="")
 )
 
 
@@ -125,8 +137,10 @@ def parse_items(text: str, *, limit: int, require_error: bool = False) -> tuple[
     """The memory items in a reply as field dicts, at most `limit`, and how many blocks were unusable."""
     drafts, rejected = [], 0
     for body in MEMORY_BLOCK.findall(text):
-        fields = {k: extract_tag(body, k) for k in ("title", "description", "content", "error_type",
-                                                     "failure_pattern", "corrective_guidance", "tags")}
+        fields = {
+            k: extract_tag(body, k)
+            for k in ("title", "description", "content", "error_type", "failure_pattern", "corrective_guidance", "tags")
+        }
         if not all(fields[k] for k in ("title", "description", "content")):
             rejected += 1
             continue
@@ -156,8 +170,12 @@ class Learner:
     async def judge(self, query: str, trajectory: Trajectory, verifier: Verifier | None = None) -> Judgement:
         if verifier is not None:
             ok = await verifier(trajectory.answer)
-            return Judgement("success" if ok else "failure", "verifier", "the verifier accepted the answer" if ok else "the verifier rejected the answer")
-        reply = await self._ask(JUDGE_PROMPT, f"Task:\n{query}\n\nTrajectory:\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}")
+            return Judgement(
+                "success" if ok else "failure", "verifier", "the verifier accepted the answer" if ok else "the verifier rejected the answer"
+            )
+        reply = await self._ask(
+            JUDGE_PROMPT, f"Task:\n{query}\n\nTrajectory:\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}"
+        )
         status = (extract_tag(reply, "status") or "").strip().lower()
         if status not in ("success", "failure"):
             raise ModelBehaviorError(
@@ -171,19 +189,31 @@ class Learner:
         for d in drafts:
             error = None
             if d["has_error"]:
-                error = ErrorContext(error_type=d["error_type"], failure_pattern=d["failure_pattern"],
-                                     corrective_guidance=d["corrective_guidance"])
+                error = ErrorContext(
+                    error_type=d["error_type"], failure_pattern=d["failure_pattern"], corrective_guidance=d["corrective_guidance"]
+                )
             tags = [t.strip() for t in (d["tags"] or "").split(",") if t.strip()][:20]
             try:
-                items.append(MemoryItem(title=d["title"][:200], description=d["description"][:500], content=d["content"][:4000],
-                                        error_context=error, pattern_tags=tags, source_type=source, **common))
+                items.append(
+                    MemoryItem(
+                        title=d["title"][:200],
+                        description=d["description"][:500],
+                        content=d["content"][:4000],
+                        error_context=error,
+                        pattern_tags=tags,
+                        source_type=source,
+                        **common,
+                    )
+                )
             except ValidationError:
                 continue
         return items
 
     async def extract(self, query: str, trajectory: Trajectory, outcome: Outcome, **common) -> list[MemoryItem]:
         prompt = (SUCCESS_PROMPT if outcome == "success" else FAILURE_PROMPT).format(n=self.max_items)
-        reply = await self._ask(prompt, f"Task:\n{query}\n\nTrajectory ({outcome}):\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}")
+        reply = await self._ask(
+            prompt, f"Task:\n{query}\n\nTrajectory ({outcome}):\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}"
+        )
         drafts, _ = parse_items(reply, limit=self.max_items, require_error=outcome == "failure")
         return self._items(drafts, outcome, **common)
 
@@ -219,12 +249,15 @@ class Learner:
         if len(trajectories) == 1:
             items = await self.extract(query, trajectories[0], judgements[0].outcome, **common)
         else:
-            items = await self.contrast(query, [(t, j.outcome) for t, j in zip(trajectories, judgements)], **common)
-        chosen = [j for t, j in zip(trajectories, judgements) if t.selected] or judgements[-1:]
+            items = await self.contrast(query, [(t, j.outcome) for t, j in zip(trajectories, judgements, strict=False)], **common)
+        chosen = [j for t, j in zip(trajectories, judgements, strict=False) if t.selected] or judgements[-1:]
         outcome: Outcome = chosen[0].outcome  # the outcome of the answer the task returned
-        text = trajectories[0].text if len(trajectories) == 1 else "\n\n".join(
-            f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(zip(trajectories, judgements), 1)
+        text = (
+            trajectories[0].text
+            if len(trajectories) == 1
+            else "\n\n".join(
+                f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(zip(trajectories, judgements, strict=False), 1)
+            )
         )
-        entry = MemoryEntry(task_id=task_id, query=query, trajectory=text, outcome=outcome,
-                            judged_by=judgements[0].judged_by, items=items)
+        entry = MemoryEntry(task_id=task_id, query=query, trajectory=text, outcome=outcome, judged_by=judgements[0].judged_by, items=items)
         return entry, judgements

@@ -1,4 +1,4 @@
-"""The composite retrieval score (seed 003, requirement 13).
+"""The composite retrieval score: similarity, recency and error-context relevance, weighted.
 
 Three components, each in 0-1, combined by configurable weights (divided by their sum, so the
 composite stays in 0-1):
@@ -20,8 +20,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from memory.items import MemoryItem
-from reasonray.config import ScoreWeights
+from reasonray.kernel.config import ScoreWeights
+from reasonray.memory.items import MemoryItem
 
 SECONDS_PER_DAY = 86_400.0
 

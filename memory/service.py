@@ -9,20 +9,27 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from memory.bank import ReasoningBank
-from memory.embeddings import ChromaDefaultEmbedder, Embedder, OpenAIEmbedder, SentenceTransformerEmbedder
-from memory.items import MemoryEntry, MemoryItem
-from memory.store import ChromaStore, open_client
-from reasonray.config import Settings
-from reasonray.errors import MemoryUnavailableError
-from reasonray.telemetry import Metrics, NoMetrics
+from reasonray.kernel.config import Settings
+from reasonray.kernel.errors import MemoryUnavailableError
+from reasonray.kernel.telemetry import Metrics, NoMetrics
+from reasonray.memory.bank import ReasoningBank
+from reasonray.memory.embeddings import (
+    ChromaDefaultEmbedder,
+    Embedder,
+    OpenAIEmbedder,
+    SentenceTransformerEmbedder,
+)
+from reasonray.memory.items import MemoryEntry, MemoryItem
+from reasonray.memory.store import ChromaStore, open_client
 
 DEFAULT_OPENAI_EMBEDDING_MODEL = "text-embedding-3-small"
+T = TypeVar("T")
 
 
 def build_embedder(settings: Settings, environ: dict[str, str] | None = None) -> Embedder:
@@ -113,12 +120,10 @@ class BankService:
         self.bank.stats.record_passive(captured)
 
 
-def invoke(service: BankService, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Call a public BankService method by name; a store that stops answering is MemoryUnavailableError."""
-    if method.startswith("_") or not callable(getattr(service, method, None)):
-        raise AttributeError(f"the memory bank has no method {method!r}")
+def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a BankService method; a store that stops answering is MemoryUnavailableError."""
     try:
-        return getattr(service, method)(*args, **kwargs)
+        return fn(*args, **kwargs)
     except (httpx.TransportError, ConnectionError) as exc:  # a Chroma server that went away mid-run
         raise MemoryUnavailableError(
             f"the memory store did not answer ({type(exc).__name__}: {exc}); check that the Chroma server of "
@@ -127,19 +132,124 @@ def invoke(service: BankService, method: str, *args: Any, **kwargs: Any) -> Any:
 
 
 class MemoryClient(Protocol):
-    """BankService's methods, awaited: in this process (`LocalMemory`) or on the actor (`RayMemory`)."""
+    """BankService's methods, awaited: in this process (`LocalMemory`) or on the actor (`actors.memory.RayMemory`)."""
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+    async def retrieve(
+        self,
+        query: str,
+        workspace: str,
+        *,
+        top_k: int | None = None,
+        exclude_task_ids: Sequence[str] = (),
+        domain: str | None = None,
+        error_patterns: Sequence[str] = (),
+        error_only: bool = False,
+        min_similarity: float | None = None,
+    ) -> list[dict[str, Any]]: ...
+
+    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]: ...
+
+    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]: ...
+
+    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]: ...
+
+    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]: ...
+
+    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]: ...
+
+    async def errors(
+        self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]: ...
+
+    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]: ...
+
+    async def list_workspaces(self) -> list[dict[str, Any]]: ...
+
+    async def delete_workspace(self, workspace: str) -> dict[str, Any]: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def reset_stats(self) -> dict[str, Any]: ...
+
+    async def record_run(self, tally: dict[str, Any], ok: bool) -> None: ...
+
+    async def record_passive(self, captured: bool) -> None: ...
 
 
 class LocalMemory:
-    """The MemoryClient over a bank in this process; blocking Chroma and embedding work runs in threads."""
+    """The MemoryClient over a bank in this process; blocking Chroma and embedding work runs in threads.
+    The memory bank actor is this class, run by Ray (actors/memory.py)."""
 
     def __init__(self, service: BankService) -> None:
         self.service = service
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(invoke, self.service, method, *args, **kwargs)
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.to_thread(_guarded, fn, *args, **kwargs)
+
+    async def retrieve(
+        self,
+        query: str,
+        workspace: str,
+        *,
+        top_k: int | None = None,
+        exclude_task_ids: Sequence[str] = (),
+        domain: str | None = None,
+        error_patterns: Sequence[str] = (),
+        error_only: bool = False,
+        min_similarity: float | None = None,
+    ) -> list[dict[str, Any]]:
+        return await self._run(
+            self.service.retrieve,
+            query,
+            workspace,
+            top_k=top_k,
+            exclude_task_ids=exclude_task_ids,
+            domain=domain,
+            error_patterns=error_patterns,
+            error_only=error_only,
+            min_similarity=min_similarity,
+        )
+
+    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
+        return await self._run(self.service.store_items, items, workspace, keys)
+
+    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
+        return await self._run(self.service.store_entry, entry, workspace)
+
+    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return await self._run(self.service.get, memory_id, workspace)
+
+    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return await self._run(self.service.genealogy, memory_id, workspace)
+
+    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
+        return await self._run(self.service.descendants, memory_id, workspace)
+
+    async def errors(
+        self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        return await self._run(self.service.errors, workspace, error_type, domain, limit)
+
+    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
+        return await self._run(self.service.traces, task_id, workspace)
+
+    async def list_workspaces(self) -> list[dict[str, Any]]:
+        return await self._run(self.service.list_workspaces)
+
+    async def delete_workspace(self, workspace: str) -> dict[str, Any]:
+        return await self._run(self.service.delete_workspace, workspace)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._run(self.service.stats)
+
+    async def reset_stats(self) -> dict[str, Any]:
+        return await self._run(self.service.reset_stats)
+
+    async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
+        await self._run(self.service.record_run, tally, ok)
+
+    async def record_passive(self, captured: bool) -> None:
+        await self._run(self.service.record_passive, captured)
 
 
 def check_memory(settings: Settings) -> None:
@@ -148,7 +258,7 @@ def check_memory(settings: Settings) -> None:
     if not m.enabled:
         return
     if m.embedding == "sentence_transformers" and not m.embedding_model:
-        from memory.embeddings import bundled_model_path
+        from reasonray.memory.embeddings import bundled_model_path
 
         bundled_model_path()
     if m.chroma_url:

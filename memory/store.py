@@ -13,8 +13,6 @@ parent id, error flag and type, domain, source type, evolution stage and creatio
 
 from __future__ import annotations
 
-from reasonray.errors import MemoryUnavailableError
-
 import json
 import time
 import uuid
@@ -23,7 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from memory.items import MemoryEntry, MemoryItem
+from reasonray.kernel.errors import MemoryUnavailableError
+from reasonray.memory.items import MemoryEntry, MemoryItem
 
 MEMORIES, TRACES = "m", "t"
 
@@ -41,6 +40,7 @@ def open_client(chroma_url: str | None, data_dir: Path) -> Any:
     if not chroma_url:
         path = Path(data_dir) / "chroma"
         path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)  # chroma.sqlite3 holds every task and lesson: the service's user's alone
         return chromadb.PersistentClient(path=str(path), settings=chroma_settings)
     url = urlparse(chroma_url)
     if url.scheme not in ("http", "https") or not url.hostname:
@@ -51,7 +51,9 @@ def open_client(chroma_url: str | None, data_dir: Path) -> Any:
         )
         client.heartbeat()
     except Exception as exc:
-        raise StoreError(f"the Chroma server at {chroma_url} is not reachable ({type(exc).__name__}: {exc}); start it with `chroma run`") from exc
+        raise StoreError(
+            f"the Chroma server at {chroma_url} is not reachable ({type(exc).__name__}: {exc}); start it with `chroma run`"
+        ) from exc
     return client
 
 
@@ -139,14 +141,16 @@ class ChromaStore:
             ids=[trace_id],
             embeddings=[list(embedding)],
             documents=[entry.trajectory],
-            metadatas=[{
-                "task_id": entry.task_id,
-                "query": entry.query[:4000],
-                "outcome": entry.outcome,
-                "judged_by": entry.judged_by,
-                "item_ids": json.dumps([str(i.id) for i in entry.items]),
-                "created_ts": time.time(),
-            }],
+            metadatas=[
+                {
+                    "task_id": entry.task_id,
+                    "query": entry.query[:4000],
+                    "outcome": entry.outcome,
+                    "judged_by": entry.judged_by,
+                    "item_ids": json.dumps([str(i.id) for i in entry.items]),
+                    "created_ts": time.time(),
+                }
+            ],
         )
         return trace_id
 
@@ -158,10 +162,8 @@ class ChromaStore:
         collection = self._collection(MEMORIES, workspace, create=False)
         if collection is None:
             return []
-        found = collection.query(
-            query_embeddings=[list(embedding)], n_results=n, where=where or None, include=["metadatas", "distances"]
-        )
-        return list(zip(_items(found["metadatas"][0]), found["distances"][0]))
+        found = collection.query(query_embeddings=[list(embedding)], n_results=n, where=where or None, include=["metadatas", "distances"])
+        return list(zip(_items(found["metadatas"][0]), found["distances"][0], strict=False))
 
     def get(self, workspace: str, ids: Sequence[str]) -> list[MemoryItem]:
         collection = self._collection(MEMORIES, workspace, create=False)
@@ -182,7 +184,7 @@ class ChromaStore:
         found = collection.get(where={"task_id": task_id}, include=["metadatas", "documents"])
         return [
             {**m, "item_ids": json.loads(m["item_ids"]), "trajectory": d}
-            for m, d in zip(found["metadatas"], found["documents"])
+            for m, d in zip(found["metadatas"], found["documents"], strict=False)
         ]
 
     def count(self, workspace: str) -> tuple[int, int]:

@@ -12,9 +12,9 @@ from typing import Any
 import click
 import httpx
 
-from evals.run import main as eval_command
-from gateway.errors import LLMConfigError
-from reasonray.config import ConfigError, Settings, load_settings
+from reasonray.evals.run import main as eval_command
+from reasonray.gateway.errors import LLMConfigError
+from reasonray.kernel.config import ConfigError, Settings, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -46,12 +46,20 @@ def main() -> None:
 
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml to use.")
-@click.option("--llm", type=click.Choice(["auto", "simulated", "openai"]), default=None,
-              help="Model provider; default from [llm] provider (auto: simulated unless an endpoint or key is set).")
+@click.option(
+    "--llm",
+    type=click.Choice(["auto", "simulated", "openai"]),
+    default=None,
+    help="Model provider; default from [llm] provider (auto: simulated unless an endpoint or key is set).",
+)
 @click.option("--host", default=None, help="Address the API binds (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="API port (default 8000).")
-@click.option("--address", default="local", show_default=True,
-              help="Ray cluster: 'local' starts one here, 'auto' joins the running one, or host:port.")
+@click.option(
+    "--address",
+    default="local",
+    show_default=True,
+    help="Ray cluster: 'local' starts one here, 'auto' joins the running one, or host:port.",
+)
 @click.option("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True, help="Start the Ray dashboard.")
 @click.option("--dashboard-port", type=int, default=8265, show_default=True, help="Port of the Ray dashboard (a cluster we start).")
@@ -60,18 +68,31 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     import ray
     from ray import serve as ray_serve
 
-    from gateway.simulator.server import SimulatorServer, SimulatorSettings
-    from serve_app import build_app, ray_environment
+    from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+    from reasonray.serve_app import build_app, ray_environment
 
     settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
+    if not settings.auth.enabled and not _is_loopback(settings.server.host):
+        _fail(
+            f"refusing to serve on {settings.server.host} without authentication: set [auth] jwt_secret "
+            "(or REASONRAY_AUTH__JWT_SECRET, or [auth] jwks_url / jwks_file), or bind 127.0.0.1 (docs/security.md)"
+        )
     simulator = None
     if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
         s = settings.llm.simulator
-        simulator = SimulatorServer(SimulatorSettings(
-            host=s.host, port=s.port, ttft_ms=s.ttft_ms, tokens_per_second=s.tokens_per_second,
-            fault_rate=s.fault_rate, fault_kinds=tuple(s.fault_kinds), seed=s.seed,
-        )).start()
-        settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})})
+        simulator = SimulatorServer(
+            SimulatorSettings(
+                host=s.host,
+                port=s.port,
+                ttft_ms=s.ttft_ms,
+                tokens_per_second=s.tokens_per_second,
+                fault_rate=s.fault_rate,
+                fault_kinds=tuple(s.fault_kinds),
+                seed=s.seed,
+            )
+        ).start()
+        update = {"provider": "simulated", "base_url": simulator.url, "provider_reason": settings.provider_reason()}
+        settings = settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
     try:
         app = build_app({"settings": settings.model_dump(mode="json")})
     except (ConfigError, LLMConfigError) as exc:
@@ -81,6 +102,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
 
     # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
     own: dict[str, Any] = {}
+    os.umask(0o077)  # files the cluster we start writes (event logs, sessions, Chroma): 0600 / 0700
     if address == "local":
         for name, value in ray_environment(settings).items():
             os.environ.setdefault(name, value)
@@ -93,17 +115,30 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
         ray_serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
         ray_serve.run(app, name="reasonray", route_prefix="/")
         base = f"http://{settings.server.host}:{settings.server.port}"
-        model = ("the SIMULATED model (not a real LLM; see docs/simulator.md)"
-                 if settings.resolved_provider() == "simulated" else f"{settings.llm.model} at {settings.llm.base_url or 'OpenAI'}")
+        model = (
+            "the SIMULATED model (not a real LLM; see docs/simulator.md)"
+            if settings.resolved_provider() == "simulated"
+            else f"{settings.llm.model} at {settings.llm.base_url or 'OpenAI'}"
+        )
         click.echo(f"ReasonRay is serving on a Ray cluster, answering with {model}.")
+        click.echo(f"  provider   {settings.provider_reason()}")
+        if settings.auth.enabled:
+            click.echo("  auth       ON: every endpoint but /healthz needs `Authorization: Bearer <token>` (reasonray token create)")
+        else:
+            click.echo("  !!! AUTHENTICATION IS OFF: anyone who can reach this port can call every method !!!")
+            click.echo("  !!! loopback only; set [auth] jwt_secret to turn it on (docs/security.md)        !!!")
         click.echo(f"  JSON-RPC   POST {base}/rpc")
         click.echo(f"  API docs   {base}/docs")
         click.echo(f"  health     {base}/healthz")
+        click.echo(f"  A2A        {base}/.well-known/agent-card.json  (docs/interop.md)")
+        click.echo(f"  Prometheus {base}/metrics  (every node's; docs/operations.md#get-metrics-on-the-api-port)")
         if context.dashboard_url:
             click.echo(f"  dashboard  http://{context.dashboard_url}")
         node = next((n for n in ray.nodes() if n.get("Alive") and n["NodeID"] == ray.get_runtime_context().get_node_id()), None)
         if node is not None:
-            click.echo(f"  metrics    http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics  (docs/operations.md#metrics)")
+            click.echo(
+                f"  metrics    http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics  (docs/operations.md#metrics)"
+            )
         if simulator:
             click.echo(f"  simulated model  {simulator.url}")
         click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')
@@ -126,29 +161,26 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the answer.")
 def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None:
     """Ask the running service a question through reasoning.execute."""
-    params: dict[str, Any] = {"query": question, "include_trace": trace}
-    if strategy:
-        params["strategy"] = strategy
-    if agent:
-        params["agent_id"] = agent
+    from reasonray.client import Client, ReasonRayError
+
+    config = None
     if strategy_config:
         try:
-            params["strategy_config"] = json.loads(strategy_config)
+            config = json.loads(strategy_config)
         except json.JSONDecodeError as exc:
             _fail(f"--strategy-config is not valid JSON: {exc}")
-    call = {"jsonrpc": "2.0", "method": "reasoning.execute", "params": params, "id": 1}
     try:
-        response = httpx.post(f"{url.rstrip('/')}/rpc", json=call, timeout=timeout)
+        with Client(url, timeout=timeout) as rr:
+            result = rr.execute(question, strategy=strategy, strategy_config=config, agent_id=agent, include_trace=trace)
     except httpx.HTTPError as exc:
         _fail(f"cannot reach ReasonRay at {url}: {exc}. Is `reasonray serve` running?", 1)
-    body = response.json()
-    if "error" in body:
-        error = body["error"]
-        click.echo(f"error {error['code']}: {error['message']}", err=True)
-        if error.get("data"):
-            click.echo(json.dumps(error["data"], indent=2), err=True)
+    except ReasonRayError as error:
+        data = error.data or {}
+        click.echo(f"error {error.code}: {error.message}", err=True)
+        click.echo(f"error_type: {data.get('error_type', 'unknown')}  trace_id: {data.get('trace_id', '-')}", err=True)
+        if data:
+            click.echo(json.dumps(data, indent=2), err=True)
         sys.exit(1)
-    result = body["result"]
     click.echo(result["answer"])
     metrics = {k: v for k, v in result["metrics"].items() if k != "strategy_specific"}
     click.echo(f"\nstrategy: {result['strategy_used']} (chosen by {result['resolution']['strategy_decided_by']})")
@@ -171,8 +203,8 @@ def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None
 @click.option("--hang-s", default=30.0, show_default=True, help="How long a timeout fault keeps the client waiting.")
 def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_kinds, seed, hang_s) -> None:
     """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
-    from gateway.simulator.engine import FaultPlan
-    from gateway.simulator.server import SimulatorSettings, run
+    from reasonray.gateway.simulator.engine import FaultPlan
+    from reasonray.gateway.simulator.server import SimulatorSettings, run
 
     defaults = _load(config_path, {}).llm.simulator
     host = host or defaults.host
@@ -186,8 +218,97 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
     except ValueError as exc:
         _fail(str(exc))
     click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1")
-    run(SimulatorSettings(host=host, port=port, ttft_ms=ttft_ms, tokens_per_second=tokens_per_second,
-                          fault_rate=fault_rate, fault_kinds=kinds, seed=seed, hang_s=hang_s))
+    run(
+        SimulatorSettings(
+            host=host,
+            port=port,
+            ttft_ms=ttft_ms,
+            tokens_per_second=tokens_per_second,
+            fault_rate=fault_rate,
+            fault_kinds=kinds,
+            seed=seed,
+            hang_s=hang_s,
+        )
+    )
 
 
-main.add_command(eval_command, "eval")  # `reasonray eval` is `python -m evals.run`
+@main.command("mcp")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml to use.")
+@click.option(
+    "--llm", type=click.Choice(["auto", "simulated", "openai"]), default=None, help="Model provider; default from [llm] provider."
+)
+def mcp_command(config_path, llm) -> None:
+    """Serve MCP over stdio for desktop clients (Claude Desktop, Cursor): the API in this process, no Ray (docs/mcp.md)."""
+    import asyncio
+
+    from reasonray.api.mcp_server import in_process_api, serve_stdio
+    from reasonray.kernel.errors import ReasonRayError
+
+    settings = _load(config_path, {"llm.provider": llm})
+    try:
+        rpc = in_process_api(settings)
+    except (ConfigError, LLMConfigError, ReasonRayError) as exc:  # a missing key, model or memory server: say which
+        _fail(str(exc))
+    asyncio.run(serve_stdio(rpc))
+
+
+@main.group()
+def events() -> None:
+    """The event logs under <data_dir>/events (docs/operations.md#event-logs)."""
+
+
+@events.command()
+@click.option("--before", required=True, type=click.DateTime(formats=["%Y-%m-%d"]), help="Delete the logs of UTC days before this.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml whose data_dir holds the logs.")
+def purge(before, config_path) -> None:
+    """Delete the event logs of every day before --before (YYYY-MM-DD)."""
+    from reasonray.kernel.retention import purge as purge_logs
+
+    settings = _load(config_path, {})
+    events_dir = settings.data_dir / "events"
+    swept = purge_logs(events_dir, before.date())
+    click.echo(
+        f"deleted {swept.deleted_files} event log(s) ({swept.deleted_bytes} bytes) from before {before.date()} in {events_dir}; "
+        f"{swept.kept_files} kept"
+    )
+
+
+main.add_command(eval_command, "eval")  # `reasonray eval` is `python -m reasonray.evals.run`
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@main.group()
+def token() -> None:
+    """Bearer tokens for local use (docs/security.md)."""
+
+
+@token.command("create")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml to use.")
+@click.option("--sub", required=True, help="The principal (a user or an agent).")
+@click.option("--role", "roles", multiple=True, required=True, help="A role ([auth.roles.<name>]); repeat for several.")
+@click.option("--ttl", type=int, default=None, help="Lifetime in seconds (default: [auth] default_ttl_s).")
+@click.option("--agent-id", default=None, help="Bind the principal to this AgentCard: it runs as that agent only.")
+def token_create(config_path, sub, roles, ttl, agent_id) -> None:
+    """Mint an HS256 token with the configured [auth] jwt_secret; prints the token alone."""
+    from reasonray.api.auth import mint_token
+
+    auth = _load(config_path, {}).auth
+    if not auth.jwt_secret:
+        _fail("no [auth] jwt_secret configured: set it in config.toml or REASONRAY_AUTH__JWT_SECRET")
+    unknown = sorted(set(roles) - set(auth.roles))
+    if unknown:
+        _fail(f"unknown role(s) {unknown}; configured roles: {sorted(auth.roles)}")
+    if ttl is not None and ttl <= 0:
+        _fail("--ttl must be a positive number of seconds")
+    ttl_s = ttl or auth.default_ttl_s
+    click.echo(mint_token(auth.jwt_secret, sub, list(roles), ttl_s, issuer=auth.issuer, audience=auth.audience, agent_id=agent_id))

@@ -11,6 +11,25 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     exit 1
 fi
 
+# PostgreSQL 15 (Debian's): the cluster store's tests, benchmark and multi-node test start throw-away
+# servers from /usr/lib/postgresql/15/bin ([store] url, docs/deploy.md). Installed only when missing.
+if [ ! -x /usr/lib/postgresql/15/bin/postgres ] && command -v apt-get >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        (apt-get install -y -q postgresql || { apt-get update -q && apt-get install -y -q postgresql; }) >/dev/null
+    else
+        echo "note: PostgreSQL is not installed; the PostgreSQL store tests will be skipped (sudo apt-get install postgresql)" >&2
+    fi
+fi
+# The python tool's sandbox (reasonray/kernel/sandbox.py) needs bubblewrap; prlimit and setpriv come
+# with util-linux. Without them the tool refuses to run code rather than run it unisolated.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y bubblewrap >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y bubblewrap >/dev/null; }
+    else
+        echo "warning: bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap) or the python tool is refused" >&2
+    fi
+fi
+
 stamp=.venv/.installed
 want=$(cat pyproject.toml examples/*/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

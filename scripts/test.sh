@@ -7,12 +7,12 @@ cd "$(dirname "$0")/.."
 suite=${1:-default}
 shift || true
 case "$suite" in
-    default) marker="not slow" ;;
-    slow) marker="slow" ;;
+    default) marker="not slow"; extra=(--cov --cov-report=term) ;;
+    slow) marker="slow"; extra=() ;;
     *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;
 esac
 
-.venv/bin/python -m pytest -m "$marker" "$@"
+.venv/bin/python -m pytest -m "$marker" "${extra[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "ERROR: pytest collected no tests for the '$suite' suite (-m \"$marker\"); nothing was tested." >&2

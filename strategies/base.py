@@ -13,14 +13,20 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.tokens import TokenCounter
-from memory.items import Trajectory
-from reasonray.errors import InvalidParamsError, describe_errors, json_safe_errors
-from reasonray.events import EventSink, ObservedLLM
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.tokens import TokenCounter
+from reasonray.kernel.errors import (
+    InvalidParamsError,
+    describe_errors,
+    json_safe_errors,
+)
+from reasonray.kernel.events import EventSink
+from reasonray.memory.items import Trajectory
 
 T = TypeVar("T")
 
@@ -68,6 +74,21 @@ async def local_fanout(context: StrategyContext, branches: Sequence[Branch[T]], 
     return list(await asyncio.gather(*(branch(context) for branch in branches)))
 
 
+@dataclass
+class Failed:
+    """A branch that raised, as `fan_out_settled` returns it (its error crossed processes by value)."""
+
+    error: Exception
+
+
+async def settled(branch: Branch[T], context: StrategyContext) -> T | Failed:
+    """Run `branch`, returning its error as a value, so the other branches' results survive it."""
+    try:
+        return await branch(context)
+    except Exception as exc:
+        return Failed(exc)
+
+
 Resolver = Callable[[str, dict[str, Any]], tuple["ReasoningStrategy", dict[str, Any]]]
 """Looks up another enabled strategy by name with its effective config (system defaults merged in)."""
 
@@ -87,6 +108,12 @@ class StrategyContext:
     started: float = field(default_factory=time.perf_counter)
     trajectories: list[Trajectory] = field(default_factory=list)
     """Attempts a strategy reports for learning (MaTTS, refine); empty: the run's LLM output is the trajectory."""
+    progress: dict[str, Any] = field(default_factory=dict)
+    """What the run achieved so far, in the strategy's documented partial shape (docs/strategies/*.md),
+    kept up to date as it goes: when the run fails part-way (provider, budget, deadline, cancellation)
+    the service returns it as `error.data.partial`. An `answer` key is one the strategy could stand
+    behind (a majority of finished samples, the best answer seen): with `[reasoning] degraded_answers`
+    the service returns it, marked degraded, instead of the error."""
 
     def result(self, strategy: str, answer: str, **strategy_specific: Any) -> ReasoningResult:
         return ReasoningResult(answer=answer, strategy_used=strategy, metrics=self.metrics(**strategy_specific))
@@ -111,13 +138,17 @@ class StrategyContext:
         """Run `branches` concurrently through this context's fanout; values come back in order."""
         return await self.fanout(self, branches, label=label)
 
+    async def fan_out_settled(self, branches: Sequence[Branch[T]], *, label: str) -> list[T | Failed]:
+        """Like `fan_out`, but a failing branch becomes a `Failed` in its place instead of failing the lot."""
+        return await self.fanout(self, [partial(settled, branch) for branch in branches], label=label)
+
     def elapsed_ms(self) -> int:
         return round((time.perf_counter() - self.started) * 1000)
 
 
 @runtime_checkable
 class ReasoningStrategy(Protocol):
-    """What every strategy implements (seed 000, FR-1.2). `reason` takes `context=` and `config=`."""
+    """What every strategy implements. `reason` takes `context=` and `config=`."""
 
     name: ClassVar[str]
 

@@ -14,14 +14,24 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.errors import LLMError
-from gateway.protocol import LLMRequest, Message, system, user
-from gateway.tokens import count_messages
-from reasonray.errors import InvalidParamsError, MaxIterationsError, attach_partial
-from reasonray.events import Carryover, IterationEnd, RunWarning
-from reasonray.tags import extract_answer, strip_thinking
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext, StrategySettings
-from strategies.compute_cost import CostLedger
+from reasonray.gateway.errors import LLMError
+from reasonray.gateway.protocol import LLMRequest, Message, system, user
+from reasonray.gateway.tokens import count_messages
+from reasonray.kernel.errors import (
+    InvalidParamsError,
+    MaxIterationsError,
+    attach_partial,
+)
+from reasonray.kernel.events import Carryover, IterationEnd, RunWarning
+from reasonray.kernel.tags import extract_answer, strip_thinking
+from reasonray.strategies.base import (
+    ReasoningResult,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+    StrategySettings,
+)
+from reasonray.strategies.compute_cost import CostLedger
 
 INSTRUCTIONS = (
     "Solve the problem by reasoning step by step in plain text: your visible reasoning is what you keep "
@@ -42,15 +52,19 @@ FINAL_ANSWER_TOKENS = 512
 
 
 class BoundedContextConfig(StrategyConfig):
-    chunk_size: int = Field(8192, ge=1024, le=32768, description="Most tokens in one iteration's context: prompt, carryover and generation.")
+    chunk_size: int = Field(
+        8192, ge=1024, le=32768, description="Most tokens in one iteration's context: prompt, carryover and generation."
+    )
     carryover_size: int = Field(4096, ge=512, le=16384, description="Most tokens carried into the next iteration; below chunk_size.")
     max_iterations: int = Field(5, ge=1, le=50, description="Most iterations; capped by the server's max_allowed_iterations.")
     carryover_mode: Literal["tail", "summary"] = Field(
-        "tail", description="tail: the last carryover_size tokens (Delethink, no extra call); summary: a structured summary written by the model."
+        "tail",
+        description="tail: the last carryover_size tokens (Delethink, no extra call); summary: a structured summary written by the model.",
     )
     head_tokens: int = Field(100, ge=0, le=1024, description="Tokens of the first chunk kept in every later prompt (tail mode).")
     on_max_iterations: Literal["error", "final_answer"] = Field(
-        "error", description="error: fail with -32001 and the partial trace; final_answer: one more call for an answer from the last carryover."
+        "error",
+        description="error: fail with -32009 and the partial trace; final_answer: one more call for an answer from the last carryover.",
     )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the reasoning calls.")
     seed: int | None = Field(None, description="Sampling seed of the reasoning calls.")
@@ -110,7 +124,7 @@ class BoundedContext(Strategy):
                 await self._carry(query, chunk, state, iteration, cfg, context)
             if cfg.on_max_iterations == "final_answer":
                 return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
-        except (LLMError, InvalidParamsError) as exc:
+        except BaseException as exc:  # provider, budget, deadline, cancellation: keep the iterations done
             raise attach_partial(exc, self._partial(cfg, state)) from None
         raise self._out_of_iterations(cfg, state)
 
@@ -131,7 +145,9 @@ class BoundedContext(Strategy):
             memory = f"Carryover from your earlier reasoning:\n{state.carryover}"
         return system(INSTRUCTIONS), user(f"{query}\n\n--- Your reasoning so far ---\n{memory}\n--- Continue from here. ---")
 
-    def _fit(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> tuple[tuple[Message, ...], int]:
+    def _fit(
+        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
+    ) -> tuple[tuple[Message, ...], int]:
         """The iteration's messages and generation budget, shortening the carryover if the prompt is too long."""
         messages = self._messages(query, state, iteration, cfg)
         room = cfg.chunk_size - count_messages(context.tokens, messages)
@@ -149,7 +165,9 @@ class BoundedContext(Strategy):
             )
         return messages, room
 
-    async def _reason_chunk(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> Chunk:
+    async def _reason_chunk(
+        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
+    ) -> Chunk:
         messages, room = self._fit(query, state, iteration, cfg, context)
         completion = await context.llm.complete(
             LLMRequest(messages=messages, max_tokens=room, stop=STOP_SEQUENCES, temperature=cfg.temperature, seed=cfg.seed)
@@ -158,17 +176,32 @@ class BoundedContext(Strategy):
         stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
         chunk = Chunk(completion.text, completion.usage.prompt_tokens, completion.usage.completion_tokens, answer, stop)
         state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
-        state.iterations.append({
-            "iteration": iteration, "tokens": chunk.prompt_tokens + chunk.completion_tokens,
-            "prompt_tokens": chunk.prompt_tokens, "completion_tokens": chunk.completion_tokens,
-            "has_answer": answer is not None, "stop": stop,
-        })
-        context.emit(IterationEnd(trace_id=context.trace_id, strategy=self.name, iteration=iteration,
-                                  prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens,
-                                  has_answer=answer is not None, stop=stop))
+        state.iterations.append(
+            {
+                "iteration": iteration,
+                "tokens": chunk.prompt_tokens + chunk.completion_tokens,
+                "prompt_tokens": chunk.prompt_tokens,
+                "completion_tokens": chunk.completion_tokens,
+                "has_answer": answer is not None,
+                "stop": stop,
+            }
+        )
+        context.emit(
+            IterationEnd(
+                trace_id=context.trace_id,
+                strategy=self.name,
+                iteration=iteration,
+                prompt_tokens=chunk.prompt_tokens,
+                completion_tokens=chunk.completion_tokens,
+                has_answer=answer is not None,
+                stop=stop,
+            )
+        )
         return chunk
 
-    async def _carry(self, query: str, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> None:
+    async def _carry(
+        self, query: str, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
+    ) -> None:
         visible = strip_thinking(chunk.text)
         if iteration == 0:
             state.head = context.tokens.head(visible, cfg.head_tokens)
@@ -182,16 +215,39 @@ class BoundedContext(Strategy):
         state.compressions += 1
         state.fallbacks += fallback
         state.iterations[-1]["carryover_tokens"] = context.tokens.count(state.carryover)
-        context.emit(Carryover(trace_id=context.trace_id, strategy=self.name, iteration=iteration, mode=cfg.carryover_mode,
-                               tokens=state.iterations[-1]["carryover_tokens"], text=state.carryover, fallback=fallback))
+        context.emit(
+            Carryover(
+                trace_id=context.trace_id,
+                strategy=self.name,
+                iteration=iteration,
+                mode=cfg.carryover_mode,
+                tokens=state.iterations[-1]["carryover_tokens"],
+                text=state.carryover,
+                fallback=fallback,
+            )
+        )
 
-    async def _summarize(self, query: str, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext) -> str | None:
+    async def _summarize(
+        self, query: str, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext
+    ) -> str | None:
         """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
         frame = user(f"Problem:\n{query}\n\nPrevious carryover:\n{state.carryover or '(none)'}\n\nLatest reasoning:\n")
         room_for_source = cfg.chunk_size - cfg.carryover_size - count_messages(context.tokens, (system(SUMMARY_INSTRUCTIONS), frame))
-        messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + context.tokens.tail(visible, max(room_for_source, 0))))
+        source = context.tokens.tail(visible, max(room_for_source, 0))
+        messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
+        # tokens do not add up across a join (the frame's end and the source's start may encode
+        # differently together), so the budget comes from the prompt as sent, never from the parts
+        excess = count_messages(context.tokens, messages) + cfg.carryover_size - cfg.chunk_size
+        while excess > 0 and source:
+            source = context.tokens.tail(source, max(context.tokens.count(source) - excess, 0))
+            messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
+            excess = count_messages(context.tokens, messages) + cfg.carryover_size - cfg.chunk_size
+        max_tokens = min(cfg.carryover_size, cfg.chunk_size - count_messages(context.tokens, messages))
+        if max_tokens < 1:
+            self._warn(context, "carryover_fallback", "the summary prompt alone fills chunk_size; carrying the raw tail")
+            return None
         try:
-            completion = await context.llm.complete(LLMRequest(messages=messages, max_tokens=cfg.carryover_size, temperature=0.0))
+            completion = await context.llm.complete(LLMRequest(messages=messages, max_tokens=max_tokens, temperature=0.0))
         except LLMError as exc:
             self._warn(context, "carryover_fallback", f"summary generation failed ({type(exc).__name__}); carrying the raw tail")
             return None
@@ -202,12 +258,28 @@ class BoundedContext(Strategy):
             return None
         return context.tokens.head(summary, cfg.carryover_size)
 
+    def _final_messages(self, query: str, state: RunState, cfg: BoundedContextConfig) -> tuple[Message, ...]:
+        last = self._messages(query, state, len(state.iterations), cfg)
+        return (last[0], user(f"{last[1].content}\n\n{FINAL_INSTRUCTION}"))
+
     async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
         """One more call, from the last carryover, that must answer."""
-        last = self._messages(query, state, len(state.iterations), cfg)
-        messages = (last[0], user(f"{last[1].content}\n\n{FINAL_INSTRUCTION}"))
-        room = min(FINAL_ANSWER_TOKENS, cfg.chunk_size - count_messages(context.tokens, messages))
-        completion = await context.llm.complete(LLMRequest(messages=messages, max_tokens=max(room, 1), stop=("</answer>",), temperature=0.0))
+        messages = self._final_messages(query, state, cfg)
+        room = cfg.chunk_size - count_messages(context.tokens, messages)
+        if room < FINAL_ANSWER_TOKENS and state.carryover:  # the answer's room comes out of the carryover, as in _fit
+            keep = max(0, context.tokens.count(state.carryover) - (FINAL_ANSWER_TOKENS - room))
+            state.carryover = context.tokens.tail(state.carryover, keep)
+            self._warn(context, "carryover_truncated", f"carryover cut to {keep} tokens to leave room for the final answer")
+            messages = self._final_messages(query, state, cfg)
+            room = cfg.chunk_size - count_messages(context.tokens, messages)
+        if room < 1:
+            raise InvalidParamsError(
+                f"context size exceeded: the final-answer prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens; "
+                "shorten the query or raise chunk_size"
+            )
+        completion = await context.llm.complete(
+            LLMRequest(messages=messages, max_tokens=min(room, FINAL_ANSWER_TOKENS), stop=("</answer>",), temperature=0.0)
+        )
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         answer = extract_answer(completion.text)
         return answer if answer is not None else strip_thinking(completion.text)
@@ -230,15 +302,19 @@ class BoundedContext(Strategy):
     def _out_of_iterations(self, cfg: BoundedContextConfig, state: RunState) -> MaxIterationsError:
         allowed = self.settings.max_allowed_iterations
         suggestion = min(cfg.max_iterations * 2, allowed)
-        hint = (f"Consider increasing max_iterations to {suggestion}." if suggestion > cfg.max_iterations
-                else "max_iterations is at the server's limit: raise chunk_size or lower carryover_size instead.")
+        hint = (
+            f"Consider increasing max_iterations to {suggestion}."
+            if suggestion > cfg.max_iterations
+            else "max_iterations is at the server's limit: raise chunk_size or lower carryover_size instead."
+        )
         return MaxIterationsError(
-            f"Unable to complete reasoning within {cfg.max_iterations} iterations "
-            f"(capacity {capacity(cfg)} tokens). {hint}",
+            f"Unable to complete reasoning within {cfg.max_iterations} iterations (capacity {capacity(cfg)} tokens). {hint}",
             {**self._partial(cfg, state), "suggested_max_iterations": suggestion},
         )
 
-    def _result(self, context: StrategyContext, cfg: BoundedContextConfig, state: RunState, answer: str, stopped_by: str) -> ReasoningResult:
+    def _result(
+        self, context: StrategyContext, cfg: BoundedContextConfig, state: RunState, answer: str, stopped_by: str
+    ) -> ReasoningResult:
         return context.result(
             self.name,
             answer,

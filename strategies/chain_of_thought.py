@@ -6,9 +6,14 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.protocol import LLMRequest, system, user
-from reasonray.tags import extract_answer, strip_thinking
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.tags import extract_answer, strip_thinking
+from reasonray.strategies.base import (
+    ReasoningResult,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+)
 
 SYSTEM_PROMPT = (
     "Solve the user's problem. Think step by step inside <thinking>...</thinking>, "

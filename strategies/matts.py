@@ -1,4 +1,4 @@
-"""MaTTS, memory-aware test-time scaling (ReasoningBank paper; seed 003, requirement 3).
+"""MaTTS, memory-aware test-time scaling (from the ReasoningBank paper).
 
 Wraps any enabled strategy (`base_strategy`, chain of thought by default):
 
@@ -22,12 +22,19 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gateway.protocol import Completion, LLMRequest, system, user
-from memory.items import Trajectory
-from reasonray.errors import InvalidParamsError
-from reasonray.tags import extract_answer, extract_tag, strip_thinking
-from strategies.base import ReasoningResult, ReasoningStrategy, Strategy, StrategyConfig, StrategyContext
-from strategies.refine import evaluate
+from reasonray.gateway.protocol import Completion, LLMRequest, system, user
+from reasonray.kernel.errors import InvalidParamsError
+from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
+from reasonray.memory.items import Trajectory
+from reasonray.strategies.base import (
+    Failed,
+    ReasoningResult,
+    ReasoningStrategy,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+)
+from reasonray.strategies.refine import evaluate
 
 REEXAMINE_PROMPT = (
     "Carefully re-examine your previous attempt at the problem, including every reasoning step. Check whether "
@@ -39,7 +46,6 @@ SELECT_PROMPT = (
     "Several candidate solutions to the problem follow. Compare them step by step and decide which one is "
     "correct and best reasoned. Reply with the number of the best candidate inside <vote>...</vote>."
 )
-DIVERSITY_FIELDS = ("temperature", "seed")
 
 
 class MattsConfig(StrategyConfig):
@@ -49,7 +55,9 @@ class MattsConfig(StrategyConfig):
     base_strategy: str = Field("chain_of_thought", pattern=r"^[a-z_][a-z0-9_]*$", description="The enabled strategy each attempt runs.")
     base_config: dict[str, Any] = Field(default_factory=dict, description="Config of the base strategy (its own schema).")
     selection: Literal["judge", "contrast"] = Field("judge", description="judge: best 0-1 score; contrast: one call compares all attempts.")
-    temperature: float = Field(0.7, gt=0.0, le=2.0, description="Sampling temperature of parallel attempts (when the base strategy takes one).")
+    temperature: float = Field(
+        0.7, gt=0.0, le=2.0, description="Sampling temperature of parallel attempts (when the base strategy takes one)."
+    )
     seed: int = Field(0, ge=0, description="Seed of the first parallel attempt; attempt i uses seed + i.")
     judge_max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per judge or selector call.")
 
@@ -98,9 +106,13 @@ class Matts(Strategy):
         if k == 1:
             attempts = [await attempt(base, query, base_config, context)]
         elif cfg.mode == "parallel":
-            attempts = await context.fan_out(
+            outcomes = await context.fan_out_settled(
                 [partial(attempt, base, query, self._diverse(base, base_config, cfg, i)) for i in range(k)], label=f"{self.name}.attempt"
             )
+            attempts = [o for o in outcomes if not isinstance(o, Failed)]
+            self._note_progress(context, k, attempts)
+            if failed := [o.error for o in outcomes if isinstance(o, Failed)]:
+                raise failed[0]
         else:
             attempts = await self._sequential(base, base_config, query, k, context)
         attempts_ms = round((time.perf_counter() - started) * 1000, 1)
@@ -144,26 +156,45 @@ class Matts(Strategy):
             diverse["seed"] = cfg.seed + index
         return diverse
 
-    async def _sequential(self, base: ReasoningStrategy, config: dict[str, Any], query: str, k: int, context: StrategyContext) -> list[dict[str, str]]:
+    async def _sequential(
+        self, base: ReasoningStrategy, config: dict[str, Any], query: str, k: int, context: StrategyContext
+    ) -> list[dict[str, str]]:
         attempts = [await attempt(base, query, config, context)]
+        self._note_progress(context, k, attempts)
         for _ in range(k - 1):
             last = attempts[-1]
             completion = await context.llm.complete(
                 LLMRequest(
-                    messages=(system(REEXAMINE_PROMPT),
-                              user(f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}")),
+                    messages=(
+                        system(REEXAMINE_PROMPT),
+                        user(f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}"),
+                    ),
                     max_tokens=4096,
                     temperature=0.0,
                 )
             )
             answer = extract_answer(completion.text)
             attempts.append({"answer": answer if answer is not None else strip_thinking(completion.text), "text": completion.text})
+            self._note_progress(context, k, attempts)
         return attempts
+
+    @staticmethod
+    def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, str]]) -> None:
+        """The branches finished so far (their answers), for `error.data.partial` should a later call fail."""
+        context.progress.clear()  # a base strategy sharing this context may have left its own partial here
+        context.progress.update(
+            k=k,
+            branches_finished=len(attempts),
+            answers=[a["answer"] for a in attempts],
+            answer=attempts[0]["answer"] if attempts else None,  # unjudged: the first finished branch
+        )
 
     async def _contrast(self, query: str, attempts: list[dict[str, str]], cfg: MattsConfig, context: StrategyContext) -> int:
         shown = "\n\n".join(f"Candidate {i}:\n{strip_thinking(a['text'])}\nAnswer: {a['answer']}" for i, a in enumerate(attempts, 1))
         completion = await context.llm.complete(
-            LLMRequest(messages=(system(SELECT_PROMPT), user(f"Problem:\n{query}\n\n{shown}")), max_tokens=cfg.judge_max_tokens, temperature=0.0)
+            LLMRequest(
+                messages=(system(SELECT_PROMPT), user(f"Problem:\n{query}\n\n{shown}")), max_tokens=cfg.judge_max_tokens, temperature=0.0
+            )
         )
         raw = (extract_tag(completion.text, "vote") or "").strip()
         return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= len(attempts) else 0

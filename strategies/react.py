@@ -2,8 +2,8 @@
 
 The query becomes a one-turn conversation for `reasoner.TurnReasoner`, with the server tools the
 config names (OpenAI function calling) and no client tools, so `reasoning.execute` can use tools.
-The loop's rules hold: an unknown tool is a hard error (-32003), the first failing tool ends the run
-(-32006), and `max_tool_calls` bounds the steps that call tools (-32001 beyond it). The run's
+The loop's rules hold: an unknown tool is a hard error (-32010), the first failing tool ends the run
+(-32006), and `max_tool_calls` bounds the steps that call tools (-32009 beyond it). The run's
 CompositionTrace steps are its events.
 """
 
@@ -13,13 +13,27 @@ from typing import Any
 
 from pydantic import Field
 
-from reasonray.sandbox import SandboxLimits
-from reasoner.builtin_tools import builtin_toolbox
-from reasoner.executor import ToolExecutor
-from reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, ToolLedger
-from reasoner.reasoner import AwaitingClient, Completed, TurnReasoner
-from gateway.protocol import Message
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext, StrategySettings
+from reasonray.gateway.protocol import Message
+from reasonray.kernel.sandbox import SandboxLimits
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.executor import ToolExecutor
+from reasonray.reasoner.providers import (
+    Bootstrap,
+    ContextProviders,
+    Conversation,
+    Instructions,
+    ModeSpec,
+    ModeState,
+    ToolLedger,
+)
+from reasonray.reasoner.reasoner import AwaitingClient, Completed, TurnReasoner
+from reasonray.strategies.base import (
+    ReasoningResult,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+    StrategySettings,
+)
 
 SYSTEM_PROMPT = (
     "Answer the question. Work in steps: think about what you need (inside <thinking>...</thinking>), "
@@ -55,16 +69,40 @@ class ReAct(Strategy):
         cfg = self.parse_config(config)
         tools = {t.name: t for t in self.toolbox.select(cfg.tools)}
         providers = ContextProviders(
-            Instructions(cfg.system_prompt), ModeState("react", {"react": ModeSpec()}),
-            Conversation([Message(role="user", content=query)]), Bootstrap(), ToolLedger(),
+            Instructions(cfg.system_prompt),
+            ModeState("react", {"react": ModeSpec()}),
+            Conversation([Message(role="user", content=query)]),
+            Bootstrap(),
+            ToolLedger(),
         )
         executor = ToolExecutor(tools, {}, providers, context.emit, context.trace_id, self.name)
-        reasoner = TurnReasoner(context.llm, providers, executor, context.emit, context.trace_id, self.name,
-                                max_llm_calls=cfg.max_tool_calls + 1, max_tokens=cfg.max_tokens)
-        match await reasoner.run():
+        reasoner = TurnReasoner(
+            context.llm,
+            providers,
+            executor,
+            context.emit,
+            context.trace_id,
+            self.name,
+            max_llm_calls=cfg.max_tool_calls + 1,
+            max_tokens=cfg.max_tokens,
+        )
+        try:
+            outcome = await reasoner.run()
+        except BaseException:  # provider, budget, tool failure or cancellation: keep the steps so far
+            context.progress.update(steps=reasoner.llm_calls, observations=self._observations(providers))
+            raise
+        match outcome:
             case Completed(answer):
                 pass
             case AwaitingClient():  # no client tools are offered, so the executor cannot hand any over
                 raise AssertionError("react offers no client tools")
         calls = [{"tool": e.tool, "arguments": e.arguments, "status": e.status} for e in providers.ledger.entries()]
         return context.result(self.name, answer, tool_calls=calls, steps=reasoner.llm_calls)
+
+    @staticmethod
+    def _observations(providers: ContextProviders) -> list[dict[str, Any]]:
+        """The tool calls made so far with what they returned (the observations), capped for the error."""
+        return [
+            {"tool": e.tool, "arguments": e.arguments[:2000], "status": e.status, "observation": (e.content or "")[:2000]}
+            for e in providers.ledger.entries()
+        ]

@@ -1,4 +1,4 @@
-"""Think, evaluate, refine (seed 003, requirement 2): the iterative agent of the ReasoningBank system.
+"""Think, evaluate, refine: the iterative agent of the ReasoningBank system.
 
 Each iteration the model solves (or, after the first, re-examines its previous attempt in the light
 of the feedback), then an evaluator at temperature 0 scores the attempt from 0 to 1 with specific
@@ -7,6 +7,10 @@ repeats an earlier one (the trajectory hash, answer and reasoning, was seen befo
 would loop), and otherwise runs `max_iterations` (3). The answer is the best-scored attempt's,
 ties going to the later one. All attempts, with their scores and feedback, form the trajectory
 that memory learning sees.
+
+As it goes, the run's `progress` keeps the iterations done, the last draft (thinking stripped) with
+its critique (score and feedback, once evaluated) and the best-scored answer so far: what
+`error.data.partial` carries when the run fails part-way.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.protocol import LLMRequest, system, user
-from memory.items import Trajectory
-from reasonray.events import IterationEnd, RunWarning
-from reasonray.tags import extract_answer, extract_tag, normalize_answer, strip_thinking
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
-from strategies.chain_of_thought import SYSTEM_PROMPT
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.events import IterationEnd, RunWarning
+from reasonray.kernel.tags import (
+    extract_answer,
+    extract_tag,
+    normalize_answer,
+    strip_thinking,
+)
+from reasonray.memory.items import Trajectory
+from reasonray.strategies.base import (
+    ReasoningResult,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+)
+from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
 
 EVALUATE_PROMPT = (
     "You are a strict reviewer. Check the proposed solution to the problem step by step: is every step "
@@ -81,49 +95,82 @@ class Refine(Strategy):
         cfg = self.parse_config(config)
         attempts: list[dict[str, Any]] = []
         seen: set[str] = set()
+        # the documented partial shape from the start, so a failure before any draft still has every key
+        context.progress.update(iterations=0, last_draft=None, last_answer=None, last_score=None, last_critique=None, answer=None)
         stop = "max_iterations"
         for iteration in range(1, cfg.max_iterations + 1):
             if attempts:
                 last = attempts[-1]
                 messages = (
                     system(REFINE_PROMPT),
-                    user(f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}\n\n"
-                         f"Reviewer's score: {last['score']}\nReviewer's feedback: {last['feedback'] or '(none)'}"),
+                    user(
+                        f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}\n\n"
+                        f"Reviewer's score: {last['score']}\nReviewer's feedback: {last['feedback'] or '(none)'}"
+                    ),
                 )
             else:
                 messages = (system(SYSTEM_PROMPT), user(query))
             before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
             completion = await context.llm.complete(
-                LLMRequest(messages=messages, max_tokens=cfg.max_tokens, temperature=cfg.refine_temperature if attempts else cfg.temperature,
-                           seed=None if cfg.seed is None else cfg.seed + iteration - 1)
+                LLMRequest(
+                    messages=messages,
+                    max_tokens=cfg.max_tokens,
+                    temperature=cfg.refine_temperature if attempts else cfg.temperature,
+                    seed=None if cfg.seed is None else cfg.seed + iteration - 1,
+                )
             )
             text = completion.text
             answer = extract_answer(text)
             if answer is None:
                 answer = strip_thinking(text)
+            context.progress.update(
+                iterations=len(attempts), last_draft=strip_thinking(text), last_answer=answer, last_score=None, last_critique=None
+            )
             digest = trajectory_hash(text, answer)
             if digest in seen:
                 stop = "loop_detected"
-                context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code="loop_detected",
-                                        message=f"iteration {iteration} repeated an earlier attempt; refining stopped"))
+                context.emit(
+                    RunWarning(
+                        trace_id=context.trace_id,
+                        strategy=self.name,
+                        code="loop_detected",
+                        message=f"iteration {iteration} repeated an earlier attempt; refining stopped",
+                    )
+                )
                 self._iteration_end(context, iteration, before, True, stop)
                 break
             seen.add(digest)
             score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
             if score is None:
-                context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code="unscored",
-                                        message=f"the evaluator gave no <score> for iteration {iteration}; counted as 0"))
-            attempts.append({"iteration": iteration, "text": text, "answer": answer, "score": score or 0.0, "feedback": feedback, "hash": digest})
+                context.emit(
+                    RunWarning(
+                        trace_id=context.trace_id,
+                        strategy=self.name,
+                        code="unscored",
+                        message=f"the evaluator gave no <score> for iteration {iteration}; counted as 0",
+                    )
+                )
+            attempts.append(
+                {"iteration": iteration, "text": text, "answer": answer, "score": score or 0.0, "feedback": feedback, "hash": digest}
+            )
+            best_so_far = max(reversed(attempts), key=lambda a: a["score"])
+            context.progress.update(iterations=len(attempts), last_score=score, last_critique=feedback, answer=best_so_far["answer"])
             passed = (score or 0.0) > cfg.threshold
             self._iteration_end(context, iteration, before, True, "threshold" if passed else "continue")
             if passed:
                 stop = "threshold"
                 break
         best = max(reversed(attempts), key=lambda a: a["score"])  # ties go to the later attempt
-        context.trajectories.append(Trajectory(
-            text="\n\n".join(f"[attempt {a['iteration']}, score {a['score']:.2f}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts),
-            answer=best["answer"], score=best["score"], selected=True,
-        ))
+        context.trajectories.append(
+            Trajectory(
+                text="\n\n".join(
+                    f"[attempt {a['iteration']}, score {a['score']:.2f}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts
+                ),
+                answer=best["answer"],
+                score=best["score"],
+                selected=True,
+            )
+        )
         return context.result(
             self.name,
             best["answer"],
@@ -137,6 +184,14 @@ class Refine(Strategy):
 
     def _iteration_end(self, context: StrategyContext, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
         t = context.llm.tally
-        context.emit(IterationEnd(trace_id=context.trace_id, strategy=self.name, iteration=iteration,
-                                  prompt_tokens=t.prompt_tokens - before[0], completion_tokens=t.completion_tokens - before[1],
-                                  has_answer=has_answer, stop=stop))
+        context.emit(
+            IterationEnd(
+                trace_id=context.trace_id,
+                strategy=self.name,
+                iteration=iteration,
+                prompt_tokens=t.prompt_tokens - before[0],
+                completion_tokens=t.completion_tokens - before[1],
+                has_answer=has_answer,
+                stop=stop,
+            )
+        )

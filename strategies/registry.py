@@ -18,10 +18,10 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, Field, ValidationError
 
-from reasonray.agents import AgentCard
-from reasonray.config import ConfigError, ReasoningSettings
-from reasonray.errors import StrategyUnavailableError, describe_errors
-from strategies.base import ReasoningStrategy
+from reasonray.kernel.config import ConfigError, ReasoningSettings
+from reasonray.kernel.errors import StrategyUnavailableError, describe_errors
+from reasonray.strategies.agents import AgentCard
+from reasonray.strategies.base import ReasoningStrategy
 
 log = structlog.get_logger(__name__)
 
@@ -101,8 +101,10 @@ class Catalogue:
 
     def _unavailable(self, message: str) -> StrategyUnavailableError:
         available = sorted(self.entries)
-        hint = f"available: {', '.join(available)}" if available else (
-            "no strategies are enabled on this server; an operator enables them in [reasoning] enabled_strategies"
+        hint = (
+            f"available: {', '.join(available)}"
+            if available
+            else ("no strategies are enabled on this server; an operator enables them in [reasoning] enabled_strategies")
         )
         return StrategyUnavailableError(f"{message}; {hint}", {"available": available})
 
@@ -188,11 +190,6 @@ def build_catalogue(registry: StrategyRegistry, settings: ReasoningSettings) -> 
         if name not in registry.classes:
             broken = [f.error for f in registry.failures if f.name == name]
             detail = f" (its plugin failed to load: {broken[0]})" if broken else ""
-            raise ConfigError(
-                f"[reasoning] strategy {name!r} is not installed{detail}; installed strategies: {', '.join(known) or 'none'}"
-            )
-    entries = {
-        name: _instantiate(registry.classes[name], name, settings.strategies.get(name, {}))
-        for name in settings.enabled_strategies
-    }
+            raise ConfigError(f"[reasoning] strategy {name!r} is not installed{detail}; installed strategies: {', '.join(known) or 'none'}")
+    entries = {name: _instantiate(registry.classes[name], name, settings.strategies.get(name, {})) for name in settings.enabled_strategies}
     return Catalogue(entries=entries, default=settings.default_strategy, installed=frozenset(known))

@@ -5,6 +5,10 @@ Each chain is one chain-of-thought call at a temperature above zero with its own
 The chains run concurrently through the context's fan-out (Ray tasks behind Serve). Answers are
 compared after `normalize_answer` ("1,200.00" and "1200" agree); the most frequent one wins, ties
 going to the answer reached first in chain order. `agreement` is the winner's share of the chains.
+
+A chain that fails (the provider, the budget) does not take the others with it: when any chain
+failed, the run fails with that chain's error and `partial` holds the finished chains' answers and
+their vote (`answer`: the majority so far, which `degraded_answers` may return instead).
 """
 
 from __future__ import annotations
@@ -15,11 +19,17 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.protocol import LLMRequest, system, user
-from reasonray.errors import ModelBehaviorError
-from reasonray.tags import extract_answer, normalize_answer
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
-from strategies.chain_of_thought import SYSTEM_PROMPT
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.errors import ModelBehaviorError
+from reasonray.kernel.tags import extract_answer, normalize_answer
+from reasonray.strategies.base import (
+    Failed,
+    ReasoningResult,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+)
+from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
 
 
 class SelfConsistencyConfig(StrategyConfig):
@@ -52,8 +62,22 @@ class SelfConsistency(Strategy):
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
         chains = [partial(sample_chain, query, cfg, cfg.seed + i) for i in range(cfg.samples)]
-        answers = await context.fan_out(chains, label=f"{self.name}.sample")
+        outcomes = await context.fan_out_settled(chains, label=f"{self.name}.sample")
+        failures = [o.error for o in outcomes if isinstance(o, Failed)]
+        answers = [o for o in outcomes if not isinstance(o, Failed)]
         answered = [(a, normalize_answer(a)) for a in answers if a]
+        if failures:
+            votes = Counter(norm for _, norm in answered)
+            leader = max(votes, key=votes.__getitem__, default=None)
+            context.progress.update(
+                samples=cfg.samples,
+                samples_finished=len(answers),
+                samples_failed=len(failures),
+                answers=[normalize_answer(a) if a else None for a in answers],
+                votes=dict(votes.most_common()),
+                answer=next((a for a, norm in answered if norm == leader), None),
+            )
+            raise failures[0]
         if not answered:
             raise ModelBehaviorError(
                 f"none of the {cfg.samples} sampled chains gave an <answer>; raise max_tokens or check the model",

@@ -9,6 +9,9 @@ nodes per level, nodes below `prune_threshold` dropped) or depth-first (best chi
 below the threshold, backtracking when a subtree yields nothing). Expansion and evaluation of a
 level fan out through the context (Ray tasks behind Serve). Every node is a THOUGHT event, so the
 run's trace shows the whole tree; a last THOUGHT event with status "answer" marks the solution.
+
+After each level the run's `progress` holds the best path so far and its score (and the best final
+answer seen, if any): what `error.data.partial` carries when the run fails part-way.
 """
 
 from __future__ import annotations
@@ -20,10 +23,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gateway.protocol import LLMRequest, system, user
-from reasonray.events import ThoughtNode
-from reasonray.tags import extract_answer, extract_tag, strip_thinking
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.events import ThoughtNode
+from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
+from reasonray.strategies.base import (
+    ReasoningResult,
+    Strategy,
+    StrategyConfig,
+    StrategyContext,
+)
 
 PROPOSE_PROMPT = (
     "You solve problems one step at a time. Given the problem and the steps so far, write only the "
@@ -49,9 +57,7 @@ class TreeOfThoughtConfig(StrategyConfig):
     beam_width: int = Field(2, ge=1, le=8, description="bfs: nodes kept per level.")
     evaluation: Literal["value", "vote"] = Field("value", description="value: score each node 0-1; vote: siblings compete for votes.")
     votes: int = Field(3, ge=1, le=8, description="vote: sampled votes per evaluation.")
-    prune_threshold: float = Field(
-        0.5, ge=0.0, le=1.0, description="value: nodes scoring below are pruned (vote: nodes with no vote are)."
-    )
+    prune_threshold: float = Field(0.5, ge=0.0, le=1.0, description="value: nodes scoring below are pruned (vote: nodes with no vote are).")
     max_nodes: int = Field(60, ge=1, le=500, description="Most nodes evaluated in one run, a budget on calls.")
     temperature: float = Field(0.7, ge=0.0, le=2.0, description="Sampling temperature of proposals and votes.")
     seed: int = Field(0, ge=0, description="Seed of the first proposal of each node; proposal i uses seed + i.")
@@ -72,8 +78,14 @@ class Node:
         return len(self.steps) + (self.answer is not None)
 
     def summary(self) -> dict[str, Any]:
-        return {"id": self.id, "parent": self.parent_id, "depth": self.depth, "score": round(self.score, 4),
-                "status": self.status, "is_answer": self.answer is not None}
+        return {
+            "id": self.id,
+            "parent": self.parent_id,
+            "depth": self.depth,
+            "score": round(self.score, 4),
+            "status": self.status,
+            "is_answer": self.answer is not None,
+        }
 
 
 def render(query: str, steps: tuple[str, ...], answer: str | None = None) -> str:
@@ -84,11 +96,14 @@ def render(query: str, steps: tuple[str, ...], answer: str | None = None) -> str
     return "\n".join(lines)
 
 
-async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> tuple[str, bool] | None:
+async def propose(
+    query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext
+) -> tuple[str, bool] | None:
     """One proposed next step, or the final answer: (text, is_answer); None when the reply has neither."""
     completion = await context.llm.complete(
-        LLMRequest(messages=(system(PROPOSE_PROMPT), user(render(query, steps))),
-                   max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+        LLMRequest(
+            messages=(system(PROPOSE_PROMPT), user(render(query, steps))), max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed
+        )
     )
     answer = extract_answer(completion.text)
     if answer:
@@ -100,8 +115,9 @@ async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, 
 async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: StrategyContext) -> float | None:
     """The node's 0-1 score from a temperature-0 judge; None when the reply holds no number."""
     completion = await context.llm.complete(
-        LLMRequest(messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))),
-                   max_tokens=cfg.max_tokens, temperature=0.0)
+        LLMRequest(
+            messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))), max_tokens=cfg.max_tokens, temperature=0.0
+        )
     )
     try:
         return min(max(float(extract_tag(completion.text, "score") or ""), 0.0), 1.0)
@@ -113,8 +129,12 @@ async def vote(query: str, nodes: list[Node], cfg: TreeOfThoughtConfig, seed: in
     """The index of the candidate one sampled vote prefers; None for a vote outside the list."""
     listing = "\n\n".join(f"Candidate {i}:\n{render(query, n.steps, n.answer)}" for i, n in enumerate(nodes, 1))
     completion = await context.llm.complete(
-        LLMRequest(messages=(system(VOTE_PROMPT), user(f"Problem: {query}\n\n{listing}")),
-                   max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+        LLMRequest(
+            messages=(system(VOTE_PROMPT), user(f"Problem: {query}\n\n{listing}")),
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+            seed=seed,
+        )
     )
     raw = extract_tag(completion.text, "vote") or ""
     return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= len(nodes) else None
@@ -141,7 +161,7 @@ class Search:
         )
         children: list[Node] = []
         seen: set[tuple[str, str, bool]] = set()
-        for (parent, _), proposal in zip(slots, proposals):
+        for (parent, _), proposal in zip(slots, proposals, strict=False):
             if proposal is None:
                 self.unparsed += 1
                 continue
@@ -154,7 +174,20 @@ class Search:
             children.append(Node(node_id, parent.id, parent.steps if is_answer else (*parent.steps, text), text if is_answer else None))
         await self.evaluate(children)
         self.nodes += children
+        self.note_progress()
         return sorted(children, key=lambda n: -n.score)
+
+    def note_progress(self) -> None:
+        """The best path and answer so far, for `error.data.partial` should a later call fail."""
+        best = max(self.nodes, key=lambda n: (n.depth, n.score))
+        answers = [n for n in self.nodes if n.answer is not None and self.passes(n)]
+        self.context.progress.update(
+            nodes_evaluated=len(self.nodes),
+            best_path=_path_ids(best.id),
+            best_steps=list(best.steps),
+            best_score=round(best.score, 4),
+            answer=max(answers, key=lambda n: n.score).answer if answers else None,
+        )
 
     async def evaluate(self, nodes: list[Node]) -> None:
         if not nodes:
@@ -163,7 +196,7 @@ class Search:
         if self.cfg.evaluation == "value":
             scores = await self.context.fan_out([partial(value, self.query, n, self.cfg) for n in nodes], label=label)
             self.unparsed += sum(s is None for s in scores)
-            for node, score in zip(nodes, scores):
+            for node, score in zip(nodes, scores, strict=False):
                 node.score = score or 0.0
             return
         ballots = await self.context.fan_out(
@@ -179,9 +212,17 @@ class Search:
     def record(self, node: Node, status: str) -> None:
         node.status = status
         self.context.emit(
-            ThoughtNode(trace_id=self.context.trace_id, strategy=self.strategy, node_id=node.id, parent_id=node.parent_id,
-                        depth=node.depth, text=node.answer if node.answer is not None else node.steps[-1],
-                        score=round(node.score, 4), is_answer=node.answer is not None, status=status)
+            ThoughtNode(
+                trace_id=self.context.trace_id,
+                strategy=self.strategy,
+                node_id=node.id,
+                parent_id=node.parent_id,
+                depth=node.depth,
+                text=node.answer if node.answer is not None else node.steps[-1],
+                score=round(node.score, 4),
+                is_answer=node.answer is not None,
+                status=status,
+            )
         )
 
     async def bfs(self, root: Node) -> Node | None:
@@ -224,6 +265,8 @@ class TreeOfThought(Strategy):
         cfg = self.parse_config(config)
         search = Search(query, cfg, context, self.name)
         root = Node("0", "", ())
+        # the documented partial shape from the start, so a failure before the first level still has every key
+        context.progress.update(nodes_evaluated=0, best_path=[], best_steps=[], best_score=None, answer=None)
         found = await (search.bfs(root) if cfg.search == "bfs" else search.dfs(root))
         answers = [n for n in search.nodes if n.answer is not None]
         solution = found or max(answers, key=lambda n: (n.status != "pruned", n.score), default=None)
@@ -253,7 +296,10 @@ class TreeOfThought(Strategy):
         best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
         completion = await context.llm.complete(
             LLMRequest(
-                messages=(system(ANSWER_PROMPT), user(f"{render(query, best.steps)}\n\nThe search ended here: give your final answer now.")),
+                messages=(
+                    system(ANSWER_PROMPT),
+                    user(f"{render(query, best.steps)}\n\nThe search ended here: give your final answer now."),
+                ),
                 max_tokens=cfg.max_tokens,
                 temperature=0.0,
             )

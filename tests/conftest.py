@@ -11,17 +11,17 @@ _SHARED_TIKTOKEN = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
 
-import gateway.openai_client  # noqa: E402
+from reasonray.gateway import openai_client  # noqa: E402
 
 # No test may reach a real provider: only loopback endpoints (the simulated model) are allowed.
-gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
+openai_client.ALLOW_REMOTE_REQUESTS = False
 
 
 @pytest.fixture(autouse=True)
 def _no_remote_llm_requests():
-    gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
+    openai_client.ALLOW_REMOTE_REQUESTS = False
     yield
-    gateway.openai_client.ALLOW_REMOTE_REQUESTS = False
+    openai_client.ALLOW_REMOTE_REQUESTS = False
 
 
 @pytest.fixture(autouse=True)
@@ -32,3 +32,14 @@ def _structlog_config_restored():
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throw-away PostgreSQL cluster for the whole test session (tests/pg.py); skipped where none is installed."""
+    from tests.pg import TempPostgres, available
+
+    if not available():
+        pytest.skip("PostgreSQL is not installed (scripts/setup.sh installs it)")
+    with TempPostgres() as pg:
+        yield pg

@@ -13,8 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
-from reasonray.config import Settings, load_settings
+from reasonray.gateway.simulator.server import (
+    SimulatorServer,
+    SimulatorSettings,
+    free_port,
+)
+from reasonray.kernel.config import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +69,7 @@ def simulator():
 def ray_cluster():
     import ray
 
-    from serve_app import ray_environment
+    from reasonray.serve_app import ray_environment
 
     os.environ.update(ray_environment(Settings()))  # the ingress `reasonray serve` uses
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="reasonray-tests", log_to_driver=False)
@@ -86,7 +90,7 @@ def serve_base(ray_cluster):
 def deploy(settings: dict[str, Any], app_name: str, route_prefix: str) -> None:
     from ray import serve
 
-    from serve_app import build_app
+    from reasonray.serve_app import build_app
 
     serve.run(build_app({"settings": settings, "app_name": app_name}), name=app_name, route_prefix=route_prefix)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from actors import NAMESPACE
+from reasonray.actors import NAMESPACE
 from tests.integration.conftest import deploy, own_app, result_of, rpc
 
 PLANNER = {
@@ -35,7 +35,9 @@ def test_an_agent_gets_its_default_is_refused_others_and_is_discovered(agents_ap
     registered = result_of(rpc(client, "agent.register", PLANNER))
     assert registered["agent"]["id"] == "planner" and registered["agent"]["registered_at"]
 
-    run = result_of(rpc(client, "reasoning.execute", {"query": "What is 17 * 23? [[sim slip=0.3]]", "agent_id": "planner", "include_trace": True}))
+    run = result_of(
+        rpc(client, "reasoning.execute", {"query": "What is 17 * 23? [[sim slip=0.3]]", "agent_id": "planner", "include_trace": True})
+    )
     assert run["answer"] == "391" and run["strategy_used"] == "tree_of_thought"
     assert run["resolution"]["strategy_decided_by"] == "agent" and run["resolution"]["agent_id"] == "planner"
     assert run["resolution"]["config"]["breadth"] == 2 and run["resolution"]["config_sources"]["breadth"] == "agent"
@@ -53,10 +55,18 @@ def test_an_agent_gets_its_default_is_refused_others_and_is_discovered(agents_ap
 
 def test_tree_of_thought_branches_run_as_ray_tasks_and_the_trace_shows_the_tree(agents_api):
     client, _ = agents_api
-    run = result_of(rpc(client, "reasoning.execute", {
-        "query": "What is 12 * 12? [[sim slip=0.3]]", "strategy": "tree_of_thought",
-        "strategy_config": {"breadth": 3, "beam_width": 2, "depth": 3}, "include_trace": True,
-    }))
+    run = result_of(
+        rpc(
+            client,
+            "reasoning.execute",
+            {
+                "query": "What is 12 * 12? [[sim slip=0.3]]",
+                "strategy": "tree_of_thought",
+                "strategy_config": {"breadth": 3, "beam_width": 2, "depth": 3},
+                "include_trace": True,
+            },
+        )
+    )
     assert run["answer"] == "144"
     branches = [e for e in run["trace"] if e["type"] == "BRANCH"]
     calls = [e for e in run["trace"] if e["type"] == "LLM_INVOCATION"]
@@ -77,9 +87,18 @@ def test_tree_of_thought_branches_run_as_ray_tasks_and_the_trace_shows_the_tree(
 
 def test_self_consistency_votes_over_parallel_chains(agents_api):
     client, _ = agents_api
-    run = result_of(rpc(client, "reasoning.execute", {
-        "query": "What is 19 * 21? [[sim slip=0.3]]", "strategy": "self_consistency", "strategy_config": {"samples": 7}, "include_trace": True,
-    }))
+    run = result_of(
+        rpc(
+            client,
+            "reasoning.execute",
+            {
+                "query": "What is 19 * 21? [[sim slip=0.3]]",
+                "strategy": "self_consistency",
+                "strategy_config": {"samples": 7},
+                "include_trace": True,
+            },
+        )
+    )
     specific = run["metrics"]["strategy_specific"]
     assert run["answer"] == "399" and sum(specific["votes"].values()) == 7
     assert specific["agreement"] == round(specific["votes"]["399"] / 7, 4)
@@ -91,7 +110,9 @@ def test_the_plugin_strategy_answers_and_is_described(agents_api):
     described = result_of(rpc(client, "reasoning.strategies", {}))
     step_back = next(s for s in described["strategies"] if s["name"] == "step_back")
     assert "reasoning.strategy.step_back" in step_back["capabilities"] and "max_tokens" in step_back["config_schema"]["properties"]
-    run = result_of(rpc(client, "reasoning.execute", {"query": "What is 17 * 23?", "strategy": "step_back", "strategy_config": {"max_tokens": 200}}))
+    run = result_of(
+        rpc(client, "reasoning.execute", {"query": "What is 17 * 23?", "strategy": "step_back", "strategy_config": {"max_tokens": 200}})
+    )
     assert run["answer"] == "391" and run["strategy_used"] == "step_back" and run["metrics"]["llm_calls"] == 2
     assert run["metrics"]["simulated"] is True
 
@@ -114,18 +135,18 @@ def test_agent_cards_survive_a_restart_of_the_service(agents_api, serve_base):
 
 
 def test_a_broken_plugin_in_a_ray_worker_is_reported_and_the_registry_serves(ray_cluster, tmp_path):
-    from actors.registry import StrategyRegistryActor
-    from reasonray.config import ReasoningSettings
+    from reasonray.actors.registry import StrategyRegistryActor
+    from reasonray.kernel.config import ReasoningSettings
     from tests.plugins import write_broken_plugin
 
     plugins = write_broken_plugin(tmp_path / "plugins")
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
     actor = StrategyRegistryActor.options(runtime_env={"env_vars": {"PYTHONPATH": str(plugins)}}).remote(
-        reasoning.model_dump(mode="json"), str(tmp_path / "data")
+        "test", reasoning.model_dump(mode="json"), str(tmp_path / "data")
     )
-    described = ray.get(actor.call.remote("describe"), timeout=60)
+    described = ray.get(actor.describe.remote(), timeout=60)
     assert described["plugin_failures"] == [
         {"name": "broken", "target": "broken_plugin:Broken", "error": "ImportError: broken_plugin needs libfoo, which is not installed"}
     ]
-    assert ray.get(actor.call.remote("snapshot")) == {"enabled": ["chain_of_thought"], "default": "chain_of_thought"}
+    assert ray.get(actor.snapshot.remote()) == {"enabled": ["chain_of_thought"], "default": "chain_of_thought"}
     ray.kill(actor)

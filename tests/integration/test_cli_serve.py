@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.simulator.server import free_port
+from reasonray.gateway.simulator.server import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -38,12 +38,17 @@ def test_serve_with_a_bad_config_reports_the_key(tmp_path):
 def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboard_is_up():
     port, dashboard = free_port(), free_port()
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
     }
     proc = subprocess.Popen(
         [BIN / "reasonray", "serve", "--port", str(port), "--dashboard-port", str(dashboard), "--num-cpus", "2"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -58,7 +63,9 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
             time.sleep(0.5)
         asked = subprocess.run(
             [BIN / "reasonray", "ask", "What is 17 * 23?", "--url", f"http://127.0.0.1:{port}"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert asked.returncode == 0, asked.stderr
         lines = asked.stdout.splitlines()

@@ -14,9 +14,13 @@ import httpx
 import pytest
 import ray
 
-from actors import NAMESPACE
-from gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
-from memory.store import StoreError
+from reasonray.actors import NAMESPACE
+from reasonray.gateway.simulator.server import (
+    SimulatorServer,
+    SimulatorSettings,
+    free_port,
+)
+from reasonray.memory.store import StoreError
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
 
 pytestmark = pytest.mark.integration
@@ -34,8 +38,13 @@ def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_i
     from ray import serve
 
     with own_app(serve_base, simulator.url, "mem-e2e", memory={"embedding": "sentence_transformers"}) as (client, settings):
-        a = result_of(rpc(client, "reasoning.execute", {
-            "query": TASK_A, "strategy_config": {"temperature": 0.8}, "memory": {"learn": True, "task_id": "A"}}))
+        a = result_of(
+            rpc(
+                client,
+                "reasoning.execute",
+                {"query": TASK_A, "strategy_config": {"temperature": 0.8}, "memory": {"learn": True, "task_id": "A"}},
+            )
+        )
         learned = a["memory"]
         assert learned["outcome"] == "failure" and learned["judged_by"] == "llm_judge" and learned["stored"]
         assert any(Path(settings["data_dir"], "chroma").glob("*.sqlite3"))  # embedded Chroma, on disk
@@ -43,7 +52,7 @@ def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_i
         b = result_of(rpc(client, "reasoning.execute", {"query": TASK_B, "include_trace": True, "memory": {"task_id": "B"}}))
         assert [m["id"] for m in b["memory"]["retrieved"]] == learned["stored"]
         assert "[WARNING: past failure]" in system_prompt(b["trace"])
-        assert [e["type"] for e in b["trace"]][0] == "MEMORY_RETRIEVAL"
+        assert next(e["type"] for e in b["trace"]) == "MEMORY_RETRIEVAL"
         assert b["answer"] == "408"
 
         stats = result_of(rpc(client, "stats.get"))
@@ -71,11 +80,21 @@ def test_matts_parallel_k5_fans_out_as_ray_tasks_in_about_one_attempts_time(serv
     slow = SimulatorServer(SimulatorSettings(port=0, ttft_ms=1500)).start()
     try:
         with own_app(serve_base, slow.url, "mem-matts", llm={"cache": {"enabled": False}}) as (client, _):
+
             def run(k: int) -> tuple[dict, float]:
                 started = time.perf_counter()
-                result = result_of(rpc(client, "reasoning.execute", {
-                    "query": f"What is 19 * 21? (run {k}) [[sim slip=0.3]]", "strategy": "matts", "include_trace": True,
-                    "strategy_config": {"k": k, "seed": k}}))
+                result = result_of(
+                    rpc(
+                        client,
+                        "reasoning.execute",
+                        {
+                            "query": f"What is 19 * 21? (run {k}) [[sim slip=0.3]]",
+                            "strategy": "matts",
+                            "include_trace": True,
+                            "strategy_config": {"k": k, "seed": k},
+                        },
+                    )
+                )
                 return result, time.perf_counter() - started
 
             run(5)  # start the worker processes the branches run in
@@ -118,8 +137,17 @@ def chroma_server():
 
 def test_a_chroma_server_backs_the_bank_and_outlives_the_actor(serve_base, simulator, chroma_server):
     with own_app(serve_base, simulator.url, "mem-server", memory={"chroma_url": chroma_server}) as (client, _):
-        stored = result_of(rpc(client, "memory.store", {"workspace": "shared", "key": "merge two sorted lists",
-                                                         "items": [{"title": "Two pointers", "description": "Walk both lists.", "content": "Advance the smaller."}]}))
+        stored = result_of(
+            rpc(
+                client,
+                "memory.store",
+                {
+                    "workspace": "shared",
+                    "key": "merge two sorted lists",
+                    "items": [{"title": "Two pointers", "description": "Walk both lists.", "content": "Advance the smaller."}],
+                },
+            )
+        )
         ray.kill(ray.get_actor("mem-server-memory", namespace=NAMESPACE), no_restart=True)
         found = result_of(rpc(client, "memory.retrieve", {"workspace": "shared", "query": "merge two sorted lists"}))
         assert [m["memory"]["id"] for m in found["memories"]] == [stored["stored"][0]["id"]]
@@ -131,12 +159,14 @@ def test_a_chroma_server_backs_the_bank_and_outlives_the_actor(serve_base, simul
 
 
 def test_a_session_turn_is_learned_passively_in_the_session_actor_and_retrieved_later(serve_base, simulator):
-    explanation = ("Pack the rolls in boxes of 24 and count full boxes first; the remainder goes in one extra box, "
-                   "so 391 rolls need 17 boxes.")
+    explanation = (
+        "Pack the rolls in boxes of 24 and count full boxes first; the remainder goes in one extra box, so 391 rolls need 17 boxes."
+    )
     with own_app(serve_base, simulator.url, "mem-passive", memory={"passive_learning": True}) as (client, _):
         sid = result_of(rpc(client, "session.create", {}))["session_id"]
-        turn = result_of(rpc(client, "session.turn", {
-            "session_id": sid, "message": f'How many boxes do 391 rolls need? [[sim answer="{explanation}"]]'}))
+        turn = result_of(
+            rpc(client, "session.turn", {"session_id": sid, "message": f'How many boxes do 391 rolls need? [[sim answer="{explanation}"]]'})
+        )
         assert turn["answer"] == explanation and turn["memory"]["passive"] == "captured"
         assert turn["memory"]["task_id"] == f"{sid}-turn-1" and turn["trace"][-1]["type"] == "MEMORY_LEARNING"
         assert ray.get_actor(f"mem-passive-session-{sid}", namespace=NAMESPACE)  # learned in the session's actor
@@ -148,7 +178,7 @@ def test_a_session_turn_is_learned_passively_in_the_session_actor_and_retrieved_
 
 
 def test_an_unreachable_chroma_server_fails_the_deployment_clearly(simulator):
-    from serve_app import build_app
+    from reasonray.serve_app import build_app
 
     settings = settings_for(simulator.url, memory={"chroma_url": f"http://127.0.0.1:{free_port()}"})
     with pytest.raises(StoreError, match="chroma run"):
@@ -159,7 +189,9 @@ def test_memory_methods_aliases_and_errors_over_http(api):
     ws = "http-api"
     item = {"title": "Check edge cases", "description": "Empty input breaks loops.", "content": "Test the empty list first."}
     root = result_of(rpc(api, "memory.store", {"workspace": ws, "items": [item]}))["stored"][0]
-    child = result_of(rpc(api, "memory.store", {"workspace": ws, "items": [{**item, "title": "Check more edges", "parent_memory_id": root["id"]}]}))["stored"][0]
+    child = result_of(
+        rpc(api, "memory.store", {"workspace": ws, "items": [{**item, "title": "Check more edges", "parent_memory_id": root["id"]}]})
+    )["stored"][0]
     tree = result_of(rpc(api, "get_memory_genealogy", {"memory_id": root["id"], "workspace": ws}))
     assert [d["memory"]["id"] for d in tree["descendants"]] == [child["id"]]
     found = result_of(rpc(api, "retrieve_memories", {"query": "Check edge cases. Empty input breaks loops.", "workspace": ws}))
@@ -170,6 +202,16 @@ def test_memory_methods_aliases_and_errors_over_http(api):
     unknown = rpc(api, "memory.get", {"workspace": ws, "memory_id": "00000000-0000-0000-0000-000000000000"}).json()["error"]
     assert unknown["code"] == -32005
     assert result_of(rpc(api, "memory.delete_workspace", {"workspace": ws, "confirm": True}))["deleted_memories"] == 2
-    solved = result_of(rpc(api, "solve_coding_task", {
-        "task": 'Write add(a, b). [[sim answer="add=lambda a,b: a+b"]]', "matts_k": 2, "tests": "assert add(1, 2) == 3", "workspace": ws}))
+    solved = result_of(
+        rpc(
+            api,
+            "solve_coding_task",
+            {
+                "task": 'Write add(a, b). [[sim answer="add=lambda a,b: a+b"]]',
+                "matts_k": 2,
+                "tests": "assert add(1, 2) == 3",
+                "workspace": ws,
+            },
+        )
+    )
     assert solved["outcome"] == "success" and solved["judged_by"] == "verifier"

@@ -8,7 +8,7 @@ import time
 import httpx
 import ray
 
-from reasonray.telemetry import SPECS
+from reasonray.kernel.telemetry import SPECS
 from tests.integration.conftest import rpc
 
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<tags>[^}]*)\} (?P<value>\S+)$")
@@ -35,21 +35,44 @@ def test_requests_tokens_llm_calls_bounded_context_memory_and_sessions_reach_the
     for _ in range(3):
         assert "result" in rpc(api, "reasoning.execute", {"query": "What is 12 * 12?", "strategy": "chain_of_thought"}).json()
     assert "error" in rpc(api, "reasoning.execute", {"query": "q", "strategy": "no_such"}).json()
-    assert "result" in rpc(api, "reasoning.execute", {
-        "query": "[[sim think=30000 answer=7]] Work it out.", "strategy": "bounded_context", "strategy_config": {"max_iterations": 10}}).json()
+    # a run that fails is counted under the strategy that ran, by cause (a budget: it cannot open the shared breaker)
+    failed = rpc(api, "reasoning.execute", {"query": "What is 1 + 1?", "strategy": "refine", "budget": {"max_total_tokens": 5}}).json()
+    assert failed["error"]["data"]["error_type"] == "budget_exceeded"
+    assert (
+        "result"
+        in rpc(
+            api,
+            "reasoning.execute",
+            {
+                "query": "[[sim think=30000 answer=7]] Work it out.",
+                "strategy": "bounded_context",
+                "strategy_config": {"max_iterations": 10},
+            },
+        ).json()
+    )
     assert "result" in rpc(api, "memory.retrieve", {"query": "multiplication", "workspace": "metrics-test"}).json()
     session = rpc(api, "session.create", {}).json()["result"]["session_id"]
     assert "result" in rpc(api, "session.turn", {"session_id": session, "message": "What is 2 + 2?"}).json()
 
     deadline = time.monotonic() + 90  # Ray exports user metrics every few seconds
-    wanted = ["ray_reasonray_requests_total", "ray_reasonray_llm_calls_total", "ray_reasonray_bounded_context_iterations_count",
-              "ray_reasonray_memory_retrieval_latency_ms_count", "ray_reasonray_active_sessions", "ray_reasonray_tokens_total"]
+    wanted = [
+        "ray_reasonray_requests_total",
+        "ray_reasonray_llm_calls_total",
+        "ray_reasonray_bounded_context_iterations_count",
+        "ray_reasonray_memory_retrieval_latency_ms_count",
+        "ray_reasonray_active_sessions",
+        "ray_reasonray_tokens_total",
+        "ray_reasonray_runs_total",
+    ]
     while True:
         samples = scrape()
         names = {n for n, _, _ in samples}
         sessions = max((v for n, _, v in samples if n == "ray_reasonray_active_sessions"), default=0)
-        if (all(w in names for w in wanted) and sessions >= 1
-                and total(samples, "ray_reasonray_requests_total", method="reasoning.execute", status="ok") >= 4):
+        if (
+            all(w in names for w in wanted)
+            and sessions >= 1
+            and total(samples, "ray_reasonray_requests_total", method="reasoning.execute", status="ok") >= 4
+        ):
             break
         assert time.monotonic() < deadline, f"missing after 90 s: {[w for w in wanted if w not in names]}"
         time.sleep(3)
@@ -57,6 +80,10 @@ def test_requests_tokens_llm_calls_bounded_context_memory_and_sessions_reach_the
     ok = total(samples, "ray_reasonray_requests_total", method="reasoning.execute", strategy="chain_of_thought", status="ok")
     assert ok >= 3
     assert total(samples, "ray_reasonray_requests_total", method="reasoning.execute", strategy="none", status="strategy_unavailable") >= 1
+    assert total(samples, "ray_reasonray_requests_total", method="reasoning.execute", strategy="refine", status="budget_exceeded") >= 1
+    assert total(samples, "ray_reasonray_runs_total", strategy="refine", agent="none", status="budget_exceeded") >= 1
+    assert total(samples, "ray_reasonray_runs_total", strategy="chain_of_thought", status="ok") >= 3
+    assert total(samples, "ray_reasonray_run_latency_ms_count", strategy="refine", status="budget_exceeded") >= 1
     assert total(samples, "ray_reasonray_request_latency_ms_count", method="reasoning.execute") >= 5
     assert total(samples, "ray_reasonray_tokens_total", strategy="chain_of_thought", kind="completion") > 0
     assert total(samples, "ray_reasonray_llm_calls_total", model="simulated") >= 4

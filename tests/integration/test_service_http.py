@@ -9,13 +9,14 @@ import httpx
 import pytest
 import ray
 
-from gateway.simulator.server import SimulatorServer, SimulatorSettings
-from reasonray.config import ConfigError
+from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+from reasonray.kernel.config import ConfigError
 from tests.integration.conftest import deploy, rpc, settings_for
 
 
-def test_healthz_reports_ray_registry_and_llm(api):
-    body = api.get("/healthz").json()
+def test_healthz_says_ok_only_and_the_operator_endpoint_reports_ray_registry_and_llm(api):
+    assert api.get("/healthz").json() == {"status": "ok"}
+    body = api.get("/admin/health").json()
     assert body["status"] == "ok" and body["ray"]["initialized"]
     assert body["registry"] == {
         "ok": True,
@@ -53,7 +54,10 @@ def test_a_caller_trace_id_is_kept(api):
         (b'{"jsonrpc": "2.0", "method": "reasoning.unknown", "id": 1}', -32601),
         (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": ""}, "id": 1}', -32602),
         (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "q", "strategy": "tree_of_light"}, "id": 1}', -32002),
-        (b'{"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": {"query": "[[sim think=30000 answer=7]]"}, "id": 1}', -32001),
+        (
+            b'{"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": {"query": "[[sim think=30000 answer=7]]"}, "id": 1}',
+            -32009,
+        ),
     ],
 )
 def test_error_codes_over_http(api, body, code):
@@ -71,10 +75,10 @@ def test_transient_faults_are_retried_and_counted(api):
     assert result["answer"] == "42" and result["metrics"]["retries"] == 2
 
 
-def test_a_provider_that_keeps_failing_is_an_internal_error_naming_the_cause(api):
+def test_a_provider_that_keeps_failing_is_a_provider_error_naming_the_cause(api):
     error = rpc(api, "reasoning.execute", {"query": "[[sim fault=429 times=10]] What is 1 + 1?"}).json()["error"]
-    assert error["code"] == -32603 and error["data"]["error_type"] == "provider_unavailable"
-    assert error["data"]["attempts"] == 3 and "HTTP 429" in error["message"]
+    assert error["code"] == -32013 and error["data"]["error_type"] == "provider_unavailable"
+    assert error["data"]["attempts"] == 4 and "HTTP 429" in error["message"]  # [llm.retry] max_attempts: 4 by default
 
 
 def test_notifications_and_batches(api):
@@ -117,13 +121,13 @@ def test_zero_enabled_strategies_starts_and_explains(serve_base, simulator):
     settings = settings_for(simulator.url, reasoning={"enabled_strategies": [], "default_strategy": None})
     deploy(settings, "empty", "/empty")
     with httpx.Client(base_url=serve_base, timeout=60) as client:
-        assert client.get("/empty/healthz").json()["registry"]["enabled"] == []
+        assert client.get("/empty/admin/health").json()["registry"]["enabled"] == []
         error = rpc(client, "reasoning.execute", {"query": "What is 1 + 1?"}, path="/empty/rpc").json()["error"]
     assert error["code"] == -32002 and "no strategies are enabled" in error["message"]
 
 
 def test_a_half_configured_app_is_refused_before_deploying(simulator):
-    from serve_app import build_app
+    from reasonray.serve_app import build_app
 
     settings = settings_for(simulator.url)
     settings["reasoning"]["strategies"] = {"chain_of_thought": {"default_max_tokens": "many"}}
@@ -136,25 +140,31 @@ def test_the_breaker_opens_fails_fast_and_recovers(serve_base):
     try:
         settings = settings_for(
             faulty.url,
-            llm={"retry": {"max_attempts": 1}, "circuit_breaker": {"failure_threshold": 2, "reset_timeout_s": 2}, "cache": {"enabled": False}},
+            llm={
+                "retry": {"max_attempts": 1},
+                "circuit_breaker": {"minimum_calls": 2, "reset_timeout_s": 2, "half_open_probes": 1},
+                "cache": {"enabled": False},
+            },
         )
         deploy(settings, "breaker", "/breaker")
         with httpx.Client(base_url=serve_base, timeout=60) as client:
             client.post(f"{faulty.url}/sim/faults", json={"rate": 1.0, "kinds": ["500"]})
             for _ in range(2):
-                error = rpc(client, "reasoning.execute", {"query": "What is 1 + 1?"}, path="/breaker/rpc").json()["error"]
+                body = rpc(client, "reasoning.execute", {"query": "What is 1 + 1?"}, path="/breaker/rpc").json()
+                assert "error" in body, body
+                error = body["error"]
                 assert error["data"]["error_type"] == "provider_unavailable"
             seen = client.get(f"{faulty.url}/sim/stats").json()["requests"]
             started = time.perf_counter()
             error = rpc(client, "reasoning.execute", {"query": "What is 1 + 1?"}, path="/breaker/rpc").json()["error"]
-            assert error["code"] == -32603 and error["data"]["error_type"] == "circuit_open"
+            assert error["code"] == -32013 and error["data"]["error_type"] == "circuit_open"
             assert time.perf_counter() - started < 1.0
             assert client.get(f"{faulty.url}/sim/stats").json()["requests"] == seen  # failed fast, no call
-            assert client.get("/breaker/healthz").json()["llm"]["breaker"] == "open"
+            assert client.get("/breaker/admin/health").json()["llm"]["breaker"] == "open"
             client.post(f"{faulty.url}/sim/faults", json={"rate": 0.0})
             time.sleep(error["data"]["retry_after_s"] + 0.2)
             result = rpc(client, "reasoning.execute", {"query": "What is 1 + 1?"}, path="/breaker/rpc").json()["result"]
             assert result["answer"] == "2"
-            assert client.get("/breaker/healthz").json()["llm"]["breaker"] == "closed"
+            assert client.get("/breaker/admin/health").json()["llm"]["breaker"] == "closed"
     finally:
         faulty.stop()

@@ -1,5 +1,6 @@
-"""Issue 5 through the running service: sessions over HTTP, one actor per session, a client-tool hand-off
-that survives the actor being killed and the service being restarted, eviction, isolation, and ReAct."""
+"""Issue 5 through the running service: sessions over HTTP on session hosts, a client-tool hand-off that
+survives the session's host being killed and the service being restarted, idle sessions dropped from
+memory, isolation, and ReAct."""
 
 from __future__ import annotations
 
@@ -9,29 +10,39 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import ray
 
-from actors import NAMESPACE
+from reasonray.actors import NAMESPACE
+from reasonray.actors.session import host_index, host_name
 from tests.integration.conftest import deploy, own_app, result_of, rpc
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 IDLE_S = 3
+HOSTS = 2
 
 
 @pytest.fixture(scope="module")
 def sessions_api(serve_base, simulator):
-    with own_app(serve_base, simulator.url, "sessions", sessions={"idle_timeout_s": IDLE_S}) as app:
+    with own_app(serve_base, simulator.url, "sessions", sessions={"idle_timeout_s": IDLE_S, "hosts": HOSTS}) as app:
         yield app
 
 
-def actor_of(session_id):
-    return ray.get_actor(f"sessions-session-{session_id}", namespace=NAMESPACE)
+def host_of(session_id):
+    return ray.get_actor(host_name("sessions", host_index(session_id, HOSTS)), namespace=NAMESPACE)
 
 
 def new_session(client):
-    return result_of(rpc(client, "session.create", {"server_tools": ["calculator"], "client_tools": [WEATHER], "bootstrap": "Welcome."}))["session_id"]
+    return result_of(rpc(client, "session.create", {"server_tools": ["calculator"], "client_tools": [WEATHER], "bootstrap": "Welcome."}))[
+        "session_id"
+    ]
 
 
-def test_server_tool_then_client_tool_then_resume_after_the_actor_was_killed(sessions_api):
+def test_server_tool_then_client_tool_then_resume_after_the_host_was_killed(sessions_api):
     client, _ = sessions_api
     sid = new_session(client)
     message = 'Is it warm? [[sim call=calculator {"expression": "21 * 9 / 5 + 32"}]] [[sim call=get_weather {"city": "Lisbon"}]]'
@@ -40,14 +51,29 @@ def test_server_tool_then_client_tool_then_resume_after_the_actor_was_killed(ses
     [pending] = handed_off["pending_tool_calls"]
     assert pending["name"] == "get_weather" and pending["arguments"] == {"city": "Lisbon"}
 
-    ray.kill(actor_of(sid), no_restart=True)  # the session's actor dies with the hand-off outstanding
-    resumed = result_of(rpc(client, "session.resume", {
-        "session_id": sid, "tool_results": [{"tool_call_id": pending["tool_call_id"], "content": "Sunny, 21 C (69.8 F)"}],
-    }))
+    ray.kill(host_of(sid), no_restart=False)  # the session's host dies (and restarts) with the hand-off outstanding
+    resumed = result_of(
+        rpc(
+            client,
+            "session.resume",
+            {
+                "session_id": sid,
+                "tool_results": [{"tool_call_id": pending["tool_call_id"], "content": "Sunny, 21 C (69.8 F)"}],
+            },
+        )
+    )
     assert resumed["status"] == "completed" and resumed["answer"] == "Sunny, 21 C (69.8 F)"
     assert [s["type"] for s in resumed["trace"]] == [
-        "TURN_STARTED", "LLM_CALL", "TOOL_EXECUTED", "LLM_CALL", "CLIENT_TOOL_PENDING", "EXIT",
-        "REENTRY_VERIFIED", "CONTINUATION", "LLM_CALL", "EXIT",
+        "TURN_STARTED",
+        "LLM_CALL",
+        "TOOL_EXECUTED",
+        "LLM_CALL",
+        "CLIENT_TOOL_PENDING",
+        "EXIT",
+        "REENTRY_VERIFIED",
+        "CONTINUATION",
+        "LLM_CALL",
+        "EXIT",
     ]
     calculator = next(s for s in resumed["trace"] if s["type"] == "TOOL_EXECUTED")
     assert calculator["tool"] == "calculator" and calculator["status"] == "ok"
@@ -60,13 +86,10 @@ def test_a_pending_hand_off_survives_a_restart_of_the_service(sessions_api):
 
     client, settings = sessions_api
     sid = new_session(client)
-    handed_off = result_of(rpc(client, "session.turn", {"session_id": sid, "message": "[[sim call=get_weather {\"city\": \"Oslo\"}]]"}))
+    handed_off = result_of(rpc(client, "session.turn", {"session_id": sid, "message": '[[sim call=get_weather {"city": "Oslo"}]]'}))
     call_id = handed_off["pending_tool_calls"][0]["tool_call_id"]
     serve.delete("sessions")
-    try:
-        ray.kill(actor_of(sid), no_restart=True)
-    except ValueError:
-        pass  # already evicted for idleness while the app was being deleted
+    ray.kill(host_of(sid), no_restart=True)  # gone for good: the deploy creates the hosts again
     deploy(settings, "sessions", "/sessions")
     assert result_of(rpc(client, "session.get", {"session_id": sid}))["pending_tool_calls"][0]["tool_call_id"] == call_id
     done = result_of(rpc(client, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": call_id, "content": "Snow"}]}))
@@ -76,11 +99,18 @@ def test_a_pending_hand_off_survives_a_restart_of_the_service(sessions_api):
 def test_wrong_results_and_conflicts_have_their_codes_and_lose_nothing(sessions_api):
     client, _ = sessions_api
     sid = new_session(client)
-    call_id = result_of(rpc(client, "session.turn", {"session_id": sid, "message": "[[sim call=get_weather {\"city\": \"Rome\"}]]"}))["pending_tool_calls"][0]["tool_call_id"]
+    call_id = result_of(rpc(client, "session.turn", {"session_id": sid, "message": '[[sim call=get_weather {"city": "Rome"}]]'}))[
+        "pending_tool_calls"
+    ][0]["tool_call_id"]
     wrong = rpc(client, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": "call_x", "content": "?"}]}).json()["error"]
     assert wrong["code"] == -32602 and wrong["data"]["missing"] == [call_id] and wrong["data"]["unexpected"] == ["call_x"]
     assert sid in str(rpc(client, "session.turn", {"session_id": sid, "message": "hi"}).json()["error"]["message"])
-    assert result_of(rpc(client, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": call_id, "content": "Warm"}]}))["answer"] == "Warm"
+    assert (
+        result_of(rpc(client, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": call_id, "content": "Warm"}]}))[
+            "answer"
+        ]
+        == "Warm"
+    )
     assert rpc(client, "session.turn", {"session_id": "no-such-session", "message": "hi"}).json()["error"]["code"] == -32005
 
 
@@ -93,7 +123,11 @@ def test_concurrent_sessions_never_see_each_others_state(sessions_api):
         answers = []
         for step in range(2):
             expression = f"{index} * 100 + {step}"
-            answers.append(result_of(rpc(client, "session.turn", {"session_id": sid, "message": f"[[sim call=calculator {{\"expression\": \"{expression}\"}}]]"}))["answer"])
+            answers.append(
+                result_of(
+                    rpc(client, "session.turn", {"session_id": sid, "message": f'[[sim call=calculator {{"expression": "{expression}"}}]]'})
+                )["answer"]
+            )
         return answers
 
     with ThreadPoolExecutor(4) as pool:
@@ -104,30 +138,33 @@ def test_concurrent_sessions_never_see_each_others_state(sessions_api):
         assert state["turn"] == 2 and state["last_answer"] == str(index * 100 + 1)
 
 
-def test_an_idle_session_actor_is_evicted_and_the_session_comes_back(sessions_api):
+def test_an_idle_session_leaves_its_hosts_memory_and_comes_back(sessions_api):
     client, _ = sessions_api
     sid = new_session(client)
     result_of(rpc(client, "session.turn", {"session_id": sid, "message": "What is 2 + 2?"}))
-    assert actor_of(sid)
+    host = host_of(sid)
+    assert ray.get(host.is_live.remote(sid))
     deadline = time.monotonic() + IDLE_S * 6
-    while time.monotonic() < deadline:
-        try:
-            actor_of(sid)
-        except ValueError:
-            break  # evicted
+    while ray.get(host.is_live.remote(sid)):
+        assert time.monotonic() < deadline, "the idle session was not dropped from its host's memory"
         time.sleep(0.5)
-    else:
-        pytest.fail("the idle session actor was not evicted")
     again = result_of(rpc(client, "session.turn", {"session_id": sid, "message": "What is 3 + 3?"}))
     assert again["answer"] == "6" and again["turn"] == 2
 
 
 def test_react_uses_server_tools_through_reasoning_execute(sessions_api):
     client, _ = sessions_api
-    run = result_of(rpc(client, "reasoning.execute", {
-        "query": 'Sum of squares below 10 [[sim call=python {"code": "print(sum(i*i for i in range(10)))"}]]',
-        "strategy": "react", "include_trace": True,
-    }))
+    run = result_of(
+        rpc(
+            client,
+            "reasoning.execute",
+            {
+                "query": 'Sum of squares below 10 [[sim call=python {"code": "print(sum(i*i for i in range(10)))"}]]',
+                "strategy": "react",
+                "include_trace": True,
+            },
+        )
+    )
     assert run["answer"] == "285" and run["strategy_used"] == "react"
     assert [c["tool"] for c in run["metrics"]["strategy_specific"]["tool_calls"]] == ["python"]
     assert [e["type"] for e in run["trace"] if e["type"] in ("TOOL_EXECUTED", "EXIT")] == ["TOOL_EXECUTED", "EXIT"]

@@ -1,10 +1,10 @@
 """The slow suite (`make test-slow`): a soak of the running service under mixed concurrent load.
 
 For REASONRAY_SOAK_S seconds (default 120), clients in threads drive the real stack (Ray Serve over
-HTTP, session actors, the memory bank actor, Chroma on disk, the simulated model over HTTP): sessions
+HTTP, session hosts, the memory bank actor, Chroma on disk, the simulated model over HTTP): sessions
 with server-tool turns and client-tool hand-offs, and reasoning.execute across strategies, some
 memory-aware and learning. Afterwards nothing failed, every answer is right, every session holds
-exactly the turns it was sent, idle session actors are evicted (no actor leaks), and the bank holds
+exactly the turns it was sent, idle sessions leave their hosts' memory (no leaks), and the bank holds
 what the learning runs stored. Throughput and latency percentiles are printed (`-s`).
 """
 
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import ray
 
-from actors import NAMESPACE
+from reasonray.actors import NAMESPACE
 from tests.integration.conftest import own_app, result_of, rpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -28,8 +28,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SOAK_S = float(os.environ.get("REASONRAY_SOAK_S", "120"))
 CLIENTS = 6
 IDLE_S = 4
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 STRATEGIES = ["chain_of_thought", "self_consistency", "tree_of_thought", "refine"]
 
 
@@ -64,16 +70,22 @@ class Load:
 def conversation(load: Load, client, worker: int, round_: int) -> None:
     sid = load.timed("session.create", client, "session.create", {"server_tools": ["calculator"], "client_tools": [WEATHER]})["session_id"]
     a, b = worker + 2, round_ + 3
-    first = load.timed("session.turn", client, "session.turn", {
-        "session_id": sid, "message": f'[[sim call=calculator {{"expression": "{a} * {b}"}}]]'})
+    first = load.timed(
+        "session.turn", client, "session.turn", {"session_id": sid, "message": f'[[sim call=calculator {{"expression": "{a} * {b}"}}]]'}
+    )
     load.expect(first and first["answer"] == str(a * b), f"{sid} turn 1: {first}")
-    handed = load.timed("session.turn", client, "session.turn", {
-        "session_id": sid, "message": '[[sim call=get_weather {"city": "Porto"}]]'})
+    handed = load.timed(
+        "session.turn", client, "session.turn", {"session_id": sid, "message": '[[sim call=get_weather {"city": "Porto"}]]'}
+    )
     pending = handed["pending_tool_calls"] if handed else []
     load.expect(handed and handed["status"] == "awaiting_client_tools" and len(pending) == 1, f"{sid} turn 2: {handed}")
     if pending:
-        resumed = load.timed("session.resume", client, "session.resume", {
-            "session_id": sid, "tool_results": [{"tool_call_id": pending[0]["tool_call_id"], "content": f"Rain {worker}"}]})
+        resumed = load.timed(
+            "session.resume",
+            client,
+            "session.resume",
+            {"session_id": sid, "tool_results": [{"tool_call_id": pending[0]["tool_call_id"], "content": f"Rain {worker}"}]},
+        )
         load.expect(resumed and resumed["answer"] == f"Rain {worker}", f"{sid} resume: {resumed}")
     with load.lock:
         load.sessions[sid] = 2
@@ -83,8 +95,11 @@ def execute(load: Load, client, worker: int, round_: int) -> None:
     strategy = STRATEGIES[next(load.executions) % len(STRATEGIES)]
     a, b = 11 + worker, 13 + round_
     learn = round_ % 3 == 0
-    params = {"query": f"What is {a} * {b}?", "strategy": strategy,
-              "memory": {"workspace": "soak", "learn": learn, "expected_answer": str(a * b), "task_id": f"w{worker}-r{round_}"}}
+    params = {
+        "query": f"What is {a} * {b}?",
+        "strategy": strategy,
+        "memory": {"workspace": "soak", "learn": learn, "expected_answer": str(a * b), "task_id": f"w{worker}-r{round_}"},
+    }
     result = load.timed(f"execute/{strategy}", client, "reasoning.execute", params)
     load.expect(result and result["answer"] == str(a * b), f"{strategy} {a} * {b}: {result and result['answer']}")
     if result and learn:
@@ -93,9 +108,12 @@ def execute(load: Load, client, worker: int, round_: int) -> None:
             load.learned += 1
 
 
-def session_actors(app: str) -> int:
-    prefix = f"{app}-session-"
-    return sum(1 for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE and a["name"].startswith(prefix))
+def live_sessions(app: str) -> int:
+    """Sessions the app's hosts hold in memory; and no actor of the app's is anything but a host."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
+    hosts = [n for n in names if n.startswith(f"{app}-session-")]
+    assert all(n.startswith(f"{app}-session-host-") for n in hosts), hosts
+    return sum(ray.get(ray.get_actor(n, namespace=NAMESPACE).stats.remote())["live"] for n in hosts)
 
 
 def test_mixed_load_for_minutes_fails_nothing_loses_nothing_and_leaks_no_actors(serve_base, simulator):
@@ -129,9 +147,9 @@ def test_mixed_load_for_minutes_fails_nothing_loses_nothing_and_leaks_no_actors(
             assert state["status"] == "idle" and state["turn"] == turns and state["messages"] >= 2 * turns, state
 
         deadline = time.monotonic() + IDLE_S * 10
-        while session_actors("soak") and time.monotonic() < deadline:
+        while live_sessions("soak") and time.monotonic() < deadline:
             time.sleep(1)
-        assert session_actors("soak") == 0, "idle session actors were not evicted"
+        assert live_sessions("soak") == 0, "idle sessions were not dropped from their hosts"
 
         stats = result_of(rpc(client, "stats.get"))
         assert stats["traces"]["success"] == load.learned

@@ -6,11 +6,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.simulator.engine import embed
-from memory.bank import ReasoningBank
-from memory.service import BankService, LocalMemory
-from memory.store import ChromaStore, open_client
-from reasonray.config import MemorySettings
+from reasonray.gateway.simulator.engine import embed
+from reasonray.kernel.config import MemorySettings
+from reasonray.memory.bank import ReasoningBank
+from reasonray.memory.service import BankService, LocalMemory
+from reasonray.memory.store import ChromaStore, open_client
 
 
 class HashEmbedder:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.tokens import counter_for_model
-from reasonray.events import EventRecorder, ObservedLLM
-from strategies.base import StrategyContext
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.events import EventRecorder
+from reasonray.strategies.base import StrategyContext
 
 
 def context_for(llm, *, strategy: str = "test", path: Path | None = None, keep: bool = True) -> tuple[StrategyContext, EventRecorder]:

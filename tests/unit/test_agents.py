@@ -5,13 +5,13 @@ import os
 
 import pytest
 
-from gateway.testing import FunctionLLM
-from reasonray.agents import AgentDirectory, AgentRegistration
-from reasonray.api import local_dispatcher
-from reasonray.config import ConfigError, ReasoningSettings
-from reasonray.errors import InvalidParamsError, NotFoundError
-from reasonray.registry import RegistryService
-from strategies.registry import StrategyRegistry, build_catalogue
+from reasonray.api.app import local_dispatcher
+from reasonray.api.registry import RegistryService
+from reasonray.gateway.testing import FunctionLLM
+from reasonray.kernel.config import ConfigError, ReasoningSettings
+from reasonray.kernel.errors import InvalidParamsError, NotFoundError
+from reasonray.strategies.agents import AgentDirectory, AgentRegistration
+from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
 METHODS = ["agent.register", "reasoning.execute"]
 
@@ -56,12 +56,19 @@ def test_a_valid_card_is_stored_and_survives_a_restart(tmp_path, catalogue):
     ("changes", "message"),
     [
         ({"capabilities": ["domain.math"]}, "capabilities advertise no strategy; add `reasoning.strategy.<name>`"),
-        ({"capabilities": ["reasoning.strategy.self_consistency"], "default_strategy": None, "strategy_config": {}},
-         "'self_consistency' is installed but not enabled on this server"),
-        ({"capabilities": ["reasoning.strategy.tree_of_light"], "default_strategy": None, "strategy_config": {}},
-         "'tree_of_light' is not a known strategy"),
+        (
+            {"capabilities": ["reasoning.strategy.self_consistency"], "default_strategy": None, "strategy_config": {}},
+            "'self_consistency' is installed but not enabled on this server",
+        ),
+        (
+            {"capabilities": ["reasoning.strategy.tree_of_light"], "default_strategy": None, "strategy_config": {}},
+            "'tree_of_light' is not a known strategy",
+        ),
         ({"default_strategy": "bounded_context"}, "default_strategy 'bounded_context' is not among the agent's strategies"),
-        ({"strategy_config": {"tree_of_thought": {"breadth": 99}}}, r"strategy_config.tree_of_thought: breadth: Input should be less than or equal to 8"),
+        (
+            {"strategy_config": {"tree_of_thought": {"breadth": 99}}},
+            r"strategy_config.tree_of_thought: breadth: Input should be less than or equal to 8",
+        ),
         ({"strategy_config": {"bounded_context": {}}}, "strategy_config.bounded_context: the agent does not advertise"),
         ({"supported_methods": ["reasoning.teleport"]}, r"supported_methods \['reasoning.teleport'\] are not methods of this server"),
     ],
@@ -113,8 +120,12 @@ def test_an_unreadable_directory_file_stops_start_up_naming_the_file(tmp_path):
 def test_discover_is_all_of_and_unregister_forgets(tmp_path, catalogue):
     directory = AgentDirectory(tmp_path / "agents.json")
     directory.register(card(), catalogue, METHODS)
-    directory.register(card(id="cot-only", capabilities=["reasoning.strategy.chain_of_thought"], default_strategy=None, strategy_config={}), catalogue, METHODS)
-    ids = lambda caps: [c.id for c in directory.discover(caps)]  # noqa: E731
+    directory.register(
+        card(id="cot-only", capabilities=["reasoning.strategy.chain_of_thought"], default_strategy=None, strategy_config={}),
+        catalogue,
+        METHODS,
+    )
+    ids = lambda caps: [c.id for c in directory.discover(caps)]
     assert ids([]) == ["planner", "cot-only"]
     assert ids(["reasoning.strategy.chain_of_thought"]) == ["planner", "cot-only"]
     assert ids(["reasoning.strategy.chain_of_thought", "domain.math"]) == ["planner"]
@@ -160,7 +171,11 @@ async def test_agent_methods_round_trip(api):
 
 
 async def test_registration_errors_are_invalid_params(api):
-    bad = await rpc(api, "agent.register", card(capabilities=["reasoning.strategy.tree_of_light"], default_strategy=None, strategy_config={}).model_dump())
+    bad = await rpc(
+        api,
+        "agent.register",
+        card(capabilities=["reasoning.strategy.tree_of_light"], default_strategy=None, strategy_config={}).model_dump(),
+    )
     assert bad["error"]["code"] == -32602
     assert "'tree_of_light' is not a known strategy" in bad["error"]["message"]
     malformed = await rpc(api, "agent.register", {"id": "x", "name": "x"})
@@ -168,11 +183,15 @@ async def test_registration_errors_are_invalid_params(api):
 
 
 async def test_three_levels_decide_strategy_and_each_config_field(api):
-    await rpc(api, "agent.register", card(
-        capabilities=["reasoning.strategy.chain_of_thought", "reasoning.strategy.tree_of_thought"],
-        default_strategy="chain_of_thought",
-        strategy_config={"chain_of_thought": {"max_tokens": 128}},
-    ).model_dump())
+    await rpc(
+        api,
+        "agent.register",
+        card(
+            capabilities=["reasoning.strategy.chain_of_thought", "reasoning.strategy.tree_of_thought"],
+            default_strategy="chain_of_thought",
+            strategy_config={"chain_of_thought": {"max_tokens": 128}},
+        ).model_dump(),
+    )
     result = (await rpc(api, "reasoning.execute", {"query": "2+2?", "agent_id": "planner", "strategy_config": {"seed": 7}}))["result"]
     resolution = result["resolution"]
     assert resolution["strategy"] == "chain_of_thought" and resolution["strategy_decided_by"] == "agent"
@@ -200,7 +219,11 @@ async def test_an_agent_is_refused_strategies_it_does_not_advertise(api):
 
 
 async def test_an_agent_without_a_default_must_support_the_system_default(api):
-    await rpc(api, "agent.register", card(capabilities=["reasoning.strategy.tree_of_thought"], default_strategy=None, strategy_config={}).model_dump())
+    await rpc(
+        api,
+        "agent.register",
+        card(capabilities=["reasoning.strategy.tree_of_thought"], default_strategy=None, strategy_config={}).model_dump(),
+    )
     refused = await rpc(api, "reasoning.execute", {"query": "2+2?", "agent_id": "planner"})
     assert refused["error"]["code"] == -32002
     assert "(the system default is 'chain_of_thought')" in refused["error"]["message"]
@@ -228,3 +251,13 @@ def test_cards_whose_strategies_were_disabled_since_are_kept_and_logged(tmp_path
         service = RegistryService(reasoning(enabled_strategies=["chain_of_thought"]), tmp_path)
     assert service.get_agent("planner")["id"] == "planner"
     assert any(e["event"] == "agent.strategies_disabled" and e["strategies"] == ["tree_of_thought"] for e in logs)
+
+
+def test_a_remote_agent_carries_its_a2a_card_url_through_discover(tmp_path, catalogue):
+    directory = AgentDirectory(tmp_path / "agents.json")
+    url = "https://planner.example/.well-known/agent-card.json"
+    directory.register(card(a2a_card_url=url), catalogue, METHODS)
+    [found] = AgentDirectory(tmp_path / "agents.json").discover(["reasoning.strategy.chain_of_thought"])
+    assert found.a2a_card_url == url and found.model_dump(mode="json")["a2a_card_url"] == url
+    with pytest.raises(ValueError, match="a2a_card_url"):
+        card(a2a_card_url="not a url")

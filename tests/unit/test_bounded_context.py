@@ -4,15 +4,19 @@ import json
 
 import pytest
 
-from gateway.errors import ProviderUnavailableError
-from gateway.protocol import LLMRequest
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import ScriptedLLM
-from gateway.tokens import count_messages, counter_for_model
-from reasonray.errors import InvalidParamsError, MaxIterationsError
-from reasonray.events import read_event_log
-from strategies.bounded_context import BoundedContext, BoundedContextSettings, capacity
-from strategies.compute_cost import attention_pairs
+from reasonray.gateway.errors import ProviderUnavailableError
+from reasonray.gateway.protocol import LLMRequest
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.gateway.tokens import count_messages, counter_for_model
+from reasonray.kernel.errors import InvalidParamsError, MaxIterationsError
+from reasonray.kernel.events import read_event_log
+from reasonray.strategies.bounded_context import (
+    BoundedContext,
+    BoundedContextSettings,
+    capacity,
+)
+from reasonray.strategies.compute_cost import attention_pairs
 from tests.unit.strategy_harness import context_for
 
 COUNTER = counter_for_model("simulated")
@@ -90,7 +94,7 @@ async def test_answer_in_the_first_chunk_returns_with_no_carryover():
 
 
 async def test_a_chunk_with_no_stop_sequence_continues():
-    from gateway.protocol import Choice, Completion, Usage
+    from reasonray.gateway.protocol import Choice, Completion, Usage
 
     cut = Completion(choices=(Choice(text="Step 1: partial work", finish_reason="length"),), usage=Usage(100, 50), model="scripted")
     llm = ScriptedLLM([cut, "Step 2 <answer>5"])
@@ -160,7 +164,7 @@ async def test_the_servers_iteration_cap_is_enforced():
 
 async def test_a_query_too_long_for_the_chunk_is_refused_before_any_call():
     llm = ScriptedLLM([])
-    with pytest.raises(InvalidParamsError, match="context size exceeded.*shorten the query"):
+    with pytest.raises(InvalidParamsError, match=r"context size exceeded.*shorten the query"):
         await run(llm, query="word " * 1200, chunk_size=1024, carryover_size=512)
     assert llm.requests == []
 
@@ -192,13 +196,14 @@ async def test_128k_tokens_of_reasoning_complete_with_8k_chunks():
 @pytest.mark.parametrize("carryover_size", [512, 2048, 4096])
 @pytest.mark.parametrize("mode", ["tail", "summary"])
 async def test_answers_hold_across_carryover_sizes(mode, carryover_size):
-    result, _ = await run(SimulatedLLM(), query="[[sim think=12000 answer=3]] go", max_iterations=20,
-                          carryover_mode=mode, carryover_size=carryover_size)
+    result, _ = await run(
+        SimulatedLLM(), query="[[sim think=12000 answer=3]] go", max_iterations=20, carryover_mode=mode, carryover_size=carryover_size
+    )
     assert result.answer == "3"
 
 
 def test_capacity_follows_br5():
-    from strategies.bounded_context import BoundedContextConfig
+    from reasonray.strategies.bounded_context import BoundedContextConfig
 
     assert capacity(BoundedContextConfig()) == 8192 + 4 * 4096
     assert capacity(BoundedContextConfig(max_iterations=10, chunk_size=16384, carryover_size=1024)) == 16384 + 9 * 15360
@@ -222,3 +227,42 @@ async def test_warnings_reach_the_logs_with_their_message_but_no_model_text():
     [warning] = [e for e in logs if e["event"] == "RunWarning"]
     assert warning["code"] == "carryover_fallback" and "raw tail" in warning["message"]
     assert "private reasoning text" not in json.dumps(logs, default=str)
+
+
+class JoinCostsAToken:
+    """The real counter, except that the summary frame joined to the reasoning after it costs one
+    token more than its parts (as BPE merges can make a join cost more or less)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.encoding_name = inner.encoding_name
+
+    def count(self, text):
+        marker = "Latest reasoning:\n"
+        return self.inner.count(text) + (marker in text and not text.endswith(marker))
+
+    def head(self, text, n):
+        return self.inner.head(text, n)
+
+    def tail(self, text, n):
+        return self.inner.tail(text, n)
+
+
+@pytest.mark.parametrize("mode", ["summary", "tail"])
+async def test_no_call_ever_asks_for_more_than_chunk_size(mode):
+    """Prompt plus max_tokens of every call (reasoning, summary, final answer) fits chunk_size, even with a
+    query that leaves the final answer no room unless the carryover gives some back (was: 8,193 of 8,192)."""
+    llm = Recording()
+    context, _ = context_for(llm, strategy="bounded_context")
+    context.tokens = JoinCostsAToken(context.tokens)
+    query = "[[sim think=30000 answer=7]] " + "Consider every detail of this long problem statement. " * 60
+    config = {"carryover_mode": mode, "chunk_size": 1024, "carryover_size": 512, "max_iterations": 3, "on_max_iterations": "final_answer"}
+    result = await BoundedContext().reason(query, context=context, config=config)
+    assert result.metrics.strategy_specific["stopped_by"] == "final_answer"
+    kinds = {"summary": 0, "final": 0}
+    for request in llm.requests:
+        prompt = count_messages(context.tokens, request.messages)
+        assert prompt + request.max_tokens <= 1024, (prompt, request.max_tokens)
+        kinds["summary"] += "Latest reasoning:" in request.messages[-1].content
+        kinds["final"] += "final answer now" in request.messages[-1].content
+    assert kinds["final"] == 1 and kinds["summary"] == (3 if mode == "summary" else 0)

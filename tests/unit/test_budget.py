@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.protocol import LLMRequest, system, user
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import FunctionLLM
-from gateway.tokens import counter_for_model
-from reasonray.api import local_dispatcher
-from reasonray.config import load_settings
-from reasonray.errors import BudgetExceededError
-from reasonray.events import Budget, ObservedLLM, RunWarning
+from reasonray.api.app import local_dispatcher
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import FunctionLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.config import load_settings
+from reasonray.kernel.errors import BudgetExceededError
+from reasonray.kernel.events import Budget, RunWarning
 
 
 def observed(budget: Budget, fn=lambda r: "<answer>ok</answer>", spent: int = 0):
@@ -29,7 +30,7 @@ async def test_a_long_prompt_keeps_its_head_and_tail_and_warns():
     sent = llm.requests[0].messages[1].content
     assert sent.startswith("HEAD-MARK") and sent.endswith("TAIL-MARK") and "tokens omitted" in sent
     assert llm.requests[0].messages[0].content == "Be brief."
-    from gateway.tokens import count_messages
+    from reasonray.gateway.tokens import count_messages
 
     assert count_messages(counter, llm.requests[0].messages) <= 200
     [warning] = [e for e in events if isinstance(e, RunWarning)]
@@ -44,7 +45,7 @@ async def test_output_is_capped_and_the_total_budget_is_never_overspent():
     await observed_llm.complete(LLMRequest(messages=(user("hello"),)))
     assert llm.requests[1].max_tokens < 50  # what is left of the total, not the per-call cap
     observed_llm.tally.prompt_tokens += 100
-    with pytest.raises(BudgetExceededError, match="budget.max_total_tokens") as info:
+    with pytest.raises(BudgetExceededError, match=r"budget.max_total_tokens") as info:
         await observed_llm.complete(LLMRequest(messages=(user("hello"),)))
     assert info.value.data["max_total_tokens"] == 400 and len(llm.requests) == 2  # the third call was never made
 
@@ -53,14 +54,20 @@ def test_branches_share_what_is_left_of_the_total():
     observed_llm, _, _ = observed(Budget(max_total_tokens=1000), spent=400)
     options = observed_llm.branch_options(3)
     assert options["spent"] == 1000 - 600 // 3  # each of 3 branches may spend 200
-    assert Budget(max_total_tokens=100).tightest(Budget(max_total_tokens=50, max_output_tokens=9)) == Budget(max_output_tokens=9, max_total_tokens=50)
+    assert Budget(max_total_tokens=100).tightest(Budget(max_total_tokens=50, max_output_tokens=9)) == Budget(
+        max_output_tokens=9, max_total_tokens=50
+    )
 
 
 async def test_a_request_budget_that_runs_out_is_a_32004_error():
     settings = load_settings()
     rpc = local_dispatcher(settings.reasoning, SimulatedLLM())
-    call = {"jsonrpc": "2.0", "method": "reasoning.execute", "id": 1, "params": {
-        "query": "What is 2+2?", "strategy": "refine", "budget": {"max_total_tokens": 120}}}
+    call = {
+        "jsonrpc": "2.0",
+        "method": "reasoning.execute",
+        "id": 1,
+        "params": {"query": "What is 2+2?", "strategy": "refine", "budget": {"max_total_tokens": 120}},
+    }
     payload, _ = await rpc.handle_payload(call, None)
     assert payload["error"]["code"] == -32004 and "max_total_tokens" in payload["error"]["message"]
     ok = {**call, "params": {**call["params"], "budget": {"max_total_tokens": 5000, "max_output_tokens": 100}}}

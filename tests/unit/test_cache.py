@@ -1,8 +1,8 @@
 import pytest
 
-from gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache, cache_key
-from gateway.protocol import LLMRequest, user
-from gateway.testing import ScriptedLLM
+from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache, cache_key
+from reasonray.gateway.protocol import LLMRequest, user
+from reasonray.gateway.testing import ScriptedLLM
 
 BASE = LLMRequest(messages=(user("What is 2+2?"),), max_tokens=100)
 

@@ -1,5 +1,5 @@
-from gateway.testing import ScriptedLLM
-from strategies.chain_of_thought import SYSTEM_PROMPT, ChainOfThought
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT, ChainOfThought
 from tests.unit.strategy_harness import context_for as context
 
 

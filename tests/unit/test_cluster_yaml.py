@@ -8,8 +8,8 @@ import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 
-from reasonray.config import Settings
-from serve_app import AppArgs
+from reasonray.kernel.config import Settings
+from reasonray.serve_app import AppArgs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_the_serve_config_file_is_a_valid_serve_deploy_config_for_build_app():
     config = yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())
     schema = ServeDeploySchema.model_validate(config)
     [app] = schema.applications
-    assert app.import_path == "serve_app:build_app"
+    assert app.import_path == "reasonray.serve_app:build_app"
     AppArgs.model_validate(app.args)  # the builder accepts its args
     [deployment] = app.deployments
     assert deployment.name == "ReasonRayIngress" and deployment.autoscaling_config["max_replicas"] >= 1
@@ -46,11 +46,15 @@ def test_the_serve_config_file_is_a_valid_serve_deploy_config_for_build_app():
 
 
 def test_autoscaling_settings_become_serves_autoscaling_config():
-    from serve_app import build_app
+    from reasonray.serve_app import build_app
 
-    settings = Settings.model_validate({"llm": {"provider": "simulated", "base_url": "http://127.0.0.1:9/v1"},
-                                        "memory": {"enabled": False},
-                                        "server": {"autoscaling": {"enabled": True, "min_replicas": 2, "max_replicas": 6}}})
+    settings = Settings.model_validate(
+        {
+            "llm": {"provider": "simulated", "base_url": "http://127.0.0.1:9/v1"},
+            "memory": {"enabled": False},
+            "server": {"autoscaling": {"enabled": True, "min_replicas": 2, "max_replicas": 6}},
+        }
+    )
     app = build_app({"settings": settings.model_dump(mode="json")})
     options = app._bound_deployment._deployment_config
     assert options.autoscaling_config.min_replicas == 2 and options.autoscaling_config.max_replicas == 6

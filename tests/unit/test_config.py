@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from reasonray.config import ConfigError, load_settings
+from reasonray.kernel.config import ConfigError, load_settings
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.toml"
 
@@ -18,7 +18,7 @@ def test_repository_config_loads_with_the_seed_structure():
     assert settings.reasoning.default_strategy == "chain_of_thought"
     assert settings.reasoning.strategies["chain_of_thought"] == {"default_max_tokens": 32768}
     assert settings.reasoning.performance.strategy_selection_timeout_ms == 50
-    assert settings.llm.retry.max_attempts == 3 and settings.llm.circuit_breaker.failure_threshold == 5
+    assert settings.llm.retry.max_attempts == 4 and settings.llm.circuit_breaker.failure_rate_threshold == 0.5
 
 
 def test_environment_overrides_nested_keys_and_parses_json(tmp_path):

@@ -7,8 +7,10 @@ import pytest
 from tests.docs_examples import REPO, blocks
 
 
-@pytest.mark.parametrize("page", ["docs/simulator.md", "docs/custom-strategies.md", "docs/sessions.md", "docs/memory.md", "docs/evaluation.md"])
-def test_python_examples_run(page):
+@pytest.mark.parametrize(
+    "page", ["docs/simulator.md", "docs/custom-strategies.md", "docs/sessions.md", "docs/memory.md", "docs/evaluation.md"]
+)
+def test_python_examples_run(page, in_repo):
     code = blocks(page, "python")
     assert code, f"{page} has no python example"
     namespace: dict = {"__name__": "docs_example"}

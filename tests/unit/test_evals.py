@@ -12,21 +12,33 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from evals.datasets import DatasetError, load_dataset
-from evals.grid import GridError, build_grid, parse_configs
-from evals.report import Prices, build_report, percentile, wilson, write_report
-from evals.run import EvalError, EvalOptions, main as eval_main, run_async
-from evals.runner import InProcessEngine, ResultLog, run_grid
-from evals.scoring import extract_code, extract_number, score_gsm8k, score_humaneval
-from gateway.errors import ProviderUnavailableError
-from gateway.simulator.engine import SimulatedModel
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.tokens import counter_for_model
+from reasonray.api.service import ReasoningService
 from reasonray.cli import main as reasonray_main
-from reasonray.config import MemorySettings, ReasoningSettings
-from reasonray.sandbox import SandboxLimits
-from reasonray.service import ReasoningService
-from strategies.registry import StrategyRegistry, build_catalogue
+from reasonray.evals.datasets import DatasetError, load_dataset
+from reasonray.evals.grid import GridError, build_grid, parse_configs
+from reasonray.evals.report import (
+    Prices,
+    build_report,
+    percentile,
+    wilson,
+    write_report,
+)
+from reasonray.evals.run import EvalError, EvalOptions, run_async
+from reasonray.evals.run import main as eval_main
+from reasonray.evals.runner import InProcessEngine, ResultLog, run_grid
+from reasonray.evals.scoring import (
+    extract_code,
+    extract_number,
+    score_gsm8k,
+    score_humaneval,
+)
+from reasonray.gateway.errors import ProviderUnavailableError
+from reasonray.gateway.simulator.engine import SimulatedModel
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.config import MemorySettings, ReasoningSettings
+from reasonray.kernel.sandbox import SandboxLimits
+from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.unit.memory_harness import local_memory, make_bank
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
@@ -38,10 +50,14 @@ def gsm8k_file(path: Path, count: int = 6) -> Path:
     lines = []
     for i in range(count):
         a, b = 3 + i, 7 + 2 * i
-        lines.append(json.dumps({
-            "question": f"Sam packs {a} boxes with {b} apples in each box for the market stall number {i}. How many apples does Sam pack?",
-            "answer": f"Sam packs {a} * {b} = <<{a}*{b}={a * b}>>{a * b} apples.\n#### {a * b:,}",
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "question": f"Sam packs {a} boxes with {b} apples in each box for the market stall number {i}. How many apples does Sam pack?",
+                    "answer": f"Sam packs {a} * {b} = <<{a}*{b}={a * b}>>{a * b} apples.\n#### {a * b:,}",
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -54,11 +70,13 @@ def service_with_key(examples, skill=1.0, memory=None, llm=None) -> ReasoningSer
     model = SimulatedModel(counter_for_model("simulated"))
     model.add_answers({e.key: e.reference for e in examples}, skill)
     llm = llm or SimulatedLLM(model)
-    return ReasoningService(catalogue(), llm, counter_for_model("simulated"), memory=memory,
-                            memory_settings=MemorySettings(min_similarity=0.0))
+    return ReasoningService(
+        catalogue(), llm, counter_for_model("simulated"), memory=memory, memory_settings=MemorySettings(min_similarity=0.0)
+    )
 
 
 # -- datasets --------------------------------------------------------------------------------------
+
 
 def test_gsm8k_sample_is_read_with_the_final_answer_after_the_hashes(tmp_path):
     dataset = load_dataset(gsm8k_file(tmp_path / "g.jsonl"), limit=4, offset=1)
@@ -87,7 +105,7 @@ def test_bad_datasets_are_named_with_their_line(tmp_path):
         load_dataset(bad)
     other = tmp_path / "other.jsonl"
     other.write_text('{"text": "hello"}\n')
-    with pytest.raises(DatasetError, match="neither GSM8K .* nor HumanEval"):
+    with pytest.raises(DatasetError, match=r"neither GSM8K .* nor HumanEval"):
         load_dataset(other)
     nohash = tmp_path / "nohash.jsonl"
     nohash.write_text('{"question": "q", "answer": "42"}\n')
@@ -97,9 +115,17 @@ def test_bad_datasets_are_named_with_their_line(tmp_path):
 
 # -- scorers ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer, number", [
-    ("18", "18"), ("The answer is $1,200.50.", "1200.50"), ("-3 degrees", "-3"), ("first 4 then 7 apples", "7"), ("none", None),
-])
+
+@pytest.mark.parametrize(
+    "answer, number",
+    [
+        ("18", "18"),
+        ("The answer is $1,200.50.", "1200.50"),
+        ("-3 degrees", "-3"),
+        ("first 4 then 7 apples", "7"),
+        ("none", None),
+    ],
+)
 def test_the_last_number_of_an_answer_is_scored(answer, number):
     assert extract_number(answer) == number
 
@@ -136,8 +162,9 @@ async def test_humaneval_runs_the_tests_in_the_sandbox(tmp_path):
     assert not wrong.correct and "AssertionError" in wrong.detail
     spin = await score_humaneval("def add_all(values):\n    while True: pass\n", example, SandboxLimits(timeout_s=1.0))
     assert not spin.correct and "timed out" in spin.detail
-    net = await score_humaneval("import socket\ndef add_all(values):\n    socket.socket()\n    return sum(values)\n", example)
-    assert not net.correct and "does not allow socket" in net.detail
+    dial = "import socket\ndef add_all(values):\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n    return sum(values)\n"
+    net = await score_humaneval(dial, example)
+    assert not net.correct and "Network is unreachable" in net.detail  # the sandbox has no network
 
 
 @pytest.mark.skipif(not (SHARED / "humaneval.jsonl.gz").exists(), reason="the shared HumanEval file is not beside this checkout")
@@ -150,13 +177,17 @@ async def test_canonical_humaneval_solutions_pass_and_stubs_fail():
 
 # -- the grid ---------------------------------------------------------------------------------------
 
+
 def test_the_grid_is_strategies_by_configs_by_seeds_with_the_seed_in_the_config():
     configs = parse_configs(["greedy={}", 'self_consistency:k3={"samples": 3}'])
     cells = build_grid(catalogue(), ["chain_of_thought", "self_consistency"], configs, [0, 1])
     assert [c.key for c in cells] == [
-        "chain_of_thought/greedy/seed=0", "chain_of_thought/greedy/seed=1",
-        "self_consistency/greedy/seed=0", "self_consistency/greedy/seed=1",
-        "self_consistency/k3/seed=0", "self_consistency/k3/seed=1",
+        "chain_of_thought/greedy/seed=0",
+        "chain_of_thought/greedy/seed=1",
+        "self_consistency/greedy/seed=0",
+        "self_consistency/greedy/seed=1",
+        "self_consistency/k3/seed=0",
+        "self_consistency/k3/seed=1",
     ]
     assert cells[5].config == {"samples": 3, "seed": 1}
     assert cells[0].workspace != cells[1].workspace
@@ -174,10 +205,11 @@ def test_grid_errors_say_what_to_change():
     with pytest.raises(GridError, match="invalid strategy_config for self_consistency"):
         build_grid(catalogue(), ["self_consistency"], parse_configs(['x={"samples": "many"}']), [0])
     with pytest.raises(GridError, match="not in --strategies"):
-        build_grid(catalogue(), ["chain_of_thought"], parse_configs(['react:a={}']), [0])
+        build_grid(catalogue(), ["chain_of_thought"], parse_configs(["react:a={}"]), [0])
 
 
 # -- the runner ------------------------------------------------------------------------------------
+
 
 async def test_a_grid_runs_appends_results_and_a_rerun_skips_what_is_done(tmp_path):
     examples = load_dataset(gsm8k_file(tmp_path / "g.jsonl")).examples
@@ -218,7 +250,7 @@ async def test_a_failed_example_is_recorded_the_run_goes_on_and_a_rerun_retries_
     records = log.select(examples, cells)
     failed = [r for r in records if r.status == "error"]
     assert len(records) == 6 and [r.example_id for r in failed] == ["gsm8k-3"]
-    assert (failed[0].error_code, failed[0].error_type) == (-32603, "provider_unavailable") and "refused the connection" in failed[0].error
+    assert (failed[0].error_code, failed[0].error_type) == (-32013, "provider_unavailable") and "refused the connection" in failed[0].error
 
     rerun = ResultLog(tmp_path / "results.jsonl")
     assert await run_grid(InProcessEngine(service_with_key(examples)), examples, cells, rerun) == 1
@@ -244,6 +276,7 @@ async def test_memory_aware_cells_stream_in_order_learn_as_they_go_and_never_see
 
 # -- the report ------------------------------------------------------------------------------------
 
+
 def test_wilson_intervals_and_percentiles():
     low, high = wilson(0, 10)
     assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
@@ -258,9 +291,18 @@ async def test_the_report_has_accuracy_tokens_cost_latency_and_plots_labelled_si
     cells = build_grid(catalogue(), ["chain_of_thought"], {}, [0, 1])
     log = ResultLog(tmp_path / "results.jsonl")
     await run_grid(InProcessEngine(service_with_key(examples, skill=0.5)), examples, cells, log)
-    report = build_report(log.select(examples, cells), cells, {
-        "dataset": {"path": "g.jsonl", "name": "g.jsonl", "kind": "gsm8k", "examples": 6, "digest": "x"},
-        "model": "simulated", "simulator_skill": 0.5, "seeds": [0, 1], "memory": False}, Prices(1.0, 2.0))
+    report = build_report(
+        log.select(examples, cells),
+        cells,
+        {
+            "dataset": {"path": "g.jsonl", "name": "g.jsonl", "kind": "gsm8k", "examples": 6, "digest": "x"},
+            "model": "simulated",
+            "simulator_skill": 0.5,
+            "seeds": [0, 1],
+            "memory": False,
+        },
+        Prices(1.0, 2.0),
+    )
     paths = write_report(report, tmp_path / "out")
     row = report["rows"][0]
     records = log.select(examples, cells)
@@ -278,9 +320,16 @@ async def test_the_report_has_accuracy_tokens_cost_latency_and_plots_labelled_si
 
 # -- the whole run, in-process ---------------------------------------------------------------------
 
+
 async def test_run_async_in_process_writes_everything_against_the_simulator_over_http(tmp_path):
-    options = EvalOptions(dataset=gsm8k_file(tmp_path / "g.jsonl"), strategies=["chain_of_thought", "self_consistency"],
-                          out=tmp_path / "run", use_ray=False, progress=False, sim_skill=0.6)
+    options = EvalOptions(
+        dataset=gsm8k_file(tmp_path / "g.jsonl"),
+        strategies=["chain_of_thought", "self_consistency"],
+        out=tmp_path / "run",
+        use_ray=False,
+        progress=False,
+        sim_skill=0.6,
+    )
     report = await run_async(options)
     assert report["simulated"] and report["model"] == "simulated" and report["simulator_skill"] == 0.6
     assert {r["group"] for r in report["rows"]} == {"chain_of_thought/default", "self_consistency/default"}
@@ -299,6 +348,8 @@ def test_reasonray_eval_is_the_same_command_as_python_m_evals_run(tmp_path):
     theirs = runner.invoke(eval_main, ["--help"])
     assert ours.exit_code == theirs.exit_code == 0
     assert ours.output.split("Options:")[1] == theirs.output.split("Options:")[1]
-    bad = runner.invoke(reasonray_main, ["eval", "--dataset", str(tmp_path / "none.jsonl"), "--strategies", "chain_of_thought",
-                                         "--out", str(tmp_path / "o"), "--no-ray"])
+    bad = runner.invoke(
+        reasonray_main,
+        ["eval", "--dataset", str(tmp_path / "none.jsonl"), "--strategies", "chain_of_thought", "--out", str(tmp_path / "o"), "--no-ray"],
+    )
     assert bad.exit_code == 2 and "does not exist" in bad.output

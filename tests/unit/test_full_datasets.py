@@ -12,9 +12,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from evals.datasets import load_dataset
-from evals.run import EvalOptions, run_async
-from evals.scoring import score_gsm8k, score_humaneval
+from reasonray.evals.datasets import load_dataset
+from reasonray.evals.run import EvalOptions, run_async
+from reasonray.evals.scoring import score_gsm8k, score_humaneval
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 GSM8K, HUMANEVAL = SHARED / "gsm8k_test.jsonl", SHARED / "humaneval.jsonl.gz"
@@ -47,8 +47,11 @@ def test_every_gsm8k_reference_answer_scores_as_correct_and_a_wrong_number_does_
 
 async def test_a_whole_set_simulated_gsm8k_evaluation_records_every_example(tmp_path):
     skill = 0.7
-    report = await run_async(EvalOptions(dataset=GSM8K, strategies=["chain_of_thought"], out=tmp_path, use_ray=False,
-                                         progress=False, sim_skill=skill, concurrency=16))
+    report = await run_async(
+        EvalOptions(
+            dataset=GSM8K, strategies=["chain_of_thought"], out=tmp_path, use_ray=False, progress=False, sim_skill=skill, concurrency=16
+        )
+    )
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(lines) == 1319 and len({r["example_id"] for r in lines}) == 1319
     assert all(r["status"] == "ok" and r["simulated"] for r in lines)

@@ -1,16 +1,27 @@
 """The JSON-RPC layer and the reasoning service in-process, with strict scripted models."""
 
 import json
+import re
 
 import pytest
 import structlog
 
-from gateway.errors import CircuitOpenError, ProviderRejectedError, ProviderUnavailableError
-from gateway.testing import FunctionLLM, ScriptedLLM
-from reasonray import jsonrpc
-from reasonray.api import accept_trace_id, local_dispatcher
-from reasonray.config import ReasoningSettings
-from reasonray.errors import BudgetExceededError, MaxIterationsError, ModelBehaviorError
+from reasonray.api import jsonrpc
+from reasonray.api.app import local_dispatcher
+from reasonray.api.methods import accept_trace_id
+from reasonray.gateway.errors import (
+    CircuitOpenError,
+    ProviderRejectedError,
+    ProviderUnavailableError,
+)
+from reasonray.gateway.testing import FunctionLLM, ScriptedLLM
+from reasonray.kernel.config import ReasoningSettings
+from reasonray.kernel.errors import (
+    BudgetExceededError,
+    MaxIterationsError,
+    ModelBehaviorError,
+)
+from tests.docs_examples import REPO
 
 
 def dispatcher(llm, enabled=("chain_of_thought",)):
@@ -125,11 +136,15 @@ async def test_unknown_strategy_and_zero_enabled():
 @pytest.mark.parametrize(
     "exc,code,error_type",
     [
-        (ProviderUnavailableError("HTTP 503 from sim", attempts=3, cause="503"), -32603, "provider_unavailable"),
-        (CircuitOpenError("open", retry_after_s=12.5), -32603, "circuit_open"),
-        (ProviderRejectedError("HTTP 401 bad key", status_code=401), -32603, "provider_rejected"),
-        (MaxIterationsError("no answer in 5 iterations", {"iterations": [1, 2]}), -32001, "max_iterations"),
-        (ModelBehaviorError("unusable"), -32003, "model_behavior"),
+        (
+            ProviderUnavailableError("HTTP 503 from http://10.0.0.7/v1", attempts=3, cause="503", status_code=503),
+            -32013,
+            "provider_unavailable",
+        ),
+        (CircuitOpenError("open", retry_after_s=12.5), -32013, "circuit_open"),
+        (ProviderRejectedError("HTTP 401 bad key from http://10.0.0.7/v1", status_code=401), -32013, "provider_rejected"),
+        (MaxIterationsError("no answer in 5 iterations", {"iterations": [1, 2]}), -32009, "max_iterations"),
+        (ModelBehaviorError("unusable"), -32010, "model_behavior"),
         (BudgetExceededError("spent"), -32004, "budget_exceeded"),
     ],
 )
@@ -138,11 +153,12 @@ async def test_errors_map_to_one_code_each(exc, code, error_type):
     error = response["error"]
     assert error["code"] == code and error["data"]["error_type"] == error_type
     if error_type == "circuit_open":
-        assert error["data"]["retry_after_s"] == 12.5 and "temporarily unavailable" in error["message"]
+        assert error["data"]["retry_after_s"] == 12.5 and "fail fast for another 12.5s" in error["message"]
     if error_type == "max_iterations":
         assert error["data"]["iterations"] == [1, 2]
     if error_type == "provider_unavailable":
-        assert error["data"]["attempts"] == 3
+        assert error["data"]["attempts"] == 3 and error["message"] == "the model provider failed after 3 attempt(s) (HTTP 503); retry later"
+    assert "10.0.0.7" not in json.dumps(error)  # the provider's URL stays in the log
 
 
 async def test_a_bug_is_an_internal_error_without_details():
@@ -196,13 +212,18 @@ def test_caller_trace_ids_are_accepted_only_when_well_formed():
     assert accept_trace_id(None) is None
 
 
-def test_the_error_table_covers_every_custom_code():
-    codes = {code for _, code, _ in jsonrpc.ERROR_TABLE}
-    assert {-32602, -32603, -32001, -32002, -32003, -32004} <= codes
+def test_every_documented_code_is_raised_by_a_class_of_the_error_tree_and_every_class_is_documented():
+    page = (REPO / "docs" / "api.md").read_text()
+    documented = {int(c) for c in re.findall(r"^\| (-32\d\d\d) \|", page, re.MULTILINE)}
+    protocol = {jsonrpc.PARSE_ERROR, jsonrpc.INVALID_REQUEST, jsonrpc.METHOD_NOT_FOUND}
+    raised = {cls.code for cls in jsonrpc.error_classes()}
+    assert documented - protocol == raised
+    for cls in jsonrpc.error_classes():  # each error type answers the REST mirrors with its own status
+        assert jsonrpc.http_status({"code": cls.code, "data": {"error_type": cls.error_type}}) == cls.http_status, cls
 
 
 def bounded_dispatcher():
-    from gateway.simulator.inprocess import SimulatedLLM
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
 
     return dispatcher(SimulatedLLM(), enabled=("chain_of_thought", "bounded_context"))
 
@@ -223,13 +244,17 @@ async def test_bounded_context_method_edge_cases_are_invalid_params(params, frag
 
 async def test_bounded_context_method_answers_in_the_seeds_shape():
     params = {"query": "[[sim think=20000 answer=11]] go", "max_iterations": 10}
-    result = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))["result"]
+    result = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))[
+        "result"
+    ]
     assert result["answer"] == "11" and result["total_iterations"] == len(result["iterations"]) >= 3
     assert {"answer", "iterations", "total_tokens", "compute_savings_pct"} <= set(result)
 
 
 async def test_max_iterations_over_rpc_carries_the_partial_trace():
     params = {"query": "[[sim think=30000 answer=7]] go", "max_iterations": 2}
-    error = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))["error"]
-    assert error["code"] == -32001 and error["data"]["error_type"] == "max_iterations"
+    error = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))[
+        "error"
+    ]
+    assert error["code"] == -32009 and error["data"]["error_type"] == "max_iterations"
     assert len(error["data"]["iterations"]) == 2 and error["data"]["suggested_max_iterations"] == 4

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import ScriptedLLM
-from memory.items import Trajectory
-from memory.learning import FAILURE_PROMPT, SUCCESS_PROMPT, Learner, PassiveThresholds, exact_verifier, parse_items
-from reasonray.api import local_dispatcher
-from reasonray.config import MemorySettings, load_settings
-from reasonray.errors import ModelBehaviorError
+from reasonray.api.app import local_dispatcher
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.kernel.config import MemorySettings, load_settings
+from reasonray.kernel.errors import ModelBehaviorError
+from reasonray.memory.items import Trajectory
+from reasonray.memory.learning import (
+    FAILURE_PROMPT,
+    SUCCESS_PROMPT,
+    Learner,
+    PassiveThresholds,
+    exact_verifier,
+    parse_items,
+)
 from tests.unit.memory_harness import local_memory, make_bank
 
 ITEM = "<memory><title>{t}</title><description>One sentence.</description><content>Do the thing carefully.</content></memory>"
-ERROR_ITEM = ("<memory><title>{t}</title><description>One sentence.</description><content>Avoid it.</content>"
-              "<error_type>slip</error_type><failure_pattern>rounded early</failure_pattern><corrective_guidance>stay exact</corrective_guidance></memory>")
+ERROR_ITEM = (
+    "<memory><title>{t}</title><description>One sentence.</description><content>Avoid it.</content>"
+    "<error_type>slip</error_type><failure_pattern>rounded early</failure_pattern><corrective_guidance>stay exact</corrective_guidance></memory>"
+)
 RUN = Trajectory(text="<thinking>12*3 = 36</thinking><answer>36</answer>", answer="36", selected=True)
 
 
@@ -44,10 +53,12 @@ async def test_an_unreadable_verdict_is_an_error_not_a_guess():
 
 
 async def test_success_and_failure_use_separate_prompts_at_most_three_items_and_failures_carry_error_context():
-    llm = ScriptedLLM([
-        "".join(ITEM.format(t=f"S{i}") for i in range(5)),
-        ERROR_ITEM.format(t="F1") + ITEM.format(t="no error context: dropped"),
-    ])
+    llm = ScriptedLLM(
+        [
+            "".join(ITEM.format(t=f"S{i}") for i in range(5)),
+            ERROR_ITEM.format(t="F1") + ITEM.format(t="no error context: dropped"),
+        ]
+    )
     learner = Learner(llm, max_items=3)
     wins = await learner.extract("q", RUN, "success", task_id="t", workspace="w", domain_category="math")
     losses = await learner.extract("q", RUN, "failure", task_id="t", workspace="w")
@@ -66,8 +77,12 @@ def test_parse_items_skips_incomplete_blocks():
 
 
 async def test_self_contrast_over_several_trajectories_extracts_at_most_five_items():
-    replies = ["<status>success</status>", "<status>failure</status>", "<status>success</status>",
-               "".join(ITEM.format(t=f"C{i}") for i in range(4)) + "".join(ERROR_ITEM.format(t=f"E{i}") for i in range(3))]
+    replies = [
+        "<status>success</status>",
+        "<status>failure</status>",
+        "<status>success</status>",
+        "".join(ITEM.format(t=f"C{i}") for i in range(4)) + "".join(ERROR_ITEM.format(t=f"E{i}") for i in range(3)),
+    ]
     llm = ScriptedLLM(replies)
     runs = [RUN, Trajectory(text="rounded: 35", answer="35"), RUN.model_copy(update={"selected": False})]
     entry, judgements = await Learner(llm).learn("What is 12*3?", runs, task_id="t", workspace="w")
@@ -100,29 +115,38 @@ def dispatcher(tmp_path, llm=None, **memory_settings):
 
 
 async def test_learning_from_task_a_helps_a_similar_task_b_and_never_another_workspace(tmp_path):
-    call, bank = dispatcher(tmp_path)
-    a = await call("reasoning.execute", {"query": "A shop sells 17 * 23 pens; how many pens? [[sim slip=1]]",
-                                         "strategy_config": {"temperature": 0.8},
-                                         "memory": {"learn": True, "task_id": "A", "workspace": "team-1"}})
+    call, _bank = dispatcher(tmp_path)
+    a = await call(
+        "reasoning.execute",
+        {
+            "query": "A shop sells 17 * 23 pens; how many pens? [[sim slip=1]]",
+            "strategy_config": {"temperature": 0.8},
+            "memory": {"learn": True, "task_id": "A", "workspace": "team-1"},
+        },
+    )
     report = a["result"]["memory"]
     assert report["outcome"] == "failure" and report["judged_by"] == "llm_judge" and report["stored"]
     assert a["result"]["metrics"]["llm_calls"] == 3  # the answer, the judge and the extraction all count
     lesson = await call("memory.get", {"memory_id": report["stored"][0], "workspace": "team-1"})
     assert lesson["result"]["error_context"]["error_type"] == "premature rounding"
 
-    b = await call("reasoning.execute", {"query": "A shop sells 17 * 24 pens; how many pens?", "include_trace": True,
-                                         "memory": {"workspace": "team-1", "task_id": "B"}})
+    b = await call(
+        "reasoning.execute",
+        {"query": "A shop sells 17 * 24 pens; how many pens?", "include_trace": True, "memory": {"workspace": "team-1", "task_id": "B"}},
+    )
     used = b["result"]["memory"]["retrieved"]
     assert [m["id"] for m in used] == report["stored"] and used[0]["warning"]
     system_prompt = next(e for e in b["result"]["trace"] if e["type"] == "LLM_INVOCATION")["messages"][0]["content"]
     assert "[WARNING: past failure] Keep intermediate results exact" in system_prompt
     assert b["result"]["answer"] == "408"
 
-    c = await call("reasoning.execute", {"query": "A shop sells 17 * 24 pens; how many pens?",
-                                         "memory": {"workspace": "team-2", "task_id": "C"}})
+    c = await call(
+        "reasoning.execute", {"query": "A shop sells 17 * 24 pens; how many pens?", "memory": {"workspace": "team-2", "task_id": "C"}}
+    )
     assert c["result"]["memory"]["retrieved"] == []
-    again = await call("reasoning.execute", {"query": "A shop sells 17 * 23 pens; how many pens?",
-                                             "memory": {"workspace": "team-1", "task_id": "A"}})
+    again = await call(
+        "reasoning.execute", {"query": "A shop sells 17 * 23 pens; how many pens?", "memory": {"workspace": "team-1", "task_id": "A"}}
+    )
     assert again["result"]["memory"]["retrieved"] == []  # a task never sees its own memories
 
 
@@ -160,8 +184,15 @@ async def test_passive_learning_captures_long_answers_only_and_tags_the_source(t
 
 async def test_matts_learns_by_self_contrast_across_all_attempts(tmp_path):
     call, bank = dispatcher(tmp_path)
-    r = await call("reasoning.execute", {"query": "What is 19 * 21? [[sim slip=0.5]]", "strategy": "matts",
-                                         "strategy_config": {"k": 4}, "memory": {"learn": True, "task_id": "m"}})
+    r = await call(
+        "reasoning.execute",
+        {
+            "query": "What is 19 * 21? [[sim slip=0.5]]",
+            "strategy": "matts",
+            "strategy_config": {"k": 4},
+            "memory": {"learn": True, "task_id": "m"},
+        },
+    )
     assert r["result"]["metrics"]["strategy_specific"]["k"] == 4
     items = [bank.get(i, workspace="default") for i in r["result"]["memory"]["stored"]]
     assert items and len(items) <= 5 and {i.source_type for i in items} == {"contrast"}
@@ -180,6 +211,7 @@ async def test_memory_parameters_are_validated(tmp_path):
 async def test_without_a_memory_bank_memory_requests_are_refused_clearly(tmp_path):
     settings = load_settings()
     rpc = local_dispatcher(settings.reasoning, SimulatedLLM(), data_dir=tmp_path)
-    payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "reasoning.execute",
-                                           "params": {"query": "What is 1+1?", "memory": {}}, "id": 1}, None)
+    payload, _ = await rpc.handle_payload(
+        {"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "What is 1+1?", "memory": {}}, "id": 1}, None
+    )
     assert payload["error"]["code"] == -32002 and "no memory bank" in payload["error"]["message"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from gateway.simulator.inprocess import SimulatedLLM
-from reasonray.api import local_dispatcher
-from reasonray.config import load_settings
+from reasonray.api.app import local_dispatcher
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.kernel.config import load_settings
 from tests.unit.memory_harness import local_memory, make_bank
 
 ITEM = {"title": "Check units", "description": "Convert before you compare.", "content": "Write every quantity with its unit."}
@@ -16,7 +16,9 @@ ITEM = {"title": "Check units", "description": "Convert before you compare.", "c
 def api(tmp_path):
     settings = load_settings()
     bank = make_bank(tmp_path / "bank")
-    rpc = local_dispatcher(settings.reasoning, SimulatedLLM(), data_dir=tmp_path, memory=local_memory(bank), memory_settings=settings.memory)
+    rpc = local_dispatcher(
+        settings.reasoning, SimulatedLLM(), data_dir=tmp_path, memory=local_memory(bank), memory_settings=settings.memory
+    )
 
     async def call(method, params=None):
         payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": method, "params": params or {}, "id": 1}, None)
@@ -40,7 +42,9 @@ async def test_store_get_retrieve_genealogy_and_workspaces(tmp_path):
     assert [a["id"] for a in tree["ancestors"]] == [root["id"]]
     desc = (await call("memory.descendants", {"memory_id": root["id"], "workspace": "lab"}))["result"]
     assert [d["id"] for d in desc["descendants"]] == [child["id"]]
-    alias = (await call("retrieve_memories", {"query": "compare two lengths in metres and feet", "workspace": "lab", "n_results": 1}))["result"]
+    alias = (await call("retrieve_memories", {"query": "compare two lengths in metres and feet", "workspace": "lab", "n_results": 1}))[
+        "result"
+    ]
     assert alias["memories"][0]["memory"]["id"] == root["id"]
     listed = (await call("memory.list_workspaces"))["result"]
     assert listed["workspaces"] == [{"workspace": "lab", "memories": 2, "traces": 0}]
@@ -63,8 +67,14 @@ async def test_bad_items_are_rejected_whole_with_the_field_named(tmp_path):
 
 async def test_error_queries_statistics_and_reset(tmp_path):
     call = api(tmp_path)
-    lesson = {**ITEM, "error_context": {"error_type": "unit mix-up", "failure_pattern": "compared feet to metres",
-                                        "corrective_guidance": "convert first"}}
+    lesson = {
+        **ITEM,
+        "error_context": {
+            "error_type": "unit mix-up",
+            "failure_pattern": "compared feet to metres",
+            "corrective_guidance": "convert first",
+        },
+    }
     await call("memory.store", {"items": [ITEM, lesson]})
     errors = (await call("memory.errors", {"error_type": "unit mix-up"}))["result"]["memories"]
     assert [e["title"] for e in errors] == ["Check units"] and errors[0]["error_context"]
@@ -85,16 +95,19 @@ async def test_solve_coding_task_verifies_with_the_tests_in_the_sandbox(tmp_path
     r = (await call("solve_coding_task", {"task": task, "matts_k": 2, "tests": "assert add(2, 3) == 5", "task_id": "code-1"}))["result"]
     assert r["solution"] == "add=lambda a,b: a+b" and (r["outcome"], r["judged_by"]) == ("success", "verifier")
     assert r["matts"]["k"] == 2 and r["memories_stored"]
-    wrong = (await call("solve_coding_task", {"task": task, "enable_matts": False, "tests": "assert add(2, 3) == 6", "task_id": "code-2"}))["result"]
+    wrong = (await call("solve_coding_task", {"task": task, "enable_matts": False, "tests": "assert add(2, 3) == 6", "task_id": "code-2"}))[
+        "result"
+    ]
     assert wrong["outcome"] == "failure" and wrong["matts"]["fallback"] is True
 
 
 async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_show_the_saving(tmp_path):
     """Requirement 6.3-6.4: repeatable calls hit the response cache; stats.get reports the hit rate and API calls."""
-    from gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+    from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
 
     settings = load_settings()
     bank = make_bank(tmp_path / "bank")
+
     class Counting(SimulatedLLM):
         calls = 0
 
@@ -103,8 +116,13 @@ async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_s
             return await super().complete(request)
 
     simulated = Counting()
-    rpc = local_dispatcher(settings.reasoning, CachingLLM(simulated, LocalCacheStore(LRUTTLCache())), data_dir=tmp_path,
-                           memory=local_memory(bank), memory_settings=settings.memory)
+    rpc = local_dispatcher(
+        settings.reasoning,
+        CachingLLM(simulated, LocalCacheStore(LRUTTLCache())),
+        data_dir=tmp_path,
+        memory=local_memory(bank),
+        memory_settings=settings.memory,
+    )
 
     async def run(query):
         payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": query}, "id": 1}, None)
@@ -133,8 +151,12 @@ async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_s
 
 
 def test_each_embedding_choice_builds_its_embedder():
-    from memory.embeddings import ChromaDefaultEmbedder, OpenAIEmbedder, SentenceTransformerEmbedder
-    from memory.service import build_embedder
+    from reasonray.memory.embeddings import (
+        ChromaDefaultEmbedder,
+        OpenAIEmbedder,
+        SentenceTransformerEmbedder,
+    )
+    from reasonray.memory.service import build_embedder
 
     base = load_settings(environ={})
 
@@ -153,8 +175,8 @@ async def test_a_store_that_stops_answering_is_memory_unavailable(tmp_path):
     import httpx
     import pytest
 
-    from memory.service import BankService, LocalMemory
-    from reasonray.errors import MemoryUnavailableError
+    from reasonray.kernel.errors import MemoryUnavailableError
+    from reasonray.memory.service import BankService, LocalMemory
 
     bank = make_bank(tmp_path)
 
@@ -164,6 +186,4 @@ async def test_a_store_that_stops_answering_is_memory_unavailable(tmp_path):
     bank.store.nearest = gone
     memory = LocalMemory(BankService(bank))
     with pytest.raises(MemoryUnavailableError, match="chroma_url"):
-        await memory.call("retrieve", "anything", "default")
-    with pytest.raises(AttributeError, match="no method"):
-        await memory.call("_prepare")
+        await memory.retrieve("anything", "default")

@@ -4,22 +4,32 @@ genealogy, workspaces, error-context queries, statistics (seed 003, requirements
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
 
-from memory.bank import ReasoningBank
-from memory.items import ErrorContext, MemoryEntry, MemoryItem, format_memory_block
-from memory.scoring import composite, recency, similarity_from_cosine_distance
-from memory.store import ChromaStore, StoreError, open_client
-from reasonray.config import MemorySettings, ScoreWeights
-from reasonray.errors import InvalidParamsError, NotFoundError
+from reasonray.kernel.config import MemorySettings, ScoreWeights
+from reasonray.kernel.errors import InvalidParamsError, NotFoundError
+from reasonray.memory.bank import ReasoningBank
+from reasonray.memory.items import (
+    ErrorContext,
+    MemoryEntry,
+    MemoryItem,
+    format_memory_block,
+)
+from reasonray.memory.scoring import composite, recency, similarity_from_cosine_distance
+from reasonray.memory.store import ChromaStore, StoreError, open_client
+from tests.docs_examples import REPO
 from tests.unit.memory_harness import FixedClock, HashEmbedder, make_bank
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
-ERROR = ErrorContext(error_type="premature rounding", failure_pattern="rounded an intermediate value", corrective_guidance="keep values exact")
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+ERROR = ErrorContext(
+    error_type="premature rounding", failure_pattern="rounded an intermediate value", corrective_guidance="keep values exact"
+)
 
 
 def item(title: str = "Work step by step", **fields) -> MemoryItem:
@@ -74,11 +84,14 @@ def test_similarity_is_cosine_and_recency_halves_at_the_half_life():
 
 def test_composite_weights_each_component_and_stays_in_range():
     old_warning = item(error_context=ERROR, domain_category="math", created_at=NOW - timedelta(days=30))
-    s = composite(old_warning, 0.6, now=NOW, weights=ScoreWeights(similarity=0.5, recency=0.25, error_context=0.25),
-                  half_life_days=30, domain="math")
+    s = composite(
+        old_warning, 0.6, now=NOW, weights=ScoreWeights(similarity=0.5, recency=0.25, error_context=0.25), half_life_days=30, domain="math"
+    )
     assert (s.similarity, s.recency, s.error_context) == (0.6, 0.5, 1.0)
     assert s.composite == pytest.approx(0.5 * 0.6 + 0.25 * 0.5 + 0.25 * 1.0)
-    only_similarity = composite(old_warning, 0.6, now=NOW, weights=ScoreWeights(similarity=1, recency=0, error_context=0), half_life_days=30)
+    only_similarity = composite(
+        old_warning, 0.6, now=NOW, weights=ScoreWeights(similarity=1, recency=0, error_context=0), half_life_days=30
+    )
     assert only_similarity.composite == pytest.approx(0.6)
     other_domain = composite(old_warning, 0.6, now=NOW, weights=ScoreWeights(), half_life_days=30, domain="coding")
     assert other_domain.error_context == 0.6  # no domain match: the similarity of the failure is its relevance
@@ -91,12 +104,16 @@ def test_composite_weights_each_component_and_stays_in_range():
 
 # -- storage and retrieval (requirements 1, 4, 13) ------------------------------------------------
 def entry(task_id: str, query: str, *items: MemoryItem, outcome="success") -> MemoryEntry:
-    return MemoryEntry(task_id=task_id, query=query, trajectory=f"reasoning about {query}", outcome=outcome, judged_by="verifier", items=list(items))
+    return MemoryEntry(
+        task_id=task_id, query=query, trajectory=f"reasoning about {query}", outcome=outcome, judged_by="verifier", items=list(items)
+    )
 
 
 def test_a_stored_entry_is_retrieved_for_a_similar_task_with_its_items_and_trace(tmp_path):
     bank = make_bank(tmp_path)
-    stored, _ = bank.store_entry(entry("t1", "how many apples does the farmer sell in a week", item("Multiply rate by time"), item("Check units")), workspace="w")
+    stored, _ = bank.store_entry(
+        entry("t1", "how many apples does the farmer sell in a week", item("Multiply rate by time"), item("Check units")), workspace="w"
+    )
     bank.store_entry(entry("t2", "translate this sentence into french please", item("Keep the tone")), workspace="w")
     found = bank.retrieve("how many apples does the farmer sell in a month", workspace="w")
     assert {r.memory.title for r in found} == {"Multiply rate by time", "Check units"}  # top 1 task: both its items
@@ -125,7 +142,9 @@ def test_lessons_from_failures_in_the_task_domain_rank_first_and_are_flagged(tmp
     bank = make_bank(tmp_path, weights=ScoreWeights(similarity=0.5, recency=0.0, error_context=0.5))
     query = "compute the total cost of the order with tax"
     bank.store_entry(entry("ok", query, item("Sum the line items", domain_category="math")), workspace="w")
-    bank.store_entry(entry("bad", query, item("Do not round the tax", error_context=ERROR, domain_category="math"), outcome="failure"), workspace="w")
+    bank.store_entry(
+        entry("bad", query, item("Do not round the tax", error_context=ERROR, domain_category="math"), outcome="failure"), workspace="w"
+    )
     found = bank.retrieve(query, workspace="w", top_k=2, domain="math")
     assert [r.memory.title for r in found] == ["Do not round the tax", "Sum the line items"]
     assert found[0].warning and not found[1].warning
@@ -150,8 +169,16 @@ def test_memories_persist_when_the_store_is_reopened(tmp_path):
     first = make_bank(tmp_path)
     first.store_entry(entry("t", "count the vowels in a word", item("Iterate over characters")), workspace="w")
     del first
-    again = make_bank(tmp_path)
-    assert [r.memory.title for r in again.retrieve("count the vowels in a word", workspace="w")] == ["Iterate over characters"]
+    # Another process reads the directory: Chroma keeps clients per path in its own process, so a
+    # reopen in this one could be answered from memory without touching the disk.
+    script = (
+        "from pathlib import Path; from tests.unit.memory_harness import make_bank; "
+        f"bank = make_bank(Path({str(tmp_path)!r})); "
+        "print([r.memory.title for r in bank.retrieve('count the vowels in a word', workspace='w')])"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "['Iterate over characters']"
 
 
 def test_a_workspace_filled_by_another_embedding_model_is_refused(tmp_path):

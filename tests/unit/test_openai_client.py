@@ -2,10 +2,18 @@
 
 import pytest
 
-import gateway.openai_client as oc
-from gateway.errors import ProviderRejectedError, RemoteRequestsForbidden, TransientProviderError
-from gateway.protocol import LLMRequest, Message, ToolCall, user
-from gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
+import reasonray.gateway.openai_client as oc
+from reasonray.gateway.errors import (
+    ProviderRejectedError,
+    RemoteRequestsForbidden,
+    TransientProviderError,
+)
+from reasonray.gateway.protocol import LLMRequest, Message, ToolCall, user
+from reasonray.gateway.simulator.server import (
+    SimulatorServer,
+    SimulatorSettings,
+    free_port,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +80,15 @@ async def test_tests_cannot_reach_remote_endpoints():
         await llm.ping()
 
 
-@pytest.mark.parametrize("url,loopback", [("http://127.0.0.1:1/v1", True), ("http://localhost/v1", True),
-                                          ("http://[::1]:8/v1", True), ("https://api.openai.com/v1", False),
-                                          ("http://10.0.0.1/v1", False)])
+@pytest.mark.parametrize(
+    "url,loopback",
+    [
+        ("http://127.0.0.1:1/v1", True),
+        ("http://localhost/v1", True),
+        ("http://[::1]:8/v1", True),
+        ("https://api.openai.com/v1", False),
+        ("http://10.0.0.1/v1", False),
+    ],
+)
 def test_loopback_detection(url, loopback):
     assert oc.is_loopback_url(url) is loopback

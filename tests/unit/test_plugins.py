@@ -3,10 +3,10 @@ a broken one is reported and the rest of the service works."""
 
 import pytest
 
-from gateway.testing import ScriptedLLM
-from reasonray.api import local_dispatcher
-from reasonray.config import ConfigError, ReasoningSettings
-from strategies.registry import StrategyRegistry, build_catalogue
+from reasonray.api.app import local_dispatcher
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.kernel.config import ConfigError, ReasoningSettings
+from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.plugins import write_broken_plugin
 
 
@@ -25,16 +25,22 @@ def test_the_example_package_is_discovered_through_its_entry_point():
 
 
 async def test_the_plugin_is_configured_at_every_level_and_answers():
-    llm = ScriptedLLM([
-        "<thinking>products</thinking><answer>Multiplication distributes over addition.</answer>",
-        "<thinking>17*20 + 17*3</thinking><answer>391</answer>",
-    ])
+    llm = ScriptedLLM(
+        [
+            "<thinking>products</thinking><answer>Multiplication distributes over addition.</answer>",
+            "<thinking>17*20 + 17*3</thinking><answer>391</answer>",
+        ]
+    )
     settings = reasoning(strategies={"step_back": {"default_max_tokens": 300}})
     api = local_dispatcher(settings, llm)
-    response, _ = await api.handle_payload({
-        "jsonrpc": "2.0", "id": 1, "method": "reasoning.execute",
-        "params": {"query": "What is 17 * 23?", "strategy": "step_back", "strategy_config": {"temperature": 0.2}},
-    })
+    response, _ = await api.handle_payload(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "reasoning.execute",
+            "params": {"query": "What is 17 * 23?", "strategy": "step_back", "strategy_config": {"temperature": 0.2}},
+        }
+    )
     result = response["result"]
     llm.assert_complete()
     assert result["answer"] == "391" and result["strategy_used"] == "step_back"
@@ -45,7 +51,9 @@ async def test_the_plugin_is_configured_at_every_level_and_answers():
 
 
 def test_bad_plugin_defaults_in_config_name_the_key():
-    with pytest.raises(ConfigError, match=r"\[reasoning.strategies.step_back\]: default_max_tokens: Input should be greater than or equal to 16"):
+    with pytest.raises(
+        ConfigError, match=r"\[reasoning.strategies.step_back\]: default_max_tokens: Input should be greater than or equal to 16"
+    ):
         build_catalogue(StrategyRegistry().discover(), reasoning(strategies={"step_back": {"default_max_tokens": 1}}))
 
 
@@ -57,8 +65,12 @@ async def test_a_broken_plugin_is_reported_and_everything_else_is_served(tmp_pat
     api = local_dispatcher(reasoning(), ScriptedLLM(["<answer>4</answer>"]))
     described, _ = await api.handle_payload({"jsonrpc": "2.0", "id": 1, "method": "reasoning.strategies"})
     failures = described["result"]["plugin_failures"]
-    assert failures == [{"name": "broken", "target": "broken_plugin:Broken", "error": "ImportError: broken_plugin needs libfoo, which is not installed"}]
+    assert failures == [
+        {"name": "broken", "target": "broken_plugin:Broken", "error": "ImportError: broken_plugin needs libfoo, which is not installed"}
+    ]
     answered, _ = await api.handle_payload({"jsonrpc": "2.0", "id": 2, "method": "reasoning.execute", "params": {"query": "2+2?"}})
     assert answered["result"]["answer"] == "4"
-    with pytest.raises(ConfigError, match="strategy 'broken' is not installed \\(its plugin failed to load: ImportError: broken_plugin needs libfoo"):
+    with pytest.raises(
+        ConfigError, match="strategy 'broken' is not installed \\(its plugin failed to load: ImportError: broken_plugin needs libfoo"
+    ):
         build_catalogue(registry, reasoning(enabled_strategies=["broken"], default_strategy=None))

@@ -4,11 +4,15 @@ import json
 
 import pytest
 
-from gateway.protocol import ToolCall
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import ScriptedLLM
-from reasonray.errors import MaxLLMCallsError, ToolFailedError, UnregisteredToolError
-from strategies.react import ReAct
+from reasonray.gateway.protocol import ToolCall
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.kernel.errors import (
+    MaxLLMCallsError,
+    ToolFailedError,
+    UnregisteredToolError,
+)
+from reasonray.strategies.react import ReAct
 from tests.unit.strategy_harness import context_for
 
 

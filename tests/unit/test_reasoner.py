@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from gateway.protocol import ToolCall
-from gateway.testing import FunctionLLM, ScriptedLLM
-from reasonray.errors import (
+from reasonray.gateway.protocol import ToolCall
+from reasonray.gateway.testing import FunctionLLM, ScriptedLLM
+from reasonray.kernel.errors import (
     InvalidParamsError,
     MaxLLMCallsError,
     NotFoundError,
@@ -19,13 +19,23 @@ from reasonray.errors import (
     ToolFailedError,
     UnregisteredToolError,
 )
-from reasoner.builtin_tools import builtin_toolbox
-from reasoner.providers import SubmittedResult
-from reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec
-from reasoner.tools import ToolBox, server_tool
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.providers import SubmittedResult
+from reasonray.reasoner.session import (
+    FileSessionRepository,
+    SessionPipeline,
+    SessionSpec,
+)
+from reasonray.reasoner.tools import ToolBox, server_tool
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 def call(id, name, **arguments):
@@ -72,11 +82,18 @@ async def test_server_tool_continuation_feeds_the_result_to_the_next_call(tmp_pa
 async def test_mid_turn_mode_change_applies_from_the_next_call_and_changes_tools(tmp_path):
     llm = ScriptedLLM([call("m1", "mode_state_change", mode="act"), call("c1", "python", code="print(6*7)"), "<answer>42</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = p.create(SessionSpec.model_validate({
-        "mode": "plan", "server_tools": ["calculator", "python"],
-        "modes": {"plan": {"instructions": "Plan only.", "tools": ["calculator"]},
-                  "act": {"instructions": "Act now.", "tools": ["python"], "bootstrap": "You may now run code."}},
-    })).session_id
+    sid = p.create(
+        SessionSpec.model_validate(
+            {
+                "mode": "plan",
+                "server_tools": ["calculator", "python"],
+                "modes": {
+                    "plan": {"instructions": "Plan only.", "tools": ["calculator"]},
+                    "act": {"instructions": "Act now.", "tools": ["python"], "bootstrap": "You may now run code."},
+                },
+            }
+        )
+    ).session_id
     result = await p.turn(sid, "Compute 6*7 in code", "t1")
     assert result.answer == "42" and result.mode == "act"
     tools = [{t["function"]["name"] for t in r.tools} for r in llm.requests]
@@ -114,21 +131,36 @@ async def test_thinking_is_never_carried_into_a_later_call(tmp_path):
 
 
 async def test_exit_mode_2_hands_off_and_a_restarted_pipeline_continues(tmp_path):
-    llm = ScriptedLLM([call("c1", "calculator", expression="2+3"), call("w1", "get_weather", city="Paris"),
-                       "<thinking>ok</thinking><answer>Sunny in Paris</answer>"])
+    llm = ScriptedLLM(
+        [
+            call("c1", "calculator", expression="2+3"),
+            call("w1", "get_weather", city="Paris"),
+            "<thinking>ok</thinking><answer>Sunny in Paris</answer>",
+        ]
+    )
     sid = session(pipeline(tmp_path, llm))
     first = await pipeline(tmp_path, llm).turn(sid, "Weather?", "t1")
     assert first.status == "awaiting_client_tools" and first.answer is None
     assert first.pending_tool_calls == [{"tool_call_id": "w1", "name": "get_weather", "arguments": {"city": "Paris"}}]
     assert steps(first)[-3:] == ["LLM_CALL", "CLIENT_TOOL_PENDING", "EXIT"] and first.trace[-1]["exit_mode"] == 2
-    with pytest.raises(SessionStateError, match="waiting for the results of client tool calls w1; send them with session.resume"):
+    with pytest.raises(SessionStateError, match=r"waiting for the results of client tool calls w1; send them with session.resume"):
         await pipeline(tmp_path, llm).turn(sid, "another question", "t2")
     restarted = pipeline(tmp_path, llm)  # a new process: everything comes from the repository
     final = await restarted.resume(sid, [SubmittedResult("w1", "Sunny, 21 C")], "t3")
     llm.assert_complete()
     assert final.status == "completed" and final.answer == "Sunny in Paris" and final.llm_calls == 3
-    assert steps(final) == ["TURN_STARTED", "LLM_CALL", "TOOL_EXECUTED", "LLM_CALL", "CLIENT_TOOL_PENDING", "EXIT",
-                            "REENTRY_VERIFIED", "CONTINUATION", "LLM_CALL", "EXIT"]
+    assert steps(final) == [
+        "TURN_STARTED",
+        "LLM_CALL",
+        "TOOL_EXECUTED",
+        "LLM_CALL",
+        "CLIENT_TOOL_PENDING",
+        "EXIT",
+        "REENTRY_VERIFIED",
+        "CONTINUATION",
+        "LLM_CALL",
+        "EXIT",
+    ]
     assert llm.requests[2].messages[-1].role == "tool" and llm.requests[2].messages[-1].content == "Sunny, 21 C"
 
 
@@ -137,8 +169,16 @@ async def test_exit_mode_2_hands_off_and_a_restarted_pipeline_continues(tmp_path
     [
         ([], "no result for pending call(s) w1", {"missing": ["w1"], "unexpected": [], "mismatched": []}),
         ([("w1", "ok"), ("zz", "?")], "results for unknown call id(s) zz", {"missing": [], "unexpected": ["zz"], "mismatched": []}),
-        ([("w1", "ok"), ("w1", "again")], "results for call(s) w1 that are not pending", {"missing": [], "unexpected": [], "mismatched": ["w1"]}),
-        ([("c1", "5"), ("w1", "ok")], "results for call(s) c1 that are not pending", {"missing": [], "unexpected": [], "mismatched": ["c1"]}),
+        (
+            [("w1", "ok"), ("w1", "again")],
+            "results for call(s) w1 that are not pending",
+            {"missing": [], "unexpected": [], "mismatched": ["w1"]},
+        ),
+        (
+            [("c1", "5"), ("w1", "ok")],
+            "results for call(s) c1 that are not pending",
+            {"missing": [], "unexpected": [], "mismatched": ["c1"]},
+        ),
     ],
 )
 async def test_reentry_verification_failures_are_hard_and_change_nothing(tmp_path, results, message, data):
@@ -158,9 +198,9 @@ async def test_reentry_verification_failures_are_hard_and_change_nothing(tmp_pat
 async def test_resume_without_pending_calls_and_unknown_sessions_are_refused(tmp_path):
     p = pipeline(tmp_path, ScriptedLLM([]))
     sid = session(p)
-    with pytest.raises(SessionStateError, match="has no pending client tool calls; send a new turn with session.turn"):
+    with pytest.raises(SessionStateError, match=r"has no pending client tool calls; send a new turn with session.turn"):
         await p.resume(sid, [SubmittedResult("x", "y")], "t1")
-    with pytest.raises(NotFoundError, match="no session 'nope1234'; create one with session.create"):
+    with pytest.raises(NotFoundError, match=r"no session 'nope1234'; create one with session.create"):
         await p.turn("nope1234", "hi", "t1")
     p.close(sid)
     with pytest.raises(SessionStateError, match="is closed"):
@@ -271,8 +311,8 @@ LONG_ANSWER = "Sunny in Paris this afternoon, 21 C, light wind from the west; th
 
 
 def passive_pipeline(tmp_path, llm, memory=None):
-    from reasonray.config import MemorySettings
-    from reasonray.memory_loop import MemoryLoop
+    from reasonray.kernel.config import MemorySettings
+    from reasonray.memory.loop import MemoryLoop
     from tests.unit.memory_harness import local_memory, make_bank
 
     bank = make_bank(tmp_path / "bank")
@@ -301,10 +341,11 @@ async def test_passive_learning_captures_a_completed_turn_after_the_hand_off_int
 
 
 async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the_turn(tmp_path):
-    class Broken:
-        async def call(self, method, *args, **kwargs):
-            if method == "store_items":
-                raise ConnectionError("chroma server gone")
+    class Broken:  # a MemoryClient whose store is gone (the calls passive learning makes)
+        async def store_items(self, items, workspace, keys=None):
+            raise ConnectionError("chroma server gone")
+
+        async def record_passive(self, captured):
             return None
 
     llm = ScriptedLLM(["<answer>Hello!</answer>", f"<answer>{LONG_ANSWER}</answer>", LESSON])

@@ -2,12 +2,12 @@ import json
 
 import structlog
 
-from gateway.testing import FunctionLLM
-from gateway.tokens import counter_for_model
-from reasonray.config import ReasoningSettings
-from reasonray.redact import redact
-from reasonray.service import ExecuteParams, ReasoningService
-from strategies.registry import StrategyRegistry, build_catalogue
+from reasonray.api.service import ExecuteParams, ReasoningService
+from reasonray.gateway.testing import FunctionLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.config import ReasoningSettings
+from reasonray.kernel.redact import redact
+from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
 
 def test_personal_data_and_secrets_are_redacted():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import ScriptedLLM
-from reasonray.errors import InvalidParamsError
-from strategies.chain_of_thought import ChainOfThought
-from strategies.matts import Matts
-from strategies.refine import Refine, trajectory_hash
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.kernel.errors import InvalidParamsError
+from reasonray.strategies.chain_of_thought import ChainOfThought
+from reasonray.strategies.matts import Matts
+from reasonray.strategies.refine import Refine, trajectory_hash
 from tests.unit.strategy_harness import context_for
 
 
@@ -36,11 +36,16 @@ async def test_refine_stops_early_above_the_threshold():
 
 
 async def test_refine_returns_the_best_iteration_when_the_iterations_run_out():
-    llm = ScriptedLLM([
-        "<answer>40</answer>", evaluation(0.3),
-        "<answer>42</answer>", evaluation(0.7),
-        "<answer>43</answer>", evaluation(0.2),
-    ])
+    llm = ScriptedLLM(
+        [
+            "<answer>40</answer>",
+            evaluation(0.3),
+            "<answer>42</answer>",
+            evaluation(0.7),
+            "<answer>43</answer>",
+            evaluation(0.2),
+        ]
+    )
     context, _ = context_for(llm, strategy="refine")
     result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
     s = result.metrics.strategy_specific
@@ -87,7 +92,7 @@ class PeakConcurrency(SimulatedLLM):
 
 async def test_matts_parallel_runs_k_attempts_concurrently_and_picks_the_best_scored():
     llm = PeakConcurrency(ttft_ms=50)
-    context, recorder = context_for(llm, strategy="matts")
+    context, _recorder = context_for(llm, strategy="matts")
     context.resolve = resolver
     result = await Matts().reason("What is 19 * 21? [[sim slip=0.5]]", context=context, config={"k": 5, "seed": 3})
     s = result.metrics.strategy_specific
@@ -104,7 +109,7 @@ async def test_matts_parallel_attempts_are_diverse_seeded_samples():
         seen.append((request.temperature, request.seed))
         return "<score>0.9</score>" if "<score>" in request.messages[0].content else f"<answer>{request.seed}</answer>"
 
-    from gateway.testing import FunctionLLM
+    from reasonray.gateway.testing import FunctionLLM
 
     context, _ = context_for(FunctionLLM(reply), strategy="matts")
     context.resolve = resolver
@@ -113,8 +118,16 @@ async def test_matts_parallel_attempts_are_diverse_seeded_samples():
 
 
 async def test_matts_sequential_reexamines_the_previous_attempt():
-    llm = ScriptedLLM(["<answer>40</answer>", "<thinking>re-check</thinking><answer>42</answer>",
-                       "<answer>42</answer>", evaluation(0.2), evaluation(0.9), evaluation(0.9)])
+    llm = ScriptedLLM(
+        [
+            "<answer>40</answer>",
+            "<thinking>re-check</thinking><answer>42</answer>",
+            "<answer>42</answer>",
+            evaluation(0.2),
+            evaluation(0.9),
+            evaluation(0.9),
+        ]
+    )
     context, _ = context_for(llm, strategy="matts")
     context.resolve = resolver
     result = await Matts().reason("What is 6*7?", context=context, config={"k": 3, "mode": "sequential"})
@@ -123,12 +136,14 @@ async def test_matts_sequential_reexamines_the_previous_attempt():
     llm.assert_complete()
 
 
-async def test_matts_contrast_selection_asks_one_comparison():
-    llm = ScriptedLLM(["<answer>1</answer>", "<answer>2</answer>", "<vote>2</vote>"])
+@pytest.mark.parametrize("vote", [1, 2])
+async def test_matts_contrast_selection_asks_one_comparison_and_follows_its_vote(vote):
+    llm = ScriptedLLM(["<answer>1</answer>", "<answer>2</answer>", f"<vote>{vote}</vote>"])
     context, _ = context_for(llm, strategy="matts")
     context.resolve = resolver
     result = await Matts().reason("q", context=context, config={"k": 2, "selection": "contrast"})
-    assert result.answer in {"1", "2"} and result.metrics.strategy_specific["selection"] == "contrast"
+    assert result.metrics.strategy_specific["selection"] == "contrast"
+    assert result.answer == str(vote) and result.metrics.strategy_specific["selected"] == vote - 1
     assert "Candidate 2:" in llm.requests[2].messages[1].content
     llm.assert_complete()
 

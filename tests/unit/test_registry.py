@@ -1,17 +1,21 @@
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import EntryPoint
 
 import pytest
 import structlog
 
-from reasonray.agents import AgentCard
-from reasonray.config import ConfigError, ReasoningSettings
-from reasonray.errors import InvalidParamsError, StrategyUnavailableError
-from strategies.bounded_context import BoundedContext
-from strategies.chain_of_thought import ChainOfThought
-from strategies.self_consistency import SelfConsistency
-from strategies.tree_of_thought import TreeOfThought
-from strategies.registry import ENTRY_POINT_GROUP, StrategyRegistry, build_catalogue
+from reasonray.kernel.config import ConfigError, ReasoningSettings
+from reasonray.kernel.errors import InvalidParamsError, StrategyUnavailableError
+from reasonray.strategies.agents import AgentCard
+from reasonray.strategies.bounded_context import BoundedContext
+from reasonray.strategies.chain_of_thought import ChainOfThought
+from reasonray.strategies.registry import (
+    ENTRY_POINT_GROUP,
+    StrategyRegistry,
+    build_catalogue,
+)
+from reasonray.strategies.self_consistency import SelfConsistency
+from reasonray.strategies.tree_of_thought import TreeOfThought
 
 
 def settings(**kw):
@@ -30,7 +34,7 @@ def test_built_in_strategies_are_discovered_through_entry_points():
 
 def test_a_broken_plugin_is_recorded_and_logged_not_raised():
     found = [
-        EntryPoint("good", "strategies.chain_of_thought:ChainOfThought", ENTRY_POINT_GROUP),
+        EntryPoint("good", "reasonray.strategies.chain_of_thought:ChainOfThought", ENTRY_POINT_GROUP),
         EntryPoint("broken", "no_such_module:Strategy", ENTRY_POINT_GROUP),
         EntryPoint("not_a_strategy", "json:dumps", ENTRY_POINT_GROUP),
     ]
@@ -44,7 +48,9 @@ def test_a_broken_plugin_is_recorded_and_logged_not_raised():
 
 
 def test_enabling_an_unknown_strategy_is_a_config_error_listing_the_installed_ones():
-    with pytest.raises(ConfigError, match="'tree_of_light' is not installed; installed strategies: bounded_context, chain_of_thought, .*tree_of_thought"):
+    with pytest.raises(
+        ConfigError, match=r"'tree_of_light' is not installed; installed strategies: bounded_context, chain_of_thought, .*tree_of_thought"
+    ):
         build_catalogue(StrategyRegistry().discover(), settings(enabled_strategies=["tree_of_light"], default_strategy=None))
 
 
@@ -52,7 +58,7 @@ def test_strategy_section_keys_are_validated_with_their_names():
     registry = StrategyRegistry().discover()
     with pytest.raises(ConfigError, match=r"chain_of_thought\]: default_max_tokens: Input should be greater than or equal to 1"):
         build_catalogue(registry, settings(strategies={"chain_of_thought": {"default_max_tokens": 0}}))
-    with pytest.raises(ConfigError, match="max_bogus.*allowed keys: default_max_tokens"):
+    with pytest.raises(ConfigError, match=r"max_bogus.*allowed keys: default_max_tokens"):
         build_catalogue(registry, settings(strategies={"chain_of_thought": {"max_bogus": 1}}))
 
 
@@ -74,8 +80,12 @@ def test_resolution_falls_back_to_agent_then_system():
     cat = catalogue()
     assert cat.resolve(None).strategy_decided_by == "system"
     agent = AgentCard(
-        id="a1", name="A", capabilities=["reasoning.strategy.chain_of_thought"], default_strategy="chain_of_thought",
-        strategy_config={"chain_of_thought": {"max_tokens": 64}}, registered_at=datetime.now(timezone.utc),
+        id="a1",
+        name="A",
+        capabilities=["reasoning.strategy.chain_of_thought"],
+        default_strategy="chain_of_thought",
+        strategy_config={"chain_of_thought": {"max_tokens": 64}},
+        registered_at=datetime.now(UTC),
     )
     by_agent = cat.resolve(None, agent=agent)
     assert by_agent.strategy_decided_by == "agent" and by_agent.config_sources["max_tokens"] == "agent"

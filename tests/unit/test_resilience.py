@@ -1,9 +1,19 @@
+"""Retries within a deadline and the failure-rate breaker: a fake clock and fake sleeps, no waiting."""
+
+import asyncio
+import random
+
 import pytest
 
-from gateway.errors import CircuitOpenError, ProviderRejectedError, ProviderUnavailableError, TransientProviderError
-from gateway.protocol import LLMRequest, user
-from gateway.resilience import CircuitBreaker, ResilientLLM, RetryPolicy
-from gateway.testing import ScriptedLLM
+from reasonray.gateway.errors import (
+    CircuitOpenError,
+    ProviderRejectedError,
+    ProviderUnavailableError,
+    TransientProviderError,
+)
+from reasonray.gateway.protocol import LLMRequest, user
+from reasonray.gateway.resilience import CircuitBreaker, ResilientLLM, RetryPolicy, breaker_for
+from reasonray.gateway.testing import FunctionLLM, ScriptedLLM
 
 REQUEST = LLMRequest(messages=(user("q"),))
 
@@ -16,20 +26,32 @@ class Clock:
         return self.now
 
 
-def resilient(replies, *, attempts=3, threshold=5, reset=60.0, clock=None):
+def resilient(replies, *, attempts=3, deadline=None, clock=None, **breaker):
+    clock = clock or Clock()
     sleeps = []
 
     async def sleep(seconds):
         sleeps.append(seconds)
+        clock.now += seconds
 
     inner = ScriptedLLM(replies)
-    breaker = CircuitBreaker(threshold, reset, clock=clock or Clock())
-    llm = ResilientLLM(inner, RetryPolicy(attempts, 1.0, 8.0, 0.0), breaker, endpoint="http://sim", sleep=sleep)
+    llm = ResilientLLM(
+        inner,
+        RetryPolicy(attempts, 1.0, 8.0, 0.0, deadline),
+        CircuitBreaker(clock=clock, **breaker),
+        endpoint="http://sim",
+        sleep=sleep,
+        clock=clock,
+    )
     return llm, inner, sleeps
 
 
+def fault(status=500):
+    return TransientProviderError(f"HTTP {status}", status_code=status)
+
+
 async def test_transient_failures_are_retried_with_exponential_backoff():
-    llm, inner, sleeps = resilient([TransientProviderError("500"), TransientProviderError("429"), "ok"])
+    llm, inner, sleeps = resilient([fault(500), fault(429), "ok"])
     completion = await llm.complete(REQUEST)
     assert completion.text == "ok" and completion.attempts == 3
     assert sleeps == [1.0, 2.0]
@@ -44,11 +66,20 @@ async def test_a_rejected_request_fails_at_once():
 
 
 async def test_the_final_error_names_the_cause_and_the_attempts():
-    llm, inner, _ = resilient([TransientProviderError(f"HTTP 503 try {i}") for i in range(3)])
+    llm, _inner, _ = resilient([TransientProviderError(f"HTTP 503 try {i}", status_code=503) for i in range(3)])
     with pytest.raises(ProviderUnavailableError) as err:
         await llm.complete(REQUEST)
     assert err.value.attempts == 3
     assert "failed after 3 attempt(s)" in str(err.value) and "HTTP 503 try 2" in str(err.value)
+
+
+async def test_no_retry_starts_after_the_deadline():
+    # waits 1 s, 2 s, 4 s: the third retry would start at 7 s, past the 5 s deadline
+    llm, inner, sleeps = resilient([fault(), fault(), fault()], attempts=10, deadline=5.0)
+    with pytest.raises(ProviderUnavailableError) as err:
+        await llm.complete(REQUEST)
+    assert err.value.attempts == 3 and sleeps == [1.0, 2.0]
+    inner.assert_complete()
 
 
 def test_backoff_has_jitter_honours_retry_after_and_is_capped():
@@ -59,41 +90,149 @@ def test_backoff_has_jitter_honours_retry_after_and_is_capped():
     assert policy.backoff(10) == 8.0
 
 
-async def test_breaker_opens_after_consecutive_failures_and_fails_fast():
+def test_the_breaker_needs_the_minimum_number_of_calls_before_the_rate_counts():
     clock = Clock()
-    llm, inner, _ = resilient([TransientProviderError("down")] * 5, attempts=1, clock=clock)
-    for _ in range(5):
+    breaker = CircuitBreaker(0.5, minimum_calls=10, window_s=10, clock=clock)
+    for _ in range(9):
+        breaker.before_call()
+        breaker.record_failure()
+    assert breaker.state == "closed" and breaker.failure_rate() == 1.0
+    breaker.before_call()
+    breaker.record_failure()
+    assert breaker.state == "open"
+
+
+async def test_the_open_breaker_fails_fast_without_calling_the_endpoint():
+    llm, inner, _ = resilient([fault()] * 4, attempts=1, minimum_calls=4, reset_timeout_s=30)
+    for _ in range(4):
         with pytest.raises(ProviderUnavailableError):
             await llm.complete(REQUEST)
     assert llm.breaker.state == "open"
     with pytest.raises(CircuitOpenError) as err:
         await llm.complete(REQUEST)
-    assert len(inner.requests) == 5  # the open breaker did not call the provider
-    assert err.value.retry_after_s == pytest.approx(60.0)
+    assert len(inner.requests) == 4  # the open breaker did not call the endpoint
+    assert err.value.retry_after_s == pytest.approx(30.0)
+    assert "100% of the endpoint's last calls failed" in str(err.value)
 
 
-async def test_half_open_trial_closes_on_success_and_reopens_on_failure():
+def test_a_failure_rate_below_the_threshold_keeps_it_closed():
+    breaker = CircuitBreaker(0.5, minimum_calls=10, window_s=10, clock=Clock())
+    for i in range(100):
+        breaker.before_call()
+        breaker.record_failure() if i % 5 >= 3 else breaker.record_success()  # 40%, never more
+    assert breaker.state == "closed" and breaker.failure_rate() == pytest.approx(0.4)
+
+
+def test_old_outcomes_leave_the_window():
     clock = Clock()
-    llm, inner, _ = resilient(
-        [TransientProviderError("down"), TransientProviderError("still down"), "back"], attempts=1, threshold=1, reset=10, clock=clock
-    )
-    with pytest.raises(ProviderUnavailableError):
-        await llm.complete(REQUEST)
-    clock.now = 10.0
-    assert llm.breaker.state == "half_open"
-    with pytest.raises(ProviderUnavailableError):
-        await llm.complete(REQUEST)  # the trial failed: open again for another 10 s
-    assert llm.breaker.state == "open"
-    clock.now = 20.0
-    assert (await llm.complete(REQUEST)).text == "back"
-    assert llm.breaker.state == "closed"
+    breaker = CircuitBreaker(0.5, minimum_calls=4, window_s=10, clock=clock)
+    for _ in range(3):
+        breaker.record_failure()
+    clock.now = 11.0  # those three are older than the window now
+    for _ in range(3):
+        breaker.record_success()
+    breaker.record_failure()
+    assert breaker.failure_rate() == pytest.approx(0.25) and breaker.state == "closed"
+
+
+def test_random_ten_percent_faults_at_high_concurrency_never_open_it():
+    """100,000 attempts at 500 per second (a busy service), 10% of them faults: the rate never reaches 50%."""
+    rng = random.Random(7)
+    clock = Clock()
+    breaker = CircuitBreaker(clock=clock)  # the defaults: 50% over 10 s, at least 20 calls
+    for _ in range(100_000):
+        clock.now += 0.002
+        breaker.before_call()
+        breaker.record_failure() if rng.random() < 0.1 else breaker.record_success()
+        assert breaker.state == "closed"
+
+
+def test_a_dead_endpoint_opens_it_within_a_second():
+    """32 callers, 1.3 s per call: 25 successes a second fill the window; then the endpoint refuses
+    connections and each caller fails about once a second (its first backoff)."""
+    clock = Clock()
+    breaker = CircuitBreaker(clock=clock)  # the defaults
+    for _ in range(500):  # a healthy past
+        clock.now += 0.04
+        breaker.record_success()
+    died_at = clock.now
+    while breaker.state == "closed":
+        clock.now += 1 / 32
+        breaker.before_call()
+        breaker.record_failure()
+    assert clock.now - died_at <= 1.0
+
+
+async def test_rejected_requests_and_rate_limits_never_count():
+    """One caller's requests keep being rejected (400, 413, context too long) and 429s come back:
+    the endpoint is healthy, so an unrelated request still goes through."""
+    rejections = [ProviderRejectedError(f"HTTP {s}", status_code=s) for s in (400, 413, 400, 422)] * 10
+    llm, inner, _ = resilient([*rejections, fault(429), "unrelated"], attempts=2, minimum_calls=4)
+    for _ in rejections:
+        with pytest.raises(ProviderRejectedError):
+            await llm.complete(REQUEST)
+    assert (await llm.complete(REQUEST)).text == "unrelated"  # the 429 was retried, not counted
+    assert llm.breaker.state == "closed" and llm.breaker.failure_rate() == 0.0
     inner.assert_complete()
 
 
-async def test_success_resets_the_consecutive_count():
-    llm, _, _ = resilient([TransientProviderError("x"), "ok", TransientProviderError("y"), "ok"], attempts=1, threshold=2)
-    for _ in range(2):
-        with pytest.raises(ProviderUnavailableError):
-            await llm.complete(REQUEST)
-        await llm.complete(REQUEST)
+def test_half_open_lets_a_few_probes_through_and_closes_when_they_all_succeed():
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=5, half_open_probes=2, clock=clock)
+    breaker.record_failure()
+    breaker.record_failure()
+    assert breaker.state == "open"
+    clock.now = 5.0
+    assert breaker.state == "half_open"
+    breaker.before_call()
+    breaker.before_call()
+    with pytest.raises(CircuitOpenError):
+        breaker.before_call()  # only two probes at a time
+    breaker.record_success()
+    assert breaker.state == "half_open"
+    breaker.record_success()
+    assert breaker.state == "closed" and breaker.failure_rate() == 0.0
+    breaker.before_call()
+
+
+def test_a_failed_probe_opens_it_again_and_a_released_probe_frees_its_slot():
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=5, half_open_probes=1, clock=clock)
+    breaker.record_failure()
+    breaker.record_failure()
+    clock.now = 5.0
+    breaker.before_call()
+    breaker.release_probe()  # that probe was rejected (a 400): it said nothing about the endpoint
+    breaker.before_call()
+    breaker.record_failure()
+    assert breaker.state == "open"
+    clock.now = 9.0
+    assert breaker.state == "open"  # open for another reset_timeout_s from the failed probe
+    clock.now = 10.0
+    breaker.before_call()
+    breaker.record_success()
+    assert breaker.state == "closed"
+
+
+def test_one_breaker_per_endpoint():
+    a = breaker_for("http://a/v1", minimum_calls=5)
+    assert breaker_for("http://a/v1", minimum_calls=5) is a
+    assert breaker_for("http://b/v1", minimum_calls=5) is not a
+
+
+async def test_retries_reach_three_nines_at_ten_percent_faults_and_the_breaker_stays_closed():
+    rng = random.Random(3)
+    clock = Clock()
+
+    def reply(request):
+        clock.now += 0.01
+        return fault(rng.choice((429, 500))) if rng.random() < 0.1 else "ok"
+
+    async def sleep(seconds):
+        clock.now += seconds / 64  # 64 callers share the clock: the waits overlap
+
+    llm = ResilientLLM(FunctionLLM(reply), RetryPolicy(4, 0.05, 1.0, 0.05, 30.0), CircuitBreaker(clock=clock), sleep=sleep, clock=clock)
+    outcomes = await asyncio.gather(*(llm.complete(REQUEST) for _ in range(2000)), return_exceptions=True)
+    ok = sum(not isinstance(o, BaseException) for o in outcomes)
+    assert ok / len(outcomes) >= 0.999
     assert llm.breaker.state == "closed"

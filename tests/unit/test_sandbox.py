@@ -1,28 +1,16 @@
-"""The python sandbox: output comes back; network, subprocesses, runaway time and memory do not get out."""
+"""The python sandbox: output comes back; time, memory and output are limited; the environment is bare.
+The escapes (secrets, network, forks, pipes) are tried in tests/security/test_sandbox_escapes.py."""
 
 import pytest
 
-from reasonray.sandbox import SandboxLimits, run_python
+from reasonray.kernel import sandbox
+from reasonray.kernel.errors import SandboxUnavailableError
+from reasonray.kernel.sandbox import SandboxLimits, run_python
 
 
 async def test_output_comes_back():
     result = await run_python("print(sum(range(10)))")
     assert result.ok and result.stdout == "45\n"
-
-
-@pytest.mark.parametrize(
-    ("code", "blocked"),
-    [
-        ("import socket; socket.create_connection(('127.0.0.1', 80))", "socket."),
-        ("import urllib.request; urllib.request.urlopen('http://example.com')", "socket."),
-        ("import subprocess; subprocess.run(['true'])", "subprocess.Popen"),
-        ("import os; os.system('true')", "os.system"),
-        ("import ctypes", "ctypes"),
-    ],
-)
-async def test_network_and_children_are_refused(code, blocked):
-    result = await run_python(code)
-    assert not result.ok and f"the sandbox does not allow {blocked}" in result.stderr
 
 
 async def test_time_memory_and_output_are_limited():
@@ -35,5 +23,12 @@ async def test_time_memory_and_output_are_limited():
 
 
 async def test_the_environment_is_bare_and_the_directory_empty():
-    result = await run_python("import os; print(sorted(os.environ)); print(os.listdir('.'))")
-    assert result.stdout.splitlines() == ["['HOME', 'LANG', 'PATH']", "[]"]
+    result = await run_python("import os; print(sorted(os.environ)); print(os.getcwd(), os.listdir('.'))")
+    assert result.stdout.splitlines() == ["['HOME', 'LANG', 'PATH', 'PWD']", "/tmp []"]
+
+
+async def test_without_bubblewrap_nothing_runs(monkeypatch):
+    real_which = sandbox.shutil.which
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
+    with pytest.raises(SandboxUnavailableError, match="never run unisolated"):
+        await run_python("print('unisolated')")

@@ -2,10 +2,10 @@
 
 import pytest
 
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import FunctionLLM
-from reasonray.errors import ModelBehaviorError
-from strategies.self_consistency import SelfConsistency
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import FunctionLLM
+from reasonray.kernel.errors import ModelBehaviorError
+from reasonray.strategies.self_consistency import SelfConsistency
 from tests.unit.strategy_harness import context_for
 
 
@@ -19,14 +19,16 @@ async def run(llm, **config):
 
 
 async def test_majority_over_normalised_answers_with_agreement():
-    llm = by_seed({
-        3: "<thinking>a</thinking><answer>$1,200.00</answer>",
-        4: "<answer>1100</answer>",
-        5: "<answer>1200</answer>",
-        6: "no tags at all",
-        7: "<answer>1100</answer>",
-        8: "<answer>1200.</answer>",
-    })
+    llm = by_seed(
+        {
+            3: "<thinking>a</thinking><answer>$1,200.00</answer>",
+            4: "<answer>1100</answer>",
+            5: "<answer>1200</answer>",
+            6: "no tags at all",
+            7: "<answer>1100</answer>",
+            8: "<answer>1200.</answer>",
+        }
+    )
     result, recorder = await run(llm, samples=6, seed=3, temperature=0.9)
     assert sorted(r.seed for r in llm.requests) == [3, 4, 5, 6, 7, 8]
     assert all(r.temperature == 0.9 for r in llm.requests)
@@ -49,7 +51,7 @@ async def test_no_answer_in_any_chain_is_a_model_behaviour_error():
 
 
 async def test_temperature_zero_is_refused_because_every_chain_would_agree():
-    from reasonray.errors import InvalidParamsError
+    from reasonray.kernel.errors import InvalidParamsError
 
     with pytest.raises(InvalidParamsError, match="temperature: Input should be greater than 0"):
         await run(by_seed({}), temperature=0)

@@ -2,20 +2,29 @@
 
 import pytest
 
-from gateway.simulator.inprocess import SimulatedLLM
-from reasonray.api import local_dispatcher
-from reasonray.config import ReasoningSettings
-from reasoner.builtin_tools import builtin_toolbox
-from reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+from reasonray.api.app import local_dispatcher
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.kernel.config import ReasoningSettings
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.session import (
+    FileSessionRepository,
+    LocalSessions,
+    SessionPipeline,
+)
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
 
 
 @pytest.fixture
 def api(tmp_path):
     llm = SimulatedLLM()
     sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
-    return local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions)
+    return local_dispatcher(
+        ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions
+    )
 
 
 async def rpc(api, method, params):
@@ -39,11 +48,15 @@ async def test_create_turn_handoff_resume_get_close(api):
     wrong = (await rpc(api, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": "nope", "content": "x"}]}))["error"]
     assert wrong["code"] == -32602 and wrong["data"]["error_type"] == "reentry_mismatch"
     assert wrong["data"]["missing"] == [pending["tool_call_id"]] and wrong["data"]["unexpected"] == ["nope"]
-    done = (await rpc(api, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": pending["tool_call_id"], "content": "Snow"}]}))["result"]
+    done = (
+        await rpc(
+            api, "session.resume", {"session_id": sid, "tool_results": [{"tool_call_id": pending["tool_call_id"], "content": "Snow"}]}
+        )
+    )["result"]
     assert done["status"] == "completed" and done["answer"] == "Snow"
     assert [s["type"] for s in done["trace"]][-4:] == ["REENTRY_VERIFIED", "CONTINUATION", "LLM_CALL", "EXIT"]
     closed = (await rpc(api, "session.close", {"session_id": sid}))["result"]
-    assert closed == {"session_id": sid, "status": "closed"}
+    assert closed == {"session_id": sid, "status": "closed", "trace_id": closed["trace_id"]}
 
 
 async def test_error_codes(api):
@@ -55,22 +68,26 @@ async def test_error_codes(api):
     failed = (await rpc(api, "session.turn", {"session_id": sid, "message": '[[sim call=calculator {"expression": "1/0"}]]'}))["error"]
     assert failed["code"] == -32006 and failed["data"]["tool"] == "calculator"
     unknown_tool = (await rpc(api, "session.turn", {"session_id": sid, "message": "[[sim call=get_weather]]"}))["error"]
-    assert unknown_tool["code"] == -32003 and unknown_tool["data"]["error_type"] == "unregistered_tool"
+    assert unknown_tool["code"] == -32010 and unknown_tool["data"]["error_type"] == "unregistered_tool"
     tools = (await rpc(api, "session.tools", {}))["result"]["server_tools"]
     assert {t["function"]["name"] for t in tools} == {"calculator", "python"}
 
 
 async def test_a_session_searches_the_reasoning_memory_with_the_memory_search_tool(tmp_path):
-    from memory.items import MemoryItem
+    from reasonray.memory.items import MemoryItem
     from tests.unit.memory_harness import local_memory, make_bank
 
     bank = make_bank(tmp_path / "bank")
-    lesson = MemoryItem(title="Convert units first", description="Mixed units give wrong sums.", content="Convert to one unit before adding.")
+    lesson = MemoryItem(
+        title="Convert units first", description="Mixed units give wrong sums.", content="Convert to one unit before adding."
+    )
     bank.store_items([lesson], workspace="default", keys=["add lengths in metres and centimetres"])
     llm = SimulatedLLM()
     toolbox = builtin_toolbox(memory=local_memory(bank))
     sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, toolbox, data_dir=tmp_path))
-    api = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions)
+    api = local_dispatcher(
+        ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions
+    )
     assert "memory_search" in [t["function"]["name"] for t in (await rpc(api, "session.tools", {}))["result"]["server_tools"]]
     sid = (await rpc(api, "session.create", {"server_tools": ["memory_search"]}))["result"]["session_id"]
     message = 'How do I add 2 m and 30 cm? [[sim call=memory_search {"query": "add lengths in metres and centimetres"}]]'

@@ -1,14 +1,21 @@
 """The simulated model: its behaviour (engine) and its HTTP surface with the official openai client."""
 
 import json
+
 import openai
 import pytest
 
-from gateway.protocol import LLMRequest, Message
-from gateway.simulator.engine import FaultPlan, SimulatedModel, SimulatorError, embed, evaluate_arithmetic
-from gateway.simulator.server import SimulatorServer, SimulatorSettings
-from gateway.tokens import counter_for_model
-from reasonray.tags import extract_answer
+from reasonray.gateway.protocol import LLMRequest, Message
+from reasonray.gateway.simulator.engine import (
+    FaultPlan,
+    SimulatedModel,
+    SimulatorError,
+    embed,
+    evaluate_arithmetic,
+)
+from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.tags import extract_answer
 
 COUNTER = counter_for_model("simulated")
 
@@ -113,7 +120,9 @@ def test_random_faults_follow_the_rate_and_are_repeatable():
 
 
 def test_slip_directive_makes_some_sampled_answers_wrong_and_never_greedy_ones(model):
-    answers = [extract_answer(model.respond(ask("What is 17 * 23? [[sim slip=0.5]]", temperature=0.8, seed=s)).choices[0].text) for s in range(20)]
+    answers = [
+        extract_answer(model.respond(ask("What is 17 * 23? [[sim slip=0.5]]", temperature=0.8, seed=s)).choices[0].text) for s in range(20)
+    ]
     assert 3 <= sum(a != "391" for a in answers) <= 17
     assert all(a.lstrip("-").isdigit() for a in answers)
     greedy = [extract_answer(model.respond(ask("What is 17 * 23? [[sim slip=1]]", seed=s)).choices[0].text) for s in range(5)]
@@ -123,17 +132,25 @@ def test_slip_directive_makes_some_sampled_answers_wrong_and_never_greedy_ones(m
 
 
 def test_tree_of_thought_prompts_get_steps_scores_and_votes(model):
-    from strategies.tree_of_thought import PROPOSE_PROMPT, VALUE_PROMPT, VOTE_PROMPT
+    from reasonray.strategies.tree_of_thought import (
+        PROPOSE_PROMPT,
+        VALUE_PROMPT,
+        VOTE_PROMPT,
+    )
 
     def chat(system_text, user_text, **kw):
-        return model.respond(LLMRequest(messages=(Message(role="system", content=system_text), Message(role="user", content=user_text)), **kw)).choices[0].text
+        return (
+            model.respond(LLMRequest(messages=(Message(role="system", content=system_text), Message(role="user", content=user_text)), **kw))
+            .choices[0]
+            .text
+        )
 
     problem = "Problem: What is 6 * 7? [[sim steps=1]]\n\nSteps so far:\n"
     assert "<step>Step 1:" in chat(PROPOSE_PROMPT, problem + "(none)", temperature=0.7, seed=1)
     assert extract_answer(chat(PROPOSE_PROMPT, problem + "Step 1: checking.", temperature=0.7, seed=1)) == "42"
     slipped = problem + "Step 1: rounding the intermediate result to keep the numbers simple."
     assert extract_answer(chat(PROPOSE_PROMPT, slipped, temperature=0.7, seed=1)) != "42"
-    score = lambda text: float(chat(VALUE_PROMPT, text).split("<score>")[1].split("</score>")[0])  # noqa: E731
+    score = lambda text: float(chat(VALUE_PROMPT, text).split("<score>")[1].split("</score>")[0])
     assert score(slipped) < 0.5 < score(problem + "Step 1: checking.") < score(problem + "Step 1: checking.\nAnswer: 42")
     ballot = chat(VOTE_PROMPT, f"Candidate 1:\n{slipped}\n\nCandidate 2:\n{problem}Step 1: checking.", temperature=0.7, seed=3)
     assert "<vote>2</vote>" in ballot
@@ -144,12 +161,18 @@ def test_call_directives_call_tools_in_order_then_answer_with_the_last_result(mo
     first = model.respond(ask(question)).choices[0]
     assert first.finish_reason == "tool_calls" and first.tool_calls[0].name == "calculator"
     assert json.loads(first.tool_calls[0].arguments) == {"expression": "2+3"}
-    so_far = (Message(role="user", content=question), Message(role="assistant", tool_calls=first.tool_calls),
-              Message(role="tool", tool_call_id=first.tool_calls[0].id, content="5"))
+    so_far = (
+        Message(role="user", content=question),
+        Message(role="assistant", tool_calls=first.tool_calls),
+        Message(role="tool", tool_call_id=first.tool_calls[0].id, content="5"),
+    )
     second = model.respond(LLMRequest(messages=so_far)).choices[0]
     assert second.tool_calls[0].name == "get_weather" and second.tool_calls[0].id != first.tool_calls[0].id
-    done = (*so_far, Message(role="assistant", tool_calls=second.tool_calls),
-            Message(role="tool", tool_call_id=second.tool_calls[0].id, content="Sunny"))
+    done = (
+        *so_far,
+        Message(role="assistant", tool_calls=second.tool_calls),
+        Message(role="tool", tool_call_id=second.tool_calls[0].id, content="Sunny"),
+    )
     assert extract_answer(model.respond(LLMRequest(messages=done)).choices[0].text) == "Sunny"
     with pytest.raises(SimulatorError, match="the arguments are not a JSON object"):
         model.respond(ask("[[sim call=calculator {oops}]]"))
@@ -157,7 +180,7 @@ def test_call_directives_call_tools_in_order_then_answer_with_the_last_result(mo
 
 def test_embeddings_are_normalised_and_similar_texts_are_closer():
     a, b, c = embed("reset the password"), embed("how to reset a password"), embed("weather in Paris")
-    dot = lambda x, y: sum(i * j for i, j in zip(x, y))  # noqa: E731
+    dot = lambda x, y: sum(i * j for i, j in zip(x, y, strict=False))
     assert abs(dot(a, a) - 1) < 1e-9 and dot(a, b) > dot(a, c)
 
 
@@ -184,12 +207,13 @@ async def test_the_official_client_talks_to_the_server(server):
 
 async def test_streaming_yields_the_same_text_and_usage(server):
     client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
-    plain = await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "What is 6*7?"}], temperature=0
-    )
+    plain = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 6*7?"}], temperature=0)
     stream = await client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "What is 6*7?"}], temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model="m",
+        messages=[{"role": "user", "content": "What is 6*7?"}],
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     parts, usage = [], None
     async for chunk in stream:

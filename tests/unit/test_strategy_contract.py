@@ -2,10 +2,10 @@
 
 import pytest
 
-from gateway.simulator.inprocess import SimulatedLLM
-from reasonray.api import local_dispatcher
-from reasonray.config import ReasoningSettings
-from strategies.registry import StrategyRegistry
+from reasonray.api.app import local_dispatcher
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.kernel.config import ReasoningSettings
+from reasonray.strategies.registry import StrategyRegistry
 
 INSTALLED = sorted(StrategyRegistry().discover().classes)
 COMPOSES = {"matts": ["chain_of_thought"]}  # strategies that run another enabled strategy
@@ -13,7 +13,9 @@ QUERY = {"bounded_context": "[[sim think=3000 answer=391]] What is 17 * 23?"}
 
 
 def test_every_strategy_the_issues_ask_for_is_installed():
-    assert {"chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "react", "refine", "matts", "step_back"} <= set(INSTALLED)
+    assert {"chain_of_thought", "bounded_context", "tree_of_thought", "self_consistency", "react", "refine", "matts", "step_back"} <= set(
+        INSTALLED
+    )
 
 
 @pytest.mark.parametrize("name", INSTALLED)
@@ -25,10 +27,14 @@ async def test_result_and_metrics_contract(name):
 
     reasoning = ReasoningSettings(enabled_strategies=[name, *COMPOSES.get(name, [])], default_strategy=name)
     api = local_dispatcher(reasoning, SimulatedLLM())
-    response, _ = await api.handle_payload({
-        "jsonrpc": "2.0", "id": 1, "method": "reasoning.execute",
-        "params": {"query": QUERY.get(name, "What is 17 * 23?"), "include_trace": True},
-    })
+    response, _ = await api.handle_payload(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "reasoning.execute",
+            "params": {"query": QUERY.get(name, "What is 17 * 23?"), "include_trace": True},
+        }
+    )
     result = response["result"]
     assert result["answer"] == "391" and result["strategy_used"] == name
     metrics = result["metrics"]

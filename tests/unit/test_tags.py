@@ -1,6 +1,11 @@
 import pytest
 
-from reasonray.tags import extract_answer, extract_tag, normalize_answer, strip_thinking
+from reasonray.kernel.tags import (
+    extract_answer,
+    extract_tag,
+    normalize_answer,
+    strip_thinking,
+)
 
 
 def test_strip_removes_closed_thinking_and_keeps_the_rest():

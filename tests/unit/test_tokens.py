@@ -1,9 +1,9 @@
 import structlog
 import tiktoken
 
-from gateway import tokens
-from gateway.protocol import Message, ToolCall
-from gateway.tokens import EstimateCounter, count_messages, counter_for_model
+from reasonray.gateway import tokens
+from reasonray.gateway.protocol import Message, ToolCall
+from reasonray.gateway.tokens import EstimateCounter, count_messages, counter_for_model
 
 
 def test_counts_with_tiktoken_offline():

@@ -4,10 +4,16 @@ import re
 
 import pytest
 
-from gateway.simulator.inprocess import SimulatedLLM
-from gateway.testing import FunctionLLM, UnexpectedCall
-from reasonray.errors import InvalidParamsError
-from strategies.tree_of_thought import ANSWER_PROMPT, PROPOSE_PROMPT, VALUE_PROMPT, VOTE_PROMPT, TreeOfThought
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.testing import FunctionLLM, UnexpectedCall
+from reasonray.kernel.errors import InvalidParamsError
+from reasonray.strategies.tree_of_thought import (
+    ANSWER_PROMPT,
+    PROPOSE_PROMPT,
+    VALUE_PROMPT,
+    VOTE_PROMPT,
+    TreeOfThought,
+)
 from tests.unit.strategy_harness import context_for
 
 
@@ -57,13 +63,23 @@ async def run(model, **config):
 async def test_bfs_keeps_the_beam_prunes_low_scores_and_stops_at_the_best_answer():
     model = TreeModel(
         proposals={
-            ((), 0): step("4 + 8 = 12"), ((), 1): step("Step 1: 4 * 6 = 24"), ((), 2): step("8 - 6 = 2"),
-            (("4 + 8 = 12",), 0): answer("13"), (("4 + 8 = 12",), 1): answer("12 * 2 = 24"), (("4 + 8 = 12",), 2): answer("13"),
-            (("4 * 6 = 24",), 0): answer("24"), (("4 * 6 = 24",), 1): answer("24"), (("4 * 6 = 24",), 2): answer("24"),
+            ((), 0): step("4 + 8 = 12"),
+            ((), 1): step("Step 1: 4 * 6 = 24"),
+            ((), 2): step("8 - 6 = 2"),
+            (("4 + 8 = 12",), 0): answer("13"),
+            (("4 + 8 = 12",), 1): answer("12 * 2 = 24"),
+            (("4 + 8 = 12",), 2): answer("13"),
+            (("4 * 6 = 24",), 0): answer("24"),
+            (("4 * 6 = 24",), 1): answer("24"),
+            (("4 * 6 = 24",), 2): answer("24"),
         },
         scores={
-            ("4 + 8 = 12",): 0.7, ("4 * 6 = 24",): 0.8, ("8 - 6 = 2",): 0.3,
-            ("4 + 8 = 12", "13"): 0.1, ("4 + 8 = 12", "12 * 2 = 24"): 0.85, ("4 * 6 = 24", "24"): 0.95,
+            ("4 + 8 = 12",): 0.7,
+            ("4 * 6 = 24",): 0.8,
+            ("8 - 6 = 2",): 0.3,
+            ("4 + 8 = 12", "13"): 0.1,
+            ("4 + 8 = 12", "12 * 2 = 24"): 0.85,
+            ("4 * 6 = 24", "24"): 0.95,
         },
     )
     result, events = await run(model, breadth=3, beam_width=2, depth=3)
@@ -83,14 +99,23 @@ async def test_bfs_keeps_the_beam_prunes_low_scores_and_stops_at_the_best_answer
 async def test_dfs_backtracks_out_of_a_dead_subtree():
     model = TreeModel(
         proposals={
-            ((), 0): step("a"), ((), 1): step("b"),
-            (("a",), 0): step("a1"), (("a",), 1): step("a2"),
-            (("a", "a1"), 0): answer("wrong"), (("a", "a1"), 1): answer("also wrong"),
-            (("b",), 0): answer("right"), (("b",), 1): answer("right"),
+            ((), 0): step("a"),
+            ((), 1): step("b"),
+            (("a",), 0): step("a1"),
+            (("a",), 1): step("a2"),
+            (("a", "a1"), 0): answer("wrong"),
+            (("a", "a1"), 1): answer("also wrong"),
+            (("b",), 0): answer("right"),
+            (("b",), 1): answer("right"),
         },
         scores={
-            ("a",): 0.9, ("b",): 0.6, ("a", "a1"): 0.7, ("a", "a2"): 0.2,
-            ("a", "a1", "wrong"): 0.3, ("a", "a1", "also wrong"): 0.1, ("b", "right"): 0.9,
+            ("a",): 0.9,
+            ("b",): 0.6,
+            ("a", "a1"): 0.7,
+            ("a", "a2"): 0.2,
+            ("a", "a1", "wrong"): 0.3,
+            ("a", "a1", "also wrong"): 0.1,
+            ("b", "right"): 0.9,
         },
     )
     result, _ = await run(model, search="dfs", breadth=2, depth=3)

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.protocol import LLMRequest, system, user
-from reasonray.tags import extract_answer, strip_thinking
-from strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
+from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.tags import extract_answer, strip_thinking
+from reasonray.strategies.base import ReasoningResult, Strategy, StrategyConfig, StrategyContext
 
 ABSTRACTION_PROMPT = (
     "Before solving, step back: state the general principle, formula or concept the question depends on. "
@@ -26,7 +26,9 @@ ANSWER_PROMPT = (
 
 
 class StepBackConfig(StrategyConfig):
-    abstraction_prompt: str = Field(ABSTRACTION_PROMPT, min_length=1, max_length=4000, description="Asks for the principle behind the question.")
+    abstraction_prompt: str = Field(
+        ABSTRACTION_PROMPT, min_length=1, max_length=4000, description="Asks for the principle behind the question."
+    )
     max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per call.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of both calls.")
 
@@ -52,5 +54,8 @@ class StepBack(Strategy):
         )
         answer = extract_answer(solution.text)
         return context.result(
-            self.name, answer if answer is not None else strip_thinking(solution.text), principle=principle, answer_tagged=answer is not None
+            self.name,
+            answer if answer is not None else strip_thinking(solution.text),
+            principle=principle,
+            answer_tagged=answer is not None,
         )

@@ -1,0 +1,115 @@
+"""Named actors that outlive a deployment follow the settings of the one deployed now.
+
+The application's detached actors (memory bank, LLM cache, strategy registry, session hosts, the
+branch pool) keep running when the application is deployed again. Each is built from some settings;
+it remembers their fingerprint (`Fingerprinted`), and a replica starting with other settings
+replaces it (`ensure_actor` at deploy time, `retire_if_stale` for actors created on first use), so a
+redeploy with another data directory, model or size never keeps writing through the old one.
+
+Recovery paths (a call found the actor dead) use `actor_for`, which never replaces: a replica of the
+previous deployment still draining its requests must not kill the actor the new deployment built.
+
+To manage an actor this way: subclass `Fingerprinted`, take the fingerprint as the first argument of
+`__init__` and store it in `self._fingerprint`; build it through `ensure_actor(cls, name, fp, *args)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import ray
+import structlog
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from reasonray.actors import NAMESPACE
+
+log = structlog.get_logger(__name__)
+
+GONE_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 120.0  # a memory bank opening a large store, or loading its model, takes a while
+
+
+def fingerprint(*parts: Any) -> str:
+    """A stable digest of the settings an actor is built from (JSON-able parts: dicts, Pydantic dumps)."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class Fingerprinted:
+    """Mixin of managed actors: they answer which settings they were built from."""
+
+    _fingerprint: str = ""
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+
+def lookup(name: str) -> Any | None:
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def fingerprint_of(handle: Any) -> str | None:
+    """The running actor's fingerprint; None when it cannot answer (dead, or not a managed actor)."""
+    try:
+        return ray.get(handle.fingerprint.remote(), timeout=ANSWER_TIMEOUT_S)
+    except (RayActorError, GetTimeoutError, AttributeError):
+        return None
+
+
+def retire_if_stale(name: str, fp: str) -> bool:
+    """Kill the actor `name` when it runs with other settings than `fp`; True when one was killed."""
+    handle = lookup(name)
+    if handle is None:
+        return False
+    current = fingerprint_of(handle)
+    if current == fp:
+        return False
+    log.info("actor.retired", name=name, fingerprint=current, wanted=fp)
+    ray.kill(handle, no_restart=True)
+    _wait_gone(name)
+    return True
+
+
+def ensure_actor(actor_class: Any, name: str, fp: str, *args: Any, **options: Any) -> Any:
+    """The detached named actor built from the settings `fp` names: the running one when it matches,
+    else a new one replacing it. Blocks until the actor answers (deploy time, not the request path)."""
+    for _ in range(5):  # replicas of one deployment race here; they all want the same fingerprint
+        retire_if_stale(name, fp)
+        handle = actor_for(actor_class, name, fp, *args, **options)
+        if fingerprint_of(handle) == fp:
+            return handle
+    raise RuntimeError(f"actor {name!r} keeps being replaced with other settings: are two deployments of one app running?")
+
+
+def actor_for(actor_class: Any, name: str, fp: str, *args: Any, **options: Any) -> Any:
+    """The actor `name` as it runs, or a new one built from these settings (non-blocking: the call path)."""
+    return actor_class.options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", **options).remote(fp, *args)
+
+
+def retire_extra(prefix: str, keep: set[str]) -> list[str]:
+    """Kill the actors named `prefix...` that are not in `keep` (a redeploy with fewer session hosts)."""
+    gone = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == NAMESPACE and actor["name"].startswith(prefix) and actor["name"] not in keep:
+            handle = lookup(actor["name"])
+            if handle is not None:
+                ray.kill(handle, no_restart=True)
+                gone.append(actor["name"])
+    for name in gone:
+        _wait_gone(name)
+    return gone
+
+
+def _wait_gone(name: str) -> None:
+    """Until Ray has released the name, so the next `get_if_exists` creates a new actor."""
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while lookup(name) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"actor {name!r} was killed but its name is still taken after {GONE_TIMEOUT_S:g} s")
+        time.sleep(0.05)

@@ -1,0 +1,123 @@
+"""Session load and save, files against PostgreSQL, at 64 concurrent sessions.
+
+    .venv/bin/python bench/store.py [--sessions 256] [--concurrency 64] [--turns 2000] [--messages 12]
+
+Each "turn" is what the session pipeline does to the store around a reasoner run: load the
+session, then save it (one version later) with the turn's exchange appended. 64 workers run turns
+on distinct sessions at once through the repositories the service uses (threads: the repository
+seam is synchronous, as it is in a session actor). The file store writes under a temporary
+directory with fsync; PostgreSQL is a throw-away local server (tests/pg.py) with fsync on, so both
+are durable. Prints p50/p95 of load and save, turns (session round trips) per second, and what
+PostgreSQL adds to a turn's p50 (target: under 5 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import _env  # noqa: F401  (sets up the environment first)
+
+from reasonray.gateway.protocol import Message
+from reasonray.kernel.pgstore import PgStore
+from reasonray.reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, ToolLedger
+from reasonray.reasoner.repository import PgSessionRepository, session_repository
+from reasonray.reasoner.session import SessionRepository, SessionSpec, SessionState
+from tests.pg import TempPostgres  # the throw-away server the tests use (the repository is on sys.path: _env)
+
+
+def session(i: int, messages: int) -> SessionState:
+    providers = ContextProviders(
+        Instructions("You are a helpful assistant."),
+        ModeState("default", {"default": ModeSpec()}),
+        Conversation(),
+        Bootstrap([]),
+        ToolLedger(),
+    )
+    for m in range(messages):
+        providers.conversation.history.append(
+            Message(role="user" if m % 2 == 0 else "assistant", content=f"message {m} " + "lorem ipsum " * 25)
+        )
+    now = datetime.now(UTC)
+    return SessionState(
+        session_id=f"bench-session-{i:05d}", status="idle", created_at=now, updated_at=now, spec=SessionSpec(), providers=providers.dump()
+    )
+
+
+def run(repo: SessionRepository, ids: list[str], concurrency: int, turns: int) -> dict[str, float]:
+    loads: list[float] = []
+    saves: list[float] = []
+
+    def worker(w: int) -> None:
+        mine = ids[w::concurrency]
+        for t in range(turns // concurrency):
+            sid = mine[t % len(mine)]
+            started = time.perf_counter()
+            state = repo.load(sid)
+            loaded = time.perf_counter()
+            assert state is not None
+            repo.save(state.model_copy(update={"turn": state.turn + 1, "last_answer": f"answer {t}"}))
+            loads.append((loaded - started) * 1000)
+            saves.append((time.perf_counter() - loaded) * 1000)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, range(concurrency)))
+    wall = time.perf_counter() - started
+    q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1]
+    turn = [a + b for a, b in zip(loads, saves, strict=True)]
+    return {
+        "load_p50": q(loads, 50),
+        "load_p95": q(loads, 95),
+        "save_p50": q(saves, 50),
+        "save_p95": q(saves, 95),
+        "turn_p50": q(turn, 50),
+        "per_s": len(turn) / wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=2000)
+    parser.add_argument("--messages", type=int, default=12, help="Messages in each session's conversation.")
+    args = parser.parse_args()
+    states = [session(i, args.messages) for i in range(args.sessions)]
+    size_kb = len(states[0].model_dump_json()) / 1024
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="reasonray-bench-") as tmp, TempPostgres(durable=True) as pg:
+        for name, url in (("files", None), ("postgresql", pg.url)):
+            # a pool as wide as the concurrency: in the service each session actor is its own process with its own pool
+            repo = (
+                session_repository(None, Path(tmp) / name) if url is None else PgSessionRepository(PgStore(url, max_size=args.concurrency))
+            )
+            for state in states:
+                repo.save(state)
+            ids = [s.session_id for s in states]
+            run(repo, ids, args.concurrency, args.concurrency * 4)  # warm-up: pool, caches
+            for concurrency in (1, args.concurrency):  # 1: what the store adds to one turn; N: under load
+                results[(name, concurrency)] = run(repo, ids, concurrency, args.turns if concurrency > 1 else args.turns // 4)
+    print(f"session store, {args.turns} turns over {args.sessions} sessions of {size_kb:.1f} KiB (load, then save one version later)")
+    print(f"{'store':<11} {'conc':>4} {'load p50':>9} {'load p95':>9} {'save p50':>9} {'save p95':>9} {'turn p50':>9} {'turns/s':>8}")
+    for (name, concurrency), r in results.items():
+        print(
+            f"{name:<11} {concurrency:>4} {r['load_p50']:>7.2f}ms {r['load_p95']:>7.2f}ms {r['save_p50']:>7.2f}ms {r['save_p95']:>7.2f}ms "
+            f"{r['turn_p50']:>7.2f}ms {r['per_s']:>8.0f}"
+        )
+    for concurrency in (1, args.concurrency):
+        added = results[("postgresql", concurrency)]["turn_p50"] - results[("files", concurrency)]["turn_p50"]
+        ratio = results[("postgresql", concurrency)]["per_s"] / results[("files", concurrency)]["per_s"]
+        verdict = "met" if added < 5 else "NOT met"
+        print(
+            f"at {concurrency:>2} concurrent: PostgreSQL adds {added:+.2f} ms to a turn's p50 (target < 5 ms: {verdict}); throughput x{ratio:.2f} of files"
+        )
+
+
+if __name__ == "__main__":
+    main()

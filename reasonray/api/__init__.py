@@ -1,0 +1,1 @@
+"""The API layer: the method table and the surfaces that serve it (JSON-RPC, REST mirrors)."""

@@ -1,0 +1,165 @@
+"""The one builder: a running ReasonRay application from `Settings`.
+
+Every entry point assembles the same parts in the same order here: the model client and its LLM
+stack (retries, breaker, cache, metrics), the strategy catalogue and agent directory, the memory
+bank, the reasoning service, sessions and the JSON-RPC method table. What differs between one
+process and a Ray cluster is only where shared state lives and how branches fan out; those come in
+as `Backends` (the Ray side passes its actors' typed clients, everything else gets in-process parts).
+
+    app = build_application(load_settings())                 # one process: CLI, evals, notebooks, tests
+    app = build_application(settings, backends=ray_parts)    # serve_app: the same, with Ray's parts
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reasonray.api.jsonrpc import Dispatcher
+from reasonray.api.methods import build_dispatcher
+from reasonray.api.registry import LocalRegistry, Registry, RegistryService, agent_lookup
+from reasonray.api.service import ReasoningService
+from reasonray.gateway.cache import CacheStore, LocalCacheStore, LRUTTLCache
+from reasonray.gateway.factory import build_llm, client_for
+from reasonray.gateway.openai_client import OpenAILLM
+from reasonray.gateway.protocol import LLM
+from reasonray.gateway.resilience import ResilientLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.config import MemorySettings, ReasoningSettings, Settings
+from reasonray.kernel.repositories import run_index
+from reasonray.kernel.sandbox import SandboxLimits
+from reasonray.kernel.telemetry import Metrics, NoMetrics
+from reasonray.memory.service import BankService, LocalMemory, MemoryClient, open_bank
+from reasonray.reasoner.session import Sessions
+from reasonray.strategies.base import Fanout, local_fanout
+from reasonray.strategies.registry import Catalogue, StrategyRegistry, build_catalogue
+
+UNSET: Any = object()
+
+
+@dataclass
+class Backends:
+    """Where shared state lives and how branches run. Unset parts are built in this process."""
+
+    registry: Registry | None = None
+    catalogue: Catalogue | None = None
+    cache: CacheStore | None = UNSET  # None: no response cache
+    memory: MemoryClient | None = UNSET  # None: no memory bank
+    fanout: Fanout | None = None  # None: asyncio.gather in this process
+    sessions: Callable[[LLM], Sessions] | None = None  # built from the application's LLM stack
+    metrics: Metrics = field(default_factory=NoMetrics)
+    cache_stats: Callable[[], Any] | None = None
+
+
+@dataclass
+class Application:
+    """Everything a surface (HTTP, CLI, evaluation, notebook) needs to serve the API."""
+
+    settings: Settings
+    llm: LLM
+    service: ReasoningService
+    registry: Registry
+    dispatcher: Dispatcher
+    metrics: Metrics
+    sessions: Sessions | None = None
+    client: OpenAILLM | None = None  # the raw endpoint client (None when the caller passed its own LLM)
+    resilient: ResilientLLM | None = None  # retries and breaker, for health reports
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+def build_application(
+    settings: Settings,
+    *,
+    llm: LLM | None = None,
+    backends: Backends | None = None,
+    data_dir: Path | None = UNSET,
+    memory: bool | None = None,
+    **service_options: Any,
+) -> Application:
+    """Assemble the application. `llm` replaces the configured endpoint (scripted or simulated models
+    in tests); `data_dir=None` keeps nothing on disk; `memory` overrides `[memory] enabled`."""
+    parts = backends or Backends()
+    directory = settings.data_dir if data_dir is UNSET else data_dir
+    registry: Registry
+    if parts.registry is None:
+        local = RegistryService(settings.reasoning, directory, store_url=settings.store.url)
+        registry, catalogue = LocalRegistry(local), parts.catalogue or local.catalogue
+    else:
+        registry = parts.registry
+        catalogue = parts.catalogue or build_catalogue(StrategyRegistry().discover(), settings.reasoning)
+
+    client: OpenAILLM | None = None
+    resilient: ResilientLLM | None = None
+    if llm is None:
+        client = client_for(settings)
+        cache = parts.cache if parts.cache is not UNSET else _local_cache(settings)
+        llm, resilient = build_llm(settings, client, cache, parts.metrics)
+
+    use_memory = settings.memory.enabled if memory is None else memory
+    bank = parts.memory if parts.memory is not UNSET else (LocalMemory(BankService(open_bank(settings))) if use_memory else None)
+
+    service = ReasoningService(
+        catalogue,
+        llm,
+        counter_for_model(llm.model),
+        fanout=parts.fanout or local_fanout,
+        agents=agent_lookup(registry),
+        data_dir=directory,
+        memory=bank,
+        memory_settings=settings.memory,
+        budget=settings.budget,
+        metrics=parts.metrics,
+        runs=run_index(settings.store.url, directory) if directory is not None else None,
+        **{
+            "selection_budget_ms": settings.reasoning.performance.strategy_selection_timeout_ms,
+            "log_queries": settings.logging.log_queries,
+            "degraded_answers": settings.reasoning.degraded_answers,
+            "events": settings.events,
+            "limits": settings.limits,
+            **service_options,
+        },
+    )
+    sessions = parts.sessions(llm) if parts.sessions is not None else None
+    s = settings.sessions
+    dispatcher = build_dispatcher(
+        service,
+        registry,
+        sessions,
+        cache_stats=parts.cache_stats,
+        sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
+        metrics=parts.metrics,
+        limits=settings.limits,
+    )
+    return Application(settings, llm, service, registry, dispatcher, parts.metrics, sessions, client, resilient)
+
+
+def _local_cache(settings: Settings) -> CacheStore | None:
+    c = settings.llm.cache
+    return LocalCacheStore(LRUTTLCache(c.max_entries, c.ttl_s)) if c.enabled else None
+
+
+def local_dispatcher(
+    reasoning: ReasoningSettings,
+    llm: LLM,
+    *,
+    data_dir: Path | None = None,
+    sessions: Sessions | None = None,
+    memory: MemoryClient | None = None,
+    memory_settings: MemorySettings | None = None,
+    metrics: Metrics | None = None,
+    **service_options: Any,
+) -> Dispatcher:
+    """The whole API in this process over a given model, without Ray: for unit tests, notebooks and scripts."""
+    settings = Settings(reasoning=reasoning, **({"memory": memory_settings} if memory_settings else {}))
+    backends = Backends(
+        cache=None,
+        memory=memory,
+        sessions=(lambda _llm: sessions) if sessions is not None else None,
+        metrics=metrics or NoMetrics(),
+    )
+    return build_application(settings, llm=llm, backends=backends, data_dir=data_dir, **service_options).dispatcher

@@ -1,0 +1,51 @@
+"""The audit log: who did what (principal, method, target, outcome, trace id), behind a small repository.
+
+`JsonlAuditLog` appends one JSON object a line to `<data_dir>/audit/audit.jsonl`, created 0600; a
+database-backed repository only has to implement `AuditLog.write`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, Field
+
+
+class AuditRecord(BaseModel):
+    at: datetime = Field(default_factory=lambda: datetime.now(UTC), description="When the call ended (UTC).")
+    principal: str | None = Field(description="The caller's `sub`; None for an unauthenticated caller.")
+    roles: list[str] = Field(default_factory=list, description="The roles the caller's token carried.")
+    method: str = Field(description="The JSON-RPC method (or HTTP route) called.")
+    target: str | None = Field(None, description="What the call named: `session:<id>`, `agent:<id>`, `workspace:<name>`.")
+    outcome: str = Field(description="`ok` or the error type (forbidden, rate_limited, not_found, ...).")
+    trace_id: str | None = Field(None, description="The call's trace id, as in the event log and errors.")
+
+
+class AuditLog(Protocol):
+    def write(self, record: AuditRecord) -> None: ...
+
+
+class NoAudit:
+    def write(self, record: AuditRecord) -> None:
+        return None
+
+
+class JsonlAuditLog:
+    """Appends records to a JSONL file only its owner can read (O_APPEND: lines of replicas do not interleave)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.chmod(path, 0o600)  # an older file created with a laxer umask
+
+    def write(self, record: AuditRecord) -> None:
+        os.write(self._fd, (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode())
+
+
+def audit_log_path(data_dir: Path) -> Path:
+    return data_dir / "audit" / "audit.jsonl"

@@ -1,0 +1,199 @@
+"""Who is calling: bearer JWTs verified into principals, and what their roles let them call and run.
+
+Transport-free. The Serve ingress verifies the `Authorization` header of every request (but the
+public liveness probe) with a `TokenVerifier` and puts the `Principal` in `CURRENT_PRINCIPAL`; the
+dispatcher's guard (`reasonray.api.tenancy`) reads it from there, so no route can forget it.
+Tokens: HS256 with `[auth] jwt_secret`, or RS256/ES256 against a JWKS (URL or file, keys re-read
+when a token names an unknown `kid`, so rotation needs no restart). Claims: `sub` is the principal,
+`roles` a list of role names, optional `agent_id` binds the principal to that AgentCard.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+from reasonray.kernel.auth_settings import AuthSettings, LimitSettings, RoleSettings
+from reasonray.kernel.errors import UnauthenticatedError
+
+HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The verified caller: `sub`, its roles, and the AgentCard it is bound to, if any."""
+
+    sub: str
+    roles: tuple[str, ...] = ()
+    agent_id: str | None = None
+    claims: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+CURRENT_PRINCIPAL: ContextVar[Principal | None] = ContextVar("reasonray_principal", default=None)
+"""The caller of the request being served; None when authentication is off (or not yet checked)."""
+
+
+def mint_token(
+    secret: str,
+    sub: str,
+    roles: list[str],
+    ttl_s: int,
+    *,
+    issuer: str | None = None,
+    audience: str | None = None,
+    agent_id: str | None = None,
+) -> str:
+    """An HS256 token for local use (`reasonray token create`)."""
+    now = int(time.time())
+    claims: dict[str, Any] = {"sub": sub, "roles": list(roles), "iat": now, "nbf": now, "exp": now + ttl_s}
+    if issuer:
+        claims["iss"] = issuer
+    if audience:
+        claims["aud"] = audience
+    if agent_id:
+        claims["agent_id"] = agent_id
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header, or an error saying what is wrong with it."""
+    if not authorization:
+        raise UnauthenticatedError("missing credentials: send `Authorization: Bearer <token>` (see docs/security.md)")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise UnauthenticatedError("malformed Authorization header: expected `Bearer <token>`")
+    return token.strip()
+
+
+class TokenVerifier:
+    """Verifies bearer JWTs against the configured secret or JWKS, with exp always and iss/aud when configured."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self.settings = settings
+        self.algorithms = [a for a in settings.algorithms if a not in HMAC_ALGORITHMS or settings.jwt_secret]
+        # PyJWKClient keeps the key set and fetches it again when a token names a kid it does not hold
+        self._jwks: jwt.PyJWKClient | None = None
+        if settings.jwks_url:
+            self._jwks = jwt.PyJWKClient(settings.jwks_url, cache_jwk_set=True, lifespan=300, cooldown_duration=30)
+        elif settings.jwks_file:
+            self._jwks = FileJWKClient(Path(settings.jwks_file))
+        else:
+            self.algorithms = [a for a in self.algorithms if a in HMAC_ALGORITHMS]
+        self._options = {"require": ["exp", "sub"], "verify_aud": settings.audience is not None}
+
+    def verify(self, authorization: str | None) -> Principal:
+        return self.principal(bearer_token(authorization))
+
+    def principal(self, token: str) -> Principal:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.DecodeError:
+            raise UnauthenticatedError("malformed token: not a JWS compact serialization") from None
+        algorithm = header.get("alg")
+        if algorithm not in self.algorithms:
+            raise UnauthenticatedError(f"token algorithm {algorithm!r} is not accepted (accepted: {', '.join(self.algorithms)})")
+        claims = self._decode(token, algorithm, header.get("kid"))
+        return _principal(claims)
+
+    def _decode(self, token: str, algorithm: str, kid: str | None) -> dict[str, Any]:
+        s = self.settings
+        try:
+            key: Any = s.jwt_secret if algorithm in HMAC_ALGORITHMS else self._jwk(kid)
+            return jwt.decode(
+                token, key, algorithms=[algorithm], audience=s.audience, issuer=s.issuer, leeway=s.leeway_s, options=self._options
+            )
+        except jwt.ExpiredSignatureError:
+            raise UnauthenticatedError("token expired: get a new one") from None
+        except jwt.ImmatureSignatureError:
+            raise UnauthenticatedError("token not yet valid (nbf / iat in the future)") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise UnauthenticatedError(f"token lacks the required claim {exc.claim!r}") from None
+        except jwt.InvalidAudienceError:
+            raise UnauthenticatedError(f"token audience is wrong: this server accepts aud {s.audience!r}") from None
+        except jwt.InvalidIssuerError:
+            raise UnauthenticatedError(f"token issuer is wrong: this server accepts iss {s.issuer!r}") from None
+        except (jwt.InvalidSignatureError, jwt.InvalidKeyError, jwt.PyJWKClientError, jwt.exceptions.PyJWKError):
+            # one answer for a bad signature, an unknown key or a key of the wrong type: nothing to probe with
+            raise UnauthenticatedError("invalid token: signature verification failed") from None
+        except jwt.InvalidTokenError:
+            raise UnauthenticatedError("malformed token") from None
+
+    def _jwk(self, kid: str | None) -> Any:
+        assert self._jwks is not None  # asymmetric algorithms are accepted only with a JWKS source
+        if kid is None:
+            raise jwt.PyJWKClientError("no kid")
+        return self._jwks.get_signing_key(kid).key
+
+
+class FileJWKClient(jwt.PyJWKClient):
+    """PyJWKClient over a local JWKS file (PyJWT fetches only http(s)); re-read at once for an unknown kid."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("https://jwks.invalid/", cache_jwk_set=True, lifespan=300, cooldown_duration=0)
+        self.path = path
+
+    def fetch_data(self) -> Any:
+        try:
+            jwk_set = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            raise jwt.PyJWKClientConnectionError(f"cannot read the JWKS file {self.path}: {exc}") from exc
+        if self.jwk_set_cache is not None:
+            self.jwk_set_cache.put(jwk_set)
+        return jwk_set
+
+
+def _principal(claims: dict[str, Any]) -> Principal:
+    sub, roles, agent_id = claims.get("sub"), claims.get("roles", []), claims.get("agent_id")
+    if not isinstance(sub, str) or not sub or len(sub) > 256:
+        raise UnauthenticatedError("token `sub` must be a non-empty string (the principal)")
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        raise UnauthenticatedError("token `roles` must be a list of role names")
+    if agent_id is not None and not isinstance(agent_id, str):
+        raise UnauthenticatedError("token `agent_id` must be a string")
+    return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id, claims=claims)
+
+
+class Policy:
+    """Roles to permissions: which methods and strategies a principal may use, whose data it sees, its limits."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self.roles: dict[str, RoleSettings] = settings.roles
+        self.principals = settings.principals
+        self.strategy_limits = settings.strategy_limits
+        self._grants = lru_cache(maxsize=4096)(self._grant)
+
+    def may_call(self, principal: Principal, method: str) -> bool:
+        return self._grants(principal.roles, "methods", method)
+
+    def may_run(self, principal: Principal, strategy: str) -> bool:
+        return self._grants(principal.roles, "strategies", strategy)
+
+    def sees_all(self, principal: Principal) -> bool:
+        return any(self.roles[r].all_owners for r in principal.roles if r in self.roles)
+
+    def limits(self, principal: Principal) -> LimitSettings:
+        """The principal's own limits when configured, else the most generous of its roles' (None wins: unlimited)."""
+        if principal.sub in self.principals:
+            return self.principals[principal.sub]
+        return _most_generous(tuple(self.roles[r].limits for r in principal.roles if r in self.roles))
+
+    def _grant(self, roles: tuple[str, ...], kind: str, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for r in roles if r in self.roles for p in getattr(self.roles[r], kind))
+
+
+def _most_generous(limits: tuple[LimitSettings, ...]) -> LimitSettings:
+    if not limits:
+        return LimitSettings(requests_per_minute=1, concurrent_runs=1, tokens_per_minute=1, tokens_per_day=1)
+    merged: dict[str, int | None] = {}
+    for name in LimitSettings.model_fields:
+        values = [getattr(lim, name) for lim in limits]
+        merged[name] = None if any(v is None for v in values) else max(values)
+    return LimitSettings(**merged)

@@ -1,0 +1,225 @@
+"""The HTTP front door: what a request must be before any handler sees it (docs/security.md).
+
+An ASGI middleware, so it holds for every route (`/rpc`, the REST mirrors, health, docs):
+
+- `Host` must be in `[server] allowed_hosts` (loopback names by default): a page on another origin
+  that rebinds its DNS name to 127.0.0.1 still sends its own name, and is refused (400).
+- A POST must say `Content-Type: application/json` (415 otherwise): browsers send `text/plain` and form
+  bodies cross-origin without a preflight, JSON only after one, which fails unless `[server]
+  cors_origins` lists the origin (CORS is off by default).
+- A POST must say its `Content-Length` (411) and it must not exceed `[limits] max_body_bytes` (413);
+  the body is read up to that and no further.
+- A JSON body must nest no deeper than `[limits] max_json_depth` and hold no lone surrogates in its
+  strings (they cannot be encoded in an answer): 400 with a JSON-RPC -32600 error, before any call
+  in it runs. A body that is not JSON passes to the route, which answers it (-32700 on /rpc).
+
+Every refusal is a JSON body in the JSON-RPC error shape whose message names the rule and the
+config key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "::1"]
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+
+
+@dataclass
+class GuardSettings:
+    allowed_hosts: list[str] = field(default_factory=lambda: list(LOOPBACK_HOSTS))
+    cors_origins: list[str] = field(default_factory=list)
+    max_body_bytes: int = 1_000_000
+    max_json_depth: int = 32
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, code: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def host_name(header: str) -> str:
+    """`example.com:8000` -> `example.com`, `[::1]:8000` -> `::1`."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def check_host(headers: dict[str, str], settings: GuardSettings) -> None:
+    allowed = settings.allowed_hosts
+    if "*" in allowed:
+        return
+    name = host_name(headers.get("host", ""))
+    if name not in [h.lower() for h in allowed]:
+        raise Refusal(400, INVALID_REQUEST, f"host {name!r} is not allowed; add it to [server] allowed_hosts to serve it")
+
+
+def check_post_headers(headers: dict[str, str], settings: GuardSettings) -> int:
+    """The body's declared length, after the content type and length rules."""
+    media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise Refusal(415, INVALID_REQUEST, f"Content-Type must be application/json, not {media or 'missing'!r}")
+    length = headers.get("content-length")
+    if length is None or not length.isdigit():
+        raise Refusal(411, INVALID_REQUEST, "a POST must carry a Content-Length header (chunked bodies are refused)")
+    if int(length) > settings.max_body_bytes:
+        raise Refusal(
+            413, INVALID_PARAMS, f"the body has {int(length)} bytes; the cap is {settings.max_body_bytes} ([limits] max_body_bytes)"
+        )
+    return int(length)
+
+
+def check_body(body: bytes, settings: GuardSettings) -> None:
+    """Refuse what json and the encoder would choke on: nesting that overflows the stack, lone surrogates."""
+    if not body.strip():
+        return
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        payload, depth_error = None, True
+    except ValueError:  # not JSON: the route answers that itself (JSON-RPC -32700, the REST mirrors 422)
+        return
+    else:
+        depth_error = False
+    depth, where = (settings.max_json_depth + 1, None) if depth_error else _walk(payload)
+    if depth > settings.max_json_depth:
+        raise Refusal(
+            400, INVALID_REQUEST, f"the JSON nests deeper than the cap of {settings.max_json_depth} levels ([limits] max_json_depth)"
+        )
+    if where is not None:
+        raise Refusal(400, INVALID_REQUEST, f"a string at {where} holds a lone surrogate (not valid Unicode)")
+
+
+def _walk(value: Any) -> tuple[int, str | None]:
+    """(deepest nesting, where the first lone surrogate is), without recursion."""
+    deepest = 0
+    stack = [(value, "$", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, str):
+            if _has_surrogate(item):
+                return deepest, where
+        elif isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                if isinstance(key, str) and _has_surrogate(key):
+                    return deepest, f"{where} (a key)"
+                stack.append((child, f"{where}.{key}" if isinstance(item, dict) else f"{where}[{key}]", depth + 1))
+    return deepest, None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class HttpGuard:
+    """ASGI middleware applying the rules above; `settings` is set by the replica from its config."""
+
+    settings = GuardSettings()
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    @classmethod
+    def configure(cls, settings: GuardSettings) -> None:
+        cls.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = self.settings
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        origin = headers.get("origin")
+        cors = origin is not None and (origin in settings.cors_origins or "*" in settings.cors_origins)
+        try:
+            check_host(headers, settings)
+            if scope["method"] == "OPTIONS" and cors:
+                await _respond(send, 204, None, _cors_headers(origin, preflight=True))
+                return
+            if scope["method"] == "POST":
+                length = check_post_headers(headers, settings)
+                body = await _read(receive, length, settings)
+                check_body(body, settings)
+                receive = _replay(body, receive)
+        except Refusal as refusal:
+            error = {"jsonrpc": "2.0", "error": {"code": refusal.code, "message": refusal.message}, "id": None}
+            await _respond(send, refusal.status, error, _cors_headers(origin) if cors else [])
+            return
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_cors_headers(origin)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+
+async def _read(receive: Receive, length: int, settings: GuardSettings) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Refusal(400, INVALID_REQUEST, "the client went away before the body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > min(length, settings.max_body_bytes):
+            raise Refusal(
+                413, INVALID_PARAMS, f"the body is longer than its Content-Length ({length}) or the cap ([limits] max_body_bytes)"
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, upstream: Receive) -> Receive:
+    """The body already read, then the connection's own messages: a streaming response (SSE) listens
+    for `http.disconnect`, which must come only when the client really leaves."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await upstream()
+
+    return receive
+
+
+def _cors_headers(origin: str | None, preflight: bool = False) -> list[tuple[bytes, bytes]]:
+    headers = [(b"access-control-allow-origin", (origin or "").encode("latin-1")), (b"vary", b"Origin")]
+    if preflight:
+        headers += [
+            (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+            (b"access-control-allow-headers", b"Content-Type, Authorization, X-Trace-Id"),
+            (b"access-control-max-age", b"600"),
+        ]
+    return headers
+
+
+async def _respond(send: Send, status: int, body: dict[str, Any] | None, extra: list[tuple[bytes, bytes]]) -> None:
+    data = b"" if body is None else json.dumps(body).encode()
+    headers = [(b"content-length", str(len(data)).encode())] + ([(b"content-type", b"application/json")] if body else []) + extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,326 @@
+"""JSON-RPC 2.0 in full: single and batch calls, notifications, and one table from errors to codes.
+
+| code   | meaning                                   | raised for                                            |
+|--------|-------------------------------------------|-------------------------------------------------------|
+| -32700 | parse error                               | the body is not JSON                                  |
+| -32600 | invalid request                           | not a JSON-RPC 2.0 request object, or an empty batch  |
+| -32601 | method not found                          | unknown method (the message lists the methods)        |
+| -32602 | invalid params                            | InvalidParamsError, Pydantic validation (in `data`)   |
+| -32603 | internal error                            | a bug (quote the trace id)                            |
+| -32002 | strategy unavailable                      | StrategyUnavailableError (`data.available`)           |
+| -32004 | token budget exceeded                     | BudgetExceededError                                   |
+| -32005 | not found                                 | NotFoundError: no such agent or session               |
+| -32006 | tool failed                               | ToolFailedError: the turn ended at a failed tool      |
+| -32007 | session state conflict                    | SessionStateError: e.g. a turn while calls are pending|
+| -32008 | memory unavailable                        | MemoryUnavailableError: Chroma or the embedding model |
+| -32009 | max iterations reached                    | MaxIterationsError (partial trace in `data`)          |
+| -32010 | model misbehaved                          | ModelBehaviorError                                    |
+| -32001 | unauthenticated                           | UnauthenticatedError: no or an invalid bearer token   |
+| -32003 | forbidden                                 | ForbiddenError: a role or ownership refusal           |
+| -32012 | rate limited                              | RateLimitedError (`data.retry_after_s`)               |
+| -32011 | overloaded, retry later                   | OverloadedError (`data.retry_after_s`)                |
+| -32013 | model provider failed                     | LLMError, summarised (`data.error_type`); no URL/body |
+| -32014 | cancelled                                 | RunCancelledError                                     |
+| -32015 | deadline exceeded                         | DeadlineExceededError                                 |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from reasonray.gateway.errors import (
+    CircuitOpenError,
+    LLMConfigError,
+    LLMError,
+    ProviderRejectedError,
+    ProviderUnavailableError,
+)
+from reasonray.kernel.errors import ReasonRayError, describe_errors, json_safe_errors
+from reasonray.kernel.telemetry import Metrics, NoMetrics
+
+log = structlog.get_logger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+STRATEGY_UNAVAILABLE = -32002
+BUDGET_EXCEEDED = -32004
+NOT_FOUND = -32005
+TOOL_FAILED = -32006
+SESSION_STATE = -32007
+MEMORY_UNAVAILABLE = -32008
+MAX_ITERATIONS = -32009
+MODEL_BEHAVIOR = -32010
+UNAUTHENTICATED = -32001
+FORBIDDEN = -32003
+RATE_LIMITED = -32012
+OVERLOADED = -32011
+PROVIDER_FAILED = -32013
+CANCELLED = -32014
+DEADLINE_EXCEEDED = -32015
+
+CODE_NAMES = {
+    PARSE_ERROR: "parse_error",
+    INVALID_REQUEST: "invalid_request",
+    METHOD_NOT_FOUND: "method_not_found",
+    INVALID_PARAMS: "invalid_params",
+    INTERNAL_ERROR: "internal",
+}
+
+VERBATIM_RESULTS = frozenset({"rpc.discover"})
+PROTOCOL_HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, METHOD_NOT_FOUND: 404, INVALID_PARAMS: 422, INTERNAL_ERROR: 500}
+
+
+def provider_summary(exc: LLMError) -> str:
+    """What the caller may know of a provider failure: what happened, never the URL or the body (those are logged)."""
+    if isinstance(exc, CircuitOpenError):
+        return f"the model provider is failing: calls fail fast for another {exc.retry_after_s:.1f}s (circuit breaker open); retry later"
+    if isinstance(exc, ProviderUnavailableError):
+        how = f"HTTP {exc.status_code}" if exc.status_code else "no response: timeout or connection error"
+        return f"the model provider failed after {exc.attempts} attempt(s) ({how}); retry later"
+    if isinstance(exc, ProviderRejectedError):
+        return f"the model provider refused the request (HTTP {exc.status_code}); check the model name and the request's size"
+    if isinstance(exc, LLMConfigError):
+        return "the model provider is not configured correctly; an operator must check the [llm] settings"
+    return "the model provider failed; quote the trace_id when reporting it"
+
+
+class RpcError(ReasonRayError):
+    """A JSON-RPC error as it goes on the wire (protocol errors are raised as this directly)."""
+
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message, data)
+        self.code = code
+
+
+def error_classes() -> list[type[ReasonRayError]]:
+    """Every error class of the tree (the error table: each class names its code, status and type)."""
+    found: list[type[ReasonRayError]] = []
+    pending: list[type[ReasonRayError]] = [ReasonRayError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return [cls for cls in found if cls is not RpcError]
+
+
+def http_status(error: dict[str, Any]) -> int:
+    """The REST mirrors' status for a JSON-RPC error object: by its error type, else by its code."""
+    error_type = (error.get("data") or {}).get("error_type")
+    for cls in error_classes():
+        if cls.error_type == error_type and cls.code == error["code"]:
+            return cls.http_status
+    return PROTOCOL_HTTP_STATUS.get(error["code"], 500)
+
+
+def error_for(exc: Exception) -> RpcError:
+    """The JSON-RPC error for an exception, from its class; unknown exceptions (bugs) hide their details."""
+    if isinstance(exc, RpcError):
+        return exc
+    if not isinstance(exc, ReasonRayError):
+        return RpcError(INTERNAL_ERROR, "internal error; quote the trace_id when reporting it", {"error_type": "internal"})
+    data: dict[str, Any] = {"error_type": exc.error_type, **exc.data}
+    # what the run achieved and which strategy ran, attached by the service (ReasoningService.execute)
+    if getattr(exc, "partial_result", None):
+        data["partial"] = exc.partial_result  # type: ignore[attr-defined]
+    if getattr(exc, "strategy_name", None):
+        data["strategy"] = exc.strategy_name  # type: ignore[attr-defined]
+    message = provider_summary(exc) if isinstance(exc, LLMError) else exc.message
+    return RpcError(exc.code, message, data)
+
+
+@dataclass
+class Call:
+    """What a handler knows about the call it serves."""
+
+    trace_id: str
+    method: str
+
+
+Handler = Callable[[Any, Call], Awaitable[Any]]
+Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+"""Wraps every method call: checks the caller before `invoke()`, may filter its result (reasonray.api.tenancy)."""
+
+
+@dataclass
+class Method:
+    handler: Handler
+    params: type[BaseModel]
+    description: str
+
+
+class Dispatcher:
+    """Routes JSON-RPC calls to handlers with Pydantic-validated params."""
+
+    def __init__(
+        self, new_trace_id: Callable[[], str], metrics: Metrics | None = None, max_batch_size: int = 20, batch_concurrency: int = 4
+    ) -> None:
+        self.methods: dict[str, Method] = {}
+        self._new_trace_id = new_trace_id
+        self.metrics = metrics or NoMetrics()
+        self.max_batch_size = max_batch_size
+        # the calls of one batch share this many slots: a batch is not a way around the replica's concurrency
+        self.batch_concurrency = batch_concurrency
+        self.guard: Guard | None = None
+
+    def method(self, name: str, params: type[BaseModel], description: str = "") -> Callable[[Handler], Handler]:
+        def register(handler: Handler) -> Handler:
+            self.methods[name] = Method(handler, params, description or (handler.__doc__ or "").strip())
+            return handler
+
+        return register
+
+    async def handle(self, body: bytes | str, trace_id: str | None = None) -> tuple[Any, list[str]]:
+        """The response payload (None when nothing is to be sent) and the trace ids of the calls."""
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError) as exc:  # also bad UTF-8, ints past the digit limit, deep nesting
+            return _error_response(None, RpcError(PARSE_ERROR, f"parse error: the body is not valid JSON ({str(exc)[:200]})")), []
+        return await self.handle_payload(payload, trace_id)
+
+    async def handle_payload(self, payload: Any, trace_id: str | None = None) -> tuple[Any, list[str]]:
+        """Like `handle`, for a body already parsed from JSON."""
+        if isinstance(payload, list):
+            if not payload:
+                return _error_response(None, RpcError(INVALID_REQUEST, "invalid request: an empty batch")), []
+            if len(payload) > self.max_batch_size:
+                message = f"invalid params: a batch of {len(payload)} calls; the cap is {self.max_batch_size} ([limits] max_batch_size)"
+                return _error_response(None, RpcError(INVALID_PARAMS, message, {"cap": "limits.max_batch_size"})), []
+            trace_ids = [self._new_trace_id() for _ in payload]
+            slots = asyncio.Semaphore(self.batch_concurrency)
+
+            async def one(call: Any, trace_id: str) -> dict[str, Any] | None:
+                async with slots:
+                    return await self._one(call, trace_id)
+
+            responses = await asyncio.gather(*(one(c, t) for c, t in zip(payload, trace_ids, strict=False)))
+            sent = [r for r in responses if r is not None]
+            return (sent or None), trace_ids
+        trace_id = trace_id or self._new_trace_id()
+        return await self._one(payload, trace_id), [trace_id]
+
+    async def _one(self, call: Any, trace_id: str) -> dict[str, Any] | None:
+        structlog.contextvars.bind_contextvars(trace_id=trace_id)
+        try:
+            problem = _envelope_problem(call)
+            if problem:
+                request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
+                return _error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
+            is_notification = "id" not in call
+            response = await self._invoke(call, trace_id)
+            return None if is_notification else response
+        finally:
+            structlog.contextvars.unbind_contextvars("trace_id")
+
+    async def _invoke(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
+        """Answer the call and count it: method (`unknown` for unregistered names), strategy, status."""
+        started = time.perf_counter()
+        response = await self._answer(call, trace_id)
+        method = call["method"] if call["method"] in self.methods else "unknown"
+        result, error = response.get("result"), response.get("error")
+        strategy = result.get("strategy_used") if isinstance(result, dict) else (error.get("data") or {}).get("strategy")
+        strategy = strategy if isinstance(strategy, str) else "none"  # "none": no strategy ran (bad params, other methods)
+        status = "ok" if error is None else (error.get("data") or {}).get("error_type") or CODE_NAMES.get(error["code"], "error")
+        self.metrics.record("reasonray_requests", method=method, strategy=strategy, status=status)
+        self.metrics.record("reasonray_request_latency_ms", (time.perf_counter() - started) * 1000, method=method, strategy=strategy)
+        return response
+
+    async def _answer(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
+        request_id = call.get("id")
+        method = self.methods.get(call["method"])
+        try:
+            if method is None:
+                raise RpcError(
+                    METHOD_NOT_FOUND,
+                    f"method not found: {call['method']!r}; available methods: {', '.join(sorted(self.methods))}",
+                )
+            params = call.get("params", {})
+            if isinstance(params, list):
+                raise RpcError(INVALID_PARAMS, "invalid params: pass params as an object of named parameters, not an array")
+            try:
+                parsed = method.params.model_validate(params)
+            except ValidationError as exc:
+                raise RpcError(INVALID_PARAMS, f"invalid params: {describe_errors(exc)}", {"errors": json_safe_errors(exc)}) from None
+            here = Call(trace_id=trace_id, method=call["method"])
+            if self.guard is None:
+                result = await method.handler(parsed, here)
+            else:  # authorization, ownership, limits and audit wrap every method (reasonray.api.tenancy)
+                result = await self.guard(here, parsed, lambda: method.handler(parsed, here))
+        except RpcError as exc:
+            return _error_response(request_id, _with_trace(exc, trace_id))
+        except Exception as exc:
+            error = error_for(exc)
+            if error.data.get("error_type") == "internal":
+                log.exception("rpc.internal_error", method=call["method"])
+            else:
+                # the caller gets a summary; the provider's own words (URL, body) stay in the log
+                detail = str(exc)[:500] if isinstance(exc, LLMError) else None
+                log.warning("rpc.error", method=call["method"], code=error.code, error_type=error.data.get("error_type"), detail=detail)
+            return _error_response(request_id, _with_trace(error, trace_id))
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json")
+        # docs/api.md: every response carries its trace id, results included; rpc.discover's result is
+        # the OpenRPC document itself, which admits no other member (its trace id is in X-Trace-Id)
+        if isinstance(result, dict) and call["method"] not in VERBATIM_RESULTS:
+            result.setdefault("trace_id", trace_id)
+        return {"jsonrpc": "2.0", "result": result, "id": request_id}
+
+
+MAX_ID_CHARS = 256
+MAX_ID_INT = 2**63
+
+
+def _valid_id(value: Any) -> bool:
+    """A string (short, encodable) or an integer (64-bit) or null: anything else cannot be echoed safely."""
+    if isinstance(value, str):
+        return len(value) <= MAX_ID_CHARS and not _has_surrogate(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -MAX_ID_INT <= value < MAX_ID_INT
+    return value is None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _envelope_problem(call: Any) -> str | None:
+    if not isinstance(call, dict):
+        return f"a request must be a JSON object, not {type(call).__name__}"
+    if call.get("jsonrpc") != "2.0":
+        return '"jsonrpc" must be exactly "2.0"'
+    if not isinstance(call.get("method"), str) or not call["method"]:
+        return '"method" must be a non-empty string'
+    if "params" in call and not isinstance(call["params"], dict | list):
+        return '"params" must be an object or an array'
+    if "id" in call and not _valid_id(call["id"]):
+        return f'"id" must be a string, an integer or null (at most {MAX_ID_CHARS} valid Unicode characters; 64 bits)'
+    unknown = set(call) - {"jsonrpc", "method", "params", "id"}
+    if unknown:
+        return f"unknown members {sorted(unknown)}"
+    return None
+
+
+def _with_trace(error: RpcError, trace_id: str) -> RpcError:
+    error.data.setdefault("trace_id", trace_id)
+    return error
+
+
+def _error_response(request_id: Any, error: RpcError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.data:
+        body["data"] = error.data
+    return {"jsonrpc": "2.0", "error": body, "id": request_id}

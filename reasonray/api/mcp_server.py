@@ -1,0 +1,232 @@
+"""The MCP server (docs/mcp.md): ReasonRay's JSON-RPC methods as MCP tools and resources.
+
+Built with the official `mcp` SDK's low-level `Server` over a `Dispatcher`, so every tool is a
+JSON-RPC method: its input schema is the method's Pydantic params model, its output schema the
+model the handler returns (where it has one), and a failed call is a tool error carrying the
+JSON-RPC error. Served two ways: Streamable HTTP at `/mcp` on the Serve application (stateless, so
+any replica answers any request) and stdio (`reasonray mcp`, for desktop clients).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from reasonray import __version__
+from reasonray.api.jsonrpc import Dispatcher
+from reasonray.api.openrpc import result_schema
+from reasonray.kernel.config import Settings
+
+# tool name -> JSON-RPC method; a tool exists when the server has its method (memory tools need the bank)
+TOOLS: dict[str, str] = {
+    "reason": "reasoning.execute",
+    "solve_coding_task": "solve_coding_task",
+    "retrieve_memories": "retrieve_memories",
+    "get_memory_genealogy": "get_memory_genealogy",
+    "get_statistics": "get_statistics",
+    "session_create": "session.create",
+    "session_turn": "session.turn",
+    "session_resume": "session.resume",
+    "session_get": "session.get",
+    "session_close": "session.close",
+}
+STRATEGIES_URI = "reasonray://strategies"
+WORKSPACES_URI = "reasonray://memory/workspaces"
+MEMORY_TEMPLATE = "reasonray://memory/{workspace}/{memory_id}"
+SESSION_TEMPLATE = "reasonray://sessions/{session_id}"
+
+
+class McpCallError(Exception):
+    """A resource read whose JSON-RPC call failed."""
+
+
+def build_server(rpc: Dispatcher, name: str = "reasonray") -> Server:
+    tools = [
+        types.Tool(
+            name=tool,
+            description=rpc.methods[method].description,
+            input_schema=rpc.methods[method].params.model_json_schema(),
+            output_schema=result_schema(rpc.methods[method]),
+        )
+        for tool, method in TOOLS.items()
+        if method in rpc.methods
+    ]
+    by_name = {t.name: TOOLS[t.name] for t in tools}
+    has_memory = "memory.get" in rpc.methods
+
+    async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        response, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
+        return response
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        method = by_name.get(params.name)
+        if method is None:
+            error = {"code": -32601, "message": f"unknown tool {params.name!r}; tools: {', '.join(by_name)}"}
+            return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
+        response = await call(method, params.arguments or {})
+        if "error" in response:
+            return types.CallToolResult(content=[types.TextContent(text=json.dumps(response["error"]))], is_error=True)
+        result = response["result"]
+        return types.CallToolResult(content=[types.TextContent(text=json.dumps(result))], structured_content=result)
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        resources = [
+            types.Resource(
+                name="strategies",
+                uri=STRATEGIES_URI,
+                mime_type="application/json",
+                description="The enabled strategies and their config schemas.",
+            )
+        ]
+        if has_memory:
+            resources.append(
+                types.Resource(
+                    name="memory-workspaces",
+                    uri=WORKSPACES_URI,
+                    mime_type="application/json",
+                    description="Memory workspaces and their sizes.",
+                )
+            )
+        return types.ListResourcesResult(resources=resources)
+
+    async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        templates = [
+            types.ResourceTemplate(
+                name="session", uri_template=SESSION_TEMPLATE, mime_type="application/json", description="A session's state and last trace."
+            )
+        ]
+        if has_memory:
+            templates.append(
+                types.ResourceTemplate(
+                    name="memory", uri_template=MEMORY_TEMPLATE, mime_type="application/json", description="One memory item of a workspace."
+                )
+            )
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        method, args = _resource_call(uri, has_memory)
+        response = await call(method, args)
+        if "error" in response:
+            raise McpCallError(f"{uri}: {response['error']['message']}")
+        text = json.dumps(response["result"])
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)])
+
+    return Server(
+        name,
+        version=__version__,
+        instructions="LLM reasoning strategies, sessions with tools and a ReasoningBank memory (docs/mcp.md).",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
+        on_read_resource=read_resource,
+    )
+
+
+def _resource_call(uri: str, has_memory: bool) -> tuple[str, dict[str, Any]]:
+    """The JSON-RPC call that reads a resource URI."""
+    if uri == STRATEGIES_URI:
+        return "reasoning.strategies", {}
+    if uri == WORKSPACES_URI and has_memory:
+        return "memory.list_workspaces", {}
+    if uri.startswith("reasonray://sessions/"):
+        return "session.get", {"session_id": uri.removeprefix("reasonray://sessions/")}
+    parts = uri.removeprefix("reasonray://memory/").split("/")
+    if has_memory and uri.startswith("reasonray://memory/") and len(parts) == 2:
+        return "memory.get", {"workspace": parts[0], "memory_id": parts[1]}
+    raise McpCallError(f"unknown resource {uri!r}; list them with resources/list and resources/templates/list")
+
+
+def in_process_api(settings: Settings) -> Dispatcher:
+    """The whole API in this process, without Ray (what `reasonray mcp` serves over stdio). Fails at once,
+    naming the fix, when the model endpoint's key is missing (LLMConfigError) or the memory bank cannot
+    work (MemoryUnavailableError)."""
+    from reasonray.api.app import Backends, build_application
+    from reasonray.gateway.factory import client_for
+    from reasonray.kernel.sandbox import SandboxLimits
+    from reasonray.memory.service import BankService, LocalMemory, check_memory, open_bank
+    from reasonray.reasoner.builtin_tools import builtin_toolbox
+    from reasonray.reasoner.repository import session_repository
+    from reasonray.reasoner.session import LocalSessions, SessionPipeline
+
+    client_for(settings)  # a missing key fails here, before anything else starts
+    check_memory(settings)
+    memory = LocalMemory(BankService(open_bank(settings))) if settings.memory.enabled else None
+    s = settings.sessions
+    limits = SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars)
+    data_dir = Path(settings.data_dir)
+
+    def sessions(llm: Any) -> LocalSessions:
+        pipeline = SessionPipeline(
+            session_repository(settings.store.url, data_dir),
+            llm,
+            builtin_toolbox(limits, memory, settings.memory.default_workspace),
+            data_dir=data_dir,
+            default_max_llm_calls=s.max_llm_calls,
+        )
+        return LocalSessions(pipeline)
+
+    backends = Backends(cache=None, memory=memory, sessions=sessions)
+    return build_application(settings, backends=backends, data_dir=data_dir).dispatcher
+
+
+async def serve_stdio(rpc: Dispatcher) -> None:
+    """Serve MCP over this process's stdin and stdout until the client closes them."""
+    from mcp.server.stdio import stdio_server
+
+    server = build_server(rpc)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+class _McpAsgi:
+    """The route's endpoint: an ASGI object (not a function, so Starlette hands it the raw request)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = McpEndpoint.current
+        if endpoint is None:
+            await JSONResponse({"error": "the MCP endpoint is not ready"}, status_code=503)(scope, receive, send)
+            return
+        await endpoint._started()
+        await endpoint.manager.handle_request(scope, receive, send)
+
+
+class McpEndpoint:
+    """The ASGI app at `/mcp`: Streamable HTTP through the SDK's session manager, stateless and answering in
+    JSON, so every replica serves any request. One per process (a Serve replica runs one ingress); the
+    manager's task group starts with the first request, inside the replica's event loop."""
+
+    current: ClassVar[McpEndpoint | None] = None
+    asgi: ClassVar[_McpAsgi] = _McpAsgi()
+
+    def __init__(self, rpc: Dispatcher) -> None:
+        self.manager = StreamableHTTPSessionManager(build_server(rpc), stateless=True, json_response=True)
+        self._ready: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    @classmethod
+    def serve(cls, rpc: Dispatcher) -> None:
+        cls.current = cls(rpc)
+
+    async def _started(self) -> None:
+        if self._ready is None:
+            self._ready = asyncio.Event()
+            self._runner = asyncio.create_task(self._run(self._ready))
+        await self._ready.wait()
+
+    async def _run(self, ready: asyncio.Event) -> None:
+        async with self.manager.run():
+            ready.set()
+            await asyncio.Event().wait()  # for the life of the replica

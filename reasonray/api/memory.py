@@ -1,0 +1,267 @@
+"""The memory and statistics methods of the JSON-RPC API, and the seed's tool names as aliases.
+
+`memory.*` and `stats.*` reach the memory bank through a `MemoryClient` (the actor behind Serve,
+the bank itself in-process). `solve_coding_task`, `retrieve_memories`, `get_memory_genealogy` and
+`get_statistics` keep the parameters of the ReasoningBank's MCP tools, so MCP clients and JSON-RPC callers send the same thing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from reasonray.api.jsonrpc import Call, Dispatcher
+from reasonray.api.service import ExecuteParams, ReasoningService
+from reasonray.kernel.config import MemorySettings
+from reasonray.kernel.errors import InvalidParamsError
+from reasonray.kernel.sandbox import SandboxLimits, run_python
+from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
+from reasonray.memory.loop import MemoryParams
+from reasonray.memory.service import MemoryClient
+
+CacheStats = Callable[[], Awaitable[dict[str, Any]]]
+CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkspaceParam(_Params):
+    workspace: str | None = Field(None, pattern=WORKSPACE, description="The workspace; default: the server's default workspace.")
+
+
+class RetrieveParams(WorkspaceParam):
+    query: str = Field(min_length=1, max_length=20_000, description="The task to find memories for.")
+    top_k: int | None = Field(None, ge=1, le=20, description="Past tasks whose memories are returned (default: server's top_k).")
+    domain: str | None = Field(None, max_length=100, description="The task's domain: matching lessons from failures rank higher.")
+    error_patterns: list[str] = Field(default_factory=list, max_length=20, description="Error types or tags to boost.")
+    error_only: bool = Field(False, description="Only memories with error context (lessons from failures).")
+    exclude_task_ids: list[str] = Field(default_factory=list, max_length=1000, description="Never return memories of these tasks.")
+    min_similarity: float | None = Field(None, ge=0, le=1, description="Similarity floor (default: server's).")
+
+
+class MemoryItemInput(_Params):
+    """A memory item to store; `workspace` and `evolution_stage` are the bank's to set."""
+
+    id: uuid.UUID | None = Field(None, description="Omit to get a new UUID.")
+    title: str = Field(min_length=1, max_length=200)
+    description: str = Field(min_length=1, max_length=500)
+    content: str = Field(min_length=1, max_length=4000)
+    error_context: ErrorContext | None = None
+    parent_memory_id: uuid.UUID | None = Field(None, description="The memory (same workspace) this one evolved from.")
+    pattern_tags: list[str] = Field(default_factory=list, max_length=20)
+    difficulty_level: Difficulty | None = None
+    domain_category: str | None = Field(None, max_length=100)
+    source_type: Literal["manual", "passive", "success", "failure", "contrast"] = "manual"
+    task_id: str | None = Field(None, max_length=200)
+    created_at: AwareDatetime | None = Field(None, description="Omit for now; set it to import older memories.")
+
+
+class StoreParams(WorkspaceParam):
+    items: list[MemoryItemInput] = Field(min_length=1, max_length=100, description="Items to store, all or none.")
+    key: str | None = Field(None, max_length=20_000, description="The task the items are found by; default: each item's own text.")
+
+
+class MemoryIdParams(WorkspaceParam):
+    memory_id: str = Field(min_length=1, max_length=64, description="The memory's UUID.")
+
+
+class ErrorsParams(WorkspaceParam):
+    error_type: str | None = Field(None, max_length=200, description="Only this error type.")
+    domain: str | None = Field(None, max_length=100, description="Only this domain.")
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class TracesParams(WorkspaceParam):
+    task_id: str = Field(min_length=1, max_length=200)
+
+
+class DeleteWorkspaceParams(_Params):
+    workspace: str = Field(pattern=WORKSPACE, description="The workspace to delete, with all its memories and traces.")
+    confirm: bool = Field(False, description="Must be true: the deletion cannot be undone.")
+
+
+class NoParams(_Params):
+    pass
+
+
+class SolveCodingTaskParams(_Params):
+    """The seed's `solve_coding_task` tool."""
+
+    task: str = Field(min_length=1, max_length=50_000, description="The coding task.")
+    use_memory: bool = Field(True, description="Retrieve memories into the prompts.")
+    enable_matts: bool = Field(True, description="Several attempts, best selected (MaTTS); false: one attempt.")
+    matts_k: int = Field(3, ge=1, le=5, description="MaTTS attempts.")
+    matts_mode: Literal["parallel", "sequential"] = Field("parallel", description="MaTTS mode.")
+    store_result: bool = Field(True, description="Judge the run and store what it teaches.")
+    tests: str | None = Field(None, max_length=200_000, description="Python test code run against the solution: the verifier.")
+    workspace: str | None = Field(None, pattern=WORKSPACE)
+    task_id: str | None = Field(None, min_length=1, max_length=200)
+
+
+class RetrieveMemoriesParams(_Params):
+    """The seed's `retrieve_memories` tool."""
+
+    query: str = Field(min_length=1, max_length=20_000)
+    n_results: int = Field(1, ge=1, le=20, description="Past tasks whose memories are returned.")
+    workspace: str | None = Field(None, pattern=WORKSPACE)
+    include_errors: bool = Field(True, description="false: leave out lessons from failures.")
+    domain: str | None = Field(None, max_length=100)
+
+
+class GenealogyAliasParams(_Params):
+    memory_id: str = Field(min_length=1, max_length=64)
+    workspace: str | None = Field(None, pattern=WORKSPACE)
+
+
+def extract_code(answer: str) -> str:
+    """The Python in an answer: its first fenced block, or the answer itself."""
+    found = CODE_BLOCK.search(answer)
+    return (found.group(1) if found else answer).strip()
+
+
+def tests_verifier(tests: str, limits: SandboxLimits) -> Callable[[str], Awaitable[bool]]:
+    """Success when the solution and the tests run together in the sandbox without an error."""
+
+    async def verify(answer: str) -> bool:
+        result = await run_python(f"{extract_code(answer)}\n\n{tests}\n", limits)
+        return result.ok
+
+    return verify
+
+
+def add_memory_methods(
+    rpc: Dispatcher,
+    memory: MemoryClient,
+    settings: MemorySettings,
+    service: ReasoningService,
+    *,
+    cache_stats: CacheStats | None = None,
+    sandbox: SandboxLimits = SandboxLimits(),
+) -> None:
+    def ws(name: str | None) -> str:
+        return name or settings.default_workspace
+
+    @rpc.method("memory.retrieve", RetrieveParams)
+    async def retrieve(params: RetrieveParams, call: Call) -> dict[str, Any]:
+        """Memories for a task, ranked by composite score (similarity, recency, error context)."""
+        options = params.model_dump(exclude={"query", "workspace"})
+        found = await memory.retrieve(params.query, ws(params.workspace), **options)
+        return {"workspace": ws(params.workspace), "memories": found}
+
+    @rpc.method("memory.store", StoreParams)
+    async def store(params: StoreParams, call: Call) -> dict[str, Any]:
+        """Store memory items (validated, parents checked) in one workspace; all or nothing."""
+        items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
+        keys = [params.key] * len(items) if params.key else None
+        stored = await memory.store_items(items, ws(params.workspace), keys)
+        return {"workspace": ws(params.workspace), "stored": stored}
+
+    @rpc.method("memory.get", MemoryIdParams)
+    async def get(params: MemoryIdParams, call: Call) -> dict[str, Any]:
+        """One memory by id."""
+        return await memory.get(params.memory_id, ws(params.workspace))
+
+    @rpc.method("memory.genealogy", MemoryIdParams)
+    async def genealogy(params: MemoryIdParams, call: Call) -> dict[str, Any]:
+        """A memory's ancestors (root first) and the tree of memories derived from it."""
+        return await memory.genealogy(params.memory_id, ws(params.workspace))
+
+    @rpc.method("memory.descendants", MemoryIdParams)
+    async def descendants(params: MemoryIdParams, call: Call) -> dict[str, Any]:
+        """Every memory derived from this one, at any depth."""
+        return {"memory_id": params.memory_id, "descendants": await memory.descendants(params.memory_id, ws(params.workspace))}
+
+    @rpc.method("memory.errors", ErrorsParams)
+    async def errors(params: ErrorsParams, call: Call) -> dict[str, Any]:
+        """Memories with error context (lessons from failures), optionally of one error type or domain."""
+        found = await memory.errors(ws(params.workspace), params.error_type, params.domain, params.limit)
+        return {"workspace": ws(params.workspace), "memories": found}
+
+    @rpc.method("memory.traces", TracesParams)
+    async def traces(params: TracesParams, call: Call) -> dict[str, Any]:
+        """The stored reasoning traces of a task: query, trajectory, outcome and item ids."""
+        return {"task_id": params.task_id, "traces": await memory.traces(params.task_id, ws(params.workspace))}
+
+    @rpc.method("memory.list_workspaces", NoParams)
+    async def list_workspaces(params: NoParams, call: Call) -> dict[str, Any]:
+        """Every workspace with its memory and trace counts."""
+        return {"default_workspace": settings.default_workspace, "workspaces": await memory.list_workspaces()}
+
+    @rpc.method("memory.delete_workspace", DeleteWorkspaceParams)
+    async def delete_workspace(params: DeleteWorkspaceParams, call: Call) -> dict[str, Any]:
+        """Delete a workspace with all its memories and traces (needs confirm: true)."""
+        if not params.confirm:
+            raise InvalidParamsError(
+                f"deleting workspace {params.workspace!r} removes all its memories and cannot be undone; send confirm: true",
+                {"workspace": params.workspace},
+            )
+        return await memory.delete_workspace(params.workspace)
+
+    async def statistics() -> dict[str, Any]:
+        stats = await memory.stats()
+        if cache_stats is not None:
+            stats["llm_cache"] = await cache_stats()
+        return stats
+
+    @rpc.method("stats.get", NoParams)
+    async def stats_get(params: NoParams, call: Call) -> dict[str, Any]:
+        """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency."""
+        return await statistics()
+
+    @rpc.method("stats.reset", NoParams)
+    async def stats_reset(params: NoParams, call: Call) -> dict[str, Any]:
+        """Zero the counters (for tests and benchmarks); stored memories are untouched."""
+        return await memory.reset_stats()
+
+    # -- the seed's tool names ------------------------------------------------------------------
+    @rpc.method("solve_coding_task", SolveCodingTaskParams)
+    async def solve_coding_task(params: SolveCodingTaskParams, call: Call) -> dict[str, Any]:
+        """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
+        base = {"base_strategy": "refine", "k": params.matts_k, "mode": params.matts_mode, "enabled": params.enable_matts}
+        execute = ExecuteParams(
+            query=params.task,
+            strategy="matts",
+            strategy_config=base,
+            memory=MemoryParams(
+                enabled=params.use_memory, workspace=params.workspace, learn=params.store_result, task_id=params.task_id, domain="coding"
+            ),
+        )
+        verifier = tests_verifier(params.tests, sandbox) if params.tests else None
+        result = await service.execute(execute, call.trace_id, verifier=verifier)
+        report = result.memory
+        return {
+            "solution": extract_code(result.answer),
+            "answer": result.answer,
+            "outcome": report.outcome if report else None,
+            "judged_by": report.judged_by if report else None,
+            "memories_used": [r.model_dump() for r in report.retrieved] if report else [],
+            "memories_stored": report.stored if report else [],
+            "learn_error": report.learn_error if report else None,
+            "matts": {k: result.metrics.strategy_specific.get(k) for k in ("mode", "k", "selected", "scores", "fallback")},
+            "metrics": result.metrics.model_dump(),
+            "trace_id": result.trace_id,
+        }
+
+    @rpc.method("retrieve_memories", RetrieveMemoriesParams)
+    async def retrieve_memories(params: RetrieveMemoriesParams, call: Call) -> dict[str, Any]:
+        """Alias of memory.retrieve with the seed's parameters."""
+        found = await memory.retrieve(params.query, ws(params.workspace), top_k=params.n_results, domain=params.domain)
+        if not params.include_errors:
+            found = [r for r in found if not r["warning"]]
+        return {"query": params.query, "workspace": ws(params.workspace), "memories": found}
+
+    @rpc.method("get_memory_genealogy", GenealogyAliasParams)
+    async def get_memory_genealogy(params: GenealogyAliasParams, call: Call) -> dict[str, Any]:
+        """Alias of memory.genealogy."""
+        return await memory.genealogy(params.memory_id, ws(params.workspace))
+
+    @rpc.method("get_statistics", NoParams)
+    async def get_statistics(params: NoParams, call: Call) -> dict[str, Any]:
+        """Alias of stats.get."""
+        return await statistics()

@@ -1,0 +1,133 @@
+"""`rpc.discover`: the OpenRPC 1.x document of the API, generated from the method table.
+
+Every method's params come from its Pydantic model (one `by-name` param per field, `required` as the
+model says), its result from the handler's return annotation (a model's JSON Schema, or an object),
+and the errors from the error tree (`error_classes`) and the codes JSON-RPC reserves, so clients and tools can be
+generated from the running server and never drift from it.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+from reasonray import __version__
+from reasonray.api.jsonrpc import (
+    CODE_NAMES,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    Call,
+    Dispatcher,
+    Method,
+    error_classes,
+)
+from reasonray.api.streaming import STREAM_METHODS
+
+OPENRPC_VERSION = "1.3.2"
+DISCOVER = "rpc.discover"
+_REF_PREFIX = "#/components/schemas/"
+STREAM_DOC = (
+    "POST /rpc only: answer as Server-Sent Events, one per run event as it happens, then `event: response` "
+    "with the JSON-RPC response (docs/api.md, Streaming)"
+)
+
+
+class DiscoverParams(BaseModel):
+    """rpc.discover takes no params."""
+
+
+def result_model(method: Method) -> type[BaseModel] | None:
+    """The Pydantic model the handler returns, when its annotation names one."""
+    try:
+        returned = typing.get_type_hints(method.handler).get("return")
+    except (NameError, TypeError):  # an annotation that does not resolve: described as an object
+        return None
+    return returned if isinstance(returned, type) and issubclass(returned, BaseModel) else None
+
+
+def result_schema(method: Method) -> dict[str, Any] | None:
+    """The JSON Schema of what the method returns (standalone, `$defs` inside), or None when it is a plain object."""
+    model = result_model(method)
+    return model.model_json_schema(mode="serialization") if model is not None else None
+
+
+def _errors() -> list[dict[str, Any]]:
+    codes: dict[int, str] = {
+        PARSE_ERROR: "parse error",
+        INVALID_REQUEST: "invalid request",
+        METHOD_NOT_FOUND: "method not found",
+        INVALID_PARAMS: "invalid params",
+        INTERNAL_ERROR: "internal error",
+    }
+    for cls in error_classes():
+        codes.setdefault(cls.code, cls.error_type.replace("_", " "))
+    return [{"code": code, "message": CODE_NAMES.get(code, message)} for code, message in sorted(codes.items(), reverse=True)]
+
+
+class _Schemas:
+    """Collects the models' `$defs` into components.schemas, pointing every `$ref` there."""
+
+    def __init__(self) -> None:
+        self.components: dict[str, Any] = {}
+
+    def of(self, model: type[BaseModel], mode: str) -> dict[str, Any]:
+        schema = model.model_json_schema(mode=mode, ref_template=_REF_PREFIX + "{model}")  # type: ignore[arg-type]
+        self.components.update(schema.pop("$defs", {}))
+        return schema
+
+
+def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: str | None = None) -> dict[str, Any]:
+    schemas = _Schemas()
+    errors = _errors()
+    methods = []
+    for name in sorted(rpc.methods):
+        method = rpc.methods[name]
+        params_schema = schemas.of(method.params, "validation")
+        required = set(params_schema.get("required", []))
+        params = [
+            {
+                "name": field,
+                "required": field in required,
+                "schema": schema,
+                **({"description": schema["description"]} if "description" in schema else {}),
+            }
+            for field, schema in params_schema.get("properties", {}).items()
+        ]
+        if name in STREAM_METHODS:  # a transport option, not a model field: POST /rpc answers it as SSE
+            params.append({"name": "stream", "required": False, "schema": {"type": "boolean", "default": False}, "description": STREAM_DOC})
+        model = result_model(method)
+        result = schemas.of(model, "serialization") if model is not None else {"type": "object"}
+        methods.append(
+            {
+                "name": name,
+                "summary": (method.description.splitlines() or [name])[0][:200],
+                "description": method.description or name,
+                "paramStructure": "by-name",
+                "params": params,
+                "result": {"name": f"{name}.result", "schema": result},
+                "errors": [{"$ref": f"#/components/errors/{e['code']}"} for e in errors],
+            }
+        )
+    document: dict[str, Any] = {
+        "openrpc": OPENRPC_VERSION,
+        "info": {"title": title, "version": __version__, "description": "LLM reasoning served on Ray (docs/api.md)."},
+        "methods": methods,
+        "components": {"schemas": schemas.components, "errors": {str(e["code"]): e for e in errors}},
+    }
+    if server_url:
+        document["servers"] = [{"name": "this server", "url": server_url}]
+    return document
+
+
+def add_discover(rpc: Dispatcher) -> None:
+    """Register `rpc.discover` (OpenRPC's service discovery method) on the dispatcher."""
+
+    @rpc.method(DISCOVER, DiscoverParams)
+    async def discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
+        """The OpenRPC document of this API: every method with its params, result and errors."""
+        return discover_document(rpc)

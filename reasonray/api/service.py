@@ -1,0 +1,447 @@
+"""The reasoning service: validated API parameters in, a strategy resolved and run, a result out.
+
+Transport-free and Ray-free: the Serve ingress and the in-process tests drive the same object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reasonray.api.caps import check_strategy_config, check_text
+from reasonray.api.jsonrpc import error_for
+from reasonray.api.tenancy import charge_tokens
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.protocol import LLM
+from reasonray.gateway.tokens import TokenCounter
+from reasonray.kernel import tracing
+from reasonray.kernel.config import BudgetSettings, EventsSettings, LimitSettings, MemorySettings
+from reasonray.kernel.errors import (
+    DeadlineExceededError,
+    InvalidParamsError,
+    NotFoundError,
+    RunCancelledError,
+    StrategyUnavailableError,
+    attach_partial,
+)
+from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, RecordMode, RunEnd, event_log_path
+from reasonray.kernel.redact import redact
+from reasonray.kernel.repositories import RunIndex, RunRecord
+from reasonray.kernel.retention import sweep
+from reasonray.kernel.telemetry import Metrics, NoMetrics, record_bounded_context, record_outcome, record_run
+from reasonray.memory.learning import Verifier
+from reasonray.memory.loop import (
+    MemoryLoop,
+    MemoryParams,
+    MemoryReport,
+    TrajectoryCapture,
+)
+from reasonray.memory.service import MemoryClient
+from reasonray.strategies.agents import AGENT_ID, AgentCard
+from reasonray.strategies.base import (
+    Fanout,
+    ReasoningResult,
+    ReasoningStrategy,
+    StrategyContext,
+    local_fanout,
+)
+from reasonray.strategies.registry import Catalogue, Resolution
+
+log = structlog.get_logger(__name__)
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+RUN_LISTENER: ContextVar[EventSink | None] = ContextVar("reasonray_run_listener", default=None)
+"""Also receives every event of the runs started in this context, as they happen (streaming transports
+set it around a call: see reasonray/api/streaming.py); strategies never see it."""
+
+
+class BudgetParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_prompt_tokens: int | None = Field(None, ge=64, description="Prompts above this are cut, head and tail kept, with a WARNING event.")
+    max_output_tokens: int | None = Field(None, ge=1, description="Caps every call's max_tokens.")
+    max_total_tokens: int | None = Field(None, ge=1, description="Prompt plus completion tokens the whole request may spend.")
+    deadline_s: float | None = Field(None, gt=0, description="Seconds the run may take; then -32015 with what it achieved so far.")
+
+
+class ExecuteParams(BaseModel):
+    """Parameters of `reasoning.execute`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=100_000, description="The problem to solve.")
+    strategy: str | None = Field(
+        None, pattern=r"^[a-z_][a-z0-9_]*$", max_length=64, description="Strategy to use; omitted: the agent's or system default."
+    )
+    strategy_config: dict[str, Any] | None = Field(None, description="Strategy-specific configuration (see reasoning.strategies).")
+    agent_id: str | None = Field(
+        None, pattern=AGENT_ID, description="Run as this registered agent: only its strategies, its default and config apply."
+    )
+    include_trace: bool = Field(False, description="Return the run's events (full LLM text included) as `trace`.")
+    memory: MemoryParams | None = Field(None, description="Run memory-aware: retrieve memories into the prompts; learn from the run.")
+    budget: BudgetParams | None = Field(None, description="Token budget of this request (tightens the server's, never loosens it).")
+
+    @field_validator("query")
+    @classmethod
+    def _sanitize(cls, value: str) -> str:
+        cleaned = _CONTROL.sub("", value).strip()
+        if not cleaned:
+            raise ValueError("query is empty once whitespace and control characters are removed")
+        return cleaned
+
+
+class ExecuteResult(ReasoningResult):
+    trace_id: str = Field(description="Identifies this run in logs, events and errors.")
+    resolution: Resolution = Field(description="Which strategy ran, with which config, decided at which level.")
+    memory: MemoryReport | None = Field(None, description="What the run retrieved from and stored in the memory bank.")
+    degraded: bool = Field(
+        False, description="True when the run failed part-way and this answer is what it had (`[reasoning] degraded_answers`)."
+    )
+    degraded_error: dict[str, Any] | None = Field(
+        None, description="When degraded: the error the run met (`code`, `error_type`, `message`) and its `partial`."
+    )
+
+
+AgentLookup = Callable[[str], Awaitable[AgentCard]]
+"""Fetches a registered AgentCard by id, raising NotFoundError when there is none."""
+
+
+async def no_agents(agent_id: str) -> AgentCard:
+    raise NotFoundError(f"no agent with id {agent_id!r}; this service has no agent directory", {"agent_id": agent_id})
+
+
+class ReasoningService:
+    """Resolves and runs strategies against one LLM stack."""
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        llm: LLM,
+        tokens: TokenCounter,
+        *,
+        fanout: Fanout = local_fanout,
+        agents: AgentLookup = no_agents,
+        selection_budget_ms: float = 50.0,
+        data_dir: Path | None = None,
+        log_queries: bool = False,
+        memory: MemoryClient | None = None,
+        memory_settings: MemorySettings | None = None,
+        budget: BudgetSettings | None = None,
+        metrics: Metrics | None = None,
+        runs: RunIndex | None = None,
+        degraded_answers: bool = False,
+        events: EventsSettings | None = None,
+        limits: LimitSettings | None = None,
+    ) -> None:
+        self.runs = runs  # every run indexed with its event log (reasonray.kernel.repositories); None: not indexed
+        self.catalogue = catalogue
+        self.limits = limits or LimitSettings()
+        self.llm = llm
+        self.tokens = tokens
+        self.fanout = fanout
+        self.agents = agents
+        self.selection_budget_ms = selection_budget_ms
+        self.data_dir = data_dir
+        self.log_queries = log_queries
+        self.memory = memory
+        self.memory_loop = MemoryLoop(memory, memory_settings or MemorySettings()) if memory is not None else None
+        budget = budget or BudgetSettings()
+        self.budget = Budget(**budget.model_dump(exclude={"deadline_s"}))
+        self.deadline_s = budget.deadline_s
+        self.metrics = metrics or NoMetrics()
+        self.degraded_answers = degraded_answers
+        self.events = events or EventsSettings()
+        self._last_sweep = float("-inf")
+        self._background: set[asyncio.Task] = set()
+
+    def resolve_strategy(self, name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
+        """Another enabled strategy with its effective config, for strategies that compose others (MaTTS)."""
+        resolution = self.catalogue.resolve(name, config)
+        check_strategy_config(resolution.strategy, resolution.config, self.limits)
+        return self.catalogue.entries[resolution.strategy].strategy, resolution.config
+
+    async def resolve(self, params: ExecuteParams) -> Resolution:
+        agent = await self.agents(params.agent_id) if params.agent_id else None
+        if agent is not None and "reasoning.execute" not in agent.supported_methods:
+            raise InvalidParamsError(
+                f"agent {agent.id!r} does not support reasoning.execute (its methods: {', '.join(agent.supported_methods)}); "
+                "re-register it with reasoning.execute in supported_methods",
+                {"agent_id": agent.id},
+            )
+        check_text("query", params.query, self.limits)
+        started = time.perf_counter()
+        resolution = self.catalogue.resolve(params.strategy, params.strategy_config, agent=agent)
+        check_strategy_config(resolution.strategy, resolution.config, self.limits)
+        took_ms = (time.perf_counter() - started) * 1000
+        if took_ms > self.selection_budget_ms:
+            log.warning("strategy.selection_slow", took_ms=round(took_ms, 3), budget_ms=self.selection_budget_ms)
+        return resolution
+
+    async def execute(
+        self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None, observe: EventSink | None = None
+    ) -> ExecuteResult:
+        """Run the request's strategy; `observe` also sees every event as it happens (A2A progress)."""
+        resolution = await self.resolve(params)
+        if self.log_queries:  # opt-in debug logging, personal data redacted
+            log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
+        memory = self._memory_params(params)
+        strategy = self.catalogue.entries[resolution.strategy].strategy
+        self._sweep_events()
+        path = event_log_path(self.data_dir, trace_id) if self.data_dir is not None else None
+        recorder = _Teed(path, keep=params.include_trace, listener=RUN_LISTENER.get(), mode=self.events.record)
+        started = time.time()
+        end: RunEnd | None = None  # stays None when the run is cancelled
+        # a run that learns keeps its replies (its trajectory); others keep no history in memory
+        capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
+        sink = capture or recorder
+        if observe is not None:
+            sink = _tee(sink, observe)
+        budget = self.budget.tightest(Budget(**params.budget.model_dump(exclude={"deadline_s"})) if params.budget else None)
+        deadline = min((d for d in (self.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
+        context = StrategyContext(
+            llm=ObservedLLM(self.llm, sink, trace_id=trace_id, strategy=resolution.strategy, budget=budget, counter=self.tokens),
+            tokens=self.tokens,
+            emit=sink,
+            trace_id=trace_id,
+            fanout=self.fanout,
+            resolve=self.resolve_strategy,
+        )
+        report = self.memory_loop.report(memory, trace_id) if self.memory_loop is not None else None
+        run = {
+            "reasonray.strategy": resolution.strategy,
+            "reasonray.trace_id": trace_id,
+            "reasonray.decided_by": resolution.strategy_decided_by,
+        }
+        agent = params.agent_id or "none"
+        degraded: dict[str, Any] | None = None
+        try:
+            with tracing.span(f"strategy {resolution.strategy}", run) as span:
+                try:
+                    async with asyncio.timeout(deadline) as limit:
+                        if memory is not None and memory.enabled and report is not None:
+                            with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
+                                await self.memory_loop.retrieve(memory, report, context.llm, sink, params.query)
+                        result = await strategy.reason(params.query, context=context, config=resolution.config)
+                except TimeoutError as exc:
+                    if not limit.expired():
+                        raise
+                    raise self._carry_partial(
+                        DeadlineExceededError(
+                            f"the run passed its deadline of {deadline:g}s before answering; raise budget.deadline_s or ask for less work",
+                            {"deadline_s": deadline},
+                        ),
+                        exc.__cause__ or exc.__context__,
+                    ) from None
+                except asyncio.CancelledError as exc:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # the caller went away (or the service stops): nobody is left to answer
+                    # something under the run was cancelled (a Ray branch, a provider call): the caller gets a -32014
+                    raise self._carry_partial(
+                        RunCancelledError("the run was cancelled before it answered; retry the request"), exc
+                    ) from None
+                if report is not None:
+                    with tracing.span("memory.store", {"reasonray.workspace": report.workspace}):
+                        await self._learn(memory, report, context, capture, params.query, result, verifier)
+                    result.metrics = context.metrics(**result.metrics.strategy_specific)  # learning's calls count too
+                t = context.llm.tally
+                span.set({"gen_ai.usage.input_tokens": t.prompt_tokens, "gen_ai.usage.output_tokens": t.completion_tokens})
+        except BaseException as exc:
+            status = self._failed(exc, context, resolution.strategy)
+            end = self._run_end(context, resolution.strategy, error=exc if isinstance(exc, Exception) else None)
+            recorder(end)
+            self._record_run(context, ok=False)
+            self._meter(context, resolution.strategy, getattr(exc, "data", None), exc if isinstance(exc, Exception) else None)
+            degraded = self._degraded(exc, status)
+            record_outcome(
+                self.metrics, resolution.strategy, agent, "degraded" if degraded else status, context.elapsed_ms(), context.llm.tally.calls
+            )
+            if degraded is None:
+                raise
+        else:
+            end = self._run_end(context, resolution.strategy)
+            recorder(end)
+            self._record_run(context, ok=True)
+            self._meter(context, resolution.strategy, result.metrics.strategy_specific)
+            record_outcome(self.metrics, resolution.strategy, agent, "ok", context.elapsed_ms(), context.llm.tally.calls)
+        finally:
+            recorder.close()
+            if self.runs is not None and end is not None:
+                self._index(context, end, started, path)
+        if degraded is not None:  # the strategy's best answer from a run that failed part-way
+            result = context.result(resolution.strategy, context.progress["answer"])
+        return ExecuteResult(
+            **result.model_dump(exclude={"trace"}),
+            trace=recorder.as_trace() if params.include_trace else None,
+            trace_id=trace_id,
+            resolution=resolution,
+            memory=report if memory is not None or (report is not None and report.passive) else None,
+            degraded=degraded is not None,
+            degraded_error=degraded,
+        )
+
+    @staticmethod
+    def _carry_partial(error: Exception, cause: BaseException | None) -> Exception:
+        """A deadline or cancellation error keeps the partial result a strategy attached to what interrupted it."""
+        if cause is not None and getattr(cause, "partial_result", None):
+            attach_partial(error, cause.partial_result)
+        return error
+
+    def _failed(self, exc: BaseException, context: StrategyContext, strategy: str) -> str:
+        """Attach what the run achieved (`partial`: the strategy's shape, plus the tokens and calls spent)
+        and the strategy's name to the error, for `error.data`; the error type, for the metrics."""
+        t = context.llm.tally
+        spent = {
+            "tokens": t.prompt_tokens + t.completion_tokens,
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+            "calls": t.calls,
+        }
+        attach_partial(exc, {**context.progress, **(getattr(exc, "partial_result", None) or {}), **spent})
+        exc.strategy_name = strategy  # type: ignore[attr-defined]
+        return error_for(exc).data["error_type"] if isinstance(exc, Exception) else "cancelled"
+
+    def _degraded(self, exc: BaseException, error_type: str) -> dict[str, Any] | None:
+        """With `degraded_answers`, the error a run that can still answer met (else None: the error stands)."""
+        partial = getattr(exc, "partial_result", {})
+        if not self.degraded_answers or not isinstance(exc, Exception) or not partial.get("answer") or error_type == "invalid_params":
+            return None
+        error = error_for(exc)
+        return {"code": error.code, "error_type": error_type, "message": error.message, "partial": partial}
+
+    def _sweep_events(self) -> None:
+        """Enforce the event logs' retention ([events] max_age_days, max_total_mb) every sweep_interval_s, off the loop."""
+        now = time.monotonic()
+        if self.data_dir is None or now - self._last_sweep < self.events.sweep_interval_s:
+            return
+        self._last_sweep = now
+        task = asyncio.ensure_future(
+            asyncio.to_thread(
+                sweep, Path(self.data_dir) / "events", max_age_days=self.events.max_age_days, max_total_mb=self.events.max_total_mb
+            )
+        )
+        self._background.add(task)
+        task.add_done_callback(self._swept)
+
+    def _swept(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("events.sweep_failed", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
+
+    def _memory_params(self, params: ExecuteParams) -> MemoryParams | None:
+        if params.memory is not None and self.memory_loop is None:
+            raise StrategyUnavailableError(
+                "this server has no memory bank ([memory] enabled = false); omit `memory` or ask an operator to enable it",
+                {"available": []},
+            )
+        return params.memory
+
+    async def _learn(
+        self,
+        memory: MemoryParams | None,
+        report: MemoryReport,
+        context: StrategyContext,
+        capture: TrajectoryCapture | None,
+        query: str,
+        result: ReasoningResult,
+        verifier: Verifier | None,
+    ) -> None:
+        assert self.memory_loop is not None
+        if memory is not None and capture is not None:  # memory.learn
+            trajectories = context.trajectories or [capture.trajectory(result.answer)]
+            await self.memory_loop.learn(memory, report, context.llm, capture, query, trajectories, verifier)
+        elif self.memory_loop.settings.passive_learning:
+            await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
+
+    def _meter(self, context: StrategyContext, strategy: str, specific: dict[str, Any] | None, error: Exception | None = None) -> None:
+        t = context.llm.tally
+        record_run(self.metrics, strategy, t.prompt_tokens, t.completion_tokens, specific)
+        if strategy == "bounded_context":
+            status = type(error).__name__ if error is not None else "ok"
+            tokens = t.prompt_tokens + t.completion_tokens
+            record_bounded_context(self.metrics, status, context.elapsed_ms() / 1000, tokens, specific)
+        charge_tokens(t.prompt_tokens + t.completion_tokens)  # the caller's token budget pays what the run used
+
+    def _record_run(self, context: StrategyContext, ok: bool) -> None:
+        """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
+        if self.memory is None:
+            return
+        t = context.llm.tally
+        tally = {
+            "calls": t.calls,
+            "cache_hits": t.cache_hits,
+            "retries": t.retries,
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+        }
+        task = asyncio.ensure_future(self.memory.record_run(tally, ok))
+        self._background.add(task)
+        task.add_done_callback(self._recorded)
+
+    def _recorded(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("memory.stats_not_recorded", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
+
+    def _index(self, context: StrategyContext, end: RunEnd, started: float, path: Path | None) -> None:
+        """The run in the run index, with its event log; a failure to index is logged, never the caller's."""
+        assert self.runs is not None
+        t = context.llm.tally
+        run = RunRecord(
+            trace_id=end.trace_id,
+            kind="execute",
+            strategy=end.strategy,
+            status=end.status,
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=t.completion_tokens,
+            started_at=datetime.fromtimestamp(started, UTC),
+            elapsed_ms=end.execution_time_ms,
+            error=end.error,
+        )
+        try:
+            self.runs.record(run, path)
+        except Exception as exc:
+            log.warning("run.not_indexed", trace_id=end.trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
+
+    @staticmethod
+    def _run_end(context: StrategyContext, strategy: str, error: Exception | None = None) -> RunEnd:
+        t = context.llm.tally
+        return RunEnd(
+            trace_id=context.trace_id,
+            strategy=strategy,
+            status="error" if error else "ok",
+            total_tokens=t.prompt_tokens + t.completion_tokens,
+            execution_time_ms=context.elapsed_ms(),
+            error=type(error).__name__ if error else None,
+        )
+
+
+class _Teed(EventRecorder):
+    """The run's recorder, also handing each event to the context's listener (a streaming subscriber)."""
+
+    def __init__(self, path: Path | None, *, keep: bool, listener: EventSink | None, mode: RecordMode = "full") -> None:
+        super().__init__(path, keep=keep, mode=mode)
+        self.listener = listener
+
+    def __call__(self, event: Event) -> None:
+        super().__call__(event)
+        if self.listener is not None:
+            self.listener(event)
+
+
+def _tee(sink: EventSink, observe: EventSink) -> EventSink:
+    def both(event: Event) -> None:
+        sink(event)
+        observe(event)
+
+    return both

@@ -1,0 +1,102 @@
+"""A run's events as they happen: subscribe to a JSON-RPC call's runs, and `reasoning.execute` over SSE.
+
+`ReasoningService.execute` hands every event to the listener in `RUN_LISTENER` as well as to its
+recorder, so a transport subscribes without any strategy knowing: `stream_call` sets a queue as the
+listener in the context of one dispatcher call and yields the events, then the call's response.
+Cancelling the consumer (the client went away) cancels the call, and with it the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from reasonray.api.jsonrpc import Dispatcher
+from reasonray.api.service import RUN_LISTENER
+from reasonray.kernel.events import Event, to_dict
+from reasonray.kernel.tags import strip_thinking
+
+STREAM_METHODS = frozenset({"reasoning.execute"})
+_DONE = object()
+
+
+class RunEvents:
+    """An asyncio queue fed by a run's event sink; events from other threads are handed to the loop."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+
+    def __call__(self, event: Event) -> None:
+        if threading.get_ident() == self._thread:
+            self.queue.put_nowait(event)
+        else:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+async def stream_call(rpc: Dispatcher, call: dict[str, Any], trace_id: str | None = None) -> AsyncIterator[Event | dict[str, Any]]:
+    """The events of the runs `call` starts, as they happen, then its JSON-RPC response (a dict)."""
+    events = RunEvents()
+    context = contextvars.copy_context()
+    context.run(RUN_LISTENER.set, events)
+    task = asyncio.create_task(rpc.handle_payload(call, trace_id), context=context)
+    task.add_done_callback(lambda _: events.queue.put_nowait(_DONE))
+    try:
+        while (item := await events.queue.get()) is not _DONE:
+            yield item
+        while not events.queue.empty():  # events handed over from another thread just before the end
+            item = events.queue.get_nowait()
+            if item is not _DONE:
+                yield item
+        response, _ = task.result()
+        yield response
+    finally:
+        if not task.done():  # the consumer stopped early (client disconnected): stop the run
+            task.cancel()
+
+
+def streaming_call(body: bytes) -> dict[str, Any] | None:
+    """The call, without `stream`, when `body` is one JSON-RPC call asking for a streamed `reasoning.execute`."""
+    if b'"stream"' not in body:  # the common case costs a substring search, not a second parse
+        return None
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or call.get("method") not in STREAM_METHODS or not isinstance(call.get("params"), dict):
+        return None
+    params = dict(call["params"])
+    if params.pop("stream", False) is not True:
+        return None
+    return {**call, "params": params}
+
+
+def public_event(event: Event, *, full_text: bool) -> dict[str, Any]:
+    """An event as a stream shows it: with its full text (thinking included) only when the caller asked
+    for the trace; otherwise prompts are left out and replies and thoughts carry no `<thinking>`."""
+    data = to_dict(event)
+    if full_text:
+        return data
+    data.pop("messages", None)
+    if "responses" in data:
+        data["responses"] = [strip_thinking(r) for r in data["responses"]]
+    if isinstance(data.get("text"), str):
+        data["text"] = strip_thinking(data["text"])
+    return data
+
+
+async def rpc_sse(rpc: Dispatcher, call: dict[str, Any], trace_id: str | None) -> AsyncIterator[dict[str, str]]:
+    """`reasoning.execute` with `stream: true` as Server-Sent Events: one `event: <TYPE>` per run event
+    (data: the event as JSON), then `event: response` carrying the JSON-RPC response (result or error)."""
+    full_text = bool(call["params"].get("include_trace"))
+    async for item in stream_call(rpc, call, trace_id):
+        if isinstance(item, Event):
+            data = public_event(item, full_text=full_text)
+            yield {"event": data["type"], "data": json.dumps(data)}
+        else:
+            yield {"event": "response", "data": json.dumps(item)}

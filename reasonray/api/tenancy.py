@@ -1,0 +1,363 @@
+"""Tenancy: who owns which session, agent card and memory workspace, and the guard every method call passes.
+
+The guard (installed on the dispatcher with `install_guard`) runs around each call: the caller must
+be authenticated (`CURRENT_PRINCIPAL`), its roles must allow the method and the strategy, the
+session / card / workspace it names must be its own (or shared with it, for reads), its rate limits
+and token budgets must have room; then the call runs, the tokens it used are charged, what it
+created is claimed, lists are filtered to what the caller may see, and the call is audited.
+Another principal's resource and a resource that does not exist get the same ForbiddenError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from reasonray.api.audit import AuditLog, AuditRecord, NoAudit
+from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.jsonrpc import Call, Dispatcher, error_for
+from reasonray.api.limits import Limits, limited, refusal_error
+from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, UnauthenticatedError
+from reasonray.memory.items import WORKSPACE
+
+log = structlog.get_logger(__name__)
+
+RUN_METHODS = frozenset({"reasoning.execute", "reasoning.bounded_context", "solve_coding_task", "session.turn", "session.resume"})
+SESSION_METHODS = frozenset({"session.turn", "session.resume", "session.get", "session.close"})
+WORKSPACE_WRITES = frozenset({"memory.store", "memory.delete_workspace", "memory.share_workspace"})
+
+RUN_TOKENS: ContextVar[list[int] | None] = ContextVar("reasonray_run_tokens", default=None)
+"""Tokens the current call's runs used, added by the reasoning service as each run ends (ok or not)."""
+
+
+def charge_tokens(tokens: int) -> None:
+    """Count tokens a run used towards the caller's budget (a no-op outside a guarded call)."""
+    spent = RUN_TOKENS.get()
+    if spent is not None:
+        spent.append(tokens)
+
+
+def personal_workspace(sub: str) -> str:
+    """The workspace a principal gets when it names none: its own, never the shared default."""
+    return "p-" + hashlib.sha256(sub.encode()).hexdigest()[:24]
+
+
+class OwnershipTable:
+    """Owner and read-only sharers of each resource (`kind:id`), in memory and in a JSON file when given one."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._records: dict[str, dict[str, Any]] = {}
+        if path is not None and path.exists():
+            self._records = json.loads(path.read_text())
+
+    def get(self, kind: str, ident: str) -> dict[str, Any] | None:
+        return self._records.get(f"{kind}:{ident}")
+
+    def claim(self, kind: str, ident: str, sub: str) -> bool:
+        """Make `sub` the owner of an unowned resource; True when `sub` owns it afterwards."""
+        record = self._records.get(f"{kind}:{ident}")
+        if record is None:
+            self._records[f"{kind}:{ident}"] = {"owner": sub, "readers": []}
+            self._save()
+            return True
+        return record["owner"] == sub
+
+    def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        self._records[f"{kind}:{ident}"]["readers"] = sorted(set(readers))
+        self._save()
+
+    def drop(self, kind: str, ident: str) -> None:
+        if self._records.pop(f"{kind}:{ident}", None) is not None:
+            self._save()
+
+    def readable(self, kind: str, sub: str) -> list[str]:
+        """Ids of `kind` that `sub` owns or that are shared with it."""
+        prefix = f"{kind}:"
+        return [k[len(prefix) :] for k, r in self._records.items() if k.startswith(prefix) and (r["owner"] == sub or sub in r["readers"])]
+
+    def owned(self, kind: str) -> set[str]:
+        prefix = f"{kind}:"
+        return {k[len(prefix) :] for k in self._records if k.startswith(prefix)}
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self._records))
+        os.chmod(temporary, 0o600)
+        temporary.replace(self.path)
+
+
+class Owners(Protocol):
+    """The ownership table as the guard uses it (in this process, or the cluster's shared actor)."""
+
+    async def call(self, method: str, *args: Any) -> Any: ...
+
+
+class LocalOwners:
+    def __init__(self, table: OwnershipTable | None = None) -> None:
+        self.table = table or OwnershipTable()
+
+    async def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.table, method)(*args)
+
+
+class ShareParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workspace: str = Field(pattern=WORKSPACE, description="Your workspace to share.")
+    readers: list[str] = Field(max_length=100, description="Principals (`sub`) that may read it; replaces the list. Empty: unshare.")
+
+
+AgentExists = Callable[[str], Awaitable[bool]]
+StrategyOf = Callable[[Any], Awaitable[str]]
+
+
+class Guard:
+    """Authorization, ownership, limits and audit around every method of a dispatcher (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        owners: Owners,
+        limits: Limits,
+        *,
+        agent_exists: AgentExists,
+        strategy_of: StrategyOf,
+        audit: AuditLog | None = None,
+    ) -> None:
+        self.policy = policy
+        self.owners = owners
+        self.limits = limits
+        self.agent_exists = agent_exists
+        self.strategy_of = strategy_of
+        self.audit = audit or NoAudit()
+
+    async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
+        principal = CURRENT_PRINCIPAL.get()
+        target = _target(call.method, params)
+        outcome = "ok"
+        try:
+            if principal is None:
+                raise UnauthenticatedError("missing credentials: send `Authorization: Bearer <token>` (see docs/security.md)")
+            if not self.policy.may_call(principal, call.method):
+                raise ForbiddenError(
+                    f"forbidden: roles {list(principal.roles)} may not call {call.method}; ask an operator for a role that may",
+                    {"method": call.method},
+                )
+            strategy = await self._admit(principal, call.method, params)
+            target = _target(call.method, params)  # an omitted workspace is now the caller's own
+            result = await self._limited(principal, call.method, strategy, invoke)
+            return await self._after(principal, call.method, params, result)
+        except Exception as exc:
+            outcome = error_for(exc).data.get("error_type", "error")
+            raise
+        finally:
+            self.audit.write(
+                AuditRecord(
+                    principal=principal.sub if principal else None,
+                    roles=list(principal.roles) if principal else [],
+                    method=call.method,
+                    target=target,
+                    outcome=outcome,
+                    trace_id=call.trace_id,
+                )
+            )
+
+    async def _limited(self, principal: Principal, method: str, strategy: str | None, invoke: Callable[[], Awaitable[Any]]) -> Any:
+        keyed = [(principal.sub, limited(self.policy.limits(principal)))]
+        if strategy is not None and strategy in self.policy.strategy_limits:
+            keyed.append((f"{principal.sub}|{strategy}", limited(self.policy.strategy_limits[strategy])))
+        keyed = [(k, lim) for k, lim in keyed if lim]
+        if not keyed:
+            return await invoke()
+        run = method in RUN_METHODS
+        decision = await self.limits.admit(keyed, run=run)
+        if not decision["ok"]:
+            raise refusal_error(decision, principal.sub)
+        if not run:
+            return await invoke()
+        spent: list[int] = []
+        token = RUN_TOKENS.set(spent)
+        result: Any = None
+        try:
+            result = await invoke()
+            return result
+        finally:
+            RUN_TOKENS.reset(token)
+            used = sum(spent) if spent else _tokens_in(result)
+            await self.limits.finish([k for k, _ in keyed], decision.get("run_id"), used)
+
+    async def _admit(self, principal: Principal, method: str, params: BaseModel) -> str | None:
+        """Check (and where needed rewrite) what the call names; returns the strategy the call runs, if any."""
+        sees_all = self.policy.sees_all(principal)
+        if method in SESSION_METHODS:
+            await self._require("session", params.session_id, principal, write=method != "session.get")  # type: ignore[attr-defined]
+            return None
+        if method == "session.create":
+            if "memory_search" in params.server_tools and not sees_all:  # type: ignore[attr-defined]
+                # the tool takes its workspace from the model, which no owner check sees: refuse rather than leak
+                raise ForbiddenError(
+                    "forbidden: the memory_search tool is for admins while authentication is on", {"tool": "memory_search"}
+                )
+            return None, None
+        if method in ("agent.register", "agent.get", "agent.unregister"):
+            agent_id = params.id if method == "agent.register" else params.agent_id  # type: ignore[attr-defined]
+            await self._agent(principal, agent_id, write=method != "agent.get", claim=method == "agent.register")
+            return None
+        workspace = self._workspace(principal, method, params)
+        if workspace is not None:
+            write = method in WORKSPACE_WRITES or _learns(method, params)
+            await self._require("workspace", workspace, principal, write=write, claim=method == "memory.store" or _learns(method, params))
+        strategy = None
+        if method in ("reasoning.execute", "reasoning.bounded_context", "solve_coding_task"):
+            strategy = await self._strategy(principal, method, params)
+        return strategy
+
+    async def _strategy(self, principal: Principal, method: str, params: BaseModel) -> str:
+        agent_id = getattr(params, "agent_id", None)
+        if principal.agent_id is not None:
+            if agent_id not in (None, principal.agent_id):
+                raise ForbiddenError(f"forbidden: {principal.sub!r} runs as agent {principal.agent_id!r} and cannot act as another agent")
+            if hasattr(params, "agent_id"):
+                params.agent_id = principal.agent_id  # type: ignore[attr-defined]
+        elif agent_id is not None:
+            await self._agent(principal, agent_id, write=False)
+        fixed = {"reasoning.bounded_context": "bounded_context", "solve_coding_task": "matts"}  # the strategies these methods run
+        strategy = fixed[method] if method in fixed else await self.strategy_of(params)
+        if not self.policy.may_run(principal, strategy):
+            raise ForbiddenError(f"forbidden: roles {list(principal.roles)} may not run strategy {strategy!r}", {"strategy": strategy})
+        return strategy
+
+    async def _agent(self, principal: Principal, agent_id: str, *, write: bool, claim: bool = False) -> None:
+        """Cards registered through the API belong to their registrant; cards from the agents file to operators."""
+        if principal.agent_id is not None and agent_id != principal.agent_id and write:
+            raise ForbiddenError(f"forbidden: {principal.sub!r} is agent {principal.agent_id!r} and cannot change another agent")
+        if self.policy.sees_all(principal):
+            return
+        record = await self.owners.call("get", "agent", agent_id)
+        if record is None and await self.agent_exists(agent_id):
+            if write:
+                raise _not_yours("agent", agent_id)
+            return  # a card of the server's agents file: readable by everyone
+        await self._require("agent", agent_id, principal, write=write, claim=claim)
+
+    async def _require(self, kind: str, ident: str, principal: Principal, *, write: bool, claim: bool = False) -> None:
+        if self.policy.sees_all(principal):
+            return
+        record = await self.owners.call("get", kind, ident)
+        if record is None and claim and await self.owners.call("claim", kind, ident, principal.sub):
+            return
+        if record is not None and (record["owner"] == principal.sub or (not write and principal.sub in record["readers"])):
+            return
+        raise _not_yours(kind, ident)
+
+    def _workspace(self, principal: Principal, method: str, params: BaseModel) -> str | None:
+        """The workspace the call reads or writes; an omitted one becomes the caller's personal workspace."""
+        holder: Any = params.memory if method == "reasoning.execute" else params  # type: ignore[attr-defined]
+        if holder is None or not hasattr(holder, "workspace"):
+            return None
+        if method == "reasoning.execute" and not holder.enabled and not holder.learn:
+            return None
+        if holder.workspace is None and not self.policy.sees_all(principal):
+            holder.workspace = personal_workspace(principal.sub)
+        return holder.workspace
+
+    async def _after(self, principal: Principal, method: str, params: Any, result: Any) -> Any:
+        sees_all = self.policy.sees_all(principal)
+        if method == "session.create":
+            await self.owners.call("claim", "session", result["session_id"], principal.sub)
+        elif method == "agent.unregister":
+            await self.owners.call("drop", "agent", params.agent_id)
+        elif method == "memory.delete_workspace":
+            await self.owners.call("drop", "workspace", params.workspace)
+        elif sees_all:
+            return result
+        elif method in ("agent.list", "agent.discover"):
+            mine = set(await self.owners.call("readable", "agent", principal.sub))
+            others = await self.owners.call("owned", "agent")
+            result = {**result, "agents": [a for a in result["agents"] if a["id"] in mine or a["id"] not in others]}
+        elif method == "memory.list_workspaces":
+            mine = set(await self.owners.call("readable", "workspace", principal.sub))
+            result = {**result, "default_workspace": personal_workspace(principal.sub), "workspaces": _only(result["workspaces"], mine)}
+        return result
+
+
+def _target(method: str, params: Any) -> str | None:
+    """What the call names, for the audit log: `session:<id>`, `agent:<id>` or `workspace:<name>`."""
+    if getattr(params, "session_id", None):
+        return f"session:{params.session_id}"
+    if method == "agent.register":
+        return f"agent:{params.id}"
+    holder = getattr(params, "memory", None) if method == "reasoning.execute" else params
+    if getattr(holder, "workspace", None):
+        return f"workspace:{holder.workspace}"
+    return f"agent:{params.agent_id}" if getattr(params, "agent_id", None) else None
+
+
+def _only(workspaces: Any, names: set[str]) -> Any:
+    if isinstance(workspaces, dict):
+        return {k: v for k, v in workspaces.items() if k in names}
+    return [w for w in workspaces if (w.get("workspace") or w.get("name")) in names]
+
+
+def _learns(method: str, params: Any) -> bool:
+    if method == "reasoning.execute":
+        return params.memory is not None and params.memory.learn
+    return method == "solve_coding_task" and bool(getattr(params, "store_result", False))
+
+
+def _not_yours(kind: str, ident: str) -> ForbiddenError:
+    # the same words whether `ident` exists under another owner or not at all: nothing to probe with
+    return ForbiddenError(f"forbidden: no {kind} {ident!r} that you may use", {kind: ident})
+
+
+def _tokens_in(result: Any) -> int:
+    """Tokens a run used, from its result (runs in other processes, e.g. session actors, report them there)."""
+    if isinstance(result, BaseModel):
+        result = result.model_dump()
+    if not isinstance(result, dict):
+        return 0
+    if isinstance(result.get("metrics"), dict) and "total_tokens" in result["metrics"]:
+        return int(result["metrics"]["total_tokens"])
+    if "total_tokens" in result:
+        return int(result["total_tokens"])
+    total = 0
+    for event in result.get("trace") or []:
+        usage = event.get("usage") if isinstance(event, dict) else None
+        if isinstance(usage, dict):
+            total += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+    return total
+
+
+def install_guard(rpc: Dispatcher, guard: Guard) -> None:
+    """Put `guard` around every method of `rpc`, and add memory.share_workspace when there is a memory bank."""
+    rpc.guard = guard
+    if "memory.store" not in rpc.methods:
+        return
+
+    @rpc.method("memory.share_workspace", ShareParams)
+    async def share_workspace(params: ShareParams, call: Call) -> dict[str, Any]:
+        """Let named principals read one of your workspaces (read-only); replaces its reader list."""
+        if await guard.owners.call("get", "workspace", params.workspace) is None:
+            raise InvalidParamsError(f"workspace {params.workspace!r} has no owner yet; store a memory in it first", {})
+        await guard.owners.call("share", "workspace", params.workspace, params.readers)
+        return {"workspace": params.workspace, "readers": sorted(set(params.readers))}
+
+
+async def agent_exists_via(get_agent: Callable[[str], Awaitable[Any]], agent_id: str) -> bool:
+    try:
+        await get_agent(agent_id)
+    except NotFoundError:
+        return False
+    return True

@@ -1,0 +1,22 @@
+"""The request's span and trace id, from the caller's W3C `traceparent` (docs/interop.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from reasonray.api.methods import accept_trace_id
+from reasonray.kernel import tracing
+
+
+@contextmanager
+def request_span(route: str, headers: Mapping[str, str]) -> Iterator[str | None]:
+    """A server span around one HTTP request, child of the caller's `traceparent` when there is one,
+    yielding the trace id the request's runs take: the traceparent's trace id, else a well-formed
+    `X-Trace-Id`, else (tracing on) the new span's trace id, else None (the dispatcher makes one).
+    So ReasonRay's trace id, its event log and the tracing backend name the same trace."""
+    attributes = {"http.request.method": "POST", "http.route": route}
+    with tracing.span(route, attributes, kind="server", parent=headers) as span:
+        trace_id = tracing.trace_id_from(headers.get("traceparent")) or accept_trace_id(headers.get("x-trace-id")) or span.trace_id
+        span.set({"reasonray.trace_id": trace_id})
+        yield trace_id

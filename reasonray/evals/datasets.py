@@ -1,0 +1,130 @@
+"""Evaluation datasets: GSM8K-style and HumanEval-style JSONL (optionally gzipped), read from a path.
+
+GSM8K records carry `question` and `answer`, whose final answer follows `####`. HumanEval records
+carry `task_id`, `prompt`, `test` (or `tests`), `entry_point` and, for the simulated model's answer
+key only, `canonical_solution`. The kind is told from the first record's fields.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Kind = Literal["gsm8k", "humaneval"]
+
+HUMANEVAL_QUERY = (
+    "Complete the following Python function so that it passes its tests. Give the complete code of the "
+    "function (signature included) as your final answer, in a ```python code block.\n\n```python\n{prompt}```"
+)
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be read; the message names the file, the line and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    kind: Kind
+    query: str  # what the strategy is asked
+    reference: str  # GSM8K: the final number; HumanEval: a correct solution (the simulator's answer key)
+    key: str  # the text by which the simulated model recognises the question
+    tests: str = ""
+    entry_point: str = ""
+    prompt: str = ""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    path: Path
+    kind: Kind
+    examples: list[Example]
+
+    @property
+    def digest(self) -> str:
+        """Identifies the selected examples: a rerun with another selection is told apart."""
+        return hashlib.sha256("\n".join(e.id for e in self.examples).encode()).hexdigest()[:16]
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """The number after `####`, commas removed ("#### 1,200" -> "1200")."""
+    if "####" not in answer:
+        raise ValueError("no '####' before the final answer")
+    return answer.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0) -> Dataset:
+    """Read `path`; `offset` and `limit` select a contiguous slice of the examples, in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"dataset {path} does not exist; give the path of a GSM8K or HumanEval JSONL(.gz) file")
+    if limit is not None and limit < 1:
+        raise DatasetError(f"--limit must be at least 1, got {limit}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    examples: list[Example] = []
+    kind: Kind | None = None
+    try:
+        with opener(path, "rt", encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(f"{path}:{number}: not JSON ({exc.msg})") from None
+                if not isinstance(record, dict):
+                    raise DatasetError(f"{path}:{number}: a record must be a JSON object")
+                kind = kind or _kind(record, path, number)
+                if number - 1 < offset:
+                    continue
+                examples.append(_example(kind, record, path, number))
+                if limit is not None and len(examples) >= limit:
+                    break
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"cannot read {path}: {exc}") from None
+    if not examples:
+        raise DatasetError(f"{path} holds no examples at offset {offset}")
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise DatasetError(f"{path}: example ids repeat; each record needs its own id (`id` or `task_id`)")
+    return Dataset(path, kind, examples)  # type: ignore[arg-type]
+
+
+def _kind(record: dict, path: Path, number: int) -> Kind:
+    if {"question", "answer"} <= record.keys():
+        return "gsm8k"
+    if {"prompt", "entry_point"} <= record.keys() and ({"test"} & record.keys() or {"tests"} & record.keys()):
+        return "humaneval"
+    raise DatasetError(
+        f"{path}:{number}: neither GSM8K (question, answer) nor HumanEval (prompt, test, entry_point); the record has {sorted(record)}"
+    )
+
+
+def _example(kind: Kind, record: dict, path: Path, number: int) -> Example:
+    try:
+        if kind == "gsm8k":
+            question = str(record["question"]).strip()
+            return Example(
+                id=str(record.get("id") or f"gsm8k-{number}"),
+                kind=kind,
+                query=question,
+                reference=gsm8k_final_answer(str(record["answer"])),
+                key=question,
+            )
+        prompt = str(record["prompt"])
+        return Example(
+            id=str(record.get("task_id") or record.get("id") or f"humaneval-{number}"),
+            kind=kind,
+            query=HUMANEVAL_QUERY.format(prompt=prompt),
+            reference=prompt + str(record.get("canonical_solution", "")),
+            key=prompt.strip(),
+            tests=str(record.get("test") or record.get("tests")),
+            entry_point=str(record["entry_point"]),
+            prompt=prompt,
+        )
+    except (KeyError, ValueError) as exc:
+        raise DatasetError(f"{path}:{number}: not a {kind} record ({exc})") from None

@@ -1,0 +1,69 @@
+"""Examples as Ray tasks: each (example, cell) runs on whichever node Ray picks, through the same
+LLM stack as the service (the run's shared response cache actor, retries, breaker); memory-aware
+runs reach the run's memory bank actor. The example is the unit spread over the cluster: within
+it, a strategy's branches run concurrently on the task's event loop (they wait on the LLM), rather
+than as nested tasks, each of which would need a worker process of its own. Tasks ask for no CPU;
+`run_grid` bounds how many are in flight, hence how many worker processes the run holds."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from reasonray.actors import NAMESPACE, unwrap
+from reasonray.actors.fanout import LLMSpec, WorkerLoop
+from reasonray.actors.memory import RayMemory
+from reasonray.api.app import Backends, build_application
+from reasonray.api.service import ReasoningService
+from reasonray.evals.datasets import Example
+from reasonray.evals.grid import Cell
+from reasonray.evals.runner import Record, evaluate
+from reasonray.kernel.config import Settings
+
+_services: dict[tuple[LLMSpec, bool], ReasoningService] = {}
+_lock = threading.Lock()
+
+
+def ray_service(spec: LLMSpec, memory: bool) -> ReasoningService:
+    """This worker's service for the run (built once per worker process)."""
+    with _lock:
+        if (spec, memory) not in _services:
+            settings = Settings.model_validate_json(spec.settings_json)
+            backends = Backends(cache=None, memory=RayMemory(spec.app_name, settings) if memory else None)
+            app = build_application(settings, llm=WorkerLoop.llm(spec), backends=backends, data_dir=None)
+            _services[(spec, memory)] = app.service
+        return _services[(spec, memory)]
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def evaluate_task(spec: LLMSpec, example: Example, cell: Cell, memory: bool) -> Record:
+    return WorkerLoop.run(evaluate(ray_service(spec, memory), example, cell, memory=memory))
+
+
+class RayEngine:
+    def __init__(self, spec: LLMSpec) -> None:
+        self.spec = spec
+
+    async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
+        name = f"eval[{cell.key}][{example.id}]"
+        return await unwrap(evaluate_task.options(name=name).remote(self.spec, example, cell, memory))
+
+
+def release(app_name: str) -> list[str]:
+    """Stop the run's shared actors (response cache, memory bank); their data on disk stays."""
+    stopped = []
+    for suffix in ("llm-cache", "memory"):
+        name = f"{app_name}-{suffix}"
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            stopped.append(name)
+        except ValueError:
+            pass
+    return stopped
+
+
+def cluster_summary() -> dict[str, Any]:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return {"nodes": len(nodes), "cpus": sum(n["Resources"].get("CPU", 0) for n in nodes)}

@@ -1,0 +1,218 @@
+"""The report of a run: accuracy with Wilson 95% intervals, tokens, estimated cost, latency p50/p95,
+cache hit rate per strategy and config (seeds pooled, and per seed), as Markdown, JSON and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reasonray.evals.grid import Cell
+from reasonray.evals.runner import Record
+
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per million tokens, for the cost estimate (the report states them)."""
+
+    input_per_m: float = 0.15
+    output_per_m: float = 0.60
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input_per_m + completion_tokens * self.output_per_m) / 1_000_000
+
+
+def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a proportion (sound at 0 and at n, unlike the normal approximation)."""
+    if n == 0:
+        return 0.0, 0.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+@dataclass
+class Row:
+    group: str  # strategy/config (seeds pooled) or strategy/config/seed=N
+    strategy: str
+    config_name: str
+    examples: int
+    correct: int
+    errors: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    prompt_tokens: int
+    completion_tokens: int
+    tokens_per_example: float
+    cost_usd: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    llm_calls_per_example: float
+    cache_hit_rate: float
+    latencies_ms: list[float]
+
+
+def summarise(group: str, strategy: str, config_name: str, records: list[Record], prices: Prices) -> Row:
+    n = len(records)
+    correct = sum(r.correct for r in records)
+    low, high = wilson(correct, n)
+    prompt = sum(r.prompt_tokens for r in records)
+    completion = sum(r.completion_tokens for r in records)
+    calls = sum(r.llm_calls for r in records)
+    latencies = sorted(r.latency_ms for r in records if r.status == "ok")
+    return Row(
+        group=group,
+        strategy=strategy,
+        config_name=config_name,
+        examples=n,
+        correct=correct,
+        errors=sum(r.status == "error" for r in records),
+        accuracy=correct / n if n else 0.0,
+        ci_low=low,
+        ci_high=high,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        tokens_per_example=(prompt + completion) / n if n else 0.0,
+        cost_usd=prices.cost(prompt, completion),
+        latency_p50_ms=percentile(latencies, 50),
+        latency_p95_ms=percentile(latencies, 95),
+        llm_calls_per_example=calls / n if n else 0.0,
+        cache_hit_rate=sum(r.cache_hits for r in records) / calls if calls else 0.0,
+        latencies_ms=latencies,
+    )
+
+
+def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any], prices: Prices) -> dict[str, Any]:
+    by_cell: dict[str, list[Record]] = {}
+    for record in records:
+        by_cell.setdefault(record.cell, []).append(record)
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group, []).append(cell)
+    rows = [
+        summarise(group, members[0].strategy, members[0].config_name, [r for c in members for r in by_cell.get(c.key, [])], prices)
+        for group, members in groups.items()
+    ]
+    per_seed = [summarise(c.key, c.strategy, c.config_name, by_cell.get(c.key, []), prices) for c in cells]
+    simulated = any(r.simulated for r in records)
+    return {
+        **meta,
+        "simulated": simulated,
+        "prices_usd_per_million_tokens": asdict(prices),
+        "records": len(records),
+        "rows": [_public(r) for r in rows],
+        "per_seed": [_public(r) for r in per_seed],
+        "_rows": rows,
+    }
+
+
+def _public(row: Row) -> dict[str, Any]:
+    data = asdict(row)
+    data.pop("latencies_ms")
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in data.items()}
+
+
+SIMULATED_NOTE = (
+    "**Simulated model.** These answers come from ReasonRay's simulated model (docs/simulator.md), "
+    "which answers dataset questions from an answer key with a set skill. The accuracy figures exercise "
+    "the strategies and the pipeline; they say nothing about any real model."
+)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Evaluation: {report['dataset']['name']} ({report['dataset']['examples']} examples)", ""]
+    if report["simulated"]:
+        lines += [f"> {SIMULATED_NOTE} Skill: {report.get('simulator_skill')}.", ""]
+    lines += [
+        f"- model: `{report['model']}`{' (SIMULATED)' if report['simulated'] else ''}",
+        f"- dataset: `{report['dataset']['path']}` ({report['dataset']['kind']}, selection {report['dataset']['digest']})",
+        f"- seeds: {', '.join(map(str, report['seeds']))}; memory-aware: {'yes' if report['memory'] else 'no'}",
+        f"- cost at ${report['prices_usd_per_million_tokens']['input_per_m']}/M input and "
+        f"${report['prices_usd_per_million_tokens']['output_per_m']}/M output tokens (an estimate)",
+        "",
+        f"| strategy / config | n | accuracy{' (SIMULATED)' if report['simulated'] else ''} (95% CI) | errors | tokens/example | cost (USD) | latency p50 / p95 (ms) | LLM calls/example | cache hit rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"| {row['group']} | {row['examples']} | {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%}) | "
+            f"{row['errors']} | {row['tokens_per_example']:.0f} | {row['cost_usd']:.4f} | "
+            f"{row['latency_p50_ms']:.0f} / {row['latency_p95_ms']:.0f} | {row['llm_calls_per_example']:.2f} | {row['cache_hit_rate']:.1%} |"
+        )
+    if len(report["seeds"]) > 1:
+        lines += ["", "## Per seed", "", "| cell | n | accuracy (95% CI) | tokens/example |", "|---|---|---|---|"]
+        for row in report["per_seed"]:
+            lines.append(
+                f"| {row['group']} | {row['examples']} | {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%}) | {row['tokens_per_example']:.0f} |"
+            )
+    lines += ["", "Plots: `accuracy_vs_tokens.png`, `latency.png`. Every example: `results.jsonl`.", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], out: Path) -> list[Path]:
+    """accuracy_vs_tokens.png (with the 95% intervals) and latency.png (distributions per row)."""
+    from matplotlib.figure import (
+        Figure,  # no pyplot: the caller's backend (a notebook's) stays as it is
+    )
+
+    rows: list[Row] = report["_rows"]
+    tag = " (SIMULATED model)" if report["simulated"] else ""
+    paths = [out / "accuracy_vs_tokens.png", out / "latency.png"]
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for row in rows:
+        ax.errorbar(
+            row.tokens_per_example,
+            row.accuracy * 100,
+            yerr=[[(row.accuracy - row.ci_low) * 100], [(row.ci_high - row.accuracy) * 100]],
+            fmt="o",
+            capsize=4,
+            label=row.group,
+        )
+    ax.set_xlabel("tokens per example")
+    ax.set_ylabel("accuracy (%), 95% CI")
+    ax.set_ylim(-5, 105)
+    ax.set_title(f"Accuracy against tokens{tag}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=110)
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    data = [row.latencies_ms or [0.0] for row in rows]
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks(range(1, len(rows) + 1), [row.group for row in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("latency per example (ms)")
+    ax.set_title(f"Latency distributions{tag}")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    return paths
+
+
+def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "report.md", "json": out / "report.json"}
+    paths["markdown"].write_text(markdown(report), encoding="utf-8")
+    public = {k: v for k, v in report.items() if not k.startswith("_")}
+    paths["json"].write_text(json.dumps(public, indent=2), encoding="utf-8")
+    accuracy, latency = plot(report, out)
+    paths.update(accuracy_plot=accuracy, latency_plot=latency)
+    return paths

@@ -1,0 +1,418 @@
+"""`python -m reasonray.evals.run` / `reasonray eval`: evaluate strategies on a dataset, locally or as a Ray job.
+
+    python -m reasonray.evals.run --dataset ../shared/datasets/gsm8k_test.jsonl --strategies chain_of_thought,self_consistency \\
+        --limit 50 --out runs/gsm8k
+    ray job submit --working-dir . -- python -m reasonray.evals.run --dataset /abs/gsm8k.jsonl --strategies ... --out /abs/runs/x
+
+Writes DIR/results.jsonl (as examples finish), DIR/report.md, DIR/report.json and DIR/*.png; see
+docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from reasonray.evals.datasets import Dataset, DatasetError, load_dataset
+from reasonray.evals.grid import Cell, GridError, build_grid, parse_configs
+from reasonray.evals.report import Prices, build_report, write_report
+from reasonray.evals.runner import InProcessEngine, Record, ResultLog, pending, run_grid
+from reasonray.gateway.errors import LLMConfigError
+from reasonray.kernel.config import (
+    ConfigError,
+    LoggingSettings,
+    Settings,
+    load_settings,
+)
+from reasonray.kernel.errors import ReasonRayError
+from reasonray.kernel.logs import configure_logging
+from reasonray.strategies.registry import StrategyRegistry, build_catalogue
+
+
+class EvalError(ReasonRayError):
+    """The evaluation cannot start; the message says what to change."""
+
+
+@dataclass
+class EvalOptions:
+    dataset: Path
+    strategies: list[str]
+    out: Path
+    configs: list[str] = field(default_factory=list)  # [STRATEGY:]NAME=JSON
+    seeds: list[int] = field(default_factory=lambda: [0])
+    limit: int | None = None
+    offset: int = 0
+    concurrency: int = 8
+    memory: bool = False
+    use_ray: bool = True
+    address: str | None = None  # None: the job's cluster inside `ray job submit`, else a new local one
+    config_path: str | None = None
+    sim_skill: float = 0.7
+    prices: Prices = field(default_factory=Prices)
+    cache: bool | None = None  # None: [llm.cache] enabled
+    progress: bool = True
+
+
+def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
+    """Everything checked before anything runs: output directory, settings, dataset, grid."""
+    out = options.out
+    if not out.is_absolute() and "runtime_resources" in Path.cwd().parts:
+        raise EvalError(
+            f"--out {out} is relative, and this is a Ray job whose working directory is a temporary copy "
+            "that is deleted when the job ends: give an absolute path on the head node"
+        )
+    if not options.dataset.is_absolute() and not options.dataset.exists() and "runtime_resources" in Path.cwd().parts:
+        raise EvalError(f"--dataset {options.dataset} is relative to the job's copy of the working directory; give an absolute path")
+    settings = load_settings(options.config_path)
+    reasoning = settings.reasoning.model_copy(
+        update={"enabled_strategies": list(dict.fromkeys([*settings.reasoning.enabled_strategies, *options.strategies]))}
+    )
+    llm = settings.llm
+    if options.cache is not None:
+        llm = llm.model_copy(update={"cache": llm.cache.model_copy(update={"enabled": options.cache})})
+    settings = settings.model_copy(update={"reasoning": reasoning, "llm": llm, "data_dir": (out / "data").resolve()})
+    dataset = load_dataset(options.dataset, limit=options.limit, offset=options.offset)
+    catalogue = build_catalogue(StrategyRegistry().discover(), settings.reasoning)
+    cells = build_grid(catalogue, options.strategies, parse_configs(options.configs), options.seeds)
+    if not 0.0 <= options.sim_skill <= 1.0:
+        raise EvalError(f"--sim-skill must be between 0 and 1, got {options.sim_skill}")
+    return settings, dataset, cells
+
+
+def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: EvalOptions) -> dict[str, Any]:
+    """run.json records what the results in `out` mean; a rerun must not mix in other configs."""
+    path = out / "run.json"
+    configs = {c.key: c.config for c in cells}
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    changed = [k for k, v in previous.get("configs", {}).items() if k in configs and configs[k] != v]
+    if changed:
+        raise EvalError(
+            f"{out} holds results of {', '.join(changed)} with another config; give the new config another name or write to another --out"
+        )
+    if previous and previous.get("memory") != options.memory:
+        raise EvalError(f"{out} holds a run with memory={'on' if previous['memory'] else 'off'}; use another --out to change it")
+    run = {
+        "dataset": str(dataset.path.resolve()),
+        "kind": dataset.kind,
+        "memory": options.memory,
+        "configs": {**previous.get("configs", {}), **configs},
+        "updated_at": datetime.now(UTC).isoformat(),
+    }
+    path.write_text(json.dumps(run, indent=2))
+    return run
+
+
+class SimulatedEndpoint:
+    """The simulated model for a run that names no real endpoint: started here, given the dataset's
+    answer key (so the strategies have something to get right, with probability `skill`)."""
+
+    def __init__(self, settings: Settings, host: str) -> None:
+        from reasonray.gateway.simulator.server import (
+            SimulatorServer,
+            SimulatorSettings,
+        )
+
+        s = settings.llm.simulator
+        self.server = SimulatorServer(
+            SimulatorSettings(
+                host=host,
+                port=s.port,
+                ttft_ms=s.ttft_ms,
+                tokens_per_second=s.tokens_per_second,
+                fault_rate=s.fault_rate,
+                fault_kinds=tuple(s.fault_kinds),
+                seed=s.seed,
+            )
+        ).start()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def register_answer_key(base_url: str, dataset: Dataset, skill: float) -> int:
+    answers = {e.key: e.reference for e in dataset.examples}
+    response = httpx.post(f"{base_url.rstrip('/')}/sim/answers", json={"answers": answers, "skill": skill}, timeout=60)
+    if response.status_code != 200:
+        raise EvalError(f"the simulated model at {base_url} refused the answer key: HTTP {response.status_code} {response.text[:300]}")
+    return int(response.json()["known"])
+
+
+async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Run the evaluation (what is not done yet) and write the report; returns the report with its paths."""
+    settings, dataset, cells = prepare(options)
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run_file(out, dataset, cells, options)
+    results = ResultLog(out / "results.jsonl")
+    todo = pending(dataset.examples, cells, results)
+    echo(
+        f"{len(dataset.examples)} examples x {len(cells)} cells: {todo} to run, "
+        f"{len(dataset.examples) * len(cells) - todo} already in {out / 'results.jsonl'}"
+    )
+
+    ray_started = False
+    app_name = "eval-" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:10]
+    simulator: SimulatedEndpoint | None = None
+    cluster: dict[str, Any] = {"ray": False}
+    try:
+        if options.use_ray:
+            ray_started, cluster = _connect(options.address, settings)
+        if settings.resolved_provider() == "simulated":
+            if not settings.llm.base_url:
+                simulator = SimulatedEndpoint(settings, _simulator_host(options.use_ray))
+                settings = settings.model_copy(
+                    update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})}
+                )
+            known = register_answer_key(settings.llm.base_url, dataset, options.sim_skill)
+            echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
+        engine, client = _engine(settings, options, app_name)
+        progress = _progress(todo, options.progress)
+        started = time.perf_counter()
+        try:
+            ran = await run_grid(
+                engine,
+                dataset.examples,
+                cells,
+                results,
+                concurrency=options.concurrency,
+                memory=options.memory,
+                on_record=lambda record: _tick(progress, record),
+            )
+        finally:
+            progress.close()
+            if client is not None:
+                await client.close()
+        grid_s = time.perf_counter() - started
+        echo(f"ran {ran} examples in {grid_s:.1f} s")
+    finally:
+        if simulator is not None:
+            simulator.stop()
+        if options.use_ray:
+            import ray
+
+            from reasonray.evals.distributed import release
+
+            if ray.is_initialized():  # not when joining the cluster failed: its error is the one to see
+                release(app_name)
+            if ray_started:
+                ray.shutdown()
+    records = results.select(dataset.examples, cells)
+    meta = {
+        "dataset": {
+            "path": str(dataset.path.resolve()),
+            "name": dataset.path.name,
+            "kind": dataset.kind,
+            "examples": len(dataset.examples),
+            "digest": dataset.digest,
+            "offset": options.offset,
+        },
+        "model": "simulated" if settings.resolved_provider() == "simulated" else settings.llm.model,
+        "simulator_skill": options.sim_skill if settings.resolved_provider() == "simulated" else None,
+        "seeds": options.seeds,
+        "memory": options.memory,
+        "cluster": cluster,
+        "ran": ran,
+        "grid_seconds": round(grid_s, 3),
+        "finished_at": datetime.now(UTC).isoformat(),
+    }
+    report = build_report(records, cells, meta, options.prices)
+    report["failed"] = [
+        {"example_id": r.example_id, "error_type": r.error_type, "trace_id": r.trace_id} for r in records if r.status == "error"
+    ]
+    paths = write_report(report, out)
+    report["paths"] = {k: str(v) for k, v in paths.items()}
+    return report
+
+
+def run(options: EvalOptions, echo: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    return asyncio.run(run_async(options, echo))
+
+
+def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, Any]]:
+    import ray
+
+    from reasonray.evals.distributed import cluster_summary
+    from reasonray.serve_app import ray_environment
+
+    if ray.is_initialized():
+        return False, {"ray": True, **cluster_summary()}
+    if address is None:
+        address = "auto" if os.environ.get("RAY_ADDRESS") else "local"
+    options: dict[str, Any] = {}
+    if address == "local":
+        for name, value in ray_environment(settings).items():
+            os.environ.setdefault(name, value)
+        options = {"include_dashboard": False}
+    try:
+        ray.init(address=address, namespace="reasonray", log_to_driver=False, **options)
+    except ConnectionError as exc:
+        raise EvalError(
+            f"cannot join the Ray cluster at {address}: {exc}; start one (`ray start --head`), "
+            "or leave out --address to start a local one for the run"
+        ) from None
+    return True, {"ray": True, "address": address, **cluster_summary()}
+
+
+def _simulator_host(use_ray: bool) -> str:
+    """Loopback on one machine; the node's address when tasks may run on other nodes."""
+    if not use_ray:
+        return "127.0.0.1"
+    import ray
+
+    from reasonray.evals.distributed import cluster_summary
+
+    return ray.util.get_node_ip_address() if cluster_summary()["nodes"] > 1 else "127.0.0.1"
+
+
+def _engine(settings: Settings, options: EvalOptions, app_name: str) -> tuple[Any, Any]:
+    """The engine, and the LLM client this process must close when the run ends (None for Ray)."""
+    if options.use_ray:
+        from reasonray.actors.fanout import LLMSpec
+        from reasonray.evals.distributed import RayEngine
+
+        return RayEngine(LLMSpec(settings.model_dump_json(), app_name)), None
+    from reasonray.api.app import build_application
+
+    app = build_application(settings, data_dir=None, memory=options.memory)
+    return InProcessEngine(app.service), app.client
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="evaluating", unit="example", file=sys.stderr, disable=not enabled, mininterval=1.0)
+
+
+def _tick(progress: Any, record: Record) -> None:
+    progress.update(1)
+    if record.status == "error":
+        progress.write(f"failed: {record.example_id} {record.cell}: {record.error}")
+
+
+def _int_list(value: str) -> list[int]:
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give whole numbers separated by commas, e.g. 0,1,2") from None
+
+
+@click.command("eval")
+@click.option("--dataset", required=True, type=click.Path(path_type=Path), help="GSM8K or HumanEval JSONL(.gz) file.")
+@click.option("--strategies", required=True, help="Comma-separated strategies, e.g. chain_of_thought,self_consistency.")
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="[STRATEGY:]NAME=JSON",
+    help="A named strategy config (repeatable); with STRATEGY: for that strategy only. Default: 'default' = {}.",
+)
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--limit", type=int, default=None, help="Evaluate the first N examples (after --offset).")
+@click.option("--offset", type=int, default=0, show_default=True, help="Skip this many examples first.")
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output directory (absolute inside a Ray job)."
+)
+@click.option("--concurrency", type=int, default=8, show_default=True, help="Examples in flight at once.")
+@click.option(
+    "--memory/--no-memory",
+    default=False,
+    show_default=True,
+    help="Memory-aware: each cell streams the examples in order, retrieving and learning as it goes.",
+)
+@click.option("--ray/--no-ray", "use_ray", default=True, show_default=True, help="Examples as Ray tasks, or in this process.")
+@click.option("--address", default=None, help="Ray cluster to join (default: the job's, else a new local one).")
+@click.option("--config-file", "config_path", default=None, help="config.toml to use (default: the repository's).")
+@click.option(
+    "--sim-skill", type=float, default=0.7, show_default=True, help="Simulated model only: the probability it gets a question right."
+)
+@click.option("--price-input", type=float, default=0.15, show_default=True, help="USD per million input tokens, for the cost estimate.")
+@click.option("--price-output", type=float, default=0.60, show_default=True, help="USD per million output tokens.")
+@click.option("--cache/--no-cache", default=None, help="Use the LLM response cache (default: [llm.cache] enabled).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+    help="Level of the run's own log lines (every LLM call is an info line).",
+)
+def main(
+    dataset,
+    strategies,
+    configs,
+    seeds,
+    limit,
+    offset,
+    out,
+    concurrency,
+    memory,
+    use_ray,
+    address,
+    config_path,
+    sim_skill,
+    price_input,
+    price_output,
+    cache,
+    progress,
+    log_level,
+) -> None:
+    """Evaluate reasoning strategies on a dataset; write results.jsonl, report.md, report.json and plots."""
+    configure_logging(LoggingSettings(level=log_level, format="console"))
+    options = EvalOptions(
+        dataset=dataset,
+        strategies=[s.strip() for s in strategies.split(",") if s.strip()],
+        out=out,
+        configs=list(configs),
+        seeds=_int_list(seeds),
+        limit=limit,
+        offset=offset,
+        concurrency=concurrency,
+        memory=memory,
+        use_ray=use_ray,
+        address=address,
+        config_path=config_path,
+        sim_skill=sim_skill,
+        prices=Prices(price_input, price_output),
+        cache=cache,
+        progress=progress,
+    )
+    if concurrency < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--concurrency")
+    try:
+        report = run(options, echo=click.echo)
+    except (EvalError, DatasetError, GridError, ConfigError, LLMConfigError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    for row in report["rows"]:
+        click.echo(
+            f"{row['group']:<40} accuracy {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%})"
+            f"  tokens/example {row['tokens_per_example']:.0f}  p50 {row['latency_p50_ms']:.0f} ms  errors {row['errors']}"
+        )
+    if report["simulated"]:
+        click.echo("(SIMULATED model: these accuracies say nothing about a real model)")
+    click.echo(f"report: {report['paths']['markdown']}")
+    if report["failed"]:  # the evaluation ran, but not every example did: say which, and fail the command
+        for failure in report["failed"][:10]:
+            click.echo(f"failed: {failure['example_id']} error_type={failure['error_type']} trace_id={failure['trace_id']}", err=True)
+        click.echo(f"error: {len(report['failed'])} example(s) failed (a rerun retries them)", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Scorers: exact numeric match for GSM8K, functional correctness for HumanEval.
+
+HumanEval solutions run with the dataset's tests in the sandbox the session reasoner's `python`
+tool uses (`reasonray/kernel/sandbox.py`: a subprocess with time and memory limits, no network, no
+children); a solution is correct when `check(entry_point)` passes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from reasonray.evals.datasets import Example
+from reasonray.kernel.sandbox import SandboxLimits, run_python
+
+NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+HUMANEVAL_LIMITS = SandboxLimits(timeout_s=10.0, memory_mb=512, max_output_chars=2000)
+
+
+@dataclass(frozen=True)
+class Score:
+    correct: bool
+    extracted: str | None  # the number or code that was scored
+    detail: str = ""  # why it is wrong, when that can be told (the test's error)
+
+
+def extract_number(answer: str) -> str | None:
+    """The last number in the answer, `$` and thousands separators removed ("$1,200.50" -> "1200.50")."""
+    found = NUMBER.findall(answer)
+    if not found:
+        return None
+    return found[-1].replace("$", "").replace(",", "").rstrip(".")
+
+
+def same_number(given: str, expected: str) -> bool:
+    try:
+        return abs(float(given) - float(expected)) < 1e-6
+    except ValueError:
+        return False
+
+
+def score_gsm8k(answer: str, example: Example) -> Score:
+    number = extract_number(answer)
+    if number is None:
+        return Score(False, None, "the answer holds no number")
+    return Score(same_number(number, example.reference), number)
+
+
+def extract_code(answer: str) -> str:
+    """The answer's ```python block (the last one, when there are several), else the whole answer."""
+    blocks = CODE_BLOCK.findall(answer)
+    return (blocks[-1] if blocks else answer).strip("\n")
+
+
+def humaneval_program(code: str, example: Example) -> str:
+    """The solution (completed from the prompt when it is only a body), the tests, and the check call."""
+    if not re.search(rf"^\s*def {re.escape(example.entry_point)}\s*\(", code, re.MULTILINE):
+        code = example.prompt + code
+    return f"{code}\n\n{example.tests}\n\ncheck({example.entry_point})\n"
+
+
+async def score_humaneval(answer: str, example: Example, limits: SandboxLimits = HUMANEVAL_LIMITS) -> Score:
+    code = extract_code(answer)
+    run = await run_python(humaneval_program(code, example), limits)
+    if run.ok:
+        return Score(True, code)
+    if run.timed_out:
+        return Score(False, code, f"timed out after {limits.timeout_s:g} s")
+    lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+    return Score(False, code, lines[-1][:300] if lines else f"exit code {run.exit_code}")
+
+
+async def score(answer: str, example: Example) -> Score:
+    if example.kind == "gsm8k":
+        return score_gsm8k(answer, example)
+    return await score_humaneval(answer, example)

@@ -1,0 +1,78 @@
+"""Safe arithmetic: evaluates `+ - * / // % **` over numbers by walking the AST, never with eval().
+
+Shared by the simulated model (which answers arithmetic questions) and the calculator server tool.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+MAX_EXPONENT = 64
+# results are bounded before they are computed: (((9**64)**64)**64)**64 has small exponents and a
+# result of 15 million digits (seconds of CPU on the caller's event loop)
+MAX_RESULT_DIGITS = 10_000
+
+
+def evaluate(expression: str) -> float:
+    """The value of an arithmetic expression; ValueError (or ZeroDivisionError) for anything else."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression: {exc.msg}") from None
+    try:
+        return _eval(tree.body)
+    except OverflowError:
+        raise ValueError("the result is too large for a floating-point number") from None
+    except RecursionError:  # e.g. a thousand unary minus signs
+        raise ValueError("the expression nests too deeply") from None
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _eval(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
+        digits = _result_digits(node.op, left, right)
+        if digits > MAX_RESULT_DIGITS:
+            raise ValueError(f"the result would have about {digits:.0f} digits; the calculator's cap is {MAX_RESULT_DIGITS}")
+        result: float = _OPS[type(node.op)](left, right)
+        return result
+    raise ValueError(f"only numbers and + - * / // % ** are allowed, not {type(node).__name__}")
+
+
+def _digits(value: float) -> float:
+    if isinstance(value, int):
+        return value.bit_length() * math.log10(2)
+    return math.log10(abs(value)) if value and math.isfinite(value) else 0.0
+
+
+def _result_digits(op: ast.operator, left: float, right: float) -> float:
+    """An upper estimate of the result's decimal digits, from its operands alone."""
+    if isinstance(op, ast.Pow):
+        return max(right, 0) * _digits(left)
+    if isinstance(op, ast.Mult):
+        return _digits(left) + _digits(right)
+    return max(_digits(left), _digits(right)) + 1
+
+
+def format_number(value: float) -> str:
+    """`391.0` -> "391", `3.5` -> "3.5", six significant digits otherwise."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.6g}"

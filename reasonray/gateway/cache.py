@@ -1,0 +1,124 @@
+"""LLM response cache: the key, the LRU + TTL policy, and the wrapper that consults a store.
+
+The key hashes everything that changes the output (model, messages, tools, max_tokens, stop,
+temperature, seed, n). Sampled calls (temperature > 0 without a seed) are never served from the
+cache, so parallel branches stay diverse. The store is pluggable: an in-process one here, the
+shared Ray actor in `actors/llm_cache.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from reasonray.gateway.protocol import LLM, Completion, LLMRequest
+
+
+def cache_key(model: str, request: LLMRequest) -> str:
+    payload = msgspec.json.encode({"model": model, "request": request}, order="sorted")
+    return hashlib.sha256(payload).hexdigest()
+
+
+class CacheStats(msgspec.Struct):
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    expirations: int = 0
+    entries: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        looked_up = self.hits + self.misses
+        return self.hits / looked_up if looked_up else 0.0
+
+
+class LRUTTLCache:
+    """At most `max_entries` values, each for at most `ttl_s` seconds; least recently used goes first."""
+
+    def __init__(self, max_entries: int = 10_000, ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic):
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._stats = CacheStats()
+
+    def get(self, key: str) -> bytes | None:
+        item = self._data.get(key)
+        if item is None:
+            self._stats.misses += 1
+            return None
+        stored_at, value = item
+        if self._clock() - stored_at > self.ttl_s:
+            del self._data[key]
+            self._stats.expirations += 1
+            self._stats.misses += 1
+            return None
+        self._data.move_to_end(key)
+        self._stats.hits += 1
+        return value
+
+    def put(self, key: str, value: bytes) -> None:
+        self._data[key] = (self._clock(), value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+            self._stats.evictions += 1
+
+    def stats(self) -> CacheStats:
+        return msgspec.structs.replace(self._stats, entries=len(self._data))
+
+
+class CacheStore(Protocol):
+    """Where cached completions live: in this process, or in a shared actor."""
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, value: bytes) -> None: ...
+
+
+class LocalCacheStore:
+    def __init__(self, cache: LRUTTLCache) -> None:
+        self.cache = cache
+
+    async def get(self, key: str) -> bytes | None:
+        return self.cache.get(key)
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.cache.put(key, value)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Completion)
+
+
+class CachingLLM:
+    """Serves repeatable calls from a store; sampled calls always reach the model."""
+
+    def __init__(self, inner: LLM, store: CacheStore) -> None:
+        self.inner = inner
+        self.store = store
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        if request.sampled:
+            return await self.inner.complete(request)
+        started = time.perf_counter()
+        key = cache_key(self.model, request)
+        hit = await self.store.get(key)
+        if hit is not None:
+            cached = _decoder.decode(hit)
+            return msgspec.structs.replace(cached, cached=True, attempts=0, latency_ms=(time.perf_counter() - started) * 1000)
+        completion = await self.inner.complete(request)
+        if completion.finish_reason != "error":
+            await self.store.put(key, _encoder.encode(completion))
+        return completion

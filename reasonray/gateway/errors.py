@@ -1,0 +1,86 @@
+"""Errors of the LLM gateway, by whose fault they are.
+
+LLMError                      something went wrong talking to the model
+├── LLMConfigError            the gateway is configured wrongly (missing key, bad URL): the operator's fault
+├── ProviderRejectedError     the provider refused this request (400/401/403/404/422): retrying will not help
+├── TransientProviderError    one attempt failed (429, 5xx, timeout, connection); another may not
+├── ProviderUnavailableError  the provider failed on every attempt
+│   └── CircuitOpenError      too many consecutive failures: calls fail fast until the breaker half-opens
+└── RemoteRequestsForbidden   a test tried to reach a non-loopback endpoint
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reasonray.kernel.errors import ReasonRayError
+
+
+class LLMError(ReasonRayError):
+    """Something went wrong talking to the model."""
+
+    code, http_status, error_type = -32013, 502, "llm_error"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Fan-out branches run as Ray tasks, so these errors cross processes by pickle. The default
+        # reduction calls __init__(*args) again, which fails for keyword-only fields (CircuitOpenError's
+        # retry_after_s): Ray then raised its own wrapper and the caller saw "internal error".
+        return (_restore, (type(self), self.args), self.__dict__)
+
+
+def _restore(cls: type[LLMError], args: tuple[Any, ...]) -> LLMError:
+    return cls.__new__(cls, *args)
+
+
+class LLMConfigError(LLMError):
+    """The gateway is configured wrongly; the message says which setting to change."""
+
+    code, http_status, error_type = -32013, 500, "llm_config"
+
+
+class ProviderRejectedError(LLMError):
+    """The provider refused the request itself; retrying the same request cannot succeed."""
+
+    code, http_status, error_type = -32013, 502, "provider_rejected"
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message, {"status_code": status_code})
+        self.status_code = status_code
+
+
+class TransientProviderError(LLMError):
+    """One attempt failed in a way that another attempt may not (rate limit, server error, timeout)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+
+class ProviderUnavailableError(LLMError):
+    """The provider failed on every attempt (rate limits, server errors, timeouts, connection errors)."""
+
+    code, http_status, error_type = -32013, 502, "provider_unavailable"
+
+    def __init__(self, message: str, *, attempts: int = 0, cause: str = "", status_code: int | None = None) -> None:
+        super().__init__(message, {"attempts": attempts})
+        self.attempts = attempts
+        self.cause = cause
+        self.status_code = status_code  # of the last attempt; None for a timeout or a connection error
+
+
+class CircuitOpenError(ProviderUnavailableError):
+    """The breaker is open after consecutive failures; calls fail fast until it half-opens."""
+
+    error_type = "circuit_open"
+
+    # a default, so the error survives unpickling (Ray ships a fan-out branch's error back by pickle,
+    # which calls the class with the message alone; the attributes follow from __dict__)
+    def __init__(self, message: str, *, retry_after_s: float = 0.0) -> None:
+        super().__init__(message, attempts=0, cause="circuit_open")
+        self.data = {"attempts": 0, "retry_after_s": round(retry_after_s, 3)}
+        self.retry_after_s = retry_after_s
+
+
+class RemoteRequestsForbidden(LLMError):
+    """Raised when requests to non-loopback endpoints are switched off (the test suite does this)."""

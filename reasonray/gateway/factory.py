@@ -1,0 +1,63 @@
+"""Builds the LLM stack a deployment uses: OpenAI-compatible client, retries and breaker, response cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from reasonray.gateway.cache import CacheStore, CachingLLM
+from reasonray.gateway.errors import LLMConfigError
+from reasonray.gateway.metered import MeteredLLM
+from reasonray.gateway.openai_client import OpenAILLM
+from reasonray.gateway.protocol import LLM
+from reasonray.gateway.resilience import ResilientLLM, RetryPolicy, breaker_for
+from reasonray.gateway.simulator.engine import MODEL_NAME
+from reasonray.kernel.config import Settings
+from reasonray.kernel.telemetry import Metrics
+
+
+def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> OpenAILLM:
+    """The raw client for the configured provider; a real provider without its key fails here, at start-up."""
+    env = os.environ if environ is None else environ
+    llm = settings.llm
+    if settings.resolved_provider(env) == "simulated":
+        if not llm.base_url:
+            raise LLMConfigError(
+                "[llm] provider is simulated but no base_url names a running simulated model: "
+                "start one with `reasonray sim --port 8001` and set REASONRAY_LLM__BASE_URL=http://127.0.0.1:8001/v1, "
+                "or run `reasonray serve --llm simulated`, which starts it for you"
+            )
+        return OpenAILLM(MODEL_NAME, base_url=llm.base_url, api_key="simulated", timeout_s=llm.request_timeout_s)
+    key = env.get(llm.api_key_env, "")
+    if not key and llm.api_key_required:
+        raise LLMConfigError(
+            f"[llm] provider is openai but the environment variable {llm.api_key_env} is not set: "
+            f"export {llm.api_key_env}=<your key>, or set [llm] api_key_required = false for a keyless local server"
+        )
+    return OpenAILLM(
+        llm.model,
+        base_url=llm.base_url,
+        api_key=key or None,
+        timeout_s=llm.request_timeout_s,
+        max_tokens_param=llm.max_tokens_param,
+    )
+
+
+def build_llm(
+    settings: Settings, client: OpenAILLM, cache_store: CacheStore | None, metrics: Metrics | None = None
+) -> tuple[LLM, ResilientLLM]:
+    """The stack strategies see (metered, then cache outside retries), and its resilient layer for health reports."""
+    r, b = settings.llm.retry, settings.llm.circuit_breaker
+    resilient = ResilientLLM(
+        client,
+        RetryPolicy(r.max_attempts, r.initial_backoff_s, r.max_backoff_s, r.jitter_s, r.deadline_s),
+        breaker_for(client.base_url or client.model, **b.model_dump()),  # one per endpoint in this process
+        endpoint=client.base_url,
+    )
+    llm: LLM = resilient
+    caching = cache_store is not None and settings.llm.cache.enabled
+    if cache_store is not None and caching:
+        llm = CachingLLM(resilient, cache_store)
+    if metrics is not None:
+        llm = MeteredLLM(llm, metrics, caching=caching, breaker=resilient.breaker, endpoint=client.base_url or "openai")
+    return llm, resilient

@@ -1,0 +1,53 @@
+"""`MeteredLLM`: the outermost layer of the LLM stack, recording calls, cache use, retries,
+failures, latency and the breaker's state in the service's metrics catalogue."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from reasonray.gateway.protocol import LLM, Completion, LLMRequest
+from reasonray.kernel.telemetry import BREAKER_STATES, Metrics
+
+
+class MeteredLLM:
+    """The outermost layer of the LLM stack: counts calls, cache hits and misses, retries, failures
+    and latency, and publishes the breaker's state after each call."""
+
+    def __init__(self, inner: LLM, metrics: Metrics, *, caching: bool, breaker: Any = None, endpoint: str = "") -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.caching = caching  # the stack has a response cache: repeatable calls are hits or misses
+        self.breaker = breaker
+        self.endpoint = endpoint or "default"
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        model = self.inner.model
+        started = time.perf_counter()
+        try:
+            completion = await self.inner.complete(request)
+        except Exception as exc:
+            if self.caching and not request.sampled:  # the cache was asked and had nothing
+                self.metrics.record("reasonray_llm_cache_misses", model=model)
+            self.metrics.record("reasonray_llm_calls", model=model, outcome="error")
+            self.metrics.record("reasonray_llm_failures", model=model, error=type(exc).__name__)
+            self._breaker()
+            raise
+        m = self.metrics
+        m.record("reasonray_llm_calls", model=model, outcome="cached" if completion.cached else "ok")
+        if self.caching and not request.sampled:
+            m.record("reasonray_llm_cache_hits" if completion.cached else "reasonray_llm_cache_misses", model=model)
+        if not completion.cached:
+            m.record("reasonray_llm_latency_ms", (time.perf_counter() - started) * 1000, model=model)
+            if completion.attempts > 1:
+                m.record("reasonray_llm_retries", completion.attempts - 1, model=model)
+        self._breaker()
+        return completion
+
+    def _breaker(self) -> None:
+        if self.breaker is not None:
+            self.metrics.record("reasonray_llm_breaker_state", BREAKER_STATES.get(self.breaker.state, 0), endpoint=self.endpoint)

@@ -1,0 +1,190 @@
+"""`ObservedLLM`: the LLM a strategy sees. Every call becomes an `LLM_INVOCATION` event, counts
+towards the run's tally, and is held to the run's token budget."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import structlog
+
+from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
+from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+from reasonray.kernel import tracing
+from reasonray.kernel.errors import BudgetExceededError
+from reasonray.kernel.events import Budget, EventSink, LLMInvocation, RunWarning, Tally
+
+log = structlog.get_logger("reasonray.events")
+
+
+OMITTED = "\n[... {n} tokens omitted to fit the prompt budget ...]\n"
+
+
+class ObservedLLM:
+    """Emits an LLM_INVOCATION event per call and keeps the run's tally.
+
+    It also applies what is the run's, not the strategy's, to every request: retrieved memories
+    (`guidance`, added to the system message) and the token budget. Before each call it counts the
+    prompt; a prompt above `max_prompt_tokens` loses the middle of its longest message (head and tail
+    kept, a WARNING event says how much went); `max_tokens` is capped by `max_output_tokens` and by
+    what is left of `max_total_tokens`, so the run never spends more than its budget, and a call that
+    cannot fit fails with BudgetExceededError before it is made. `spent` counts tokens used elsewhere
+    in the run (a fan-out branch starts from its parent's total).
+    """
+
+    def __init__(
+        self,
+        inner: LLM,
+        emit: EventSink,
+        *,
+        trace_id: str,
+        strategy: str,
+        guidance: str | None = None,
+        budget: Budget | None = None,
+        spent: int = 0,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        self.inner = inner
+        self.emit = emit
+        self.trace_id = trace_id
+        self.strategy = strategy
+        self.guidance = guidance
+        self.budget = budget or Budget()
+        self.spent = spent
+        self.counter = counter
+        self.tally = Tally()
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def spent_tokens(self) -> int:
+        return self.spent + self.tally.prompt_tokens + self.tally.completion_tokens
+
+    def branch_options(self, branches: int = 1) -> dict[str, Any]:
+        """What a branch running elsewhere needs to apply the same guidance and budget.
+
+        Each of `branches` concurrent branches gets an equal share of what is left of the total budget,
+        so together they cannot overspend it.
+        """
+        spent = self.spent_tokens
+        if self.budget.max_total_tokens is not None:
+            left = max(self.budget.max_total_tokens - spent, 0)
+            spent = self.budget.max_total_tokens - left // max(branches, 1)
+        return {"guidance": self.guidance, "budget": self.budget, "spent": spent}
+
+    def _with_guidance(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        if not self.guidance:
+            return messages
+        if messages and messages[0].role == "system":
+            first = msgspec.structs.replace(messages[0], content=f"{messages[0].content or ''}\n\n{self.guidance}")
+            return (first, *messages[1:])
+        return (Message(role="system", content=self.guidance), *messages)
+
+    def _within_budget(self, request: LLMRequest) -> LLMRequest:
+        b = self.budget
+        if b.max_prompt_tokens is None and b.max_output_tokens is None and b.max_total_tokens is None:
+            return request
+        counter = self.counter or counter_for_model(self.model)
+        messages = request.messages
+        prompt = count_messages(counter, messages)
+        if b.max_prompt_tokens is not None and prompt > b.max_prompt_tokens:
+            messages, prompt = self._truncate(counter, messages, prompt, b.max_prompt_tokens)
+        max_tokens = request.max_tokens
+        if b.max_output_tokens is not None:
+            max_tokens = min(max_tokens or b.max_output_tokens, b.max_output_tokens)
+        if b.max_total_tokens is not None:
+            left = b.max_total_tokens - self.spent_tokens - prompt
+            if left < 1:
+                raise BudgetExceededError(
+                    f"the request's token budget ({b.max_total_tokens} tokens) is spent: {self.spent_tokens} used so far "
+                    f"and the next call's prompt alone is {prompt} tokens; raise budget.max_total_tokens",
+                    {"max_total_tokens": b.max_total_tokens, "spent_tokens": self.spent_tokens, "next_prompt_tokens": prompt},
+                )
+            max_tokens = min(max_tokens or left, left)
+        return msgspec.structs.replace(request, messages=messages, max_tokens=max_tokens)
+
+    def _truncate(self, counter: TokenCounter, messages: tuple[Message, ...], prompt: int, limit: int) -> tuple[tuple[Message, ...], int]:
+        index = max(range(len(messages)), key=lambda i: counter.count(messages[i].content or ""))
+        text = messages[index].content or ""
+        excess = prompt - limit
+        keep = counter.count(text) - excess - counter.count(OMITTED.format(n=excess)) - 2
+        if keep < 2:
+            raise BudgetExceededError(
+                f"the prompt is {prompt} tokens and cannot be cut to the budget's max_prompt_tokens={limit} "
+                "without losing all of it; raise budget.max_prompt_tokens",
+                {"prompt_tokens": prompt, "max_prompt_tokens": limit},
+            )
+        cut = counter.head(text, keep // 2) + OMITTED.format(n=excess) + counter.tail(text, keep - keep // 2)
+        messages = (*messages[:index], msgspec.structs.replace(messages[index], content=cut), *messages[index + 1 :])
+        after = count_messages(counter, messages)
+        self.emit(
+            RunWarning(
+                trace_id=self.trace_id,
+                strategy=self.strategy,
+                code="prompt_truncated",
+                message=f"the prompt was {prompt} tokens, above max_prompt_tokens={limit}: the middle of message "
+                f"{index} ({messages[index].role}) was omitted, head and tail kept ({after} tokens now)",
+            )
+        )
+        return messages, after
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        request = self._within_budget(msgspec.structs.replace(request, messages=self._with_guidance(request.messages)))
+        # a model call span, GenAI semantic conventions (no-op unless OTEL_* configure an exporter)
+        requested = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": self.model,
+            "gen_ai.request.max_tokens": request.max_tokens,
+            "gen_ai.request.temperature": request.temperature,
+            "gen_ai.request.seed": request.seed,
+            "reasonray.strategy": self.strategy,
+            "reasonray.trace_id": self.trace_id,
+        }
+        with tracing.span(f"chat {self.model}", requested, kind="client") as span:
+            completion = await self.inner.complete(request)
+            if span is not tracing.NO_SPAN:
+                span.set(self._span_attributes(request, completion))
+        t = self.tally
+        t.prompt_tokens += completion.usage.prompt_tokens
+        t.completion_tokens += completion.usage.completion_tokens
+        t.calls += 1
+        t.cache_hits += completion.cached
+        t.retries += max(completion.attempts - 1, 0)
+        t.simulated = t.simulated or completion.simulated
+        t.model = completion.model
+        self.emit(
+            LLMInvocation(
+                trace_id=self.trace_id,
+                strategy=self.strategy,
+                messages=[msgspec.to_builtins(m) for m in request.messages],
+                responses=[c.text for c in completion.choices],
+                finish_reason=completion.finish_reason,
+                prompt_tokens=completion.usage.prompt_tokens,
+                completion_tokens=completion.usage.completion_tokens,
+                latency_ms=round(completion.latency_ms, 3),
+                cached=completion.cached,
+                attempts=completion.attempts,
+                model=completion.model,
+                simulated=completion.simulated,
+            )
+        )
+        return completion
+
+    @staticmethod
+    def _span_attributes(request: LLMRequest, completion: Completion) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            "gen_ai.response.model": completion.model,
+            "gen_ai.response.finish_reasons": [completion.finish_reason or "unknown"],
+            "gen_ai.usage.input_tokens": completion.usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": completion.usage.completion_tokens,
+            "reasonray.cached": completion.cached,
+            "reasonray.attempts": completion.attempts,
+            "reasonray.simulated": completion.simulated,
+        }
+        if tracing.content_allowed():  # `[events] record = "full"`: the text, as the event log has it
+            attributes["gen_ai.input.messages"] = json.dumps([msgspec.to_builtins(m) for m in request.messages])
+            attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "content": c.text} for c in completion.choices])
+        return attributes

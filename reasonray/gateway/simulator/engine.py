@@ -1,0 +1,595 @@
+"""The simulated model's behaviour, free of HTTP: what it answers to a chat request, and when it fails.
+
+Replies are deterministic for a given request and seed. By default the model answers simple
+arithmetic after a short `<thinking>`; `[[sim ...]]` directives in the latest user message script
+longer reasoning, scripted replies and faults (docs/simulator.md lists them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from reasonray.gateway.arithmetic import evaluate, format_number
+from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
+from reasonray.gateway.tokens import TokenCounter, count_messages
+from reasonray.kernel.errors import ReasonRayError
+
+MODEL_NAME = "simulated"
+DIRECTIVE = re.compile(r"\[\[sim\s+([^\]]*)\]\]")
+CALL_DIRECTIVE = re.compile(r"\[\[sim\s+call=([A-Za-z0-9_.-]+)\s*")
+PROGRESS = re.compile(r"\[progress (\d+)/(\d+)\]")
+ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
+FAULT_KINDS = ("429", "500", "timeout")
+# What the simulated model recognises in prompts, as a real model would follow instructions.
+CARRYOVER_HEADINGS = ("Current Strategy:", "Key Findings:", "Progress:", "Next Steps:", "Unresolved:")
+FINAL_ANSWER_REQUEST = "give your final answer now"
+STEP_REQUEST, SCORE_REQUEST, VOTE_REQUEST = "<step>", "<score>", "<vote>"  # tree-of-thought prompts
+FEEDBACK_REQUEST = "<feedback>"  # an evaluation that also wants feedback (refine)
+JUDGE_REQUEST, MEMORY_REQUEST = "<status>", "<memory>"  # reasoning-memory judge and extraction prompts
+FINAL_ANSWER_LINE = re.compile(r"^(?:Final answer|Answer):\s*(.*)$", re.MULTILINE)
+STEP_MARK = re.compile(r"\bStep \d+:")
+CANDIDATE = re.compile(r"^Candidate (\d+):", re.MULTILINE)
+# A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
+# the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
+SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
+
+_PHRASES = (
+    "re-checking the constraints of the problem",
+    "working through the next sub-case",
+    "comparing this partial result with the earlier one",
+    "verifying the intermediate quantity",
+    "exploring an alternative decomposition",
+    "consolidating what has been established so far",
+)
+
+
+class SimulatorError(ReasonRayError):
+    """A request the simulator cannot answer (bad directive, exhausted script); answered with HTTP 400."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "429", "500" or "timeout"
+
+
+@dataclass
+class SimChoice:
+    text: str = ""
+    finish_reason: str = "stop"
+    tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: str | None = None  # the stop sequence that ended the text (vLLM's field name)
+
+
+@dataclass
+class SimResponse:
+    choices: list[SimChoice]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class FaultPlan:
+    rate: float = 0.0
+    kinds: tuple[str, ...] = FAULT_KINDS
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"fault rate must be between 0 and 1, got {self.rate}")
+        unknown = set(self.kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; use any of {', '.join(FAULT_KINDS)}")
+
+
+@dataclass
+class SimStats:
+    requests: int = 0
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    scripted: int = 0
+
+
+def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """`[[sim call=calculator {"expression": "2+3"}]]` directives, in order: (tool name, arguments)."""
+    calls = []
+    for match in CALL_DIRECTIVE.finditer(text):
+        rest = text[match.end() :]
+        arguments: dict[str, Any] = {}
+        if rest.startswith("{"):
+            try:
+                arguments, _ = json.JSONDecoder().raw_decode(rest)
+            except json.JSONDecodeError as exc:
+                raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments are not a JSON object ({exc})") from None
+            if not isinstance(arguments, dict):
+                raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments must be a JSON object")
+        calls.append((match.group(1), arguments))
+    return calls
+
+
+def parse_directives(text: str) -> dict[str, str]:
+    """`[[sim think=300 answer=7]]` -> {"think": "300", "answer": "7"}; later keys win."""
+    found: dict[str, str] = {}
+    for body in DIRECTIVE.findall(text):
+        for key, value in re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", body):
+            found[key] = value.strip('"')
+    return found
+
+
+def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
+    """The first arithmetic expression in `text` with at least one operator, and its value."""
+    for match in ARITHMETIC.finditer(text):
+        expr = match.group(0).strip().replace("×", "*").replace("÷", "/").replace("^", "**")
+        expr = re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", expr)
+        if not re.search(r"\d\s*[-+*/%]", expr):
+            continue
+        try:
+            value = evaluate(expr)
+        except (ValueError, ZeroDivisionError, OverflowError):
+            continue
+        return expr, value
+    return None
+
+
+class SimulatedModel:
+    """Answers chat requests the way docs/simulator.md describes."""
+
+    def __init__(self, counter: TokenCounter, *, seed: int = 0, faults: FaultPlan | None = None) -> None:
+        self.counter = counter
+        self.seed = seed
+        self.faults = faults or FaultPlan()
+        self._fault_rng = random.Random(seed)
+        self._scripts: dict[str, deque[dict[str, Any]]] = {}
+        self._directed_faults: dict[str, int] = defaultdict(int)
+        self._answers: dict[str, str] = {}  # whitespace-normalised question -> reference answer
+        self.skill = 1.0
+        self.stats = SimStats()
+
+    # -- administration -------------------------------------------------------------------------
+    def add_script(self, name: str, replies: list[dict[str, Any]]) -> None:
+        self._scripts.setdefault(name, deque()).extend(replies)
+
+    def add_answers(self, answers: dict[str, str], skill: float = 1.0) -> int:
+        """An answer key: a prompt that quotes one of these questions gets its answer, right with
+        probability `skill` (the same questions are missed on every greedy call with one seed; each
+        sampled call draws anew). This is what lets an evaluation on a real dataset exercise the
+        strategies against the simulator; the accuracy it yields measures nothing about a real model."""
+        if not 0.0 <= skill <= 1.0:
+            raise ValueError(f"skill must be between 0 and 1, got {skill}")
+        for question, answer in answers.items():
+            key = _normalise(question)
+            if len(key) < 20:
+                raise ValueError(f"question {question!r} is too short to be recognised in prompts (20 characters at least)")
+            self._answers[key] = str(answer)
+        self.skill = skill
+        return len(self._answers)
+
+    def reset(self) -> None:
+        self._scripts.clear()
+        self._answers.clear()
+        self.skill = 1.0
+        self._directed_faults.clear()
+        self.stats = SimStats()
+        self._fault_rng = random.Random(self.seed)
+
+    # -- faults ---------------------------------------------------------------------------------
+    def fault_for(self, request: LLMRequest) -> Fault | None:
+        """A fault to inject instead of answering: a `fault=` directive first, then the random rate."""
+        self.stats.requests += 1
+        directives = parse_directives(_last_user_text(request.messages))
+        if "fault" in directives:
+            kind = directives["fault"]
+            if kind not in FAULT_KINDS:
+                raise SimulatorError(f"[[sim fault={kind}]]: use one of {', '.join(FAULT_KINDS)}")
+            key = _request_digest(request)
+            if self._directed_faults[key] < int(directives.get("times", "1")):
+                self._directed_faults[key] += 1
+                return self._count(Fault(kind))
+        if self.faults.rate and self._fault_rng.random() < self.faults.rate:
+            return self._count(Fault(self._fault_rng.choice(self.faults.kinds)))
+        return None
+
+    def _count(self, fault: Fault) -> Fault:
+        self.stats.faults[fault.kind] += 1
+        return fault
+
+    # -- answers --------------------------------------------------------------------------------
+    def respond(self, request: LLMRequest) -> SimResponse:
+        directives = parse_directives(_last_user_text(request.messages))
+        choices = [self._choice(request, directives, index) for index in range(max(1, request.n))]
+        return SimResponse(
+            choices=choices,
+            prompt_tokens=count_messages(self.counter, request.messages),
+            completion_tokens=sum(self._choice_tokens(c) for c in choices),
+        )
+
+    def _choice_tokens(self, choice: SimChoice) -> int:
+        return self.counter.count(choice.text) + sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
+
+    def _rng(self, request: LLMRequest, index: int) -> random.Random:
+        if request.sampled:
+            return random.Random()  # differs on every call
+        return random.Random(f"{self.seed}:{request.seed}:{index}:{_request_digest(request)}")
+
+    def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
+        system_text = " ".join(m.content or "" for m in request.messages if m.role == "system")
+        # prompts about a task (judging it, learning from it) quote the task, directives included: they come first
+        if JUDGE_REQUEST in system_text:
+            return self._finish(self._judge(request), request)
+        if MEMORY_REQUEST in system_text:
+            return self._finish(self._memories(request, system_text), request)
+        if "script" in directives:
+            return self._scripted(directives["script"])
+        if calls := parse_calls(_last_user_text(request.messages)):
+            return self._tool_step(request, calls)
+        rng = self._rng(request, index)
+        if all(heading in system_text for heading in CARRYOVER_HEADINGS):
+            return self._finish(self._carryover_summary(request, directives), request)
+        if FINAL_ANSWER_REQUEST in _last_user_text(request.messages):
+            return self._finish(self._final_answer(request, directives), request)
+        if STEP_REQUEST in system_text:
+            return self._finish(self._propose(request, directives, rng), request)
+        if SCORE_REQUEST in system_text:
+            return self._finish(self._value(request, rng, wants_feedback=FEEDBACK_REQUEST in system_text), request)
+        if VOTE_REQUEST in system_text:
+            return self._finish(self._vote(request, rng), request)
+        if "think" in directives:
+            text, cut_off = self._long_reasoning(request, directives, rng)
+        else:
+            text, cut_off = self._short_reasoning(request, directives, rng), False
+        return self._finish(text, request, cut_off)
+
+    def _tool_step(self, request: LLMRequest, calls: list[tuple[str, dict[str, Any]]]) -> SimChoice:
+        """The next `call=` directive as a tool call, one per LLM call; then answer with the last result."""
+        results = _tool_results_since_last_user(request.messages)
+        if len(results) < len(calls):
+            name, arguments = calls[len(results)]
+            call_id = f"call_{_request_digest(request)[:8]}_{len(results)}"
+            return SimChoice(finish_reason="tool_calls", tool_calls=(ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)),))
+        last = results[-1]
+        return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{last}</answer>")
+
+    def _scripted(self, name: str) -> SimChoice:
+        queue = self._scripts.get(name)
+        if not queue:
+            raise SimulatorError(f"script {name!r} has no replies left; add some with POST /v1/sim/scripts")
+        reply = queue.popleft()
+        self.stats.scripted += 1
+        calls = tuple(
+            ToolCall(id=c.get("id") or f"call_{i}", name=c["name"], arguments=json.dumps(c.get("arguments", {})))
+            for i, c in enumerate(reply.get("tool_calls", []))
+        )
+        return SimChoice(
+            text=reply.get("content") or "",
+            finish_reason=reply.get("finish_reason") or ("tool_calls" if calls else "stop"),
+            tool_calls=calls,
+        )
+
+    def _short_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
+        question = _last_user_text(request.messages)
+        if "answer" in directives:
+            answer = directives["answer"]
+            thought = f"The instructions fix the answer; after {rng.choice(_PHRASES)} it is {answer}."
+        elif (known := self._known(question)) is not None:
+            answer = self._recall(request, known, rng)
+            return f"<thinking>Reading the problem carefully and {rng.choice(_PHRASES)}.</thinking>\n<answer>{answer}</answer>"
+        elif (found := evaluate_arithmetic(DIRECTIVE.sub("", question))) is not None:
+            expr, value = found
+            answer = format_number(value)
+            thought = f"The question asks for {expr}. Computing it step by step: {expr} = {answer}."
+        else:
+            answer = "I am a simulated model: I answer arithmetic and follow [[sim ...]] directives only."
+            thought = "This is not an arithmetic question and carries no [[sim]] directive."
+            return f"<thinking>{thought}</thinking>\n<answer>{answer}</answer>"
+        if self._slips(request, directives, rng):
+            answer = _wrong(answer, rng)
+            thought = f"Working quickly, {SLIP_STEP}: it comes to {answer}."
+        return f"<thinking>{thought}</thinking>\n<answer>{answer}</answer>"
+
+    def _slips(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> bool:
+        """Whether a sampled reply (temperature > 0) slips, with the `slip` directive's probability."""
+        raw = directives.get("slip", "0")
+        try:
+            chance = float(raw)
+        except ValueError:
+            chance = -1.0
+        if not 0.0 <= chance <= 1.0:
+            raise SimulatorError(f"[[sim slip={raw}]]: slip is a probability between 0 and 1")
+        return request.temperature > 0 and rng.random() < chance
+
+    # -- tree of thought ------------------------------------------------------------------------
+    def _propose(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
+        """The next step of a solution: `steps` steps (default 2), then the answer."""
+        shown = _last_user_text(request.messages)
+        depth = len(STEP_MARK.findall(shown))
+        try:
+            total = int(directives.get("steps", "2"))
+        except ValueError:
+            raise SimulatorError(f"[[sim steps={directives['steps']}]]: steps takes a whole number") from None
+        if depth >= total:
+            answer = self._final_answer(request, directives).removeprefix("<answer>").removesuffix("</answer>")
+            if SLIP_STEP in shown:
+                answer = _wrong(answer, rng)
+            return f"<thinking>The steps so far settle it.</thinking>\n<answer>{answer}</answer>"
+        thought = SLIP_STEP if self._slips(request, directives, rng) else rng.choice(_PHRASES)
+        return f"<thinking>Deciding what to do next.</thinking>\n<step>Step {depth + 1}: {thought}.</step>"
+
+    def _value(self, request: LLMRequest, rng: random.Random, wants_feedback: bool = False) -> str:
+        """A 0-1 score: low for a path with a slip or a wrong answer, high for a clean path that reached its answer."""
+        shown = _last_user_text(request.messages)
+        verdict = self._check(shown)
+        if verdict is False:
+            score = 0.1 + 0.2 * rng.random()
+            feedback = (
+                f"One step is wrong: {SLIP_STEP} changes the result. Keep every intermediate value exact."
+                if SLIP_STEP in shown
+                else "The final answer does not follow from the problem; recompute it."
+            )
+        elif re.search(r"^Answer:", shown, re.MULTILINE):
+            score = 0.9 + 0.1 * rng.random()
+            feedback = "Every step checks out."
+        else:
+            score = 0.6 + 0.2 * rng.random()
+            feedback = "The partial solution is sound so far; finish it."
+        extra = f"\n<feedback>{feedback}</feedback>" if wants_feedback else ""
+        return f"<thinking>Checking each step in turn.</thinking>\n<score>{score:.2f}</score>{extra}"
+
+    def _check(self, shown: str) -> bool | None:
+        """Whether the solution shown is right: False for a slip or an answer that differs from the problem's.
+
+        The problem is what comes before the solution (the first arithmetic or `answer=` directive);
+        the solution's answer is its last "Answer:" or "Final answer:" line. None when it cannot tell.
+        """
+        if SLIP_STEP in shown:
+            return False
+        answers = FINAL_ANSWER_LINE.findall(shown)
+        if not answers:
+            return None
+        given = re.sub(r"</?answer>", "", answers[-1]).strip()
+        directives = parse_directives(shown)
+        if "answer" in directives:
+            expected = directives["answer"]
+        elif (known := self._known(shown)) is not None:
+            expected = known[1]
+        elif (found := evaluate_arithmetic(DIRECTIVE.sub("", shown))) is not None:
+            expected = format_number(found[1])
+        else:
+            return None
+        return _same_answer(given, expected)
+
+    def _known(self, text: str) -> tuple[str, str] | None:
+        """The answer-key question this text quotes, with its answer."""
+        if not self._answers:
+            return None
+        flat = _normalise(text)
+        for question, answer in self._answers.items():
+            if question in flat:
+                return question, answer
+        return None
+
+    def _recall(self, request: LLMRequest, known: tuple[str, str], rng: random.Random) -> str:
+        """The key's answer, or a plausible wrong one with probability 1 - skill."""
+        question, answer = known
+        draw = rng if request.sampled else random.Random(f"{self.seed}:{request.seed}:{question}")
+        return answer if draw.random() < self.skill else _wrong(answer, draw)
+
+    # -- reasoning memory -----------------------------------------------------------------------
+    def _judge(self, request: LLMRequest) -> str:
+        """The LLM-as-judge verdict: failure for a slip or a wrong answer, success otherwise."""
+        shown = _last_user_text(request.messages)
+        verdict = self._check(shown)
+        if verdict is None:
+            answers = FINAL_ANSWER_LINE.findall(shown)
+            verdict = bool(answers) and bool(answers[-1].strip()) and "I am a simulated model" not in shown
+        why = "Every step holds and the answer solves the task." if verdict else "A step or the final answer is wrong."
+        return f"Thoughts: {why}\n<status>{'success' if verdict else 'failure'}</status>"
+
+    def _memories(self, request: LLMRequest, system_text: str) -> str:
+        """Memory items in the format the prompt asks for: lessons from what worked and what failed."""
+        shown = _last_user_text(request.messages)
+        labels = re.findall(r"^Trajectory(?: \d+)? \((success|failure)\)", shown, re.MULTILINE)
+        if shown.startswith("Question:"):
+            answer = shown.split("Answer:", 1)[-1].strip()
+            return _memory_item(
+                "Reuse a worked explanation",
+                "A past answer that explained this kind of question well.",
+                " ".join(answer.split())[:400] or "Explain step by step.",
+            )
+        items = []
+        if "success" in labels:
+            items.append(
+                _memory_item(
+                    "Work through the problem step by step",
+                    "Break the problem into explicit steps and compute each one exactly.",
+                    "Write out every intermediate quantity and compute it exactly before combining them; check the final "
+                    "answer against what the question asks.",
+                )
+            )
+        if "failure" in labels and "<error_type>" in system_text:
+            slipped = SLIP_STEP in shown
+            items.append(
+                _memory_item(
+                    "Keep intermediate results exact" if slipped else "Verify the final answer",
+                    "Rounding or guessing an intermediate value leads to a wrong final answer."
+                    if slipped
+                    else "An unchecked final answer can be wrong even when the steps look plausible.",
+                    "Carry exact values through every step and round only the final answer, if at all."
+                    if slipped
+                    else "Recompute the answer independently before giving it.",
+                    error=(
+                        "premature rounding" if slipped else "unverified answer",
+                        "An intermediate result was rounded to keep the numbers simple, so the final answer was off."
+                        if slipped
+                        else "The final answer was given without checking it against the problem.",
+                        "Keep every intermediate value exact; re-check the arithmetic before answering."
+                        if slipped
+                        else "Check the answer against the problem statement before giving it.",
+                    ),
+                )
+            )
+        return "<thinking>Looking for what generalises.</thinking>\n" + "\n".join(items)
+
+    def _vote(self, request: LLMRequest, rng: random.Random) -> str:
+        """A vote for a candidate without a slip, preferring those that reached an answer."""
+        shown = _last_user_text(request.messages)
+        marks = list(CANDIDATE.finditer(shown))
+        if not marks:
+            return "<thinking>There are no numbered candidates to compare.</thinking>\n<vote>1</vote>"
+        bodies = {
+            int(m.group(1)): shown[m.end() : nxt.start() if nxt else len(shown)] for m, nxt in zip(marks, [*marks[1:], None], strict=False)
+        }
+        clean = [n for n, body in bodies.items() if SLIP_STEP not in body]
+        finished = [n for n in clean if "Answer:" in bodies[n]]
+        choice = rng.choice(finished or clean or list(bodies))
+        return f"<thinking>Comparing the candidates.</thinking>\n<vote>{choice}</vote>"
+
+    def _long_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> tuple[str, bool]:
+        """Reason for `think` tokens in total, resuming from the progress markers the prompt shows.
+
+        The reasoning is visible text with a short `<thinking>` aside every few sentences. Returns
+        the text and whether max_tokens cut it off; when the prompt mentions `<continue>`, a full
+        chunk ends with that marker instead of being cut off.
+        """
+        total = self._think_total(directives)
+        answer = directives.get("answer", "done")
+        prompt = _all_text(request.messages)
+        done = _progress(prompt, total)
+        budget = request.max_tokens if request.max_tokens is not None else 10**9
+        wants_continue = "<continue>" in prompt
+        reserve = self.counter.count(" <continue>") if wants_continue else 0
+        parts: list[str] = []
+        used = 0
+        step = done // 20
+        while done + used < total:
+            sentence = f" Step {step}: {rng.choice(_PHRASES)} [progress {done + used}/{total}]."
+            if step % 8 == 7:
+                sentence += f" <thinking>scratch: re-derive step {step} to be sure</thinking>"
+            cost = self.counter.count(sentence)
+            if cost > budget - used - reserve:
+                parts.append(self.counter.head(sentence, max(budget - used - reserve, 0)))
+                if wants_continue:
+                    parts.append(" <continue>")
+                return "".join(parts), not wants_continue
+            parts.append(sentence)
+            used += cost
+            step += 1
+        parts.append(f" [progress {total}/{total}] <answer>{answer}</answer>")
+        return "".join(parts), False
+
+    def _think_total(self, directives: dict[str, str]) -> int:
+        try:
+            return int(directives["think"])
+        except ValueError:
+            raise SimulatorError(f"[[sim think={directives['think']}]]: think takes a whole number of tokens") from None
+
+    def _carryover_summary(self, request: LLMRequest, directives: dict[str, str]) -> str:
+        """What the model writes when asked for a structured carryover (see docs/simulator.md)."""
+        if "think" in directives:
+            total = self._think_total(directives)
+            done = _progress(_all_text(request.messages), total)
+            progress = f"[progress {done}/{total}] reasoning tokens completed."
+            step = f"step {done // 20}"
+        else:
+            progress, step = "the problem has been restated.", "the first step"
+        return (
+            "Current Strategy: work through the problem step by step, checking each intermediate result.\n"
+            "Key Findings: the intermediate results so far are consistent with each other.\n"
+            f"Progress: {progress}\n"
+            f"Next Steps: continue from {step}.\n"
+            "Unresolved: the final answer."
+        )
+
+    def _final_answer(self, request: LLMRequest, directives: dict[str, str]) -> str:
+        if "answer" in directives:
+            return f"<answer>{directives['answer']}</answer>"
+        if (known := self._known(_all_text(request.messages))) is not None:
+            return f"<answer>{self._recall(request, known, self._rng(request, 0))}</answer>"
+        found = evaluate_arithmetic(DIRECTIVE.sub("", _last_user_text(request.messages)))
+        return f"<answer>{format_number(found[1]) if found else 'unknown'}</answer>"
+
+    def _finish(self, text: str, request: LLMRequest, cut_off: bool = False) -> SimChoice:
+        """Apply stop sequences (excluded from the text, as OpenAI does) and max_tokens."""
+        stop_at, stop_reason = len(text), None
+        for seq in request.stop:
+            pos = text.find(seq)
+            if 0 <= pos < stop_at:
+                stop_at, stop_reason = pos, seq
+        text = text[:stop_at]
+        if request.max_tokens is not None and self.counter.count(text) > request.max_tokens:
+            return SimChoice(text=self.counter.head(text, request.max_tokens), finish_reason="length")
+        if cut_off and stop_reason is None:
+            return SimChoice(text=text, finish_reason="length")
+        return SimChoice(text=text, finish_reason="stop", stop_reason=stop_reason)
+
+
+def _memory_item(title: str, description: str, content: str, error: tuple[str, str, str] | None = None) -> str:
+    fields = f"<title>{title}</title><description>{description}</description><content>{content}</content>"
+    if error is not None:
+        fields += f"<error_type>{error[0]}</error_type><failure_pattern>{error[1]}</failure_pattern><corrective_guidance>{error[2]}</corrective_guidance>"
+    return f"<memory>{fields}</memory>"
+
+
+def _same_answer(given: str, expected: str) -> bool:
+    try:
+        return abs(float(given.replace(",", "")) - float(expected.replace(",", ""))) < 1e-9
+    except ValueError:
+        return " ".join(given.lower().split()) == " ".join(expected.lower().split())
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _wrong(answer: str, rng: random.Random) -> str:
+    """A plausible wrong answer: a number off by a little, or a hedged version of the text."""
+    try:
+        value = float(answer)
+    except ValueError:
+        return f"approximately {answer}"
+    return format_number(value + rng.choice((-1, 1)) * rng.randint(1, 9))
+
+
+def _tool_results_since_last_user(messages: tuple[Message, ...]) -> list[str]:
+    results: list[str] = []
+    for m in reversed(messages):
+        if m.role == "user":
+            break
+        if m.role == "tool":
+            results.append(m.content or "")
+    return results[::-1]
+
+
+def _last_user_text(messages: tuple[Message, ...]) -> str:
+    for m in reversed(messages):
+        if m.role == "user":
+            return m.content or ""
+    return ""
+
+
+def _all_text(messages: tuple[Message, ...]) -> str:
+    return "\n".join(m.content or "" for m in messages)
+
+
+def _progress(prompt: str, total: int) -> int:
+    """The furthest progress marker of a `think=total` reasoning that the prompt shows."""
+    return max((int(d) for d, n in PROGRESS.findall(prompt) if int(n) == total), default=0)
+
+
+def _request_digest(request: LLMRequest) -> str:
+    body = json.dumps([[m.role, m.content] for m in request.messages], ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def embed(text: str, dims: int = 384) -> list[float]:
+    """A deterministic bag-of-words embedding: texts sharing words point the same way (feature hashing)."""
+    vector = [0.0] * dims
+    words = re.findall(r"\w+", text.lower())
+    for word in words:
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dims
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = sum(v * v for v in vector) ** 0.5 or 1.0
+    return [v / norm for v in vector]

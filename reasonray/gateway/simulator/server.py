@@ -1,0 +1,331 @@
+"""The simulated model as a real OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+`/v1/chat/completions` (plain and streaming), `/v1/embeddings`, `/v1/models`, plus `/v1/sim/*`
+for tests: scripted replies, fault settings, statistics. Every reply names the model `simulated`
+and carries the header `X-ReasonRay-Simulated: true`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
+from reasonray.gateway.simulator.engine import (
+    FAULT_KINDS,
+    MODEL_NAME,
+    FaultPlan,
+    SimChoice,
+    SimResponse,
+    SimulatedModel,
+    SimulatorError,
+    embed,
+)
+from reasonray.gateway.tokens import TokenCounter, counter_for_model
+
+SIM_HEADER = {"X-ReasonRay-Simulated": "true"}
+
+
+@dataclass
+class SimulatorSettings:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    ttft_ms: float = 0.0
+    tokens_per_second: float = 0.0  # 0: no per-token delay
+    fault_rate: float = 0.0
+    fault_kinds: tuple[str, ...] = FAULT_KINDS
+    seed: int = 0
+    hang_s: float = 30.0  # how long a "timeout" fault keeps the client waiting
+    embedding_dims: int = 384
+
+    def delay_s(self, completion_tokens: int) -> float:
+        per_token = completion_tokens / self.tokens_per_second if self.tokens_per_second > 0 else 0.0
+        return self.ttft_ms / 1000 + per_token
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "simulated": True}},
+        status_code=status,
+        headers={**SIM_HEADER, **(headers or {})},
+    )
+
+
+def _content_text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    raise ValueError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+
+
+def _parse_request(body: dict[str, Any]) -> LLMRequest:
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ValueError("'messages' must be a non-empty list")
+    messages = []
+    for m in body["messages"]:
+        calls = tuple(
+            ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments", "{}"))
+            for c in m.get("tool_calls") or []
+        )
+        messages.append(
+            Message(
+                role=m["role"],
+                content=_content_text(m.get("content")),
+                tool_calls=calls,
+                tool_call_id=m.get("tool_call_id"),
+                name=m.get("name"),
+            )
+        )
+    stop = body.get("stop") or ()
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError("'max_tokens' must be a positive integer")
+    n = body.get("n") or 1
+    if not isinstance(n, int) or not 1 <= n <= 128:
+        raise ValueError("'n' must be an integer from 1 to 128")
+    return LLMRequest(
+        messages=tuple(messages),
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        temperature=1.0 if body.get("temperature") is None else float(body["temperature"]),  # OpenAI's default
+        n=n,
+        seed=body.get("seed"),
+        tools=tuple(body.get("tools") or ()),
+    )
+
+
+def _choice_json(index: int, choice: SimChoice) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text or None}
+    if choice.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in choice.tool_calls
+        ]
+    return {"index": index, "message": message, "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+
+
+def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
+    model = model or SimulatedModel(
+        counter_for_model(MODEL_NAME),
+        seed=settings.seed,
+        faults=FaultPlan(settings.fault_rate, tuple(settings.fault_kinds)),
+    )
+    app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
+    app.state.model = model
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "reasonray-simulator"}
+        return JSONResponse({"object": "list", "data": [card]}, headers=SIM_HEADER)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok", "simulated": True}, headers=SIM_HEADER)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        try:
+            body = await request.json()
+            sim_request = _parse_request(body)
+            fault = model.fault_for(sim_request)
+        except (ValueError, KeyError, TypeError, SimulatorError) as exc:
+            return _error(400, f"simulated model: {exc}")
+        if fault is not None:
+            return await _inject(fault.kind, settings)
+        try:
+            response = model.respond(sim_request)
+        except SimulatorError as exc:
+            return _error(400, f"simulated model: {exc}")
+        created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            stream = _stream(response, settings, created, rid, include_usage, model.counter)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=SIM_HEADER)
+        await asyncio.sleep(settings.delay_s(response.completion_tokens))
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": MODEL_NAME,
+                "system_fingerprint": "reasonray-simulated",
+                "choices": [_choice_json(i, c) for i, c in enumerate(response.choices)],
+                "usage": {
+                    "prompt_tokens": response.prompt_tokens,
+                    "completion_tokens": response.completion_tokens,
+                    "total_tokens": response.prompt_tokens + response.completion_tokens,
+                },
+            },
+            headers=SIM_HEADER,
+        )
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> JSONResponse:
+        body = await request.json()
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+            return _error(400, "simulated model: 'input' must be a string or a list of strings")
+        dims = int(body.get("dimensions") or settings.embedding_dims)
+        data = [{"object": "embedding", "index": i, "embedding": embed(t, dims)} for i, t in enumerate(inputs)]
+        tokens = sum(model.counter.count(t) for t in inputs)
+        return JSONResponse(
+            {"object": "list", "model": MODEL_NAME, "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+            headers=SIM_HEADER,
+        )
+
+    @app.post("/v1/sim/scripts")
+    async def add_script(request: Request) -> JSONResponse:
+        body = await request.json()
+        if not isinstance(body.get("name"), str) or not isinstance(body.get("replies"), list):
+            return _error(400, "a script needs 'name' (string) and 'replies' (list of {content, tool_calls})")
+        model.add_script(body["name"], body["replies"])
+        return JSONResponse({"ok": True}, headers=SIM_HEADER)
+
+    @app.post("/v1/sim/answers")
+    async def add_answers(request: Request) -> JSONResponse:
+        body = await request.json()
+        answers, skill = body.get("answers"), body.get("skill", 1.0)
+        if not isinstance(answers, dict) or not all(isinstance(v, str) for v in answers.values()):
+            return _error(400, "an answer key needs 'answers' ({question: answer} with string answers) and optionally 'skill' (0-1)")
+        try:
+            known = model.add_answers(answers, float(skill))
+        except (TypeError, ValueError) as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"known": known, "skill": model.skill}, headers=SIM_HEADER)
+
+    @app.post("/v1/sim/faults")
+    async def set_faults(request: Request) -> JSONResponse:
+        body = await request.json()
+        try:
+            model.faults = FaultPlan(float(body.get("rate", 0.0)), tuple(body.get("kinds") or FAULT_KINDS))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"rate": model.faults.rate, "kinds": list(model.faults.kinds)}, headers=SIM_HEADER)
+
+    @app.get("/v1/sim/stats")
+    async def stats() -> JSONResponse:
+        s = model.stats
+        return JSONResponse({"requests": s.requests, "faults": dict(s.faults), "scripted": s.scripted}, headers=SIM_HEADER)
+
+    @app.post("/v1/sim/reset")
+    async def reset() -> JSONResponse:
+        model.reset()
+        model.faults = FaultPlan(settings.fault_rate, tuple(settings.fault_kinds))
+        return JSONResponse({"ok": True}, headers=SIM_HEADER)
+
+    return app
+
+
+async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
+    if kind == "429":
+        return _error(429, "simulated rate limit (fault injection)", "rate_limit_error", {"Retry-After": "0"})
+    if kind == "timeout":
+        await asyncio.sleep(settings.hang_s)
+        return _error(504, "simulated timeout (fault injection)", "timeout")
+    return _error(500, "simulated server error (fault injection)", "server_error")
+
+
+async def _stream(
+    response: SimResponse, settings: SimulatorSettings, created: int, rid: str, include_usage: bool, counter: TokenCounter
+) -> AsyncIterator[str]:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    await asyncio.sleep(settings.ttft_ms / 1000)
+    per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
+    for index, choice in enumerate(response.choices):
+        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        pieces = _pieces(choice.text, counter)
+        for piece in pieces:
+            if per_token:
+                await asyncio.sleep(per_token * piece[1])
+            yield chunk([{"index": index, "delta": {"content": piece[0]}, "finish_reason": None}])
+        if choice.tool_calls:
+            calls = [
+                {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in enumerate(choice.tool_calls)
+            ]
+            yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
+        yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
+    if include_usage:
+        usage = {
+            "prompt_tokens": response.prompt_tokens,
+            "completion_tokens": response.completion_tokens,
+            "total_tokens": response.prompt_tokens + response.completion_tokens,
+        }
+        yield chunk([], usage)
+    yield "data: [DONE]\n\n"
+
+
+def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list[tuple[str, int]]:
+    """Split text into pieces of about `tokens_per_piece` tokens (words as the unit)."""
+    words = text.split(" ")
+    out, current = [], []
+    for i, word in enumerate(words):
+        current.append(word if i == 0 else " " + word)
+        if len(current) >= tokens_per_piece:
+            piece = "".join(current)
+            out.append((piece, counter.count(piece)))
+            current = []
+    if current:
+        piece = "".join(current)
+        out.append((piece, counter.count(piece)))
+    return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class SimulatorServer:
+    """Runs the simulator in a background thread of this process (for `reasonray serve --llm simulated` and tests)."""
+
+    def __init__(self, settings: SimulatorSettings) -> None:
+        if settings.port == 0:
+            settings.port = free_port(settings.host)
+        self.settings = settings
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="reasonray-simulator", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.settings.port}/v1"
+
+    def start(self, timeout_s: float = 20.0) -> SimulatorServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the simulated model did not start on {self.settings.host}:{self.settings.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def run(settings: SimulatorSettings) -> None:
+    """Serve in the foreground until interrupted (`reasonray sim`)."""
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")

@@ -1,0 +1,87 @@
+"""Strict test doubles for the LLM protocol, for unit tests and notebooks.
+
+`ScriptedLLM` answers from a script and raises on any call the script did not foresee;
+`assert_complete()` checks that the whole script was used. `FunctionLLM` computes each reply
+from the request. Both report usage with the real token counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import cast
+
+from reasonray.gateway.protocol import Choice, Completion, FinishReason, LLMRequest, ToolCall, Usage
+from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+
+Reply = str | Completion | ToolCall | tuple[ToolCall, ...] | BaseException
+
+
+class UnexpectedCall(AssertionError):
+    """The code under test called the model more often than the script allows."""
+
+
+def make_completion(
+    request: LLMRequest,
+    reply: str | ToolCall | tuple[ToolCall, ...],
+    *,
+    model: str,
+    counter: TokenCounter,
+    finish_reason: str | None = None,
+) -> Completion:
+    calls: tuple[ToolCall, ...] = ()
+    text = ""
+    if isinstance(reply, ToolCall):
+        calls = (reply,)
+    elif isinstance(reply, tuple):
+        calls = reply
+    else:
+        text = reply
+    completion_tokens = counter.count(text) + sum(counter.count(c.name + c.arguments) for c in calls)
+    return Completion(
+        choices=(
+            Choice(text=text, finish_reason=cast(FinishReason, finish_reason or ("tool_calls" if calls else "stop")), tool_calls=calls),
+        ),
+        usage=Usage(count_messages(counter, request.messages), completion_tokens),
+        model=model,
+    )
+
+
+class FunctionLLM:
+    """Computes each reply from the request; records every request it saw."""
+
+    def __init__(self, fn: Callable[[LLMRequest], Reply], model: str = "function") -> None:
+        self._fn = fn
+        self._model = model
+        self._counter = counter_for_model(model)
+        self.requests: list[LLMRequest] = []
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        self.requests.append(request)
+        reply = self._fn(request)
+        if isinstance(reply, BaseException):
+            raise reply
+        if isinstance(reply, Completion):
+            return reply
+        return make_completion(request, reply, model=self._model, counter=self._counter)
+
+
+class ScriptedLLM(FunctionLLM):
+    """Replies from a script, in order; a call the script did not foresee raises UnexpectedCall."""
+
+    def __init__(self, replies: Iterable[Reply], model: str = "scripted") -> None:
+        super().__init__(self._next, model)
+        self._replies = list(replies)
+
+    def _next(self, request: LLMRequest) -> Reply:
+        if not self._replies:
+            last = request.messages[-1].content if request.messages else None
+            raise UnexpectedCall(f"call {len(self.requests)} was not scripted; its last message: {last!r:.200}")
+        return self._replies.pop(0)
+
+    def assert_complete(self) -> None:
+        if self._replies:
+            raise AssertionError(f"{len(self._replies)} scripted repl(ies) never used: {self._replies!r:.300}")

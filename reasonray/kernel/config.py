@@ -1,0 +1,409 @@
+"""System configuration: `config.toml` read with tomllib, overridden by the environment, validated by Pydantic.
+
+Environment overrides: `REASONRAY_<SECTION>__<KEY>=value` (double underscore between levels, values
+parsed as JSON when they parse, e.g. `REASONRAY_REASONING__ENABLED_STRATEGIES='["chain_of_thought"]'`),
+plus the standard `OPENAI_BASE_URL` (the endpoint) and, through `[llm] api_key_env`, `OPENAI_API_KEY`.
+Every error names the key and the values it allows (docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from reasonray.kernel.auth_settings import AuthSettings
+from reasonray.kernel.errors import ReasonRayError
+
+ENV_PREFIX = "REASONRAY_"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config.toml"
+
+
+class ConfigError(ReasonRayError):
+    """The configuration is invalid; the message names each bad key and what it allows."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetrySettings(_Section):
+    max_attempts: int = Field(4, ge=1, le=10, description="Attempts per LLM call, the first included.")
+    initial_backoff_s: float = Field(1.0, ge=0, description="Wait after the first failure; doubles each attempt.")
+    max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between attempts.")
+    jitter_s: float = Field(0.5, ge=0, description="Random extra wait, up to this, so clients do not retry in step.")
+    deadline_s: float | None = Field(
+        30.0, gt=0, description="No retry starts later than this after the call began (none: only max_attempts limits them)."
+    )
+
+
+class BreakerSettings(_Section):
+    failure_rate_threshold: float = Field(
+        0.5, gt=0, le=1, description="Share of endpoint faults (5xx, timeouts, refused connections) in the window that opens the breaker."
+    )
+    minimum_calls: int = Field(20, ge=1, description="Calls the window must hold before the failure rate can open the breaker.")
+    window_s: float = Field(2.0, gt=0, description="Seconds of call outcomes the failure rate is computed over.")
+    reset_timeout_s: float = Field(10.0, gt=0, description="Seconds the breaker stays open before it half-opens.")
+    half_open_probes: int = Field(3, ge=1, description="Calls let through when half-open; all must succeed to close it.")
+
+
+class CacheSettings(_Section):
+    enabled: bool = Field(True, description="Serve repeatable LLM calls (temperature 0 or a seed) from the cache.")
+    max_entries: int = Field(10_000, ge=1, description="Entries kept; the least recently used go first.")
+    ttl_s: float = Field(3600.0, gt=0, description="Seconds an entry stays valid.")
+
+
+class SimulatorSection(_Section):
+    host: str = Field("127.0.0.1", description="Where `serve --llm simulated` binds the simulated model.")
+    port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free one.")
+    ttft_ms: float = Field(0.0, ge=0, description="Simulated time to first token.")
+    tokens_per_second: float = Field(0.0, ge=0, description="Simulated generation speed; 0 means instant.")
+    fault_rate: float = Field(0.0, ge=0, le=1, description="Share of requests that fail on purpose.")
+    fault_kinds: list[Literal["429", "500", "timeout"]] = Field(["429", "500", "timeout"], description="Which faults.")
+    seed: int = Field(0, description="Seed of the simulated model's choices.")
+
+
+class LLMSettings(_Section):
+    provider: Literal["auto", "openai", "simulated"] = Field(
+        "auto",
+        description="openai: any OpenAI-compatible endpoint; simulated: the built-in simulated model; "
+        "auto: openai when OPENAI_BASE_URL or the API key variable is set, else simulated.",
+    )
+    provider_reason: str | None = Field(
+        None, description="Why the provider is what it is, when a launcher decided it (`reasonray serve` resolving auto); else derived."
+    )
+    model: str = Field("gpt-4.1", min_length=1, description="Model name sent to the endpoint.")
+    base_url: str | None = Field(None, description="Endpoint base URL, e.g. http://localhost:8000/v1 for vLLM.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
+    api_key_required: bool = Field(True, description="Refuse to start without a key (false for keyless local servers).")
+    request_timeout_s: float = Field(60.0, gt=0, description="Timeout of one LLM call.")
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens", description="How the endpoint names the output limit (OpenAI reasoning models want max_completion_tokens)."
+    )
+    retry: RetrySettings = RetrySettings()
+    circuit_breaker: BreakerSettings = BreakerSettings()
+    cache: CacheSettings = CacheSettings()
+    simulator: SimulatorSection = SimulatorSection()
+
+
+class PerformanceSettings(_Section):
+    max_concurrent_requests: int = Field(100, ge=1, description="Requests one replica works on at once (Serve's max_ongoing_requests).")
+    strategy_selection_timeout_ms: int = Field(50, ge=1, description="Budget for resolving a strategy.")
+    enable_metrics: bool = Field(True, description="Export metrics to the Ray metrics endpoint.")
+
+
+class ReasoningSettings(_Section):
+    default_strategy: str | None = Field(None, description="Strategy used when a request names none; none means requests must name one.")
+    enabled_strategies: list[str] = Field(default_factory=list, description="Strategies served; may be empty.")
+    strategies: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per-strategy settings: `default_<field>` sets a config field's default, other keys are limits.",
+    )
+    performance: PerformanceSettings = PerformanceSettings()
+    degraded_answers: bool = Field(
+        False,
+        description="When a run fails part-way but its strategy can still answer (a majority of finished samples, the best "
+        "answer seen), return that answer marked `degraded: true` instead of the error.",
+    )
+
+    @field_validator("default_strategy", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value in ("", "none", "null") else value
+
+    @model_validator(mode="after")
+    def _default_is_enabled(self) -> ReasoningSettings:
+        if len(set(self.enabled_strategies)) != len(self.enabled_strategies):
+            raise ValueError("enabled_strategies lists a strategy twice")
+        if self.default_strategy is not None and self.default_strategy not in self.enabled_strategies:
+            raise ValueError(
+                f"default_strategy {self.default_strategy!r} is not enabled; "
+                f"choose one of {self.enabled_strategies or '[] (none enabled)'} or leave it unset"
+            )
+        return self
+
+
+class AutoscalingSettings(_Section):
+    enabled: bool = Field(False, description="Let Serve add and remove API replicas with the load (num_replicas is then ignored).")
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
+    max_replicas: int = Field(4, ge=1, description="Most replicas.")
+    target_ongoing_requests: float = Field(
+        32.0, gt=0, description="Requests in flight per replica Serve aims for; LLM-bound calls wait, so this is high."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+    def serve_config(self) -> dict[str, Any]:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+        }
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="Address Ray Serve binds; loopback unless you mean to expose it.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the API.")
+    num_replicas: int = Field(1, ge=1, description="Replicas of the API deployment.")
+    replica_num_cpus: float = Field(0.1, ge=0, description="CPUs each replica reserves (the work is I/O-bound).")
+    warm_workers: int = Field(
+        8, ge=0, le=256, description="Idle worker processes a node keeps for fan-out branches (Ray's num_workers_soft_limit)."
+    )
+    autoscaling: AutoscalingSettings = AutoscalingSettings()
+    fast_ingress: bool = Field(
+        True,
+        description="Serve's HAProxy ingress and throughput-optimised data plane: about half the per-request "
+        "overhead. Its stats and metrics listeners bind all interfaces (docs/operations.md).",
+    )
+    allowed_hosts: list[str] = Field(
+        ["localhost", "127.0.0.1", "::1"],
+        description="Host header values the API answers (DNS-rebinding defence); add the names it is reached by, '*' for any.",
+    )
+    cors_origins: list[str] = Field(default_factory=list, description="Browser origins allowed by CORS; empty: CORS is off.")
+
+
+class FanoutSettings(_Section):
+    pool_size: int = Field(
+        2, ge=1, le=64, description="Branch-runner actors each API replica starts at deploy time (warm for the first request)."
+    )
+    max_pool_size: int = Field(8, ge=1, le=256, description="Most branch runners a replica grows its pool to under load.")
+    branches_per_runner: int = Field(
+        64,
+        ge=1,
+        description="Branches in flight on every runner before the pool grows by one (each runner multiplexes them on one event loop).",
+    )
+    max_in_flight: int = Field(
+        1024, ge=1, description="Branches one replica runs at once; a fan-out beyond it is refused with -32011 (overloaded), never queued."
+    )
+    max_queued_requests: int = Field(
+        256, ge=-1, description="Requests Serve queues for the API beyond max_concurrent_requests; beyond it HTTP 503 (-1: unbounded)."
+    )
+    retry_after_s: float = Field(1.0, gt=0, description="Retry hint sent with an overload refusal (data.retry_after_s, Retry-After).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FanoutSettings:
+        if self.pool_size > self.max_pool_size:
+            raise ValueError(f"pool_size ({self.pool_size}) is above max_pool_size ({self.max_pool_size})")
+        return self
+
+
+class SessionSettings(_Section):
+    idle_timeout_s: float = Field(300.0, gt=0, description="A session idle this long leaves its host's memory; it stays saved.")
+    hosts: int = Field(2, ge=1, le=1024, description="Session-host actors (one process each, many sessions), made at deploy time.")
+    max_live_per_host: int = Field(1024, ge=1, le=1_000_000, description="Live sessions per host; beyond it idle ones go, busy: -32011.")
+    max_llm_calls: int = Field(8, ge=1, le=64, description="Default most LLM calls per turn (session.create may set its own).")
+    code_timeout_s: float = Field(5.0, gt=0, le=120, description="Wall-clock limit of one run of the python tool.")
+    code_memory_mb: int = Field(256, ge=32, le=8192, description="Address-space limit of one run of the python tool.")
+    code_max_output_chars: int = Field(4000, ge=100, le=1_000_000, description="The python tool's output is cut to this.")
+
+
+class ScoreWeights(_Section):
+    similarity: float = Field(0.7, ge=0, description="Weight of semantic similarity to the task.")
+    recency: float = Field(0.15, ge=0, description="Weight of recency (exponential decay by age).")
+    error_context: float = Field(0.15, ge=0, description="Weight of error-context relevance (lessons from failures).")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ScoreWeights:
+        if self.similarity + self.recency + self.error_context <= 0:
+            raise ValueError("at least one of similarity, recency and error_context must be above 0")
+        return self
+
+
+class MemorySettings(_Section):
+    enabled: bool = Field(True, description="Serve the memory bank (memory.* methods and memory-aware runs).")
+    chroma_url: str | None = Field(
+        None, description="A Chroma server (`chroma run`), e.g. http://10.0.0.5:8000; unset: embedded Chroma under data_dir/chroma."
+    )
+    collection_prefix: str = Field("rb", pattern=r"^[a-z0-9]{1,16}$", description="Prefix of the Chroma collections.")
+    embedding: Literal["sentence_transformers", "openai", "chroma_default"] = Field(
+        "sentence_transformers",
+        description="sentence_transformers: all-MiniLM-L6-v2 on this machine (bundled, offline); openai: the "
+        "endpoint's /v1/embeddings; chroma_default: Chroma's ONNX model (downloads on first use).",
+    )
+    embedding_model: str | None = Field(
+        None,
+        description="sentence_transformers: a model directory (default: the bundled all-MiniLM-L6-v2); "
+        "openai: the model name (default text-embedding-3-small).",
+    )
+    embedding_base_url: str | None = Field(None, description="openai embeddings endpoint; default: [llm] base_url.")
+    default_workspace: str = Field(
+        "default", pattern=r"^[a-z0-9](?:[a-z0-9_-]{0,46}[a-z0-9])?$", description="Workspace of requests that name none."
+    )
+    top_k: int = Field(1, ge=1, le=20, description="Past tasks whose memories are retrieved (the paper's default and best: 1).")
+    candidates: int = Field(20, ge=1, le=500, description="Nearest neighbours fetched from Chroma before composite re-ranking.")
+    min_similarity: float = Field(0.2, ge=0, le=1, description="Memories less similar than this to the task are never retrieved.")
+    recency_half_life_days: float = Field(30.0, gt=0, description="Age at which a memory's recency score halves.")
+    weights: ScoreWeights = ScoreWeights()
+    max_items_per_trajectory: int = Field(3, ge=1, le=10, description="Most items extracted from one judged trajectory.")
+    max_contrast_items: int = Field(5, ge=1, le=10, description="Most items a MaTTS self-contrast extracts.")
+    passive_learning: bool = Field(
+        False, description="Learn from good Q&A exchanges of runs that did not ask to learn, and of completed session turns."
+    )
+    passive_min_answer_chars: int = Field(100, ge=1, description="Shorter answers are never learned passively.")
+
+
+class BudgetSettings(_Section):
+    max_prompt_tokens: int | None = Field(None, ge=64, description="Prompts above this are cut (head and tail kept), with a warning.")
+    max_output_tokens: int | None = Field(None, ge=1, description="Caps every call's max_tokens.")
+    max_total_tokens: int | None = Field(None, ge=1, description="Prompt plus completion tokens one request may spend in all.")
+    deadline_s: float | None = Field(None, gt=0, description="Seconds one run may take before it fails with -32015 (partial kept).")
+
+
+class EventsSettings(_Section):
+    record: Literal["full", "metadata", "off"] = Field(
+        "full", description="Event logs: full (prompts and completions), metadata (sizes and hashes only) or off (none written)."
+    )
+    max_age_days: float | None = Field(30.0, gt=0, description="Event logs older than this are deleted by the service's sweep.")
+    max_total_mb: float | None = Field(1024.0, gt=0, description="Above this total, the oldest event logs are deleted by the sweep.")
+    sweep_interval_s: float = Field(3600.0, gt=0, description="How often the service enforces the two limits above.")
+
+
+class LimitSettings(_Section):
+    """Caps on what one request may ask for (docs/security.md); each violation is a -32602 naming its key."""
+
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest HTTP request body (413 above it).")
+    max_json_depth: int = Field(32, ge=4, le=500, description="Deepest nesting of a JSON body.")
+    max_batch_size: int = Field(20, ge=1, description="Most calls in one JSON-RPC batch.")
+    batch_concurrency: int = Field(
+        4, ge=1, description="Calls of one batch run at once (the rest wait), so a batch cannot bypass the replica's concurrency."
+    )
+    max_query_chars: int = Field(100_000, ge=1, description="Longest query, task or session message.")
+    max_samples: int = Field(10, ge=1, description="Most samples (self_consistency) or parallel attempts (matts k).")
+    max_tree_nodes: int = Field(64, ge=1, description="Most nodes tree_of_thought may expand (breadth^depth, bounded by beam).")
+    max_tree_votes: int = Field(5, ge=1, description="Most votes per tree_of_thought evaluation.")
+    max_iterations: int = Field(
+        50, ge=1, description="Most iterations of iterative strategies (refine, bounded_context, react tool calls)."
+    )
+    max_tokens: int = Field(32_768, ge=1, description="Largest max_tokens (and chunk size) a request may set.")
+    max_matts_work: int = Field(30, ge=1, description="Most inner runs of one MaTTS request (k x the inner strategy's iterations).")
+    session_retention_days: float | None = Field(
+        30.0, gt=0, description="Sessions not written for this many days are deleted (checked hourly); none keeps them."
+    )
+    max_session_history: int = Field(200, ge=2, description="Messages a session keeps; older turns are dropped from its history.")
+
+
+class LoggingSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    format: Literal["json", "console"] = Field("json", description="json for machines, console for people.")
+    log_queries: bool = Field(
+        False, description="With level debug, log each query with personal data redacted. Off: queries are never logged."
+    )
+
+
+class StoreSettings(_Section):
+    url: str | None = Field(
+        None,
+        pattern=r"^postgres(ql)?://",
+        description="PostgreSQL for sessions, agent cards, runs, audit and counters, e.g. postgresql://reasonray@10.0.0.5:5432/reasonray; unset: files under data_dir.",
+    )
+
+
+class Settings(_Section):
+    data_dir: Path = Field(Path(".reasonray"), description="Where ReasonRay keeps its data (event logs, memory, sessions).")
+    server: ServerSettings = ServerSettings()
+    llm: LLMSettings = LLMSettings()
+    reasoning: ReasoningSettings = ReasoningSettings()
+    sessions: SessionSettings = SessionSettings()
+    fanout: FanoutSettings = FanoutSettings()
+    memory: MemorySettings = MemorySettings()
+    budget: BudgetSettings = BudgetSettings()
+    events: EventsSettings = EventsSettings()
+    limits: LimitSettings = LimitSettings()
+    logging: LoggingSettings = LoggingSettings()
+    store: StoreSettings = StoreSettings()
+    auth: AuthSettings = AuthSettings()
+
+    def resolved_provider(self, environ: Mapping[str, str] | None = None) -> Literal["openai", "simulated"]:
+        env = os.environ if environ is None else environ
+        if self.llm.provider != "auto":
+            return self.llm.provider
+        return "openai" if (self.llm.base_url or env.get(self.llm.api_key_env)) else "simulated"
+
+    def provider_reason(self, environ: dict[str, str] | None = None) -> str:
+        """Which model provider is in use and why, for the serve banner and the operators' health view."""
+        if self.llm.provider_reason:
+            return self.llm.provider_reason
+        env = os.environ if environ is None else environ
+        provider = self.resolved_provider(env)
+        if self.llm.provider != "auto":
+            return f"{provider}: [llm] provider = {self.llm.provider!r}"
+        if provider == "simulated":
+            return (
+                f"simulated: [llm] provider = 'auto' and neither [llm] base_url nor ${self.llm.api_key_env} is set "
+                "(set one for a real model)"
+            )
+        why = "[llm] base_url is set" if self.llm.base_url else f"${self.llm.api_key_env} is set"
+        return f"openai: [llm] provider = 'auto' and {why}"
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
+        node[path[-1]] = _parse_env_value(raw)
+    if environ.get("OPENAI_BASE_URL"):
+        data.setdefault("llm", {}).setdefault("base_url", environ["OPENAI_BASE_URL"])
+    if environ.get("REASONRAY_DATA_DIR"):
+        data["data_dir"] = environ["REASONRAY_DATA_DIR"]
+    return data
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling against docs/configuration.md"
+        elif e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_settings(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Read `path` (default: the repository's config.toml, if any), apply the environment, validate."""
+    env = dict(os.environ if environ is None else environ)
+    config_path = Path(path or env.get("REASONRAY_CONFIG") or DEFAULT_CONFIG_PATH)
+    data: dict[str, Any] = {}
+    if config_path.exists():
+        try:
+            data = tomllib.loads(config_path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_path} is not valid TOML: {exc}") from exc
+    elif path is not None:
+        raise ConfigError(f"config file {config_path} does not exist")
+    data = _apply_env(data, env)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(config_path))) from None

@@ -1,0 +1,184 @@
+"""Errors ReasonRay raises on purpose, by whose fault they are: one tree under `ReasonRayError`. Each
+class carries its JSON-RPC `code`, the HTTP status the REST mirrors answer with, and the `error_type`
+clients see in `error.data`; the API derives its answers from them (`reasonray.api.jsonrpc.error_for`).
+The gateway's errors (`reasonray.gateway.errors`), configuration, evaluation, tool-argument and
+simulator errors are branches of the same tree.
+
+    ReasonRayError
+    ├── InvalidParamsError          the caller sent bad parameters                      -32602
+    │   └── ReentryError            client tool results do not match the pending calls  -32602
+    ├── StrategyUnavailableError    the strategy asked for is unknown, disabled or none  -32002
+    ├── MaxIterationsError          a strategy used its iterations without an answer    -32009
+    │   └── MaxLLMCallsError        a turn used its LLM calls without finishing         -32009
+    ├── ModelBehaviorError          the model's output broke the strategy's protocol    -32010
+    │   └── UnregisteredToolError   the model called a tool that is not available       -32010
+    ├── BudgetExceededError         the request's token budget ran out                  -32004
+    ├── NotFoundError               the agent (session, memory) named does not exist    -32005
+    ├── ToolFailedError             a tool (server or client) failed: the turn ends     -32006
+    │   └── SandboxUnavailableError the python sandbox (bubblewrap) cannot start here   -32006
+    ├── SessionStateError           the session cannot take this request now            -32007
+    ├── MemoryUnavailableError      the memory store or embedding model cannot serve     -32008
+    ├── OverloadedError             too much in flight here now; retry after a while    -32011
+    ├── RunCancelledError           the run was cancelled (caller gone, shutdown)        -32014
+    ├── DeadlineExceededError       the request's deadline passed before an answer       -32015
+    ├── UnauthenticatedError        no valid credentials came with the request          -32001
+    ├── ForbiddenError              the caller may not do this (or it is not theirs)    -32003
+    └── RateLimitedError            the caller's rate limit or token budget is used up  -32012
+
+The model provider's own failures (`reasonray.gateway.errors`) map to -32013 with a summary that
+never carries the provider's URL or body (those go to the log).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class ReasonRayError(Exception):
+    """Base of the errors ReasonRay raises on purpose; `data` travels to the client."""
+
+    code: int = -32603
+    http_status: int = 500
+    error_type: str = "internal"
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data or {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # raised in an actor, re-raised in the caller: keep `data` (pickling keeps only `args` by default)
+        return type(self), (self.message, self.data)
+
+
+class InvalidParamsError(ReasonRayError):
+    """The caller sent parameters that are missing, malformed or out of range."""
+
+    code, http_status, error_type = -32602, 422, "invalid_params"
+
+
+class StrategyUnavailableError(ReasonRayError):
+    """The strategy requested (or defaulted to) cannot serve this request; `data.available` lists those that can."""
+
+    code, http_status, error_type = -32002, 400, "strategy_unavailable"
+
+
+class MaxIterationsError(ReasonRayError):
+    """A strategy used all its iterations without an answer; `data` keeps the partial trace."""
+
+    code, http_status, error_type = -32009, 422, "max_iterations"
+
+
+class ModelBehaviorError(ReasonRayError):
+    """The model answered in a way the strategy cannot use (e.g. no parsable output after retries)."""
+
+    code, http_status, error_type = -32010, 502, "model_behavior"
+
+
+class BudgetExceededError(ReasonRayError):
+    """The request's cumulative token budget ran out."""
+
+    code, http_status, error_type = -32004, 422, "budget_exceeded"
+
+
+class NotFoundError(ReasonRayError):
+    """The caller named something (an agent, a session, a memory) that does not exist; `data` says what is there."""
+
+    code, http_status, error_type = -32005, 404, "not_found"
+
+
+class ReentryError(InvalidParamsError):
+    """`session.resume` results are missing, extra or mismatched; `data` names the call ids. Nothing changed."""
+
+    code, http_status, error_type = -32602, 422, "reentry_mismatch"
+
+
+class MaxLLMCallsError(MaxIterationsError):
+    """A turn made its maximum number of LLM calls without a final answer."""
+
+    code, http_status, error_type = -32009, 422, "max_llm_calls"
+
+
+class UnregisteredToolError(ModelBehaviorError):
+    """The model called a tool that is not registered (or not available in the current mode)."""
+
+    code, http_status, error_type = -32010, 502, "unregistered_tool"
+
+
+class ToolFailedError(ReasonRayError):
+    """A tool failed; the turn ends at the first failure. `data` names the call and the error."""
+
+    code, http_status, error_type = -32006, 502, "tool_failed"
+
+
+class SandboxUnavailableError(ToolFailedError):
+    """The python sandbox cannot isolate code on this host (bubblewrap missing, no user namespaces): nothing runs."""
+
+
+class SessionStateError(ReasonRayError):
+    """The session cannot take this request now (a turn while client results are pending, a closed session)."""
+
+    code, http_status, error_type = -32007, 409, "session_state"
+
+
+class MemoryUnavailableError(ReasonRayError):
+    """The memory bank cannot serve: Chroma unreachable, an embedding model missing or mismatched."""
+
+    code, http_status, error_type = -32008, 503, "memory_unavailable"
+
+
+class RunCancelledError(ReasonRayError):
+    """The run was cancelled before it answered (the caller went away, the service is shutting down)."""
+
+    code, http_status, error_type = -32014, 409, "cancelled"
+
+
+class DeadlineExceededError(ReasonRayError):
+    """The request's deadline (`budget.deadline_s`, or the server's) passed before the run answered."""
+
+    code, http_status, error_type = -32015, 504, "deadline_exceeded"
+
+
+class UnauthenticatedError(ReasonRayError):
+    """The request carries no valid credentials; the message says what is missing or wrong (never which part of a signature)."""
+
+    code, http_status, error_type = -32001, 401, "unauthenticated"
+
+
+class ForbiddenError(ReasonRayError):
+    """The caller is known but may not do this, or the thing named is not theirs (whether it exists is not said)."""
+
+    code, http_status, error_type = -32003, 403, "forbidden"
+
+
+class RateLimitedError(ReasonRayError):
+    """The caller's rate limit or token budget is used up for now; `data.retry_after_s` says when to try again."""
+
+    code, http_status, error_type = -32012, 429, "rate_limited"
+
+
+def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:
+    """Keep what a run achieved before `exc` (iterations, carryover) for the error's `data.partial`."""
+    exc.partial_result = partial  # type: ignore[attr-defined]
+    return exc
+
+
+def describe_errors(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors())
+
+
+def json_safe_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False)]
+
+
+class OverloadedError(ReasonRayError):
+    """This server has no room for the request now (every session slot of a host is busy, or a replica has
+    `[fanout] max_in_flight` branches running); nothing was done. `data.retry_after_s` says when to try again."""
+
+    code, http_status, error_type = -32011, 503, "overloaded"
+
+    @property
+    def retry_after_s(self) -> float:
+        return float(self.data.get("retry_after_s", 1.0))

@@ -1,0 +1,246 @@
+"""Everything a run does is an event: a msgspec struct carrying the run's trace id.
+
+Events keep the full text (thinking included). `EventRecorder` appends each one to the run's JSONL
+file under the data directory (0600 files in 0700 directories; `[events] record` chooses the full
+text, sizes and hashes only, or no file; `reasonray.kernel.retention` deletes old ones) as it happens (so a long run holds none of its history in memory),
+keeps them in memory only when the caller asked for the trace, and writes one log line per event
+with sizes and timings, never prompt or answer text. The LLM wrapper that turns every model call
+into an `LLM_INVOCATION` event is `reasonray.gateway.observed.ObservedLLM`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import msgspec
+import structlog
+
+log = structlog.get_logger("reasonray.events")
+
+
+class Event(msgspec.Struct, tag_field="type", kw_only=True):
+    trace_id: str
+    strategy: str
+    ts: float = msgspec.field(default_factory=time.time)
+
+
+class LLMInvocation(Event, tag="LLM_INVOCATION"):
+    """One call to the model: the request messages and the full response, thinking included."""
+
+    messages: list[dict[str, Any]]
+    responses: list[str]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    cached: bool
+    attempts: int
+    model: str
+    simulated: bool
+
+
+class IterationEnd(Event, tag="ITERATION_END"):
+    """A multi-iteration strategy finished one iteration."""
+
+    iteration: int
+    prompt_tokens: int
+    completion_tokens: int
+    has_answer: bool
+    stop: str  # "answer", "continue" (the model asked for more room) or "length" (cut off)
+
+
+class Carryover(Event, tag="CARRYOVER"):
+    """What is carried into the next iteration (thinking stripped), and how it was made."""
+
+    iteration: int
+    mode: str  # "tail" or "summary"
+    tokens: int
+    text: str
+    fallback: bool = False  # summary generation failed or came back empty: the raw tail was used
+
+
+class BranchRun(Event, tag="BRANCH"):
+    """A branch of a fan-out finished as a Ray task: where it ran (task, branch-runner actor, node, process) and what it cost."""
+
+    label: str
+    index: int
+    task_id: str
+    node_id: str
+    pid: int
+    elapsed_ms: float
+    llm_calls: int
+    actor_id: str = ""  # the branch runner (empty in traces from before the pool)
+
+
+class ThoughtNode(Event, tag="THOUGHT"):
+    """A node of a tree-of-thought search: the thought, its evaluation and what the search did with it."""
+
+    node_id: str  # "0.2.1": the root's third child's second child
+    parent_id: str
+    depth: int
+    text: str
+    score: float
+    is_answer: bool
+    status: str  # "kept", "pruned", "answer" (the chosen solution) or "unexplored"
+
+
+class RunWarning(Event, tag="WARNING"):
+    """Something was degraded to keep the run going (truncation, fallback)."""
+
+    code: str
+    message: str
+
+
+class MemoryRetrieval(Event, tag="MEMORY_RETRIEVAL"):
+    """Memories retrieved into the run's prompts: ids, titles, warnings and composite scores."""
+
+    workspace: str
+    task_id: str
+    memories: list[dict[str, Any]]
+    latency_ms: float
+
+
+class MemoryLearning(Event, tag="MEMORY_LEARNING"):
+    """The learning loop after a run: the verdict, who gave it, and the memories stored."""
+
+    workspace: str
+    task_id: str
+    outcome: str
+    judged_by: str
+    trajectories: int
+    stored: list[str]
+    source: str  # "judged" (memory.learn) or "passive"
+
+
+class RunEnd(Event, tag="RUN_END"):
+    """The run finished (status ok) or failed (status error, with the error type)."""
+
+    status: str
+    total_tokens: int
+    execution_time_ms: int
+    error: str | None = None
+
+
+EventSink = Callable[[Event], None]
+
+
+TEXT_FIELDS = frozenset({"messages", "responses", "text"})  # model and user text: event log only, never logs
+PRIVATE_FIELDS = TEXT_FIELDS | {"memories"}  # what `[events] record = "metadata"` keeps only the size and hash of
+RecordMode = Literal["full", "metadata", "off"]
+_encoder = msgspec.json.Encoder()
+_made_dirs: set[Path] = set()
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    plain: dict[str, Any] = msgspec.to_builtins(event)
+    return plain
+
+
+def metadata_only(event: Event) -> dict[str, Any]:
+    """The event with each text field replaced by its size in bytes and its SHA-256: what ran, not what was said."""
+    fields = to_dict(event)
+    for name in PRIVATE_FIELDS & fields.keys():
+        raw = _encoder.encode(fields[name])
+        fields[name] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    return fields
+
+
+def private_dir(path: Path) -> None:
+    """Make `path` (and missing parents) readable by the service's user only: 0700, whatever the umask."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+
+
+def event_log_path(data_dir: Path, trace_id: str) -> Path:
+    """Where a run's events go: <data_dir>/events/<UTC date>/<trace_id>.jsonl."""
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    return Path(data_dir) / "events" / day / f"{trace_id}.jsonl"
+
+
+class EventRecorder:
+    """Appends a run's events to its JSONL file, keeps them only when asked, and logs each without text.
+
+    The file is buffered (64 KiB): a long run's text leaves memory as the buffer fills, and `close`
+    writes the rest when the run ends, successfully or not.
+    """
+
+    def __init__(self, path: Path | None = None, *, keep: bool = True, mode: RecordMode = "full") -> None:
+        self.path = path if mode != "off" else None
+        self.keep = keep
+        self.mode = mode
+        self.events: list[Event] = []
+        self._file: IO[bytes] | None = None
+
+    def __call__(self, event: Event) -> None:
+        if self.keep:
+            self.events.append(event)
+        if self.path is not None:
+            if self._file is None:
+                if self.path.parent not in _made_dirs:
+                    private_dir(self.path.parent.parent)  # <data_dir>/events
+                    private_dir(self.path.parent)
+                    _made_dirs.add(self.path.parent)
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # prompts are personal data: owner only
+                self._file = os.fdopen(fd, "ab", buffering=64 * 1024)  # written as the buffer fills and at close
+            self._file.write(_encoder.encode(event if self.mode == "full" else metadata_only(event)) + b"\n")
+        fields = {k: v for k, v in to_dict(event).items() if k not in TEXT_FIELDS and k not in ("type", "ts")}
+        log.info(type(event).__name__, **fields)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def as_trace(self) -> list[dict[str, Any]]:
+        return [to_dict(e) for e in self.events]
+
+
+def read_event_log(path: Path) -> list[dict[str, Any]]:
+    """A run's events as written, oldest first."""
+    return [msgspec.json.decode(line) for line in path.read_bytes().splitlines() if line]
+
+
+class Tally(msgspec.Struct):
+    """What a run's LLM calls added up to."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls: int = 0
+    cache_hits: int = 0
+    retries: int = 0
+    simulated: bool = False
+    model: str = ""  # as the endpoint names itself (the simulator answers "simulated")
+
+    def add(self, other: Tally) -> None:
+        """Count another tally's calls (a branch that ran elsewhere) into this one."""
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.calls += other.calls
+        self.cache_hits += other.cache_hits
+        self.retries += other.retries
+        self.simulated = self.simulated or other.simulated
+        self.model = other.model or self.model
+
+
+class Budget(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A request's token budget; None means no limit."""
+
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+
+    def tightest(self, other: Budget | None) -> Budget:
+        """Each limit the lower of the two (a request may tighten the system's budget, never loosen it)."""
+        if other is None:
+            return self
+
+        def pick(a: int | None, b: int | None) -> int | None:
+            return b if a is None else a if b is None else min(a, b)
+
+        return Budget(*(pick(getattr(self, f), getattr(other, f)) for f in self.__struct_fields__))

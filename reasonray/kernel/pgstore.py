@@ -1,0 +1,252 @@
+"""The cluster store: PostgreSQL behind the repository seams (`[store] url = "postgresql://..."`).
+
+One `PgStore` per process and URL (`pg_store`) owns a connection pool and speaks JSON, not domain
+types: the typed repositories sit in the layers that own the data (sessions in
+`reasonray.reasoner.repository`, agent cards in `reasonray.strategies.agents`, runs, the audit log
+and counters in `reasonray.kernel.repositories`). The schema is created or migrated on first use with
+yoyo-migrations from the SQL files in `reasonray/kernel/migrations/` (yoyo takes a lock, so replicas
+starting together migrate once).
+
+The driver is psycopg 3 with its sync pool: the repository seams are synchronous (a session save is
+one short statement on a loopback or LAN connection, as long as the file store's fsync), so callers
+stay unchanged. Statements that are safe to repeat are retried when the connection drops
+(`psycopg.OperationalError`: a server restart, a failover, a broken pooled connection); the pool
+replaces broken connections itself.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from importlib import resources
+from typing import Any, TypeVar
+
+import psycopg
+import structlog
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from reasonray.kernel.config import ConfigError
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+RETRY_ATTEMPTS = 5  # with backoff 0.1 s doubling to 2 s: about 4 s of outage ridden out
+
+
+# the run index's columns beside its JSONB event log, in the order they are written and read
+RUN_COLUMNS = (
+    "trace_id",
+    "kind",
+    "principal",
+    "strategy",
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "started_at",
+    "elapsed_ms",
+    "error",
+)
+
+
+class PgStore:
+    """Sessions, agent cards, runs, audit entries and counters in one PostgreSQL database."""
+
+    # Every session actor is a process of its own with its own pool, so pools stay small: a process
+    # makes one statement at a time per session. Hundreds of live sessions: put PgBouncer in front.
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 4, timeout_s: float = 10.0) -> None:
+        self.url = url
+        self.pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout_s,
+            open=False,
+            kwargs={"autocommit": True},
+            check=ConnectionPool.check_connection,
+        )
+        try:
+            self.pool.open(wait=True, timeout=timeout_s)
+        except PoolTimeout as exc:
+            raise ConfigError(
+                f"[store] url: cannot connect to PostgreSQL at {redacted(url)} within {timeout_s:g} s ({exc}); start it or fix the URL"
+            ) from None
+        migrate(url)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection]:
+        with self.pool.connection() as conn:
+            yield conn
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(psycopg.OperationalError),
+            stop=stop_after_attempt(RETRY_ATTEMPTS),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            reraise=True,
+            before_sleep=lambda s: log.warning(
+                "store.retry", attempt=s.attempt_number, error=str(s.outcome.exception() if s.outcome else "")[:200]
+            ),
+        ):
+            with attempt:
+                return fn()
+        raise AssertionError("unreachable")  # Retrying re-raises the last error
+
+    def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        def run() -> list[tuple[Any, ...]]:
+            with self._conn() as conn, conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description else []
+
+        return self._retry(run)
+
+    # -- sessions: one row each, optimistic concurrency on `version` ------------------------------------
+    def load_session(self, session_id: str) -> tuple[str, int] | None:
+        """The session's state as JSON text (parsed once, by the caller's model) and its version."""
+        rows = self._fetch("SELECT state::text, version FROM sessions WHERE session_id = %s", (session_id,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def save_session(self, session_id: str, status: str, state_json: str, version: int) -> int | None:
+        """Store `state_json` as version `version + 1` if the stored version is still `version` (0: a new session).
+
+        Returns the new version, or None when another writer saved in between. A retry after a lost
+        connection that finds its own write already committed is a success.
+        """
+        if version == 0:
+            sql = "INSERT INTO sessions (session_id, version, status, state) VALUES (%s, 1, %s, %s::jsonb) ON CONFLICT DO NOTHING RETURNING version"
+            params: tuple[Any, ...] = (session_id, status, state_json)
+        else:
+            sql = (
+                "UPDATE sessions SET version = version + 1, status = %s, state = %s::jsonb, updated_at = now() "
+                "WHERE session_id = %s AND version = %s RETURNING version"
+            )
+            params = (status, state_json, session_id, version)
+        rows = self._fetch(sql, params)
+        if rows:
+            stored: int = rows[0][0]
+            return stored
+        current = self.load_session(session_id)
+        if current is not None and current[1] == version + 1 and json.loads(current[0]) == json.loads(state_json):
+            return version + 1  # our own write, committed before the connection dropped
+        return None
+
+    def session_ids(self) -> list[str]:
+        return [r[0] for r in self._fetch("SELECT session_id FROM sessions ORDER BY session_id")]
+
+    # -- agent cards -----------------------------------------------------------------------------------------
+    def cards(self) -> list[dict[str, Any]]:
+        return [r[0] for r in self._fetch("SELECT card FROM agent_cards ORDER BY agent_id")]
+
+    def put_card(self, agent_id: str, card: dict[str, Any]) -> None:
+        self._fetch(
+            "INSERT INTO agent_cards (agent_id, card) VALUES (%s, %s) ON CONFLICT (agent_id) DO UPDATE SET card = EXCLUDED.card, updated_at = now()",
+            (agent_id, Jsonb(card)),
+        )
+
+    def delete_card(self, agent_id: str) -> None:
+        self._fetch("DELETE FROM agent_cards WHERE agent_id = %s", (agent_id,))
+
+    # -- runs: the index and the full event log ------------------------------------------------------------
+    def record_run(self, run: dict[str, Any], events: list[dict[str, Any]]) -> None:
+        cols = RUN_COLUMNS
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*cols[1:], "events"))
+        self._fetch(
+            f"INSERT INTO runs ({', '.join(cols)}, events) VALUES ({', '.join(['%s'] * (len(cols) + 1))}) "
+            f"ON CONFLICT (trace_id) DO UPDATE SET {updates}",  # a session turn resumed after a hand-off records again
+            (*(run[c] for c in cols), Jsonb(events)),
+        )
+
+    def run(self, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        rows = self._fetch(f"SELECT {', '.join(RUN_COLUMNS)}, events FROM runs WHERE trace_id = %s", (trace_id,))
+        if not rows:
+            return None
+        return dict(zip(RUN_COLUMNS, rows[0][:-1], strict=True)), rows[0][-1]
+
+    def run_ids(self, limit: int) -> list[str]:
+        return [r[0] for r in self._fetch("SELECT trace_id FROM runs ORDER BY started_at DESC LIMIT %s", (limit,))]
+
+    # -- audit log and counters --------------------------------------------------------------------------------
+    def append_audit(self, principal: str | None, action: str, detail: dict[str, Any], at: datetime) -> None:
+        self._fetch("INSERT INTO audit_log (at, principal, action, detail) VALUES (%s, %s, %s, %s)", (at, principal, action, Jsonb(detail)))
+
+    def audit(self, principal: str | None, limit: int) -> list[tuple[datetime, str | None, str, dict[str, Any]]]:
+        where, params = ("WHERE principal = %s", (principal, limit)) if principal is not None else ("", (limit,))
+        rows = self._fetch(f"SELECT at, principal, action, detail FROM audit_log {where} ORDER BY id DESC LIMIT %s", params)
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def add_counter(self, key: str, window_start: int, amount: int, ttl_s: float | None) -> int:
+        """Add `amount` to the counter of `key` in the window starting at `window_start`; returns the new value.
+
+        Not retried: an increment that committed before the connection dropped must not count twice.
+        """
+
+        def run() -> int:
+            with self._conn() as conn, conn.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO counters (key, window_start, value, expires_at) "
+                    "VALUES (%s, %s, %s, now() + make_interval(secs => %s)) "
+                    "ON CONFLICT (key, window_start) DO UPDATE SET value = counters.value + EXCLUDED.value RETURNING value",
+                    (key, window_start, amount, ttl_s),
+                )
+                row = cur.fetchone()
+                assert row is not None
+                return int(row[0])
+
+        return run()
+
+    def counter(self, key: str, window_start: int) -> int:
+        rows = self._fetch("SELECT value FROM counters WHERE key = %s AND window_start = %s", (key, window_start))
+        return int(rows[0][0]) if rows else 0
+
+    def prune_counters(self) -> int:
+        """Drop counters whose window has expired; returns how many."""
+        rows = self._fetch("DELETE FROM counters WHERE expires_at < now() RETURNING 1")
+        return len(rows)
+
+
+def migrate(url: str) -> list[str]:
+    """Create or migrate the schema to the newest version; returns the ids of the migrations applied."""
+    from yoyo import get_backend, read_migrations  # imported here: only processes with a store URL need it
+
+    backend = get_backend(yoyo_url(url))
+    with resources.as_file(resources.files("reasonray.kernel") / "migrations") as path:
+        migrations = read_migrations(str(path))
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+    applied = [m.id for m in pending]
+    if applied:
+        log.info("store.migrated", applied=applied, url=redacted(url))
+    return applied
+
+
+def yoyo_url(url: str) -> str:
+    """yoyo names psycopg 3 `postgresql+psycopg`."""
+    scheme, _, rest = url.partition("://")
+    return f"postgresql+psycopg://{rest}" if scheme in ("postgresql", "postgres") else url
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    return f"{info.get('user', '')}@{info.get('host', '')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+_stores: dict[str, PgStore] = {}
+_lock = threading.Lock()
+
+
+def pg_store(url: str) -> PgStore:
+    """The process's store for `url`, created (and the schema migrated) on first use."""
+    with _lock:
+        if url not in _stores:
+            _stores[url] = PgStore(url)
+        return _stores[url]

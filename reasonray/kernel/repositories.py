@@ -1,0 +1,216 @@
+"""Repositories for the data the kernel owns: the run index, the audit log and counters.
+
+Each is a small Protocol with two implementations: files under the data directory (the zero-setup
+default for one machine) and PostgreSQL (`[store] url`, `reasonray.kernel.pgstore`), which every
+node and replica of a cluster shares. `run_index`, `audit_log` and `counters` pick one from the
+settings. Sessions and agent cards have theirs in the layers that own them
+(`reasonray.reasoner.repository`, `reasonray.strategies.agents`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import AwareDatetime, BaseModel, Field
+
+from reasonray.kernel.events import read_event_log
+from reasonray.kernel.storage import write_atomic
+
+
+class RunRecord(BaseModel):
+    """One run in the index: a `reasoning.execute` call or a session turn."""
+
+    trace_id: str
+    kind: Literal["execute", "session"]
+    principal: str | None = Field(None, description="Who asked (the authenticated principal), when known.")
+    strategy: str
+    status: str = Field(description="ok, error, or awaiting_client_tools (a session turn handed to the client).")
+    prompt_tokens: int
+    completion_tokens: int
+    started_at: AwareDatetime
+    elapsed_ms: int
+    error: str | None = None
+
+
+class RunIndex(Protocol):
+    """Runs by trace id, each with its full event log."""
+
+    def record(self, run: RunRecord, event_log: Path | None) -> None:
+        """Index `run`; `event_log` is its JSONL file under the data directory (None: no events kept)."""
+
+    def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None: ...
+
+
+class FileRunIndex:
+    """`<data_dir>/runs/<trace_id>.json`: the record and the path of its event log file."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = Path(data_dir) / "runs"
+
+    def record(self, run: RunRecord, event_log: Path | None) -> None:
+        doc = {"run": run.model_dump(mode="json"), "event_log": str(event_log) if event_log else None}
+        write_atomic(self.root / f"{run.trace_id}.json", json.dumps(doc).encode())
+
+    def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
+        path = self.root / f"{trace_id}.json"
+        if not path.exists():
+            return None
+        doc = json.loads(path.read_bytes())
+        log_path = Path(doc["event_log"]) if doc["event_log"] else None
+        events = read_event_log(log_path) if log_path is not None and log_path.exists() else []
+        return RunRecord.model_validate(doc["run"]), events
+
+
+class PgRunIndex:
+    """The `runs` table: the record's columns and the event log as JSONB (no file needed afterwards)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def record(self, run: RunRecord, event_log: Path | None) -> None:
+        events = read_event_log(event_log) if event_log is not None and event_log.exists() else []
+        self.store.record_run(run.model_dump(), events)
+
+    def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
+        found = self.store.run(trace_id)
+        return (RunRecord.model_validate(found[0]), found[1]) if found else None
+
+
+class AuditEntry(BaseModel):
+    at: AwareDatetime
+    principal: str | None = None
+    action: str = Field(description="What was done, e.g. 'agent.register' or 'auth.denied'.")
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class AuditLog(Protocol):
+    """Append-only record of who did what; newest first when read."""
+
+    def append(self, entry: AuditEntry) -> None: ...
+
+    def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]: ...
+
+
+class FileAuditLog:
+    """`<data_dir>/audit.jsonl`, one line per entry (each a single O_APPEND write, so lines never interleave)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / "audit.jsonl"
+
+    def append(self, entry: AuditEntry) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, entry.model_dump_json().encode() + b"\n")
+        finally:
+            os.close(fd)
+
+    def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]:
+        if not self.path.exists():
+            return []
+        entries = [AuditEntry.model_validate_json(line) for line in self.path.read_bytes().splitlines() if line]
+        return [e for e in reversed(entries) if principal is None or e.principal == principal][:limit]
+
+
+class PgAuditLog:
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def append(self, entry: AuditEntry) -> None:
+        self.store.append_audit(entry.principal, entry.action, entry.detail, entry.at)
+
+    def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]:
+        return [AuditEntry(at=at, principal=p, action=a, detail=d) for at, p, a, d in self.store.audit(principal, limit)]
+
+
+class Counters(Protocol):
+    """Shared counters for rate limits and budgets: fixed windows of `window_s` seconds (None: one window, forever)."""
+
+    def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
+        """Add `amount` to `key`'s current window; returns the window's total after the addition."""
+
+    def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int: ...
+
+
+def window_start(window_s: int | None, now: float | None) -> int:
+    if window_s is None:
+        return 0
+    t = time.time() if now is None else now
+    return int(t // window_s) * window_s
+
+
+class FileCounters:
+    """`<data_dir>/counters.json` under an exclusive lock: processes of one machine share it."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / "counters.json"
+
+    @contextmanager
+    def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = json.loads(self.path.read_bytes()) if self.path.exists() else {}
+            yield data
+
+    def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
+        start = window_start(window_s, now)
+        t = time.time() if now is None else now
+        with self._locked() as data:
+            slot = data.get(key)
+            value = (slot["value"] if slot and slot["window_start"] == start else 0) + amount
+            data[key] = {"window_start": start, "value": value}
+            # drop windows that have ended, so the file holds only live counters
+            live = {k: v for k, v in data.items() if k == key or v.get("expires", t + 1) > t}
+            live[key]["expires"] = start + window_s if window_s else t + 10**9
+            write_atomic(self.path, json.dumps(live).encode())
+        return value
+
+    def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
+        start = window_start(window_s, now)
+        with self._locked() as data:
+            slot = data.get(key)
+        return slot["value"] if slot and slot["window_start"] == start else 0
+
+
+class PgCounters:
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
+        total: int = self.store.add_counter(key, window_start(window_s, now), amount, window_s)
+        return total
+
+    def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
+        total: int = self.store.counter(key, window_start(window_s, now))
+        return total
+
+
+def _store(url: str | None) -> Any:
+    if url is None:
+        return None
+    from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
+
+    return pg_store(url)
+
+
+def run_index(store_url: str | None, data_dir: Path) -> RunIndex:
+    store = _store(store_url)
+    return PgRunIndex(store) if store is not None else FileRunIndex(data_dir)
+
+
+def audit_log(store_url: str | None, data_dir: Path) -> AuditLog:
+    store = _store(store_url)
+    return PgAuditLog(store) if store is not None else FileAuditLog(data_dir)
+
+
+def counters(store_url: str | None, data_dir: Path) -> Counters:
+    store = _store(store_url)
+    return PgCounters(store) if store is not None else FileCounters(data_dir)

@@ -1,0 +1,95 @@
+"""Retention of event logs: by age and by total size (the service's periodic sweep), and by date (the CLI's purge).
+
+Event logs live at `<data_dir>/events/<UTC date>/<trace_id>.jsonl`. A file's age is its modification
+time, so a run still writing is never the oldest. The sweep keeps the directories of the last two
+days even when empty (a run started before midnight may still open its file there); `purge` removes
+empty day directories too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Swept:
+    deleted_files: int
+    deleted_bytes: int
+    kept_files: int
+    kept_bytes: int
+
+
+def _logs(events_dir: Path) -> list[tuple[float, int, Path]]:
+    """(modification time, size, path) of every event log, oldest first."""
+    found = []
+    for path in events_dir.glob("*/*.jsonl"):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # deleted meanwhile (another replica's sweep)
+            continue
+        found.append((stat.st_mtime, stat.st_size, path))
+    return sorted(found)
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float | None, now: float | None = None) -> Swept:
+    """Delete event logs older than `max_age_days`, then the oldest until the rest fit in `max_total_mb`."""
+    now = time.time() if now is None else now
+    logs = _logs(events_dir) if events_dir.is_dir() else []
+    total = sum(size for _, size, _ in logs)
+    deleted_files = deleted_bytes = 0
+    cutoff = now - max_age_days * 86400 if max_age_days is not None else None
+    limit = max_total_mb * 1024 * 1024 if max_total_mb is not None else None
+    for mtime, size, path in logs:  # oldest first
+        too_old = cutoff is not None and mtime < cutoff
+        too_big = limit is not None and total > limit
+        if not (too_old or too_big):
+            break
+        if _unlink(path):
+            deleted_files += 1
+            deleted_bytes += size
+        total -= size
+    recent = {(datetime.fromtimestamp(now, UTC).date() - timedelta(days=d)).isoformat() for d in (0, 1)}
+    _remove_empty_days(events_dir, keep=recent)
+    if deleted_files:
+        log.info("events.swept", deleted_files=deleted_files, deleted_bytes=deleted_bytes)
+    return Swept(deleted_files, deleted_bytes, len(logs) - deleted_files, total)
+
+
+def purge(events_dir: Path, before: date) -> Swept:
+    """Delete the event logs of every UTC day before `before` (by directory name), and their directories."""
+    deleted_files = deleted_bytes = 0
+    logs = _logs(events_dir) if events_dir.is_dir() else []
+    for _, size, path in logs:
+        try:
+            day = date.fromisoformat(path.parent.name)
+        except ValueError:  # not a day directory: not ours to delete
+            continue
+        if day < before and _unlink(path):
+            deleted_files += 1
+            deleted_bytes += size
+    _remove_empty_days(events_dir, keep=set())
+    kept = [size for _, size, path in _logs(events_dir)] if events_dir.is_dir() else []
+    return Swept(deleted_files, deleted_bytes, len(kept), sum(kept))
+
+
+def _remove_empty_days(events_dir: Path, keep: set[str]) -> None:
+    if not events_dir.is_dir():
+        return
+    for day in events_dir.iterdir():
+        if day.is_dir() and day.name not in keep and not any(day.iterdir()):
+            day.rmdir()

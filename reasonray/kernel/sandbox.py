@@ -1,0 +1,209 @@
+"""Runs untrusted Python in OS isolation: bubblewrap namespaces, an unprivileged uid, resource limits.
+
+Code from a model or a caller (the `python` tool, react, `solve_coding_task`, the HumanEval scorer)
+runs as uid/gid 64999 (an unused uid of its own) under `bwrap --unshare-all` (no network, its own pid, ipc, uts and cgroup
+namespaces), sees only read-only binds of `/usr` and the interpreter's prefix, a fresh tmpfs at
+`/tmp` (its working directory, size-capped) and nothing else: no data directory, no home, no
+service environment (`--clearenv`, three variables set). `prlimit` caps address space, CPU seconds,
+processes, file size, open files and core dumps before `bwrap` starts. The whole tree is its own
+session and process group: on timeout the group is killed with `os.killpg`, and because the code is
+pid 1's descendant in a fresh pid namespace (`--die-with-parent`), every grandchild dies with it and
+no pipe outlives the run. Output is read incrementally and only `max_output_chars` are kept.
+
+Audit hooks are not a sandbox (the CPython docs say so); the isolation here is the kernel's. When
+bubblewrap is missing or cannot create namespaces on a host, `run_python` raises
+`SandboxUnavailableError` rather than run anything unisolated. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+
+from reasonray.kernel.errors import SandboxUnavailableError
+
+# A uid of its own, with no account and no files: nothing else on the host runs as it, so the
+# process cap (RLIMIT_NPROC, counted per uid) counts sandboxed code only (65534, nobody, is shared
+# with daemons and test servers).
+NOBODY = 64999
+# reads the program from stdin (so no file of it exists anywhere) and runs it as __main__
+PRELUDE = 'import sys; exec(compile(sys.stdin.read(), "<sandbox>", "exec"), {"__name__": "__main__"})'
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# bytes of output read per chunk; the cap is enforced as chunks arrive, the rest is drained unread
+CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 5.0
+    memory_mb: int = 256
+    max_output_chars: int = 4000
+    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid: a fork bomb stops here
+    max_file_mb: int = 16  # RLIMIT_FSIZE: largest file the code may write (in its tmpfs)
+    scratch_mb: int = 32  # size of the tmpfs at /tmp, the only writable place
+    max_open_files: int = 64  # RLIMIT_NOFILE
+
+
+@dataclass(frozen=True)
+class RunResult:
+    stdout: str
+    stderr: str
+    exit_code: int | None  # None: killed on timeout
+    timed_out: bool
+    truncated: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+def interpreter() -> tuple[str, str]:
+    """(the real interpreter, its prefix): a venv's python is a symlink into the base installation."""
+    prefix = os.path.realpath(sys.base_prefix)
+    exe = os.path.join(prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+    return (exe if os.path.exists(exe) else os.path.realpath(sys.executable)), prefix
+
+
+def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
+    found = {name: shutil.which(name) for name in ("bwrap", "prlimit", "setpriv")}
+    missing = [name for name, path in found.items() if path is None]
+    tools = {name: path for name, path in found.items() if path is not None}
+    if missing:
+        raise SandboxUnavailableError(
+            f"the python sandbox needs bubblewrap, prlimit and setpriv; not found on this host: {', '.join(missing)} "
+            "(scripts/setup.sh installs them); code is never run unisolated",
+            {"missing": missing},
+        )
+    rlimits = [
+        f"--as={limits.memory_mb * 1024 * 1024}",
+        f"--cpu={max(1, int(limits.timeout_s) + 1)}",
+        f"--fsize={limits.max_file_mb * 1024 * 1024}",
+        f"--nofile={limits.max_open_files}",
+        "--core=0",
+    ]
+    as_root = os.geteuid() == 0
+    if as_root:
+        rlimits.append(f"--nproc={limits.max_processes}")
+    cmd = [tools["prlimit"], *rlimits, "--", tools["bwrap"]]
+    if as_root:
+        # As root, bwrap sets up the namespaces with real privileges and setpriv drops to the sandbox uid/gid on the
+        # host, not only inside a user namespace: the code has no owner rights on root's files, and
+        # RLIMIT_NPROC (never enforced for root) counts its processes.
+        cmd += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        drop = [tools["setpriv"], f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs"]
+        drop += ["--inh-caps=-all", "--bounding-set=-all", "--"]
+    else:
+        # an unprivileged service: a user namespace maps it to the sandbox uid inside (its processes share the host uid)
+        cmd += ["--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
+        drop = []
+    cmd += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = os.path.join("/", link)
+        if os.path.islink(target):
+            cmd += ["--symlink", os.readlink(target), target]
+        elif os.path.isdir(target):
+            cmd += ["--ro-bind", target, target]
+    if not (prefix == "/usr" or prefix.startswith("/usr/")):
+        # the interpreter's installation (e.g. /root/.pyenv/versions/X); its parents readable, or Python
+        # cannot find its own prefix and falls back to /usr's standard library
+        parents = [p for p in _ancestors(prefix) if p != "/"]
+        for parent in parents:
+            cmd += ["--perms", "0755", "--dir", parent]
+        cmd += ["--ro-bind", prefix, prefix]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(limits.scratch_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+    cmd += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+    return [*cmd, "--", *drop, exe, "-I", "-c", PRELUDE]
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunResult:
+    """Run `code` isolated; never raises for anything the code does (errors are in stderr and exit_code).
+
+    Raises `SandboxUnavailableError` when the isolation cannot be set up on this host.
+    """
+    exe, prefix = interpreter()
+    proc = await asyncio.create_subprocess_exec(
+        *_command(limits, prefix, exe),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"},  # bwrap's own environ: nothing of the service's
+        cwd="/",
+        start_new_session=True,  # its own session and process group, killed whole on timeout
+    )
+    out, err = _Capture(limits.max_output_chars * 4), _Capture(limits.max_output_chars * 4)
+    readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr), _feed(proc.stdin, code.encode()))
+    timed_out = False
+    try:
+        await asyncio.wait_for(asyncio.shield(readers), timeout=limits.timeout_s)
+        await asyncio.wait_for(proc.wait(), timeout=limits.timeout_s)
+    except TimeoutError:
+        timed_out = True
+    finally:
+        _kill_group(proc.pid)
+        # the pid namespace dies with bwrap, so the pipes close; bound the wait anyway
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(readers), timeout=2.0)
+        if not readers.done():
+            readers.cancel()
+            with contextlib.suppress(BaseException):
+                await readers
+        await proc.wait()
+    if not timed_out and proc.returncode in (1, 127) and out.size == 0 and err.text().startswith(("bwrap:", "setpriv:", "prlimit:")):
+        raise SandboxUnavailableError(f"the python sandbox could not start: {err.text().strip()[:300]}")
+    stdout, cut_out = _truncate(out, limits.max_output_chars)
+    stderr, cut_err = _truncate(err, limits.max_output_chars)
+    return RunResult(stdout, stderr, None if timed_out else proc.returncode, timed_out, cut_out or cut_err)
+
+
+class _Capture:
+    """Keeps the first `limit` bytes of a stream and counts the rest without storing it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = bytearray()
+        self.size = 0
+
+    async def drain(self, stream: asyncio.StreamReader | None) -> None:
+        assert stream is not None
+        while chunk := await stream.read(CHUNK):
+            self.size += len(chunk)
+            room = self.limit - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+
+    def text(self) -> str:
+        return self.kept.decode(errors="replace")
+
+
+async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
+    assert stdin is not None
+    # the code may exit without reading all of stdin: a broken pipe is its business
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stdin.write(data)
+        await stdin.drain()
+        stdin.close()
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _truncate(capture: _Capture, limit: int) -> tuple[str, bool]:
+    text = capture.text()
+    if len(text) <= limit and capture.size == len(capture.kept):
+        return text, False
+    more = max(len(text) - limit, 0) + (capture.size - len(capture.kept))
+    return text[:limit] + f"\n... [truncated: {more} more characters]", True

@@ -1,0 +1,189 @@
+"""The service's own metrics: one catalogue, recorded through a `Metrics` sink.
+
+Pure code records by name (`metrics.record("reasonray_requests", method=..., status=...)`); the
+Ray layer (`actors/metrics.py`) turns the catalogue into `ray.util.metrics` counters, histograms
+and gauges, which Ray exports on each node's metrics endpoint with a `ray_` prefix (counters also
+get `_total`) beside Serve's own. docs/operations.md lists them; `deploy/grafana/reasonray.json`
+charts them. Tags are low-cardinality on purpose: method, strategy, status, model, never a user's
+text. `agent` is a registered agent's id (operators register a handful), or `none`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Kind = Literal["counter", "histogram", "gauge"]
+LATENCY_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
+TOKENS = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    description: str
+    tags: tuple[str, ...] = ()
+    boundaries: tuple[float, ...] = ()
+
+    @property
+    def exported(self) -> str:
+        """The name on Ray's metrics endpoint."""
+        return f"ray_{self.name}_total" if self.kind == "counter" else f"ray_{self.name}"
+
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "reasonray_requests",
+        "counter",
+        "JSON-RPC calls answered, by method, strategy and status (ok or the error type).",
+        ("method", "strategy", "status"),
+    ),
+    MetricSpec(
+        "reasonray_request_latency_ms", "histogram", "Time to answer a JSON-RPC call, in milliseconds.", ("method", "strategy"), LATENCY_MS
+    ),
+    MetricSpec(
+        "reasonray_tokens", "counter", "Tokens spent by reasoning runs, by strategy and kind (prompt or completion).", ("strategy", "kind")
+    ),
+    MetricSpec("reasonray_run_tokens", "histogram", "Tokens one reasoning run spent (prompt plus completion).", ("strategy",), TOKENS),
+    MetricSpec(
+        "reasonray_runs",
+        "counter",
+        "Reasoning runs, by the strategy that ran, the agent (or none) and status: ok, degraded or the error type.",
+        ("strategy", "agent", "status"),
+    ),
+    MetricSpec(
+        "reasonray_run_latency_ms",
+        "histogram",
+        "Time of one reasoning run, failed or not, by strategy, agent and status.",
+        ("strategy", "agent", "status"),
+        LATENCY_MS,
+    ),
+    MetricSpec("reasonray_run_llm_calls", "counter", "LLM calls made by reasoning runs, failed or not.", ("strategy", "agent")),
+    MetricSpec("reasonray_llm_calls", "counter", "LLM calls, by model and outcome (ok, cached or error).", ("model", "outcome")),
+    MetricSpec("reasonray_llm_retries", "counter", "Extra attempts spent on transient provider failures.", ("model",)),
+    MetricSpec("reasonray_llm_failures", "counter", "LLM calls that failed after their retries, by error type.", ("model", "error")),
+    MetricSpec(
+        "reasonray_llm_latency_ms", "histogram", "Time of an LLM call that reached the provider, retries included.", ("model",), LATENCY_MS
+    ),
+    MetricSpec("reasonray_llm_breaker_state", "gauge", "The circuit breaker: 0 closed, 1 half open, 2 open.", ("endpoint",)),
+    MetricSpec("reasonray_llm_cache_hits", "counter", "LLM calls answered from the response cache.", ("model",)),
+    MetricSpec("reasonray_llm_cache_misses", "counter", "Cacheable LLM calls the cache could not answer.", ("model",)),
+    MetricSpec(
+        "reasonray_bounded_context_iterations",
+        "histogram",
+        "Iterations of a bounded-context run.",
+        (),
+        (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50),
+    ),
+    MetricSpec(
+        "reasonray_bounded_context_savings_pct",
+        "histogram",
+        "Attention compute a bounded-context run saved against one long chain of thought, in percent.",
+        (),
+        (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99),
+    ),
+    MetricSpec(
+        "reasonray_memory_retrieval_latency_ms", "histogram", "Memory retrieval (embedding and ranking), in milliseconds.", (), LATENCY_MS
+    ),
+    MetricSpec("reasonray_memory_items", "gauge", "Memory items stored, by workspace.", ("workspace",)),
+    MetricSpec("reasonray_active_sessions", "gauge", "Sessions live in the session hosts' memory.", ()),
+    # the blueprint's names (seed 001, "GET /metrics"), recorded for bounded-context runs; GET /metrics
+    # serves them without Ray's `ray_` prefix, as the blueprint spells them
+    MetricSpec("reasoning_bounded_context_requests", "counter", "Bounded-context runs, by status (ok or the error type).", ("status",)),
+    MetricSpec(
+        "reasoning_bounded_context_duration_seconds",
+        "histogram",
+        "Time of a bounded-context run, in seconds.",
+        (),
+        (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    ),
+    MetricSpec("reasoning_bounded_context_tokens", "counter", "Tokens bounded-context runs spent (prompt plus completion).", ()),
+    MetricSpec(
+        "reasoning_bounded_context_compute_savings_pct",
+        "histogram",
+        "Attention compute a bounded-context run saved against one long chain of thought, in percent.",
+        (),
+        (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99),
+    ),
+    MetricSpec(
+        "reasoning_bounded_context_iterations",
+        "histogram",
+        "Iterations of a bounded-context run.",
+        (),
+        (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50),
+    ),
+)
+SPECS = {spec.name: spec for spec in CATALOGUE}
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class Metrics(Protocol):
+    def record(self, name: str, value: float = 1.0, **tags: str) -> None:
+        """Count (counter), observe (histogram) or set (gauge) the catalogue metric `name`."""
+
+
+class NoMetrics:
+    def record(self, name: str, value: float = 1.0, **tags: str) -> None:
+        pass
+
+
+def check(name: str, tags: dict[str, str], value: float = 1.0) -> MetricSpec:
+    """The spec of `name`; a name or tag set the catalogue does not have, or a counter going down,
+    is a programming error."""
+    spec = SPECS.get(name)
+    if spec is None:
+        raise KeyError(f"{name!r} is not in reasonray.telemetry.CATALOGUE")
+    if set(tags) != set(spec.tags):
+        raise ValueError(f"{name} takes tags {spec.tags}, got {tuple(tags)}")
+    if spec.kind == "counter" and value < 0:
+        raise ValueError(f"{name} is a counter: it cannot go down by {value}")
+    return spec
+
+
+class RecordingMetrics:
+    """Keeps what was recorded (for tests and in-process use), checked against the catalogue."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, float, dict[str, str]]] = []
+
+    def record(self, name: str, value: float = 1.0, **tags: str) -> None:
+        check(name, tags, value)
+        self.records.append((name, value, tags))
+
+    def values(self, name: str, **tags: str) -> list[float]:
+        return [v for n, v, t in self.records if n == name and all(t.get(k) == w for k, w in tags.items())]
+
+    def total(self, name: str, **tags: str) -> float:
+        return sum(self.values(name, **tags))
+
+
+def record_run(metrics: Metrics, strategy: str, prompt_tokens: int, completion_tokens: int, specific: dict[str, Any] | None) -> None:
+    """A reasoning run's tokens, and a bounded-context run's iterations and savings."""
+    metrics.record("reasonray_tokens", prompt_tokens, strategy=strategy, kind="prompt")
+    metrics.record("reasonray_tokens", completion_tokens, strategy=strategy, kind="completion")
+    metrics.record("reasonray_run_tokens", prompt_tokens + completion_tokens, strategy=strategy)
+    specific = specific or {}
+    if "total_iterations" in specific:
+        metrics.record("reasonray_bounded_context_iterations", specific["total_iterations"])
+    if "compute_savings_pct" in specific:
+        metrics.record("reasonray_bounded_context_savings_pct", specific["compute_savings_pct"])
+
+
+def record_bounded_context(metrics: Metrics, status: str, seconds: float, tokens: int, specific: dict[str, Any] | None) -> None:
+    """A bounded-context run under the blueprint's names (status `ok` or the error's type)."""
+    metrics.record("reasoning_bounded_context_requests", status=status)
+    metrics.record("reasoning_bounded_context_duration_seconds", seconds)
+    metrics.record("reasoning_bounded_context_tokens", tokens)
+    specific = specific or {}
+    if "total_iterations" in specific:
+        metrics.record("reasoning_bounded_context_iterations", specific["total_iterations"])
+    if "compute_savings_pct" in specific:
+        metrics.record("reasoning_bounded_context_compute_savings_pct", specific["compute_savings_pct"])
+
+
+def record_outcome(metrics: Metrics, strategy: str, agent: str, status: str, latency_ms: float, llm_calls: int) -> None:
+    """One reasoning run's outcome, tagged with the strategy that ran, whether it succeeded or not."""
+    metrics.record("reasonray_runs", strategy=strategy, agent=agent, status=status)
+    metrics.record("reasonray_run_latency_ms", latency_ms, strategy=strategy, agent=agent, status=status)
+    metrics.record("reasonray_run_llm_calls", llm_calls, strategy=strategy, agent=agent)

@@ -1,0 +1,200 @@
+"""ContextProviders and the request builder that materialises them.
+
+Session-scoped providers are emitted on every LLM call and persist across turns; turn-scoped ones
+are emitted once and then cleared by the reasoner. The pipeline populates them all before a turn
+(and the tool executor writes tool results into the ledger); the reasoner only clears turn context.
+Every provider dumps to and loads from plain JSON, which is what the session repository stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field
+
+from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
+from reasonray.kernel.tags import strip_thinking
+
+Scope = Literal["session", "turn"]
+
+
+class ModeSpec(BaseModel):
+    """A mode of a session: its instructions, the tools it may use and its bootstrap text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: str = Field("", max_length=20_000, description="Added to the system message while the mode is active.")
+    tools: list[str] | None = Field(None, description="Tools available in this mode (server and client names); null: all.")
+    bootstrap: str | None = Field(None, max_length=20_000, description="Shown once when the mode is entered (turn-scoped).")
+
+
+@dataclass
+class Instructions:
+    """Session-scoped: the session's system prompt and the active mode's instructions."""
+
+    text: str
+    name: str = "instructions"
+    scope: Scope = "session"
+
+    def messages(self, mode: ModeState) -> list[Message]:
+        spec = mode.modes[mode.mode]
+        body = f"{self.text}\n\nCurrent mode: {mode.mode}." + (f"\n{spec.instructions}" if spec.instructions else "")
+        return [Message(role="system", content=body)]
+
+
+@dataclass
+class ModeState:
+    """Session-scoped: the active mode and every mode's spec. Changed only by the mode_state_change tool."""
+
+    mode: str
+    modes: dict[str, ModeSpec]
+    name: str = "mode"
+    scope: Scope = "session"
+
+    def allows(self, tool: str) -> bool:
+        allowed = self.modes[self.mode].tools
+        return allowed is None or tool in allowed
+
+
+@dataclass
+class Conversation:
+    """Session-scoped: the user messages and final answers of the session so far (thinking stripped)."""
+
+    history: list[Message] = field(default_factory=list)
+    name: str = "conversation"
+    scope: Scope = "session"
+
+    def messages(self) -> list[Message]:
+        return list(self.history)
+
+
+@dataclass
+class Bootstrap:
+    """Turn-scoped: welcome and initialisation text, armed by session creation or a mode change."""
+
+    pending: list[str] = field(default_factory=list)
+    name: str = "bootstrap"
+    scope: Scope = "turn"
+
+    def messages(self) -> list[Message]:
+        return [Message(role="system", content=text) for text in self.pending]
+
+    def clear(self) -> None:
+        self.pending = []
+
+
+class LedgerEntry(msgspec.Struct):
+    tool_call_id: str
+    tool: str
+    kind: str  # "server" or "client"
+    arguments: str
+    status: str = "pending"  # "pending", "ok" or "failed"
+    content: str | None = None
+
+
+class Round(msgspec.Struct):
+    """One LLM reply's tool calls, in the order the model issued them."""
+
+    calls: list[ToolCall]
+    entries: list[LedgerEntry]
+
+
+class SubmittedResult(msgspec.Struct):
+    tool_call_id: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass
+class ToolLedger:
+    """The ToolResults provider and tool ledger of the current turn: expected calls, status, results.
+
+    Emitted on every call of the turn (each round as the assistant's tool calls followed by their
+    results). The tool executor records server results, the pipeline records client results on
+    re-entry (`submit`, which keeps results it did not expect for the reasoner to reject), and the
+    pipeline starts a fresh ledger with each turn.
+    """
+
+    rounds: list[Round] = field(default_factory=list)
+    unexpected: list[SubmittedResult] = field(default_factory=list)
+    name: str = "tool_results"
+    scope: Scope = "session"
+
+    def entries(self) -> list[LedgerEntry]:
+        return [entry for r in self.rounds for entry in r.entries]
+
+    def pending(self) -> list[LedgerEntry]:
+        return [e for e in self.entries() if e.status == "pending"]
+
+    def submit(self, results: list[SubmittedResult]) -> None:
+        by_id = {e.tool_call_id: e for e in self.entries()}
+        for result in results:
+            entry = by_id.get(result.tool_call_id)
+            if entry is None or entry.kind != "client" or entry.status != "pending":
+                self.unexpected.append(result)
+                continue
+            entry.status = "failed" if result.is_error else "ok"
+            entry.content = result.content
+
+    def messages(self) -> list[Message]:
+        out: list[Message] = []
+        for r in self.rounds:
+            out.append(Message(role="assistant", tool_calls=tuple(r.calls)))
+            out += [Message(role="tool", tool_call_id=e.tool_call_id, content=e.content or "") for e in r.entries if e.status != "pending"]
+        return out
+
+
+@dataclass
+class ContextProviders:
+    """Every provider of a session, in the order the request builder emits them."""
+
+    instructions: Instructions
+    mode: ModeState
+    conversation: Conversation
+    bootstrap: Bootstrap
+    ledger: ToolLedger
+
+    def turn_scoped(self) -> list[Bootstrap]:
+        """The providers whose content is emitted once and then cleared (their `scope` says so)."""
+        everyone = (self.instructions, self.mode, self.conversation, self.bootstrap, self.ledger)
+        return [p for p in everyone if p.scope == "turn"]  # type: ignore[misc]
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "instructions": self.instructions.text,
+            "mode": {"mode": self.mode.mode, "modes": {k: v.model_dump() for k, v in self.mode.modes.items()}},
+            "conversation": msgspec.to_builtins(self.conversation.history),
+            "bootstrap": list(self.bootstrap.pending),
+            "tool_results": {"rounds": msgspec.to_builtins(self.ledger.rounds), "unexpected": msgspec.to_builtins(self.ledger.unexpected)},
+        }
+
+    @classmethod
+    def load(cls, state: dict[str, Any]) -> ContextProviders:
+        ledger = state["tool_results"]
+        return cls(
+            instructions=Instructions(state["instructions"]),
+            mode=ModeState(state["mode"]["mode"], {k: ModeSpec.model_validate(v) for k, v in state["mode"]["modes"].items()}),
+            conversation=Conversation(msgspec.convert(state["conversation"], list[Message])),
+            bootstrap=Bootstrap(list(state["bootstrap"])),
+            ledger=ToolLedger(msgspec.convert(ledger["rounds"], list[Round]), msgspec.convert(ledger["unexpected"], list[SubmittedResult])),
+        )
+
+
+def build_request(providers: ContextProviders, tools: list[dict[str, Any]], *, max_tokens: int, temperature: float) -> LLMRequest:
+    """Materialise the providers into one LLM request: instructions, bootstrap, conversation, tool rounds."""
+    messages = [
+        *providers.instructions.messages(providers.mode),
+        *providers.bootstrap.messages(),
+        *providers.conversation.messages(),
+        *providers.ledger.messages(),
+    ]
+    carried = tuple(_without_thinking(m) for m in messages)
+    return LLMRequest(messages=carried, tools=tuple(tools), max_tokens=max_tokens, temperature=temperature)
+
+
+def _without_thinking(message: Message) -> Message:
+    if message.role != "assistant" or not message.content:
+        return message
+    return msgspec.structs.replace(message, content=strip_thinking(message.content))

@@ -1,0 +1,197 @@
+"""The turn reasoner: validate, call the LLM, run tools, verify, clear turn context, exit.
+
+Each step returns a closed union of outcomes: a model reply is a `FinalAnswer` or a `ToolRound`; a
+tool round ends in `RunAgain` or `PendingClientCalls`. A turn exits in mode 1 (`Completed`) or
+mode 2 (`AwaitingClient`); hard errors are typed exceptions after a trace step. The reasoner does
+not populate providers, persist state or compose prompts; its one provider mutation is clearing
+turn-scoped context once it has been emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import assert_never
+
+from reasonray.gateway.protocol import LLM, ToolCall
+from reasonray.kernel.errors import (
+    MaxLLMCallsError,
+    ModelBehaviorError,
+    ReentryError,
+    SessionStateError,
+)
+from reasonray.kernel.events import EventSink
+from reasonray.kernel.tags import extract_answer, strip_thinking
+from reasonray.reasoner.executor import ToolExecutor
+from reasonray.reasoner.providers import ContextProviders, build_request
+from reasonray.reasoner.trace import (
+    Continued,
+    Exited,
+    LLMCalled,
+    ReentryRejected,
+    ReentryVerified,
+)
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolRound:
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True)
+class RunAgain:
+    pass
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    tool_call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class PendingClientCalls:
+    calls: tuple[PendingCall, ...]
+
+
+@dataclass(frozen=True)
+class Completed:
+    """Exit mode 1: the turn's final answer."""
+
+    answer: str
+
+
+@dataclass(frozen=True)
+class AwaitingClient:
+    """Exit mode 2: the client must run these calls and send their results back (`session.resume`)."""
+
+    calls: tuple[PendingCall, ...]
+
+
+TurnExit = Completed | AwaitingClient
+
+
+@dataclass
+class TurnReasoner:
+    llm: LLM
+    providers: ContextProviders
+    executor: ToolExecutor
+    emit: EventSink
+    trace_id: str
+    strategy: str
+    max_llm_calls: int
+    llm_calls: int = 0  # calls made so far in this turn, across a client hand-off
+    max_tokens: int = 2048
+    temperature: float = 0.0
+
+    async def run(self) -> TurnExit:
+        """Run a new turn whose providers the pipeline has populated."""
+        if pending := self.providers.ledger.pending():
+            ids = [e.tool_call_id for e in pending]
+            raise SessionStateError(f"the turn still waits for client calls {', '.join(ids)}; resume it instead", {"pending": ids})
+        return await self._loop()
+
+    async def resume(self) -> TurnExit:
+        """Continue a turn after the pipeline restored its providers and submitted the client's results."""
+        self.verify_reentry()
+        self.emit(self._step(Continued))
+        return await self._loop()
+
+    def verify_reentry(self) -> None:
+        """Every expected client call has a result and nothing else came back; else a hard ReentryError."""
+        ledger = self.providers.ledger
+        missing = [e.tool_call_id for e in ledger.pending()]
+        known = {e.tool_call_id for e in ledger.entries()}  # a known id here is a server call or a duplicate
+        unexpected = [r.tool_call_id for r in ledger.unexpected if r.tool_call_id not in known]
+        mismatched = [r.tool_call_id for r in ledger.unexpected if r.tool_call_id in known]
+        if missing or unexpected or mismatched:
+            self.emit(self._step(ReentryRejected, missing=missing, unexpected=unexpected, mismatched=mismatched))
+            raise ReentryError(
+                _reentry_message(missing, unexpected, mismatched), {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+            )
+        verified = [e.tool_call_id for e in ledger.entries() if e.kind == "client"]
+        self.emit(self._step(ReentryVerified, tool_call_ids=verified))
+        self.executor.raise_for_failed_client_calls()
+
+    async def _loop(self) -> TurnExit:
+        while True:
+            match await self._next_step():
+                case FinalAnswer(text):
+                    self.emit(self._step(Exited, exit_mode=1, reason="final_answer"))
+                    return Completed(text)
+                case ToolRound(calls):
+                    outcome = await self._run_tools(calls)
+                case step:
+                    assert_never(step)
+            match outcome:
+                case RunAgain():
+                    continue
+                case PendingClientCalls(pending):
+                    ids = [c.tool_call_id for c in pending]
+                    self.emit(self._step(Exited, exit_mode=2, reason="client_tool_calls", pending_tool_call_ids=ids))
+                    return AwaitingClient(pending)
+                case _:
+                    assert_never(outcome)
+
+    async def _next_step(self) -> FinalAnswer | ToolRound:
+        if self.llm_calls >= self.max_llm_calls:
+            self.emit(self._step(Exited, exit_mode=0, reason="max_llm_calls"))
+            raise MaxLLMCallsError(
+                f"the turn made {self.llm_calls} LLM calls without a final answer (limit {self.max_llm_calls}); "
+                "raise max_llm_calls or simplify the task",
+                {"llm_calls": self.llm_calls},
+            )
+        request = build_request(self.providers, self.executor.available(), max_tokens=self.max_tokens, temperature=self.temperature)
+        for provider in self.providers.turn_scoped():
+            provider.clear()  # turn-scoped context is shown to the model once, then dropped
+        completion = await self.llm.complete(request)
+        self.llm_calls += 1
+        calls = completion.choices[0].tool_calls
+        self.emit(
+            self._step(
+                LLMCalled,
+                call=self.llm_calls,
+                prompt_tokens=completion.usage.prompt_tokens,
+                completion_tokens=completion.usage.completion_tokens,
+                finish_reason=completion.finish_reason,
+                tool_call_ids=[c.id for c in calls],
+            )
+        )
+        if calls:
+            return ToolRound(calls)
+        return FinalAnswer(self._answer_from(completion.text))
+
+    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> RunAgain | PendingClientCalls:
+        await self.executor.run_round(calls)
+        pending = tuple(PendingCall(e.tool_call_id, e.tool, e.arguments) for e in self.providers.ledger.pending())
+        return PendingClientCalls(pending) if pending else RunAgain()
+
+    def _answer_from(self, text: str) -> str:
+        answer = extract_answer(text)
+        answer = answer if answer is not None else strip_thinking(text)
+        if not answer:
+            raise ModelBehaviorError("the model ended the turn with neither tool calls nor an answer", {"llm_calls": self.llm_calls})
+        return answer
+
+    def _step(self, kind: type, **fields: object) -> object:
+        return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
+
+
+def _reentry_message(missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
+    parts = []
+    if missing:
+        parts.append(f"no result for pending call(s) {', '.join(missing)}")
+    if unexpected:
+        parts.append(f"results for unknown call id(s) {', '.join(unexpected)}")
+    if mismatched:
+        parts.append(f"results for call(s) {', '.join(mismatched)} that are not pending client calls (duplicates or already answered)")
+    return (
+        "client tool results do not match the pending calls: "
+        + "; ".join(parts)
+        + ". Send exactly one result per pending tool_call_id (see session.get)"
+    )

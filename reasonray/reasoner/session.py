@@ -1,0 +1,582 @@
+"""The pipeline around the reasoner: session creation, routing of new turns and
+client re-entry, provider population and restoration, and persistence through a repository.
+
+Every request loads the session from the repository, so whichever process serves it (a fresh
+session host after an eviction, a crash or a restart) continues exactly where the last one saved.
+A turn's outcome is saved atomically: a completed turn, a hand-off to the client (exit mode 2), or
+a failed turn (status idle again, the failure noted in the conversation). Re-entry results that do
+not match the pending calls change nothing, so the client can send them again.
+
+With passive learning on (`[memory] passive_learning`), a completed turn's exchange (the user's
+message and the answer) is offered to the ReasoningBank after the turn is saved: learning that
+fails or is skipped changes nothing in the session and is reported in the turn's `memory`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import structlog
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.protocol import LLM, Message
+from reasonray.kernel import errors
+from reasonray.kernel.errors import (
+    NotFoundError,
+    ReasonRayError,
+    ReentryError,
+    SessionStateError,
+)
+from reasonray.kernel.events import Event, EventRecorder, LLMInvocation, RecordMode, event_log_path
+from reasonray.kernel.repositories import RunIndex, RunRecord
+from reasonray.kernel.storage import write_atomic
+from reasonray.memory.loop import MemoryLoop, MemoryReport
+from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor
+from reasonray.reasoner.providers import (
+    Bootstrap,
+    ContextProviders,
+    Conversation,
+    Instructions,
+    ModeSpec,
+    ModeState,
+    SubmittedResult,
+    ToolLedger,
+)
+from reasonray.reasoner.reasoner import (
+    AwaitingClient,
+    Completed,
+    TurnExit,
+    TurnReasoner,
+)
+from reasonray.reasoner.tools import ClientTool, ToolBox
+from reasonray.reasoner.trace import TurnStarted, as_dicts
+
+log = structlog.get_logger(__name__)
+
+SESSION_ID = r"^[A-Za-z0-9_-]{8,64}$"
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant working through a conversation. Use the tools when they help; "
+    "think inside <thinking>...</thinking> and give your final reply inside <answer>...</answer>."
+)
+Status = Literal["idle", "awaiting_client_tools", "closed"]
+
+
+class SessionSpec(BaseModel):
+    """What `session.create` takes: the session's modes, tools and bootstrap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str = Field("default", min_length=1, max_length=64, description="The mode the session starts in.")
+    modes: dict[str, ModeSpec] | None = Field(None, description="Every mode by name; omitted: one mode with all tools.")
+    server_tools: list[str] = Field(default_factory=list, description="Server tools by name (see session.tools).")
+    client_tools: list[ClientTool] = Field(
+        default_factory=list, max_length=64, description="Tools the client runs, as OpenAI function schemas."
+    )
+    bootstrap: str | None = Field(None, max_length=20_000, description="Welcome / initialisation text for the first turn (turn-scoped).")
+    system_prompt: str = Field(DEFAULT_SYSTEM_PROMPT, min_length=1, max_length=20_000, description="The session's system prompt.")
+    max_llm_calls: int | None = Field(None, ge=1, le=64, description="Most LLM calls per turn; omitted: the server's default.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SessionSpec:
+        modes = self.modes or {self.mode: ModeSpec()}
+        if self.mode not in modes:
+            raise ValueError(f"mode {self.mode!r} is not one of the modes given ({', '.join(sorted(modes))})")
+        client = [t.name for t in self.client_tools]
+        clash = sorted((set(client) & set(self.server_tools)) | ({MODE_TOOL} & set(client)))
+        if clash or len(set(client)) != len(client):
+            raise ValueError(f"tool names must be unique across server and client tools (and not {MODE_TOOL!r}): {clash or client}")
+        known = set(client) | set(self.server_tools)
+        for name, spec in modes.items():
+            unknown = sorted(set(spec.tools or []) - known)
+            if unknown:
+                raise ValueError(f"mode {name!r} lists tools the session does not have: {unknown}")
+        return self
+
+
+class SessionState(BaseModel):
+    """A session as the repository stores it."""
+
+    session_id: str
+    status: Status
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    spec: SessionSpec
+    providers: dict[str, Any]
+    turn: int = 0
+    turn_llm_calls: int = 0
+    turn_trace_id: str | None = None
+    trace: list[dict[str, Any]] = Field(default_factory=list)
+    last_answer: str | None = None
+    last_error: dict[str, Any] | None = None
+    version: int = 0  # as stored; the repository's optimistic concurrency (SessionRepository)
+    # the request id of the last turn or re-entry whose outcome is saved, and that outcome ({"result": ...}
+    # or {"error": ...}): a retry of that request (its host died before answering) gets it back, never a second run
+    last_request_id: str | None = None
+    last_outcome: dict[str, Any] | None = None
+
+
+class SessionRepository(Protocol):
+    """Save and load session state. `save` must be atomic: a crash mid-save leaves the previous state.
+
+    Optimistic concurrency: `load` returns the state with the `version` it was stored as; `save`
+    stores `state` as `version + 1` only if the stored version is still `state.version` (0: the
+    session must not exist yet), and raises SessionStateError otherwise, so two replicas that load
+    the same session never interleave their turns: the later save fails and nothing of it is kept.
+    Implementations: `FileSessionRepository` here, `PgSessionRepository` (reasonray.reasoner.repository).
+    """
+
+    def load(self, session_id: str) -> SessionState | None: ...
+
+    def save(self, state: SessionState) -> None: ...
+
+
+class FileSessionRepository:
+    """One JSON file per session under `root`, replaced atomically; survives process restarts.
+
+    Cluster-safe only when `root` is storage every node sees; a cluster should use the PostgreSQL
+    store instead (`[store] url`). A save checks the version under a per-session lock file, and each
+    session is written by one session host at a time (its lock).
+    """
+
+    SWEEP_EVERY_S = 3600.0
+
+    def __init__(self, root: Path, retention_days: float | None = None) -> None:
+        self.root = Path(root)
+        # sessions untouched this long are deleted ([limits] session_retention_days); None keeps them
+        self.retention_s = retention_days * 86400 if retention_days else None
+        self._swept_at = float("-inf")
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete the sessions not written for longer than the retention; how many went."""
+        if self.retention_s is None or not self.root.is_dir():
+            return 0
+        now = time.time() if now is None else now
+        gone = 0
+        for path in self.root.glob("*.json"):
+            with contextlib.suppress(FileNotFoundError):  # another actor swept it first
+                if now - path.stat().st_mtime > self.retention_s:
+                    path.unlink()
+                    gone += 1
+        if gone:
+            log.info("sessions.swept", deleted=gone, retention_days=self.retention_s / 86400)
+        return gone
+
+    def _path(self, session_id: str) -> Path:
+        return self.root / f"{session_id}.json"
+
+    def load(self, session_id: str) -> SessionState | None:
+        path = self._path(session_id)
+        return SessionState.model_validate_json(path.read_bytes()) if path.exists() else None
+
+    def save(self, state: SessionState) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f".{state.session_id}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            stored = self.load(state.session_id)
+            if (stored.version if stored is not None else 0) != state.version:
+                raise stale_version(state.session_id, state.version)
+            write_atomic(self._path(state.session_id), state.model_copy(update={"version": state.version + 1}).model_dump_json().encode())
+        if time.monotonic() - self._swept_at > self.SWEEP_EVERY_S:  # at most hourly, on the write path
+            self._swept_at = time.monotonic()
+            self.sweep()
+
+
+def stale_version(session_id: str, version: int) -> SessionStateError:
+    return SessionStateError(
+        f"session {session_id!r} was saved by another replica while this one worked on it (version {version} is stale); "
+        "send the request again",
+        {"session_id": session_id, "stale_version": version},
+    )
+
+
+class TurnResult(BaseModel):
+    """What `session.turn` and `session.resume` return."""
+
+    session_id: str
+    turn: int = Field(description="The turn's number, from 1.")
+    status: Literal["completed", "awaiting_client_tools"] = Field(description="Exit mode 1 or exit mode 2.")
+    answer: str | None = Field(None, description="The final answer (exit mode 1).")
+    pending_tool_calls: list[dict[str, Any]] = Field(
+        default_factory=list, description="Client calls to run (exit mode 2): tool_call_id, name, arguments."
+    )
+    mode: str = Field(description="The session's mode after the turn.")
+    llm_calls: int = Field(description="LLM calls the turn has made so far.")
+    trace: list[dict[str, Any]] = Field(description="The turn's CompositionTrace, in order.")
+    memory: MemoryReport | None = Field(
+        None,
+        description="Passive learning from the completed turn ([memory] passive_learning): 'captured' with the stored ids, or why it was skipped.",
+    )
+
+
+class SessionPipeline:
+    def __init__(
+        self,
+        repository: SessionRepository,
+        llm: LLM,
+        toolbox: ToolBox,
+        *,
+        data_dir: Path | None = None,
+        default_max_llm_calls: int = 8,
+        passive: MemoryLoop | None = None,
+        runs: RunIndex | None = None,
+        record: RecordMode = "full",
+        max_history: int = 200,
+    ) -> None:
+        self.repository = repository
+        self.runs = runs  # every turn (and each resumption) indexed with its event log; None: not indexed
+        self.record = record  # [events] record: full text, sizes and hashes, or no event log
+        self.max_history = max_history  # messages kept per session ([limits] max_session_history)
+        self.llm = llm
+        self.toolbox = toolbox
+        self.data_dir = data_dir
+        self.default_max_llm_calls = default_max_llm_calls
+        self.passive = passive  # learns from completed turns; None: passive learning is off
+
+    # -- routing: create, new turn, re-entry, inspection, close ----------------------------------------
+    def create(self, spec: SessionSpec, session_id: str | None = None) -> SessionState:
+        self.toolbox.select(spec.server_tools)  # unknown names: InvalidParamsError listing what exists
+        modes = spec.modes or {spec.mode: ModeSpec()}
+        bootstrap = [text for text in (spec.bootstrap, modes[spec.mode].bootstrap) if text]
+        providers = ContextProviders(
+            Instructions(spec.system_prompt), ModeState(spec.mode, modes), Conversation(), Bootstrap(bootstrap), ToolLedger()
+        )
+        now = datetime.now(UTC)
+        state = SessionState(
+            session_id=session_id or uuid.uuid4().hex, status="idle", created_at=now, updated_at=now, spec=spec, providers=providers.dump()
+        )
+        self.repository.save(state)
+        log.info("session.created", session_id=state.session_id, mode=spec.mode)
+        return state
+
+    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str | None = None) -> TurnResult:
+        state = self._load(session_id)
+        if request_id is not None and state.last_request_id == request_id:
+            return _replayed(state)
+        _expect(state, "idle")
+        providers = ContextProviders.load(state.providers)
+        providers.conversation.history.append(Message(role="user", content=message))
+        # the oldest messages go first: a long-lived session neither grows its file nor its prompts without end
+        del providers.conversation.history[: -self.max_history]
+        providers.ledger = ToolLedger()  # a fresh ledger per turn
+        state = state.model_copy(
+            update={
+                "turn": state.turn + 1,
+                "turn_llm_calls": 0,
+                "turn_trace_id": trace_id,
+                "trace": [],
+                "last_error": None,
+                "last_request_id": request_id,
+            }
+        )
+        trace: list[Event] = [TurnStarted(trace_id=trace_id, strategy="session", turn=state.turn, mode=providers.mode.mode)]
+        return await self._run(state, providers, trace, resume=False)
+
+    async def resume(self, session_id: str, results: list[SubmittedResult], trace_id: str, request_id: str | None = None) -> TurnResult:
+        state = self._load(session_id)
+        if request_id is not None and state.last_request_id == request_id:
+            return _replayed(state)
+        _expect(state, "awaiting_client_tools")
+        providers = ContextProviders.load(state.providers)
+        providers.ledger.submit(results)  # the pipeline populates ToolResults for client tools
+        return await self._run(state.model_copy(update={"last_request_id": request_id}), providers, [], resume=True)
+
+    def require(self, session_id: str) -> SessionState:
+        """The session's saved state; NotFoundError when there is none."""
+        return self._load(session_id)
+
+    def get(self, session_id: str) -> dict[str, Any]:
+        state = self._load(session_id)
+        providers = ContextProviders.load(state.providers)
+        return {
+            "session_id": state.session_id,
+            "status": state.status,
+            "mode": providers.mode.mode,
+            "turn": state.turn,
+            "created_at": state.created_at.isoformat(),
+            "updated_at": state.updated_at.isoformat(),
+            "pending_tool_calls": _pending(providers),
+            "messages": len(providers.conversation.history),
+            "last_answer": state.last_answer,
+            "last_error": state.last_error,
+            "trace": state.trace,
+            "server_tools": state.spec.server_tools,
+            "client_tools": [t.name for t in state.spec.client_tools],
+        }
+
+    def close(self, session_id: str) -> dict[str, Any]:
+        state = self._load(session_id)
+        if state.status != "closed":
+            self._save(state.model_copy(update={"status": "closed"}))
+        return {"session_id": session_id, "status": "closed"}
+
+    # -- one run of the reasoner, and its outcome saved -----------------------------------------------
+    async def _run(self, state: SessionState, providers: ContextProviders, trace: list[Event], *, resume: bool) -> TurnResult:
+        trace_id = state.turn_trace_id or state.session_id
+        log_path = event_log_path(self.data_dir, trace_id) if self.data_dir else None
+        recorder = EventRecorder(log_path, keep=False, mode=self.record)
+        started = time.time()
+
+        def emit(event: Event) -> None:
+            recorder(event)
+            if not isinstance(event, LLMInvocation):  # full text goes to the event log, not the trace
+                trace.append(event)
+
+        reasoner = self._reasoner(state, providers, emit, trace_id)
+        outcome, error = "error", None
+        try:
+            exit_ = await (reasoner.resume() if resume else reasoner.run())
+        except ReentryError as exc:
+            error = type(exc).__name__
+            raise _in_session(exc, state) from None  # nothing changes: the client can send the right results
+        except ReasonRayError as exc:
+            error = type(exc).__name__
+            self._save_failure(state, providers, trace, reasoner, exc)
+            raise _in_session(exc, state) from None
+        else:
+            result = self._save_exit(state, providers, trace, reasoner, exit_)
+            outcome = "ok" if isinstance(exit_, Completed) else "awaiting_client_tools"
+            if isinstance(exit_, Completed) and self.passive is not None:
+                result = await self._learn_passively(state, providers, trace, emit, trace_id, result)
+            return result
+        finally:
+            recorder.close()
+            if self.runs is not None:
+                self._index(trace_id, reasoner, outcome, error, started, log_path)
+
+    def _index(self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None) -> None:
+        tally = reasoner.llm.tally  # type: ignore[attr-defined]  # the ObservedLLM of _reasoner
+        run = RunRecord(
+            trace_id=trace_id,
+            kind="session",
+            strategy="session",
+            status=status,
+            prompt_tokens=tally.prompt_tokens,
+            completion_tokens=tally.completion_tokens,
+            started_at=datetime.fromtimestamp(started, UTC),
+            elapsed_ms=int((time.time() - started) * 1000),
+            error=error,
+        )
+        try:
+            assert self.runs is not None
+            self.runs.record(run, log_path)
+        except Exception as exc:  # the turn's outcome is saved; only its index entry is missing
+            log.warning("session.run_not_indexed", trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _reasoner(self, state: SessionState, providers: ContextProviders, emit: Any, trace_id: str) -> TurnReasoner:
+        tools = {t.name: t for t in self.toolbox.select(state.spec.server_tools)}
+        executor = ToolExecutor(tools, {t.name: t for t in state.spec.client_tools}, providers, emit, trace_id, "session")
+        llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
+        return TurnReasoner(
+            llm,
+            providers,
+            executor,
+            emit,
+            trace_id,
+            "session",
+            max_llm_calls=state.spec.max_llm_calls or self.default_max_llm_calls,
+            llm_calls=state.turn_llm_calls,
+        )
+
+    def _save_exit(
+        self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exit_: TurnExit
+    ) -> TurnResult:
+        match exit_:
+            case Completed(answer):
+                providers.conversation.history.append(Message(role="assistant", content=answer))
+                status, pending = "idle", []
+            case AwaitingClient():
+                status, answer, pending = "awaiting_client_tools", None, _pending(providers)
+        steps = [*state.trace, *as_dicts(trace)]
+        result = TurnResult(
+            session_id=state.session_id,
+            turn=state.turn,
+            status="completed" if status == "idle" else status,
+            answer=answer,
+            pending_tool_calls=pending,
+            mode=providers.mode.mode,
+            llm_calls=reasoner.llm_calls,
+            trace=steps,
+        )
+        self._save(
+            state.model_copy(
+                update={
+                    "status": status,
+                    "providers": providers.dump(),
+                    "turn_llm_calls": reasoner.llm_calls,
+                    "trace": steps,
+                    "last_answer": answer if answer is not None else state.last_answer,
+                    "last_outcome": _outcome(state, result=result),
+                }
+            )
+        )
+        return result
+
+    async def _learn_passively(
+        self, state: SessionState, providers: ContextProviders, trace: list[Event], emit: Any, trace_id: str, result: TurnResult
+    ) -> TurnResult:
+        """Offer the completed turn's exchange to passive learning; its steps join the saved trace."""
+        assert self.passive is not None and result.answer is not None
+        question = next(m.content for m in reversed(providers.conversation.history) if m.role == "user")
+        report = self.passive.report(None, f"{state.session_id}-turn-{state.turn}")
+        learned_from = len(trace)
+        llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
+        await self.passive.passive(report, llm, emit, question or "", result.answer)
+        steps = as_dicts(trace[learned_from:])
+        learned = result.model_copy(update={"memory": report, "trace": [*result.trace, *steps]})
+        try:
+            saved = self._load(state.session_id)
+            self._save(saved.model_copy(update={"trace": [*saved.trace, *steps], "last_outcome": _outcome(state, result=learned)}))
+        except OSError as exc:  # the turn is saved; only its learning steps are missing from the stored trace
+            log.warning("session.learning_steps_not_saved", session_id=state.session_id, error=f"{type(exc).__name__}: {exc}")
+        return learned
+
+    def _save_failure(
+        self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exc: ReasonRayError
+    ) -> None:
+        """A failed turn ends: the session is idle again, the failure noted for the model and the client."""
+        providers.conversation.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
+        providers.ledger = ToolLedger()
+        error = {"error_type": type(exc).__name__, "message": exc.message, **exc.data}
+        self._save(
+            state.model_copy(
+                update={
+                    "status": "idle",
+                    "providers": providers.dump(),
+                    "turn_llm_calls": reasoner.llm_calls,
+                    "trace": [*state.trace, *as_dicts(trace)],
+                    "last_error": error,
+                    "last_outcome": _outcome(state, error={"error_type": type(exc).__name__, "message": exc.message, "data": exc.data}),
+                }
+            )
+        )
+
+    def _load(self, session_id: str) -> SessionState:
+        state = self.repository.load(session_id)
+        if state is None:
+            raise NotFoundError(f"no session {session_id!r}; create one with session.create", {"session_id": session_id})
+        return state
+
+    def _save(self, state: SessionState) -> None:
+        self.repository.save(state.model_copy(update={"updated_at": datetime.now(UTC)}))
+
+
+def _expect(state: SessionState, status: Status) -> None:
+    if state.status != status:  # reading or closing a closed session is fine: only turns and re-entries expect
+        raise _state_conflict(state, status)
+
+
+def _outcome(state: SessionState, *, result: TurnResult | None = None, error: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What a retry of the request gets back; nothing for calls without a request id (in-process callers)."""
+    if state.last_request_id is None:
+        return None
+    return {"result": result.model_dump(mode="json")} if result is not None else {"error": error}
+
+
+def _replayed(state: SessionState) -> TurnResult:
+    """The saved outcome of a request that already ran: its result, or its error raised again."""
+    outcome = state.last_outcome or {}
+    if "result" in outcome:
+        log.info("session.request_replayed", session_id=state.session_id, turn=state.turn)
+        return TurnResult.model_validate(outcome["result"])
+    error = outcome.get("error") or {"error_type": "ReasonRayError", "message": "the request failed", "data": {}}
+    kind = getattr(errors, error["error_type"], None)
+    if not (isinstance(kind, type) and issubclass(kind, ReasonRayError)):
+        kind = ReasonRayError
+    raise _in_session(kind(error["message"], dict(error["data"])), state)
+
+
+def _in_session(exc: ReasonRayError, state: SessionState) -> ReasonRayError:
+    """The same error, naming the session and its turn."""
+    exc.message = f"session {state.session_id!r}, turn {state.turn}: {exc.message}"
+    exc.data.setdefault("session_id", state.session_id)
+    exc.args = (exc.message,)
+    return exc
+
+
+def _pending(providers: ContextProviders) -> list[dict[str, Any]]:
+    return [{"tool_call_id": e.tool_call_id, "name": e.tool, "arguments": _json_or_text(e.arguments)} for e in providers.ledger.pending()]
+
+
+def _json_or_text(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def _state_conflict(state: SessionState, expected: Status | None) -> SessionStateError:
+    data = {"session_id": state.session_id, "status": state.status}
+    if state.status == "closed":
+        return SessionStateError(f"session {state.session_id!r} is closed; create a new one with session.create", data)
+    if state.status == "awaiting_client_tools":
+        ids = [e["tool_call_id"] for e in _pending(ContextProviders.load(state.providers))]
+        return SessionStateError(
+            f"session {state.session_id!r} is waiting for the results of client tool calls {', '.join(ids)}; "
+            "send them with session.resume before a new turn",
+            {**data, "pending_tool_call_ids": ids},
+        )
+    return SessionStateError(f"session {state.session_id!r} has no pending client tool calls; send a new turn with session.turn", data)
+
+
+class Sessions(Protocol):
+    """The session API's backend: in this process (`LocalSessions`) or through session hosts (`actors/session.py`)."""
+
+    async def create(self, spec: SessionSpec) -> dict[str, Any]: ...
+
+    async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]: ...
+
+    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]: ...
+
+    async def get(self, session_id: str) -> dict[str, Any]: ...
+
+    async def close(self, session_id: str) -> dict[str, Any]: ...
+
+    def tools(self) -> list[dict[str, Any]]: ...
+
+
+def submitted(results: list[dict[str, Any]]) -> list[SubmittedResult]:
+    """`session.resume`'s tool_results as the ledger takes them."""
+    return [SubmittedResult(r["tool_call_id"], r["content"], r.get("is_error", False)) for r in results]
+
+
+def created(state: SessionState) -> dict[str, Any]:
+    return {
+        "session_id": state.session_id,
+        "status": state.status,
+        "mode": state.spec.mode,
+        "server_tools": state.spec.server_tools,
+        "client_tools": [t.name for t in state.spec.client_tools],
+    }
+
+
+class LocalSessions:
+    """`Sessions` over a pipeline in this process (tests, notebooks)."""
+
+    def __init__(self, pipeline: SessionPipeline) -> None:
+        self.pipeline = pipeline
+
+    async def create(self, spec: SessionSpec) -> dict[str, Any]:
+        return created(self.pipeline.create(spec))
+
+    async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
+        return (await self.pipeline.turn(session_id, message, trace_id)).model_dump(mode="json")
+
+    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
+        return (await self.pipeline.resume(session_id, submitted(results), trace_id)).model_dump(mode="json")
+
+    async def get(self, session_id: str) -> dict[str, Any]:
+        return self.pipeline.get(session_id)
+
+    async def close(self, session_id: str) -> dict[str, Any]:
+        return self.pipeline.close(session_id)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.pipeline.toolbox.tools.values()]

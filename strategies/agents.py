@@ -1,0 +1,246 @@
+"""AgentCards: what an agent advertises, the agent level of configuration, and where cards are kept.
+
+An agent advertises the strategies it runs as capabilities `reasoning.strategy.<name>` (other
+capabilities, such as `reasoning.parallel`, are free-form labels for discovery), the JSON-RPC
+methods it supports, its own default strategy and per-strategy config. A request naming the agent
+(`agent_id`) can only use the agent's strategies; the agent's default and config apply where the
+request is silent (request > agent > system, `strategies.registry.Catalogue.resolve`).
+
+`AgentDirectory` validates cards against the enabled catalogue and keeps them in an
+`AgentRepository`: one JSON file under the data directory, replaced atomically on every change (a
+restart finds every card and a crash mid-write leaves the previous file intact), or the
+`agent_cards` table of the PostgreSQL store (`[store] url`), which every node shares.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from reasonray.kernel.config import ConfigError
+from reasonray.kernel.errors import InvalidParamsError, NotFoundError, describe_errors
+from reasonray.kernel.storage import write_atomic
+
+if TYPE_CHECKING:
+    from reasonray.strategies.registry import Catalogue
+
+log = structlog.get_logger(__name__)
+
+STRATEGY_CAPABILITY = "reasoning.strategy."
+AGENT_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class AgentRegistration(BaseModel):
+    """An agent as it registers itself: the parameters of `agent.register`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=AGENT_ID, description="Unique id: lower-case letters, digits, '.', '_' or '-'; at most 64.")
+    name: str = Field(min_length=1, max_length=200, description="Human-readable name.")
+    description: str = Field("", max_length=2000, description="What the agent is for.")
+    capabilities: list[str] = Field(
+        min_length=1,
+        max_length=64,
+        description="`reasoning.strategy.<name>` for each strategy the agent runs (at least one), plus free-form labels.",
+    )
+    supported_methods: list[str] = Field(["reasoning.execute"], description="JSON-RPC methods the agent can be named in.")
+    default_strategy: str | None = Field(None, description="The strategy used when a request names none; one of the agent's.")
+    strategy_config: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-strategy config defaults, by strategy name; override the system's."
+    )
+    a2a_card_url: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        max_length=2000,
+        description="A remote A2A agent's card URL (.../.well-known/agent-card.json): agent.discover returns it, "
+        "so a caller can reach that agent with an A2A client (docs/interop.md).",
+    )
+
+    @field_validator("capabilities")
+    @classmethod
+    def _well_formed(cls, values: list[str]) -> list[str]:
+        bad = [v for v in values if not v or len(v) > 128 or any(ch.isspace() for ch in v)]
+        if bad:
+            raise ValueError(f"capabilities must be non-empty strings without spaces, at most 128 characters: {bad}")
+        return list(dict.fromkeys(values))  # order kept, duplicates dropped
+
+    @property
+    def strategies(self) -> list[str]:
+        return [c.removeprefix(STRATEGY_CAPABILITY) for c in self.capabilities if c.startswith(STRATEGY_CAPABILITY)]
+
+
+class AgentCard(AgentRegistration):
+    """A registered agent, as `agent.get` returns it."""
+
+    registered_at: AwareDatetime = Field(description="When the server registered this version of the card.")
+
+
+class AgentFile(BaseModel):
+    """`<data_dir>/agents.json`."""
+
+    version: int = 1
+    agents: list[AgentCard]
+
+
+def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: list[str]) -> AgentRegistration:
+    """The card with its strategy config normalised, or InvalidParamsError naming every problem and the fix."""
+    enabled = sorted(catalogue.entries)
+    problems: list[str] = []
+    if not card.strategies:
+        problems.append(
+            f"capabilities advertise no strategy; add `{STRATEGY_CAPABILITY}<name>` for one of: {', '.join(enabled) or 'none enabled'}"
+        )
+    for name in card.strategies:
+        if name not in catalogue.entries:
+            why = "is installed but not enabled on this server" if name in catalogue.installed else "is not a known strategy"
+            problems.append(f"capability {STRATEGY_CAPABILITY}{name}: strategy {name!r} {why} (enabled: {', '.join(enabled) or 'none'})")
+    unknown_methods = [m for m in card.supported_methods if m not in known_methods]
+    if unknown_methods:
+        problems.append(f"supported_methods {unknown_methods} are not methods of this server (known: {', '.join(known_methods)})")
+    if card.default_strategy is not None and card.default_strategy not in card.strategies:
+        problems.append(f"default_strategy {card.default_strategy!r} is not among the agent's strategies {card.strategies}")
+    config: dict[str, dict[str, Any]] = {}
+    for name, values in card.strategy_config.items():
+        if name not in card.strategies:
+            problems.append(f"strategy_config.{name}: the agent does not advertise {STRATEGY_CAPABILITY}{name}")
+            continue
+        if name not in catalogue.entries:
+            continue  # already reported above
+        parse = getattr(catalogue.entries[name].strategy, "parse_config", None)
+        try:
+            if parse is not None:  # strategies built on `Strategy` validate their config
+                parse(values)
+        except InvalidParamsError as exc:
+            problems.append(f"strategy_config.{name}: {exc.message.split(': ', 1)[-1]}")
+            continue
+        config[name] = values
+    if problems:
+        raise InvalidParamsError(
+            f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems, "enabled": enabled}
+        )
+    return card.model_copy(update={"strategy_config": config})
+
+
+class AgentRepository(Protocol):
+    """Where AgentCards are kept: `FileAgentRepository` (one JSON file) or `PgAgentRepository` (`[store] url`)."""
+
+    def all(self) -> dict[str, AgentCard]: ...
+
+    def put(self, card: AgentCard) -> None: ...
+
+    def delete(self, agent_id: str) -> None: ...
+
+
+class FileAgentRepository:
+    """Every card in `<data_dir>/agents.json`, replaced atomically on every change (None: in memory only)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.cards: dict[str, AgentCard] = self._load()
+
+    def _load(self) -> dict[str, AgentCard]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            cards = AgentFile.model_validate_json(self.path.read_bytes()).agents
+        except (OSError, ValidationError) as exc:
+            detail = describe_errors(exc) if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {exc}"
+            raise ConfigError(
+                f"the agent directory {self.path} is unreadable ({detail}); fix or move the file away "
+                "(every card in it must be a valid AgentCard) and start again"
+            ) from None
+        return {card.id: card for card in cards}
+
+    def all(self) -> dict[str, AgentCard]:
+        return dict(self.cards)
+
+    def put(self, card: AgentCard) -> None:
+        self._change(lambda cards: cards.__setitem__(card.id, card))
+
+    def delete(self, agent_id: str) -> None:
+        self._change(lambda cards: cards.pop(agent_id, None))
+
+    def _change(self, change: Any) -> None:
+        cards = dict(self.cards)
+        change(cards)
+        if self.path is not None:  # written first: a failed write leaves the directory as it was
+            write_atomic(self.path, AgentFile(agents=list(cards.values())).model_dump_json(indent=2).encode())
+        self.cards = cards
+
+
+class PgAgentRepository:
+    """The `agent_cards` table: every replica and every node reads the same cards."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def all(self) -> dict[str, AgentCard]:
+        return {card.id: card for card in (AgentCard.model_validate(doc) for doc in self.store.cards())}
+
+    def put(self, card: AgentCard) -> None:
+        self.store.put_card(card.id, card.model_dump(mode="json"))
+
+    def delete(self, agent_id: str) -> None:
+        self.store.delete_card(agent_id)
+
+
+def agent_repository(store_url: str | None, data_dir: Path | None) -> AgentRepository:
+    """PostgreSQL when a store URL is configured, else `<data_dir>/agents.json` (no data_dir: in memory)."""
+    if store_url is not None:
+        from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
+
+        return PgAgentRepository(pg_store(store_url))
+    return FileAgentRepository(Path(data_dir) / "agents.json" if data_dir is not None else None)
+
+
+class AgentDirectory:
+    """Registered AgentCards, kept in an AgentRepository (a path or None: `FileAgentRepository`)."""
+
+    def __init__(self, path: Path | None = None, repository: AgentRepository | None = None) -> None:
+        self.repository = repository or FileAgentRepository(path)
+
+    @property
+    def cards(self) -> dict[str, AgentCard]:
+        return self.repository.all()
+
+    def register(self, registration: AgentRegistration, catalogue: Catalogue, known_methods: list[str]) -> tuple[AgentCard, bool]:
+        """Validate and store a card; returns it as stored and whether it replaced a card with the same id."""
+        valid = validate_card(registration, catalogue, known_methods)
+        card = AgentCard(**valid.model_dump(), registered_at=datetime.now(UTC))
+        replaced = card.id in self.cards
+        self.repository.put(card)
+        log.info("agent.registered", agent_id=card.id, strategies=card.strategies, replaced=replaced)
+        return card, replaced
+
+    def get(self, agent_id: str) -> AgentCard:
+        try:
+            return self.cards[agent_id]
+        except KeyError:
+            raise self._missing(agent_id) from None
+
+    def unregister(self, agent_id: str) -> AgentCard:
+        card = self.get(agent_id)
+        self.repository.delete(agent_id)
+        log.info("agent.unregistered", agent_id=agent_id)
+        return card
+
+    def discover(self, capabilities: list[str]) -> list[AgentCard]:
+        """Agents advertising every one of `capabilities` (all of them when the list is empty)."""
+        wanted = set(capabilities)
+        return [card for card in self.cards.values() if wanted <= set(card.capabilities)]
+
+    def _missing(self, agent_id: str) -> NotFoundError:
+        known = sorted(self.cards)
+        hint = f"registered agents: {', '.join(known)}" if known else "no agents are registered; add one with agent.register"
+        return NotFoundError(f"no agent with id {agent_id!r}; {hint}", {"agent_id": agent_id, "registered": known})

@@ -1,0 +1,140 @@
+"""ReasonRay as an A2A agent, driven by the official a2a-sdk client against the running service:
+resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from a2a.client import A2ACardResolver, ClientConfig, create_client
+from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
+
+from tests.integration.conftest import own_app
+
+
+@pytest.fixture(scope="module")
+def agent(serve_base, simulator):
+    with own_app(serve_base, simulator.url, "a2a") as (client, settings):
+        yield str(client.base_url).rstrip("/"), Path(settings["data_dir"])
+
+
+def message(text: str, *, context_id: str = "", **metadata) -> SendMessageRequest:
+    sent = Message(role=Role.ROLE_USER, message_id=f"m-{time.monotonic_ns()}", context_id=context_id, parts=[Part(text=text)])
+    sent.metadata.update(metadata)
+    return SendMessageRequest(message=sent)
+
+
+async def client_for(base: str, http: httpx.AsyncClient, *, streaming: bool):
+    return await create_client(base, ClientConfig(httpx_client=http, streaming=streaming))
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 120))
+
+
+def test_the_card_lists_one_skill_per_enabled_strategy_streaming_and_the_jsonrpc_interface(agent):
+    base, _ = agent
+
+    async def resolve():
+        async with httpx.AsyncClient(timeout=30) as http:
+            return await A2ACardResolver(http, base).get_agent_card()
+
+    card = run(resolve())
+    strategies = httpx.get(f"{base}/v1/strategies").json()["strategies"]
+    assert [s.id for s in card.skills] == [s["name"] for s in strategies]
+    assert all(s.description and s.examples for s in card.skills)
+    assert card.capabilities.streaming
+    [interface] = card.supported_interfaces
+    assert (interface.url, interface.protocol_binding, interface.protocol_version) == (f"{base}/a2a", "JSONRPC", "1.0")
+    assert not card.security_schemes  # no [auth] configured here
+
+
+def test_send_a_message_and_get_the_answer_then_get_the_task(agent):
+    base, _ = agent
+
+    async def ask():
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(base, http, streaming=False)
+            [response] = [r async for r in client.send_message(message("What is 12 * 12?", strategy="chain_of_thought"))]
+            fetched = await client.get_task(GetTaskRequest(id=response.task.id))
+            return response.task, fetched
+
+    task, fetched = run(ask())
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert task.artifacts[0].parts[0].text == "144"
+    assert task.artifacts[0].metadata["strategy_used"] == "chain_of_thought"
+    assert fetched.status.state == TaskState.TASK_STATE_COMPLETED and fetched.artifacts[0].parts[0].text == "144"
+
+
+def test_a_streamed_bounded_context_run_sends_status_updates_before_the_answer_artifact(agent):
+    base, _ = agent
+
+    async def stream():
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(base, http, streaming=True)
+            request = message("[[sim think=30000 answer=7]] Work it out.", skill="bounded_context", strategy_config={"max_iterations": 10})
+            return [r async for r in client.send_message(request)]
+
+    events = run(stream())
+    kinds = [e.WhichOneof("payload") for e in events]
+    assert "artifact_update" in kinds, events[-1]
+    answer_at = kinds.index("artifact_update")
+    progress = [
+        e.status_update.status.message.parts[0].text
+        for e in events[:answer_at]
+        if e.WhichOneof("payload") == "status_update" and "iteration" in e.status_update.status.message.parts[0].text
+    ]
+    assert len(progress) >= 2, kinds  # several iterations reported while the run was going
+    assert events[answer_at].artifact_update.artifact.parts[0].text == "7"
+    assert events[answer_at].artifact_update.artifact.metadata["strategy_used"] == "bounded_context"
+    assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+def test_cancelling_a_long_task_cancels_its_run(agent):
+    base, _ = agent
+
+    async def cancel():
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(base, http, streaming=True)
+            request = message("[[sim fault=timeout times=9]] What is 5 * 5?")  # each attempt hangs: a long run
+            stream = client.send_message(request)
+            async for event in stream:
+                if event.WhichOneof("payload") == "status_update" and event.status_update.status.state == TaskState.TASK_STATE_WORKING:
+                    task_id = event.status_update.task_id
+                    break
+            started = time.monotonic()
+            cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
+            took = time.monotonic() - started
+            await stream.aclose()
+            return cancelled, await client.get_task(GetTaskRequest(id=task_id)), took
+
+    cancelled, fetched, took = run(cancel())
+    assert cancelled.status.state == fetched.status.state == TaskState.TASK_STATE_CANCELED
+    assert took < 5  # the run was stopped, not waited for (one attempt alone hangs 10 s)
+    assert not fetched.artifacts
+
+
+def test_a_second_message_in_the_same_context_is_reasoned_with_the_first_exchange(agent):
+    base, data_dir = agent
+
+    async def converse():
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(base, http, streaming=False)
+            [first] = [r async for r in client.send_message(message("What is 6 * 7?"))]
+            context_id = first.task.context_id
+            [second] = [r async for r in client.send_message(message("What is 2 + 3?", context_id=context_id))]
+            return first.task, second.task
+
+    first, second = run(converse())
+    assert second.context_id == first.context_id and second.id != first.id
+    assert first.artifacts[0].metadata["turn"] == 1 and second.artifacts[0].metadata["turn"] == 2
+    trace_id = second.artifacts[0].metadata["trace_id"]
+    [log] = list(data_dir.glob(f"events/*/{trace_id}.jsonl"))
+    prompt = json.loads(log.read_text().splitlines()[0])["messages"][-1]["content"]
+    assert "User: What is 6 * 7?" in prompt and "Assistant: 42" in prompt and prompt.endswith("Now: What is 2 + 3?")
+    # the tasks live beside the sessions, in the data directory
+    assert (data_dir / "sessions" / "a2a" / "tasks").is_dir() and len(list((data_dir / "sessions" / "a2a" / "tasks").glob("*.json"))) >= 2

@@ -1,0 +1,258 @@
+"""A real multi-node cluster on this machine: a Ray head and two worker nodes (each its own `ray start` with
+its own ports and resources; the head's temp dir is the test's), PostgreSQL as the store and a Chroma
+server as the memory bank, both started here. Sessions are created and answered, then a worker node that
+hosts session actors and API replicas is killed (SIGKILL to its whole process group) while turns are in
+flight, and the data directory is wiped: no NFS, no local files. Afterwards every session continues on
+the surviving nodes (its host moved), and no session, turn, agent card, memory or run record is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from reasonray.gateway.simulator.server import free_port
+from reasonray.kernel.pgstore import PgStore
+from tests.integration.conftest import result_of, rpc, settings_for
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+APP = "multinode"
+
+
+class RayNode:
+    """One `ray start --block`: its process group is the node (raylet, workers, and on the head the GCS)."""
+
+    def __init__(self, gcs_port: int, temp_dir: Path, *, head: bool, num_cpus: int, resources: dict[str, float]) -> None:
+        argv = [
+            str(BIN / "ray"),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--num-cpus={num_cpus}",
+            f"--resources={json.dumps(resources)}",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+        ]
+        if head:
+            argv += [
+                "--head",
+                f"--port={gcs_port}",
+                f"--temp-dir={temp_dir}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={free_port()}",
+            ]
+        else:
+            argv += [f"--address=127.0.0.1:{gcs_port}"]
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update({"RAY_AUTH_MODE": "token", "RAY_raylet_start_wait_time_s": "120"})
+        self.log = open(temp_dir.parent / f"ray-{'head' if head else 'worker'}-{num_cpus}-{free_port()}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        """The node dies at once: every process of it, no goodbye to the GCS."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything of the node left behind
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+def wait_for(check, what: str, timeout_s: float = 180) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def chroma_server() -> Iterator[str]:
+    path = Path(tempfile.mkdtemp(prefix="reasonray-chroma-"))
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "chroma"), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{url}/api/v2/heartbeat", timeout=2).status_code == 200, "the Chroma server", 120)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, Any]]:
+    import ray
+
+    root = Path(tempfile.mkdtemp(prefix="rr-mn-", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
+    temp_dir = root / "ray"
+    temp_dir.mkdir()
+    gcs = free_port()
+    head = RayNode(gcs, temp_dir, head=True, num_cpus=0, resources={"head": 1})  # the control plane only
+    nodes: list[RayNode] = [head]
+    try:
+        wait_for(
+            lambda: subprocess.run([str(BIN / "ray"), "health-check", f"--address=127.0.0.1:{gcs}"], capture_output=True).returncode == 0,
+            "the head",
+        )
+        ray.init(address=f"127.0.0.1:{gcs}", namespace="reasonray")
+        workers: list[RayNode] = []
+        for _ in range(2):  # one at a time: two raylets registering at once time out on a loaded machine
+            workers.append(RayNode(gcs, temp_dir, head=False, num_cpus=2, resources={"worker": 1}))
+            nodes.append(workers[-1])
+            wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == len(workers) + 1, f"{len(workers) + 1} live nodes")
+        yield {"ray": ray, "head": head, "workers": workers, "root": root}
+    finally:
+        try:
+            ray.shutdown()
+        finally:
+            for node in reversed(nodes):
+                node.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def host_of(ray, session_id: str) -> str:
+    from reasonray.actors import NAMESPACE
+
+    actor = ray.get_actor(f"{APP}-session-{session_id}", namespace=NAMESPACE)
+    return ray.get(actor.__ray_call__.remote(lambda self: __import__("ray").get_runtime_context().get_node_id()), timeout=60)
+
+
+def node_of_worker(ray, worker: RayNode) -> str:
+    """The Ray node id of a worker we started: the one whose raylet is a child of its `ray start`."""
+    ports = {n["NodeID"]: n["NodeManagerPort"] for n in ray.nodes() if n["Alive"]}
+    argv = next(a for a in worker.proc.args if a.startswith("--node-manager-port="))
+    port = int(argv.split("=", 1)[1])
+    return next(node for node, p in ports.items() if p == port)
+
+
+@pytest.mark.timeout(1500)
+def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server, simulator):
+    from ray import serve
+
+    from reasonray.serve_app import build_app
+
+    ray = cluster["ray"]
+    data_dir = cluster["root"] / "data"
+    settings = settings_for(
+        simulator.url,
+        data_dir=str(data_dir),
+        store={"url": postgres.url},
+        memory={"chroma_url": chroma_server, "embedding": "openai"},
+        server={"num_replicas": 2, "fast_ingress": False},
+    )
+    port = free_port()
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app({"settings": settings, "app_name": APP}), name=APP, route_prefix="/")
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+
+    card = {"id": "survivor", "name": "Survivor", "capabilities": ["reasoning.strategy.chain_of_thought"]}
+    result_of(rpc(client, "agent.register", card))
+    memory = result_of(rpc(client, "memory.store", {"items": [{"title": "Kept", "description": "A lesson.", "content": "Check units."}]}))
+    memory_id = memory["stored"][0]["id"]
+
+    answered: dict[str, list[dict[str, Any]]] = {}  # session -> every turn result the client got
+    sessions = [result_of(rpc(client, "session.create", {"server_tools": ["calculator"]}))["session_id"] for _ in range(6)]
+    for sid in sessions:
+        answered[sid] = [result_of(rpc(client, "session.turn", {"session_id": sid, "message": "What is 2 + 2?"}))]
+    hosts = {sid: host_of(ray, sid) for sid in sessions}
+    driver_node = ray.get_runtime_context().get_node_id()
+    worker_nodes = {node_of_worker(ray, w): w for w in cluster["workers"]}
+    # the victim: the worker hosting the most sessions, unless the test's own driver is attached to it
+    candidates = [n for n in worker_nodes if n != driver_node]
+    victim = max(candidates, key=lambda n: sum(h == n for h in hosts.values()))
+    moved = [sid for sid, h in hosts.items() if h == victim]
+    assert moved, f"no session on the victim node; hosts: {hosts}"
+
+    failures: list[str] = []
+
+    def converse(sid: str) -> None:
+        for n in range(3):
+            for _attempt in range(10):  # what a client does when its request dies with a node
+                try:
+                    body = rpc(client, "session.turn", {"session_id": sid, "message": f"What is {n} + {n}?"}).json()
+                except httpx.HTTPError as exc:
+                    failures.append(f"{sid}: {type(exc).__name__}")
+                    continue
+                if "result" in body:
+                    answered[sid].append(body["result"])
+                    break
+                failures.append(f"{sid}: {body['error']['code']} {body['error']['message'][:120]}")
+                time.sleep(1)  # the cluster notices the dead node and restarts what it hosted
+            else:
+                pytest.fail(f"session {sid} never answered turn {n}: {failures[-3:]}")
+
+    threads = [threading.Thread(target=converse, args=(sid,)) for sid in sessions]
+    for t in threads:
+        t.start()
+    worker_nodes[victim].kill()  # under load: the first of these turns are in flight
+    shutil.rmtree(data_dir, ignore_errors=True)  # and no node's local files matter either
+    for t in threads:
+        t.join(600)
+    assert not any(t.is_alive() for t in threads)
+
+    store = PgStore(postgres.url)
+    try:
+        for sid in sessions:
+            got = result_of(rpc(client, "session.get", {"session_id": sid}))
+            # every answered turn is saved; a turn whose answer died with the node may be saved too
+            assert got["turn"] >= len(answered[sid]) and got["status"] == "idle", got
+            text, _ = store.load_session(sid)
+            state = json.loads(text)
+            said = [m["content"] for m in state["providers"]["conversation"] if m["role"] == "user"]
+            for result in answered[sid]:
+                assert result["answer"] is not None
+            for n in range(3):
+                assert f"What is {n} + {n}?" in said
+            for result in answered[sid]:
+                trace_id = result["trace"][0]["trace_id"]
+                assert store.run(trace_id) is not None, f"run {trace_id} of session {sid} is missing from the run index"
+        for sid in moved:
+            assert host_of(ray, sid) != victim, f"session {sid} still claims the dead node"
+    finally:
+        store.close()
+    assert result_of(rpc(client, "agent.get", {"agent_id": "survivor"}))["name"] == "Survivor"
+    assert result_of(rpc(client, "memory.get", {"memory_id": memory_id}))["title"] == "Kept"
+    serve.delete(APP)

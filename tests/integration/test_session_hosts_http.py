@@ -1,0 +1,163 @@
+"""Issue 15 through the running service: many sessions share a few session-host processes, killing a host
+mid-conversation loses nothing and runs no turn twice, a full host answers -32011 overloaded, and a
+redeploy with other settings replaces the application's named actors (memories land in the new data
+directory)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+
+from reasonray.actors import NAMESPACE
+from reasonray.actors.session import host_index, host_name
+from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
+
+SLOW_MS = 1500  # a model slow enough that a turn is surely in flight when the test acts
+
+
+@pytest.fixture(scope="module")
+def slow_simulator():
+    server = SimulatorServer(SimulatorSettings(port=0, ttft_ms=SLOW_MS)).start()
+    yield server
+    server.stop()
+
+
+def retire(app_name: str) -> None:
+    """Delete the app and its detached actors: they outlive the deployment by design, not the test."""
+    from ray import serve
+
+    serve.delete(app_name)
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"{app_name}-"):
+            ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
+
+
+def hosts_of(app_name: str, count: int) -> list:
+    return [ray.get_actor(host_name(app_name, i), namespace=NAMESPACE) for i in range(count)]
+
+
+def new_session(client: httpx.Client) -> str:
+    return result_of(rpc(client, "session.create", {"server_tools": ["calculator"]}))["session_id"]
+
+
+def turn(client: httpx.Client, sid: str, message: str) -> dict:
+    return result_of(rpc(client, "session.turn", {"session_id": sid, "message": message}))
+
+
+def wait_routed(client: httpx.Client, deadline_s: float = 60) -> None:
+    """Until the proxy routes to the app: right after another app was deleted it may answer 404 briefly."""
+    deadline = time.monotonic() + deadline_s
+    while client.get("/healthz").status_code == 404:
+        assert time.monotonic() < deadline, "the app's route never appeared"
+        time.sleep(0.2)
+
+
+def wait_busy(host, deadline_s: float = 30) -> dict:
+    deadline = time.monotonic() + deadline_s
+    while (stats := ray.get(host.stats.remote()))["busy"] == 0:
+        assert time.monotonic() < deadline, "no turn reached the host"
+        time.sleep(0.05)
+    return stats
+
+
+def test_many_sessions_share_a_few_host_processes(serve_base, simulator):
+    with own_app(serve_base, simulator.url, "hosts", sessions={"hosts": 2}) as (client, _):
+        try:
+            sids = [new_session(client) for _ in range(20)]
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda i_sid: turn(client, i_sid[1], f"What is {i_sid[0]} + 1?")["answer"], enumerate(sids)))
+            assert answers == [str(i + 1) for i in range(20)]
+            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("hosts-session")]
+            assert sorted(names) == ["hosts-session-host-0", "hosts-session-host-1"]  # no actor per session
+            stats = [ray.get(h.stats.remote()) for h in hosts_of("hosts", 2)]
+            assert len({s["pid"] for s in stats}) == 2 and all(s["pid"] != os.getpid() for s in stats)
+            assert sum(s["live"] for s in stats) == 20 and all(s["live"] > 0 for s in stats)  # spread over both
+            for sid in sids:  # each session is live on exactly the host its id hashes to
+                on = [ray.get(h.is_live.remote(sid)) for h in hosts_of("hosts", 2)]
+                assert on == [i == host_index(sid, 2) for i in range(2)]
+        finally:
+            retire("hosts")
+
+
+def test_killing_a_host_mid_conversation_loses_nothing_and_runs_no_turn_twice(serve_base, slow_simulator):
+    with own_app(serve_base, slow_simulator.url, "hostkill", sessions={"hosts": 2}) as (client, _):
+        try:
+            sids = [new_session(client) for _ in range(8)]
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda sid: turn(client, sid, "What is 1 + 1?"), sids))
+                second = pool.map(lambda sid: turn(client, sid, "What is 2 + 2?"), sids)  # in flight now
+                victim = hosts_of("hostkill", 2)[0]
+                pid = wait_busy(victim)["pid"]
+                os.kill(pid, signal.SIGKILL)  # the host crashes with turns in flight; Ray restarts it
+                answers = list(second)
+            assert [(a["turn"], a["answer"], a["status"]) for a in answers] == [(2, "4", "completed")] * 8
+            assert ray.get(victim.stats.remote())["pid"] != pid
+            for sid in sids:
+                state = result_of(rpc(client, "session.get", {"session_id": sid}))
+                assert (state["turn"], state["messages"], state["status"]) == (2, 4, "idle")  # two turns, each once
+                assert [s["type"] for s in state["trace"]].count("TURN_STARTED") == 1
+
+            # a retry of a saved turn (same request id) on the restarted host is answered from the repository
+            sid = sids[0]
+            host = hosts_of("hostkill", 2)[host_index(sid, 2)]
+            started = time.monotonic()
+            first = ray.get(host.turn.remote(sid, "What is 3 + 3?", "trace-r", "request-r"))
+            retried = ray.get(host.turn.remote(sid, "What is 3 + 3?", "trace-r", "request-r"))
+            assert retried == first and first["turn"] == 3
+            assert time.monotonic() - started < 2 * SLOW_MS / 1000  # one model call, not two
+            assert result_of(rpc(client, "session.get", {"session_id": sid}))["turn"] == 3
+        finally:
+            retire("hostkill")
+
+
+def test_a_full_host_answers_overloaded_with_a_retry_hint(serve_base, slow_simulator):
+    with own_app(serve_base, slow_simulator.url, "overload", sessions={"hosts": 1, "max_live_per_host": 1}) as (client, _):
+        try:
+            busy, waiting = new_session(client), new_session(client)
+            answered: list[dict] = []
+            running = threading.Thread(target=lambda: answered.append(turn(client, busy, "What is 5 + 5?")))
+            running.start()
+            wait_busy(hosts_of("overload", 1)[0])
+            refused = rpc(client, "session.turn", {"session_id": waiting, "message": "What is 1 + 2?"}).json()["error"]
+            assert refused["code"] == -32011 and refused["data"]["error_type"] == "overloaded"
+            assert refused["data"]["retry_after_s"] > 0 and refused["data"]["session_id"] == waiting
+            running.join()
+            assert answered[0]["answer"] == "10"
+            assert turn(client, waiting, "What is 1 + 2?")["answer"] == "3"  # the idle session made room
+            assert result_of(rpc(client, "session.get", {"session_id": waiting}))["turn"] == 1  # the refused call did nothing
+        finally:
+            retire("overload")
+
+
+def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_base, simulator):
+    first, second = (Path(tempfile.mkdtemp(prefix=f"reasonray-redeploy-{x}-")) for x in "ab")
+    try:
+        deploy(settings_for(simulator.url, data_dir=str(first)), "redeploy", "/redeploy")
+        with httpx.Client(base_url=f"{serve_base}/redeploy", timeout=120) as client:
+            wait_routed(client)
+            item = {"title": "First", "description": "Stored in A.", "content": "A."}
+            [in_a] = [i["id"] for i in result_of(rpc(client, "memory.store", {"items": [item]}))["stored"]]
+            hosts = [ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 2)]
+
+            deploy(settings_for(simulator.url, data_dir=str(second)), "redeploy", "/redeploy")
+            item = {"title": "Second", "description": "Stored in B.", "content": "B."}
+            [in_b] = [i["id"] for i in result_of(rpc(client, "memory.store", {"items": [item]}))["stored"]]
+            assert any((second / "chroma").glob("*.sqlite3"))  # the memories land in B
+            assert rpc(client, "memory.get", {"memory_id": in_a}).json()["error"]["code"] == -32005  # A's bank is not B's
+            assert result_of(rpc(client, "memory.get", {"memory_id": in_b}))["title"] == "Second"
+            sid = new_session(client)
+            assert (second / "sessions" / f"{sid}.json").exists() and not (first / "sessions").exists()
+            assert turn(client, sid, "What is 6 + 1?")["answer"] == "7"  # served by hosts built for B
+            assert not {ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 2)} & set(hosts)
+    finally:
+        retire("redeploy")

@@ -1,0 +1,85 @@
+"""Caps that need no cluster: session history and retention, the calculator, strategy caps and the
+HTTP body rules, each failing with a message naming its config key."""
+
+import json
+import os
+import time
+
+import pytest
+
+from reasonray.api.caps import check_strategy_config
+from reasonray.api.guard import GuardSettings, Refusal, check_body, check_host, check_post_headers
+from reasonray.gateway.arithmetic import evaluate
+from reasonray.kernel.config import LimitSettings
+from reasonray.kernel.errors import InvalidParamsError
+from reasonray.reasoner.session import FileSessionRepository
+
+
+def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
+    repo = FileSessionRepository(tmp_path, retention_days=1)
+    old, recent = tmp_path / "old.json", tmp_path / "recent.json"
+    old.write_text("{}")
+    recent.write_text("{}")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    assert repo.sweep() == 1 and not old.exists() and recent.exists()
+    assert FileSessionRepository(tmp_path, retention_days=None).sweep() == 0
+
+
+def test_the_calculator_bounds_results_before_computing():
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="cap is 10000"):
+        evaluate("(((9**64)**64)**64)**64")
+    with pytest.raises(ValueError, match="cap"):
+        evaluate("(10**64)**64 * (10**64)**64 * (10**64)**64")  # products are bounded too
+    assert time.perf_counter() - started < 0.5
+    assert evaluate("2 ** 64") == 18446744073709551616
+
+
+@pytest.mark.parametrize(
+    ("strategy", "config", "key"),
+    [
+        ("self_consistency", {"samples": 11}, "max_samples"),
+        ("chain_of_thought", {"max_tokens": 262_144}, "max_tokens"),
+        ("tree_of_thought", {"max_nodes": 500}, "max_tree_nodes"),
+        ("tree_of_thought", {"votes": 8}, "max_tree_votes"),
+        ("refine", {"max_iterations": 51}, "max_iterations"),
+        ("matts", {"k": 5, "base_strategy": "refine", "base_config": {"max_iterations": 10}}, "max_matts_work"),
+    ],
+)
+def test_strategy_caps_name_their_key(strategy, config, key):
+    with pytest.raises(InvalidParamsError, match=rf"\[limits\] {key}") as caught:
+        check_strategy_config(strategy, config, LimitSettings())
+    assert caught.value.data["cap"] == f"limits.{key}"
+
+
+def test_within_the_caps_nothing_is_refused():
+    check_strategy_config("matts", {"k": 3, "base_strategy": "refine", "base_config": {"max_iterations": 10}}, LimitSettings())
+
+
+def test_the_front_door_rules():
+    guard = GuardSettings()
+    check_host({"host": "127.0.0.1:8000"}, guard)
+    check_host({"host": "[::1]:8000"}, guard)
+    for host in ("evil.example", "127.0.0.1.evil.example:80", ""):
+        with pytest.raises(Refusal) as caught:
+            check_host({"host": host}, guard)
+        assert caught.value.status == 400 and "allowed_hosts" in caught.value.message
+    with pytest.raises(Refusal) as caught:
+        check_post_headers({"content-type": "text/plain", "content-length": "10"}, guard)
+    assert caught.value.status == 415
+    with pytest.raises(Refusal) as caught:
+        check_post_headers({"content-type": "application/json"}, guard)
+    assert caught.value.status == 411
+    with pytest.raises(Refusal) as caught:
+        check_post_headers({"content-type": "application/json; charset=utf-8", "content-length": "2000000"}, guard)
+    assert caught.value.status == 413 and "max_body_bytes" in caught.value.message
+    for body in (
+        b"[" * 100_000,
+        json.dumps({"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}).encode(),
+        b'{"id": "\\ud800"}',
+    ):
+        with pytest.raises(Refusal) as caught:
+            check_body(body, guard)
+        assert caught.value.status == 400 and caught.value.code == -32600
+    check_body(b"{oops", guard)  # not JSON: the route answers -32700 itself

@@ -1,0 +1,140 @@
+"""The python sandbox against the escapes issue 17 found: each attempt runs in the real sandbox
+(bubblewrap, uid 64999, prlimit) and must FAIL, with the failure visible in what the code printed."""
+
+import os
+import time
+
+import pytest
+
+from reasonray.kernel.sandbox import SandboxLimits, run_python
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid-64999 and nproc checks assume the service runs as root")
+
+
+async def run(code: str, **limits):
+    return await run_python(code, SandboxLimits(**{"timeout_s": 5.0, **limits}))
+
+
+async def test_tampering_with_an_audit_hook_gains_nothing():
+    # the one-line escape of the old sandbox; now there is no hook to defeat, the isolation is the kernel's
+    code = (
+        "import __main__; __main__._BLOCKED = ()\n"
+        "import os, subprocess\n"
+        "print(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout.strip())\n"
+        "print(os.path.exists('/root/.ray'), os.path.exists('/work'), os.path.exists('/etc'))\n"
+    )
+    result = await run(code)
+    assert result.ok, result.stderr
+    assert result.stdout.split() == ["64999", "False", "False", "False"]
+
+
+async def test_the_parents_environment_is_unreadable(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    code = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        "for pid in [p for p in os.listdir('/proc') if p.isdigit()] + [str(os.getppid())]:\n"
+        "    try:\n"
+        "        print(pid, open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "    except OSError as e:\n"
+        "        print(pid, type(e).__name__)\n"
+    )
+    result = await run(code)
+    assert result.ok, result.stderr
+    assert "sk-must-not-leak" not in result.stdout
+    assert result.stdout.splitlines()[0] == "['HOME', 'LANG', 'PATH', 'PWD']"
+    # the host's processes are not even visible: a fresh pid namespace
+    assert str(os.getpid()) not in result.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [os.path.expanduser("~/.ray/auth_token"), "/etc/shadow", "/work/main/data", os.getcwd(), "/proc/1/root/etc/passwd"],
+)
+async def test_secrets_and_the_data_dir_are_out_of_reach(path):
+    code = f"import os\ntry:\n    print(os.listdir({path!r}) if os.path.isdir({path!r}) else open({path!r}).read())\nexcept OSError as e:\n    print('DENIED', type(e).__name__)\n"
+    result = await run(code)
+    assert result.ok, result.stderr
+    assert result.stdout.startswith("DENIED"), result.stdout
+
+
+async def test_writes_outside_the_scratch_dir_fail(tmp_path):
+    target = tmp_path / "owned"
+    code = (
+        "import os\n"
+        f"for path in ['/owned', '/usr/owned', {str(target)!r}, '/root/owned', '/dev/shm/owned']:\n"
+        "    try:\n"
+        "        open(path, 'w').write('x'); print('WROTE', path)\n"
+        "    except OSError as e:\n"
+        "        print('DENIED', path, type(e).__name__)\n"
+        "open('/tmp/scratch', 'w').write('fine'); print('SCRATCH', open('/tmp/scratch').read())\n"
+    )
+    result = await run(code)
+    assert result.ok, result.stderr
+    assert "WROTE" not in result.stdout and "SCRATCH fine" in result.stdout
+    assert not target.exists()
+
+
+async def test_files_are_capped_in_size():
+    result = await run("open('/tmp/big', 'wb').write(b'x' * (8 * 1024 * 1024))", max_file_mb=1)
+    assert not result.ok  # SIGXFSZ or EFBIG, either way the file did not grow
+
+
+async def test_a_fork_bomb_stops_at_the_process_limit():
+    code = (
+        "import os\n"
+        "children = 0\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        if os.fork() == 0:\n"
+        "            import time; time.sleep(30); os._exit(0)\n"
+        "        children += 1\n"
+        "except OSError as e:\n"
+        "    print('STOPPED', children, type(e).__name__)\n"
+    )
+    started = time.monotonic()
+    result = await run(code, max_processes=8, timeout_s=3.0)
+    assert "STOPPED" in result.stdout, (result.stdout, result.stderr)
+    assert int(result.stdout.split()[1]) < 8
+    assert time.monotonic() - started < 10  # the sleeping children died with the sandbox
+
+
+async def test_a_grandchild_holding_the_pipe_dies_with_the_timeout():
+    code = (
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '300'])  # inherits stdout and stderr\n"
+        "print('spawned', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    started = time.monotonic()
+    result = await run(code, timeout_s=1.0)
+    elapsed = time.monotonic() - started
+    assert result.timed_out and result.exit_code is None and "spawned" in result.stdout
+    assert elapsed < 5, f"the run waited {elapsed:.1f} s on a pipe a grandchild held"
+
+
+async def test_a_flood_of_output_is_cut_while_read():
+    # 2 GB of output would not fit the test's memory if it were buffered before being cut
+    code = "import sys\nchunk = 'z' * 1_000_000\nfor _ in range(2000): sys.stdout.write(chunk)\n"
+    result = await run(code, max_output_chars=1000, timeout_s=3.0)
+    assert result.truncated and result.stdout.startswith("z" * 1000) and len(result.stdout) < 1100
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import socket; socket.create_connection(('127.0.0.1', 8000), timeout=2)",
+        "import socket; socket.create_connection(('1.1.1.1', 53), timeout=2)",
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/tmp/ray/session_latest/sockets/raylet')",
+        "import urllib.request; urllib.request.urlopen('http://example.com', timeout=2)",
+    ],
+)
+async def test_sockets_reach_nothing(code):
+    result = await run(code)
+    assert not result.ok and ("OSError" in result.stderr or "Error" in result.stderr), result.stderr
+    assert "Traceback" in result.stderr
+
+
+async def test_memory_is_capped():
+    result = await run("x = bytearray(1024**3)", memory_mb=128)
+    assert not result.ok and "MemoryError" in result.stderr

@@ -1,0 +1,273 @@
+"""The container and Kubernetes artefacts: Dockerfile, deploy/compose.yaml, deploy/k8s/rayservice.yaml, and
+the entrypoint's fail-fast checks (run directly; its SIGTERM drain is tests/integration/test_entrypoint.py).
+
+No Docker engine or Kubernetes API server is at hand, and the official schemas are not vendored: the compose
+file and the RayService are checked against the subsets of the Compose Specification and the KubeRay
+RayService CRD (ray.io/v1) written out below, which name every field this project relies on; the Serve
+config embedded in the RayService is validated with Ray's own `ServeDeploySchema`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRYPOINT = REPO / "deploy" / "entrypoint.sh"
+
+# Compose Specification, the subset used here (https://github.com/compose-spec/compose-spec, schema/compose-spec.json)
+_SERVICE = {
+    "type": "object",
+    "properties": {
+        "image": {"type": "string"},
+        "build": {
+            "type": "object",
+            "properties": {"context": {"type": "string"}, "dockerfile": {"type": "string"}},
+            "required": ["context"],
+        },
+        "command": {"type": "array", "items": {"type": "string"}},
+        "ports": {"type": "array", "items": {"type": "string", "pattern": r"^([0-9.]+:)?(\$\{[A-Z_]+(:-[0-9]+)?\}|[0-9]+):[0-9]+$"}},
+        "expose": {"type": "array", "items": {"type": "string", "pattern": "^[0-9]+$"}},
+        "environment": {"type": "object", "additionalProperties": {"type": "string"}},
+        "volumes": {"type": "array", "items": {"type": "string", "pattern": "^[a-z0-9-]+:/[^:]+$"}},
+        "depends_on": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {"condition": {"enum": ["service_started", "service_healthy", "service_completed_successfully"]}},
+                "required": ["condition"],
+            },
+        },
+        "healthcheck": {
+            "type": "object",
+            "properties": {
+                "test": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m)$"},
+                "timeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m)$"},
+                "start_period": {"type": "string", "pattern": "^[0-9]+(ms|s|m)$"},
+                "retries": {"type": "integer"},
+            },
+            "required": ["test"],
+            "additionalProperties": False,
+        },
+        "profiles": {"type": "array", "items": {"type": "string"}},
+        "restart": {"enum": ["no", "always", "on-failure", "unless-stopped"]},
+        "shm_size": {"type": "string"},
+        "stop_grace_period": {"type": "string", "pattern": "^[0-9]+(s|m)$"},
+    },
+    "anyOf": [{"required": ["image"]}, {"required": ["build"]}],
+    "additionalProperties": False,
+}
+COMPOSE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]*$"},
+        "services": {"type": "object", "additionalProperties": _SERVICE, "minProperties": 1},
+        "volumes": {"type": "object", "additionalProperties": {"type": ["object", "null"]}},
+    },
+    "required": ["services"],
+    "additionalProperties": False,
+}
+
+# KubeRay RayService CRD (ray.io/v1), the subset used here
+_CONTAINER = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "image": {"type": "string"},
+        "imagePullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+        "env": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]*$"},
+                    "value": {"type": "string"},
+                    "valueFrom": {"type": "object"},
+                },
+                "required": ["name"],
+                "oneOf": [{"required": ["value"]}, {"required": ["valueFrom"]}],
+            },
+        },
+        "ports": {"type": "array", "items": {"type": "object", "required": ["containerPort"]}},
+        "resources": {"type": "object", "properties": {"requests": {"type": "object"}, "limits": {"type": "object"}}},
+        "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"]}},
+    },
+    "required": ["name", "image"],
+    "additionalProperties": False,
+}
+_POD = {
+    "type": "object",
+    "properties": {
+        "spec": {
+            "type": "object",
+            "properties": {
+                "containers": {"type": "array", "items": _CONTAINER, "minItems": 1},
+                "volumes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+                "securityContext": {"type": "object"},
+                "terminationGracePeriodSeconds": {"type": "integer"},
+            },
+            "required": ["containers"],
+            "additionalProperties": False,
+        }
+    },
+    "required": ["spec"],
+}
+_START_PARAMS = {"type": "object", "additionalProperties": {"type": "string"}}  # KubeRay: map[string]string
+RAYSERVICE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayService"},
+        "metadata": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}},
+            "required": ["name"],
+        },
+        "spec": {
+            "type": "object",
+            "properties": {
+                "serviceUnhealthySecondThreshold": {"type": "integer"},
+                "deploymentUnhealthySecondThreshold": {"type": "integer"},
+                "serveConfigV2": {"type": "string"},
+                "rayClusterConfig": {
+                    "type": "object",
+                    "properties": {
+                        "rayVersion": {"type": "string"},
+                        "enableInTreeAutoscaling": {"type": "boolean"},
+                        "headGroupSpec": {
+                            "type": "object",
+                            "properties": {"rayStartParams": _START_PARAMS, "template": _POD},
+                            "required": ["template"],
+                            "additionalProperties": False,
+                        },
+                        "workerGroupSpecs": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "groupName": {"type": "string"},
+                                    "replicas": {"type": "integer", "minimum": 0},
+                                    "minReplicas": {"type": "integer", "minimum": 0},
+                                    "maxReplicas": {"type": "integer", "minimum": 0},
+                                    "rayStartParams": _START_PARAMS,
+                                    "template": _POD,
+                                },
+                                "required": ["groupName", "template"],
+                                "additionalProperties": False,
+                            },
+                        },
+                    },
+                    "required": ["headGroupSpec"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["serveConfigV2", "rayClusterConfig"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+}
+
+
+def test_the_dockerfile_pins_cpu_torch_runs_as_a_user_and_checks_health():
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM \$\{PYTHON_IMAGE\}$", text, re.M) and re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
+    assert "torch==2.13.0" in text and text.index("torch==2.13.0") < text.index("pip install .")  # first, as setup.sh
+    users = re.findall(r"^USER (\S+)$", text, re.M)
+    assert users and users[-1] not in ("root", "0")
+    assert re.search(r"^HEALTHCHECK .*\n.*/healthz", text, re.M)
+    assert 'ENTRYPOINT ["tini", "--", "reasonray-entrypoint"]' in text
+    for source in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for path in source.split():
+            assert (REPO / path).exists(), f"Dockerfile copies {path}, which does not exist"
+
+
+def test_compose_has_the_services_and_named_volumes():
+    compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    jsonschema.validate(compose, COMPOSE_SCHEMA)
+    services = compose["services"]
+    assert set(services) == {"api", "postgres", "chroma", "simulator"} and services["simulator"]["profiles"] == ["simulated"]
+    declared = set(compose["volumes"])
+    used = {v.split(":")[0] for s in services.values() for v in s.get("volumes", [])}
+    assert used == declared == {"traces", "pgdata", "chroma-data"}
+    api = services["api"]
+    assert (
+        api["environment"]["REASONRAY_STORE__URL"].startswith("postgresql://")
+        and "@postgres:5432/" in api["environment"]["REASONRAY_STORE__URL"]
+    )
+    assert api["environment"]["REASONRAY_MEMORY__CHROMA_URL"] == "http://chroma:8000"
+    assert set(api["depends_on"]) <= set(services) and "/healthz" in " ".join(api["healthcheck"]["test"])
+    assert (REPO / "deploy" / api["build"]["context"] / api["build"]["dockerfile"]).exists()
+
+
+def test_the_rayservice_manifest_and_its_serve_config_are_valid():
+    from ray.serve.schema import ServeDeploySchema
+
+    [doc] = list(yaml.safe_load_all((REPO / "deploy" / "k8s" / "rayservice.yaml").read_text()))
+    jsonschema.validate(doc, RAYSERVICE_SCHEMA)
+    serve = ServeDeploySchema.model_validate(yaml.safe_load(doc["spec"]["serveConfigV2"]))
+    [app] = serve.applications
+    assert app.import_path == "reasonray.serve_app:build_app"
+    cluster = doc["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]["template"], *(w["template"] for w in cluster["workerGroupSpecs"])]
+    for pod in pods:
+        [container] = pod["spec"]["containers"]
+        names = {e["name"] for e in container["env"]}
+        assert {"REASONRAY_STORE__URL", "REASONRAY_MEMORY__CHROMA_URL", "RAY_AUTH_MODE"} <= names
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+# -- the entrypoint, run directly ----------------------------------------------------------------------------
+
+
+def complete_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        "PATH": os.environ["PATH"],
+        "REASONRAY_DATA_DIR": str(tmp_path),
+        "REASONRAY_STORE__URL": "postgresql://reasonray@127.0.0.1:5432/reasonray",
+        "REASONRAY_MEMORY__CHROMA_URL": "http://127.0.0.1:8100",
+        "OPENAI_API_KEY": "sk-test",
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"REASONRAY_DATA_DIR": None}, "REASONRAY_DATA_DIR is not set"),
+        ({"REASONRAY_STORE__URL": None}, "REASONRAY_STORE__URL is not set"),
+        ({"REASONRAY_STORE__URL": "mysql://x@y/z"}, "REASONRAY_STORE__URL must be a postgresql:// URL"),
+        ({"REASONRAY_MEMORY__CHROMA_URL": None}, "REASONRAY_MEMORY__CHROMA_URL is not set"),
+        ({"OPENAI_API_KEY": None}, "OPENAI_API_KEY is not set"),
+        ({"REASONRAY_SERVER__PORT": "80a"}, "REASONRAY_SERVER__PORT must be a port number"),
+        ({"REASONRAY_DATA_DIR": "/nonexistent/reasonray"}, "is not a writable directory"),
+    ],
+)
+def test_the_entrypoint_fails_fast_naming_the_variable(tmp_path, change, named):
+    env = complete_env(tmp_path)
+    for name, value in change.items():
+        if value is None:
+            env.pop(name)
+        else:
+            env[name] = value
+    done = subprocess.run(["sh", str(ENTRYPOINT), "serve"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 64 and named in done.stderr, done.stderr
+
+
+def test_the_entrypoint_needs_no_key_for_the_simulated_model_or_chroma_without_memory(tmp_path):
+    env = {**complete_env(tmp_path), "REASONRAY_LLM__PROVIDER": "simulated", "REASONRAY_MEMORY__ENABLED": "false"}
+    del env["OPENAI_API_KEY"], env["REASONRAY_MEMORY__CHROMA_URL"]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "reasonray").write_text('#!/bin/sh\necho "reasonray $*"\n')  # stands in for the real command: what is exec'd
+    (fake / "reasonray").chmod(0o755)
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    done = subprocess.run(["sh", str(ENTRYPOINT), "serve", "--num-cpus", "2"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "reasonray serve --host 0.0.0.0 --port 8000 --num-cpus 2"

@@ -1,0 +1,154 @@
+"""The OpenAI surface in-process (reasonray/api/openai_compat.py over local_dispatcher): model names, the
+conversation, error shapes, the stream's order, cancellation and the tool round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from reasonray.api.app import local_dispatcher
+from reasonray.api.openai_compat import (
+    OpenAICompat,
+    OpenAIError,
+    Reply,
+    conversation_query,
+    parse_request,
+    respond,
+    strategy_of,
+)
+from reasonray.gateway.protocol import Completion, LLMRequest
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.config import ReasoningSettings
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+class CountingLLM(SimulatedLLM):
+    """The simulated model, counting calls and pausing on each, so a run can be cancelled part-way."""
+
+    def __init__(self) -> None:
+        super().__init__(ttft_ms=10)
+        self.calls = 0
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        self.calls += 1
+        return await super().complete(request)
+
+
+@pytest.fixture
+def llm():
+    return CountingLLM()
+
+
+@pytest.fixture
+def compat(tmp_path, llm):
+    sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    settings = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")
+    return OpenAICompat(local_dispatcher(settings, llm, sessions=sessions), counter_for_model("simulated"), "simulated")
+
+
+def body(**request) -> bytes:
+    return json.dumps({"model": "reasonray", **request}).encode()
+
+
+def test_model_names_choose_strategies():
+    assert strategy_of("reasonray", "gpt-x") is None and strategy_of("gpt-x", "gpt-x") is None
+    assert strategy_of("reasonray/tree_of_thought", "m") == "tree_of_thought"
+    assert strategy_of("bounded_context:gpt-4o", "m") == "bounded_context"
+    for name in ("gpt-4o", "reasonray/Bad-Name", ":x"):
+        with pytest.raises(OpenAIError) as error:
+            strategy_of(name, "m")
+        assert error.value.status == 404 and error.value.body["error"]["code"] == "model_not_found"
+
+
+def test_the_conversation_becomes_the_query_with_instructions_and_context():
+    request = parse_request(
+        {
+            "model": "reasonray",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": [{"type": "text", "text": "What is 2 + 2?"}]},
+            ],
+        }
+    )
+    query, system = conversation_query(request.messages)
+    assert system == "Be brief."
+    assert query == "Conversation so far:\nuser: Hi\nassistant: Hello\n\nCurrent message:\nWhat is 2 + 2?"
+
+
+async def test_errors_come_back_in_openais_shape(compat):
+    bad_json = await respond(compat, b"{", "trace-0001")
+    unknown_strategy = await respond(
+        compat, body(model="reasonray/tree_of_thought", messages=[{"role": "user", "content": "hi"}]), "trace-0002"
+    )
+    no_messages = await respond(compat, body(messages=[]), "trace-0003")
+    assert isinstance(bad_json, Reply) and bad_json.status == 400 and bad_json.body["error"]["code"] == "invalid_json"
+    assert unknown_strategy.status == 404 and unknown_strategy.body["error"]["code"] == "model_not_found"
+    assert unknown_strategy.body["error"]["reasonray"]["code"] == -32002
+    assert no_messages.status == 400 and no_messages.body["error"]["param"] == "messages"
+
+
+async def test_a_stream_sends_role_progress_answer_finish_usage_then_done(compat):
+    request = body(
+        model="reasonray/bounded_context",
+        messages=[{"role": "user", "content": "[[sim think=9000 answer=5]] go"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    stream = await respond(compat, request, "trace-stream-1")
+    payloads = [p async for p in stream]
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    progress = [c["choices"][0]["delta"]["reasoning_content"] for c in chunks[1:-3]]
+    assert any(p.startswith("[iteration 2]") for p in progress) and any(p.startswith("[carryover]") for p in progress)
+    answer, finish, usage = chunks[-3:]
+    assert answer["choices"][0]["delta"] == {"content": "5"}
+    assert finish["choices"][0]["finish_reason"] == "stop" and finish["reasonray"]["trace_id"] == "trace-stream-1"
+    metrics = finish["reasonray"]["metrics"]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == metrics["completion_tokens"]
+    assert usage["usage"]["total_tokens"] == metrics["total_tokens"]
+    assert {c["id"] for c in chunks} == {"chatcmpl-trace-stream-1"}
+
+
+async def test_stopping_the_stream_cancels_the_run(compat, llm):
+    request = body(
+        model="reasonray/bounded_context",
+        messages=[{"role": "user", "content": "[[sim think=60000 answer=5]] go"}],
+        stream=True,
+        reasoning={"strategy_config": {"chunk_size": 1024, "carryover_size": 512, "max_iterations": 30}},
+    )
+    stream = await respond(compat, request, "trace-cancel-1")
+    async for payload in stream:
+        if "[iteration 2]" in payload:
+            break
+    await stream.aclose()  # what the server does when the client goes away
+    at_close = llm.calls
+    await asyncio.sleep(0.2)  # about 20 more calls if the run went on
+    assert llm.calls - at_close <= 1 and at_close < 10
+
+
+async def test_tools_run_as_a_session_turn_and_tool_messages_resume_it(compat):
+    messages = [{"role": "user", "content": 'Weather? [[sim call=get_weather {"city": "Oslo"}]]'}]
+    first = await respond(compat, body(messages=messages, tools=[WEATHER]), "trace-tools-1")
+    choice = first.body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["id"].startswith(first.body["reasonray"]["session_id"] + "-")
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    messages += [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "Snow"}]
+    second = await respond(compat, body(messages=messages, tools=[WEATHER]), "trace-tools-2")
+    assert second.body["choices"][0]["message"]["content"] == "Snow"
+    assert second.body["usage"]["prompt_tokens"] > 0 and second.body["reasonray"]["llm_calls"] == 2
+    stranger = await respond(compat, body(messages=[*messages[:2], {"role": "tool", "tool_call_id": "call_1", "content": "x"}]), "t-000003")
+    assert stranger.status == 400 and "was not issued by this server" in stranger.body["error"]["message"]

@@ -1,0 +1,230 @@
+"""The repository contract, run against both stores: files under the data directory and PostgreSQL.
+
+Each test gets a fresh store: a new temporary data directory, or the session's PostgreSQL cluster
+with every table emptied. "Another process" is a second repository object over the same store (for
+PostgreSQL with a different, empty data directory: nothing may depend on local files).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from reasonray.gateway.testing import ScriptedLLM
+from reasonray.kernel.errors import SessionStateError
+from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
+from reasonray.kernel.repositories import AuditEntry, RunRecord, audit_log, counters, run_index
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.repository import session_repository
+from reasonray.reasoner.session import SessionPipeline, SessionSpec
+from reasonray.strategies.agents import AgentCard, agent_repository
+
+
+class Store:
+    def __init__(self, url: str | None, tmp_path: Path) -> None:
+        self.url = url
+        self.tmp_path = tmp_path
+        self.data_dir = tmp_path / "data"
+
+    def other_data_dir(self) -> Path:
+        """What a second process uses: the same directory for files, a fresh one for PostgreSQL."""
+        return self.data_dir if self.url is None else self.tmp_path / "fresh"
+
+    def sessions(self, data_dir: Path | None = None):
+        return session_repository(self.url, data_dir or self.data_dir)
+
+
+@pytest.fixture(params=["files", "postgresql"])
+def store(request, tmp_path):
+    if request.param == "files":
+        return Store(None, tmp_path)
+    pg = request.getfixturevalue("postgres")
+    from reasonray.kernel.pgstore import pg_store
+
+    pg_store(pg.url)._fetch("TRUNCATE sessions, agent_cards, runs, audit_log, counters")
+    return Store(pg.url, tmp_path)
+
+
+def scripted_pipeline(store: Store, answers: list[str], data_dir: Path | None = None) -> tuple[SessionPipeline, ScriptedLLM]:
+    llm = ScriptedLLM(answers)
+    d = data_dir or store.data_dir
+    return SessionPipeline(store.sessions(d), llm, builtin_toolbox(), data_dir=d, runs=run_index(store.url, d)), llm
+
+
+# -- sessions -------------------------------------------------------------------------------------------
+
+
+async def test_a_session_continues_in_another_process(store):
+    first, llm = scripted_pipeline(store, ["<answer>Hello!</answer>"])
+    sid = first.create(SessionSpec()).session_id
+    await first.turn(sid, "Hi", "trace-one")
+    llm.assert_complete()
+
+    second, llm2 = scripted_pipeline(store, ["<answer>Again!</answer>"], store.other_data_dir())
+    result = await second.turn(sid, "Once more", "trace-two")
+    assert result.turn == 2 and result.answer == "Again!"
+    assert [m.content for m in llm2.requests[0].messages if m.role == "user"] == ["Hi", "Once more"]
+    state = store.sessions().load(sid)
+    assert state is not None and state.turn == 2 and state.last_answer == "Again!" and state.version == 3  # created, then two turns
+
+
+def test_missing_session_is_none(store):
+    assert store.sessions().load("nosuchsession") is None
+
+
+def test_a_stale_save_fails_and_keeps_the_winner(store):
+    pipeline, _ = scripted_pipeline(store, [])
+    sid = pipeline.create(SessionSpec()).session_id
+    repo_a, repo_b = store.sessions(), store.sessions(store.other_data_dir())
+    a, b = repo_a.load(sid), repo_b.load(sid)
+    assert a is not None and b is not None and a.version == b.version == 1
+    repo_a.save(a.model_copy(update={"last_answer": "from A"}))
+    with pytest.raises(SessionStateError, match="saved by another replica") as err:
+        repo_b.save(b.model_copy(update={"last_answer": "from B"}))
+    assert err.value.data["stale_version"] == 1  # SessionStateError: -32007 on the wire
+    stored = repo_a.load(sid)
+    assert stored is not None and stored.last_answer == "from A" and stored.version == 2
+
+
+def test_creating_an_existing_session_again_conflicts(store):
+    pipeline, _ = scripted_pipeline(store, [])
+    state = pipeline.create(SessionSpec())
+    with pytest.raises(SessionStateError):
+        store.sessions().save(state.model_copy(update={"version": 0, "last_answer": "another create"}))
+
+
+def test_concurrent_savers_of_one_version_have_exactly_one_winner(store):
+    pipeline, _ = scripted_pipeline(store, [])
+    sid = pipeline.create(SessionSpec()).session_id
+    loaded = [store.sessions().load(sid) for _ in range(8)]
+    outcomes: list[str] = []
+
+    def save(i: int) -> None:
+        try:
+            store.sessions().save(loaded[i].model_copy(update={"last_answer": f"writer {i}"}))
+            outcomes.append(f"writer {i}")
+        except SessionStateError:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o != "conflict"]
+    assert len(winners) == 1 and store.sessions().load(sid).last_answer == winners[0]
+
+
+# -- agent cards ------------------------------------------------------------------------------------------
+
+
+def card(agent_id: str, *capabilities: str) -> AgentCard:
+    return AgentCard(
+        id=agent_id,
+        name=agent_id.title(),
+        capabilities=list(capabilities) or ["reasoning.strategy.chain_of_thought"],
+        registered_at=datetime.now(UTC),
+    )
+
+
+def test_agent_cards_are_put_replaced_deleted_and_seen_by_another_process(store):
+    repo = agent_repository(store.url, store.data_dir)
+    assert repo.all() == {}
+    repo.put(card("alpha"))
+    repo.put(card("beta", "reasoning.strategy.react", "reasoning.parallel"))
+    repo.put(card("alpha", "reasoning.strategy.refine"))  # replaces
+    other = agent_repository(store.url, store.other_data_dir())
+    assert sorted(other.all()) == ["alpha", "beta"]
+    assert other.all()["alpha"].capabilities == ["reasoning.strategy.refine"] and other.all()["beta"] == repo.all()["beta"]
+    other.delete("beta")
+    assert sorted(agent_repository(store.url, store.other_data_dir()).all()) == ["alpha"]
+
+
+# -- runs, audit, counters -------------------------------------------------------------------------------------
+
+
+def test_a_run_is_indexed_with_its_event_log(store):
+    path = event_log_path(store.data_dir, "trace-run")
+    recorder = EventRecorder(path, keep=False)
+    recorder(RunEnd(trace_id="trace-run", strategy="chain_of_thought", status="ok", total_tokens=30, execution_time_ms=12))
+    recorder.close()
+    run = RunRecord(
+        trace_id="trace-run",
+        kind="execute",
+        principal="alice",
+        strategy="chain_of_thought",
+        status="ok",
+        prompt_tokens=20,
+        completion_tokens=10,
+        started_at=datetime.now(UTC),
+        elapsed_ms=12,
+    )
+    run_index(store.url, store.data_dir).record(run, path)
+    if store.url is not None:
+        path.unlink()  # the database holds the events itself
+    found = run_index(store.url, store.other_data_dir()).get("trace-run")
+    assert found is not None
+    record, events = found
+    assert record == run and [e["type"] for e in events] == ["RUN_END"] and events[0]["total_tokens"] == 30
+    assert run_index(store.url, store.data_dir).get("no-such-trace") is None
+
+
+async def test_session_turns_land_in_the_run_index(store):
+    pipeline, _ = scripted_pipeline(store, ["<answer>Hello!</answer>"])
+    sid = pipeline.create(SessionSpec()).session_id
+    await pipeline.turn(sid, "Hi", "trace-turn")
+    found = run_index(store.url, store.other_data_dir()).get("trace-turn")
+    assert found is not None
+    record, events = found
+    assert (record.kind, record.status, record.strategy) == ("session", "ok", "session") and record.completion_tokens > 0
+    assert "LLM_INVOCATION" in [e["type"] for e in events]
+
+
+def test_the_audit_log_reads_newest_first_and_by_principal(store):
+    log = audit_log(store.url, store.data_dir)
+    for i, who in enumerate(["alice", "bob", "alice"]):
+        log.append(AuditEntry(at=datetime.now(UTC), principal=who, action="agent.register", detail={"n": i}))
+    other = audit_log(store.url, store.other_data_dir())
+    assert [e.detail["n"] for e in other.recent()] == [2, 1, 0]
+    assert [e.detail["n"] for e in other.recent(principal="alice", limit=1)] == [2]
+
+
+def test_counters_add_up_per_window(store):
+    c = counters(store.url, store.data_dir)
+    now = time.time() // 60 * 60 + 1  # the start of a current window: ended windows are pruned by the clock
+    assert c.add("rate:alice", 1, window_s=60, now=now) == 1
+    assert c.add("rate:alice", 2, window_s=60, now=now + 10) == 3
+    assert c.add("rate:alice", 1, window_s=60, now=now + 60) == 1  # the next window starts from zero
+    assert c.add("tokens:alice", 500) == 500 and c.add("tokens:alice", 250) == 750
+    other = counters(store.url, store.other_data_dir())
+    assert other.get("rate:alice", window_s=60, now=now + 61) == 1 and other.get("tokens:alice") == 750
+    assert other.get("rate:bob", window_s=60, now=now) == 0
+
+
+# -- PostgreSQL only: migrations and connection loss ------------------------------------------------------------
+
+
+def test_migrating_again_applies_nothing(postgres):
+    from reasonray.kernel.pgstore import migrate, pg_store
+
+    pg_store(postgres.url)
+    assert migrate(postgres.url) == []
+
+
+def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
+    repo = session_repository(postgres.url, tmp_path)
+    pipeline = SessionPipeline(repo, ScriptedLLM([]), builtin_toolbox(), data_dir=tmp_path)
+    sid = pipeline.create(SessionSpec()).session_id
+    postgres.stop()  # every pooled connection breaks
+    restarted = threading.Timer(0.5, postgres.start)
+    restarted.start()
+    started = time.monotonic()
+    try:
+        state = repo.load(sid)  # retried until the server is back
+    finally:
+        restarted.join()
+    assert state is not None and state.session_id == sid and time.monotonic() - started < 30

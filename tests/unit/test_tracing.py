@@ -1,0 +1,109 @@
+"""OpenTelemetry through the kernel's tracing facade: spans exported to a local OTLP/HTTP receiver when
+the standard variables say so, a caller's traceparent honoured, nothing at all when they are unset."""
+
+from __future__ import annotations
+
+import pytest
+
+from reasonray.api.app import local_dispatcher
+from reasonray.api.tracing import request_span
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.kernel import tracing
+from reasonray.kernel.config import ReasoningSettings
+from tests.otlp_receiver import OTLPReceiver
+
+CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{CALLER_TRACE}-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+def receiver(monkeypatch):
+    server = OTLPReceiver().start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "reasonray-unit")
+    tracing.reset_for_tests()
+    yield server
+    tracing.reset_for_tests()
+    server.stop()
+
+
+@pytest.fixture
+def untraced(monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    tracing.reset_for_tests()
+    yield
+    tracing.reset_for_tests()
+
+
+async def run(headers: dict[str, str], query: str = "What is 6 * 7?", strategy: str = "chain_of_thought") -> dict:
+    rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought", "self_consistency"]), SimulatedLLM())
+    call = {"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": query, "strategy": strategy}}
+    with request_span("/rpc", headers) as trace_id:
+        payload, _ = await rpc.handle_payload(call, trace_id)
+    return payload["result"]
+
+
+@pytest.mark.parametrize("header", [TRACEPARENT, TRACEPARENT.upper().replace("00-", "00-", 1)])
+def test_trace_id_from_a_w3c_traceparent(header):
+    assert tracing.trace_id_from(header) == CALLER_TRACE
+    assert tracing.trace_id_from("00-" + "0" * 32 + "-00f067aa0ba902b7-01") is None  # invalid per W3C
+    assert tracing.trace_id_from("garbage") is None and tracing.trace_id_from(None) is None
+
+
+async def test_a_request_with_a_traceparent_yields_request_strategy_and_genai_model_call_spans_under_the_callers_trace(receiver):
+    result = await run({"traceparent": TRACEPARENT})
+    assert result["trace_id"] == CALLER_TRACE
+    tracing.flush()
+    spans = receiver.wait_for(lambda s: any(x.name == "/rpc" for x in s))
+    assert {s.trace_id for s in spans} == {CALLER_TRACE}
+    assert {s.service for s in spans} == {"reasonray-unit"}
+    by_name = {s.name: s for s in spans}
+    request, strategy = by_name["/rpc"], by_name["strategy chain_of_thought"]
+    assert request.parent_span_id == "00f067aa0ba902b7" and request.attributes["reasonray.trace_id"] == CALLER_TRACE
+    assert strategy.parent_span_id == request.span_id
+    [chat] = [s for s in spans if s.name.startswith("chat ")]
+    assert chat.parent_span_id == strategy.span_id
+    assert chat.attributes["gen_ai.operation.name"] == "chat"
+    assert chat.attributes["gen_ai.request.model"] == "simulated"
+    assert chat.attributes["gen_ai.usage.input_tokens"] > 0 and chat.attributes["gen_ai.usage.output_tokens"] > 0
+    assert "6 * 7" in chat.attributes["gen_ai.input.messages"]  # record = "full" (the default)
+
+
+async def test_without_a_traceparent_the_run_takes_the_spans_trace_id_and_content_follows_the_record_setting(receiver):
+    tracing.set_content(False)
+    try:
+        result = await run({})
+    finally:
+        tracing.set_content(True)
+    tracing.flush()
+    spans = receiver.wait_for(lambda s: any(x.name == "/rpc" for x in s))
+    assert {s.trace_id for s in spans} == {result["trace_id"]}
+    [chat] = [s for s in spans if s.name.startswith("chat ")]
+    assert "gen_ai.input.messages" not in chat.attributes and "gen_ai.output.messages" not in chat.attributes
+
+
+async def test_unset_means_no_exporter_no_spans_and_the_traceparent_still_names_the_run(untraced):
+    result = await run({"traceparent": TRACEPARENT})
+    assert result["trace_id"] == CALLER_TRACE
+    assert not tracing.active() and tracing.inject() == {}
+    with tracing.span("anything") as span:
+        assert span is tracing.NO_SPAN
+
+
+def test_content_setting_is_read_defensively():
+    class Events:
+        record = "metadata"
+
+    class WithEvents:
+        events = Events()
+
+    assert tracing.content_from(object()) is True  # no [events] section: today's behaviour (full)
+    assert tracing.content_from(WithEvents()) is False
+
+
+def test_export_env_carries_only_otel_variables_and_only_when_configured():
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "s", "PATH": "/bin"}
+    assert tracing.export_env(env) == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "s"}
+    assert tracing.export_env({"OTEL_SERVICE_NAME": "s"}) == {}
+    assert tracing.export_env({**env, "OTEL_SDK_DISABLED": "true"}) == {}
