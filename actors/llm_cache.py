@@ -24,7 +24,7 @@ class LLMCacheActor(Fingerprinted):
         self._cache = LRUTTLCache(max_entries=max_entries, ttl_s=ttl_s)
 
     # async methods: the actor serves calls on its event loop, which costs callers about a third of
-    # a threaded actor's round trip (PLATFORM.md); the work itself never blocks.
+    # a threaded actor's round trip (measured on the 2-core build machine); the work itself never blocks.
     async def get(self, key: str) -> bytes | None:
         return self._cache.get(key)
 
