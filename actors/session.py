@@ -139,7 +139,7 @@ class SessionHostClient:
     @property
     def handle(self) -> Any:
         if self._handle is None:  # gone for good (killed by an operator): a new one, same settings
-            self._handle = actor_for(SessionHost, self.name, self.fp, self.spec)
+            self._handle = actor_for(SessionHost, self.name, self.fp, self.spec, **HOST_OPTIONS)
         return self._handle
 
     def forget(self) -> None:
@@ -158,6 +158,11 @@ class SessionHostClient:
         return await unwrap(self.handle.stats.remote())
 
 
+# spread over the nodes: a host's death then interrupts one node's share of the sessions, and the others
+# keep serving (Ray would otherwise pack these zero-CPU actors onto the node that creates them)
+HOST_OPTIONS: dict[str, Any] = {"scheduling_strategy": "SPREAD"}
+
+
 def host_name(app_name: str, index: int) -> str:
     return f"{app_name}-session-host-{index}"
 
@@ -166,7 +171,7 @@ def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[Sess
     """The application's session hosts, created now (deploy time) or kept when they run with these settings."""
     fp = fingerprint(spec.settings_json)
     names = [host_name(app_name, i) for i in range(settings.sessions.hosts)]
-    hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec)) for name in names]
+    hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec, **HOST_OPTIONS)) for name in names]
     retired = retire_extra(host_name(app_name, 0)[:-1], set(names))
     if retired:
         log.info("session.hosts_retired", hosts=retired)

@@ -125,7 +125,7 @@ _STATUS: dict[int, tuple[int, str]] = {
     -32012: (429, "rate_limit_error"),
     -32013: (502, "server_error"),
     -32014: (409, "invalid_request_error"),
-    -32015: (504, "server_error"),
+    -32015: (400, "invalid_request_error"),  # a time budget ran out, like BUDGET_EXCEEDED
 }
 
 

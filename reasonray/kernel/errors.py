@@ -136,9 +136,12 @@ class RunCancelledError(ReasonRayError):
 
 
 class DeadlineExceededError(ReasonRayError):
-    """The request's deadline (`budget.deadline_s`, or the server's) passed before the run answered."""
+    """The request's deadline (`budget.deadline_s`, or the server's) passed before the run answered.
 
-    code, http_status, error_type = -32015, 504, "deadline_exceeded"
+    A time budget ran out, like a token budget (422, not 504): proxies retry 5xx answers on their own,
+    and a run that was too slow for its deadline should not be run again behind the caller's back."""
+
+    code, http_status, error_type = -32015, 422, "deadline_exceeded"
 
 
 class UnauthenticatedError(ReasonRayError):

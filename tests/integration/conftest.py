@@ -95,6 +95,36 @@ def deploy(settings: dict[str, Any], app_name: str, route_prefix: str) -> None:
     serve.run(build_app({"settings": settings, "app_name": app_name}), name=app_name, route_prefix=route_prefix)
 
 
+def undeploy(app_name: str) -> None:
+    """Delete an application and retire its named actors (detached: they outlive `serve.delete` on purpose)."""
+    from ray import serve
+
+    from reasonray.actors.lifecycle import retire_extra
+
+    serve.delete(app_name)
+    retire_extra(f"{app_name}-", keep=set())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _undeploy_the_modules_apps():
+    """After each module, its applications go with their actors: each deploys a registry, a cache, a memory
+    bank, session hosts and branch runners, and a suite that kept them all ran ~100 processes on 2 cores."""
+    yield
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from ray import serve
+
+    try:
+        names = list(serve.status().applications)
+    except Exception:  # Serve was never started in this process's cluster
+        return
+    for name in names:
+        if name != "reasonray":  # the session's main application, shared by every module
+            undeploy(name)
+
+
 @pytest.fixture(scope="session")
 def api(serve_base, simulator):
     """The main application at /, as `reasonray serve` deploys it."""

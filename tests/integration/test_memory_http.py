@@ -15,11 +15,13 @@ import pytest
 import ray
 
 from reasonray.actors import NAMESPACE
+from reasonray.actors.session import host_index, host_name
 from reasonray.gateway.simulator.server import (
     SimulatorServer,
     SimulatorSettings,
     free_port,
 )
+from reasonray.kernel.config import Settings
 from reasonray.memory.store import StoreError
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
 
@@ -158,7 +160,7 @@ def test_a_chroma_server_backs_the_bank_and_outlives_the_actor(serve_base, simul
         assert "rb-m-shared" in names  # the items live on the server, not in the actor
 
 
-def test_a_session_turn_is_learned_passively_in_the_session_actor_and_retrieved_later(serve_base, simulator):
+def test_a_session_turn_is_learned_passively_on_its_session_host_and_retrieved_later(serve_base, simulator):
     explanation = (
         "Pack the rolls in boxes of 24 and count full boxes first; the remainder goes in one extra box, so 391 rolls need 17 boxes."
     )
@@ -169,7 +171,8 @@ def test_a_session_turn_is_learned_passively_in_the_session_actor_and_retrieved_
         )
         assert turn["answer"] == explanation and turn["memory"]["passive"] == "captured"
         assert turn["memory"]["task_id"] == f"{sid}-turn-1" and turn["trace"][-1]["type"] == "MEMORY_LEARNING"
-        assert ray.get_actor(f"mem-passive-session-{sid}", namespace=NAMESPACE)  # learned in the session's actor
+        host = ray.get_actor(host_name("mem-passive", host_index(sid, Settings().sessions.hosts)), namespace=NAMESPACE)
+        assert ray.get(host.is_live.remote(sid))  # the turn, and its learning, ran on the session's host
         found = result_of(rpc(client, "memory.retrieve", {"query": "How many boxes do 391 rolls need?", "min_similarity": 0}))
         assert {m["memory"]["id"] for m in found["memories"]} >= set(turn["memory"]["stored"])
         assert all(m["memory"]["source_type"] == "passive" for m in found["memories"])

@@ -1,7 +1,7 @@
 """A real multi-node cluster on this machine: a Ray head and two worker nodes (each its own `ray start` with
 its own ports and resources; the head's temp dir is the test's), PostgreSQL as the store and a Chroma
 server as the memory bank, both started here. Sessions are created and answered, then a worker node that
-hosts session actors and API replicas is killed (SIGKILL to its whole process group) while turns are in
+runs session hosts and API replicas is killed (SIGKILL to its whole process group) while turns are in
 flight, and the data directory is wiped: no NFS, no local files. Afterwards every session continues on
 the surviving nodes (its host moved), and no session, turn, agent card, memory or run record is lost.
 """
@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 APP = "multinode"
+HOSTS = 3  # session hosts, spread over the head and the two workers
 
 
 class RayNode:
@@ -154,10 +155,12 @@ def cluster() -> Iterator[dict[str, Any]]:
 
 
 def host_of(ray, session_id: str) -> str:
+    """The node of the session host that serves `session_id` (the host the ingress routes it to)."""
     from reasonray.actors import NAMESPACE
+    from reasonray.actors.session import host_index, host_name
 
-    actor = ray.get_actor(f"{APP}-session-{session_id}", namespace=NAMESPACE)
-    return ray.get(actor.__ray_call__.remote(lambda self: __import__("ray").get_runtime_context().get_node_id()), timeout=60)
+    actor = ray.get_actor(host_name(APP, host_index(session_id, HOSTS)), namespace=NAMESPACE)
+    return ray.get(actor.stats.remote(), timeout=60)["node_id"]
 
 
 def node_of_worker(ray, worker: RayNode) -> str:
@@ -182,6 +185,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
         store={"url": postgres.url},
         memory={"chroma_url": chroma_server, "embedding": "openai"},
         server={"num_replicas": 2, "fast_ingress": False},
+        sessions={"hosts": HOSTS},
     )
     port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
