@@ -201,7 +201,8 @@ class ReasoningExecutor(AgentExecutor):
     @staticmethod
     async def _not_answered(updater: TaskUpdater, say: Any, error: dict[str, Any], task_id: str) -> None:
         """A refused caller (401/403/429: no run started) gets a `rejected` task, a run that failed a `failed`
-        one; the status message says why and carries the error's code, type, `limit_name` and `retry_after_s` when it has them."""
+        one; the status message says why and carries the error's code and type, and for a rate limit its
+        `limit_name` and `retry_after_s`."""
         message = say(_refusal(error))
         data = error.get("data") or {}
         message.metadata.update(

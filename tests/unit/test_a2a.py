@@ -23,6 +23,7 @@ from a2a.types.a2a_pb2 import (
     TaskState,
     TaskStatus,
 )
+from a2a.utils.errors import TaskNotFoundError
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -193,21 +194,21 @@ async def test_another_principals_tasks_read_list_and_cancel_as_if_they_did_not_
     assert (await alice.get_task(GetTaskRequest(id=hers.id))).artifacts[0].parts[0].text == "42"
     answers = []
     for task_id in (hers.id, "00000000-0000-4000-8000-000000000000"):  # hers, and one that does not exist
-        with pytest.raises(Exception, match="Task not found") as got:
+        with pytest.raises(TaskNotFoundError, match="Task not found") as got:
             await bob.get_task(GetTaskRequest(id=task_id))
-        with pytest.raises(Exception, match="Task not found") as cancelled:
+        with pytest.raises(TaskNotFoundError, match="Task not found") as cancelled:
             await bob.cancel_task(CancelTaskRequest(id=task_id))
         answers.append([(type(e.value), str(e.value).replace(task_id, "ID")) for e in (got, cancelled)])
     assert answers[0] == answers[1]
     assert [t.id for t in (await alice.list_tasks(ListTasksRequest())).tasks] == [hers.id]
     assert (await bob.list_tasks(ListTasksRequest())).tasks == []
     assert (await bob.list_tasks(ListTasksRequest(context_id=hers.context_id))).tasks == []
-    with pytest.raises(Exception, match="not found"):  # continuing her task by id
+    with pytest.raises(TaskNotFoundError):  # continuing her task by id
         await send(
             bob, SendMessageRequest(message=Message(role=Role.ROLE_USER, message_id="m-x", task_id=hers.id, parts=[Part(text="hi")]))
         )
     as_bob = ServerCallContext(user=PrincipalUser("bob"))
-    with pytest.raises(Exception, match="not found"):  # resubscribing
+    with pytest.raises(TaskNotFoundError):  # resubscribing
         [e async for e in agent.server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=hers.id), as_bob)]
 
 
@@ -265,7 +266,7 @@ async def test_the_task_store_keeps_owned_tasks_lists_pages_and_filters(repo):
     assert [t.id for t in (await store.list(ListTasksRequest(context_id="c1"), alice)).tasks] == ["t2", "t1"]
     assert [t.id for t in (await store.list(ListTasksRequest(status=TaskState.TASK_STATE_WORKING), alice)).tasks] == ["t3"]
     assert [t.id for t in (await store.list(ListTasksRequest(), bob)).tasks] == ["b1"]
-    with pytest.raises(Exception, match="not found"):  # bob cannot overwrite alice's task under its id
+    with pytest.raises(TaskNotFoundError):  # bob cannot overwrite alice's task under its id
         await store.save(task("t1", "c9", "mine now", 10), bob)
     await store.delete("t1", bob)
     assert await store.get("t1", alice) is not None
