@@ -32,6 +32,7 @@ from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
 from reasonray.api.a2a import A2AServer, auth_configured, card_json
+from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import JsonlAuditLog, audit_log_path
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
@@ -186,7 +187,10 @@ class ReasonRayIngress:
         self.rpc, self.sessions = application.dispatcher, application.sessions
         self.openai = OpenAICompat(self.rpc, counter_for_model(self.client.model), self.client.model)  # docs/openai.md
         McpEndpoint.serve(self.rpc)  # /mcp (docs/mcp.md)
-        self.a2a = A2AServer(self.service, self.settings.data_dir / "sessions", __version__, bearer=auth_configured(self.settings))
+        # A2A tasks run as reasoning.execute calls of this dispatcher (its guard, once installed below, included)
+        # and are kept in the sessions' store
+        a2a_tasks = a2a_repository(self.settings.store.url, self.settings.data_dir / "sessions")
+        self.a2a = A2AServer(self.rpc, self.service.catalogue, a2a_tasks, __version__, bearer=auth_configured(self.settings))
         if self.settings.auth.enabled:
             self._guard(app_name)
         self._session_gauge: asyncio.Task | None = None

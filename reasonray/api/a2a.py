@@ -3,33 +3,31 @@
 - `agent_card`: the card at `/.well-known/agent-card.json`, generated from the strategy catalogue:
   one skill per enabled strategy, streaming, the JSON-RPC interface at `/a2a` with its protocol
   version, a bearer scheme when authentication is configured.
-- `ReasoningExecutor`: the SDK's `AgentExecutor`. `SendMessage` runs a reasoning run (the strategy named
-  by the message's or request's metadata, `strategy` or `skill`, else the default; `strategy_config` too); its events stream as
-  task status updates and its answer arrives as an artifact. Cancelling the task cancels the run.
-- `FileTaskStore`: the SDK's `TaskStore` over the data directory, beside the sessions
-  (`<data_dir>/sessions/a2a/`); a context (`context_id`) is a conversation kept there too: each new
-  message of a context is reasoned about with the context's earlier exchanges.
+- `ReasoningExecutor`: the SDK's `AgentExecutor`. `SendMessage` is one `reasoning.execute` call through the
+  JSON-RPC dispatcher, guard included (the strategy named by the message's or request's metadata,
+  `strategy` or `skill`, else the default; `strategy_config` too); its events stream as task status
+  updates and its answer arrives as an artifact. Cancelling the task cancels the run. A refused caller
+  gets a `rejected` task saying why.
+- Tasks and the conversation of each context live in the sessions' store, owned by the caller
+  (`reasonray.api.a2a_store`); each new message of a context is reasoned about with the context's
+  earlier exchanges.
 
 Transport-free: the Serve ingress forwards `/a2a` and the card route to what is built here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
-from pathlib import Path
 from typing import Any
 
 import structlog
-from a2a.helpers.proto_helpers import get_message_text, new_text_message, new_text_part
+from a2a.helpers.proto_helpers import new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
-from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import create_jsonrpc_routes
-from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
@@ -44,18 +42,19 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
 from google.protobuf import json_format
-from pydantic import ValidationError
 
-from reasonray.api.service import ExecuteParams, ReasoningService
+from reasonray.api.a2a_store import CallerContextBuilder, Conversations, Exchange, OwnedTaskStore, Repository, owner_of
+from reasonray.api.jsonrpc import FORBIDDEN, RATE_LIMITED, UNAUTHENTICATED, Dispatcher
+from reasonray.api.streaming import stream_call
 from reasonray.kernel import tracing
-from reasonray.kernel.errors import ReasonRayError
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
-from reasonray.kernel.storage import write_atomic
+from reasonray.strategies.registry import Catalogue
 
 log = structlog.get_logger(__name__)
 
 A2A_PATH = "/a2a"
 HISTORY_TURNS = 8  # earlier exchanges of a context a new message is reasoned with
+REFUSALS = frozenset({UNAUTHENTICATED, FORBIDDEN, RATE_LIMITED})  # the guard refused before any run: the task is rejected
 EXAMPLES = {
     "chain_of_thought": "What is 17 * 23?",
     "bounded_context": "Prove that the sum of the first n odd numbers is n squared, step by step.",
@@ -104,65 +103,6 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
     return card
 
 
-class FileTaskStore(TaskStore):
-    """A2A tasks as JSON files under the sessions' directory, replaced atomically (one per task)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root) / "a2a" / "tasks"
-
-    def _path(self, task_id: str) -> Path:
-        return self.root / f"{uuid.UUID(task_id).hex if _is_uuid(task_id) else _safe(task_id)}.json"
-
-    async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
-        await asyncio.to_thread(write_atomic, self._path(task.id), json_format.MessageToJson(task).encode())
-
-    async def get(self, task_id: str, context: ServerCallContext | None = None) -> Task | None:
-        path = self._path(task_id)
-        if not path.exists():
-            return None
-        return json_format.Parse(await asyncio.to_thread(path.read_bytes), Task())
-
-    async def list(self, params: a2a_pb2.ListTasksRequest, context: ServerCallContext | None = None) -> a2a_pb2.ListTasksResponse:
-        tasks = await asyncio.to_thread(self._all)
-        if params.context_id:
-            tasks = [t for t in tasks if t.context_id == params.context_id]
-        if params.status:
-            tasks = [t for t in tasks if t.status.state == params.status]
-        tasks.sort(key=lambda t: (t.status.timestamp.ToNanoseconds(), t.id), reverse=True)
-        size = params.page_size or 50
-        start = int(params.page_token) if params.page_token.isdigit() else 0
-        page = tasks[start : start + size]
-        following = str(start + size) if start + size < len(tasks) else ""
-        return a2a_pb2.ListTasksResponse(tasks=page, next_page_token=following, page_size=size, total_size=len(tasks))
-
-    async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
-        self._path(task_id).unlink(missing_ok=True)
-
-    def _all(self) -> list[Task]:
-        if not self.root.exists():
-            return []
-        return [json_format.Parse(p.read_bytes(), Task()) for p in self.root.glob("*.json")]
-
-    async def exchanges(self, context_id: str, before: str) -> list[tuple[str, str]]:
-        """The context's earlier completed exchanges (question, answer), oldest first."""
-        tasks = [t for t in await asyncio.to_thread(self._all) if t.context_id == context_id and t.id != before]
-        tasks = [t for t in tasks if t.status.state == TaskState.TASK_STATE_COMPLETED and t.history and t.artifacts]
-        tasks.sort(key=lambda t: t.status.timestamp.ToNanoseconds())
-        return [(get_message_text(t.history[0]), "".join(p.text for p in t.artifacts[-1].parts)) for t in tasks[-HISTORY_TURNS:]]
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _safe(value: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in value)[:128]
-
-
 def _progress(event: Event) -> str | None:
     """One status line for the events a caller wants to watch (None: not worth a status update)."""
     if isinstance(event, IterationEnd):
@@ -185,21 +125,30 @@ def _choice(context: RequestContext) -> tuple[str | None, dict[str, Any] | None]
     return strategy, config
 
 
-def _query(text: str, earlier: list[tuple[str, str]]) -> str:
+def _query(text: str, earlier: list[Exchange]) -> str:
+    """The run's problem: the new message, after the context's earlier exchanges when it has any (a strategy
+    takes one problem statement, so the conversation so far is written into it)."""
     if not earlier:
         return text
     lines = ["Earlier in this conversation:"]
-    for question, answer in earlier:
-        lines += [f"User: {question}", f"Assistant: {answer}"]
+    for exchange in earlier:
+        lines += [f"User: {exchange.question}", f"Assistant: {exchange.answer}"]
     return "\n".join([*lines, "", f"Now: {text}"])
 
 
-class ReasoningExecutor(AgentExecutor):
-    """Runs one reasoning run per A2A task; progress as status updates, the answer as an artifact."""
+def _refusal(error: dict[str, Any]) -> str:
+    """The status line of a run that did not answer: the JSON-RPC error's message and code."""
+    return f"{error['message']} (code {error['code']})"[:2000]
 
-    def __init__(self, service: ReasoningService, store: FileTaskStore) -> None:
-        self.service = service
-        self.store = store
+
+class ReasoningExecutor(AgentExecutor):
+    """Runs one `reasoning.execute` call per A2A task through the JSON-RPC dispatcher, so the caller meets the
+    same guard as on `POST /rpc` (roles per method and strategy, agent binding, rate limits, token budgets
+    charged with what the run used, the audit record); progress as status updates, the answer as an artifact."""
+
+    def __init__(self, rpc: Dispatcher, conversations: Conversations) -> None:
+        self.rpc = rpc
+        self.conversations = conversations
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
@@ -216,52 +165,59 @@ class ReasoningExecutor(AgentExecutor):
         strategy, config = _choice(context)
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
         trace_id = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id() or uuid.uuid4().hex
-        earlier = await self.store.exchanges(task.context_id, before=task.id)
+        owner = owner_of(context.call_context)
+        text = context.get_user_input()
+        earlier = await self.conversations.exchanges(owner, task.context_id)
         say = lambda text: new_text_message(text, context_id=task.context_id, task_id=task.id)
         await updater.start_work(say(f"reasoning with {strategy or 'the default strategy'} (trace {trace_id})"))
-        lines: asyncio.Queue[str | None] = asyncio.Queue()
-        pump = asyncio.create_task(self._pump(lines, updater, say))
-
-        def observe(event: Event) -> None:
-            if (line := _progress(event)) is not None:
-                lines.put_nowait(line)
-
-        try:
-            params = ExecuteParams(query=_query(context.get_user_input(), earlier), strategy=strategy, strategy_config=config)
-            result = await self.service.execute(params, trace_id, observe=observe)
-        except (ReasonRayError, ValidationError) as exc:
-            await self._drain(lines, pump)  # the caller's or the model's fault: the task fails, saying why
-            await updater.failed(say(f"{type(exc).__name__}: {getattr(exc, 'message', str(exc))}"[:2000]))
-            log.info("a2a.task_failed", task_id=task.id, error=type(exc).__name__)
-            return
-        except BaseException:
-            pump.cancel()
-            raise
-        await self._drain(lines, pump)
-        metadata = {
-            "strategy_used": result.strategy_used,
-            "trace_id": trace_id,
-            "total_tokens": result.metrics.total_tokens,
-            "turn": len(earlier) + 1,
+        params = {"query": _query(text, earlier[-HISTORY_TURNS:]), "strategy": strategy, "strategy_config": config}
+        call = {
+            "jsonrpc": "2.0",
+            "method": "reasoning.execute",
+            "params": {k: v for k, v in params.items() if v is not None},
+            "id": task.id,
         }
-        await updater.add_artifact([new_text_part(result.answer)], name="answer", metadata=metadata, last_chunk=True)
+        response: dict[str, Any] = {}
+        async for item in stream_call(self.rpc, call, trace_id):
+            if isinstance(item, Event):
+                if (line := _progress(item)) is not None:
+                    await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
+            else:
+                response = item
+        if "error" in response:
+            await self._not_answered(updater, say, response["error"], task.id)
+            return
+        result = response["result"]
+        turn = await self.conversations.append(owner, task.context_id, text, result["answer"], task.id, trace_id)
+        metadata = {
+            "strategy_used": result["strategy_used"],
+            "trace_id": trace_id,
+            "total_tokens": result["metrics"]["total_tokens"],
+            "turn": turn,
+        }
+        await updater.add_artifact([new_text_part(result["answer"])], name="answer", metadata=metadata, last_chunk=True)
         await updater.complete()
+
+    @staticmethod
+    async def _not_answered(updater: TaskUpdater, say: Any, error: dict[str, Any], task_id: str) -> None:
+        """A refused caller (401/403/429: no run started) gets a `rejected` task, a run that failed a `failed`
+        one; the status message says why and carries the error's code and type, and for a rate limit its
+        `limit_name` and `retry_after_s`."""
+        message = say(_refusal(error))
+        data = error.get("data") or {}
+        message.metadata.update(
+            {"code": error["code"], **{k: data[k] for k in ("error_type", "retry_after_s", "limit_name", "trace_id") if k in data}}
+        )
+        if error["code"] in REFUSALS:
+            await updater.reject(message)
+        else:
+            await updater.failed(message)
+        log.info("a2a.task_not_answered", task_id=task_id, code=error["code"], error_type=data.get("error_type"))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """The run's asyncio task was cancelled by the SDK (the run stops with it): say so."""
         assert context.task_id and context.context_id
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
-
-    @staticmethod
-    async def _pump(lines: asyncio.Queue[str | None], updater: TaskUpdater, say: Any) -> None:
-        while (line := await lines.get()) is not None:
-            await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
-
-    @staticmethod
-    async def _drain(lines: asyncio.Queue[str | None], pump: asyncio.Task) -> None:
-        lines.put_nowait(None)
-        with contextlib.suppress(asyncio.CancelledError):
-            await pump
 
 
 def card_json(card: AgentCard) -> dict[str, Any]:
@@ -276,18 +232,19 @@ def auth_configured(settings: Any) -> bool:
 
 
 class A2AServer:
-    """The a2a-sdk request handler and JSON-RPC route over one reasoning service, for the ingress to mount."""
+    """The a2a-sdk request handler and JSON-RPC route, running tasks through the ingress's dispatcher `rpc` (and
+    so through its guard when authentication is on) and keeping them in `repo`, for the ingress to mount."""
 
-    def __init__(self, service: ReasoningService, sessions_dir: Path, version: str, *, bearer: bool = False) -> None:
-        self.service = service
+    def __init__(self, rpc: Dispatcher, catalogue: Catalogue, repo: Repository, version: str, *, bearer: bool = False) -> None:
+        self.catalogue = catalogue
         self.version = version
         self.bearer = bearer
-        self.store = FileTaskStore(sessions_dir)
-        handler = DefaultRequestHandler(
-            agent_executor=ReasoningExecutor(service, self.store), task_store=self.store, agent_card=self.card("")
+        self.store = OwnedTaskStore(repo)
+        self.handler = DefaultRequestHandler(
+            agent_executor=ReasoningExecutor(rpc, Conversations(repo)), task_store=self.store, agent_card=self.card("")
         )
-        [route] = create_jsonrpc_routes(handler, rpc_url=A2A_PATH)
+        [route] = create_jsonrpc_routes(self.handler, rpc_url=A2A_PATH, context_builder=CallerContextBuilder())
         self.handle = route.endpoint  # Starlette endpoint: Request in, Response (JSON or SSE) out
 
     def card(self, base_url: str) -> AgentCard:
-        return agent_card(self.service.catalogue.describe(), base_url, self.version, bearer=self.bearer)
+        return agent_card(self.catalogue.describe(), base_url, self.version, bearer=self.bearer)

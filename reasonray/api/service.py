@@ -187,10 +187,8 @@ class ReasoningService:
             log.warning("strategy.selection_slow", took_ms=round(took_ms, 3), budget_ms=self.selection_budget_ms)
         return resolution
 
-    async def execute(
-        self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None, observe: EventSink | None = None
-    ) -> ExecuteResult:
-        """Run the request's strategy; `observe` also sees every event as it happens (A2A progress)."""
+    async def execute(self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None) -> ExecuteResult:
+        """Run the request's strategy (its events also go to the context's RUN_LISTENER, for streams)."""
         resolution = await self.resolve(params)
         if self.log_queries:  # opt-in debug logging, personal data redacted
             log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
@@ -204,8 +202,6 @@ class ReasoningService:
         # a run that learns keeps its replies (its trajectory); others keep no history in memory
         capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
         sink = capture or recorder
-        if observe is not None:
-            sink = _tee(sink, observe)
         budget = self.budget.tightest(Budget(**params.budget.model_dump(exclude={"deadline_s"})) if params.budget else None)
         deadline = min((d for d in (self.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
         context = StrategyContext(
@@ -437,11 +433,3 @@ class _Teed(EventRecorder):
         super().__call__(event)
         if self.listener is not None:
             self.listener(event)
-
-
-def _tee(sink: EventSink, observe: EventSink) -> EventSink:
-    def both(event: Event) -> None:
-        sink(event)
-        observe(event)
-
-    return both

@@ -2,8 +2,9 @@
 
 One `PgStore` per process and URL (`pg_store`) owns a connection pool and speaks JSON, not domain
 types: the typed repositories sit in the layers that own the data (sessions in
-`reasonray.reasoner.repository`, agent cards in `reasonray.strategies.agents`, runs, the audit log
-and counters in `reasonray.kernel.repositories`). The schema is created or migrated on first use with
+`reasonray.reasoner.repository`, agent cards in `reasonray.strategies.agents`, A2A tasks and
+conversations in `reasonray.api.a2a_store`, runs, the audit log and counters in
+`reasonray.kernel.repositories`). The schema is created or migrated on first use with
 yoyo-migrations from the SQL files in `reasonray/kernel/migrations/` (yoyo takes a lock, so replicas
 starting together migrate once).
 
@@ -55,7 +56,7 @@ RUN_COLUMNS = (
 
 
 class PgStore:
-    """Sessions, agent cards, runs, audit entries and counters in one PostgreSQL database."""
+    """Sessions, agent cards, A2A tasks, runs, audit entries and counters in one PostgreSQL database."""
 
     # Every session actor is a process of its own with its own pool, so pools stay small: a process
     # makes one statement at a time per session. Hundreds of live sessions: put PgBouncer in front.
@@ -154,6 +155,76 @@ class PgStore:
     def delete_card(self, agent_id: str) -> None:
         self._fetch("DELETE FROM agent_cards WHERE agent_id = %s", (agent_id,))
 
+    # -- A2A tasks and conversations: every row has an owner (NULL: authentication off) --------------------
+    def save_a2a_task(self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]) -> bool:
+        """Insert or replace a task; False when the id is taken by another owner (nothing is written)."""
+        rows = self._fetch(
+            "INSERT INTO a2a_tasks (task_id, owner, context_id, state, status_ns, task) VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (task_id) DO UPDATE SET context_id = EXCLUDED.context_id, state = EXCLUDED.state, "
+            "status_ns = EXCLUDED.status_ns, task = EXCLUDED.task, updated_at = now() "
+            "WHERE a2a_tasks.owner IS NOT DISTINCT FROM EXCLUDED.owner RETURNING 1",
+            (task_id, owner, context_id, state, status_ns, Jsonb(task)),
+        )
+        return bool(rows)
+
+    def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None:
+        where, params = _owned(owner)
+        rows = self._fetch(f"SELECT task FROM a2a_tasks WHERE task_id = %s AND {where}", (task_id, *params))
+        return rows[0][0] if rows else None
+
+    def a2a_tasks(
+        self,
+        owner: str | None,
+        *,
+        context_id: str | None,
+        state: int | None,
+        since_ns: int | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The owner's tasks newest first (by status time, then id), from just after `after`; and how many match in all."""
+        where, params = _owned(owner)
+        clauses, values = [where], list(params)
+        for clause, value in (("context_id = %s", context_id), ("state = %s", state), ("status_ns >= %s", since_ns)):
+            if value is not None:
+                clauses.append(clause)
+                values.append(value)
+        filtered = " AND ".join(clauses)
+        total = int(self._fetch(f"SELECT count(*) FROM a2a_tasks WHERE {filtered}", tuple(values))[0][0])
+        page = f"{filtered} AND (status_ns, task_id) < (%s, %s)" if after is not None else filtered
+        rows = self._fetch(
+            f"SELECT task FROM a2a_tasks WHERE {page} ORDER BY status_ns DESC, task_id DESC LIMIT %s",
+            (*values, *(after or ()), limit),
+        )
+        return [r[0] for r in rows], total
+
+    def delete_a2a_task(self, task_id: str, owner: str | None) -> None:
+        where, params = _owned(owner)
+        self._fetch(f"DELETE FROM a2a_tasks WHERE task_id = %s AND {where}", (task_id, *params))
+
+    def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None:
+        """A conversation's exchanges and its version."""
+        rows = self._fetch("SELECT exchanges, version FROM a2a_conversations WHERE conversation_id = %s", (conversation_id,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def save_a2a_conversation(
+        self, conversation_id: str, owner: str | None, context_id: str, exchanges: list[dict[str, Any]], version: int
+    ) -> bool:
+        """Store `exchanges` as version `version + 1` if the stored version is still `version` (0: new); False otherwise."""
+        if version == 0:
+            sql = (
+                "INSERT INTO a2a_conversations (conversation_id, owner, context_id, version, exchanges) VALUES (%s, %s, %s, 1, %s) "
+                "ON CONFLICT DO NOTHING RETURNING 1"
+            )
+            params: tuple[Any, ...] = (conversation_id, owner, context_id, Jsonb(exchanges))
+        else:
+            sql = (
+                "UPDATE a2a_conversations SET version = version + 1, exchanges = %s, updated_at = now() "
+                "WHERE conversation_id = %s AND version = %s RETURNING 1"
+            )
+            params = (Jsonb(exchanges), conversation_id, version)
+        return bool(self._fetch(sql, params))
+
     # -- runs: the index and the full event log ------------------------------------------------------------
     def record_run(self, run: dict[str, Any], events: list[dict[str, Any]]) -> None:
         cols = RUN_COLUMNS
@@ -210,6 +281,11 @@ class PgStore:
         """Drop counters whose window has expired; returns how many."""
         rows = self._fetch("DELETE FROM counters WHERE expires_at < now() RETURNING 1")
         return len(rows)
+
+
+def _owned(owner: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The WHERE clause selecting one owner's rows (`= NULL` matches nothing, and IS NOT DISTINCT FROM skips the index)."""
+    return ("owner IS NULL", ()) if owner is None else ("owner = %s", (owner,))
 
 
 def migrate(url: str) -> list[str]:

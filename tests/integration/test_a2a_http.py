@@ -1,5 +1,6 @@
 """ReasonRay as an A2A agent, driven by the official a2a-sdk client against the running service:
-resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context."""
+resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context;
+and with authentication on, the tenancy guard deciding each run and tasks kept from other principals."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, ClientConfig, create_client
-from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
+from a2a.client.errors import A2AClientError
+from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, Role, SendMessageRequest, TaskState
+from a2a.utils.errors import TaskNotFoundError
 
+from reasonray.api.auth import mint_token
 from tests.integration.conftest import own_app
 
 
@@ -136,5 +140,48 @@ def test_a_second_message_in_the_same_context_is_reasoned_with_the_first_exchang
     [log] = list(data_dir.glob(f"events/*/{trace_id}.jsonl"))
     prompt = json.loads(log.read_text().splitlines()[0])["messages"][-1]["content"]
     assert "User: What is 6 * 7?" in prompt and "Assistant: 42" in prompt and prompt.endswith("Now: What is 2 + 3?")
-    # the tasks live beside the sessions, in the data directory
-    assert (data_dir / "sessions" / "a2a" / "tasks").is_dir() and len(list((data_dir / "sessions" / "a2a" / "tasks").glob("*.json"))) >= 2
+    # the tasks and the context's conversation live beside the sessions, in the data directory
+    assert len(list((data_dir / "sessions" / "a2a" / "tasks").glob("*.json"))) >= 2
+    assert len(list((data_dir / "sessions" / "a2a" / "contexts").glob("*.json"))) >= 1
+
+
+SECRET = "a2a-integration-secret-" + "x" * 32
+
+
+@pytest.fixture(scope="module")
+def secured_agent(serve_base, simulator):
+    auth = {"jwt_secret": SECRET, "roles": {"cot": {"methods": ["reasoning.*"], "strategies": ["chain_of_thought"], "limits": {}}}}
+    with own_app(serve_base, simulator.url, "a2a-auth", auth=auth) as (client, _):
+        yield str(client.base_url).rstrip("/")
+
+
+def test_with_auth_on_the_guard_decides_and_tasks_are_their_owners_alone(secured_agent):
+    base = secured_agent
+
+    def bearer(sub: str) -> dict[str, str]:
+        return {"Authorization": "Bearer " + mint_token(SECRET, sub, ["cot"], 600)}
+
+    async def exercise():
+        async with (
+            httpx.AsyncClient(timeout=60) as anonymous,
+            httpx.AsyncClient(timeout=60, headers=bearer("alice")) as as_alice,
+            httpx.AsyncClient(timeout=60, headers=bearer("bob")) as as_bob,
+        ):
+            card = await A2ACardResolver(anonymous, base).get_agent_card()  # the card is public
+            nobody = await create_client(card, ClientConfig(httpx_client=anonymous, streaming=False))
+            with pytest.raises(A2AClientError, match="HTTP Error 401"):
+                [r async for r in nobody.send_message(message("What is 12 * 12?"))]
+            alice = await create_client(card, ClientConfig(httpx_client=as_alice, streaming=False))
+            [refused] = [r async for r in alice.send_message(message("What is 12 * 12?", strategy="tree_of_thought"))]
+            [answered] = [r async for r in alice.send_message(message("What is 12 * 12?", strategy="chain_of_thought"))]
+            bob = await create_client(card, ClientConfig(httpx_client=as_bob, streaming=False))
+            with pytest.raises(TaskNotFoundError):
+                await bob.get_task(GetTaskRequest(id=answered.task.id))
+            return card, refused.task, answered.task, await bob.list_tasks(ListTasksRequest())
+
+    card, refused, answered, bobs = run(exercise())
+    assert "bearer" in card.security_schemes
+    assert refused.status.state == TaskState.TASK_STATE_REJECTED and refused.status.message.metadata["code"] == -32003
+    assert "may not run strategy 'tree_of_thought'" in refused.status.message.parts[0].text
+    assert answered.status.state == TaskState.TASK_STATE_COMPLETED and answered.artifacts[0].parts[0].text == "144"
+    assert list(bobs.tasks) == []
