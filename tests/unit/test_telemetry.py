@@ -52,10 +52,10 @@ def test_ray_metrics_take_a_zero_count_and_never_fail_the_caller():
 
     metrics = RayMetrics()
     with capture_logs() as logs:
-        metrics.record("reasonray_tokens", 0, strategy="chain_of_thought", kind="prompt")
-        metrics.record("reasonray_run_tokens", 0, strategy="chain_of_thought")
+        metrics.record("reasonray_tokens", 0, strategy="chain_of_thought", agent="none", kind="prompt")
+        metrics.record("reasonray_run_tokens", 0, strategy="chain_of_thought", agent="none")
         metrics.record("reasonray_active_sessions", 0)
-        metrics.record("reasonray_tokens", 12, strategy="chain_of_thought", kind="prompt")
+        metrics.record("reasonray_tokens", 12, strategy="chain_of_thought", agent="none", kind="prompt")
     # nothing went to the best-effort path: a zero count is skipped, not refused by Ray
     assert [e for e in logs if e["event"] == "metrics.not_recorded"] == []
     # and the best-effort path is real: what Ray refuses is logged, the caller is not failed
@@ -107,6 +107,26 @@ async def test_the_api_counts_requests_by_method_strategy_and_status_and_runs_by
     assert metrics.total("reasonray_tokens", strategy="chain_of_thought", kind="completion") > 0
     assert metrics.values("reasonray_bounded_context_iterations")[0] >= 2
     assert 0 < metrics.values("reasonray_bounded_context_savings_pct")[0] <= 100
+
+
+async def test_a_run_made_as_an_agent_tags_its_tokens_calls_runs_and_latency_with_the_agent(tmp_path):
+    """Issue 18: runs, tokens, calls and latency name the strategy and the agent (or `none`), failed runs too."""
+    metrics = RecordingMetrics()
+    settings = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
+    rpc = local_dispatcher(settings, SimulatedLLM(), metrics=metrics, data_dir=tmp_path)
+    card = {"id": "planner", "name": "Planner", "capabilities": ["reasoning.strategy.chain_of_thought"]}
+    assert "result" in await call(rpc, "agent.register", card)
+    assert "result" in await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?", "agent_id": "planner"})
+    assert "result" in await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?"})
+    failed = await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?", "agent_id": "planner", "budget": {"max_total_tokens": 5}})
+    assert failed["error"]["data"]["error_type"] == "budget_exceeded"
+    for agent, runs in (("planner", 2), ("none", 1)):
+        assert metrics.total("reasonray_tokens", strategy="chain_of_thought", agent=agent, kind="prompt") > 0
+        assert len(metrics.values("reasonray_run_tokens", strategy="chain_of_thought", agent=agent)) == runs
+        assert len(metrics.values("reasonray_run_llm_calls", strategy="chain_of_thought", agent=agent)) == runs
+        assert len(metrics.values("reasonray_run_latency_ms", strategy="chain_of_thought", agent=agent)) == runs
+    assert metrics.values("reasonray_runs", strategy="chain_of_thought", agent="planner", status="budget_exceeded") == [1]
+    assert {t["agent"] for n, _, t in metrics.records if n == "reasonray_tokens"} == {"planner", "none"}
 
 
 async def test_the_llm_stack_counts_calls_cache_hits_retries_failures_and_the_breaker():
