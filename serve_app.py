@@ -39,7 +39,7 @@ from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
 from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, error_for, http_status
 from reasonray.api.mcp_server import McpEndpoint
-from reasonray.api.methods import accept_trace_id, new_trace_id
+from reasonray.api.methods import new_trace_id
 from reasonray.api.openai_compat import OpenAICompat, Reply, respond
 from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
 from reasonray.api.prometheus import merge as merge_metrics
@@ -47,7 +47,7 @@ from reasonray.api.registry import RegistryService
 from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
 from reasonray.api.tenancy import Guard, agent_exists_via, install_guard
-from reasonray.api.tracing import request_span
+from reasonray.api.tracing import in_request_trace, request_span
 from reasonray.gateway.factory import client_for
 from reasonray.gateway.simulator.server import free_port
 from reasonray.gateway.tokens import counter_for_model
@@ -221,8 +221,10 @@ class ReasonRayIngress:
             self._session_gauge = asyncio.create_task(self._count_sessions())
         body = await request.body()
         if (call := streaming_call(body)) is not None:  # reasoning.execute with "stream": true, as SSE
-            trace_id = accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
-            return EventSourceResponse(rpc_sse(self.rpc, call, trace_id), headers={"X-Trace-Id": trace_id})
+            with request_span("/rpc", request.headers) as trace_id:  # the caller's traceparent names the run here too
+                trace_id = trace_id or new_trace_id()
+                events = in_request_trace("/rpc stream", rpc_sse(self.rpc, call, trace_id))
+            return EventSourceResponse(events, headers={"X-Trace-Id": trace_id})
         with request_span("/rpc", request.headers) as trace_id:
             payload, trace_ids = await self.rpc.handle(body, trace_id)
         headers = {"X-Trace-Id": trace_ids[0]} if len(trace_ids) == 1 else {}
@@ -241,11 +243,13 @@ class ReasonRayIngress:
 
     @api.post("/v1/chat/completions", summary="OpenAI-compatible chat completions, plain or streamed (docs/openai.md)")
     async def chat_completions(self, request: Request) -> Response:
-        trace_id = accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
-        reply = await respond(self.openai, await request.body(), trace_id)
-        if isinstance(reply, Reply):
-            return JSONResponse(reply.body, status_code=reply.status, headers={"X-Trace-Id": trace_id})
-        return EventSourceResponse(reply, headers={"X-Trace-Id": trace_id})
+        with request_span("/v1/chat/completions", request.headers) as trace_id:  # honours the caller's traceparent
+            trace_id = trace_id or new_trace_id()
+            reply = await respond(self.openai, await request.body(), trace_id)
+            if isinstance(reply, Reply):
+                return JSONResponse(reply.body, status_code=reply.status, headers={"X-Trace-Id": trace_id})
+            chunks = in_request_trace("/v1/chat/completions stream", reply)
+        return EventSourceResponse(chunks, headers={"X-Trace-Id": trace_id})
 
     @api.get("/v1/models", summary="OpenAI-compatible model list: one model per enabled strategy (docs/openai.md)")
     async def models(self) -> Response:

@@ -40,7 +40,7 @@ from reasonray.kernel import tracing
 from reasonray.kernel.config import FanoutSettings, Settings
 from reasonray.kernel.errors import OverloadedError
 from reasonray.kernel.events import BranchRun, Event, Tally
-from reasonray.strategies.base import Branch, StrategyContext
+from reasonray.strategies.base import Arrived, Branch, StrategyContext
 
 log = structlog.get_logger(__name__)
 
@@ -206,13 +206,28 @@ class RayFanout:
     def __init__(self, pool: BranchPool) -> None:
         self.pool = pool
 
-    async def __call__(self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
+    async def __call__(
+        self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str, arrived: Arrived[T] | None = None
+    ) -> list[T]:
         pool = self.pool
         strategy = context.llm.strategy
         options = context.llm.branch_options(len(branches))  # the run's memories and token budget apply there too
         carrier = tracing.inject()  # the trace context, so branch spans join the run's trace ({} when off)
         pool.admit(len(branches))
         placed = [pool.pick() for _ in branches]
+
+        async def merge(index: int, ref: Any) -> T:
+            # each branch joins the run as it finishes: a run interrupted while others still run (a deadline,
+            # a cancellation) has counted its calls and tokens, and `arrived` has seen its value
+            value, events, tally, where = await unwrap(ref)
+            for event in events:
+                context.emit(event)
+            context.llm.tally.add(tally)
+            context.emit(BranchRun(trace_id=context.trace_id, strategy=strategy, label=label, index=index, llm_calls=tally.calls, **where))
+            if arrived is not None:
+                arrived(index, value)
+            return value
+
         try:
             refs = [
                 pool.runners[r]
@@ -221,7 +236,7 @@ class RayFanout:
                 for i, (r, branch) in enumerate(zip(placed, branches, strict=True))
             ]
             try:
-                outcomes = await asyncio.gather(*(unwrap(ref) for ref in refs))
+                return list(await asyncio.gather(*(merge(i, ref) for i, ref in enumerate(refs))))
             except BaseException:
                 for ref in refs:
                     ray.cancel(ref)  # best effort: the run has failed (or was cancelled), stop the other branches
@@ -230,11 +245,3 @@ class RayFanout:
             for r in placed:
                 pool.load[r] -= 1
             pool.release(len(branches))
-        values = []
-        for index, (value, events, tally, where) in enumerate(outcomes):
-            for event in events:
-                context.emit(event)
-            context.llm.tally.add(tally)
-            context.emit(BranchRun(trace_id=context.trace_id, strategy=strategy, label=label, index=index, llm_calls=tally.calls, **where))
-            values.append(value)
-        return values

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import httpx
@@ -15,12 +15,16 @@ import httpx
 from reasonray.evals.run import main as eval_command
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.kernel.config import ConfigError, Settings, load_settings
+from reasonray.kernel.errors import error_type_of
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2, *, error_type: str = "usage", trace_id: str | None = None) -> NoReturn:
+    """Print what failed and its type (the trace id when a run had one), then exit with `code`:
+    1 when what the command ran failed, 2 for a usage or configuration error."""
     click.echo(f"error: {message}", err=True)
+    click.echo(f"error_type: {error_type}" + (f"  trace_id: {trace_id}" if trace_id else ""), err=True)
     sys.exit(code)
 
 
@@ -28,7 +32,7 @@ def _load(config: str | None, overrides: dict[str, Any]) -> Settings:
     try:
         settings = load_settings(config)
     except ConfigError as exc:
-        _fail(str(exc))
+        _fail(str(exc), error_type=error_type_of(exc))
     data = settings.model_dump(mode="json")
     for dotted, value in overrides.items():
         if value is None:
@@ -75,7 +79,8 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     if not settings.auth.enabled and not _is_loopback(settings.server.host):
         _fail(
             f"refusing to serve on {settings.server.host} without authentication: set [auth] jwt_secret "
-            "(or REASONRAY_AUTH__JWT_SECRET, or [auth] jwks_url / jwks_file), or bind 127.0.0.1 (docs/security.md)"
+            "(or REASONRAY_AUTH__JWT_SECRET, or [auth] jwks_url / jwks_file), or bind 127.0.0.1 (docs/security.md)",
+            error_type="config_error",
         )
     simulator = None
     if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
@@ -98,7 +103,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     except (ConfigError, LLMConfigError) as exc:
         if simulator:
             simulator.stop()
-        _fail(str(exc))
+        _fail(str(exc), error_type=error_type_of(exc))
 
     # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
     own: dict[str, Any] = {}
@@ -173,7 +178,11 @@ def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None
         with Client(url, timeout=timeout) as rr:
             result = rr.execute(question, strategy=strategy, strategy_config=config, agent_id=agent, include_trace=trace)
     except httpx.HTTPError as exc:
-        _fail(f"cannot reach ReasonRay at {url}: {exc}. Is `reasonray serve` running?", 1)
+        _fail(
+            f"cannot reach ReasonRay at {url} ({type(exc).__name__}: {exc}). Is `reasonray serve` running?",
+            1,
+            error_type="service_unreachable",
+        )
     except ReasonRayError as error:
         data = error.data or {}
         click.echo(f"error {error.code}: {error.message}", err=True)
@@ -216,7 +225,7 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
     try:
         FaultPlan(fault_rate, kinds)
     except ValueError as exc:
-        _fail(str(exc))
+        _fail(str(exc), error_type="invalid_params")
     click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1")
     run(
         SimulatorSettings(
@@ -248,7 +257,7 @@ def mcp_command(config_path, llm) -> None:
     try:
         rpc = in_process_api(settings)
     except (ConfigError, LLMConfigError, ReasonRayError) as exc:  # a missing key, model or memory server: say which
-        _fail(str(exc))
+        _fail(str(exc), error_type=error_type_of(exc))
     asyncio.run(serve_stdio(rpc))
 
 
@@ -304,7 +313,7 @@ def token_create(config_path, sub, roles, ttl, agent_id) -> None:
 
     auth = _load(config_path, {}).auth
     if not auth.jwt_secret:
-        _fail("no [auth] jwt_secret configured: set it in config.toml or REASONRAY_AUTH__JWT_SECRET")
+        _fail("no [auth] jwt_secret configured: set it in config.toml or REASONRAY_AUTH__JWT_SECRET", error_type="config_error")
     unknown = sorted(set(roles) - set(auth.roles))
     if unknown:
         _fail(f"unknown role(s) {unknown}; configured roles: {sorted(auth.roles)}")

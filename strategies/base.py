@@ -60,18 +60,35 @@ Its LLM calls and events count towards the run that fanned it out.
 """
 
 
+Arrived = Callable[[int, T], None]
+"""Called in the fanning-out process with a branch's index and value as soon as that branch finishes."""
+
+
 class Fanout(Protocol):
     """Runs independent branches concurrently and returns their values in order.
 
-    `label` names the branches in events and in Ray (e.g. "tree_of_thought.expand").
+    `label` names the branches in events and in Ray (e.g. "tree_of_thought.expand"). `arrived`, when
+    given, sees each value as it comes in, before the slower branches finish: a run interrupted while
+    they run (a deadline, a cancellation) still knows what finished.
     """
 
-    async def __call__(self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]: ...
+    async def __call__(
+        self, context: StrategyContext, branches: Sequence[Branch[T]], *, label: str, arrived: Arrived[T] | None = None
+    ) -> list[T]: ...
 
 
-async def local_fanout(context: StrategyContext, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
+async def local_fanout(
+    context: StrategyContext, branches: Sequence[Branch[T]], *, label: str, arrived: Arrived[T] | None = None
+) -> list[T]:
     """Branches as coroutines on the caller's event loop, sharing its context."""
-    return list(await asyncio.gather(*(branch(context) for branch in branches)))
+
+    async def run(index: int, branch: Branch[T]) -> T:
+        value = await branch(context)
+        if arrived is not None:
+            arrived(index, value)
+        return value
+
+    return list(await asyncio.gather(*(run(i, branch) for i, branch in enumerate(branches))))
 
 
 @dataclass
@@ -138,9 +155,12 @@ class StrategyContext:
         """Run `branches` concurrently through this context's fanout; values come back in order."""
         return await self.fanout(self, branches, label=label)
 
-    async def fan_out_settled(self, branches: Sequence[Branch[T]], *, label: str) -> list[T | Failed]:
-        """Like `fan_out`, but a failing branch becomes a `Failed` in its place instead of failing the lot."""
-        return await self.fanout(self, [partial(settled, branch) for branch in branches], label=label)
+    async def fan_out_settled(
+        self, branches: Sequence[Branch[T]], *, label: str, arrived: Arrived[T | Failed] | None = None
+    ) -> list[T | Failed]:
+        """Like `fan_out`, but a failing branch becomes a `Failed` in its place instead of failing the lot;
+        `arrived` sees each branch's value or `Failed` as it settles."""
+        return await self.fanout(self, [partial(settled, branch) for branch in branches], label=label, arrived=arrived)
 
     def elapsed_ms(self) -> int:
         return round((time.perf_counter() - self.started) * 1000)

@@ -20,6 +20,7 @@ from reasonray.gateway.tokens import count_messages
 from reasonray.kernel.errors import (
     InvalidParamsError,
     MaxIterationsError,
+    ModelBehaviorError,
     attach_partial,
 )
 from reasonray.kernel.events import Carryover, IterationEnd, RunWarning
@@ -282,7 +283,14 @@ class BoundedContext(Strategy):
         )
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         answer = extract_answer(completion.text)
-        return answer if answer is not None else strip_thinking(completion.text)
+        answer = answer if answer is not None else strip_thinking(completion.text)
+        if not answer.strip():
+            raise ModelBehaviorError(
+                "the final-answer call held no answer (an empty <answer>, or nothing outside <thinking>); "
+                "raise max_iterations or chunk_size so the reasoning can finish, or check the model",
+                {"total_iterations": len(state.iterations)},
+            )
+        return answer
 
     def _warn(self, context: StrategyContext, code: str, message: str) -> None:
         context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code=code, message=message))

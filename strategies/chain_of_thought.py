@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.tags import extract_answer, strip_thinking
 from reasonray.strategies.base import (
     ReasoningResult,
@@ -45,9 +46,16 @@ class ChainOfThought(Strategy):
             )
         )
         tagged = extract_answer(completion.text)
+        answer = tagged if tagged is not None else strip_thinking(completion.text)
+        if not answer.strip():
+            raise ModelBehaviorError(
+                "the model's reply held no answer (an empty <answer>, or nothing outside <thinking>)"
+                + ("; it hit max_tokens: raise max_tokens" if completion.finish_reason == "length" else "; check the model"),
+                {"finish_reason": completion.finish_reason},
+            )
         return context.result(
             self.name,
-            tagged if tagged is not None else strip_thinking(completion.text),
+            answer,
             answer_tagged=tagged is not None,
             finish_reason=completion.finish_reason,
             truncated=completion.finish_reason == "length",

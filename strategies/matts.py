@@ -81,7 +81,9 @@ class _Recording:
 async def attempt(strategy: ReasoningStrategy, query: str, config: dict[str, Any], context: StrategyContext) -> dict[str, str]:
     """One run of the base strategy: its answer and the text of its LLM replies."""
     recording = _Recording(context.llm)
-    result = await strategy.reason(query, context=dataclasses.replace(context, llm=recording, trajectories=[]), config=config)
+    # its own trajectories and progress: the base strategy's partial shape is not matts' (the attempts are)
+    own = dataclasses.replace(context, llm=recording, trajectories=[], progress={})
+    result = await strategy.reason(query, context=own, config=config)
     return {"answer": result.answer, "text": "\n\n".join(recording.replies) or result.answer}
 
 
@@ -106,11 +108,19 @@ class Matts(Strategy):
         if k == 1:
             attempts = [await attempt(base, query, base_config, context)]
         elif cfg.mode == "parallel":
+            settled: dict[int, dict[str, str] | Failed] = {}
+
+            def arrived(index: int, outcome: dict[str, str] | Failed) -> None:
+                settled[index] = outcome
+                self._note_progress(context, k, [o for _, o in sorted(settled.items()) if not isinstance(o, Failed)])
+
+            self._note_progress(context, k, [])
             outcomes = await context.fan_out_settled(
-                [partial(attempt, base, query, self._diverse(base, base_config, cfg, i)) for i in range(k)], label=f"{self.name}.attempt"
+                [partial(attempt, base, query, self._diverse(base, base_config, cfg, i)) for i in range(k)],
+                label=f"{self.name}.attempt",
+                arrived=arrived,
             )
             attempts = [o for o in outcomes if not isinstance(o, Failed)]
-            self._note_progress(context, k, attempts)
             if failed := [o.error for o in outcomes if isinstance(o, Failed)]:
                 raise failed[0]
         else:
@@ -181,7 +191,6 @@ class Matts(Strategy):
     @staticmethod
     def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, str]]) -> None:
         """The branches finished so far (their answers), for `error.data.partial` should a later call fail."""
-        context.progress.clear()  # a base strategy sharing this context may have left its own partial here
         context.progress.update(
             k=k,
             branches_finished=len(attempts),

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import Field
 
 from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import IterationEnd, RunWarning
 from reasonray.kernel.tags import (
     extract_answer,
@@ -161,6 +162,12 @@ class Refine(Strategy):
                 stop = "threshold"
                 break
         best = max(reversed(attempts), key=lambda a: a["score"])  # ties go to the later attempt
+        if not best["answer"].strip():
+            raise ModelBehaviorError(
+                f"none of the {len(attempts)} attempt(s) held an answer (an empty <answer>, or nothing outside <thinking>); "
+                "raise max_tokens or check the model",
+                {"iterations": len(attempts), "stop_reason": stop},
+            )
         context.trajectories.append(
             Trajectory(
                 text="\n\n".join(

@@ -7,8 +7,9 @@ compared after `normalize_answer` ("1,200.00" and "1200" agree); the most freque
 going to the answer reached first in chain order. `agreement` is the winner's share of the chains.
 
 A chain that fails (the provider, the budget) does not take the others with it: when any chain
-failed, the run fails with that chain's error and `partial` holds the finished chains' answers and
-their vote (`answer`: the majority so far, which `degraded_answers` may return instead).
+failed, the run fails with that chain's error. As each chain finishes, the run's `progress` holds the
+finished chains' answers and their vote (`answer`: the majority so far, which `degraded_answers` may
+return instead), so a run stopped by its deadline or a cancellation keeps them as well.
 """
 
 from __future__ import annotations
@@ -62,22 +63,17 @@ class SelfConsistency(Strategy):
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
         chains = [partial(sample_chain, query, cfg, cfg.seed + i) for i in range(cfg.samples)]
-        outcomes = await context.fan_out_settled(chains, label=f"{self.name}.sample")
-        failures = [o.error for o in outcomes if isinstance(o, Failed)]
-        answers = [o for o in outcomes if not isinstance(o, Failed)]
-        answered = [(a, normalize_answer(a)) for a in answers if a]
-        if failures:
-            votes = Counter(norm for _, norm in answered)
-            leader = max(votes, key=votes.__getitem__, default=None)
-            context.progress.update(
-                samples=cfg.samples,
-                samples_finished=len(answers),
-                samples_failed=len(failures),
-                answers=[normalize_answer(a) if a else None for a in answers],
-                votes=dict(votes.most_common()),
-                answer=next((a for a, norm in answered if norm == leader), None),
-            )
+        settled: dict[int, str | Failed | None] = {}
+
+        def arrived(index: int, outcome: str | Failed | None) -> None:
+            settled[index] = outcome
+            self._note_progress(context, cfg, [settled[i] for i in sorted(settled)])
+
+        self._note_progress(context, cfg, [])
+        outcomes = await context.fan_out_settled(chains, label=f"{self.name}.sample", arrived=arrived)
+        if failures := [o.error for o in outcomes if isinstance(o, Failed)]:
             raise failures[0]
+        answered = [(a, normalize_answer(a)) for a in outcomes if isinstance(a, str) and a]
         if not answered:
             raise ModelBehaviorError(
                 f"none of the {cfg.samples} sampled chains gave an <answer>; raise max_tokens or check the model",
@@ -93,5 +89,21 @@ class SelfConsistency(Strategy):
             answered=len(answered),
             votes=dict(votes.most_common()),
             agreement=round(votes[winner] / cfg.samples, 4),
+            answers=[normalize_answer(a) if a else None for a in outcomes if not isinstance(a, Failed)],
+        )
+
+    @staticmethod
+    def _note_progress(context: StrategyContext, cfg: SelfConsistencyConfig, outcomes: list[str | Failed | None]) -> None:
+        """The chains settled so far (in chain order) and their vote, for `error.data.partial`."""
+        answers = [o for o in outcomes if not isinstance(o, Failed)]
+        answered = [(a, normalize_answer(a)) for a in answers if a]
+        votes = Counter(norm for _, norm in answered)
+        leader = max(votes, key=votes.__getitem__, default=None)
+        context.progress.update(
+            samples=cfg.samples,
+            samples_finished=len(answers),
+            samples_failed=len(outcomes) - len(answers),
             answers=[normalize_answer(a) if a else None for a in answers],
+            votes=dict(votes.most_common()),
+            answer=next((a for a, norm in answered if norm == leader), None),
         )

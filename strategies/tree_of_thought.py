@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import ThoughtNode
 from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
 from reasonray.strategies.base import (
@@ -179,6 +180,8 @@ class Search:
 
     def note_progress(self) -> None:
         """The best path and answer so far, for `error.data.partial` should a later call fail."""
+        if not self.nodes:  # no proposal parsed yet: the empty shape set at the start stands
+            return
         best = max(self.nodes, key=lambda n: (n.depth, n.score))
         answers = [n for n in self.nodes if n.answer is not None and self.passes(n)]
         self.context.progress.update(
@@ -304,7 +307,14 @@ class TreeOfThought(Strategy):
                 temperature=0.0,
             )
         )
-        return extract_answer(completion.text) or strip_thinking(completion.text)
+        answer = extract_answer(completion.text) or strip_thinking(completion.text)
+        if not answer.strip():
+            raise ModelBehaviorError(
+                f"the search found no answer and the model gave none for its best path ({search.unparsed} of its replies "
+                "had no <step>, <answer> or <score>); raise max_tokens or check the model",
+                {"unparsed_replies": search.unparsed, "nodes_evaluated": len(search.nodes)},
+            )
+        return answer
 
 
 def _path_ids(node_id: str) -> list[str]:

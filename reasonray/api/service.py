@@ -257,7 +257,7 @@ class ReasoningService:
             end = self._run_end(context, resolution.strategy, error=exc if isinstance(exc, Exception) else None)
             recorder(end)
             self._record_run(context, ok=False)
-            self._meter(context, resolution.strategy, getattr(exc, "data", None), exc if isinstance(exc, Exception) else None)
+            self._meter(context, resolution.strategy, agent, getattr(exc, "data", None), exc if isinstance(exc, Exception) else None)
             degraded = self._degraded(exc, status)
             record_outcome(
                 self.metrics, resolution.strategy, agent, "degraded" if degraded else status, context.elapsed_ms(), context.llm.tally.calls
@@ -268,7 +268,7 @@ class ReasoningService:
             end = self._run_end(context, resolution.strategy)
             recorder(end)
             self._record_run(context, ok=True)
-            self._meter(context, resolution.strategy, result.metrics.strategy_specific)
+            self._meter(context, resolution.strategy, agent, result.metrics.strategy_specific)
             record_outcome(self.metrics, resolution.strategy, agent, "ok", context.elapsed_ms(), context.llm.tally.calls)
         finally:
             recorder.close()
@@ -359,9 +359,11 @@ class ReasoningService:
         elif self.memory_loop.settings.passive_learning:
             await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
 
-    def _meter(self, context: StrategyContext, strategy: str, specific: dict[str, Any] | None, error: Exception | None = None) -> None:
+    def _meter(
+        self, context: StrategyContext, strategy: str, agent: str, specific: dict[str, Any] | None, error: Exception | None = None
+    ) -> None:
         t = context.llm.tally
-        record_run(self.metrics, strategy, t.prompt_tokens, t.completion_tokens, specific)
+        record_run(self.metrics, strategy, agent, t.prompt_tokens, t.completion_tokens, specific)
         if strategy == "bounded_context":
             status = type(error).__name__ if error is not None else "ok"
             tokens = t.prompt_tokens + t.completion_tokens

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
+from typing import TypeVar
 
 from reasonray.api.methods import accept_trace_id
 from reasonray.kernel import tracing
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -20,3 +23,16 @@ def request_span(route: str, headers: Mapping[str, str]) -> Iterator[str | None]
         trace_id = tracing.trace_id_from(headers.get("traceparent")) or accept_trace_id(headers.get("x-trace-id")) or span.trace_id
         span.set({"reasonray.trace_id": trace_id})
         yield trace_id
+
+
+def in_request_trace(name: str, stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`stream` (a streamed response's body), consumed inside a span that continues the current request
+    span's trace. Call it inside `request_span`: a streamed response outlives its handler, so the runs it
+    starts while streaming would otherwise open spans in no trace, or in a new one."""
+    return _continued(name, tracing.inject(), stream)
+
+
+async def _continued(name: str, carrier: dict[str, str], stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    with tracing.span(name, parent=carrier):  # opened and closed in the task that consumes the stream
+        async for item in stream:
+            yield item

@@ -36,7 +36,7 @@ from reasonray.kernel.config import (
     Settings,
     load_settings,
 )
-from reasonray.kernel.errors import ReasonRayError
+from reasonray.kernel.errors import ReasonRayError, error_type_of
 from reasonray.kernel.logs import configure_logging
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
@@ -398,6 +398,7 @@ def main(
         report = run(options, echo=click.echo)
     except (EvalError, DatasetError, GridError, ConfigError, LLMConfigError) as exc:
         click.echo(f"error: {exc}", err=True)
+        click.echo(f"error_type: {error_type_of(exc)}", err=True)
         sys.exit(2)
     for row in report["rows"]:
         click.echo(

@@ -31,6 +31,7 @@ never carries the provider's URL or body (those go to the log).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -166,6 +167,13 @@ def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException
     """Keep what a run achieved before `exc` (iterations, carryover) for the error's `data.partial`."""
     exc.partial_result = partial  # type: ignore[attr-defined]
     return exc
+
+
+def error_type_of(exc: BaseException) -> str:
+    """What kind of failure `exc` is, for a person reading a command's output: its `error_type` as the API
+    names it, or (for errors the API never answers with) its class in snake case, e.g. `config_error`."""
+    named = getattr(exc, "error_type", "internal")
+    return str(named) if named != "internal" else re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
 
 
 def describe_errors(exc: ValidationError) -> str:

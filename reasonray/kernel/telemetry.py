@@ -43,9 +43,14 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "reasonray_request_latency_ms", "histogram", "Time to answer a JSON-RPC call, in milliseconds.", ("method", "strategy"), LATENCY_MS
     ),
     MetricSpec(
-        "reasonray_tokens", "counter", "Tokens spent by reasoning runs, by strategy and kind (prompt or completion).", ("strategy", "kind")
+        "reasonray_tokens",
+        "counter",
+        "Tokens spent by reasoning runs, failed or not, by strategy, agent (or none) and kind (prompt or completion).",
+        ("strategy", "agent", "kind"),
     ),
-    MetricSpec("reasonray_run_tokens", "histogram", "Tokens one reasoning run spent (prompt plus completion).", ("strategy",), TOKENS),
+    MetricSpec(
+        "reasonray_run_tokens", "histogram", "Tokens one reasoning run spent (prompt plus completion).", ("strategy", "agent"), TOKENS
+    ),
     MetricSpec(
         "reasonray_runs",
         "counter",
@@ -158,11 +163,14 @@ class RecordingMetrics:
         return sum(self.values(name, **tags))
 
 
-def record_run(metrics: Metrics, strategy: str, prompt_tokens: int, completion_tokens: int, specific: dict[str, Any] | None) -> None:
-    """A reasoning run's tokens, and a bounded-context run's iterations and savings."""
-    metrics.record("reasonray_tokens", prompt_tokens, strategy=strategy, kind="prompt")
-    metrics.record("reasonray_tokens", completion_tokens, strategy=strategy, kind="completion")
-    metrics.record("reasonray_run_tokens", prompt_tokens + completion_tokens, strategy=strategy)
+def record_run(
+    metrics: Metrics, strategy: str, agent: str, prompt_tokens: int, completion_tokens: int, specific: dict[str, Any] | None
+) -> None:
+    """A reasoning run's tokens (tagged with the strategy and the agent, or `none`), and a bounded-context
+    run's iterations and savings."""
+    metrics.record("reasonray_tokens", prompt_tokens, strategy=strategy, agent=agent, kind="prompt")
+    metrics.record("reasonray_tokens", completion_tokens, strategy=strategy, agent=agent, kind="completion")
+    metrics.record("reasonray_run_tokens", prompt_tokens + completion_tokens, strategy=strategy, agent=agent)
     specific = specific or {}
     if "total_iterations" in specific:
         metrics.record("reasonray_bounded_context_iterations", specific["total_iterations"])

@@ -4,6 +4,8 @@ call, all under the caller's trace id, received by a local OTLP/HTTP receiver.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration.conftest import own_app, result_of
@@ -70,3 +72,33 @@ def test_without_otel_variables_nothing_is_exported_and_the_traceparent_still_na
     result_of(execute(client, "What is 3 + 3?", marker))
     spans = receiver.wait_for(lambda s: any(x.trace_id == marker and x.name == "/rpc" for x in s))
     assert not [s for s in spans if s.trace_id == untraced]
+
+
+def test_streamed_rpc_and_streamed_chat_completions_honour_the_traceparent(traced):
+    """`stream: true` on /rpc (SSE) and on /v1/chat/completions: the run takes the caller's trace id, and
+    its spans (strategy, model calls) hang under the request's span in the caller's trace."""
+    client, receiver = traced
+    rpc_trace, chat_trace = "3" * 32, "4" * 32
+    params = {"query": "What is 5 + 5?", "strategy": "chain_of_thought", "stream": True}
+    call = {"jsonrpc": "2.0", "method": "reasoning.execute", "params": params, "id": 1}
+    streamed = client.post("/rpc", json=call, headers={"traceparent": f"00-{rpc_trace}-{CALLER_SPAN}-01"})
+    assert streamed.headers["x-trace-id"] == rpc_trace
+    lines = streamed.text.splitlines()
+    response = json.loads(lines[lines.index("event: response") + 1].removeprefix("data: "))
+    assert response["result"]["trace_id"] == rpc_trace
+    chat = {"model": "reasonray", "stream": True, "messages": [{"role": "user", "content": "What is 5 + 5?"}]}
+    chunks = client.post("/v1/chat/completions", json=chat, headers={"traceparent": f"00-{chat_trace}-{CALLER_SPAN}-01"})
+    assert chunks.headers["x-trace-id"] == chat_trace and "[DONE]" in chunks.text
+
+    def complete(spans):
+        return all(
+            any(s.trace_id == trace and s.name.startswith("chat ") for s in spans) and any(s.name == f"{route} stream" for s in spans)
+            for trace, route in ((rpc_trace, "/rpc"), (chat_trace, "/v1/chat/completions"))
+        )
+
+    spans = receiver.wait_for(complete, timeout_s=60)
+    for trace, route in ((rpc_trace, "/rpc"), (chat_trace, "/v1/chat/completions")):
+        ours = {s.name: s for s in spans if s.trace_id == trace}
+        request, stream, strategy = ours[route], ours[f"{route} stream"], ours["strategy chain_of_thought"]
+        assert request.parent_span_id == CALLER_SPAN and stream.parent_span_id == request.span_id
+        assert strategy.parent_span_id == stream.span_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import stat
 import threading
 import time
@@ -81,6 +82,41 @@ def test_ask_exits_zero_with_an_answer_and_non_zero_with_the_error_type_and_trac
     finally:
         ok.close()
         failing.close()
+
+
+def failure_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(("error:", "error_type:"))]
+
+
+def test_every_cli_failure_prints_its_error_type(tmp_path, monkeypatch):
+    """ask with no service, serve and mcp refused at start-up, eval that cannot start: exit non-zero, name the type."""
+    monkeypatch.delenv("REASONRAY_AUTH__JWT_SECRET", raising=False)
+    runner = CliRunner()
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    ask = runner.invoke(main, ["ask", "What is 17 * 23?", "--url", closed, "--timeout", "5"])
+    assert ask.exit_code == 1
+    assert failure_lines(ask.output)[-1] == "error_type: service_unreachable"
+    assert f"cannot reach ReasonRay at {closed} (ConnectError" in ask.output
+
+    plain = tmp_path / "plain.toml"
+    plain.write_text('[llm]\nprovider = "simulated"\n')
+    serve = runner.invoke(main, ["serve", "--config", str(plain), "--host", "0.0.0.0"])
+    assert serve.exit_code == 2 and "refusing to serve on 0.0.0.0 without authentication" in serve.output
+    assert failure_lines(serve.output)[-1] == "error_type: config_error"
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[reasoning]\ndefault_strategy = "no_such_strategy"\n')
+    mcp = runner.invoke(main, ["mcp", "--config", str(broken)])
+    assert mcp.exit_code == 2 and failure_lines(mcp.output)[-1] == "error_type: config_error", mcp.output
+
+    missing = tmp_path / "missing.jsonl"
+    args = ["eval", "--dataset", str(missing), "--strategies", "chain_of_thought", "--out", str(tmp_path / "out"), "--no-ray"]
+    evaluation = runner.invoke(main, [*args, "--no-progress", "--config-file", str(plain)])
+    assert evaluation.exit_code == 2 and str(missing) in evaluation.output
+    assert failure_lines(evaluation.output)[-1].startswith("error_type: "), evaluation.output
+    assert failure_lines(evaluation.output)[-1] != "error_type: internal"
 
 
 def test_eval_exits_non_zero_and_names_each_failed_example_when_the_model_fails(tmp_path):

@@ -173,6 +173,15 @@ async def test_every_documented_code_is_produced_through_the_dispatcher(code):
     assert response["error"]["code"] == code, response
     if code != -32700:
         assert response["error"]["data"]["trace_id"]
+    if code in RUN_FAILURES:  # "A failure of a run (...) also carries `partial` and `strategy`"
+        assert {"partial", "strategy"} <= set(response["error"]["data"]), response
+
+
+RUN_FAILURES = {-32004, -32006, -32009, -32010, -32013, -32014, -32015}
+
+
+def test_the_run_failures_are_listed_as_tested():
+    assert f"A failure of a run ({', '.join(str(c) for c in sorted(RUN_FAILURES, reverse=True))}) also carries" in PROSE
 
 
 async def test_every_session_method_carries_its_trace_id(tmp_path):
@@ -197,3 +206,84 @@ async def test_every_session_method_carries_its_trace_id(tmp_path):
     ]:
         response, (trace_id,) = await call(rpc, method, params)
         assert carried_trace_id(response) == trace_id, (method, response)
+
+
+def full_dispatcher(tmp_path: Path):
+    """Every method the service can serve: the reasoning and agent methods, sessions, and a real memory bank
+    (embedded Chroma in tmp_path) behind memory.*, stats.* and the seed's tools."""
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+    from reasonray.kernel.config import load_settings
+    from reasonray.reasoner.builtin_tools import builtin_toolbox
+    from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+    from tests.unit.memory_harness import local_memory, make_bank
+
+    settings = load_settings()
+    llm = SimulatedLLM()
+    sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    bank = make_bank(tmp_path / "chroma")
+    return local_dispatcher(
+        settings.reasoning, llm, data_dir=tmp_path, memory=local_memory(bank), memory_settings=settings.memory, sessions=sessions
+    )
+
+
+ITEM = {"title": "Check units", "description": "Convert before you compare.", "content": "Write every quantity with its unit."}
+CARD = {"id": "planner", "name": "Planner", "capabilities": ["reasoning.strategy.chain_of_thought"]}
+
+
+def calls_with_results(session_id: str, memory_id: str) -> list[tuple[str, dict]]:
+    """One call of every method that answers with a result, in an order that leaves what later ones need."""
+    return [
+        ("reasoning.strategies", {}),
+        ("reasoning.execute", {"query": "What is 6 * 7?", "strategy": "chain_of_thought"}),
+        ("reasoning.bounded_context", {"query": "What is 6 * 7?"}),
+        ("agent.register", CARD),
+        ("agent.get", {"agent_id": "planner"}),
+        ("agent.list", {}),
+        ("agent.discover", {"capabilities": []}),
+        ("agent.unregister", {"agent_id": "planner"}),
+        ("session.tools", {}),
+        ("session.turn", {"session_id": session_id, "message": "What is 6 * 7?"}),
+        ("session.get", {"session_id": session_id}),
+        ("session.close", {"session_id": session_id}),
+        ("memory.retrieve", {"query": "compare two lengths"}),
+        ("memory.get", {"memory_id": memory_id}),
+        ("memory.genealogy", {"memory_id": memory_id}),
+        ("memory.descendants", {"memory_id": memory_id}),
+        ("memory.errors", {}),
+        ("memory.traces", {"task_id": "no-such-task"}),
+        ("memory.list_workspaces", {}),
+        ("retrieve_memories", {"query": "compare two lengths"}),
+        ("get_memory_genealogy", {"memory_id": memory_id}),
+        ("get_statistics", {}),
+        ("stats.get", {}),
+        ("solve_coding_task", {"task": "Write add(a, b) returning the sum.", "enable_matts": False, "store_result": False}),
+        ("stats.reset", {}),
+        ("memory.delete_workspace", {"workspace": "default", "confirm": True}),
+    ]
+
+
+async def test_every_method_of_the_method_tables_carries_its_trace_id_in_results_and_errors(tmp_path):
+    """docs/api.md: every response to a call carries its trace id (results and errors), for every method the
+    tables list (reasoning, agents, sessions, memory, statistics, the seed's tools), each answered here."""
+    rpc = full_dispatcher(tmp_path)
+    served = set(rpc.methods) - jsonrpc.VERBATIM_RESULTS
+    documented = {m for m in re.findall(r"`([a-z_]+(?:\.[a-z_]+)*)`", API) if m in served}
+    assert documented == served, sorted(served - documented)  # every method is in the docs' tables
+
+    created, (trace_id,) = await call(rpc, "session.create", {"server_tools": ["calculator"]})
+    assert created["result"]["trace_id"] == trace_id
+    stored, (trace_id,) = await call(rpc, "memory.store", {"items": [ITEM]})
+    assert stored["result"]["trace_id"] == trace_id
+    answered = {"session.create", "memory.store"}
+    for method, params in calls_with_results(created["result"]["session_id"], stored["result"]["stored"][0]["id"]):
+        response, (trace_id,) = await call(rpc, method, params)
+        assert "result" in response and response["result"]["trace_id"] == trace_id, (method, response)
+        answered.add(method)
+    # session.resume answers with a result only when client tools are pending; without, its error carries the id
+    response, (trace_id,) = await call(rpc, "session.resume", {"session_id": created["result"]["session_id"], "tool_results": []})
+    assert response["error"]["data"]["trace_id"] == trace_id
+    assert answered | {"session.resume"} == served
+    for method in sorted(served):  # and every method's error: an unknown parameter is -32602
+        response, (trace_id,) = await call(rpc, method, {"not_a_parameter": 1})
+        error = response["error"]
+        assert error["code"] == -32602 and error["data"]["trace_id"] == trace_id, (method, response)

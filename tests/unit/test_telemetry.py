@@ -7,8 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from reasonray.api.app import local_dispatcher
+from reasonray.api.prometheus import merge
 from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.errors import TransientProviderError
 from reasonray.gateway.metered import MeteredLLM
@@ -17,8 +20,9 @@ from reasonray.gateway.resilience import CircuitBreaker, ResilientLLM, RetryPoli
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ReasoningSettings
-from reasonray.kernel.telemetry import CATALOGUE, SPECS, RecordingMetrics
+from reasonray.kernel.telemetry import CATALOGUE, RecordingMetrics
 from reasonray.memory.service import BankService
+from tests.docs_examples import blocks
 from tests.unit.memory_harness import make_bank
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +56,10 @@ def test_ray_metrics_take_a_zero_count_and_never_fail_the_caller():
 
     metrics = RayMetrics()
     with capture_logs() as logs:
-        metrics.record("reasonray_tokens", 0, strategy="chain_of_thought", kind="prompt")
-        metrics.record("reasonray_run_tokens", 0, strategy="chain_of_thought")
+        metrics.record("reasonray_tokens", 0, strategy="chain_of_thought", agent="none", kind="prompt")
+        metrics.record("reasonray_run_tokens", 0, strategy="chain_of_thought", agent="none")
         metrics.record("reasonray_active_sessions", 0)
-        metrics.record("reasonray_tokens", 12, strategy="chain_of_thought", kind="prompt")
+        metrics.record("reasonray_tokens", 12, strategy="chain_of_thought", agent="none", kind="prompt")
     # nothing went to the best-effort path: a zero count is skipped, not refused by Ray
     assert [e for e in logs if e["event"] == "metrics.not_recorded"] == []
     # and the best-effort path is real: what Ray refuses is logged, the caller is not failed
@@ -65,17 +69,54 @@ def test_ray_metrics_take_a_zero_count_and_never_fail_the_caller():
     assert [e["metric"] for e in logs if e["event"] == "metrics.not_recorded"] == ["reasonray_active_sessions"]
 
 
-def test_every_metric_is_documented_and_charted_and_the_dashboard_charts_nothing_else():
+def served_by_get_metrics() -> dict[str, set[str]]:
+    """What GET /metrics serves for the whole catalogue: each sample name with its label names. Built the way
+    the endpoint builds it, by merging a Ray export page (with Ray's prefix and per-process labels)."""
+    ray_labels = {"SessionName": "session_1", "NodeAddress": "10.0.0.1", "WorkerId": "w1", "Component": "core_worker"}
+    lines = []
+    for spec in CATALOGUE:
+        name = f"ray_{spec.name}"
+        labels = ",".join(f'{k}="{v}"' for k, v in {**ray_labels, **dict.fromkeys(spec.tags, "x")}.items())
+        lines.append(f"# TYPE {spec.exported} {spec.kind}")
+        if spec.kind == "histogram":
+            lines += [f'{name}_bucket{{{labels},le="+Inf"}} 1', f"{name}_count{{{labels}}} 1", f"{name}_sum{{{labels}}} 1"]
+        else:
+            lines.append(f"{spec.exported}{{{labels}}} 1")
+    served: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(merge(["\n".join(lines) + "\n"]).decode()):
+        for sample in family.samples:
+            served.setdefault(sample.name, set()).update(sample.labels)
+    return served
+
+
+def test_every_metric_is_documented_and_the_dashboard_charts_what_get_metrics_serves():
+    """The dashboard works against a Prometheus scraping GET /metrics: every metric it queries is one the
+    endpoint serves (our names, no `ray_` prefix), every label it filters or groups by is one those metrics
+    carry (no Ray per-process labels), and every catalogue metric is charted."""
     operations = (REPO / "docs" / "operations.md").read_text()
     dashboard = json.loads(DASHBOARD.read_text())
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    served = served_by_get_metrics()
+    assert not any(name.startswith("ray_") for name in served)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if isinstance(v.get("query"), dict)]
+    charted = set()
+    for expr in exprs:
+        names = set(re.findall(r"\b(?:ray|reasonray|reasoning)_[a-z0-9_]+", expr))
+        assert names and names <= set(served), (expr, sorted(names - set(served)))
+        charted |= names
+        labels = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*\"", expr))
+        labels |= {label.strip() for group in re.findall(r"\bby \(([^)]*)\)", expr) for label in group.split(",")}
+        labels |= set(re.findall(r"label_values\([a-z0-9_]+, *([A-Za-z_]+)\)", expr))
+        carried = set.union(*(served[n] for n in names)) | {"job", "instance"}  # Prometheus's own scrape labels
+        assert labels <= carried, (expr, sorted(labels - carried))
+    scrape = yaml.safe_load(blocks("docs/operations.md", "yaml")[0])["scrape_configs"][0]  # the target the docs give it
+    assert scrape["metrics_path"] == "/metrics" and scrape["job_name"] == "reasonray"
     for spec in CATALOGUE:
         assert f"`{spec.exported}`" in operations, spec.exported
-        served = re.search(rf"(?<!ray_){spec.name}_", exprs)  # charted under its GET /metrics name
-        assert spec.exported in exprs or f"ray_{spec.name}_" in exprs or served, spec.name
-    for name in set(re.findall(r"ray_reasonray_[a-z0-9_]+", exprs)):
-        base = re.sub(r"_(total|bucket|count|sum)$", "", name).removeprefix("ray_")
-        assert base in SPECS, name
+        assert any(n == spec.name or n.removeprefix(f"{spec.name}_") in SUFFIXES for n in charted), spec.name
+
+
+SUFFIXES = {"total", "bucket", "sum", "count"}
 
 
 async def call(rpc, method, params):
@@ -107,6 +148,26 @@ async def test_the_api_counts_requests_by_method_strategy_and_status_and_runs_by
     assert metrics.total("reasonray_tokens", strategy="chain_of_thought", kind="completion") > 0
     assert metrics.values("reasonray_bounded_context_iterations")[0] >= 2
     assert 0 < metrics.values("reasonray_bounded_context_savings_pct")[0] <= 100
+
+
+async def test_a_run_made_as_an_agent_tags_its_tokens_calls_runs_and_latency_with_the_agent(tmp_path):
+    """Issue 18: runs, tokens, calls and latency name the strategy and the agent (or `none`), failed runs too."""
+    metrics = RecordingMetrics()
+    settings = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
+    rpc = local_dispatcher(settings, SimulatedLLM(), metrics=metrics, data_dir=tmp_path)
+    card = {"id": "planner", "name": "Planner", "capabilities": ["reasoning.strategy.chain_of_thought"]}
+    assert "result" in await call(rpc, "agent.register", card)
+    assert "result" in await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?", "agent_id": "planner"})
+    assert "result" in await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?"})
+    failed = await call(rpc, "reasoning.execute", {"query": "What is 6 * 7?", "agent_id": "planner", "budget": {"max_total_tokens": 5}})
+    assert failed["error"]["data"]["error_type"] == "budget_exceeded"
+    for agent, runs in (("planner", 2), ("none", 1)):
+        assert metrics.total("reasonray_tokens", strategy="chain_of_thought", agent=agent, kind="prompt") > 0
+        assert len(metrics.values("reasonray_run_tokens", strategy="chain_of_thought", agent=agent)) == runs
+        assert len(metrics.values("reasonray_run_llm_calls", strategy="chain_of_thought", agent=agent)) == runs
+        assert len(metrics.values("reasonray_run_latency_ms", strategy="chain_of_thought", agent=agent)) == runs
+    assert metrics.values("reasonray_runs", strategy="chain_of_thought", agent="planner", status="budget_exceeded") == [1]
+    assert {t["agent"] for n, _, t in metrics.records if n == "reasonray_tokens"} == {"planner", "none"}
 
 
 async def test_the_llm_stack_counts_calls_cache_hits_retries_failures_and_the_breaker():

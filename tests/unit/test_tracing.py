@@ -3,11 +3,17 @@ the standard variables say so, a caller's traceparent honoured, nothing at all w
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.tracing import request_span
+from reasonray.api.openai_compat import OpenAICompat, respond
+from reasonray.api.streaming import rpc_sse
+from reasonray.api.tracing import in_request_trace, request_span
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
+from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
 from reasonray.kernel.config import ReasoningSettings
 from tests.otlp_receiver import OTLPReceiver
@@ -81,6 +87,53 @@ async def test_without_a_traceparent_the_run_takes_the_spans_trace_id_and_conten
     assert {s.trace_id for s in spans} == {result["trace_id"]}
     [chat] = [s for s in spans if s.name.startswith("chat ")]
     assert "gen_ai.input.messages" not in chat.attributes and "gen_ai.output.messages" not in chat.attributes
+
+
+async def consumed_elsewhere(stream) -> list:
+    """A streamed body is read after its handler returned, by another task (as the SSE response does)."""
+
+    async def drain() -> list:
+        return [item async for item in stream]
+
+    return await asyncio.create_task(drain())
+
+
+def spans_under_the_callers_trace(receiver, route: str) -> dict:
+    tracing.flush()
+    spans = receiver.wait_for(lambda s: any(x.name.startswith("chat ") for x in s) and any(x.name == route for x in s))
+    assert {s.trace_id for s in spans} == {CALLER_TRACE}
+    by_name = {s.name: s for s in spans}
+    request, stream, strategy = by_name[route], by_name[f"{route} stream"], by_name["strategy chain_of_thought"]
+    assert request.parent_span_id == "00f067aa0ba902b7" and request.attributes["reasonray.trace_id"] == CALLER_TRACE
+    assert stream.parent_span_id == request.span_id and strategy.parent_span_id == stream.span_id
+    return by_name
+
+
+async def test_a_streamed_rpc_call_honours_the_traceparent_and_its_run_spans_join_the_request(receiver):
+    """`reasoning.execute` with `stream: true` (SSE), as serve_app's /rpc route runs it."""
+    rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), SimulatedLLM())
+    call = {"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": "What is 6 * 7?"}}
+    with request_span("/rpc", {"traceparent": TRACEPARENT}) as trace_id:
+        events = in_request_trace("/rpc stream", rpc_sse(rpc, call, trace_id))
+    sent = await consumed_elsewhere(events)
+    response = json.loads(sent[-1]["data"])
+    assert trace_id == CALLER_TRACE and response["result"]["trace_id"] == CALLER_TRACE
+    spans_under_the_callers_trace(receiver, "/rpc")
+
+
+async def test_a_streamed_chat_completion_honours_the_traceparent_and_its_run_spans_join_the_request(receiver):
+    """`POST /v1/chat/completions` with `stream: true`, as serve_app's route runs it."""
+    rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), SimulatedLLM())
+    compat = OpenAICompat(rpc, counter_for_model("simulated"), "simulated")
+    body = json.dumps({"model": "reasonray", "stream": True, "messages": [{"role": "user", "content": "What is 6 * 7?"}]})
+    with request_span("/v1/chat/completions", {"traceparent": TRACEPARENT}) as trace_id:
+        reply = await respond(compat, body.encode(), trace_id)
+        chunks = in_request_trace("/v1/chat/completions stream", reply)
+    sent = await consumed_elsewhere(chunks)
+    assert sent[-1] == "[DONE]" and any("42" in chunk for chunk in sent)
+    finish = next(json.loads(c) for c in sent if c != "[DONE]" and "reasonray" in json.loads(c))
+    assert finish["reasonray"]["trace_id"] == CALLER_TRACE, finish
+    spans_under_the_callers_trace(receiver, "/v1/chat/completions")
 
 
 async def test_unset_means_no_exporter_no_spans_and_the_traceparent_still_names_the_run(untraced):
