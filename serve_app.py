@@ -34,7 +34,7 @@ from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners
 from reasonray.api.a2a import A2AServer, auth_configured, card_json
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
-from reasonray.api.audit import JsonlAuditLog, audit_log_path
+from reasonray.api.audit import audit_log_for
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
 from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, error_for, http_status
@@ -207,11 +207,12 @@ class ReasonRayIngress:
 
         guard = Guard(
             Policy(auth),
-            RayOwners(owners_actor(app_name, self.settings.data_dir)),
-            RayLimits(limiter_actor(app_name)),
+            # both follow this deployment's store and data directory, and keep their records there
+            RayOwners(owners_actor(app_name, self.settings.store.url, self.settings.data_dir)),
+            RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir)),
             agent_exists=lambda agent_id: agent_exists_via(self.registry.get_agent, agent_id),
             strategy_of=strategy_of,
-            audit=JsonlAuditLog(audit_log_path(self.settings.data_dir)) if auth.audit else None,
+            audit=audit_log_for(self.settings.store.url, self.settings.data_dir) if auth.audit else None,
         )
         install_guard(self.rpc, guard)
 

@@ -1,8 +1,13 @@
 """The cluster-wide halves of tenancy: one ownership table and one rate limiter per application, shared by
 every replica, each in a named actor, with the typed clients the guard uses (`reasonray.api.tenancy`).
 
-Both actors are sync: Ray runs their calls one at a time, so counts and claims never race. The
-limiter's client batches: for a principal with a requests-per-minute limit it takes a lease of a few
+Both actors are sync: Ray runs their calls one at a time, so counts and claims never race. Both keep
+what must outlive them in the application's store: ownership records and token budgets go to
+PostgreSQL with `[store] url`, else to files under the data directory; request windows and run
+slots stay in the limiter's memory. Both follow the deployed settings (`actors.lifecycle`): a
+redeploy with another data directory or store replaces them, so nothing is written to the old one.
+
+The limiter's client batches: for a principal with a requests-per-minute limit it takes a lease of a few
 request permits at a time and spends them locally, so most calls cost no actor round trip; runs
 (which also hold a concurrency slot and check token budgets) always ask the actor.
 """
@@ -15,9 +20,11 @@ from typing import Any
 
 import ray
 
-from reasonray.actors import NAMESPACE, unwrap
-from reasonray.api.limits import KeyedLimits, RateLimiter
-from reasonray.api.tenancy import OwnershipTable
+from reasonray.actors import unwrap
+from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
+from reasonray.api.limits import KeyedLimits, RateLimiter, TokenBudgets
+from reasonray.api.tenancy import OwnerRecord, ownership_table
+from reasonray.kernel.repositories import counters
 
 LEASE_S = 1.0  # unused permits of a lease expire this soon: a replica never sits on others' headroom for long
 LEASE_SHARE = 20  # a lease is at most 1/20 of a per-minute limit, so leftover permits waste little of it
@@ -25,20 +32,39 @@ MAX_LEASE = 16
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class OwnersActor:
-    def __init__(self, path: str | None) -> None:
-        self.table = OwnershipTable(Path(path) if path else None)
+class OwnersActor(Fingerprinted):
+    """The application's `OwnershipRepository` (PostgreSQL or `<data_dir>/tenancy/owners.json`) run by Ray."""
 
-    def call(self, method: str, *args: Any) -> Any:
-        if method.startswith("_") or not callable(getattr(self.table, method, None)):
-            raise AttributeError(f"the ownership table has no method {method!r}")
-        return getattr(self.table, method)(*args)
+    def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
+        self._fingerprint = fp
+        self.table = ownership_table(store_url, Path(data_dir))
+
+    def get(self, kind: str, ident: str) -> OwnerRecord | None:
+        return self.table.get(kind, ident)
+
+    def claim(self, kind: str, ident: str, sub: str) -> bool:
+        return self.table.claim(kind, ident, sub)
+
+    def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        self.table.share(kind, ident, readers)
+
+    def drop(self, kind: str, ident: str) -> None:
+        self.table.drop(kind, ident)
+
+    def readable(self, kind: str, sub: str) -> list[str]:
+        return self.table.readable(kind, sub)
+
+    def owned(self, kind: str) -> set[str]:
+        return self.table.owned(kind)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class LimiterActor:
-    def __init__(self) -> None:
-        self.limiter = RateLimiter()
+class LimiterActor(Fingerprinted):
+    """The application's `RateLimiter`; its token budgets are counters in the store, so a restart keeps them."""
+
+    def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
+        self._fingerprint = fp
+        self.limiter = RateLimiter(budgets=TokenBudgets(counters(store_url, Path(data_dir))))
 
     def admit(self, keyed: KeyedLimits, requests: int, run: bool) -> dict[str, Any]:
         return self.limiter.admit(keyed, requests=requests, run=run)
@@ -56,8 +82,23 @@ class RayOwners:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def call(self, method: str, *args: Any) -> Any:
-        return await unwrap(self.handle.call.remote(method, *args))
+    async def get(self, kind: str, ident: str) -> OwnerRecord | None:
+        return await unwrap(self.handle.get.remote(kind, ident))
+
+    async def claim(self, kind: str, ident: str, sub: str) -> bool:
+        return await unwrap(self.handle.claim.remote(kind, ident, sub))
+
+    async def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        await unwrap(self.handle.share.remote(kind, ident, readers))
+
+    async def drop(self, kind: str, ident: str) -> None:
+        await unwrap(self.handle.drop.remote(kind, ident))
+
+    async def readable(self, kind: str, sub: str) -> list[str]:
+        return await unwrap(self.handle.readable.remote(kind, sub))
+
+    async def owned(self, kind: str) -> set[str]:
+        return await unwrap(self.handle.owned.remote(kind))
 
 
 class RayLimits:
@@ -96,10 +137,17 @@ def _lease_size(keyed: KeyedLimits) -> int:
     return max(1, min(MAX_LEASE, min(limits) // LEASE_SHARE)) if limits else MAX_LEASE
 
 
-def owners_actor(app_name: str, data_dir: Path | None):
-    path = str(data_dir / "tenancy" / "owners.json") if data_dir else None
-    return OwnersActor.options(name=f"{app_name}-owners", namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote(path)
+def _args(store_url: str | None, data_dir: Path) -> tuple[str | None, str]:
+    return store_url, str(data_dir)
 
 
-def limiter_actor(app_name: str):
-    return LimiterActor.options(name=f"{app_name}-limiter", namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
+def owners_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
+    """Deploy time: the ownership actor for this store and data directory, replacing one built for others."""
+    args = _args(store_url, data_dir)
+    return ensure_actor(OwnersActor, f"{app_name}-owners", fingerprint(*args), *args)
+
+
+def limiter_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
+    """Deploy time: the limiter actor whose budgets live in this store (or data directory)."""
+    args = _args(store_url, data_dir)
+    return ensure_actor(LimiterActor, f"{app_name}-limiter", fingerprint(*args), *args)

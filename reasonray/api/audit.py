@@ -1,7 +1,8 @@
 """The audit log: who did what (principal, method, target, outcome, trace id), behind a small repository.
 
-`JsonlAuditLog` appends one JSON object a line to `<data_dir>/audit/audit.jsonl`, created 0600; a
-database-backed repository only has to implement `AuditLog.write`.
+`audit_log_for` picks the writer from the settings: with a cluster store (`[store] url`) every
+replica on every node appends to its `audit_log` table (`StoreAuditLog`); without one,
+`JsonlAuditLog` appends one JSON object a line to `<data_dir>/audit/audit.jsonl`, created 0600.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, Field
+
+from reasonray.kernel import repositories
 
 
 class AuditRecord(BaseModel):
@@ -49,3 +52,22 @@ class JsonlAuditLog:
 
 def audit_log_path(data_dir: Path) -> Path:
     return data_dir / "audit" / "audit.jsonl"
+
+
+class StoreAuditLog:
+    """Writes records to the kernel's audit repository (the cluster store's `audit_log` table): `action` is the
+    method, `detail` holds roles, target, outcome and trace id."""
+
+    def __init__(self, log: repositories.AuditLog) -> None:
+        self.log = log
+
+    def write(self, record: AuditRecord) -> None:
+        detail = record.model_dump(mode="json", include={"roles", "target", "outcome", "trace_id"})
+        self.log.append(repositories.AuditEntry(at=record.at, principal=record.principal, action=record.method, detail=detail))
+
+
+def audit_log_for(store_url: str | None, data_dir: Path) -> AuditLog:
+    """The cluster store's table with a store URL; the data directory's private JSONL file without one."""
+    if store_url is not None:
+        return StoreAuditLog(repositories.audit_log(store_url, data_dir))
+    return JsonlAuditLog(audit_log_path(data_dir))

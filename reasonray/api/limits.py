@@ -1,8 +1,12 @@
-"""Rate limits and token budgets per principal: the counting, pure and clock-driven, and its in-process client.
+"""Rate limits and token budgets per principal: the counting, clock-driven, and its in-process client.
 
-`RateLimiter` keeps, per key (a principal, or a principal and a strategy), rolling windows of
-requests and tokens and the runs in flight. The Serve replicas share one limiter in a Ray actor
-(`reasonray.actors.limits`); `LocalLimits` is the same API in this process for tests and scripts.
+`RateLimiter` keeps, per key (a principal, or a principal and a strategy), a rolling window of
+requests and the runs in flight in memory, and charges tokens to `TokenBudgets`: fixed windows (the
+current minute, the current UTC day) in a `Counters` repository, which is the data directory's
+`counters.json` or the cluster store's `counters` table when the application has one, so budgets
+outlive the limiter and are shared with every limiter on the same store. The Serve replicas share
+one limiter in a Ray actor (`reasonray.actors.tenancy`); `LocalLimits` is the same API in this
+process for tests and scripts.
 """
 
 from __future__ import annotations
@@ -14,8 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import structlog
+
 from reasonray.kernel.auth_settings import LimitSettings
 from reasonray.kernel.errors import RateLimitedError
+from reasonray.kernel.repositories import Counters, window_start
+
+log = structlog.get_logger(__name__)
 
 MINUTE_S = 60.0
 DAY_S = 86_400.0
@@ -26,27 +35,94 @@ KeyedLimits = list[tuple[str, dict[str, Any]]]
 
 
 @dataclass
-class _Counters:
+class _Window:
     requests: deque[float] = field(default_factory=deque)
-    tokens_minute: deque[tuple[float, int]] = field(default_factory=deque)
-    tokens_day: deque[tuple[float, int]] = field(default_factory=deque)
     runs: dict[str, float] = field(default_factory=dict)
 
 
-class RateLimiter:
-    """Rolling-window counters; `admit` checks every key first and counts only when all of them allow."""
+BUDGET_WINDOWS = {"tokens_per_minute": int(MINUTE_S), "tokens_per_day": int(DAY_S)}
+"""Token budgets and the fixed window (seconds, aligned to the epoch: a minute, a UTC day) each counts in."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+
+class TokenBudgets:
+    """Tokens charged per key and budget window, kept in a `Counters` repository.
+
+    Reads are cached for `refresh_s` (a run's admission costs no store round trip while the cache is
+    fresh; a limiter on another cluster sharing the store is seen that much later), and each charge
+    refreshes the cache with the total the store returns. A charge the store cannot take (it is
+    down) is kept and written with the next one: a finished run never fails for its bookkeeping.
+    """
+
+    def __init__(self, counters: Counters | None = None, refresh_s: float = 1.0) -> None:
+        self.counters: Counters = counters if counters is not None else MemoryCounters()
+        self.refresh_s = refresh_s
+        self._seen: dict[tuple[str, str], tuple[int, int, float]] = {}  # (key, budget) -> (window start, total, read at)
+        self._pending: dict[tuple[str, str, int], int] = {}  # (key, budget, window start) -> tokens not yet stored
+
+    def spent(self, key: str, budget: str, now: float) -> int:
+        span = BUDGET_WINDOWS[budget]
+        start = window_start(span, now)
+        seen = self._seen.get((key, budget))
+        if seen is None or seen[0] != start or now - seen[2] >= self.refresh_s:
+            seen = (start, self.counters.get(f"{budget}:{key}", span, now), now)
+            self._seen[(key, budget)] = seen
+        return seen[1] + self._pending.get((key, budget, start), 0)
+
+    def reset_in(self, budget: str, now: float) -> float:
+        """Seconds until the current window of `budget` ends."""
+        span = BUDGET_WINDOWS[budget]
+        return window_start(span, now) + span - now
+
+    def charge(self, key: str, tokens: int, now: float) -> None:
+        for budget, span in BUDGET_WINDOWS.items():
+            slot = (key, budget, window_start(span, now))
+            self._pending[slot] = self._pending.get(slot, 0) + tokens
+        self.flush(now)
+
+    def flush(self, now: float) -> None:
+        for (key, budget, start), tokens in list(self._pending.items()):
+            span = BUDGET_WINDOWS[budget]
+            try:
+                total = self.counters.add(f"{budget}:{key}", tokens, span, now=start)
+            except Exception as exc:  # the store is unreachable: keep the charge for the next flush
+                log.warning("limits.charge_deferred", key=key, budget=budget, tokens=tokens, error=f"{type(exc).__name__}: {exc}"[:200])
+                return
+            del self._pending[(key, budget, start)]
+            if start == window_start(span, now):
+                self._seen[(key, budget)] = (start, total, now)
+
+
+class MemoryCounters:
+    """`Counters` in this process only (a limiter without a data directory: tests and scripts)."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, int], int] = {}
+
+    def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
+        slot = (key, window_start(window_s, now))
+        self._values[slot] = self._values.get(slot, 0) + amount
+        return self._values[slot]
+
+    def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
+        return self._values.get((key, window_start(window_s, now)), 0)
+
+
+class RateLimiter:
+    """Request windows and run slots in memory, token budgets in `TokenBudgets`; `admit` checks every key
+    first and counts only when all of them allow."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, budgets: TokenBudgets | None = None) -> None:
         self.clock = clock
-        self._keys: dict[str, _Counters] = {}
+        self.budgets = budgets if budgets is not None else TokenBudgets()
+        self._keys: dict[str, _Window] = {}
 
     def admit(self, keyed: KeyedLimits, *, requests: int = 1, run: bool = False) -> dict[str, Any]:
         """{"ok": True, "run_id", "limit", "remaining", "reset_s"} or {"ok": False, "limit_name", "retry_after_s", ...}."""
         now = self.clock()
         headroom: list[tuple[int, int, float]] = []
         for key, limits in keyed:
-            c = self._counters(key, now)
-            refusal = _refusal(c, limits, now, requests, run)
+            c = self._window(key, now)
+            refusal = self._refusal(key, c, limits, now, requests, run)
             if refusal is not None:
                 return {"ok": False, "key": key, **refusal}
             rpm = limits.get("requests_per_minute")
@@ -66,65 +142,50 @@ class RateLimiter:
         """End a run: free its slot and charge the tokens it really used."""
         now = self.clock()
         for key in keys:
-            c = self._counters(key, now)
+            c = self._window(key, now)
             if run_id:
                 c.runs.pop(run_id, None)
             if tokens > 0:
-                c.tokens_minute.append((now, tokens))
-                c.tokens_day.append((now, tokens))
+                self.budgets.charge(key, tokens, now)
 
     def usage(self, key: str) -> dict[str, int]:
-        c = self._counters(key, self.clock())
+        now = self.clock()
+        c = self._window(key, now)
         return {
             "requests_last_minute": len(c.requests),
             "runs_in_flight": len(c.runs),
-            "tokens_last_minute": sum(n for _, n in c.tokens_minute),
-            "tokens_last_day": sum(n for _, n in c.tokens_day),
+            "tokens_this_minute": self.budgets.spent(key, "tokens_per_minute", now),
+            "tokens_today": self.budgets.spent(key, "tokens_per_day", now),
         }
 
-    def _counters(self, key: str, now: float) -> _Counters:
-        c = self._keys.setdefault(key, _Counters())
+    def _window(self, key: str, now: float) -> _Window:
+        c = self._keys.setdefault(key, _Window())
         while c.requests and c.requests[0] <= now - MINUTE_S:
             c.requests.popleft()
-        while c.tokens_minute and c.tokens_minute[0][0] <= now - MINUTE_S:
-            c.tokens_minute.popleft()
-        while c.tokens_day and c.tokens_day[0][0] <= now - DAY_S:
-            c.tokens_day.popleft()
         for run_id in [r for r, started in c.runs.items() if started <= now - STALE_RUN_S]:
             del c.runs[run_id]
         return c
 
-
-def _refusal(c: _Counters, limits: dict[str, Any], now: float, requests: int, run: bool) -> dict[str, Any] | None:
-    rpm = limits.get("requests_per_minute")
-    if rpm and len(c.requests) + requests > rpm:
-        # the oldest requests leave the window first: wait until enough of them have
-        index = min(len(c.requests) + requests - rpm - 1, len(c.requests) - 1)
-        return (
-            _refused("requests_per_minute", rpm, c.requests[index] + MINUTE_S - now)
-            if index >= 0
-            else _refused("requests_per_minute", rpm, MINUTE_S)
-        )
-    if not run:
+    def _refusal(self, key: str, c: _Window, limits: dict[str, Any], now: float, requests: int, run: bool) -> dict[str, Any] | None:
+        rpm = limits.get("requests_per_minute")
+        if rpm and len(c.requests) + requests > rpm:
+            # the oldest requests leave the window first: wait until enough of them have
+            index = min(len(c.requests) + requests - rpm - 1, len(c.requests) - 1)
+            return (
+                _refused("requests_per_minute", rpm, c.requests[index] + MINUTE_S - now)
+                if index >= 0
+                else _refused("requests_per_minute", rpm, MINUTE_S)
+            )
+        if not run:
+            return None
+        concurrent = limits.get("concurrent_runs")
+        if concurrent and len(c.runs) >= concurrent:
+            return _refused("concurrent_runs", concurrent, 1.0)
+        for name in BUDGET_WINDOWS:
+            budget = limits.get(name)
+            if budget and self.budgets.spent(key, name, now) >= budget:
+                return _refused(name, budget, self.budgets.reset_in(name, now))
         return None
-    concurrent = limits.get("concurrent_runs")
-    if concurrent and len(c.runs) >= concurrent:
-        return _refused("concurrent_runs", concurrent, 1.0)
-    for name, window, span in (("tokens_per_minute", c.tokens_minute, MINUTE_S), ("tokens_per_day", c.tokens_day, DAY_S)):
-        budget = limits.get(name)
-        if budget and sum(n for _, n in window) >= budget:
-            return _refused(name, budget, _until_under(window, budget, now, span))
-    return None
-
-
-def _until_under(window: deque[tuple[float, int]], budget: int, now: float, span: float) -> float:
-    """Seconds until enough charged tokens leave the window for the total to fall under the budget."""
-    total = sum(n for _, n in window)
-    for at, n in window:
-        total -= n
-        if total < budget:
-            return at + span - now
-    return span
 
 
 def _refused(name: str, limit: int, retry_after_s: float) -> dict[str, Any]:

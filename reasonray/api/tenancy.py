@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +26,7 @@ from reasonray.api.audit import AuditLog, AuditRecord, NoAudit
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
-from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, UnauthenticatedError
+from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
 
 log = structlog.get_logger(__name__)
@@ -50,20 +51,51 @@ def personal_workspace(sub: str) -> str:
     return "p-" + hashlib.sha256(sub.encode()).hexdigest()[:24]
 
 
-class OwnershipTable:
-    """Owner and read-only sharers of each resource (`kind:id`), in memory and in a JSON file when given one."""
+PERSONAL_WORKSPACE = re.compile(r"p-[0-9a-f]{24}")
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path
-        self._records: dict[str, dict[str, Any]] = {}
-        if path is not None and path.exists():
-            self._records = json.loads(path.read_text())
 
-    def get(self, kind: str, ident: str) -> dict[str, Any] | None:
-        return self._records.get(f"{kind}:{ident}")
+class OwnerRecord(TypedDict):
+    owner: str  # the owner's `sub`
+    readers: list[str]  # principals it is shared with, read-only
+
+
+class OwnershipRepository(Protocol):
+    """Owner and read-only sharers of each resource (`kind` is session, agent or workspace), stored somewhere."""
+
+    def get(self, kind: str, ident: str) -> OwnerRecord | None: ...
 
     def claim(self, kind: str, ident: str, sub: str) -> bool:
         """Make `sub` the owner of an unowned resource; True when `sub` owns it afterwards."""
+        ...
+
+    def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        """Replace the read-only sharers of an owned resource."""
+        ...
+
+    def drop(self, kind: str, ident: str) -> None: ...
+
+    def readable(self, kind: str, sub: str) -> list[str]:
+        """Ids of `kind` that `sub` owns or that are shared with it."""
+        ...
+
+    def owned(self, kind: str) -> set[str]:
+        """Ids of `kind` that have an owner."""
+        ...
+
+
+class OwnershipTable:
+    """`OwnershipRepository` in memory, and in a JSON file when given one (the zero-setup store of one machine)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._records: dict[str, OwnerRecord] = {}
+        if path is not None and path.exists():
+            self._records = json.loads(path.read_text())
+
+    def get(self, kind: str, ident: str) -> OwnerRecord | None:
+        return self._records.get(f"{kind}:{ident}")
+
+    def claim(self, kind: str, ident: str, sub: str) -> bool:
         record = self._records.get(f"{kind}:{ident}")
         if record is None:
             self._records[f"{kind}:{ident}"] = {"owner": sub, "readers": []}
@@ -72,15 +104,15 @@ class OwnershipTable:
         return record["owner"] == sub
 
     def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        self._records[f"{kind}:{ident}"]["readers"] = sorted(set(readers))
-        self._save()
+        if (record := self._records.get(f"{kind}:{ident}")) is not None:
+            record["readers"] = sorted(set(readers))
+            self._save()
 
     def drop(self, kind: str, ident: str) -> None:
         if self._records.pop(f"{kind}:{ident}", None) is not None:
             self._save()
 
     def readable(self, kind: str, sub: str) -> list[str]:
-        """Ids of `kind` that `sub` owns or that are shared with it."""
         prefix = f"{kind}:"
         return [k[len(prefix) :] for k, r in self._records.items() if k.startswith(prefix) and (r["owner"] == sub or sub in r["readers"])]
 
@@ -98,18 +130,81 @@ class OwnershipTable:
         temporary.replace(self.path)
 
 
-class Owners(Protocol):
-    """The ownership table as the guard uses it (in this process, or the cluster's shared actor)."""
+class PgOwnershipTable:
+    """`OwnershipRepository` in the cluster store's `ownership` table (`reasonray.kernel.pgstore`)."""
 
-    async def call(self, method: str, *args: Any) -> Any: ...
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def get(self, kind: str, ident: str) -> OwnerRecord | None:
+        found = self.store.owner_of(kind, ident)
+        return {"owner": found[0], "readers": found[1]} if found else None
+
+    def claim(self, kind: str, ident: str, sub: str) -> bool:
+        return bool(self.store.claim_owner(kind, ident, sub))
+
+    def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        self.store.share_owned(kind, ident, readers)
+
+    def drop(self, kind: str, ident: str) -> None:
+        self.store.drop_owner(kind, ident)
+
+    def readable(self, kind: str, sub: str) -> list[str]:
+        return list(self.store.readable_by(kind, sub))
+
+    def owned(self, kind: str) -> set[str]:
+        return set(self.store.owned_ids(kind))
+
+
+def ownership_table(store_url: str | None, data_dir: Path | None) -> OwnershipRepository:
+    """PostgreSQL with a store URL; else `<data_dir>/tenancy/owners.json` (only memory without a data directory)."""
+    if store_url is not None:
+        from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
+
+        return PgOwnershipTable(pg_store(store_url))
+    return OwnershipTable(data_dir / "tenancy" / "owners.json" if data_dir is not None else None)
+
+
+class Owners(Protocol):
+    """The ownership repository as the guard uses it: in this process (`LocalOwners`) or the cluster's
+    shared actor (`reasonray.actors.tenancy.RayOwners`). The methods are `OwnershipRepository`'s."""
+
+    async def get(self, kind: str, ident: str) -> OwnerRecord | None: ...
+
+    async def claim(self, kind: str, ident: str, sub: str) -> bool: ...
+
+    async def share(self, kind: str, ident: str, readers: list[str]) -> None: ...
+
+    async def drop(self, kind: str, ident: str) -> None: ...
+
+    async def readable(self, kind: str, sub: str) -> list[str]: ...
+
+    async def owned(self, kind: str) -> set[str]: ...
 
 
 class LocalOwners:
-    def __init__(self, table: OwnershipTable | None = None) -> None:
+    """`Owners` over a repository in this process (tests, scripts, one process serving alone)."""
+
+    def __init__(self, table: OwnershipRepository | None = None) -> None:
         self.table = table or OwnershipTable()
 
-    async def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.table, method)(*args)
+    async def get(self, kind: str, ident: str) -> OwnerRecord | None:
+        return self.table.get(kind, ident)
+
+    async def claim(self, kind: str, ident: str, sub: str) -> bool:
+        return self.table.claim(kind, ident, sub)
+
+    async def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        self.table.share(kind, ident, readers)
+
+    async def drop(self, kind: str, ident: str) -> None:
+        self.table.drop(kind, ident)
+
+    async def readable(self, kind: str, sub: str) -> list[str]:
+        return self.table.readable(kind, sub)
+
+    async def owned(self, kind: str) -> set[str]:
+        return self.table.owned(kind)
 
 
 class ShareParams(BaseModel):
@@ -189,14 +284,17 @@ class Guard:
             return await invoke()
         spent: list[int] = []
         token = RUN_TOKENS.set(spent)
-        result: Any = None
+        reported = 0  # what a run in another process (a session host) says it used, in its result or its error
         try:
             result = await invoke()
+            reported = _tokens_in(result)
             return result
+        except ReasonRayError as exc:
+            reported = _tokens_in(exc.data)
+            raise
         finally:
             RUN_TOKENS.reset(token)
-            used = sum(spent) if spent else _tokens_in(result)
-            await self.limits.finish([k for k, _ in keyed], decision.get("run_id"), used)
+            await self.limits.finish([k for k, _ in keyed], decision.get("run_id"), sum(spent) if spent else reported)
 
     async def _admit(self, principal: Principal, method: str, params: BaseModel) -> str | None:
         """Check (and where needed rewrite) what the call names; returns the strategy the call runs, if any."""
@@ -210,7 +308,7 @@ class Guard:
                 raise ForbiddenError(
                     "forbidden: the memory_search tool is for admins while authentication is on", {"tool": "memory_search"}
                 )
-            return None, None
+            return None
         if method in ("agent.register", "agent.get", "agent.unregister"):
             agent_id = params.id if method == "agent.register" else params.agent_id  # type: ignore[attr-defined]
             await self._agent(principal, agent_id, write=method != "agent.get", claim=method == "agent.register")
@@ -245,7 +343,7 @@ class Guard:
             raise ForbiddenError(f"forbidden: {principal.sub!r} is agent {principal.agent_id!r} and cannot change another agent")
         if self.policy.sees_all(principal):
             return
-        record = await self.owners.call("get", "agent", agent_id)
+        record = await self.owners.get("agent", agent_id)
         if record is None and await self.agent_exists(agent_id):
             if write:
                 raise _not_yours("agent", agent_id)
@@ -255,8 +353,13 @@ class Guard:
     async def _require(self, kind: str, ident: str, principal: Principal, *, write: bool, claim: bool = False) -> None:
         if self.policy.sees_all(principal):
             return
-        record = await self.owners.call("get", kind, ident)
-        if record is None and claim and await self.owners.call("claim", kind, ident, principal.sub):
+        record = await self.owners.get(kind, ident)
+        if record is None and kind == "workspace" and PERSONAL_WORKSPACE.fullmatch(ident):
+            if ident != personal_workspace(principal.sub):
+                raise _not_yours(kind, ident)  # another principal's personal workspace: nobody else may claim it
+            if not claim:
+                return  # your own personal workspace, still empty: it is yours before you store anything in it
+        if record is None and claim and await self.owners.claim(kind, ident, principal.sub):
             return
         if record is not None and (record["owner"] == principal.sub or (not write and principal.sub in record["readers"])):
             return
@@ -276,19 +379,19 @@ class Guard:
     async def _after(self, principal: Principal, method: str, params: Any, result: Any) -> Any:
         sees_all = self.policy.sees_all(principal)
         if method == "session.create":
-            await self.owners.call("claim", "session", result["session_id"], principal.sub)
+            await self.owners.claim("session", result["session_id"], principal.sub)
         elif method == "agent.unregister":
-            await self.owners.call("drop", "agent", params.agent_id)
+            await self.owners.drop("agent", params.agent_id)
         elif method == "memory.delete_workspace":
-            await self.owners.call("drop", "workspace", params.workspace)
+            await self.owners.drop("workspace", params.workspace)
         elif sees_all:
             return result
         elif method in ("agent.list", "agent.discover"):
-            mine = set(await self.owners.call("readable", "agent", principal.sub))
-            others = await self.owners.call("owned", "agent")
+            mine = set(await self.owners.readable("agent", principal.sub))
+            others = await self.owners.owned("agent")
             result = {**result, "agents": [a for a in result["agents"] if a["id"] in mine or a["id"] not in others]}
         elif method == "memory.list_workspaces":
-            mine = set(await self.owners.call("readable", "workspace", principal.sub))
+            mine = set(await self.owners.readable("workspace", principal.sub))
             result = {**result, "default_workspace": personal_workspace(principal.sub), "workspaces": _only(result["workspaces"], mine)}
         return result
 
@@ -323,21 +426,18 @@ def _not_yours(kind: str, ident: str) -> ForbiddenError:
 
 
 def _tokens_in(result: Any) -> int:
-    """Tokens a run used, from its result (runs in other processes, e.g. session actors, report them there)."""
+    """Tokens a run used, from its result or its error's data (runs in other processes, e.g. session hosts, report them there)."""
     if isinstance(result, BaseModel):
         result = result.model_dump()
     if not isinstance(result, dict):
         return 0
     if isinstance(result.get("metrics"), dict) and "total_tokens" in result["metrics"]:
         return int(result["metrics"]["total_tokens"])
+    if isinstance(result.get("usage"), dict) and "total_tokens" in result["usage"]:  # a session turn or resumption
+        return int(result["usage"]["total_tokens"])
     if "total_tokens" in result:
         return int(result["total_tokens"])
-    total = 0
-    for event in result.get("trace") or []:
-        usage = event.get("usage") if isinstance(event, dict) else None
-        if isinstance(usage, dict):
-            total += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
-    return total
+    return 0
 
 
 def install_guard(rpc: Dispatcher, guard: Guard) -> None:
@@ -349,9 +449,9 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
     @rpc.method("memory.share_workspace", ShareParams)
     async def share_workspace(params: ShareParams, call: Call) -> dict[str, Any]:
         """Let named principals read one of your workspaces (read-only); replaces its reader list."""
-        if await guard.owners.call("get", "workspace", params.workspace) is None:
+        if await guard.owners.get("workspace", params.workspace) is None:
             raise InvalidParamsError(f"workspace {params.workspace!r} has no owner yet; store a memory in it first", {})
-        await guard.owners.call("share", "workspace", params.workspace, params.readers)
+        await guard.owners.share("workspace", params.workspace, params.readers)
         return {"workspace": params.workspace, "readers": sorted(set(params.readers))}
 
 

@@ -3,8 +3,8 @@
 One `PgStore` per process and URL (`pg_store`) owns a connection pool and speaks JSON, not domain
 types: the typed repositories sit in the layers that own the data (sessions in
 `reasonray.reasoner.repository`, agent cards in `reasonray.strategies.agents`, A2A tasks and
-conversations in `reasonray.api.a2a_store`, runs, the audit log and counters in
-`reasonray.kernel.repositories`). The schema is created or migrated on first use with
+conversations in `reasonray.api.a2a_store`, ownership in `reasonray.api.tenancy`, runs, the audit log
+and counters in `reasonray.kernel.repositories`). The schema is created or migrated on first use with
 yoyo-migrations from the SQL files in `reasonray/kernel/migrations/` (yoyo takes a lock, so replicas
 starting together migrate once).
 
@@ -56,7 +56,7 @@ RUN_COLUMNS = (
 
 
 class PgStore:
-    """Sessions, agent cards, A2A tasks, runs, audit entries and counters in one PostgreSQL database."""
+    """Sessions, agent cards, A2A tasks, runs, ownership records, audit entries and counters in one PostgreSQL database."""
 
     # Every session actor is a process of its own with its own pool, so pools stay small: a process
     # makes one statement at a time per session. Hundreds of live sessions: put PgBouncer in front.
@@ -243,6 +243,41 @@ class PgStore:
 
     def run_ids(self, limit: int) -> list[str]:
         return [r[0] for r in self._fetch("SELECT trace_id FROM runs ORDER BY started_at DESC LIMIT %s", (limit,))]
+
+    # -- ownership of sessions, agent cards and workspaces --------------------------------------------------
+    def owner_of(self, kind: str, ident: str) -> tuple[str, list[str]] | None:
+        """The owner and the read-only sharers of `kind:ident`; None when nobody owns it."""
+        rows = self._fetch("SELECT owner, readers FROM ownership WHERE kind = %s AND ident = %s", (kind, ident))
+        return (rows[0][0], list(rows[0][1])) if rows else None
+
+    def claim_owner(self, kind: str, ident: str, sub: str) -> bool:
+        """Make `sub` the owner of `kind:ident` unless someone owns it; True when `sub` owns it afterwards.
+
+        Safe to retry: an insert that committed before the connection dropped is found as ours.
+        """
+        inserted = self._fetch(
+            "INSERT INTO ownership (kind, ident, owner) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING owner", (kind, ident, sub)
+        )
+        if inserted:
+            return True
+        current = self.owner_of(kind, ident)
+        return current is not None and current[0] == sub
+
+    def share_owned(self, kind: str, ident: str, readers: list[str]) -> None:
+        self._fetch("UPDATE ownership SET readers = %s WHERE kind = %s AND ident = %s", (sorted(set(readers)), kind, ident))
+
+    def drop_owner(self, kind: str, ident: str) -> None:
+        self._fetch("DELETE FROM ownership WHERE kind = %s AND ident = %s", (kind, ident))
+
+    def readable_by(self, kind: str, sub: str) -> list[str]:
+        """Ids of `kind` that `sub` owns or that are shared with it."""
+        rows = self._fetch(
+            "SELECT ident FROM ownership WHERE kind = %s AND (owner = %s OR %s = ANY(readers)) ORDER BY ident", (kind, sub, sub)
+        )
+        return [r[0] for r in rows]
+
+    def owned_ids(self, kind: str) -> set[str]:
+        return {r[0] for r in self._fetch("SELECT ident FROM ownership WHERE kind = %s", (kind,))}
 
     # -- audit log and counters --------------------------------------------------------------------------------
     def append_audit(self, principal: str | None, action: str, detail: dict[str, Any], at: datetime) -> None:

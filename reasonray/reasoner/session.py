@@ -197,6 +197,14 @@ def stale_version(session_id: str, version: int) -> SessionStateError:
     )
 
 
+class TurnUsage(BaseModel):
+    """Tokens the LLM calls of one `session.turn` or `session.resume` call used (what token budgets are charged)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
 class TurnResult(BaseModel):
     """What `session.turn` and `session.resume` return."""
 
@@ -210,6 +218,10 @@ class TurnResult(BaseModel):
     mode: str = Field(description="The session's mode after the turn.")
     llm_calls: int = Field(description="LLM calls the turn has made so far.")
     trace: list[dict[str, Any]] = Field(description="The turn's CompositionTrace, in order.")
+    usage: TurnUsage = Field(
+        default_factory=TurnUsage,
+        description="Tokens this call's LLM calls used: a resumption counts only its own (a retried call answers with the first's).",
+    )
     memory: MemoryReport | None = Field(
         None,
         description="Passive learning from the completed turn ([memory] passive_learning): 'captured' with the stored ids, or why it was skipped.",
@@ -339,6 +351,7 @@ class SessionPipeline:
         except ReasonRayError as exc:
             error = type(exc).__name__
             self._save_failure(state, providers, trace, reasoner, exc)
+            exc.data.setdefault("usage", _usage(reasoner).model_dump())  # a failed turn's tokens count towards budgets too
             raise _in_session(exc, state) from None
         else:
             result = self._save_exit(state, providers, trace, reasoner, exit_)
@@ -404,6 +417,7 @@ class SessionPipeline:
             mode=providers.mode.mode,
             llm_calls=reasoner.llm_calls,
             trace=steps,
+            usage=_usage(reasoner),
         )
         self._save(
             state.model_copy(
@@ -485,12 +499,22 @@ def _replayed(state: SessionState) -> TurnResult:
     outcome = state.last_outcome or {}
     if "result" in outcome:
         log.info("session.request_replayed", session_id=state.session_id, turn=state.turn)
+        # the usage stays: a replay answers the retry of a call whose first answer was lost, so nothing charged it yet
         return TurnResult.model_validate(outcome["result"])
     error = outcome.get("error") or {"error_type": "ReasonRayError", "message": "the request failed", "data": {}}
     kind = getattr(errors, error["error_type"], None)
     if not (isinstance(kind, type) and issubclass(kind, ReasonRayError)):
         kind = ReasonRayError
     raise _in_session(kind(error["message"], dict(error["data"])), state)
+
+
+def _usage(reasoner: TurnReasoner) -> TurnUsage:
+    tally = reasoner.llm.tally  # type: ignore[attr-defined]  # the ObservedLLM of SessionPipeline._reasoner
+    return TurnUsage(
+        prompt_tokens=tally.prompt_tokens,
+        completion_tokens=tally.completion_tokens,
+        total_tokens=tally.prompt_tokens + tally.completion_tokens,
+    )
 
 
 def _in_session(exc: ReasonRayError, state: SessionState) -> ReasonRayError:

@@ -176,6 +176,6 @@ def test_a_runs_tokens_are_charged_to_its_caller_and_the_budget_then_holds(secur
     ran = call(client, "thrifty", "reasoning.execute", {"query": "What is 2 + 2?"})
     used = ran["result"]["metrics"]["total_tokens"]
     limiter = ray.get_actor("auth-it-limiter", namespace="reasonray")
-    assert ray.get(limiter.usage.remote("thrifty"))["tokens_last_day"] == used > 0
+    assert ray.get(limiter.usage.remote("thrifty"))["tokens_today"] == used > 0
     refused = client.post("/v1/reasoning/execute", json={"query": "What is 3 + 3?"}, headers=bearer("thrifty"))
     assert refused.status_code == 429 and refused.json()["error"]["data"]["limit_name"] == "tokens_per_day"

@@ -1,7 +1,7 @@
 """Issue 15 through the running service: many sessions share a few session-host processes, killing a host
 mid-conversation loses nothing and runs no turn twice, a full host answers -32011 overloaded, and a
-redeploy with other settings replaces the application's named actors (memories land in the new data
-directory)."""
+redeploy with other settings replaces the application's named actors (memories, sessions and their
+ownership records land in the new data directory)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import ray
 
 from reasonray.actors import NAMESPACE
 from reasonray.actors.session import host_index, host_name
+from reasonray.api.auth import mint_token
+from reasonray.api.tenancy import personal_workspace
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
 
@@ -141,15 +143,22 @@ def test_a_full_host_answers_overloaded_with_a_retry_hint(serve_base, slow_simul
 
 def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_base, simulator):
     first, second = (Path(tempfile.mkdtemp(prefix=f"reasonray-redeploy-{x}-")) for x in "ab")
+    secret = "redeploy-secret-" + "z" * 32
+    auth = {"jwt_secret": secret}  # ownership, limits and audit follow the deployment too
+    bearer = {"Authorization": "Bearer " + mint_token(secret, "alice", ["reasoner"], 600)}
     try:
-        deploy(settings_for(simulator.url, data_dir=str(first)), "redeploy", "/redeploy")
-        with httpx.Client(base_url=f"{serve_base}/redeploy", timeout=120) as client:
+        deploy(settings_for(simulator.url, data_dir=str(first), auth=auth), "redeploy", "/redeploy")
+        with httpx.Client(base_url=f"{serve_base}/redeploy", timeout=120, headers=bearer) as client:
             wait_routed(client)
             item = {"title": "First", "description": "Stored in A.", "content": "A."}
             [in_a] = [i["id"] for i in result_of(rpc(client, "memory.store", {"items": [item]}))["stored"]]
             hosts = [ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 2)]
+            owners_in_a = (first / "tenancy" / "owners.json").read_text()
+            assert f"workspace:{personal_workspace('alice')}" in owners_in_a
 
-            deploy(settings_for(simulator.url, data_dir=str(second)), "redeploy", "/redeploy")
+            deploy(settings_for(simulator.url, data_dir=str(second), auth=auth), "redeploy", "/redeploy")
+            # alice's personal workspace in B is hers before she stores anything in it
+            assert result_of(rpc(client, "memory.retrieve", {"query": "Stored"}))["memories"] == []
             item = {"title": "Second", "description": "Stored in B.", "content": "B."}
             [in_b] = [i["id"] for i in result_of(rpc(client, "memory.store", {"items": [item]}))["stored"]]
             assert any((second / "chroma").glob("*.sqlite3"))  # the memories land in B
@@ -158,6 +167,10 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
             sid = new_session(client)
             assert (second / "sessions" / f"{sid}.json").exists() and not (first / "sessions").exists()
             assert turn(client, sid, "What is 6 + 1?")["answer"] == "7"  # served by hosts built for B
+            owners_in_b = (second / "tenancy" / "owners.json").read_text()
+            assert f"session:{sid}" in owners_in_b and f"workspace:{personal_workspace('alice')}" in owners_in_b
+            assert (first / "tenancy" / "owners.json").read_text() == owners_in_a  # the old table is left alone
+            assert sid in (second / "audit" / "audit.jsonl").read_text() and sid not in (first / "audit" / "audit.jsonl").read_text()
             assert not {ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 2)} & set(hosts)
     finally:
         retire("redeploy")

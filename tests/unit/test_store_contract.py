@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from reasonray.api.audit import AuditRecord, audit_log_for
+from reasonray.api.limits import RateLimiter, TokenBudgets
+from reasonray.api.tenancy import ownership_table
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
@@ -45,7 +48,7 @@ def store(request, tmp_path):
     pg = request.getfixturevalue("postgres")
     from reasonray.kernel.pgstore import pg_store
 
-    pg_store(pg.url)._fetch("TRUNCATE sessions, agent_cards, runs, audit_log, counters")
+    pg_store(pg.url)._fetch("TRUNCATE sessions, agent_cards, runs, audit_log, counters, ownership")
     return Store(pg.url, tmp_path)
 
 
@@ -205,6 +208,31 @@ def test_counters_add_up_per_window(store):
     assert other.get("rate:bob", window_s=60, now=now) == 0
 
 
+def test_ownership_is_claimed_once_shared_read_only_and_seen_by_another_process(store):
+    table = ownership_table(store.url, store.data_dir)
+    assert table.get("workspace", "w") is None
+    assert table.claim("workspace", "w", "alice") and table.claim("workspace", "w", "alice")
+    assert not table.claim("workspace", "w", "bob")
+    table.claim("session", "s1", "bob")
+    table.share("workspace", "w", ["carol", "carol"])
+    other = ownership_table(store.url, store.other_data_dir())
+    assert other.get("workspace", "w") == {"owner": "alice", "readers": ["carol"]}
+    assert other.readable("workspace", "carol") == ["w"] and other.readable("workspace", "bob") == []
+    assert other.owned("workspace") == {"w"} and other.owned("session") == {"s1"}
+    other.drop("workspace", "w")
+    assert ownership_table(store.url, store.data_dir).get("workspace", "w") is None
+
+
+def test_token_budgets_outlive_the_limiter_and_are_shared_through_the_store(store):
+    keyed = [("alice", {"tokens_per_day": 1000, "tokens_per_minute": 10**6})]
+    first = RateLimiter(budgets=TokenBudgets(counters(store.url, store.data_dir)))
+    first.finish(["alice"], first.admit(keyed, run=True)["run_id"], tokens=1200)
+    # a limiter started afterwards (the actor restarted, or another cluster on the same store) sees the charge
+    later = RateLimiter(budgets=TokenBudgets(counters(store.url, store.other_data_dir())))
+    assert later.admit(keyed, run=True)["limit_name"] == "tokens_per_day"
+    assert later.usage("alice")["tokens_today"] == 1200 and later.usage("bob")["tokens_today"] == 0
+
+
 # -- PostgreSQL only: migrations and connection loss ------------------------------------------------------------
 
 
@@ -228,3 +256,16 @@ def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
     finally:
         restarted.join()
     assert state is not None and state.session_id == sid and time.monotonic() - started < 30
+
+
+def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to_the_data_directory(postgres, tmp_path):
+    from reasonray.kernel.pgstore import pg_store
+
+    pg_store(postgres.url)._fetch("TRUNCATE audit_log")
+    audit_log_for(postgres.url, tmp_path / "node-a").write(
+        AuditRecord(principal="alice", roles=["reasoner"], method="session.get", target="session:s1", outcome="forbidden", trace_id="t1")
+    )
+    [entry] = audit_log(postgres.url, tmp_path / "node-b").recent(principal="alice")
+    assert entry.action == "session.get"
+    assert entry.detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
+    assert not (tmp_path / "node-a").exists()

@@ -10,13 +10,15 @@ import pytest
 from reasonray.api.app import local_dispatcher
 from reasonray.api.audit import JsonlAuditLog
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.limits import LocalLimits, RateLimiter
-from reasonray.api.tenancy import Guard, LocalOwners, OwnershipTable, agent_exists_via, install_guard
+from reasonray.api.limits import LocalLimits, MemoryCounters, RateLimiter, TokenBudgets
+from reasonray.api.tenancy import Guard, LocalOwners, OwnershipTable, agent_exists_via, install_guard, personal_workspace
+from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+from tests.unit.memory_harness import local_memory, make_bank
 
 ANSWER = "<thinking>easy</thinking><answer>4</answer>"
 
@@ -29,11 +31,12 @@ class Clock:
         return self.now
 
 
-def api(tmp_path, **auth):
+def api(tmp_path, *, memory=False, llm=None, **auth):
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "tree_of_thought"], default_strategy="chain_of_thought")
-    llm = FunctionLLM(lambda req: ANSWER)
+    llm = llm or FunctionLLM(lambda req: ANSWER)
     sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
-    rpc = local_dispatcher(reasoning, llm, data_dir=tmp_path, sessions=sessions)
+    bank = local_memory(make_bank(tmp_path / "bank")) if memory else None
+    rpc = local_dispatcher(reasoning, llm, data_dir=tmp_path, sessions=sessions, memory=bank)
     settings = AuthSettings(jwt_secret="s" * 40, **auth)
 
     async def get_agent(agent_id):
@@ -126,9 +129,53 @@ async def test_requests_per_minute_and_token_budgets_hold_and_tokens_are_charged
     rpc, limiter = api(tmp_path / "b", principals={"t": {"tokens_per_day": 1}})
     t = Principal("t", ("reasoner",))
     ran = (await call(rpc, t, "reasoning.execute", {"query": "2+2?"}))["result"]
-    assert limiter.usage("t")["tokens_last_day"] == ran["metrics"]["total_tokens"] > 0  # charged what the run used
+    assert limiter.usage("t")["tokens_today"] == ran["metrics"]["total_tokens"] > 0  # charged what the run used
     budget = await call(rpc, t, "reasoning.execute", {"query": "2+2?"})
     assert budget["error"]["code"] == -32012 and budget["error"]["data"]["limit_name"] == "tokens_per_day"
+
+
+async def test_session_turns_are_charged_the_tokens_they_used(tmp_path):
+    rpc, limiter = api(tmp_path, principals={"t": {"tokens_per_day": 1}})
+    t = Principal("t", ("reasoner",))
+    sid = (await call(rpc, t, "session.create", {}))["result"]["session_id"]
+    turned = (await call(rpc, t, "session.turn", {"session_id": sid, "message": "2+2?"}))["result"]
+    usage = turned["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+    assert limiter.usage("t")["tokens_today"] == usage["total_tokens"]  # charged what the turn used
+    budget = await call(rpc, t, "session.turn", {"session_id": sid, "message": "again?"})
+    assert budget["error"]["code"] == -32012 and budget["error"]["data"]["limit_name"] == "tokens_per_day"
+
+
+async def test_a_resumption_is_charged_only_its_own_llm_calls(tmp_path):
+    rpc, limiter = api(tmp_path, llm=SimulatedLLM(), principals={"t": {"tokens_per_day": 10**6}})
+    t = Principal("t", ("reasoner",))
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+    sid = (await call(rpc, t, "session.create", {"client_tools": [weather]}))["result"]["session_id"]
+    message = "Weather? [[sim call=get_weather {}]]"
+    handed = (await call(rpc, t, "session.turn", {"session_id": sid, "message": message}))["result"]
+    [pending] = handed["pending_tool_calls"]
+    results = [{"tool_call_id": pending["tool_call_id"], "content": "Snow"}]
+    resumed = (await call(rpc, t, "session.resume", {"session_id": sid, "tool_results": results}))["result"]
+    assert resumed["status"] == "completed" and resumed["llm_calls"] == 2  # the turn's count; the usage is this call's
+    used = [handed["usage"]["total_tokens"], resumed["usage"]["total_tokens"]]
+    assert min(used) > 0 and limiter.usage("t")["tokens_today"] == sum(used)
+
+
+async def test_your_own_personal_workspace_is_readable_before_you_store_in_it_and_nobody_else_may_touch_it(tmp_path):
+    rpc, _ = api(tmp_path, memory=True)
+    item = {"title": "Check units", "description": "Convert first.", "content": "Convert both lengths to metres."}
+    empty = await call(rpc, ALICE, "memory.retrieve", {"query": "units"})  # no workspace named: alice's own
+    assert empty["result"]["memories"] == []
+    theirs = personal_workspace("alice")
+    for method, params in [
+        ("memory.retrieve", {"query": "units", "workspace": theirs}),
+        ("memory.store", {"items": [item], "workspace": theirs}),  # nobody may claim another's personal workspace
+    ]:
+        assert (await call(rpc, BOB, method, params))["error"]["code"] == -32003, method
+    assert "result" in await call(rpc, ALICE, "memory.store", {"items": [item]})
+    assert len((await call(rpc, ALICE, "memory.retrieve", {"query": "units"}))["result"]["memories"]) == 1
+    assert (await call(rpc, BOB, "memory.retrieve", {"query": "units", "workspace": theirs}))["error"]["code"] == -32003
+    assert (await call(rpc, BOB, "memory.retrieve", {"query": "units"}))["result"]["memories"] == []  # bob's own, empty
 
 
 async def test_every_call_is_audited_in_a_private_file(tmp_path):
@@ -159,6 +206,41 @@ def test_limiter_counts_windows_slots_and_budgets():
     assert limiter.admit(keyed)["limit_name"] == "requests_per_minute"
     clock.now += 31  # the first request and the tokens have left the window
     assert limiter.admit(keyed, run=True)["ok"]
+
+
+def test_token_budgets_live_in_the_counters_so_a_new_limiter_keeps_them():
+    clock, counters = Clock(), MemoryCounters()
+    keyed = [("p", {"tokens_per_day": 100})]
+    first = RateLimiter(clock, TokenBudgets(counters))
+    first.finish(["p"], first.admit(keyed, run=True)["run_id"], tokens=120)
+    restarted = RateLimiter(clock, TokenBudgets(counters))  # the limiter actor came back: memory empty, store not
+    refused = restarted.admit(keyed, run=True)
+    assert refused["limit_name"] == "tokens_per_day" and refused["retry_after_s"] == 86_400 - 1_000  # until the UTC day ends
+    clock.now += 86_400
+    assert restarted.admit(keyed, run=True)["ok"]
+
+
+class FailingOnce(MemoryCounters):
+    """A store that is down for one write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    def add(self, key, amount=1, window_s=None, now=None):
+        if self.down:
+            self.down = False
+            raise ConnectionError("the store is restarting")
+        return super().add(key, amount, window_s, now)
+
+
+def test_a_charge_the_store_cannot_take_is_kept_and_written_with_the_next():
+    clock, counters = Clock(), FailingOnce()
+    limiter = RateLimiter(clock, TokenBudgets(counters))
+    limiter.finish(["p"], None, tokens=70)  # the store is down: not lost, still counted here
+    assert limiter.usage("p")["tokens_today"] == 70
+    limiter.finish(["p"], None, tokens=30)
+    assert counters.get("tokens_per_day:p", 86_400, clock.now) == 100 and limiter.usage("p")["tokens_today"] == 100
 
 
 def test_a_refused_key_counts_nothing_on_the_others():
