@@ -180,7 +180,7 @@ async def test_a2a_runs_are_charged_to_the_callers_token_budget_and_refused_past
     agent = Agent(tmp_path, principals={"tess": {"tokens_per_day": 1}})
     tess = await agent.client("tess", http_clients)
     ran = await send(tess, message("What is 6 * 7?"))
-    assert agent.limiter.usage("tess")["tokens_last_day"] == ran.artifacts[0].metadata["total_tokens"] > 0
+    assert agent.limiter.usage("tess")["tokens_today"] == ran.artifacts[0].metadata["total_tokens"] > 0
     over = await send(tess, message("What is 2 + 3?"))
     assert over.status.state == TaskState.TASK_STATE_REJECTED
     assert over.status.message.metadata["code"] == -32012 and over.status.message.metadata["retry_after_s"] > 0
