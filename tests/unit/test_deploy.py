@@ -178,8 +178,9 @@ RAYSERVICE_SCHEMA = {
 
 def test_the_dockerfile_pins_cpu_torch_runs_as_a_user_and_checks_health():
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^FROM \$\{PYTHON_IMAGE\}$", text, re.M) and re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
-    assert "torch==2.13.0" in text and text.index("torch==2.13.0") < text.index("pip install .")  # first, as setup.sh
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M) and re.search(r"^ARG BASE_IMAGE=python:3\.11-slim", text, re.M)
+    assert "torch==2.13.0" in text and text.index("torch==2.13.0") < text.index(" . && ")  # first, as setup.sh
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", text, re.M)  # PyPI's is CUDA
     users = re.findall(r"^USER (\S+)$", text, re.M)
     assert users and users[-1] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*\n.*/healthz", text, re.M)
