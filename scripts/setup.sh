@@ -29,6 +29,15 @@ if ! command -v bwrap >/dev/null 2>&1; then
         echo "warning: bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap) or the python tool is refused" >&2
     fi
 fi
+# The slow suite builds the container image without a Docker engine (deploy/build-image.sh): buildah, on a
+# Debian base that debootstrap makes. Installed only when missing.
+if ! command -v buildah >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get install -y -q buildah debootstrap || { apt-get update -q && apt-get install -y -q buildah debootstrap; }) >/dev/null
+    else
+        echo "note: buildah or debootstrap is missing; the slow suite's image build will be skipped (sudo apt-get install buildah debootstrap)" >&2
+    fi
+fi
 
 stamp=.venv/.installed
 want=$(cat pyproject.toml examples/*/pyproject.toml | sha256sum | cut -d' ' -f1)
