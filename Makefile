@@ -8,7 +8,7 @@ export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
 endif
 export RAY_AUTH_MODE ?= token
 
-.PHONY: help setup lint serve test test-slow bench eval
+.PHONY: help setup lint serve test test-slow bench bench-peers eval
 
 help:
 	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint       ruff (lint and format) and the import-layer contracts"
 	@echo "make test-slow  the slow suite"
 	@echo "make bench      the benchmarks under bench/"
+	@echo "make bench-peers [ARGS=--quick]   ReasonRay side by side with optillm and DSPy (installed in .venv-peers)"
 	@echo "make eval ARGS=\"--dataset F --strategies A,B --out DIR\"   a batch evaluation (docs/evaluation.md)"
 
 setup:
@@ -45,6 +46,18 @@ bench: setup
 	.venv/bin/python bench/evals.py
 	.venv/bin/python bench/metrics.py
 	.venv/bin/python bench/openai_endpoint.py
+
+# The peers of bench/peers.py live in a virtual environment of their own, never in .venv. optillm goes
+# in with --no-deps (bench/peers/requirements.txt says why; the packages its proxy imports are listed
+# there). Reinstalled only when bench/peers/requirements.txt changes.
+.venv-peers/.installed: bench/peers/requirements.txt
+	[ -x .venv-peers/bin/python ] || $${PYTHON:-python3} -m venv .venv-peers
+	.venv-peers/bin/python -m pip install --quiet -r <(grep -v '^optillm==' bench/peers/requirements.txt)
+	.venv-peers/bin/python -m pip install --quiet --no-deps $$(grep '^optillm==' bench/peers/requirements.txt)
+	touch $@
+
+bench-peers: setup .venv-peers/.installed
+	.venv/bin/python bench/peers.py $(ARGS)
 
 eval: setup
 	.venv/bin/python -m reasonray.evals.run $(ARGS)
