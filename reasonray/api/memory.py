@@ -93,7 +93,7 @@ class NoParams(_Params):
 class SolveCodingTaskParams(_Params):
     """The seed's `solve_coding_task` tool."""
 
-    task: str = Field(min_length=1, max_length=50_000, description="The coding task.")
+    task: str = Field(min_length=1, description="The coding task (at most `[limits] max_query_chars` characters).")
     use_memory: bool = Field(True, description="Retrieve memories into the prompts.")
     enable_matts: bool = Field(True, description="Several attempts, best selected (MaTTS); false: one attempt.")
     matts_k: int = Field(3, ge=1, le=5, description="MaTTS attempts.")

@@ -292,6 +292,9 @@ class LimitSettings(_Section):
     )
     max_tokens: int = Field(32_768, ge=1, description="Largest max_tokens (and chunk size) a request may set.")
     max_matts_work: int = Field(30, ge=1, description="Most inner runs of one MaTTS request (k x the inner strategy's iterations).")
+    max_calculator_digits: int = Field(
+        10_000, ge=20, description="Largest result the calculator tool computes, in decimal digits (bounded before computing)."
+    )
     session_retention_days: float | None = Field(
         30.0, gt=0, description="Sessions not written for this many days are deleted (checked hourly); none keeps them."
     )
