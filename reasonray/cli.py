@@ -14,7 +14,7 @@ import httpx
 
 from reasonray.evals.run import main as eval_command
 from reasonray.gateway.errors import LLMConfigError
-from reasonray.kernel.config import ConfigError, Settings, load_settings
+from reasonray.kernel.config import ConfigError, Settings, load_settings, require_auth_off_loopback
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -72,11 +72,10 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     from reasonray.serve_app import build_app, ray_environment
 
     settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
-    if not settings.auth.enabled and not _is_loopback(settings.server.host):
-        _fail(
-            f"refusing to serve on {settings.server.host} without authentication: set [auth] jwt_secret "
-            "(or REASONRAY_AUTH__JWT_SECRET, or [auth] jwks_url / jwks_file), or bind 127.0.0.1 (docs/security.md)"
-        )
+    try:  # build_app checks this too; here it fails before a simulator starts
+        require_auth_off_loopback(settings.server.host, settings)
+    except ConfigError as exc:
+        _fail(str(exc))
     simulator = None
     if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
         s = settings.llm.simulator
@@ -274,17 +273,6 @@ def purge(before, config_path) -> None:
 
 
 main.add_command(eval_command, "eval")  # `reasonray eval` is `python -m reasonray.evals.run`
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @main.group()
