@@ -14,7 +14,7 @@ import httpx
 
 from reasonray.evals.run import main as eval_command
 from reasonray.gateway.errors import LLMConfigError
-from reasonray.kernel.config import ConfigError, Settings, load_settings, require_auth_off_loopback
+from reasonray.kernel.config import ConfigError, Settings, is_loopback_host, load_settings, require_auth_off_loopback
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -65,13 +65,20 @@ def main() -> None:
 @click.option("--dashboard-port", type=int, default=8265, show_default=True, help="Port of the Ray dashboard (a cluster we start).")
 def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_port) -> None:
     """Run the Serve API on a Ray cluster until Ctrl-C."""
+    settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
+    if address == "local" and is_loopback_host(settings.server.host):
+        # A loopback API gets a loopback node: Ray binds its own ports (GCS, raylet, workers, the
+        # metrics export, the dashboard agent) on the node address, and ray.init turns
+        # `_node_ip_address="127.0.0.1"` into the machine's reachable address. With this variable
+        # off (Ray's default on macOS and Windows) the node address is 127.0.0.1; the cluster is
+        # then one machine only, which a loopback API is anyway. Ray reads it on import.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray import serve as ray_serve
 
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
     from reasonray.serve_app import build_app, ray_environment
 
-    settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
     try:  # build_app checks this too; here it fails before a simulator starts
         require_auth_off_loopback(settings.server.host, settings)
     except ConfigError as exc:
