@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig
+from ray.serve.context import _get_global_client
 from sse_starlette import EventSourceResponse
 
 from reasonray import __version__
@@ -39,8 +40,8 @@ from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
 from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, error_for, http_status
 from reasonray.api.mcp_server import McpEndpoint
-from reasonray.api.methods import new_trace_id
-from reasonray.api.openai_compat import OpenAICompat, Reply, respond
+from reasonray.api.methods import accept_trace_id, new_trace_id
+from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, respond
 from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
 from reasonray.api.prometheus import merge as merge_metrics
 from reasonray.api.registry import RegistryService
@@ -52,7 +53,7 @@ from reasonray.gateway.factory import client_for
 from reasonray.gateway.simulator.server import free_port
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
-from reasonray.kernel.config import Settings, load_settings
+from reasonray.kernel.config import Settings, load_settings, require_auth_off_loopback
 from reasonray.kernel.errors import ForbiddenError, UnauthenticatedError
 from reasonray.kernel.logs import configure_logging
 from reasonray.memory.service import check_memory
@@ -124,6 +125,12 @@ def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
         return {}
     wait = str(max(1, round(data["retry_after_s"] + 0.4999)))
     return {"Retry-After": wait, "X-RateLimit-Limit": str(data.get("limit", "")), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": wait}
+
+
+def openai_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> JSONResponse:
+    """An OpenAI-shaped answer; a rate-limited one carries Retry-After and X-RateLimit-* as /rpc's does."""
+    rpc_error = body.get("error", {}).get("reasonray") or {}
+    return JSONResponse(body, status_code=status, headers={**headers, **rate_limit_headers(rpc_error)})
 
 
 def caller_has_role(*roles: str) -> bool:
@@ -244,17 +251,21 @@ class ReasonRayIngress:
 
     @api.post("/v1/chat/completions", summary="OpenAI-compatible chat completions, plain or streamed (docs/openai.md)")
     async def chat_completions(self, request: Request) -> Response:
-        with request_span("/v1/chat/completions", request.headers) as trace_id:  # honours the caller's traceparent
-            trace_id = trace_id or new_trace_id()
+        # the caller's traceparent decides the trace id, else a well-formed X-Trace-Id, else a new one
+        with request_span("/v1/chat/completions", request.headers) as traced:
+            trace_id = traced or accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
             reply = await respond(self.openai, await request.body(), trace_id)
             if isinstance(reply, Reply):
-                return JSONResponse(reply.body, status_code=reply.status, headers={"X-Trace-Id": trace_id})
+                return openai_response(reply.status, reply.body, {"X-Trace-Id": trace_id})
             chunks = in_request_trace("/v1/chat/completions stream", reply)
         return EventSourceResponse(chunks, headers={"X-Trace-Id": trace_id})
 
     @api.get("/v1/models", summary="OpenAI-compatible model list: one model per enabled strategy (docs/openai.md)")
     async def models(self) -> Response:
-        return JSONResponse(await self.openai.models())
+        try:
+            return JSONResponse(await self.openai.models())
+        except OpenAIError as exc:  # forbidden, rate limited, ...: OpenAI's error shape, not a 500
+            return openai_response(exc.status, exc.body, {})
 
     async def _rest(self, method: str, params: dict[str, Any], request: Request) -> Response:
         call = {"jsonrpc": "2.0", "method": method, "params": params, "id": 0}
@@ -373,6 +384,16 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     }
 
 
+def _serve_bind_host(settings: Settings) -> str:
+    """The address Serve's proxies bind. Under `serve deploy` / `serve run` build_app runs on a cluster
+    whose Serve controller already holds the config's `http_options.host`, which is what is exposed;
+    otherwise (`reasonray serve`, before its cluster starts) it is `[server] host`."""
+    if not ray.is_initialized():
+        return settings.server.host
+    client = _get_global_client(raise_if_no_controller_running=False)
+    return client.http_config.host if client is not None else settings.server.host
+
+
 class AppArgs(BaseModel):
     """Arguments of `build_app` (what `serve run reasonray.serve_app:build_app key=value` passes)."""
 
@@ -387,6 +408,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     settings = Settings.model_validate(parsed.settings) if parsed.settings else load_settings(parsed.config_path)
     # replicas run in other working directories: give them an absolute data directory
     settings = settings.model_copy(update={"data_dir": settings.data_dir.resolve()})
+    require_auth_off_loopback(_serve_bind_host(settings), settings)
     # raises ConfigError naming the key, the agents file or the unreachable store (whose schema it creates or migrates)
     RegistryService(settings.reasoning, settings.data_dir, store_url=settings.store.url)
     client_for(settings)  # raises LLMConfigError naming the variable to set

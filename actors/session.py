@@ -63,7 +63,10 @@ def session_pipeline(settings: Settings, llm: Any, app_name: str) -> SessionPipe
     s = settings.sessions
     memory = RayMemory(app_name, settings) if settings.memory.enabled else None
     toolbox = builtin_toolbox(
-        SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars), memory, settings.memory.default_workspace
+        SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars),
+        memory,
+        settings.memory.default_workspace,
+        settings.limits.max_calculator_digits,
     )
     repository = session_repository(settings.store.url, Path(settings.data_dir), settings.limits.session_retention_days)
     passive = MemoryLoop(memory, settings.memory) if memory is not None and settings.memory.passive_learning else None

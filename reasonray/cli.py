@@ -14,7 +14,7 @@ import httpx
 
 from reasonray.evals.run import main as eval_command
 from reasonray.gateway.errors import LLMConfigError
-from reasonray.kernel.config import ConfigError, Settings, load_settings
+from reasonray.kernel.config import ConfigError, Settings, is_loopback_host, load_settings, require_auth_off_loopback
 from reasonray.kernel.errors import error_type_of
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -69,19 +69,24 @@ def main() -> None:
 @click.option("--dashboard-port", type=int, default=8265, show_default=True, help="Port of the Ray dashboard (a cluster we start).")
 def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_port) -> None:
     """Run the Serve API on a Ray cluster until Ctrl-C."""
+    settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
+    if address == "local" and is_loopback_host(settings.server.host):
+        # A loopback API gets a loopback node: Ray binds its own ports (GCS, raylet, workers, the
+        # metrics export, the dashboard agent) on the node address, and ray.init turns
+        # `_node_ip_address="127.0.0.1"` into the machine's reachable address. With this variable
+        # off (Ray's default on macOS and Windows) the node address is 127.0.0.1; the cluster is
+        # then one machine only, which a loopback API is anyway. Ray reads it on import.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray import serve as ray_serve
 
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
     from reasonray.serve_app import build_app, ray_environment
 
-    settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
-    if not settings.auth.enabled and not _is_loopback(settings.server.host):
-        _fail(
-            f"refusing to serve on {settings.server.host} without authentication: set [auth] jwt_secret "
-            "(or REASONRAY_AUTH__JWT_SECRET, or [auth] jwks_url / jwks_file), or bind 127.0.0.1 (docs/security.md)",
-            error_type="config_error",
-        )
+    try:  # build_app checks this too; here it fails before a simulator starts
+        require_auth_off_loopback(settings.server.host, settings)
+    except ConfigError as exc:
+        _fail(str(exc), error_type="config_error")
     simulator = None
     if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
         s = settings.llm.simulator
@@ -283,17 +288,6 @@ def purge(before, config_path) -> None:
 
 
 main.add_command(eval_command, "eval")  # `reasonray eval` is `python -m reasonray.evals.run`
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @main.group()

@@ -172,7 +172,7 @@ def in_process_api(settings: Settings) -> Dispatcher:
         pipeline = SessionPipeline(
             session_repository(settings.store.url, data_dir),
             llm,
-            builtin_toolbox(limits, memory, settings.memory.default_workspace),
+            builtin_toolbox(limits, memory, settings.memory.default_workspace, settings.limits.max_calculator_digits),
             data_dir=data_dir,
             default_max_llm_calls=s.max_llm_calls,
         )

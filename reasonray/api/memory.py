@@ -12,12 +12,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.service import ExecuteParams, ReasoningService
 from reasonray.kernel.config import MemorySettings
-from reasonray.kernel.errors import InvalidParamsError
+from reasonray.kernel.errors import InvalidParamsError, describe_errors
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
 from reasonray.memory.loop import MemoryParams
@@ -93,7 +93,7 @@ class NoParams(_Params):
 class SolveCodingTaskParams(_Params):
     """The seed's `solve_coding_task` tool."""
 
-    task: str = Field(min_length=1, max_length=50_000, description="The coding task.")
+    task: str = Field(min_length=1, description="The coding task (at most `[limits] max_query_chars` characters).")
     use_memory: bool = Field(True, description="Retrieve memories into the prompts.")
     enable_matts: bool = Field(True, description="Several attempts, best selected (MaTTS); false: one attempt.")
     matts_k: int = Field(3, ge=1, le=5, description="MaTTS attempts.")
@@ -224,14 +224,21 @@ def add_memory_methods(
     async def solve_coding_task(params: SolveCodingTaskParams, call: Call) -> dict[str, Any]:
         """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
         base = {"base_strategy": "refine", "k": params.matts_k, "mode": params.matts_mode, "enabled": params.enable_matts}
-        execute = ExecuteParams(
-            query=params.task,
-            strategy="matts",
-            strategy_config=base,
-            memory=MemoryParams(
-                enabled=params.use_memory, workspace=params.workspace, learn=params.store_result, task_id=params.task_id, domain="coding"
-            ),
-        )
+        try:  # ExecuteParams cleans the task further (found by fuzzing: a task of " " was an internal error)
+            execute = ExecuteParams(
+                query=params.task,
+                strategy="matts",
+                strategy_config=base,
+                memory=MemoryParams(
+                    enabled=params.use_memory,
+                    workspace=params.workspace,
+                    learn=params.store_result,
+                    task_id=params.task_id,
+                    domain="coding",
+                ),
+            )
+        except ValidationError as exc:
+            raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
         verifier = tests_verifier(params.tests, sandbox) if params.tests else None
         result = await service.execute(execute, call.trace_id, verifier=verifier)
         report = result.memory

@@ -47,7 +47,7 @@ class BoundedContextParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=50_000, description="The problem to solve.")
+    query: str = Field(min_length=1, description="The problem to solve (at most `[limits] max_query_chars` characters).")
     chunk_size: int | None = Field(None, description="Max tokens per iteration (1024-32768).")
     carryover_size: int | None = Field(None, description="Tokens carried forward (512-16384, below chunk_size).")
     max_iterations: int | None = Field(None, description="Max reasoning iterations (1-50).")
@@ -77,7 +77,7 @@ class SessionIdParams(BaseModel):
 
 
 class TurnParams(SessionIdParams):
-    message: str = Field(min_length=1, max_length=100_000, description="The user's message for this turn.")
+    message: str = Field(min_length=1, description="The user's message for this turn (at most `[limits] max_query_chars` characters).")
 
 
 class ToolResultParam(BaseModel):

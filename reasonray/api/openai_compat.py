@@ -42,6 +42,7 @@ from reasonray.api.jsonrpc import (
     TOOL_FAILED,
     Dispatcher,
 )
+from reasonray.api.service import ExecuteParams
 from reasonray.api.streaming import stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import describe_errors
@@ -333,6 +334,7 @@ class OpenAICompat:
                 yield payload
             return
         params = await self.execute_params(request)
+        await self._check_before_streaming(params)
         chunk_id = f"chatcmpl-{trace_id or uuid.uuid4().hex}"
         chunk = lambda delta, finish=None: _chunk(chunk_id, request.model, delta, finish)
         yield chunk({"role": "assistant", "content": "", "reasoning_content": ""})
@@ -355,6 +357,29 @@ class OpenAICompat:
             if include_usage:
                 yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": self._usage(result)})
         yield "[DONE]"
+
+    async def _check_before_streaming(self, params: dict[str, Any]) -> None:
+        """Raise what reasoning.execute would refuse at once, so that it is an HTTP error (the SDK's
+        NotFoundError / BadRequestError), not an error chunk after a 200: a strategy that is not
+        enabled and params that do not validate. What only the run can find still comes as a chunk."""
+        try:
+            ExecuteParams.model_validate(params)
+        except ValidationError as exc:
+            raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_request_error", "invalid_params") from None
+        strategy = params.get("strategy")
+        if strategy is None:
+            return
+        enabled, _ = await self.strategies()
+        if strategy not in enabled:
+            raise OpenAIError(
+                404,
+                f"The model {DEFAULT_MODEL}/{strategy} does not exist: strategy {strategy!r} is not enabled; "
+                f"available: {', '.join(enabled) or 'none'} (GET /v1/models lists them)",
+                "invalid_request_error",
+                "model_not_found",
+                "model",
+                reasonray={"code": STRATEGY_UNAVAILABLE, "data": {"available": enabled}},
+            )
 
     async def _replay(self, completion: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
         """A finished completion (a tool turn) as chunks."""

@@ -79,7 +79,7 @@ class ExecuteParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, max_length=100_000, description="The problem to solve.")
+    query: str = Field(min_length=1, description="The problem to solve (at most `[limits] max_query_chars` characters).")
     strategy: str | None = Field(
         None, pattern=r"^[a-z_][a-z0-9_]*$", max_length=64, description="Strategy to use; omitted: the agent's or system default."
     )

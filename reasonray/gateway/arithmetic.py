@@ -20,37 +20,42 @@ _OPS = {
 }
 MAX_EXPONENT = 64
 # results are bounded before they are computed: (((9**64)**64)**64)**64 has small exponents and a
-# result of 15 million digits (seconds of CPU on the caller's event loop)
-MAX_RESULT_DIGITS = 10_000
+# result of 15 million digits (seconds of CPU on the caller's event loop). The service sets the cap
+# from `[limits] max_calculator_digits`; this default serves the simulated model and tests.
+DEFAULT_MAX_RESULT_DIGITS = 10_000
 
 
-def evaluate(expression: str) -> float:
-    """The value of an arithmetic expression; ValueError (or ZeroDivisionError) for anything else."""
+def evaluate(expression: str, max_result_digits: int = DEFAULT_MAX_RESULT_DIGITS) -> float:
+    """The value of an arithmetic expression; ValueError (or ZeroDivisionError) for anything else,
+    including a result of more than `max_result_digits` decimal digits."""
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise ValueError(f"not an arithmetic expression: {exc.msg}") from None
     try:
-        return _eval(tree.body)
+        return _eval(tree.body, max_result_digits)
     except OverflowError:
         raise ValueError("the result is too large for a floating-point number") from None
     except RecursionError:  # e.g. a thousand unary minus signs
         raise ValueError("the expression nests too deeply") from None
 
 
-def _eval(node: ast.AST) -> float:
+def _eval(node: ast.AST, max_digits: int) -> float:
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        value = _eval(node.operand)
+        value = _eval(node.operand, max_digits)
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        left, right = _eval(node.left), _eval(node.right)
+        left, right = _eval(node.left, max_digits), _eval(node.right, max_digits)
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
             raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
         digits = _result_digits(node.op, left, right)
-        if digits > MAX_RESULT_DIGITS:
-            raise ValueError(f"the result would have about {digits:.0f} digits; the calculator's cap is {MAX_RESULT_DIGITS}")
+        if digits > max_digits:
+            raise ValueError(
+                f"the result would have about {digits:.0f} digits; the calculator's cap is {max_digits}"
+                " ([limits] max_calculator_digits in config.toml)"
+            )
         result: float = _OPS[type(node.op)](left, right)
         return result
     raise ValueError(f"only numbers and + - * / // % ** are allowed, not {type(node).__name__}")

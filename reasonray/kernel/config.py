@@ -8,6 +8,7 @@ Every error names the key and the values it allows (docs/configuration.md).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -33,6 +34,26 @@ DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config.toml"
 
 class ConfigError(ReasonRayError):
     """The configuration is invalid; the message names each bad key and what it allows."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1); false for 0.0.0.0 and names."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def require_auth_off_loopback(host: str, settings: Settings) -> None:
+    """Refuse to serve on a non-loopback address with authentication off: anyone who can reach the
+    port could call every method (docs/security.md)."""
+    if not settings.auth.enabled and not is_loopback_host(host):
+        raise ConfigError(
+            f"refusing to serve on {host} without authentication: set [auth] jwt_secret "
+            "(or REASONRAY_AUTH__JWT_SECRET, or [auth] jwks_url / jwks_file), or bind 127.0.0.1 (docs/security.md)"
+        )
 
 
 class _Section(BaseModel):
@@ -292,6 +313,9 @@ class LimitSettings(_Section):
     )
     max_tokens: int = Field(32_768, ge=1, description="Largest max_tokens (and chunk size) a request may set.")
     max_matts_work: int = Field(30, ge=1, description="Most inner runs of one MaTTS request (k x the inner strategy's iterations).")
+    max_calculator_digits: int = Field(
+        10_000, ge=20, description="Largest result the calculator tool computes, in decimal digits (bounded before computing)."
+    )
     session_retention_days: float | None = Field(
         30.0, gt=0, description="Sessions not written for this many days are deleted (checked hourly); none keeps them."
     )

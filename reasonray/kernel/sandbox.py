@@ -5,7 +5,8 @@ runs as uid/gid 64999 (an unused uid of its own) under `bwrap --unshare-all` (no
 namespaces), sees only read-only binds of `/usr` and the interpreter's prefix, a fresh tmpfs at
 `/tmp` (its working directory, size-capped) and nothing else: no data directory, no home, no
 service environment (`--clearenv`, three variables set). `prlimit` caps address space, CPU seconds,
-processes, file size, open files and core dumps before `bwrap` starts. The whole tree is its own
+file size, open files and core dumps before `bwrap` starts, and processes (before, as root; inside
+the user namespace, for an unprivileged service). The whole tree is its own
 session and process group: on timeout the group is killed with `os.killpg`, and because the code is
 pid 1's descendant in a fresh pid namespace (`--die-with-parent`), every grandchild dies with it and
 no pipe outlives the run. Output is read incrementally and only `max_output_chars` are kept.
@@ -33,6 +34,11 @@ from reasonray.kernel.errors import SandboxUnavailableError
 NOBODY = 64999
 # reads the program from stdin (so no file of it exists anywhere) and runs it as __main__
 PRELUDE = 'import sys; exec(compile(sys.stdin.read(), "<sandbox>", "exec"), {"__name__": "__main__"})'
+# An unprivileged service cannot cap processes before bwrap: RLIMIT_NPROC counts every process of the
+# service's uid on the host (Ray's workers included), so bwrap itself could not fork. Set inside the new
+# user namespace, the kernel counts it per namespace uid (ucounts, Linux >= 5.14): the sandbox's
+# processes only. Soft and hard together, so the code cannot raise it back.
+NPROC_PRELUDE = "import resource; resource.setrlimit(resource.RLIMIT_NPROC, ({n}, {n})); "
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 # bytes of output read per chunk; the cap is enforced as chunks arrive, the rest is drained unread
 CHUNK = 65536
@@ -119,7 +125,8 @@ def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
     cmd += ["--perms", "1777", "--size", str(limits.scratch_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     cmd += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
-    return [*cmd, "--", *drop, exe, "-I", "-c", PRELUDE]
+    prelude = PRELUDE if as_root else NPROC_PRELUDE.format(n=limits.max_processes) + PRELUDE
+    return [*cmd, "--", *drop, exe, "-I", "-c", prelude]
 
 
 def _ancestors(path: str) -> list[str]:

@@ -6,20 +6,23 @@ from typing import Annotated
 
 from pydantic import Field
 
-from reasonray.gateway.arithmetic import evaluate, format_number
+from reasonray.gateway.arithmetic import DEFAULT_MAX_RESULT_DIGITS, evaluate, format_number
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, MemoryItem, format_memory_block
 from reasonray.memory.service import MemoryClient
 from reasonray.reasoner.tools import ServerTool, ToolBox, server_tool
 
 
-@server_tool
-def calculator(expression: Annotated[str, Field(max_length=2000, description="Arithmetic, e.g. (17 * 23) + 4 / 2")]) -> str:
-    """Evaluate an arithmetic expression exactly: numbers and + - * / // % ** with parentheses."""
-    try:
-        return format_number(evaluate(expression))
-    except ZeroDivisionError:
-        raise ValueError(f"division by zero in {expression!r}") from None
+def calculator_tool(max_result_digits: int = DEFAULT_MAX_RESULT_DIGITS) -> ServerTool:
+    @server_tool
+    def calculator(expression: Annotated[str, Field(max_length=2000, description="Arithmetic, e.g. (17 * 23) + 4 / 2")]) -> str:
+        """Evaluate an arithmetic expression exactly: numbers and + - * / // % ** with parentheses."""
+        try:
+            return format_number(evaluate(expression, max_result_digits))
+        except ZeroDivisionError:
+            raise ValueError(f"division by zero in {expression!r}") from None
+
+    return calculator
 
 
 def python_tool(limits: SandboxLimits) -> ServerTool:
@@ -52,9 +55,12 @@ def memory_tool(memory: MemoryClient, default_workspace: str) -> ServerTool:
 
 
 def builtin_toolbox(
-    limits: SandboxLimits = SandboxLimits(), memory: MemoryClient | None = None, default_workspace: str = "default"
+    limits: SandboxLimits = SandboxLimits(),
+    memory: MemoryClient | None = None,
+    default_workspace: str = "default",
+    max_calculator_digits: int = DEFAULT_MAX_RESULT_DIGITS,
 ) -> ToolBox:
-    tools = [calculator, python_tool(limits)]
+    tools = [calculator_tool(max_calculator_digits), python_tool(limits)]
     if memory is not None:
         tools.append(memory_tool(memory, default_workspace))
     return ToolBox(tools)

@@ -10,6 +10,7 @@ import random
 import uuid
 
 import httpx
+import openai
 import pytest
 
 from reasonray.api.auth import mint_token
@@ -33,6 +34,7 @@ def secured(serve_base, simulator):
             "reasoner": {"methods": ["*"], "strategies": ["*"], "limits": {}},
             "admin": {"methods": ["*"], "strategies": ["*"], "all_owners": True},
             "metered": {"methods": ["*"], "strategies": ["*"], "limits": {"requests_per_minute": 6}},
+            "runner": {"methods": ["reasoning.execute"], "strategies": ["*"]},
         },
         "principals": {"thrifty": {"tokens_per_day": 1}},
     }
@@ -167,6 +169,29 @@ def test_rate_limits_hold_across_two_replicas_with_429_and_retry_after(secured):
     assert refused.headers["X-RateLimit-Limit"] == "6" and refused.headers["X-RateLimit-Remaining"] == "0"
     over = client.post("/rpc", json={"jsonrpc": "2.0", "method": "reasoning.strategies", "id": 1}, headers=headers)
     assert over.status_code == 429 and over.json()["error"]["data"]["limit_name"] == "requests_per_minute"
+
+
+def test_the_openai_surface_answers_refusals_in_openais_shape_with_rate_limit_headers(secured):
+    # /v1/models let a refusal escape as a 500, and neither /v1 route carried the 429 headers /rpc sends
+    client, _ = secured
+    sdk = lambda sub, role: openai.OpenAI(
+        base_url=f"{client.base_url}v1", api_key=mint_token(SECRET, sub, [role], 600), max_retries=0, timeout=60
+    )
+    with pytest.raises(openai.PermissionDeniedError) as forbidden:
+        sdk("runner-user", "runner").models.list()
+    assert forbidden.value.status_code == 403 and forbidden.value.body["reasonray"]["code"] == -32003
+    metered = sdk("metered-oai", "metered")
+    for _ in range(6):
+        metered.models.list()
+    with pytest.raises(openai.RateLimitError) as listing:
+        metered.models.list()
+    with pytest.raises(openai.RateLimitError) as chatting:
+        metered.chat.completions.create(model="reasonray", messages=[{"role": "user", "content": "What is 2 + 2?"}])
+    for refused in (listing.value, chatting.value):
+        assert refused.body["reasonray"]["code"] == -32012
+        headers = refused.response.headers
+        assert 1 <= int(headers["Retry-After"]) <= 60 and headers["X-RateLimit-Reset"] == headers["Retry-After"]
+        assert headers["X-RateLimit-Limit"] == "6" and headers["X-RateLimit-Remaining"] == "0"
 
 
 def test_a_runs_tokens_are_charged_to_its_caller_and_the_budget_then_holds(secured, ray_cluster):

@@ -6,8 +6,12 @@ user's shell would.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +23,64 @@ import pytest
 from reasonray.gateway.simulator.server import free_port
 
 BIN = Path(sys.executable).parent
+
+
+def process_tree(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def exposed_listeners(root: int) -> set[tuple[str, int]]:
+    """(process name, port) of every TCP listener of the process tree not bound to a loopback address."""
+    inodes: dict[str, int] = {}
+    for pid in process_tree(root):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes[link[8:-1]] = pid
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            raw, port = fields[1].split(":")
+            packed = b"".join(bytes.fromhex(raw[i : i + 8])[::-1] for i in range(0, len(raw), 8))
+            address = ipaddress.ip_address(socket.inet_ntop(family, packed))
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+                address = address.ipv4_mapped
+            if not address.is_loopback:
+                name = Path(f"/proc/{inodes[fields[9]]}/comm").read_text().strip()
+                found.add((name, int(port, 16)))
+    return found
+
+
+def haproxy_fixed_listeners(root: int) -> set[tuple[str, int]]:
+    """The one exception: Ray's HAProxy config template binds its stats (`bind *:port`) and Prometheus
+    (`bind :port`) frontends on every interface, with no setting for the address (docs/security.md)."""
+    fixed = set()
+    for pid in process_tree(root):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            if Path(argv[0]).name == "haproxy":
+                config = Path(argv[argv.index("-f") + 1]).read_text()
+                ports = re.findall(r"^\s*bind \*?:(\d+)\s*$", config, re.MULTILINE)
+                fixed |= {("haproxy", int(p)) for p in ports}
+    assert len(fixed) == 2, fixed  # stats and metrics, nothing else
+    return fixed
 
 
 def test_serve_with_a_real_provider_and_no_key_names_the_variable():
@@ -72,6 +134,12 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         assert lines[0] == "391"
         assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
         assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
+        # everything of the cluster binds loopback but what Ray forces onto every interface once HAProxy
+        # serves the ingress ([server] fast_ingress, docs/security.md#listeners): HAProxy's stats and
+        # Prometheus frontends, and the replicas' direct-ingress ports HAProxy forwards to
+        exposed = exposed_listeners(proc.pid)
+        replicas = {(name, port) for name, port in exposed if name.startswith("ray::ServeRepli")}
+        assert exposed - replicas == haproxy_fixed_listeners(proc.pid), exposed
         # the dashboard answers (401: it wants the cluster's token, as Ray 2.60 does by default)
         assert httpx.get(f"http://127.0.0.1:{dashboard}/api/version", timeout=10).status_code in (200, 401)
         proc.send_signal(signal.SIGINT)

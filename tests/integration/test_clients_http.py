@@ -98,6 +98,9 @@ def test_errors_have_openais_shape_and_status(sdk):
     with pytest.raises(openai.NotFoundError) as unknown:
         sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     assert unknown.value.status_code == 404 and unknown.value.code == "model_not_found" and "reasonray/" in unknown.value.message
+    with pytest.raises(openai.NotFoundError) as not_enabled:  # streamed: refused before the stream starts, not in a chunk
+        sdk.chat.completions.create(model="reasonray/no_such_strategy", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert not_enabled.value.code == "model_not_found" and not_enabled.value.body["reasonray"]["code"] == -32002
     with pytest.raises(openai.BadRequestError) as bad_config:
         sdk.chat.completions.create(
             model="reasonray/bounded_context",

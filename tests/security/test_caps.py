@@ -1,18 +1,23 @@
 """Caps that need no cluster: session history and retention, the calculator, strategy caps and the
 HTTP body rules, each failing with a message naming its config key."""
 
+import asyncio
 import json
 import os
 import time
 
 import pytest
 
+from reasonray.api.app import Backends, build_application
 from reasonray.api.caps import check_strategy_config
 from reasonray.api.guard import GuardSettings, Refusal, check_body, check_host, check_post_headers
 from reasonray.gateway.arithmetic import evaluate
-from reasonray.kernel.config import LimitSettings
+from reasonray.gateway.testing import FunctionLLM
+from reasonray.kernel.config import LimitSettings, ReasoningSettings, Settings
 from reasonray.kernel.errors import InvalidParamsError
+from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import FileSessionRepository
+from tests.unit.memory_harness import local_memory, make_bank
 
 
 def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
@@ -83,3 +88,50 @@ def test_the_front_door_rules():
             check_body(body, guard)
         assert caught.value.status == 400 and caught.value.code == -32600
     check_body(b"{oops", guard)  # not JSON: the route answers -32700 itself
+
+
+def test_the_calculator_cap_is_the_configured_one():
+    assert LimitSettings().max_calculator_digits == 10_000
+    with pytest.raises(ValueError, match=r"cap is 30 \(\[limits\] max_calculator_digits"):
+        evaluate("10 ** 40", max_result_digits=30)
+    small = builtin_toolbox(max_calculator_digits=30).select(["calculator"])[0]
+    with pytest.raises(ValueError, match="max_calculator_digits"):
+        small.fn(expression="10 ** 40")
+    assert builtin_toolbox().select(["calculator"])[0].fn(expression="10 ** 40") == str(10**40)
+
+
+QUERY_METHODS = {
+    "reasoning.execute": "query",
+    "reasoning.bounded_context": "query",
+    "solve_coding_task": "task",
+}
+
+
+@pytest.mark.parametrize("method", sorted(QUERY_METHODS))
+@pytest.mark.parametrize("cap", [40, 150_000])
+def test_the_configured_query_cap_is_the_one_enforced(method, cap, tmp_path):
+    # the schemas once hard-coded 50k/100k: a larger cap had no effect and a refusal did not name the key
+    settings = Settings(
+        reasoning=ReasoningSettings(
+            enabled_strategies=["chain_of_thought", "bounded_context", "refine", "matts"], default_strategy="chain_of_thought"
+        ),
+        limits=LimitSettings(max_query_chars=cap),
+    )
+    app = build_application(
+        settings,
+        llm=FunctionLLM(lambda request: "<answer>4</answer>"),
+        data_dir=None,
+        backends=Backends(cache=None, memory=local_memory(make_bank(tmp_path))),
+    )
+    field = QUERY_METHODS[method]
+
+    def call(length: int) -> dict:
+        body = {"jsonrpc": "2.0", "method": method, "params": {field: "2+2 " + "x" * (length - 4)}, "id": 1}
+        return asyncio.run(app.dispatcher.handle(json.dumps(body)))[0]
+
+    refused = call(cap + 1)["error"]
+    assert refused["code"] == -32602 and "[limits] max_query_chars" in refused["message"], refused
+    assert refused["data"]["cap"] == "limits.max_query_chars"
+    within = call(min(cap, 120_000))
+    # accepted: bounded_context may still find a long query too large for its chunk, which is its own check
+    assert "result" in within or "context size exceeded" in within["error"]["message"], within

@@ -9,7 +9,11 @@ running service over HTTP from /openapi.json (tests/integration/test_security_ht
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,13 +24,25 @@ from reasonray.api.app import local_dispatcher
 from reasonray.api.guard import GuardSettings, Refusal, check_body
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ReasoningSettings
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+from tests.unit.memory_harness import local_memory, make_bank
 
 ENABLED = ["chain_of_thought", "self_consistency", "tree_of_thought", "refine", "matts", "bounded_context"]
+# the whole method table: sessions and a real memory bank too, so session.*, memory.*, stats.* and
+# solve_coding_task are fuzzed with the rest (the data lives in a directory removed at exit)
+DATA = Path(tempfile.mkdtemp(prefix="reasonray-fuzz-"))
+atexit.register(shutil.rmtree, DATA, True)
+LLM = FunctionLLM(lambda request: "<thinking>short</thinking><answer>4</answer>")
 RPC = local_dispatcher(
     ReasoningSettings(enabled_strategies=ENABLED, default_strategy="chain_of_thought"),
-    FunctionLLM(lambda request: "<thinking>short</thinking><answer>4</answer>"),
+    LLM,
+    sessions=LocalSessions(SessionPipeline(FileSessionRepository(DATA / "sessions"), LLM, builtin_toolbox(), data_dir=DATA)),
+    memory=local_memory(make_bank(DATA / "chroma")),
 )
 METHODS = sorted(RPC.methods)
+# one loop for every case: the sessions' locks and the bank's client outlive a single asyncio.run
+LOOP = asyncio.new_event_loop()
 GUARD = GuardSettings()
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40)
@@ -110,7 +126,7 @@ def check(body: str | bytes) -> None:
     except Refusal as refusal:
         assert 400 <= refusal.status < 500
         return
-    response, _ = asyncio.run(RPC.handle(raw))
+    response, _ = LOOP.run_until_complete(RPC.handle(raw))
     if response is None:  # notifications only
         return
     json.dumps(response, ensure_ascii=False).encode("utf-8")  # the answer can be sent
@@ -139,8 +155,15 @@ def test_ten_thousand_bodies_get_well_formed_answers(body):
     check(body)
 
 
-@pytest.mark.parametrize("method", ["reasoning.execute", "reasoning.bounded_context"])
-def test_a_query_of_whitespace_is_invalid_params_in_every_method(method):
+def test_every_method_of_the_table_is_fuzzed():
+    families = {name.split(".")[0] for name in METHODS}
+    assert {"session", "memory", "stats", "solve_coding_task"} <= families, METHODS
+
+
+@pytest.mark.parametrize(
+    ("method", "field"), [("reasoning.execute", "query"), ("reasoning.bounded_context", "query"), ("solve_coding_task", "task")]
+)
+def test_a_query_of_whitespace_is_invalid_params_in_every_method(method, field):
     # the first bug the fuzzer found: bounded_context accepted " " and ExecuteParams refused it as an internal error
-    response, _ = asyncio.run(RPC.handle(json.dumps({"jsonrpc": "2.0", "method": method, "params": {"query": " "}, "id": 1})))
+    response, _ = LOOP.run_until_complete(RPC.handle(json.dumps({"jsonrpc": "2.0", "method": method, "params": {field: " "}, "id": 1})))
     assert response["error"]["code"] == -32602 and "query is empty" in response["error"]["message"]

@@ -1,14 +1,19 @@
 """The python sandbox against the escapes issue 17 found: each attempt runs in the real sandbox
-(bubblewrap, uid 64999, prlimit) and must FAIL, with the failure visible in what the code printed."""
+(bubblewrap, uid 64999, prlimit) and must FAIL, with the failure visible in what the code printed.
+
+Every case runs whatever uid the suite runs as (root: setpriv drops to 64999 on the host; otherwise a
+user namespace maps the service's uid to 64999); the last one also runs the unprivileged path from root."""
 
 import os
+import shutil
+import subprocess
 import time
+from unittest import mock
 
 import pytest
 
+from reasonray.kernel import sandbox
 from reasonray.kernel.sandbox import SandboxLimits, run_python
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid-64999 and nproc checks assume the service runs as root")
 
 
 async def run(code: str, **limits):
@@ -97,6 +102,34 @@ async def test_a_fork_bomb_stops_at_the_process_limit():
     assert "STOPPED" in result.stdout, (result.stdout, result.stderr)
     assert int(result.stdout.split()[1]) < 8
     assert time.monotonic() - started < 10  # the sleeping children died with the sandbox
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to an unprivileged uid needs root; as non-root the test above runs that path")
+def test_an_unprivileged_service_caps_processes_too():
+    # the process cap once applied only to a service running as root; an unprivileged one had none.
+    # The system interpreter stands in for the service's, which lives where uid 1000 cannot read.
+    system_python = shutil.which("python3", path="/usr/bin")
+    if system_python is None:
+        pytest.skip("no /usr/bin/python3 to run as an unprivileged uid")
+    with mock.patch.object(sandbox.os, "geteuid", return_value=1000):
+        command = sandbox._command(SandboxLimits(max_processes=8), "/usr", system_python)
+    code = (
+        "import os\n"
+        "children = 0\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        if os.fork() == 0:\n"
+        "            import time; time.sleep(5); os._exit(0)\n"
+        "        children += 1\n"
+        "except OSError as e:\n"
+        "    print('STOPPED', children, type(e).__name__)\n"
+    )
+    unprivileged = ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "--"]
+    ran = subprocess.run(
+        [*unprivileged, *command], input=code, capture_output=True, text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"}
+    )
+    assert ran.stdout.startswith("STOPPED"), (ran.stdout, ran.stderr)
+    assert int(ran.stdout.split()[1]) < 8
 
 
 async def test_a_grandchild_holding_the_pipe_dies_with_the_timeout():

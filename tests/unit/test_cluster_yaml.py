@@ -43,6 +43,20 @@ def test_the_serve_config_file_is_a_valid_serve_deploy_config_for_build_app():
     assert deployment.name == "ReasonRayIngress" and deployment.autoscaling_config["max_replicas"] >= 1
     env = app.runtime_env["env_vars"]
     assert env["RAY_AUTH_MODE"] == "token" and env["REASONRAY_MEMORY__CHROMA_URL"].startswith("http://")
+    # it binds every interface, so it must turn authentication on (build_app refuses otherwise)
+    assert schema.http_options.host == "0.0.0.0" and env["REASONRAY_AUTH__JWT_SECRET"] == "${REASONRAY_AUTH__JWT_SECRET}"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::"])
+def test_build_app_refuses_a_non_loopback_bind_without_auth(host):
+    from reasonray.kernel.config import ConfigError
+    from reasonray.serve_app import build_app
+
+    settings = {"llm": {"provider": "simulated", "base_url": "http://127.0.0.1:9/v1"}, "memory": {"enabled": False}}
+    with pytest.raises(ConfigError, match=f"refusing to serve on {host} without authentication"):
+        build_app({"settings": {**settings, "server": {"host": host}}})
+    build_app({"settings": {**settings, "server": {"host": host}, "auth": {"jwt_secret": "s" * 32}}})
+    build_app({"settings": {**settings, "server": {"host": "127.0.0.1"}}})
 
 
 def test_autoscaling_settings_become_serves_autoscaling_config():

@@ -98,6 +98,19 @@ async def test_errors_come_back_in_openais_shape(compat):
     assert no_messages.status == 400 and no_messages.body["error"]["param"] == "messages"
 
 
+async def test_a_stream_that_cannot_start_is_an_http_error_not_an_error_chunk(compat, llm):
+    # it was an error payload inside a 200 stream: the SDK raised nothing until it read the chunks
+    unknown = await respond(
+        compat, body(model="reasonray/tree_of_thought", stream=True, messages=[{"role": "user", "content": "hi"}]), "trace-s1"
+    )
+    assert isinstance(unknown, Reply) and unknown.status == 404
+    assert unknown.body["error"]["code"] == "model_not_found" and unknown.body["error"]["reasonray"]["code"] == -32002
+    assert "chain_of_thought" in unknown.body["error"]["message"]
+    blank = await respond(compat, body(stream=True, messages=[{"role": "user", "content": "   "}]), "trace-s2")
+    assert isinstance(blank, Reply) and blank.status == 400 and blank.body["error"]["code"] == "invalid_params"
+    assert llm.calls == 0
+
+
 async def test_a_stream_sends_role_progress_answer_finish_usage_then_done(compat):
     request = body(
         model="reasonray/bounded_context",
