@@ -40,6 +40,7 @@ from reasonray.kernel import tracing
 from reasonray.kernel.config import FanoutSettings, Settings
 from reasonray.kernel.errors import OverloadedError
 from reasonray.kernel.events import BranchRun, Event, Tally
+from reasonray.kernel.logs import configure_logging
 from reasonray.strategies.base import Arrived, Branch, StrategyContext
 
 log = structlog.get_logger(__name__)
@@ -60,6 +61,7 @@ class LLMSpec:
         from reasonray.gateway.factory import build_llm, client_for
 
         settings = Settings.model_validate_json(self.settings_json)
+        configure_logging(settings.logging)  # runners and session hosts log as the ingress does (level, JSON)
         tracing.set_content(tracing.content_from(settings))
         store = RayCacheStore(cache_actor(self.app_name, settings.llm.cache)) if settings.llm.cache.enabled else None
         llm, _ = build_llm(settings, client_for(settings), store, ray_metrics(settings.reasoning.performance.enable_metrics))

@@ -32,6 +32,7 @@ from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, retire_if_stale
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
+from reasonray.kernel.logs import configure_logging
 from reasonray.memory.service import BankService, LocalMemory, open_bank
 
 log = structlog.get_logger(__name__)
@@ -42,6 +43,7 @@ class MemoryBankActor(LocalMemory, Fingerprinted):
     def __init__(self, fp: str, settings_json: str) -> None:
         self._fingerprint = fp
         settings = Settings.model_validate_json(settings_json)
+        configure_logging(settings.logging)  # the level and format the operator set, as in the ingress
         super().__init__(BankService(open_bank(settings), ray_metrics(settings.reasoning.performance.enable_metrics)))
         load = getattr(self.service.bank.embedder, "load", None)
         if load is not None:  # load the model now, off the event loop, so the first retrieval does not wait for it
