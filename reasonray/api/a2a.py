@@ -16,6 +16,7 @@ Transport-free: the Serve ingress forwards `/a2a` and the card route to what is 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import uuid
 from pathlib import Path
@@ -37,6 +38,7 @@ from a2a.types.a2a_pb2 import (
     AgentInterface,
     AgentSkill,
     HTTPAuthSecurityScheme,
+    Message,
     SecurityRequirement,
     SecurityScheme,
     Task,
@@ -120,7 +122,8 @@ class FileTaskStore(TaskStore):
         path = self._path(task_id)
         if not path.exists():
             return None
-        return json_format.Parse(await asyncio.to_thread(path.read_bytes), Task())
+        task: Task = json_format.Parse(await asyncio.to_thread(path.read_bytes), Task())
+        return task
 
     async def list(self, params: a2a_pb2.ListTasksRequest, context: ServerCallContext | None = None) -> a2a_pb2.ListTasksResponse:
         tasks = await asyncio.to_thread(self._all)
@@ -138,12 +141,12 @@ class FileTaskStore(TaskStore):
     async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
         self._path(task_id).unlink(missing_ok=True)
 
-    def _all(self) -> list[Task]:
+    def _all(self) -> builtins.list[Task]:  # builtins: the class's own `list` method shadows the type here
         if not self.root.exists():
             return []
         return [json_format.Parse(p.read_bytes(), Task()) for p in self.root.glob("*.json")]
 
-    async def exchanges(self, context_id: str, before: str) -> list[tuple[str, str]]:
+    async def exchanges(self, context_id: str, before: str) -> builtins.list[tuple[str, str]]:
         """The context's earlier completed exchanges (question, answer), oldest first."""
         tasks = [t for t in await asyncio.to_thread(self._all) if t.context_id == context_id and t.id != before]
         tasks = [t for t in tasks if t.status.state == TaskState.TASK_STATE_COMPLETED and t.history and t.artifacts]
@@ -217,7 +220,10 @@ class ReasoningExecutor(AgentExecutor):
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
         trace_id = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id() or uuid.uuid4().hex
         earlier = await self.store.exchanges(task.context_id, before=task.id)
-        say = lambda text: new_text_message(text, context_id=task.context_id, task_id=task.id)
+
+        def say(text: str) -> Message:
+            return new_text_message(text, context_id=task.context_id, task_id=task.id)
+
         await updater.start_work(say(f"reasoning with {strategy or 'the default strategy'} (trace {trace_id})"))
         lines: asyncio.Queue[str | None] = asyncio.Queue()
         pump = asyncio.create_task(self._pump(lines, updater, say))
@@ -258,7 +264,7 @@ class ReasoningExecutor(AgentExecutor):
             await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
 
     @staticmethod
-    async def _drain(lines: asyncio.Queue[str | None], pump: asyncio.Task) -> None:
+    async def _drain(lines: asyncio.Queue[str | None], pump: asyncio.Task[None]) -> None:
         lines.put_nowait(None)
         with contextlib.suppress(asyncio.CancelledError):
             await pump
