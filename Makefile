@@ -29,7 +29,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
-	.venv/bin/mypy --strict -p reasonray.kernel -p reasonray.gateway
+	.venv/bin/mypy --strict -p reasonray.kernel -p reasonray.gateway -p reasonray.api
 
 test: setup lint
 	scripts/test.sh default $(ARGS)

@@ -38,7 +38,7 @@ from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import audit_log_for
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
 from reasonray.api.guard import GuardSettings, HttpGuard
-from reasonray.api.jsonrpc import RATE_LIMITED, error_for, http_status
+from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for
 from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
 from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, respond
@@ -268,17 +268,17 @@ class ReasonRayIngress:
             return openai_response(exc.status, exc.body, {})
 
     async def _rest(self, method: str, params: dict[str, Any], request: Request) -> Response:
-        call = {"jsonrpc": "2.0", "method": method, "params": params, "id": 0}
-        with request_span(request.url.path, request.headers) as trace_id:
-            payload, trace_ids = await self.rpc.handle_payload(call, trace_id)
-        headers = {"X-Trace-Id": trace_ids[0]}
-        if "error" in payload:
-            error = payload["error"]
-            if "retry_after_s" in error.get("data", {}):  # overloaded: when to come back
-                headers["Retry-After"] = str(max(1, math.ceil(error["data"]["retry_after_s"])))
-            headers.update(rate_limit_headers(error))
-            return JSONResponse({"error": error}, status_code=http_status(error), headers=headers)
-        return JSONResponse(payload["result"], headers=headers)
+        with request_span(request.url.path, request.headers) as span_trace_id:
+            trace_id = span_trace_id or new_trace_id()
+            try:
+                result = await self.rpc.call(method, params, trace_id)
+            except RpcError as error:
+                headers = {"X-Trace-Id": trace_id}
+                if "retry_after_s" in error.data:  # overloaded: when to come back
+                    headers["Retry-After"] = str(max(1, math.ceil(error.data["retry_after_s"])))
+                headers.update(rate_limit_headers(error.body()))
+                return JSONResponse({"error": error.body()}, status_code=error.http_status, headers=headers)
+        return JSONResponse(result, headers={"X-Trace-Id": trace_id})
 
     @api.get("/.well-known/agent-card.json", summary="The A2A agent card (docs/interop.md)")
     async def agent_card(self, request: Request) -> Response:

@@ -1,5 +1,6 @@
-"""ReasonRay: LLM reasoning served on Ray. This package holds the shared core (configuration, errors,
-events, reasoning tags, the JSON-RPC layer, the reasoning service) and the `reasonray` CLI."""
+"""ReasonRay: LLM reasoning served on Ray. The one import root: the layers live in its subpackages
+(kernel, gateway, memory, strategies, reasoner, api, actors, serve_app, evals and the `reasonray` CLI;
+docs/architecture.md); the root itself exports only `Client`, `AsyncClient` and `ReasonRayError`."""
 
 __version__ = "0.1.0"
 

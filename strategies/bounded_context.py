@@ -335,5 +335,6 @@ class BoundedContext(Strategy):
 
 
 def capacity(cfg: BoundedContextConfig) -> int:
-    """Total reasoning capacity (BR-5): chunk_size + (max_iterations - 1) x (chunk_size - carryover_size)."""
+    """How many tokens of reasoning a run can hold in all: the first chunk, then each later chunk adds what
+    is not carried over: chunk_size + (max_iterations - 1) x (chunk_size - carryover_size)."""
     return cfg.chunk_size + (cfg.max_iterations - 1) * (cfg.chunk_size - cfg.carryover_size)

@@ -168,7 +168,10 @@ class ReasoningExecutor(AgentExecutor):
         owner = owner_of(context.call_context)
         text = context.get_user_input()
         earlier = await self.conversations.exchanges(owner, task.context_id)
-        say = lambda text: new_text_message(text, context_id=task.context_id, task_id=task.id)
+
+        def say(line: str) -> a2a_pb2.Message:
+            return new_text_message(line, context_id=task.context_id, task_id=task.id)
+
         await updater.start_work(say(f"reasoning with {strategy or 'the default strategy'} (trace {trace_id})"))
         params = {"query": _query(text, earlier[-HISTORY_TURNS:]), "strategy": strategy, "strategy_config": config}
         call = {

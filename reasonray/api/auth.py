@@ -87,7 +87,7 @@ class TokenVerifier:
             self._jwks = FileJWKClient(Path(settings.jwks_file))
         else:
             self.algorithms = [a for a in self.algorithms if a in HMAC_ALGORITHMS]
-        self._options = {"require": ["exp", "sub"], "verify_aud": settings.audience is not None}
+        self._options: jwt.types.Options = {"require": ["exp", "sub"], "verify_aud": settings.audience is not None}
 
     def verify(self, authorization: str | None) -> Principal:
         return self.principal(bearer_token(authorization))

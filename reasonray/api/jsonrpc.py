@@ -98,9 +98,18 @@ def provider_summary(exc: LLMError) -> str:
 class RpcError(ReasonRayError):
     """A JSON-RPC error as it goes on the wire (protocol errors are raised as this directly)."""
 
-    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None, http_status: int | None = None) -> None:
         super().__init__(message, data)
         self.code = code
+        # the REST mirrors' status: the raised error class's own, else the protocol error's
+        self.http_status = http_status or PROTOCOL_HTTP_STATUS.get(code, 500)
+
+    def body(self) -> dict[str, Any]:
+        """The error object as it goes on the wire: code, message and (when any) data."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data:
+            body["data"] = self.data
+        return body
 
 
 def error_classes() -> list[type[ReasonRayError]]:
@@ -112,15 +121,6 @@ def error_classes() -> list[type[ReasonRayError]]:
         found.append(cls)
         pending.extend(cls.__subclasses__())
     return [cls for cls in found if cls is not RpcError]
-
-
-def http_status(error: dict[str, Any]) -> int:
-    """The REST mirrors' status for a JSON-RPC error object: by its error type, else by its code."""
-    error_type = (error.get("data") or {}).get("error_type")
-    for cls in error_classes():
-        if cls.error_type == error_type and cls.code == error["code"]:
-            return cls.http_status
-    return PROTOCOL_HTTP_STATUS.get(error["code"], 500)
 
 
 def error_for(exc: Exception) -> RpcError:
@@ -136,7 +136,7 @@ def error_for(exc: Exception) -> RpcError:
     if getattr(exc, "strategy_name", None):
         data["strategy"] = exc.strategy_name  # type: ignore[attr-defined]
     message = provider_summary(exc) if isinstance(exc, LLMError) else exc.message
-    return RpcError(exc.code, message, data)
+    return RpcError(exc.code, message, data, http_status=exc.http_status)
 
 
 @dataclass
@@ -210,70 +210,79 @@ class Dispatcher:
         return await self._one(payload, trace_id), [trace_id]
 
     async def _one(self, call: Any, trace_id: str) -> dict[str, Any] | None:
-        structlog.contextvars.bind_contextvars(trace_id=trace_id)
-        try:
-            problem = _envelope_problem(call)
-            if problem:
-                request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
-                return _error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
-            is_notification = "id" not in call
-            response = await self._invoke(call, trace_id)
-            return None if is_notification else response
-        finally:
-            structlog.contextvars.unbind_contextvars("trace_id")
+        problem = _envelope_problem(call)
+        if problem:
+            request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
+            return _error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
+        is_notification = "id" not in call
+        response = await self._invoke(call, trace_id)
+        return None if is_notification else response
 
     async def _invoke(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
-        """Answer the call and count it: method (`unknown` for unregistered names), strategy, status."""
-        started = time.perf_counter()
-        response = await self._answer(call, trace_id)
-        method = call["method"] if call["method"] in self.methods else "unknown"
-        result, error = response.get("result"), response.get("error")
-        strategy = result.get("strategy_used") if isinstance(result, dict) else (error.get("data") or {}).get("strategy")
-        strategy = strategy if isinstance(strategy, str) else "none"  # "none": no strategy ran (bad params, other methods)
-        status = "ok" if error is None else (error.get("data") or {}).get("error_type") or CODE_NAMES.get(error["code"], "error")
-        self.metrics.record("reasonray_requests", method=method, strategy=strategy, status=status)
-        self.metrics.record("reasonray_request_latency_ms", (time.perf_counter() - started) * 1000, method=method, strategy=strategy)
-        return response
-
-    async def _answer(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
         request_id = call.get("id")
-        method = self.methods.get(call["method"])
+        try:
+            result = await self.call(call["method"], call.get("params", {}), trace_id)
+        except RpcError as error:
+            return _error_response(request_id, error)
+        return {"jsonrpc": "2.0", "result": result, "id": request_id}
+
+    async def call(self, name: str, params: Any, trace_id: str) -> Any:
+        """Run one method by name, as every surface does: params validated, the guard applied, the call
+        counted (method, `unknown` for unregistered names; strategy; status). Returns the JSON-ready result;
+        raises `RpcError` (with the trace id in its data and the error class's `http_status`)."""
+        structlog.contextvars.bind_contextvars(trace_id=trace_id)
+        started = time.perf_counter()
+        method = name if name in self.methods else "unknown"
+        strategy: Any = None
+        status = "ok"
+        try:
+            result = await self._answer(name, params, trace_id)
+            strategy = result.get("strategy_used") if isinstance(result, dict) else None
+            return result
+        except RpcError as error:
+            strategy = error.data.get("strategy")
+            status = error.data.get("error_type") or CODE_NAMES.get(error.code, "error")
+            raise
+        finally:
+            strategy = strategy if isinstance(strategy, str) else "none"  # "none": no strategy ran (bad params, other methods)
+            self.metrics.record("reasonray_requests", method=method, strategy=strategy, status=status)
+            self.metrics.record("reasonray_request_latency_ms", (time.perf_counter() - started) * 1000, method=method, strategy=strategy)
+            structlog.contextvars.unbind_contextvars("trace_id")
+
+    async def _answer(self, name: str, params: Any, trace_id: str) -> Any:
+        method = self.methods.get(name)
         try:
             if method is None:
-                raise RpcError(
-                    METHOD_NOT_FOUND,
-                    f"method not found: {call['method']!r}; available methods: {', '.join(sorted(self.methods))}",
-                )
-            params = call.get("params", {})
+                raise RpcError(METHOD_NOT_FOUND, f"method not found: {name!r}; available methods: {', '.join(sorted(self.methods))}")
             if isinstance(params, list):
                 raise RpcError(INVALID_PARAMS, "invalid params: pass params as an object of named parameters, not an array")
             try:
                 parsed = method.params.model_validate(params)
             except ValidationError as exc:
                 raise RpcError(INVALID_PARAMS, f"invalid params: {describe_errors(exc)}", {"errors": json_safe_errors(exc)}) from None
-            here = Call(trace_id=trace_id, method=call["method"])
+            here = Call(trace_id=trace_id, method=name)
             if self.guard is None:
                 result = await method.handler(parsed, here)
             else:  # authorization, ownership, limits and audit wrap every method (reasonray.api.tenancy)
                 result = await self.guard(here, parsed, lambda: method.handler(parsed, here))
         except RpcError as exc:
-            return _error_response(request_id, _with_trace(exc, trace_id))
+            raise _with_trace(exc, trace_id) from None
         except Exception as exc:
             error = error_for(exc)
             if error.data.get("error_type") == "internal":
-                log.exception("rpc.internal_error", method=call["method"])
+                log.exception("rpc.internal_error", method=name)
             else:
                 # the caller gets a summary; the provider's own words (URL, body) stay in the log
                 detail = str(exc)[:500] if isinstance(exc, LLMError) else None
-                log.warning("rpc.error", method=call["method"], code=error.code, error_type=error.data.get("error_type"), detail=detail)
-            return _error_response(request_id, _with_trace(error, trace_id))
+                log.warning("rpc.error", method=name, code=error.code, error_type=error.data.get("error_type"), detail=detail)
+            raise _with_trace(error, trace_id) from exc
         if isinstance(result, BaseModel):
             result = result.model_dump(mode="json")
         # docs/api.md: every response carries its trace id, results included; rpc.discover's result is
         # the OpenRPC document itself, which admits no other member (its trace id is in X-Trace-Id)
-        if isinstance(result, dict) and call["method"] not in VERBATIM_RESULTS:
+        if isinstance(result, dict) and name not in VERBATIM_RESULTS:
             result.setdefault("trace_id", trace_id)
-        return {"jsonrpc": "2.0", "result": result, "id": request_id}
+        return result
 
 
 MAX_ID_CHARS = 256
@@ -320,7 +329,4 @@ def _with_trace(error: RpcError, trace_id: str) -> RpcError:
 
 
 def _error_response(request_id: Any, error: RpcError) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": error.code, "message": error.message}
-    if error.data:
-        body["data"] = error.data
-    return {"jsonrpc": "2.0", "error": body, "id": request_id}
+    return {"jsonrpc": "2.0", "error": error.body(), "id": request_id}

@@ -135,8 +135,9 @@ class RateLimiter:
             c.requests.extend([now] * requests)
             if run_id:
                 c.runs[run_id] = now
-        limit, remaining, reset = min(headroom, key=lambda h: h[1]) if headroom else (None, None, None)
-        return {"ok": True, "run_id": run_id, "limit": limit, "remaining": remaining, "reset_s": reset}
+        tightest = min(headroom, key=lambda h: h[1]) if headroom else None
+        limit, remaining, reset_s = tightest if tightest is not None else (None, None, None)
+        return {"ok": True, "run_id": run_id, "limit": limit, "remaining": remaining, "reset_s": reset_s}
 
     def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         """End a run: free its slot and charge the tokens it really used."""

@@ -64,7 +64,8 @@ def build_server(rpc: Dispatcher, name: str = "reasonray") -> Server:
 
     async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
         response, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
-        return response
+        answer: dict[str, Any] = response
+        return answer
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)

@@ -184,13 +184,16 @@ def conversation_query(messages: list[ChatMessage]) -> tuple[str, str | None]:
 
 def models_list(strategies: list[str], default: str | None, served_model: str, created: int) -> dict[str, Any]:
     """`GET /v1/models`: `reasonray` (the default strategy), then `reasonray/<strategy>` for each enabled one."""
-    entry = lambda model_id, strategy: {
-        "id": model_id,
-        "object": "model",
-        "created": created,
-        "owned_by": OWNER,
-        "reasonray": {"strategy": strategy, "model": served_model},
-    }
+
+    def entry(model_id: str, strategy: str | None) -> dict[str, Any]:
+        return {
+            "id": model_id,
+            "object": "model",
+            "created": created,
+            "owned_by": OWNER,
+            "reasonray": {"strategy": strategy, "model": served_model},
+        }
+
     return {"object": "list", "data": [entry(DEFAULT_MODEL, default), *(entry(f"{DEFAULT_MODEL}/{s}", s) for s in strategies)]}
 
 
@@ -241,7 +244,8 @@ class OpenAICompat:
         response, _ = await self.rpc.handle_payload({"jsonrpc": "2.0", "method": method, "params": params, "id": 1}, trace_id)
         if "error" in response:
             raise error_from_rpc(response["error"])
-        return response["result"]
+        result: dict[str, Any] = response["result"]
+        return result
 
     async def strategies(self) -> tuple[list[str], str | None]:
         described = await self._call("reasoning.strategies", {})
@@ -336,7 +340,10 @@ class OpenAICompat:
         params = await self.execute_params(request)
         await self._check_before_streaming(params)
         chunk_id = f"chatcmpl-{trace_id or uuid.uuid4().hex}"
-        chunk = lambda delta, finish=None: _chunk(chunk_id, request.model, delta, finish)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            return _chunk(chunk_id, request.model, delta, finish)
+
         yield chunk({"role": "assistant", "content": "", "reasoning_content": ""})
         call = {"jsonrpc": "2.0", "method": "reasoning.execute", "params": params, "id": 1}
         async for item in stream_call(self.rpc, call, trace_id):

@@ -7,6 +7,7 @@ Answers are JSON-ready dicts, so they cross the actor boundary unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -97,7 +98,7 @@ class LocalRegistry:
         return self.service.unregister_agent(agent_id)
 
 
-def agent_lookup(registry: Registry):
+def agent_lookup(registry: Registry) -> Callable[[str], Awaitable[AgentCard]]:
     """The service's AgentLookup over a registry."""
 
     async def lookup(agent_id: str) -> AgentCard:

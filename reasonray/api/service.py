@@ -162,7 +162,7 @@ class ReasoningService:
         self.degraded_answers = degraded_answers
         self.events = events or EventsSettings()
         self._last_sweep = float("-inf")
-        self._background: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task[Any]] = set()
 
     def resolve_strategy(self, name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
         """Another enabled strategy with its effective config, for strategies that compose others (MaTTS)."""
@@ -201,7 +201,7 @@ class ReasoningService:
         end: RunEnd | None = None  # stays None when the run is cancelled
         # a run that learns keeps its replies (its trajectory); others keep no history in memory
         capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
-        sink = capture or recorder
+        sink: EventSink = capture or recorder
         budget = self.budget.tightest(Budget(**params.budget.model_dump(exclude={"deadline_s"})) if params.budget else None)
         deadline = min((d for d in (self.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
         context = StrategyContext(
@@ -224,7 +224,7 @@ class ReasoningService:
             with tracing.span(f"strategy {resolution.strategy}", run) as span:
                 try:
                     async with asyncio.timeout(deadline) as limit:
-                        if memory is not None and memory.enabled and report is not None:
+                        if memory is not None and memory.enabled and report is not None and self.memory_loop is not None:
                             with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
                                 await self.memory_loop.retrieve(memory, report, context.llm, sink, params.query)
                         result = await strategy.reason(params.query, context=context, config=resolution.config)
@@ -289,8 +289,8 @@ class ReasoningService:
     @staticmethod
     def _carry_partial(error: Exception, cause: BaseException | None) -> Exception:
         """A deadline or cancellation error keeps the partial result a strategy attached to what interrupted it."""
-        if cause is not None and getattr(cause, "partial_result", None):
-            attach_partial(error, cause.partial_result)
+        if cause is not None and (partial := getattr(cause, "partial_result", None)):
+            attach_partial(error, partial)
         return error
 
     def _failed(self, exc: BaseException, context: StrategyContext, strategy: str) -> str:
@@ -329,7 +329,7 @@ class ReasoningService:
         self._background.add(task)
         task.add_done_callback(self._swept)
 
-    def _swept(self, task: asyncio.Task) -> None:
+    def _swept(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("events.sweep_failed", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
@@ -386,7 +386,7 @@ class ReasoningService:
         self._background.add(task)
         task.add_done_callback(self._recorded)
 
-    def _recorded(self, task: asyncio.Task) -> None:
+    def _recorded(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("memory.stats_not_recorded", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])

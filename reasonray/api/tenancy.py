@@ -101,7 +101,7 @@ class OwnershipTable:
             self._records[f"{kind}:{ident}"] = {"owner": sub, "readers": []}
             self._save()
             return True
-        return record["owner"] == sub
+        return bool(record["owner"] == sub)
 
     def share(self, kind: str, ident: str, readers: list[str]) -> None:
         if (record := self._records.get(f"{kind}:{ident}")) is not None:
@@ -328,7 +328,7 @@ class Guard:
             if agent_id not in (None, principal.agent_id):
                 raise ForbiddenError(f"forbidden: {principal.sub!r} runs as agent {principal.agent_id!r} and cannot act as another agent")
             if hasattr(params, "agent_id"):
-                params.agent_id = principal.agent_id  # type: ignore[attr-defined]
+                params.agent_id = principal.agent_id
         elif agent_id is not None:
             await self._agent(principal, agent_id, write=False)
         fixed = {"reasoning.bounded_context": "bounded_context", "solve_coding_task": "matts"}  # the strategies these methods run
@@ -374,7 +374,8 @@ class Guard:
             return None
         if holder.workspace is None and not self.policy.sees_all(principal):
             holder.workspace = personal_workspace(principal.sub)
-        return holder.workspace
+        workspace: str | None = holder.workspace
+        return workspace
 
     async def _after(self, principal: Principal, method: str, params: Any, result: Any) -> Any:
         sees_all = self.policy.sees_all(principal)
@@ -403,8 +404,8 @@ def _target(method: str, params: Any) -> str | None:
     if method == "agent.register":
         return f"agent:{params.id}"
     holder = getattr(params, "memory", None) if method == "reasoning.execute" else params
-    if getattr(holder, "workspace", None):
-        return f"workspace:{holder.workspace}"
+    if workspace := getattr(holder, "workspace", None):
+        return f"workspace:{workspace}"
     return f"agent:{params.agent_id}" if getattr(params, "agent_id", None) else None
 
 

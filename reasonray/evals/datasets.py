@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from reasonray.kernel.errors import InvalidParamsError
+
 Kind = Literal["gsm8k", "humaneval"]
 
 HUMANEVAL_QUERY = (
@@ -22,8 +24,9 @@ HUMANEVAL_QUERY = (
 )
 
 
-class DatasetError(ValueError):
-    """The dataset cannot be read; the message names the file, the line and what is wrong."""
+class DatasetError(InvalidParamsError, ValueError):
+    """The dataset cannot be read; the message names the file, the line and what is wrong (still a
+    ValueError, as callers written before the one error tree catch it)."""
 
 
 @dataclass(frozen=True)

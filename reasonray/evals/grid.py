@@ -13,12 +13,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from reasonray.kernel.errors import ReasonRayError
+from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
 from reasonray.strategies.registry import Catalogue
 
 
-class GridError(ValueError):
-    """The grid cannot run: the message names the option and how to fix it."""
+class GridError(InvalidParamsError, ValueError):
+    """The grid cannot run: the message names the option and how to fix it (still a ValueError, as
+    callers written before the one error tree catch it)."""
 
 
 def cell_key(strategy: str, config_name: str, seed: int) -> str:

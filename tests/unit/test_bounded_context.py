@@ -50,7 +50,7 @@ async def test_thirty_thousand_tokens_of_reasoning_answer_within_ten_iterations(
     assert specific["reasoning_tokens"] >= 30000
     assert [i["iteration"] for i in specific["iterations"]] == list(range(specific["total_iterations"]))
     assert specific["iterations"][-1]["has_answer"] and not any(i["has_answer"] for i in specific["iterations"][:-1])
-    for request in llm.requests:  # BR-4: no context ever exceeds chunk_size
+    for request in llm.requests:  # the point of bounding: no request the model sees exceeds chunk_size
         assert count_messages(COUNTER, request.messages) + request.max_tokens <= 8192
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from reasonray.api.jsonrpc import error_for
 from reasonray.api.service import ReasoningService
 from reasonray.cli import main as reasonray_main
 from reasonray.evals.datasets import DatasetError, load_dataset
@@ -111,6 +112,13 @@ def test_bad_datasets_are_named_with_their_line(tmp_path):
     nohash.write_text('{"question": "q", "answer": "42"}\n')
     with pytest.raises(DatasetError, match="no '####'"):
         load_dataset(nohash)
+
+
+def test_dataset_and_grid_errors_reach_callers_as_the_callers_own_fault_not_as_internal_errors():
+    # both sit in the one error tree: the API answers their message, not "internal error"
+    for error in (DatasetError("dataset x.jsonl does not exist"), GridError("--configs: NAME=JSON")):
+        assert error_for(error).message == error.message and error_for(error).data["error_type"] != "internal"
+        assert isinstance(error, ValueError)  # callers that catch ValueError still do
 
 
 # -- scorers ---------------------------------------------------------------------------------------

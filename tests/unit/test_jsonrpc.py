@@ -219,7 +219,8 @@ def test_every_documented_code_is_raised_by_a_class_of_the_error_tree_and_every_
     raised = {cls.code for cls in jsonrpc.error_classes()}
     assert documented - protocol == raised
     for cls in jsonrpc.error_classes():  # each error type answers the REST mirrors with its own status
-        assert jsonrpc.http_status({"code": cls.code, "data": {"error_type": cls.error_type}}) == cls.http_status, cls
+        error = jsonrpc.error_for(cls("x"))
+        assert (error.code, error.http_status) == (cls.code, cls.http_status), cls
 
 
 def bounded_dispatcher():

@@ -102,7 +102,7 @@ async def test_solve_coding_task_verifies_with_the_tests_in_the_sandbox(tmp_path
 
 
 async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_show_the_saving(tmp_path):
-    """Requirement 6.3-6.4: repeatable calls hit the response cache; stats.get reports the hit rate and API calls."""
+    """Repeatable calls are answered from the response cache, and stats.get reports the hit rate and the API calls made."""
     from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
 
     settings = load_settings()

@@ -1,5 +1,6 @@
-"""The session reasoner (AGN-031) in-process with strict scripted models: every test section 11 asks for,
-and the failure policy, persistence and isolation around it."""
+"""The session turn reasoner in-process with strict scripted models: the tool loop, the hand-off of client
+tool calls and their verified re-entry, mode switches and the turn's trace, and the failure policy,
+persistence and isolation around it."""
 
 import asyncio
 import json
