@@ -160,3 +160,53 @@ def test_the_python_tool_of_a_session_runs_isolated_over_http(api):
     turn = result_of(rpc(api, "session.turn", {"session_id": sid, "message": message}))
     assert turn["status"] == "completed", turn
     assert "64999 DENIED NO-NETWORK False ['HOME', 'LANG', 'PATH', 'PWD']" in turn["answer"], turn["answer"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_ten_thousand_fuzzed_requests_through_the_service_get_no_5xx(api):
+    """The in-process fuzzer's bodies (envelopes, every method's params, hostile bodies), sent to the running
+    service over HTTP, 16 at a time: every answer is a 4xx with a JSON error or a well-formed JSON-RPC answer."""
+    import asyncio
+
+    from hypothesis import strategies as st
+
+    from tests.security.test_fuzz_jsonrpc import bodies
+
+    drawn: list[bytes] = []
+
+    @settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.data())
+    def collect(data):
+        body = data.draw(bodies)
+        drawn.append(body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body)
+
+    while len(drawn) < 10_000:  # hypothesis may stop a run early when it has seen everything it can make
+        collect()
+    drawn[:] = drawn[:10_000]
+    failures: list[str] = []
+
+    async def send(client: httpx.AsyncClient, slots: asyncio.Semaphore, body: bytes) -> None:
+        async with slots:
+            response = await client.post("/rpc", content=body, headers={"Content-Type": "application/json"})
+        if response.status_code >= 500:
+            failures.append(f"{response.status_code}: {body[:200]!r} -> {response.text[:300]}")
+        elif response.status_code >= 400:
+            if "error" not in response.json():
+                failures.append(f"{response.status_code} without an error body: {body[:200]!r}")
+        elif response.content:  # 204/empty for notifications only
+            answers = response.json()
+            for answer in answers if isinstance(answers, list) else [answers]:
+                if answer.get("jsonrpc") != "2.0" or ("result" in answer) == ("error" in answer):
+                    failures.append(f"malformed answer {str(answer)[:200]} to {body[:200]!r}")
+                elif "error" in answer and answer["error"]["code"] == -32603:
+                    failures.append(f"internal error {answer['error']} for {body[:200]!r}")
+
+    async def main() -> None:
+        slots = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(base_url=str(api.base_url), timeout=300) as client:
+            await asyncio.gather(*(send(client, slots, body) for body in drawn))
+
+    asyncio.run(main())
+    assert len(drawn) == 10_000
+    assert not failures, f"{len(failures)} of 10,000 failed; first: {failures[:5]}"
