@@ -373,7 +373,7 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     metrics listener; they get free ports here so that two clusters on one machine never collide.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
-    if not settings.server.fast_ingress:
+    if not settings.haproxy_ingress():  # without auth, HAProxy would open the API on every interface
         return env
     return {
         **env,

@@ -190,7 +190,8 @@ class ServerSettings(_Section):
     fast_ingress: bool = Field(
         True,
         description="Serve's HAProxy ingress and throughput-optimised data plane: about half the per-request "
-        "overhead. Its stats and metrics listeners bind all interfaces (docs/operations.md).",
+        "overhead. Used only with [auth] configured: it binds the replicas' ports and its stats and metrics "
+        "listeners on all interfaces (docs/security.md#listeners).",
     )
     allowed_hosts: list[str] = Field(
         ["localhost", "127.0.0.1", "::1"],
@@ -358,6 +359,15 @@ class Settings(_Section):
         if self.llm.provider != "auto":
             return self.llm.provider
         return "openai" if (self.llm.base_url or env.get(self.llm.api_key_env)) else "simulated"
+
+    def haproxy_ingress(self) -> bool:
+        """Whether Serve's HAProxy ingress fronts the API: `[server] fast_ingress`, and only with authentication.
+
+        With HAProxy, Ray binds every replica's own HTTP port, which serves the whole API, on all
+        interfaces (so that HAProxy on other nodes can reach it), whatever `[server] host` says; without
+        a token that is an open API on the network. Serve's own proxy keeps a loopback API on loopback.
+        """
+        return self.server.fast_ingress and self.auth.enabled
 
     def provider_reason(self, environ: dict[str, str] | None = None) -> str:
         """Which model provider is in use and why, for the serve banner and the operators' health view."""
