@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -31,10 +32,14 @@ import _env
 import httpx
 import openai
 
+from reasonray.api.auth import mint_token
 from reasonray.gateway.simulator.server import free_port
 
 REPO = _env.REPO
 SIM = {"ttft_ms": 500, "tokens_per_second": 200}
+# The service runs as a deployment does, with authentication on (and so the HAProxy ingress, which
+# ReasonRay uses only behind a token); Service.start fills in the bearer token every client sends.
+AUTH: dict[str, str] = {}
 
 
 @dataclass
@@ -180,6 +185,7 @@ class Service:
         sim_url = f"http://127.0.0.1:{sim_port}/v1"
         wait_for(f"{sim_url}/sim/stats", 60)
         path = self.root / "config.toml"  # the user's file; the bench's changes go in by environment
+        secret = secrets.token_hex(32)
         os.environ.update(
             {
                 "REASONRAY_DATA_DIR": str(self.tmp / "data"),
@@ -188,12 +194,15 @@ class Service:
                 "REASONRAY_LLM__CACHE__ENABLED": "false",  # every request distinct anyway; measure the model, not the cache
                 "REASONRAY_MEMORY__EMBEDDING": "openai",  # the simulator's /v1/embeddings: no torch in the memory actor
                 "REASONRAY_LOGGING__LEVEL": "warning",
+                "REASONRAY_AUTH__JWT_SECRET": secret,
             }
         )
+        AUTH["Authorization"] = f"Bearer {mint_token(secret, 'bench', ['operator'], 24 * 3600)}"
+
         api_url = f"http://127.0.0.1:{api_port}"
         for attempt in (1, 2, 3):  # on a busy machine Ray's GCS can miss its start-up deadline: start again
             serve = self._spawn(["serve", "--config", str(path), "--port", str(api_port), "--num-cpus", "2", "--no-dashboard"], "serve.log")
-            if wait_for(f"{api_url}/healthz", 300, serve):
+            if wait_for(f"{api_url}/healthz", 300, serve):  # the public probe: no token needed
                 return sim_url, api_url
             print(f"reasonray serve exited during start-up (attempt {attempt}); see {self.tmp / 'serve.log'}", flush=True)
         raise SystemExit("reasonray serve did not start")
@@ -229,7 +238,7 @@ async def run(args: argparse.Namespace, sim_url: str, api_url: str) -> list[str]
     rows: list[Figures] = []
     notes: list[str] = []
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
-    async with httpx.AsyncClient(base_url=api_url, timeout=600, limits=limits) as api:
+    async with httpx.AsyncClient(base_url=api_url, timeout=600, limits=limits, headers=AUTH) as api:
         want = set(args.only.split(",")) if args.only else None
 
         def wanted(key: str) -> bool:

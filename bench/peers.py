@@ -44,7 +44,7 @@ from pathlib import Path
 import _env
 import httpx
 import openai
-from concurrency import SIM, Figures, Service, direct_call, execute_call, load, question, wait_for
+from concurrency import AUTH, SIM, Figures, Service, direct_call, execute_call, load, question, wait_for
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.tags import extract_answer
@@ -123,7 +123,7 @@ async def run_reasonray(sim_url: str, api_url: str, levels: dict[int, int]) -> l
     strategies = {"cot": ("chain_of_thought", None), "sc": ("self_consistency", {"samples": 5})}
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
     async with (
-        httpx.AsyncClient(base_url=api_url, timeout=600, limits=limits) as api,
+        httpx.AsyncClient(base_url=api_url, timeout=600, limits=limits, headers=AUTH) as api,
         httpx.AsyncClient(base_url=sim_url, timeout=10) as sim,
     ):
         for workload, (strategy, config) in strategies.items():
