@@ -47,7 +47,7 @@ from reasonray.api.prometheus import merge as merge_metrics
 from reasonray.api.registry import RegistryService
 from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
-from reasonray.api.tenancy import Guard, agent_exists_via, install_guard
+from reasonray.api.tenancy import Guard, agent_exists_via, agent_strategies_via, install_guard
 from reasonray.api.tracing import in_request_trace, request_span
 from reasonray.gateway.factory import client_for
 from reasonray.gateway.simulator.server import free_port
@@ -219,6 +219,7 @@ class ReasonRayIngress:
             RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir)),
             agent_exists=lambda agent_id: agent_exists_via(self.registry.get_agent, agent_id),
             strategy_of=strategy_of,
+            agent_strategies=lambda agent_id: agent_strategies_via(self.registry.get_agent, agent_id),
             audit=audit_log_for(self.settings.store.url, self.settings.data_dir) if auth.audit else None,
         )
         install_guard(self.rpc, guard)

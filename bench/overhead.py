@@ -152,7 +152,13 @@ def auth_overhead(settings: Settings, n: int = 5_000) -> dict[str, tuple[list[fl
             async def exists(agent_id):
                 return False  # no agents file: every card is registered through the API, and owned
 
-            install_guard(rpc, Guard(Policy(auth), LocalOwners(), LocalLimits(), agent_exists=exists, strategy_of=strategy_of))
+            async def strategies(agent_id):
+                return ["chain_of_thought"]
+
+            guard = Guard(
+                Policy(auth), LocalOwners(), LocalLimits(), agent_exists=exists, strategy_of=strategy_of, agent_strategies=strategies
+            )
+            install_guard(rpc, guard)
         return rpc
 
     plain, guarded = dispatcher(False), dispatcher(True)

@@ -28,6 +28,7 @@ from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
+from reasonray.strategies.agents import STRATEGY_CAPABILITY
 
 log = structlog.get_logger(__name__)
 
@@ -215,6 +216,7 @@ class ShareParams(BaseModel):
 
 
 AgentExists = Callable[[str], Awaitable[bool]]
+AgentStrategies = Callable[[str], Awaitable[list[str]]]
 StrategyOf = Callable[[Any], Awaitable[str]]
 
 
@@ -229,6 +231,7 @@ class Guard:
         *,
         agent_exists: AgentExists,
         strategy_of: StrategyOf,
+        agent_strategies: AgentStrategies,
         audit: AuditLog | None = None,
     ) -> None:
         self.policy = policy
@@ -236,6 +239,7 @@ class Guard:
         self.limits = limits
         self.agent_exists = agent_exists
         self.strategy_of = strategy_of
+        self.agent_strategies = agent_strategies
         self.audit = audit or NoAudit()
 
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
@@ -333,6 +337,14 @@ class Guard:
             await self._agent(principal, agent_id, write=False)
         fixed = {"reasoning.bounded_context": "bounded_context", "solve_coding_task": "matts"}  # the strategies these methods run
         strategy = fixed[method] if method in fixed else await self.strategy_of(params)
+        # reasoning.execute resolves through the agent's card; these methods name their strategy
+        # themselves, so the card's restrictions are checked here
+        if method in fixed and principal.agent_id is not None and strategy not in await self.agent_strategies(principal.agent_id):
+            raise ForbiddenError(
+                f"forbidden: {principal.sub!r} runs as agent {principal.agent_id!r}, whose card does not offer "
+                f"strategy {strategy!r} (which {method} runs)",
+                {"strategy": strategy, "agent_id": principal.agent_id},
+            )
         if not self.policy.may_run(principal, strategy):
             raise ForbiddenError(f"forbidden: roles {list(principal.roles)} may not run strategy {strategy!r}", {"strategy": strategy})
         return strategy
@@ -454,6 +466,12 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
             raise InvalidParamsError(f"workspace {params.workspace!r} has no owner yet; store a memory in it first", {})
         await guard.owners.share("workspace", params.workspace, params.readers)
         return {"workspace": params.workspace, "readers": sorted(set(params.readers))}
+
+
+async def agent_strategies_via(get_agent: Callable[[str], Awaitable[Any]], agent_id: str) -> list[str]:
+    """The strategies an agent's card advertises (its `reasoning.strategy.*` capabilities)."""
+    card = await get_agent(agent_id)
+    return [c.removeprefix(STRATEGY_CAPABILITY) for c in card.get("capabilities", []) if c.startswith(STRATEGY_CAPABILITY)]
 
 
 async def agent_exists_via(get_agent: Callable[[str], Awaitable[Any]], agent_id: str) -> bool:

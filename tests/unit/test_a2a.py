@@ -102,12 +102,16 @@ class Agent:
         async def no_agent(agent_id):
             return False
 
+        async def no_strategies(agent_id):
+            return []  # no agents here: no principal of these tests is bound to one
+
         guard = Guard(
             Policy(AuthSettings(jwt_secret="s" * 40, roles=ROLES, **auth)),
             LocalOwners(OwnershipTable()),
             LocalLimits(self.limiter),
             agent_exists=no_agent,
             strategy_of=strategy_of,
+            agent_strategies=no_strategies,
             audit=JsonlAuditLog(self.audit_path),
         )
         install_guard(self.rpc, guard)

@@ -11,7 +11,15 @@ from reasonray.api.app import local_dispatcher
 from reasonray.api.audit import JsonlAuditLog
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.limits import LocalLimits, MemoryCounters, RateLimiter, TokenBudgets
-from reasonray.api.tenancy import Guard, LocalOwners, OwnershipTable, agent_exists_via, install_guard, personal_workspace
+from reasonray.api.tenancy import (
+    Guard,
+    LocalOwners,
+    OwnershipTable,
+    agent_exists_via,
+    agent_strategies_via,
+    install_guard,
+    personal_workspace,
+)
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
@@ -52,6 +60,7 @@ def api(tmp_path, *, memory=False, llm=None, **auth):
         LocalLimits(limiter),
         agent_exists=lambda a: agent_exists_via(get_agent, a),
         strategy_of=strategy_of,
+        agent_strategies=lambda a: agent_strategies_via(get_agent, a),
         audit=JsonlAuditLog(tmp_path / "audit" / "audit.jsonl"),
     )
     install_guard(rpc, guard)
@@ -107,6 +116,9 @@ async def test_agent_cards_are_owned_and_bound_principals_are_their_agent(tmp_pa
     other = await call(rpc, bound, "reasoning.execute", {"query": "2+2?", "agent_id": "someone-else"})
     assert other["error"]["code"] == -32003 and "cannot act as another agent" in other["error"]["message"]
     assert (await call(rpc, bound, "agent.register", {**CARD, "id": "someone-else"}))["error"]["code"] == -32003
+    # a method that names its own strategy still keeps to the card: planner offers chain_of_thought only
+    refused = await call(rpc, bound, "reasoning.bounded_context", {"query": "What is 2 + 2?"})
+    assert refused["error"]["code"] == -32003 and "does not offer strategy 'bounded_context'" in refused["error"]["message"]
 
 
 async def test_roles_restrict_strategies(tmp_path):
