@@ -36,8 +36,8 @@ def test_the_seeds_method_and_its_validation(api):
     assert result["total_tokens"] == sum(i["tokens"] for i in result["iterations"])
     bad = rpc(api, "reasoning.bounded_context", {"query": "q", "chunk_size": 4096, "carryover_size": 8192}).json()["error"]
     assert bad["code"] == -32602 and "carryover_size must be less than chunk_size" in bad["message"]
-    too_long = rpc(api, "reasoning.bounded_context", {"query": "x" * 50_001}).json()["error"]
-    assert too_long["code"] == -32602 and "at most 50000 characters" in too_long["message"]
+    too_long = rpc(api, "reasoning.bounded_context", {"query": "x" * 100_001}).json()["error"]  # [limits] max_query_chars
+    assert too_long["code"] == -32602 and too_long["data"]["cap"] == "limits.max_query_chars" and "the cap is 100000" in too_long["message"]
 
 
 def test_every_run_writes_its_events_with_full_text_to_the_data_dir(api):
