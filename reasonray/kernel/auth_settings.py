@@ -62,6 +62,7 @@ _REASON = [
     "agent.unregister",
     "memory.store",
     "memory.delete_workspace",
+    "memory.share_workspace",  # an owner sharing its own workspace read-only; the guard checks ownership
     "solve_coding_task",
 ]
 

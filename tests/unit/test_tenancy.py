@@ -188,6 +188,11 @@ async def test_your_own_personal_workspace_is_readable_before_you_store_in_it_an
     assert len((await call(rpc, ALICE, "memory.retrieve", {"query": "units"}))["result"]["memories"]) == 1
     assert (await call(rpc, BOB, "memory.retrieve", {"query": "units", "workspace": theirs}))["error"]["code"] == -32003
     assert (await call(rpc, BOB, "memory.retrieve", {"query": "units"}))["result"]["memories"] == []  # bob's own, empty
+    # the owner (a plain reasoner) shares it read-only: bob reads, still may not write or re-share it
+    assert "result" in await call(rpc, ALICE, "memory.share_workspace", {"workspace": theirs, "readers": ["bob"]})
+    assert len((await call(rpc, BOB, "memory.retrieve", {"query": "units", "workspace": theirs}))["result"]["memories"]) == 1
+    assert (await call(rpc, BOB, "memory.store", {"items": [item], "workspace": theirs}))["error"]["code"] == -32003
+    assert (await call(rpc, BOB, "memory.share_workspace", {"workspace": theirs, "readers": ["bob"]}))["error"]["code"] == -32003
 
 
 async def test_every_call_is_audited_in_a_private_file(tmp_path):
