@@ -73,6 +73,7 @@ def serve(store_url: str, data_dir: Path) -> Iterator[httpx.Client]:
 
 
 @pytest.mark.timeout(900)  # starts Ray twice; a loaded machine takes minutes
+@pytest.mark.slow  # two `reasonray serve` clusters one after the other (the store's contract tests run by default)
 def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(postgres, tmp_path):
     with serve(postgres.url, tmp_path / "first") as client:
         sid = result_of(rpc(client, "session.create", {"server_tools": ["calculator"]}))["session_id"]

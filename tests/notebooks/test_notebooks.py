@@ -30,7 +30,11 @@ def test_committed_notebooks_have_no_outputs_and_no_secrets(path):
     assert "BASE_URL = None" in path.read_text()  # the one variable that switches to a real endpoint
 
 
-@pytest.mark.parametrize("path", ALL, ids=lambda p: p.stem)
+# the memory loop takes minutes (it learns over a dataset twice): the slow suite runs it
+RUNS = [pytest.param(p, marks=pytest.mark.slow) if p.stem == "memory_learning_loop" else p for p in ALL]
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)
 def test_notebook_runs_against_the_simulated_model(path, tmp_path, monkeypatch):
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "RAY_ADDRESS"):
         monkeypatch.delenv(name, raising=False)

@@ -12,6 +12,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from reasonray.evals.datasets import load_dataset
 from reasonray.evals.run import EvalOptions, run_async
 from reasonray.evals.scoring import score_gsm8k, score_humaneval
@@ -20,6 +22,7 @@ SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 GSM8K, HUMANEVAL = SHARED / "gsm8k_test.jsonl", SHARED / "humaneval.jsonl.gz"
 
 
+@pytest.mark.slow  # 328 sandboxed runs, about two minutes here
 async def test_every_humaneval_canonical_solution_passes_in_the_sandbox_and_a_stub_fails():
     examples = load_dataset(HUMANEVAL).examples
     assert len(examples) == 164
