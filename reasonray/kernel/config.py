@@ -191,7 +191,7 @@ class ServerSettings(_Section):
         True,
         description="Serve's HAProxy ingress and throughput-optimised data plane: about half the per-request "
         "overhead. Used only with [auth] configured: it binds the replicas' ports and its stats and metrics "
-        "listeners on all interfaces (docs/security.md#listeners).",
+        "listeners on all interfaces (docs/security.md#ports).",
     )
     allowed_hosts: list[str] = Field(
         ["localhost", "127.0.0.1", "::1"],
