@@ -273,7 +273,9 @@ class ReasoningService:
         finally:
             recorder.close()
             if self.runs is not None and end is not None:
-                self._index(context, end, started, path)
+                # off the event loop (a file written with fsync, or a database row), and finished even when the
+                # caller goes away: every request in flight on this replica waits on this loop
+                await asyncio.shield(asyncio.to_thread(self._index, context, end, started, path))
         if degraded is not None:  # the strategy's best answer from a run that failed part-way
             result = context.result(resolution.strategy, context.progress["answer"])
         return ExecuteResult(
