@@ -207,6 +207,27 @@ async def test_the_official_client_talks_to_the_server(server):
     assert [m.id for m in models.data] == ["simulated"]
 
 
+async def test_the_purpose_travels_as_a_header_from_the_gateway_client_to_the_server(server):
+    """OpenAILLM sends LLMRequest.purpose as X-ReasonRay-Purpose (never in the body, which strict endpoints
+    check); the server answers by it, so a strategy over HTTP gets what it gets in-process."""
+    from reasonray.gateway.openai_client import OpenAILLM
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+
+    llm = OpenAILLM("simulated", base_url=server.url, api_key="x")
+    request = LLMRequest(
+        messages=(Message(role="system", content="Check it."), Message(role="user", content="What is 6 * 7?\nThe result is 42.")),
+        temperature=0.0,
+        purpose="critique",
+    )
+    assert "purpose" not in llm._params(request) and llm._params(request)["extra_headers"] == {"X-ReasonRay-Purpose": "critique"}
+    over_http = await llm.complete(request)
+    in_process = await SimulatedLLM().complete(request)
+    assert over_http.text == in_process.text and "<score>" in over_http.text and "<feedback>" in over_http.text
+    plain = await llm.complete(LLMRequest(messages=request.messages, temperature=0.0))  # no purpose: just a question
+    assert "<score>" not in plain.text and extract_answer(plain.text) == "42"
+    await llm.close()
+
+
 async def test_streaming_yields_the_same_text_and_usage(server):
     client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
     plain = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 6*7?"}], temperature=0)
