@@ -53,8 +53,7 @@ REFINE_PROMPT = (
 # The evaluation shows the attempt with its answer last; a re-examination adds the review.
 EVALUATE_TEMPLATE = "Problem:\n{query}\n\nProposed solution:\n{solution}\nAnswer: {answer}"
 REFINE_TEMPLATE = (
-    "Problem:\n{query}\n\nPrevious attempt:\n{solution}\nAnswer: {answer}\n\n"
-    "Reviewer's score: {score}\nReviewer's feedback: {feedback}"
+    "Problem:\n{query}\n\nPrevious attempt:\n{solution}\nAnswer: {answer}\n\nReviewer's score: {score}\nReviewer's feedback: {feedback}"
 )
 NO_FEEDBACK = "(none)"
 SCORE = re.compile(r"[01](?:\.\d+)?|\.\d+")

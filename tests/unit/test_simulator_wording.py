@@ -63,7 +63,7 @@ REWORDED: dict[tuple[Any, str], str] = {
     (tree_of_thought, "FINAL_PROMPT"): "{path}\n\nNo more exploring: state the result.",
     (refine, "SYSTEM_PROMPT"): COT_PROMPT,
     (refine, "EVALUATE_PROMPT"): "Review the attempt strictly. Rate it zero to one in score tags and say what to change in feedback tags.",
-    (refine, "REFINE_PROMPT"): "Look at your earlier attempt again with the review in mind; fix what is wrong, then give the result in answer tags.",
+    (refine, "REFINE_PROMPT"): "Look at your earlier attempt again with the review in mind; fix it, then give the result in answer tags.",
     (refine, "EVALUATE_TEMPLATE"): "{query}\n\nAn attempt at it:\n{solution}\nIts result: {answer}",
     (refine, "REFINE_TEMPLATE"): "{query}\n\nYour earlier attempt:\n{solution}\n(result {answer})\n\nReview, {score}: {feedback}",
     (refine, "NO_FEEDBACK"): "nothing to add",
@@ -205,7 +205,9 @@ def assert_reworded(llm: Recording) -> None:
         assert not [w for w in ORIGINAL_LABELS if w in authored(request)], authored(request)
 
 
-@pytest.mark.parametrize(("strategy_cls", "query", "config", "reworded_config", "compared"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("strategy_cls", "query", "config", "reworded_config", "compared"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 async def test_rewording_a_strategy_changes_nothing_the_simulator_does(
     monkeypatch: pytest.MonkeyPatch,
     strategy_cls: type,

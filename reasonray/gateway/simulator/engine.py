@@ -34,7 +34,10 @@ ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
 FAULT_KINDS = ("429", "500", "timeout")
 EXTRACTIONS = ("extract_success", "extract_failure", "extract_contrast", "extract_passive")
 # A numbered item at the start of a line, whatever its label: "Candidate 2:", "Option #2", "2.", "(2)".
-ENUMERATED = re.compile(r"^[ \t]*(?:[-*>]+[ \t]*)?(?P<label>[^\W\d_][^\W\d]{0,20}(?:[ \t][^\W\d]{1,20}){0,2})?[ \t]*[#(\[]?(?P<number>\d{1,3})(?![\d,.]\d)", re.MULTILINE)
+ENUMERATED = re.compile(
+    r"^[ \t]*(?:[-*>]+[ \t]*)?(?P<label>[^\W\d_][^\W\d]{0,20}(?:[ \t][^\W\d]{1,20}){0,2})?[ \t]*[#(\[]?(?P<number>\d{1,3})(?![\d,.]\d)",
+    re.MULTILINE,
+)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
 # the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
