@@ -324,3 +324,19 @@ async def test_the_answer_key_endpoint(server):
         question, answer = next(iter(QUESTIONS.items()))
         reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
         assert extract_answer(reply.choices[0].message.content) == answer
+
+
+def test_every_purpose_is_documented_and_gets_its_own_kind_of_reply(model):
+    from pathlib import Path
+
+    from reasonray.gateway.protocol import PURPOSES
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    text = "What is 6 * 7?\nThe result is 42."
+    plain = model.respond(ask(text)).choices[0].text
+    replies = {purpose: model.respond(ask(text, purpose=purpose)).choices[0].text for purpose in PURPOSES}
+    for purpose, reply in replies.items():
+        assert f"`{purpose}`" in docs, f"docs/simulator.md does not document the purpose {purpose}"
+        assert reply != plain, f"the simulator answers purpose {purpose} like a plain question"
+    assert replies["final_answer"] == "<answer>42</answer>"
+    assert model.respond(ask(text, purpose="a_third_party_purpose")).choices[0].text == plain  # unknown: a plain question
