@@ -23,6 +23,7 @@ from reasonray.gateway.errors import (
     TransientProviderError,
 )
 from reasonray.gateway.protocol import (
+    PURPOSE_HEADER,
     Choice,
     Completion,
     LLMRequest,
@@ -137,6 +138,8 @@ class OpenAILLM:
             params["seed"] = request.seed
         if request.tools:
             params["tools"] = list(request.tools)
+        if request.purpose:  # a header, not a body field: strict endpoints reject unknown body fields
+            params["extra_headers"] = {PURPOSE_HEADER: request.purpose}
         return params
 
     async def complete(self, request: LLMRequest) -> Completion:
