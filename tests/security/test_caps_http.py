@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -112,7 +112,13 @@ def service(serve_url: str) -> Iterator[Service]:
             "max_tree_votes": 5,
             "max_tokens": 16_384,
         },
-        reasoning={"strategies": {"chain_of_thought": {"default_max_tokens": 4096}, "self_consistency": {"default_samples": 3}, "react": {"default_max_tool_calls": 3}}},
+        reasoning={
+            "strategies": {
+                "chain_of_thought": {"default_max_tokens": 4096},
+                "self_consistency": {"default_samples": 3},
+                "react": {"default_max_tool_calls": 3},
+            }
+        },
         events={"max_age_days": 2, "sweep_interval_s": 0.5},
         llm={"cache": {"enabled": False}, "retry": {"max_attempts": 2}},
         fanout={"max_in_flight": 2},
@@ -400,7 +406,7 @@ def test_what_the_service_wrote_is_its_users_alone(service):
         mode = stat.S_IMODE(path.lstat().st_mode)
         if path.is_symlink():
             continue
-        if path.is_dir() and mode != 0o700 or path.is_file() and mode & 0o077:
+        if (path.is_dir() and mode != 0o700) or (path.is_file() and mode & 0o077):
             wrong.append(f"{path.relative_to(root)}: {oct(mode)}")
     assert not wrong, wrong
     assert stat.S_IMODE(expected["chroma database"].parent.stat().st_mode) == 0o700
