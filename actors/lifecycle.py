@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import Any
 
@@ -36,6 +37,13 @@ def fingerprint(*parts: Any) -> str:
     """A stable digest of the settings an actor is built from (JSON-able parts: dicts, Pydantic dumps)."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def private_files() -> None:
+    """What this actor's process writes (sessions, Chroma, counters, ownership) is the service's user's alone:
+    0600 files, 0700 directories, whatever umask the Ray worker inherited. `reasonray serve` sets 077 before
+    it starts Ray; a cluster from `ray start`, `serve deploy` or a test's `ray.init` keeps the shell's 022."""
+    os.umask(0o077)
 
 
 class Fingerprinted:

@@ -12,7 +12,7 @@ import msgspec
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, actor_for, ensure_actor, fingerprint
+from reasonray.actors.lifecycle import Fingerprinted, actor_for, ensure_actor, fingerprint, private_files
 from reasonray.gateway.cache import LRUTTLCache
 from reasonray.kernel.config import CacheSettings
 
@@ -20,6 +20,7 @@ from reasonray.kernel.config import CacheSettings
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class LLMCacheActor(Fingerprinted):
     def __init__(self, fp: str, max_entries: int, ttl_s: float) -> None:
+        private_files()
         self._fingerprint = fp
         self._cache = LRUTTLCache(max_entries=max_entries, ttl_s=ttl_s)
 

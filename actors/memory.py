@@ -30,7 +30,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, retire_if_stale
+from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, private_files, retire_if_stale
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
 from reasonray.kernel.logs import configure_logging
@@ -42,6 +42,7 @@ log = structlog.get_logger(__name__)
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class MemoryBankActor(LocalMemory, Fingerprinted):
     def __init__(self, fp: str, settings_json: str) -> None:
+        private_files()
         self._fingerprint = fp
         settings = Settings.model_validate_json(settings_json)
         configure_logging(settings.logging)  # the level and format the operator set, as in the ingress

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
+from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
 from reasonray.api.registry import RegistryService
 from reasonray.kernel.config import ReasoningSettings
 
@@ -25,6 +25,7 @@ class StrategyRegistryActor(RegistryService, Fingerprinted):
     """RegistryService run by Ray: its methods are the actor's."""
 
     def __init__(self, fp: str, reasoning: dict[str, Any], data_dir: str | None, store_url: str | None = None) -> None:
+        private_files()
         self._fingerprint = fp
         super().__init__(ReasoningSettings.model_validate(reasoning), Path(data_dir) if data_dir else None, store_url=store_url)
 

@@ -33,6 +33,7 @@ from reasonray.actors.lifecycle import (
     actor_for,
     ensure_actor,
     fingerprint,
+    private_files,
     retire_extra,
 )
 from reasonray.actors.memory import RayMemory
@@ -88,6 +89,7 @@ def session_pipeline(settings: Settings, llm: Any, app_name: str) -> SessionPipe
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
 class SessionHost(Fingerprinted):
     def __init__(self, fp: str, spec: LLMSpec) -> None:
+        private_files()
         self._fingerprint = fp
         settings = Settings.model_validate_json(spec.settings_json)
         self.pipeline = session_pipeline(settings, spec.build(), spec.app_name)

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
+from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
 from reasonray.api.limits import KeyedLimits, RateLimiter, TokenBudgets
 from reasonray.api.tenancy import OwnerRecord, ownership_table
 from reasonray.kernel.repositories import counters
@@ -36,6 +36,7 @@ class OwnersActor(Fingerprinted):
     """The application's `OwnershipRepository` (PostgreSQL or `<data_dir>/tenancy/owners.json`) run by Ray."""
 
     def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
+        private_files()
         self._fingerprint = fp
         self.table = ownership_table(store_url, Path(data_dir))
 
@@ -63,6 +64,7 @@ class LimiterActor(Fingerprinted):
     """The application's `RateLimiter`; its token budgets are counters in the store, so a restart keeps them."""
 
     def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
+        private_files()
         self._fingerprint = fp
         self.limiter = RateLimiter(budgets=TokenBudgets(counters(store_url, Path(data_dir))))
 

@@ -35,7 +35,7 @@ def _restore(cls: type[LLMError], args: tuple[Any, ...]) -> LLMError:
 class LLMConfigError(LLMError):
     """The gateway is configured wrongly; the message says which setting to change."""
 
-    code, http_status, error_type = -32013, 500, "llm_config"
+    code, http_status, error_type = -32013, 502, "llm_config"  # the provider is unusable: a gateway failure, not a bug
 
 
 class ProviderRejectedError(LLMError):

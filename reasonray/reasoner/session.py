@@ -189,6 +189,14 @@ class FileSessionRepository:
             self.sweep()
 
 
+def trim_history(history: list[Message], cap: int) -> None:
+    """Keep the newest `cap` messages ([limits] max_session_history), without a tool result or a tool call
+    at the front whose other half was cut (the next prompt would break the chat protocol)."""
+    del history[:-cap]
+    while history and (history[0].role == "tool" or history[0].tool_calls):
+        del history[0]
+
+
 def stale_version(session_id: str, version: int) -> SessionStateError:
     return SessionStateError(
         f"session {session_id!r} was saved by another replica while this one worked on it (version {version} is stale); "
@@ -276,7 +284,7 @@ class SessionPipeline:
         providers = ContextProviders.load(state.providers)
         providers.conversation.history.append(Message(role="user", content=message))
         # the oldest messages go first: a long-lived session neither grows its file nor its prompts without end
-        del providers.conversation.history[: -self.max_history]
+        trim_history(providers.conversation.history, self.max_history)
         providers.ledger = ToolLedger()  # a fresh ledger per turn
         state = state.model_copy(
             update={
@@ -404,6 +412,7 @@ class SessionPipeline:
         match exit_:
             case Completed(answer):
                 providers.conversation.history.append(Message(role="assistant", content=answer))
+                trim_history(providers.conversation.history, self.max_history)  # what is saved keeps the cap too
                 status, pending = "idle", []
             case AwaitingClient():
                 status, answer, pending = "awaiting_client_tools", None, _pending(providers)
@@ -457,6 +466,7 @@ class SessionPipeline:
     ) -> None:
         """A failed turn ends: the session is idle again, the failure noted for the model and the client."""
         providers.conversation.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
+        trim_history(providers.conversation.history, self.max_history)
         providers.ledger = ToolLedger()
         error = {"error_type": type(exc).__name__, "message": exc.message, **exc.data}
         self._save(

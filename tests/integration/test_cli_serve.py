@@ -118,7 +118,7 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         assert lines[0] == "391"
         assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
         assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
-        # auth is off, so no HAProxy ingress (Ray would bind the replicas' API ports on every interface):
+        # auth is off, so no HAProxy ingress (ReasonRay runs it only behind a token):
         # off loopback there is only the replica's own gRPC transport, which Ray binds on every interface
         # and which does not serve the HTTP API (docs/security.md#ports)
         exposed = exposed_listeners(proc.pid)
@@ -134,6 +134,62 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         assert f"POST http://127.0.0.1:{port}/rpc" in output and "stopping..." in output
         assert f"dashboard  http://127.0.0.1:{dashboard}" in output
         assert "metrics    http://" in output and "/metrics" in output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_serve_with_auth_runs_haproxy_and_binds_its_stats_and_metrics_on_loopback():
+    """With [auth] the ingress is HAProxy: Ray's template binds its stats and Prometheus frontends on every
+    interface, and `ray_environment` hands Ray a wrapper binary that binds them on the API's host."""
+    port = free_port()
+    stats, metrics = free_port(), free_port()
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
+        },
+        "REASONRAY_AUTH__JWT_SECRET": "listener-test-secret-" + "x" * 32,
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
+    }
+    proc = subprocess.Popen(
+        [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300  # a Ray node and HAProxy on a busy 2-core machine
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)  # so that its output ends and can be read
+                pytest.fail(f"reasonray serve did not come up:\n{proc.communicate(timeout=30)[0]}")
+            time.sleep(0.5)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/strategies", timeout=10).status_code == 401
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in process_tree(proc.pid) if Path(f"/proc/{pid}").exists()}
+        assert "haproxy" in names, names
+        # HAProxy's stats and metrics answer on loopback, and nothing but the replica's gRPC transport is off it
+        assert httpx.get(f"http://127.0.0.1:{stats}/stats", timeout=10).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10).status_code == 200
+        exposed = exposed_listeners(proc.pid)
+        assert {name for name, _ in exposed} <= {"ray::ServeRepli"}, exposed
+        for _, other in exposed:
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{other}/healthz", timeout=5)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, output
+        assert "ingress    HAProxy" in output, output
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

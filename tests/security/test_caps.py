@@ -31,6 +31,19 @@ def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
     assert FileSessionRepository(tmp_path, retention_days=None).sweep() == 0
 
 
+def test_a_trimmed_history_keeps_the_cap_and_starts_with_no_half_of_a_tool_exchange():
+    from reasonray.gateway.protocol import Message, ToolCall
+    from reasonray.reasoner.session import trim_history
+
+    call = Message(role="assistant", tool_calls=(ToolCall(id="c1", name="calculator", arguments="{}"),))
+    history = [Message(role="user", content="q1"), call, Message(role="tool", content="4", tool_call_id="c1")]
+    history += [Message(role="assistant", content="4"), Message(role="user", content="q2"), Message(role="assistant", content="5")]
+    trim_history(history, 4)  # the newest four begin with the tool result of a call that was cut: it goes too
+    assert [m.content for m in history] == ["4", "q2", "5"] and history[0].role == "assistant"
+    trim_history(history, 2)
+    assert [m.content for m in history] == ["q2", "5"]
+
+
 def test_the_calculator_bounds_results_before_computing():
     started = time.perf_counter()
     with pytest.raises(ValueError, match="cap is 10000"):
