@@ -143,7 +143,9 @@ def test_the_breaker_opens_fails_fast_and_recovers(serve_base):
             **LIGHT_APP,
             llm={
                 "retry": {"max_attempts": 1},
-                "circuit_breaker": {"minimum_calls": 2, "reset_timeout_s": 2, "half_open_probes": 1},
+                # a window wide enough that both failures count on a loaded machine (two calls through Serve
+                # took over config.toml's 2 s there, and the breaker never saw two calls in one window)
+                "circuit_breaker": {"minimum_calls": 2, "window_s": 60, "reset_timeout_s": 2, "half_open_probes": 1},
                 "cache": {"enabled": False},
             },
         )
