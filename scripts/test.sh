@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 suite=${1:-default}
 shift || true
 case "$suite" in
-    default) marker="not slow"; extra=(--cov --cov-report=term) ;;
+    # the default run has a 15-minute budget (docs/testing.md): it ends with its 25 slowest steps
+    default) marker="not slow"; extra=(--cov --cov-report=term --durations=25) ;;
     slow) marker="slow"; extra=() ;;
     *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;
 esac

@@ -37,6 +37,7 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 
 DATA_DIR = Path(tempfile.mkdtemp(prefix="reasonray-it-"))
+METRICS_REPORT_INTERVAL_MS = 1000  # Ray's floor for user metrics (its default is 10,000)
 
 
 def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
@@ -72,7 +73,16 @@ def ray_cluster():
     from reasonray.serve_app import ray_environment
 
     os.environ.update(ray_environment(Settings()))  # the ingress `reasonray serve` uses
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="reasonray-tests", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        namespace="reasonray-tests",
+        log_to_driver=False,
+        # user metrics reach the metrics endpoint within about a second instead of Ray's default ten
+        # (the tests that read /metrics wait for this test's own series)
+        _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS},
+    )
     yield
     ray.shutdown()
 
@@ -133,11 +143,18 @@ def api(serve_base, simulator):
         yield client
 
 
+# An application of a test's own starts one branch runner and one session host instead of config.toml's
+# two of each (four fewer Ray worker processes to start per application, on 2 cores): the main application
+# (`api`) runs the defaults, and a test about the pool or the hosts sets their sizes in its changes.
+LIGHT_APP: dict[str, Any] = {"fanout": {"pool_size": 1}, "sessions": {"hosts": 1}}
+
+
 @contextmanager
 def own_app(serve_base: str, sim_url: str, app_name: str, **changes: Any) -> Iterator[tuple[httpx.Client, dict[str, Any]]]:
-    """An application of its own at /<app_name>, with a fresh data directory and these settings changes."""
+    """An application of its own at /<app_name>, with a fresh data directory and these settings changes
+    (over `LIGHT_APP`: one branch runner and one session host unless the changes say otherwise)."""
     data_dir = Path(tempfile.mkdtemp(prefix=f"reasonray-{app_name}-"))
-    settings = settings_for(sim_url, data_dir=str(data_dir), **changes)
+    settings = settings_for(sim_url, **deep_merge(LIGHT_APP, {"data_dir": str(data_dir), **changes}))
     deploy(settings, app_name, f"/{app_name}")
     with httpx.Client(base_url=f"{serve_base}/{app_name}", timeout=120) as client:
         yield client, settings

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,13 +16,13 @@ from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, ListTasksReques
 from a2a.utils.errors import TaskNotFoundError
 
 from reasonray.api.auth import mint_token
-from tests.integration.conftest import own_app
+from tests.integration.conftest import DATA_DIR, own_app
 
 
 @pytest.fixture(scope="module")
-def agent(serve_base, simulator):
-    with own_app(serve_base, simulator.url, "a2a") as (client, settings):
-        yield str(client.base_url).rstrip("/"), Path(settings["data_dir"])
+def agent(api):
+    """The session's main application (the default settings: no application of its own to deploy)."""
+    return str(api.base_url).rstrip("/"), DATA_DIR
 
 
 def message(text: str, *, context_id: str = "", **metadata) -> SendMessageRequest:

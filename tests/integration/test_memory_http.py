@@ -21,7 +21,6 @@ from reasonray.gateway.simulator.server import (
     SimulatorSettings,
     free_port,
 )
-from reasonray.kernel.config import Settings
 from reasonray.memory.store import StoreError
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
 
@@ -72,13 +71,13 @@ def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_i
         assert result_of(rpc(client, "memory.get", {"memory_id": learned["stored"][0]}))["error_context"]
 
 
-def test_the_memory_bank_actor_restarts_after_a_crash_and_reopens_the_store(serve_base, simulator):
-    with own_app(serve_base, simulator.url, "mem-crash") as (client, _):
-        stored = result_of(rpc(client, "memory.store", {"items": [{"title": "T", "description": "D.", "content": "C."}]}))
-        actor = ray.get_actor("mem-crash-memory", namespace=NAMESPACE)
-        ray.kill(actor, no_restart=False)  # a crash: Ray restarts it (max_restarts=-1)
-        got = result_of(rpc(client, "memory.get", {"memory_id": stored["stored"][0]["id"]}))
-        assert got["title"] == "T"
+def test_the_memory_bank_actor_restarts_after_a_crash_and_reopens_the_store(api):
+    # the session's main application (default settings): its bank crashes and comes back for the next tests
+    stored = result_of(rpc(api, "memory.store", {"items": [{"title": "T", "description": "D.", "content": "C."}]}))
+    actor = ray.get_actor("reasonray-memory", namespace=NAMESPACE)
+    ray.kill(actor, no_restart=False)  # a crash: Ray restarts it (max_restarts=-1)
+    got = result_of(rpc(api, "memory.get", {"memory_id": stored["stored"][0]["id"]}))
+    assert got["title"] == "T"
 
 
 def test_matts_parallel_k5_fans_out_as_ray_tasks_in_about_one_attempts_time(serve_base, ray_cluster):
@@ -167,14 +166,14 @@ def test_a_session_turn_is_learned_passively_on_its_session_host_and_retrieved_l
     explanation = (
         "Pack the rolls in boxes of 24 and count full boxes first; the remainder goes in one extra box, so 391 rolls need 17 boxes."
     )
-    with own_app(serve_base, simulator.url, "mem-passive", memory={"passive_learning": True}) as (client, _):
+    with own_app(serve_base, simulator.url, "mem-passive", memory={"passive_learning": True}) as (client, settings):
         sid = result_of(rpc(client, "session.create", {}))["session_id"]
         turn = result_of(
             rpc(client, "session.turn", {"session_id": sid, "message": f'How many boxes do 391 rolls need? [[sim answer="{explanation}"]]'})
         )
         assert turn["answer"] == explanation and turn["memory"]["passive"] == "captured"
         assert turn["memory"]["task_id"] == f"{sid}-turn-1" and turn["trace"][-1]["type"] == "MEMORY_LEARNING"
-        host = ray.get_actor(host_name("mem-passive", host_index(sid, Settings().sessions.hosts)), namespace=NAMESPACE)
+        host = ray.get_actor(host_name("mem-passive", host_index(sid, settings["sessions"]["hosts"])), namespace=NAMESPACE)
         assert ray.get(host.is_live.remote(sid))  # the turn, and its learning, ran on the session's host
         found = result_of(rpc(client, "memory.retrieve", {"query": "How many boxes do 391 rolls need?", "min_similarity": 0}))
         assert {m["memory"]["id"] for m in found["memories"]} >= set(turn["memory"]["stored"])

@@ -11,7 +11,7 @@ import ray
 
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.kernel.config import ConfigError
-from tests.integration.conftest import deploy, rpc, settings_for
+from tests.integration.conftest import LIGHT_APP, deploy, rpc, settings_for
 
 
 def test_healthz_says_ok_only_and_the_operator_endpoint_reports_ray_registry_and_llm(api):
@@ -118,7 +118,7 @@ def test_rest_mirrors_and_openapi(api):
 
 
 def test_zero_enabled_strategies_starts_and_explains(serve_base, simulator):
-    settings = settings_for(simulator.url, reasoning={"enabled_strategies": [], "default_strategy": None})
+    settings = settings_for(simulator.url, **LIGHT_APP, reasoning={"enabled_strategies": [], "default_strategy": None})
     deploy(settings, "empty", "/empty")
     with httpx.Client(base_url=serve_base, timeout=60) as client:
         assert client.get("/empty/admin/health").json()["registry"]["enabled"] == []
@@ -140,9 +140,12 @@ def test_the_breaker_opens_fails_fast_and_recovers(serve_base):
     try:
         settings = settings_for(
             faulty.url,
+            **LIGHT_APP,
             llm={
                 "retry": {"max_attempts": 1},
-                "circuit_breaker": {"minimum_calls": 2, "reset_timeout_s": 2, "half_open_probes": 1},
+                # a window wide enough that both failures count on a loaded machine (two calls through Serve
+                # took over config.toml's 2 s there, and the breaker never saw two calls in one window)
+                "circuit_breaker": {"minimum_calls": 2, "window_s": 60, "reset_timeout_s": 2, "half_open_probes": 1},
                 "cache": {"enabled": False},
             },
         )

@@ -145,9 +145,10 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
     first, second = (Path(tempfile.mkdtemp(prefix=f"reasonray-redeploy-{x}-")) for x in "ab")
     secret = "redeploy-secret-" + "z" * 32
     auth = {"jwt_secret": secret}  # ownership, limits and audit follow the deployment too
+    one_runner = {"pool_size": 1}  # the hosts are what this test follows: one branch runner is enough
     bearer = {"Authorization": "Bearer " + mint_token(secret, "alice", ["reasoner"], 600)}
     try:
-        deploy(settings_for(simulator.url, data_dir=str(first), auth=auth), "redeploy", "/redeploy")
+        deploy(settings_for(simulator.url, data_dir=str(first), auth=auth, fanout=one_runner), "redeploy", "/redeploy")
         with httpx.Client(base_url=f"{serve_base}/redeploy", timeout=120, headers=bearer) as client:
             wait_routed(client)
             item = {"title": "First", "description": "Stored in A.", "content": "A."}
@@ -156,7 +157,7 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
             owners_in_a = (first / "tenancy" / "owners.json").read_text()
             assert f"workspace:{personal_workspace('alice')}" in owners_in_a
 
-            deploy(settings_for(simulator.url, data_dir=str(second), auth=auth), "redeploy", "/redeploy")
+            deploy(settings_for(simulator.url, data_dir=str(second), auth=auth, fanout=one_runner), "redeploy", "/redeploy")
             # alice's personal workspace in B is hers before she stores anything in it
             assert result_of(rpc(client, "memory.retrieve", {"query": "Stored"}))["memories"] == []
             item = {"title": "Second", "description": "Stored in B.", "content": "B."}
