@@ -38,10 +38,10 @@ from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import audit_log_for
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
 from reasonray.api.guard import GuardSettings, HttpGuard
-from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for
+from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_response
 from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, respond
+from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, respond
 from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
 from reasonray.api.prometheus import merge as merge_metrics
 from reasonray.api.registry import RegistryService
@@ -110,10 +110,18 @@ class AuthGate:
             CURRENT_PRINCIPAL.reset(token)
 
 
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})  # refused in OpenAI's error shape
+JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error response (MCP is JSON-RPC too)
+
+
 def _unauthenticated(exc: UnauthenticatedError, path: str) -> Response:
     error = error_for(exc)
     body: dict[str, Any] = {"code": error.code, "message": error.message, "data": error.data}
-    payload = {"jsonrpc": "2.0", "error": body, "id": None} if path == "/rpc" else {"error": body}
+    payload: dict[str, Any] = {"error": body}
+    if path in JSONRPC_PATHS:
+        payload = error_response(None, error)
+    elif path in OPENAI_PATHS:
+        payload = error_from_rpc(error.body()).body
     challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
     return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge})
 

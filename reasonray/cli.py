@@ -255,19 +255,35 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
 @click.option(
     "--llm", type=click.Choice(["auto", "simulated", "openai"]), default=None, help="Model provider; default from [llm] provider."
 )
-def mcp_command(config_path, llm) -> None:
+@click.option(
+    "--token",
+    envvar="REASONRAY_TOKEN",
+    default=None,
+    help="Bearer token every tool call runs as (required when [auth] is configured; env REASONRAY_TOKEN).",
+)
+def mcp_command(config_path, llm, token) -> None:
     """Serve MCP over stdio for desktop clients (Claude Desktop, Cursor): the API in this process, no Ray (docs/mcp.md)."""
     import asyncio
 
-    from reasonray.api.mcp_server import in_process_api, serve_stdio
-    from reasonray.kernel.errors import ReasonRayError
+    from reasonray.api.mcp_server import StdioCaller, in_process_api, serve_stdio
+    from reasonray.kernel.errors import ReasonRayError, UnauthenticatedError
 
     settings = _load(config_path, {"llm.provider": llm})
     try:
+        caller = StdioCaller(settings, token)
+        principal = caller.principal()  # a missing, expired or forged token: refused before anything starts
+    except UnauthenticatedError as exc:
+        given = "" if not token else "the token of --token / REASONRAY_TOKEN was refused: "
+        _fail(given + str(exc), error_type=error_type_of(exc))
+    try:
         rpc = in_process_api(settings)
-    except (ConfigError, LLMConfigError, ReasonRayError) as exc:  # a missing key, model or memory server: say which
+    except (ConfigError, LLMConfigError, ReasonRayError) as exc:  # a missing token, key, model or memory server: say which
         _fail(str(exc), error_type=error_type_of(exc))
-    asyncio.run(serve_stdio(rpc))
+    if principal is not None:
+        click.echo(f"reasonray mcp: authenticated as {principal.sub!r} (roles: {', '.join(principal.roles) or 'none'})", err=True)
+    elif token:
+        click.echo("reasonray mcp: [auth] is not configured; the token is ignored and calls run unguarded", err=True)
+    asyncio.run(serve_stdio(rpc, caller))
 
 
 @main.group()

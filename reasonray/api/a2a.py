@@ -44,8 +44,8 @@ from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
 from google.protobuf import json_format
 
 from reasonray.api.a2a_store import CallerContextBuilder, Conversations, Exchange, OwnedTaskStore, Repository, owner_of
-from reasonray.api.jsonrpc import FORBIDDEN, RATE_LIMITED, UNAUTHENTICATED, Dispatcher
-from reasonray.api.streaming import stream_call
+from reasonray.api.jsonrpc import FORBIDDEN, RATE_LIMITED, UNAUTHENTICATED, Dispatcher, RpcError
+from reasonray.api.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
 from reasonray.strategies.registry import Catalogue
@@ -174,23 +174,16 @@ class ReasoningExecutor(AgentExecutor):
 
         await updater.start_work(say(f"reasoning with {strategy or 'the default strategy'} (trace {trace_id})"))
         params = {"query": _query(text, earlier[-HISTORY_TURNS:]), "strategy": strategy, "strategy_config": config}
-        call = {
-            "jsonrpc": "2.0",
-            "method": "reasoning.execute",
-            "params": {k: v for k, v in params.items() if v is not None},
-            "id": task.id,
-        }
-        response: dict[str, Any] = {}
-        async for item in stream_call(self.rpc, call, trace_id):
-            if isinstance(item, Event):
-                if (line := _progress(item)) is not None:
+        result: dict[str, Any] = {}
+        try:
+            async for item in stream_call(self.rpc, "reasoning.execute", {k: v for k, v in params.items() if v is not None}, trace_id):
+                if isinstance(item, CallResult):
+                    result = item.value
+                elif isinstance(item, Event) and (line := _progress(item)) is not None:
                     await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
-            else:
-                response = item
-        if "error" in response:
-            await self._not_answered(updater, say, response["error"], task.id)
+        except RpcError as error:
+            await self._not_answered(updater, say, error.body(), task.id)
             return
-        result = response["result"]
         turn = await self.conversations.append(owner, task.context_id, text, result["answer"], task.id, trace_id)
         metadata = {
             "strategy_used": result["strategy_used"],

@@ -185,17 +185,17 @@ class Dispatcher:
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:  # also bad UTF-8, ints past the digit limit, deep nesting
-            return _error_response(None, RpcError(PARSE_ERROR, f"parse error: the body is not valid JSON ({str(exc)[:200]})")), []
+            return error_response(None, RpcError(PARSE_ERROR, f"parse error: the body is not valid JSON ({str(exc)[:200]})")), []
         return await self.handle_payload(payload, trace_id)
 
     async def handle_payload(self, payload: Any, trace_id: str | None = None) -> tuple[Any, list[str]]:
         """Like `handle`, for a body already parsed from JSON."""
         if isinstance(payload, list):
             if not payload:
-                return _error_response(None, RpcError(INVALID_REQUEST, "invalid request: an empty batch")), []
+                return error_response(None, RpcError(INVALID_REQUEST, "invalid request: an empty batch")), []
             if len(payload) > self.max_batch_size:
                 message = f"invalid params: a batch of {len(payload)} calls; the cap is {self.max_batch_size} ([limits] max_batch_size)"
-                return _error_response(None, RpcError(INVALID_PARAMS, message, {"cap": "limits.max_batch_size"})), []
+                return error_response(None, RpcError(INVALID_PARAMS, message, {"cap": "limits.max_batch_size"})), []
             trace_ids = [self._new_trace_id() for _ in payload]
             slots = asyncio.Semaphore(self.batch_concurrency)
 
@@ -213,7 +213,7 @@ class Dispatcher:
         problem = _envelope_problem(call)
         if problem:
             request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
-            return _error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
+            return error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
         is_notification = "id" not in call
         response = await self._invoke(call, trace_id)
         return None if is_notification else response
@@ -223,20 +223,24 @@ class Dispatcher:
         try:
             result = await self.call(call["method"], call.get("params", {}), trace_id)
         except RpcError as error:
-            return _error_response(request_id, error)
-        return {"jsonrpc": "2.0", "result": result, "id": request_id}
+            return error_response(request_id, error)
+        return result_response(request_id, result)
 
-    async def call(self, name: str, params: Any, trace_id: str) -> Any:
-        """Run one method by name, as every surface does: params validated, the guard applied, the call
-        counted (method, `unknown` for unregistered names; strategy; status). Returns the JSON-ready result;
-        raises `RpcError` (with the trace id in its data and the error class's `http_status`)."""
+    async def call(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
+        """Run one method by name, as every surface does (JSON-RPC, the REST mirrors, the OpenAI and MCP
+        surfaces, streams): params validated, the guard applied, the call counted (method, `unknown` for
+        unregistered names; strategy; status). Returns the JSON-ready result; raises `RpcError` (with the
+        trace id in its data and the error class's `http_status`). Without `trace_id` the call gets a new one.
+        `admitted` is called when the params are valid and the guard let the call through, just before the
+        handler runs (a stream answers its HTTP status then: refusals come before it)."""
+        trace_id = trace_id or self._new_trace_id()
         structlog.contextvars.bind_contextvars(trace_id=trace_id)
         started = time.perf_counter()
         method = name if name in self.methods else "unknown"
         strategy: Any = None
         status = "ok"
         try:
-            result = await self._answer(name, params, trace_id)
+            result = await self._answer(name, params, trace_id, admitted)
             strategy = result.get("strategy_used") if isinstance(result, dict) else None
             return result
         except RpcError as error:
@@ -249,7 +253,7 @@ class Dispatcher:
             self.metrics.record("reasonray_request_latency_ms", (time.perf_counter() - started) * 1000, method=method, strategy=strategy)
             structlog.contextvars.unbind_contextvars("trace_id")
 
-    async def _answer(self, name: str, params: Any, trace_id: str) -> Any:
+    async def _answer(self, name: str, params: Any, trace_id: str, admitted: Callable[[], None] | None = None) -> Any:
         method = self.methods.get(name)
         try:
             if method is None:
@@ -261,10 +265,16 @@ class Dispatcher:
             except ValidationError as exc:
                 raise RpcError(INVALID_PARAMS, f"invalid params: {describe_errors(exc)}", {"errors": json_safe_errors(exc)}) from None
             here = Call(trace_id=trace_id, method=name)
+
+            def invoke() -> Awaitable[Any]:
+                if admitted is not None:
+                    admitted()
+                return method.handler(parsed, here)
+
             if self.guard is None:
-                result = await method.handler(parsed, here)
+                result = await invoke()
             else:  # authorization, ownership, limits and audit wrap every method (reasonray.api.tenancy)
-                result = await self.guard(here, parsed, lambda: method.handler(parsed, here))
+                result = await self.guard(here, parsed, invoke)
         except RpcError as exc:
             raise _with_trace(exc, trace_id) from None
         except Exception as exc:
@@ -328,5 +338,17 @@ def _with_trace(error: RpcError, trace_id: str) -> RpcError:
     return error
 
 
-def _error_response(request_id: Any, error: RpcError) -> dict[str, Any]:
+def well_formed(call: Any) -> bool:
+    """Whether `call` is one valid JSON-RPC 2.0 request object (a transport that answers a call its own
+    way, a stream say, takes only these; the dispatcher answers the others)."""
+    return _envelope_problem(call) is None
+
+
+def result_response(request_id: Any, result: Any) -> dict[str, Any]:
+    """The response object of a call that succeeded."""
+    return {"jsonrpc": "2.0", "result": result, "id": request_id}
+
+
+def error_response(request_id: Any, error: RpcError) -> dict[str, Any]:
+    """The response object of a call that failed."""
     return {"jsonrpc": "2.0", "error": error.body(), "id": request_id}

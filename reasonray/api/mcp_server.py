@@ -11,19 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mcp_types as types
+from mcp import MCPError
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from reasonray import __version__
-from reasonray.api.jsonrpc import Dispatcher
+from reasonray.api.audit import audit_log_for
+from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal, TokenVerifier
+from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for
 from reasonray.api.openrpc import result_schema
+from reasonray.api.tenancy import Guard, install_guard
 from reasonray.kernel.config import Settings
+from reasonray.kernel.errors import UnauthenticatedError
+
+if TYPE_CHECKING:
+    from reasonray.api.app import Application
 
 # tool name -> JSON-RPC method; a tool exists when the server has its method (memory tools need the bank)
 TOOLS: dict[str, str] = {
@@ -42,13 +51,12 @@ STRATEGIES_URI = "reasonray://strategies"
 WORKSPACES_URI = "reasonray://memory/workspaces"
 MEMORY_TEMPLATE = "reasonray://memory/{workspace}/{memory_id}"
 SESSION_TEMPLATE = "reasonray://sessions/{session_id}"
+TOKEN_ENV = "REASONRAY_TOKEN"  # the stdio server's bearer token (or `reasonray mcp --token`)
 
 
-class McpCallError(Exception):
-    """A resource read whose JSON-RPC call failed."""
-
-
-def build_server(rpc: Dispatcher, name: str = "reasonray") -> Server:
+def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[], Principal | None] | None = None) -> Server:
+    """The MCP server over `rpc`. Calls run as the request's principal (`CURRENT_PRINCIPAL`, which the HTTP
+    auth gate sets), or as `principal()` when given: the stdio server's own verified caller."""
     tools = [
         types.Tool(
             name=tool,
@@ -63,9 +71,20 @@ def build_server(rpc: Dispatcher, name: str = "reasonray") -> Server:
     has_memory = "memory.get" in rpc.methods
 
     async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
-        response, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
-        answer: dict[str, Any] = response
-        return answer
+        """The call's result, through the method table (the guard of an authenticated API included)."""
+        if principal is None:
+            result: dict[str, Any] = await rpc.call(method, params)
+            return result
+        try:
+            caller = principal()
+        except UnauthenticatedError as exc:
+            raise error_for(exc) from None
+        token = CURRENT_PRINCIPAL.set(caller)
+        try:
+            result = await rpc.call(method, params)
+        finally:
+            CURRENT_PRINCIPAL.reset(token)
+        return result
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
@@ -75,10 +94,10 @@ def build_server(rpc: Dispatcher, name: str = "reasonray") -> Server:
         if method is None:
             error = {"code": -32601, "message": f"unknown tool {params.name!r}; tools: {', '.join(by_name)}"}
             return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
-        response = await call(method, params.arguments or {})
-        if "error" in response:
-            return types.CallToolResult(content=[types.TextContent(text=json.dumps(response["error"]))], is_error=True)
-        result = response["result"]
+        try:
+            result = await call(method, params.arguments or {})
+        except RpcError as error:  # a tool error carrying the JSON-RPC error (code, message, data)
+            return types.CallToolResult(content=[types.TextContent(text=json.dumps(error.body()))], is_error=True)
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(result))], structured_content=result)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
@@ -118,10 +137,11 @@ def build_server(rpc: Dispatcher, name: str = "reasonray") -> Server:
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
         method, args = _resource_call(uri, has_memory)
-        response = await call(method, args)
-        if "error" in response:
-            raise McpCallError(f"{uri}: {response['error']['message']}")
-        text = json.dumps(response["result"])
+        try:
+            text = json.dumps(await call(method, args))
+        except RpcError as error:
+            # an MCP error carrying the JSON-RPC one (a plain exception would reach the client as "Internal server error")
+            raise MCPError(error.code, f"{uri}: {error.message}", error.data or None) from None
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)])
 
     return Server(
@@ -147,13 +167,15 @@ def _resource_call(uri: str, has_memory: bool) -> tuple[str, dict[str, Any]]:
     parts = uri.removeprefix("reasonray://memory/").split("/")
     if has_memory and uri.startswith("reasonray://memory/") and len(parts) == 2:
         return "memory.get", {"workspace": parts[0], "memory_id": parts[1]}
-    raise McpCallError(f"unknown resource {uri!r}; list them with resources/list and resources/templates/list")
+    raise MCPError(INVALID_PARAMS, f"unknown resource {uri!r}; list them with resources/list and resources/templates/list")
 
 
 def in_process_api(settings: Settings) -> Dispatcher:
     """The whole API in this process, without Ray (what `reasonray mcp` serves over stdio). Fails at once,
     naming the fix, when the model endpoint's key is missing (LLMConfigError) or the memory bank cannot
-    work (MemoryUnavailableError)."""
+    work (MemoryUnavailableError). With `[auth]` configured every method is behind the same guard as the
+    Serve application's (roles, ownership, limits, budgets, audit), over the data directory's (or the
+    store's) ownership records, token budgets and audit log."""
     from reasonray.api.app import Backends, build_application
     from reasonray.gateway.factory import client_for
     from reasonray.kernel.sandbox import SandboxLimits
@@ -180,14 +202,60 @@ def in_process_api(settings: Settings) -> Dispatcher:
         return LocalSessions(pipeline)
 
     backends = Backends(cache=None, memory=memory, sessions=sessions)
-    return build_application(settings, backends=backends, data_dir=data_dir).dispatcher
+    application = build_application(settings, backends=backends, data_dir=data_dir)
+    if settings.auth.enabled:
+        install_guard(application.dispatcher, local_guard(settings, application))
+    return application.dispatcher
 
 
-async def serve_stdio(rpc: Dispatcher) -> None:
-    """Serve MCP over this process's stdin and stdout until the client closes them."""
+def local_guard(settings: Settings, application: Application) -> Guard:
+    """The tenancy guard of an application served by this one process: ownership, budgets and audit in
+    the configured store (PostgreSQL with `[store] url`, else files under the data directory)."""
+    from reasonray.api.limits import LocalLimits, RateLimiter, TokenBudgets
+    from reasonray.api.tenancy import LocalOwners, agent_exists_via, agent_strategies_via, ownership_table
+    from reasonray.kernel.repositories import counters
+
+    auth, store, data_dir = settings.auth, settings.store.url, Path(settings.data_dir)
+    registry, service = application.registry, application.service
+
+    async def strategy_of(params: Any) -> str:
+        return (await service.resolve(params)).strategy
+
+    return Guard(
+        Policy(auth),
+        LocalOwners(ownership_table(store, data_dir)),
+        LocalLimits(RateLimiter(budgets=TokenBudgets(counters(store, data_dir)))),
+        agent_exists=lambda agent_id: agent_exists_via(registry.get_agent, agent_id),
+        strategy_of=strategy_of,
+        agent_strategies=lambda agent_id: agent_strategies_via(registry.get_agent, agent_id),
+        audit=audit_log_for(store, data_dir) if auth.audit else None,
+    )
+
+
+class StdioCaller:
+    """Who the tool calls of a stdio server run as: the principal of its bearer token, verified again at
+    every call (so an expired or revoked key stops working while the server runs). None when `[auth]`
+    is not configured: the process then runs unguarded, as the user who started it."""
+
+    def __init__(self, settings: Settings, token: str | None) -> None:
+        self.verifier = TokenVerifier(settings.auth) if settings.auth.enabled else None
+        self.token = (token or "").strip()
+        if self.verifier is not None and not self.token:
+            raise UnauthenticatedError(
+                f"authentication is configured ([auth]) and no bearer token was given: pass one with --token or the "
+                f"{TOKEN_ENV} environment variable (an operator mints one with `reasonray token create --sub NAME --role ROLE`)"
+            )
+
+    def principal(self) -> Principal | None:
+        """The verified caller (raises UnauthenticatedError saying what is wrong with the token)."""
+        return None if self.verifier is None else self.verifier.principal(self.token)
+
+
+async def serve_stdio(rpc: Dispatcher, caller: StdioCaller | None = None) -> None:
+    """Serve MCP over this process's stdin and stdout until the client closes them, every call as `caller`."""
     from mcp.server.stdio import stdio_server
 
-    server = build_server(rpc)
+    server = build_server(rpc, principal=caller.principal if caller is not None else None)
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 

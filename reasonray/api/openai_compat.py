@@ -1,8 +1,9 @@
 """The OpenAI chat API over ReasonRay: `POST /v1/chat/completions` and `GET /v1/models` (docs/openai.md).
 
-Transport-free and Ray-free: requests are mapped onto the JSON-RPC methods of a `Dispatcher`
-(`reasoning.execute`, or `session.create` / `session.turn` / `session.resume` when the request
-carries `tools`), and their results and errors back into OpenAI's shapes. The Serve ingress mounts
+Transport-free and Ray-free: requests are mapped onto the methods of a `Dispatcher`, called through
+its method table (`Dispatcher.call`: validation, the auth guard, limits and audit as for every
+surface) as `reasoning.execute`, or `session.create` / `session.turn` / `session.resume` when the
+request carries `tools`, and their results and errors back into OpenAI's shapes. The Serve ingress mounts
 the routes; unit tests drive the same object over `local_dispatcher`.
 
 - The strategy comes from the model name (`reasonray/<strategy>`, `<strategy>:<model>`; `reasonray`
@@ -41,9 +42,10 @@ from reasonray.api.jsonrpc import (
     STRATEGY_UNAVAILABLE,
     TOOL_FAILED,
     Dispatcher,
+    RpcError,
 )
 from reasonray.api.service import ExecuteParams
-from reasonray.api.streaming import stream_call
+from reasonray.api.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import describe_errors
 from reasonray.kernel.events import Event, to_dict
@@ -241,10 +243,10 @@ class OpenAICompat:
         self.created = int(time.time())
 
     async def _call(self, method: str, params: dict[str, Any], trace_id: str | None = None) -> dict[str, Any]:
-        response, _ = await self.rpc.handle_payload({"jsonrpc": "2.0", "method": method, "params": params, "id": 1}, trace_id)
-        if "error" in response:
-            raise error_from_rpc(response["error"])
-        result: dict[str, Any] = response["result"]
+        try:
+            result: dict[str, Any] = await self.rpc.call(method, params, trace_id)
+        except RpcError as error:
+            raise error_from_rpc(error.body()) from None
         return result
 
     async def strategies(self) -> tuple[list[str], str | None]:
@@ -344,37 +346,42 @@ class OpenAICompat:
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
             return _chunk(chunk_id, request.model, delta, finish)
 
+        run = stream_call(self.rpc, "reasoning.execute", params, trace_id)
+        try:
+            await anext(run)  # Admitted: until then a refusal (401, 403, 404, 429) is an HTTP error, not a chunk
+        except RpcError as error:
+            raise error_from_rpc(error.body()) from None
         yield chunk({"role": "assistant", "content": "", "reasoning_content": ""})
-        call = {"jsonrpc": "2.0", "method": "reasoning.execute", "params": params, "id": 1}
-        async for item in stream_call(self.rpc, call, trace_id):
-            if isinstance(item, Event):
-                text = progress_text(item)
-                if text:
+        try:
+            async for item in run:
+                if isinstance(item, CallResult):
+                    result: dict[str, Any] = item.value
+                elif isinstance(item, Event) and (text := progress_text(item)):
                     yield chunk({"reasoning_content": text})
-                continue
-            if "error" in item:
-                yield json.dumps(error_from_rpc(item["error"]).body)
-                yield "[DONE]"
-                return
-            result = item["result"]
-            yield chunk({"content": result["answer"]})
-            finish = json.loads(chunk({}, "stop"))
-            finish["reasonray"] = _extra(result)
-            yield json.dumps(finish)
-            if include_usage:
-                yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": self._usage(result)})
+        except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
+            yield json.dumps(error_from_rpc(error.body()).body)
+            yield "[DONE]"
+            return
+        yield chunk({"content": result["answer"]})
+        finish = json.loads(chunk({}, "stop"))
+        finish["reasonray"] = _extra(result)
+        yield json.dumps(finish)
+        if include_usage:
+            yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": self._usage(result)})
         yield "[DONE]"
 
     async def _check_before_streaming(self, params: dict[str, Any]) -> None:
         """Raise what reasoning.execute would refuse at once, so that it is an HTTP error (the SDK's
-        NotFoundError / BadRequestError), not an error chunk after a 200: a strategy that is not
-        enabled and params that do not validate. What only the run can find still comes as a chunk."""
+        NotFoundError / BadRequestError), not an error chunk after a 200: params that do not validate
+        and, without auth, a strategy that is not enabled (with auth the guard resolves the strategy
+        before the call is admitted, so the stream's own refusal says it). What only the run can find
+        still comes as a chunk."""
         try:
             ExecuteParams.model_validate(params)
         except ValidationError as exc:
             raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_request_error", "invalid_params") from None
         strategy = params.get("strategy")
-        if strategy is None:
+        if strategy is None or self.rpc.guard is not None:  # a guarded caller may not be allowed reasoning.strategies
             return
         enabled, _ = await self.strategies()
         if strategy not in enabled:

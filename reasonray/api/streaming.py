@@ -1,9 +1,10 @@
-"""A run's events as they happen: subscribe to a JSON-RPC call's runs, and `reasoning.execute` over SSE.
+"""A run's events as they happen: subscribe to a method call's runs, and `reasoning.execute` over SSE.
 
 `ReasoningService.execute` hands every event to the listener in `RUN_LISTENER` as well as to its
 recorder, so a transport subscribes without any strategy knowing: `stream_call` sets a queue as the
-listener in the context of one dispatcher call and yields the events, then the call's response.
-Cancelling the consumer (the client went away) cancels the call, and with it the run.
+listener in the context of one `Dispatcher.call` (the method table, guard included) and yields the
+events, then the call's result; a failed call raises its `RpcError`. Cancelling the consumer (the
+client went away) cancels the call, and with it the run.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import contextvars
 import json
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-from reasonray.api.jsonrpc import Dispatcher
+from reasonray.api.jsonrpc import Dispatcher, RpcError, error_response, result_response, well_formed
 from reasonray.api.service import RUN_LISTENER
 from reasonray.kernel.events import Event, to_dict
 from reasonray.kernel.tags import strip_thinking
@@ -39,12 +41,33 @@ class RunEvents:
             self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
-async def stream_call(rpc: Dispatcher, call: dict[str, Any], trace_id: str | None = None) -> AsyncIterator[Event | dict[str, Any]]:
-    """The events of the runs `call` starts, as they happen, then its JSON-RPC response (a dict)."""
+@dataclass(frozen=True)
+class Admitted:
+    """The first item of a stream whose call passed validation and the guard: its handler runs now.
+    A call refused before that raises its `RpcError` instead, so a transport can still answer it
+    with an HTTP error rather than a stream."""
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The last item of a stream: the call's JSON-ready result."""
+
+    value: Any
+
+
+ADMITTED = Admitted()
+
+
+async def stream_call(
+    rpc: Dispatcher, method: str, params: Any, trace_id: str | None = None
+) -> AsyncIterator[Admitted | Event | CallResult]:
+    """`Admitted`, the events of the runs the call starts as they happen, then its `CallResult`; raises the
+    call's `RpcError` when it fails (before `Admitted` when it was refused)."""
     events = RunEvents()
-    context = contextvars.copy_context()
+    context = contextvars.copy_context()  # the caller's principal (auth) and trace go along with the call
     context.run(RUN_LISTENER.set, events)
-    task = asyncio.create_task(rpc.handle_payload(call, trace_id), context=context)
+    call = rpc.call(method, params, trace_id, admitted=lambda: events.queue.put_nowait(ADMITTED))
+    task = asyncio.create_task(call, context=context)
     task.add_done_callback(lambda _: events.queue.put_nowait(_DONE))
     try:
         while (item := await events.queue.get()) is not _DONE:
@@ -53,22 +76,22 @@ async def stream_call(rpc: Dispatcher, call: dict[str, Any], trace_id: str | Non
             item = events.queue.get_nowait()
             if item is not _DONE:
                 yield item
-        response, _ = task.result()
-        yield response
+        yield CallResult(task.result())  # raises the call's RpcError
     finally:
         if not task.done():  # the consumer stopped early (client disconnected): stop the run
             task.cancel()
 
 
 def streaming_call(body: bytes) -> dict[str, Any] | None:
-    """The call, without `stream`, when `body` is one JSON-RPC call asking for a streamed `reasoning.execute`."""
+    """The call, without `stream`, when `body` is one well-formed JSON-RPC call asking for a streamed
+    `reasoning.execute` (anything else is answered by the dispatcher, malformed requests included)."""
     if b'"stream"' not in body:  # the common case costs a substring search, not a second parse
         return None
     try:
         call = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(call, dict) or call.get("method") not in STREAM_METHODS or not isinstance(call.get("params"), dict):
+    if not well_formed(call) or call["method"] not in STREAM_METHODS or not isinstance(call.get("params"), dict):
         return None
     params = dict(call["params"])
     if params.pop("stream", False) is not True:
@@ -94,9 +117,14 @@ async def rpc_sse(rpc: Dispatcher, call: dict[str, Any], trace_id: str | None) -
     """`reasoning.execute` with `stream: true` as Server-Sent Events: one `event: <TYPE>` per run event
     (data: the event as JSON), then `event: response` carrying the JSON-RPC response (result or error)."""
     full_text = bool(call["params"].get("include_trace"))
-    async for item in stream_call(rpc, call, trace_id):
-        if isinstance(item, Event):
-            data = public_event(item, full_text=full_text)
-            yield {"event": data["type"], "data": json.dumps(data)}
-        else:
-            yield {"event": "response", "data": json.dumps(item)}
+    request_id = call.get("id")
+    try:
+        async for item in stream_call(rpc, call["method"], call["params"], trace_id):
+            if isinstance(item, CallResult):
+                response = result_response(request_id, item.value)
+            elif not isinstance(item, Admitted):
+                data = public_event(item, full_text=full_text)
+                yield {"event": data["type"], "data": json.dumps(data)}
+    except RpcError as error:
+        response = error_response(request_id, error)
+    yield {"event": "response", "data": json.dumps(response)}

@@ -165,3 +165,78 @@ async def test_tools_run_as_a_session_turn_and_tool_messages_resume_it(compat):
     assert second.body["usage"]["prompt_tokens"] > 0 and second.body["reasonray"]["llm_calls"] == 2
     stranger = await respond(compat, body(messages=[*messages[:2], {"role": "tool", "tool_call_id": "call_1", "content": "x"}]), "t-000003")
     assert stranger.status == 400 and "was not issued by this server" in stranger.body["error"]["message"]
+
+
+# -- with the tenancy guard: refusals are OpenAI errors, streamed requests included ---------------------------
+
+AUTH_ROLES = {
+    "reasoner": {"methods": ["*"], "strategies": ["*"]},
+    "cot_only": {"methods": ["*"], "strategies": ["chain_of_thought"]},
+    "runner": {"methods": ["reasoning.execute"], "strategies": ["*"]},
+}
+
+
+@pytest.fixture
+def guarded_compat(tmp_path, llm):
+    from reasonray.api.app import Backends, build_application
+    from reasonray.api.mcp_server import local_guard
+    from reasonray.api.tenancy import install_guard
+    from reasonray.kernel.config import Settings
+
+    reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")
+    settings = Settings(data_dir=tmp_path, reasoning=reasoning, auth={"jwt_secret": "u" * 40, "roles": AUTH_ROLES})
+    sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    application = build_application(
+        settings, llm=llm, backends=Backends(cache=None, memory=None, sessions=lambda _: sessions), data_dir=tmp_path
+    )
+    install_guard(application.dispatcher, local_guard(settings, application))
+    return OpenAICompat(application.dispatcher, counter_for_model("simulated"), "simulated")
+
+
+def principal(sub: str | None, *roles: str) -> None:
+    """Be this caller for the rest of the test (an async test runs in a context of its own: nothing leaks)."""
+    from reasonray.api.auth import CURRENT_PRINCIPAL, Principal
+
+    CURRENT_PRINCIPAL.set(Principal(sub, roles) if sub else None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_guarded_refusals_are_openai_errors_before_any_chunk(guarded_compat, llm, stream):
+    ask = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "stream": stream}
+    principal(None)  # nobody (the HTTP gate refuses earlier; the guard refuses too)
+    anonymous = await respond(guarded_compat, body(**ask), "trace-a1")
+    assert isinstance(anonymous, Reply) and anonymous.status == 401
+    assert anonymous.body["error"]["type"] == "authentication_error" and anonymous.body["error"]["reasonray"]["code"] == -32001
+    principal("carol", "cot_only")
+    forbidden = await respond(guarded_compat, body(model="reasonray/bounded_context", **ask), "trace-a2")
+    assert isinstance(forbidden, Reply) and forbidden.status == 403, forbidden
+    assert (
+        forbidden.body["error"]["type"] == "permission_error"
+        and forbidden.body["error"]["reasonray"]["data"]["strategy"] == "bounded_context"
+    )
+    principal("carol", "reasoner")
+    unknown = await respond(guarded_compat, body(model="reasonray/tree_of_thought", **ask), "trace-a3")
+    assert isinstance(unknown, Reply) and unknown.status == 404 and unknown.body["error"]["code"] == "model_not_found"
+    assert llm.calls == 0
+    # a role that may only run reasoning.execute runs a named strategy, streamed or not (no other method is called for it)
+    principal("runner-user", "runner")
+    allowed = await respond(guarded_compat, body(model="reasonray/chain_of_thought", **ask), "trace-a4")
+    if stream:
+        payloads = [p async for p in allowed]
+        assert payloads[-1] == "[DONE]" and '"content": "4"' in "".join(payloads)
+    else:
+        assert allowed.status == 200 and allowed.body["choices"][0]["message"]["content"] == "4"
+
+
+async def test_guarded_tool_round_trips_resume_only_the_callers_own_session(guarded_compat):
+    principal("alice", "reasoner")
+    messages = [{"role": "user", "content": 'Weather? [[sim call=get_weather {"city": "Oslo"}]]'}]
+    first = await respond(guarded_compat, body(messages=messages, tools=[WEATHER]), "trace-t1")
+    [call] = first.body["choices"][0]["message"]["tool_calls"]
+    answered = [*messages, first.body["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "Snow"}]
+    principal("bob", "reasoner")
+    stolen = await respond(guarded_compat, body(messages=answered, tools=[WEATHER]), "trace-t2")
+    assert stolen.status == 403 and stolen.body["error"]["reasonray"]["code"] == -32003
+    principal("alice", "reasoner")
+    resumed = await respond(guarded_compat, body(messages=answered, tools=[WEATHER]), "trace-t3")
+    assert resumed.status == 200 and resumed.body["choices"][0]["finish_reason"] == "stop"
