@@ -26,6 +26,7 @@ from reasonray.api.audit import AuditLog, AuditRecord, NoAudit
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
+from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
 from reasonray.strategies.agents import STRATEGY_CAPABILITY
@@ -459,7 +460,7 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
     if "memory.store" not in rpc.methods:
         return
 
-    @rpc.method("memory.share_workspace", ShareParams)
+    @rpc.method("memory.share_workspace", ShareParams, result=ShareResult)
     async def share_workspace(params: ShareParams, call: Call) -> dict[str, Any]:
         """Let named principals read one of your workspaces (read-only); replaces its reader list."""
         if await guard.owners.get("workspace", params.workspace) is None:
