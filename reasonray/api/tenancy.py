@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypedDict
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonray.api.audit import AuditLog, AuditRecord, NoAudit
+from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
@@ -246,7 +246,7 @@ class Guard:
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
         principal = CURRENT_PRINCIPAL.get()
         target = _target(call.method, params)
-        outcome = "ok"
+        outcome, reason = "ok", None
         try:
             if principal is None:
                 raise UnauthenticatedError("missing credentials: send `Authorization: Bearer <token>` (see docs/security.md)")
@@ -260,17 +260,19 @@ class Guard:
             result = await self._limited(principal, call.method, strategy, invoke)
             return await self._after(principal, call.method, params, result)
         except Exception as exc:
-            outcome = error_for(exc).data.get("error_type", "error")
+            error = error_for(exc)
+            outcome, reason = error.data.get("error_type", "error"), error.message[:500]
             raise
         finally:
             self.audit.write(
                 AuditRecord(
-                    principal=principal.sub if principal else None,
+                    principal=principal.sub if principal else ANONYMOUS,
                     roles=list(principal.roles) if principal else [],
                     method=call.method,
                     target=target,
                     outcome=outcome,
                     trace_id=call.trace_id,
+                    reason=reason,
                 )
             )
 
