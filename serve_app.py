@@ -35,7 +35,7 @@ from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners
 from reasonray.api.a2a import A2AServer, auth_configured, card_json
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
-from reasonray.api.audit import audit_log_for
+from reasonray.api.audit import AuditLog, NoAudit, audit_log_for, audit_refusal
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
 from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_response
@@ -86,6 +86,7 @@ class AuthGate:
     """
 
     verifier: TokenVerifier | None = None
+    audit: AuditLog = NoAudit()  # refusals here are audited too (docs/security.md, Audit log)
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -102,7 +103,12 @@ class AuthGate:
         try:
             principal = verifier.verify(header)
         except UnauthenticatedError as exc:
-            return await _unauthenticated(exc, path)(scope, receive, send)
+            given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-trace-id"), None)
+            trace_id = accept_trace_id(given) or new_trace_id()
+            audit_refusal(
+                AuthGate.audit, method=f"{scope['method']} {path}", outcome="unauthenticated", reason=exc.message, trace_id=trace_id
+            )
+            return await _unauthenticated(exc, path, trace_id)(scope, receive, send)
         token = CURRENT_PRINCIPAL.set(principal)
         try:
             await self.app(scope, receive, send)
@@ -114,16 +120,16 @@ OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})  # refused in O
 JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error response (MCP is JSON-RPC too)
 
 
-def _unauthenticated(exc: UnauthenticatedError, path: str) -> Response:
+def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Response:
     error = error_for(exc)
-    body: dict[str, Any] = {"code": error.code, "message": error.message, "data": error.data}
-    payload: dict[str, Any] = {"error": body}
+    error.data["trace_id"] = trace_id
+    payload: dict[str, Any] = {"error": error.body()}
     if path in JSONRPC_PATHS:
         payload = error_response(None, error)
     elif path in OPENAI_PATHS:
         payload = error_from_rpc(error.body()).body
     challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
-    return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge})
+    return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
 
 
 def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
@@ -146,6 +152,12 @@ def caller_has_role(*roles: str) -> bool:
     ingress's methods by value, and a ContextVar cannot travel that way)."""
     principal = CURRENT_PRINCIPAL.get()
     return principal is not None and bool(set(roles) & set(principal.roles))
+
+
+def caller_sub() -> str | None:
+    """The request's verified caller's `sub` (module level, as `caller_has_role`)."""
+    principal = CURRENT_PRINCIPAL.get()
+    return principal.sub if principal is not None else None
 
 
 api.add_middleware(AuthGate)
@@ -220,6 +232,8 @@ class ReasonRayIngress:
         async def strategy_of(params: Any) -> str:
             return (await self.service.resolve(params)).strategy
 
+        audit = audit_log_for(self.settings.store.url, self.settings.data_dir) if auth.audit else None
+        AuthGate.audit = audit or NoAudit()  # one writer for refusals at the gate and for every call the guard sees
         guard = Guard(
             Policy(auth),
             # both follow this deployment's store and data directory, and keep their records there
@@ -228,7 +242,7 @@ class ReasonRayIngress:
             agent_exists=lambda agent_id: agent_exists_via(self.registry.get_agent, agent_id),
             strategy_of=strategy_of,
             agent_strategies=lambda agent_id: agent_strategies_via(self.registry.get_agent, agent_id),
-            audit=audit_log_for(self.settings.store.url, self.settings.data_dir) if auth.audit else None,
+            audit=audit,
         )
         install_guard(self.rpc, guard)
 
@@ -315,7 +329,17 @@ class ReasonRayIngress:
     async def admin_health(self) -> Response:
         if self.settings.auth.enabled and not caller_has_role("operator", "admin"):  # the gate checked the token
             error = error_for(ForbiddenError("forbidden: /admin/health is for the operator and admin roles"))
-            return JSONResponse({"error": {"code": error.code, "message": error.message, "data": error.data}}, status_code=403)
+            trace_id = new_trace_id()
+            audit_refusal(
+                AuthGate.audit,
+                method="GET /admin/health",
+                outcome="forbidden",
+                reason=error.message,
+                trace_id=trace_id,
+                principal=caller_sub(),
+            )
+            body = {"code": error.code, "message": error.message, "data": {**error.data, "trace_id": trace_id}}
+            return JSONResponse({"error": body}, status_code=403, headers={"X-Trace-Id": trace_id})
         body, status_code = await self._health()
         return JSONResponse(body, status_code=status_code)
 

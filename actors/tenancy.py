@@ -9,16 +9,20 @@ redeploy with another data directory or store replaces them, so nothing is writt
 
 The limiter's client batches: for a principal with a requests-per-minute limit it takes a lease of a few
 request permits at a time and spends them locally, so most calls cost no actor round trip; runs
-(which also hold a concurrency slot and check token budgets) always ask the actor.
+(which also hold a concurrency slot and check token budgets) always ask the actor before they start,
+and report their end (slot freed, tokens charged) without waiting for the answer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import ray
+import structlog
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
@@ -29,6 +33,9 @@ from reasonray.kernel.repositories import counters
 LEASE_S = 1.0  # unused permits of a lease expire this soon: a replica never sits on others' headroom for long
 LEASE_SHARE = 20  # a lease is at most 1/20 of a per-minute limit, so leftover permits waste little of it
 MAX_LEASE = 16
+BUDGET_FLUSH_S = 1.0  # token charges are written to the store at most this often (a dying limiter loses at most this much)
+
+log = structlog.get_logger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -66,16 +73,33 @@ class LimiterActor(Fingerprinted):
     def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
         private_files()
         self._fingerprint = fp
-        self.limiter = RateLimiter(budgets=TokenBudgets(counters(store_url, Path(data_dir))))
+        # token charges reach the store once a second, summed (TokenBudgets), not twice per run
+        self.limiter = RateLimiter(budgets=TokenBudgets(counters(store_url, Path(data_dir)), flush_s=BUDGET_FLUSH_S))
+        self._lock = threading.Lock()  # the calls below and the flusher thread take turns
+        threading.Thread(target=self._flush_forever, name="budget-flush", daemon=True).start()
 
     def admit(self, keyed: KeyedLimits, requests: int, run: bool) -> dict[str, Any]:
-        return self.limiter.admit(keyed, requests=requests, run=run)
+        with self._lock:
+            return self.limiter.admit(keyed, requests=requests, run=run)
 
     def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
-        self.limiter.finish(keys, run_id, tokens)
+        with self._lock:
+            self.limiter.finish(keys, run_id, tokens)
 
     def usage(self, key: str) -> dict[str, int]:
-        return self.limiter.usage(key)
+        with self._lock:
+            return self.limiter.usage(key)
+
+    def flush(self) -> None:
+        """Write pending token charges now (tests, a graceful stop)."""
+        with self._lock:
+            self.limiter.budgets.flush(time.time())
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(BUDGET_FLUSH_S)
+            with self._lock:
+                self.limiter.budgets.flush_due(time.time())
 
 
 class RayOwners:
@@ -109,6 +133,7 @@ class RayLimits:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self._leases: dict[tuple, tuple[int, float, dict[str, Any]]] = {}
+        self._finishing: set[asyncio.Future[None]] = set()
 
     async def admit(self, keyed: KeyedLimits, *, run: bool) -> dict[str, Any]:
         if run:
@@ -131,7 +156,19 @@ class RayLimits:
         return decision
 
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
-        await unwrap(self.handle.finish.remote(keys, run_id, tokens))
+        """Free the run's slot and charge its tokens without holding the caller's response: the call is
+        submitted now, so this replica's next admission reaches the (sequential) actor after it, and its
+        answer is awaited in the background (a failure is logged; the actor retries across restarts)."""
+        settled = asyncio.ensure_future(_settle(self.handle.finish.remote(keys, run_id, tokens), keys))
+        self._finishing.add(settled)  # held until it ends: a task nothing refers to may be collected
+        settled.add_done_callback(self._finishing.discard)
+
+
+async def _settle(ref: Any, keys: list[str]) -> None:
+    try:
+        await unwrap(ref)
+    except Exception as exc:
+        log.warning("limits.finish_failed", keys=keys, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
 def _lease_size(keyed: KeyedLimits) -> int:

@@ -1,9 +1,12 @@
 """What ReasonRay adds to one LLM call: `reasoning.execute` (chain_of_thought) through Ray Serve versus
 the same chat completion sent straight to the same simulated model with the openai client, in one run;
-and the cost of strategy resolution; and what authentication and rate limiting add to each request
-(token verification, roles, ownership lookup, limiter), in process, against the same calls unguarded.
+and the cost of strategy resolution; and what authentication and rate limiting add to each request as
+a user meets it: two copies of the service on one cluster, one with `[auth]` on (token verification,
+roles, the tenancy guard, the limiter actor's round trips, the audit log) and one with it off, called
+over HTTP in interleaved blocks with the same requests.
 
-    .venv/bin/python bench/overhead.py [--requests 300] [--tracing-only] [--auth-only]
+    .venv/bin/python bench/overhead.py [--requests 300] [--tracing-only] [--auth-only [--auth-requests 600]]
+    .venv/bin/python bench/overhead.py --auth-in-process   # the guard alone, in this process, no Ray
 
 Targets (issue 2): resolution under 1 ms p50; added latency through Serve under 15 ms p50.
 Target (issue 19): authentication + rate limiting under 1 ms p50 per request.
@@ -12,6 +15,7 @@ Target (issue 19): authentication + rate limiting under 1 ms p50 per request.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -202,7 +206,85 @@ def print_auth(figures: dict[str, tuple[list[float], list[float]]]) -> bool:
             f"auth + rate limit on {method:<21} p50 {b50 * 1000:7.1f} us -> {a50 * 1000:7.1f} us "
             f"(p95 {a95 * 1000:7.1f} us)   added p50 {added * 1000:6.1f} us   ratio {a50 / b50:.2f}x"
         )
-    print(f"target auth + rate limiting < 1 ms p50: {'PASS' if ok else 'FAIL'}  (in process; a run adds one limiter-actor round trip)")
+    print(f"target auth + rate limiting < 1 ms p50: {'PASS' if ok else 'FAIL'}  (in process only: no HTTP, no limiter actor)")
+    return ok
+
+
+AUTH_SECRET = "bench-secret-" + "x" * 32
+AUTH_SUB = "bench-user"
+
+
+def auth_http_overhead(settings: Settings, n: int = 600, block: int = 50) -> dict[str, tuple[list[float], list[float]]]:
+    """Per request as a user meets it: the same calls to the service with auth off and with auth on (the
+    caller has a requests-per-minute limit, a concurrent-run limit and a token budget, so every check
+    runs), over HTTP, one cluster, both apps behind the same ingress, interleaved blocks. Needs Ray
+    initialised and Serve started; deploys `bench-open` at /open and `bench-auth` at /auth."""
+    from ray import serve
+
+    from reasonray.api.auth import mint_token
+    from reasonray.serve_app import build_app
+
+    base = settings.model_dump(mode="json")
+    open_settings = {**base, "auth": {**base["auth"], "jwt_secret": None}}
+    limits = {"requests_per_minute": 1_000_000, "concurrent_runs": 64, "tokens_per_minute": 10**9, "tokens_per_day": 10**12}
+    auth_settings = {**base, "auth": {**base["auth"], "jwt_secret": AUTH_SECRET, "principals": {AUTH_SUB: limits}}}
+    for name, prefix, app_settings in (("bench-open", "/open", open_settings), ("bench-auth", "/auth", auth_settings)):
+        serve.run(build_app({"settings": app_settings, "app_name": name}), name=name, route_prefix=prefix)
+    token = mint_token(AUTH_SECRET, AUTH_SUB, ["reasoner"], 3600)
+    url = f"http://127.0.0.1:{serve_port()}"
+    plain = httpx.Client(base_url=f"{url}/open", timeout=30)
+    guarded = httpx.Client(base_url=f"{url}/auth", timeout=30, headers={"Authorization": f"Bearer {token}"})
+    calls = {
+        # no run: roles, the leased request permits (most calls make no limiter round trip)
+        "reasoning.strategies": {},
+        # a run (cache hit after the first call, so the model's time does not drown the difference):
+        # admission and the token charge on the limiter actor, the budget check
+        "reasoning.execute": {"query": "What is 17 * 23?", "strategy": "chain_of_thought"},
+    }
+
+    def post(client: httpx.Client, method: str, params: dict) -> None:
+        response = client.post("/rpc", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        assert response.status_code == 200 and "result" in response.json(), response.text[:300]
+
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    try:
+        for method, params in calls.items():
+            send_off = functools.partial(post, plain, method, params)
+            send_on = functools.partial(post, guarded, method, params)
+            for send in (send_off, send_on):  # warm-up: connections, the cache entry, the first lease
+                timed(lambda _i, send=send: send(), 30)
+            off_ms: list[float] = []
+            on_ms: list[float] = []
+            for _ in range(0, n, block):
+                off_ms += timed(lambda _i, send=send_off: send(), block)
+                on_ms += timed(lambda _i, send=send_on: send(), block)
+            out[method] = (off_ms, on_ms)
+    finally:
+        plain.close()
+        guarded.close()
+        for name in ("bench-open", "bench-auth"):
+            serve.delete(name)
+    return out
+
+
+def serve_port() -> int:
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client()
+    return int(client.http_config.port)
+
+
+def print_auth_http(figures: dict[str, tuple[list[float], list[float]]]) -> bool:
+    ok = True
+    for method, (off_ms, on_ms) in figures.items():
+        o50, a50 = pct(off_ms, 0.5), pct(on_ms, 0.5)
+        added = a50 - o50
+        ok = ok and added < 1.0
+        print(
+            f"HTTP {method:<21} auth off p50 {o50:6.2f} ms (p95 {pct(off_ms, 0.95):6.2f})   auth on p50 {a50:6.2f} ms "
+            f"(p95 {pct(on_ms, 0.95):6.2f})   added p50 {added:6.2f} ms   ratio {a50 / o50:.2f}x   n={len(on_ms)}"
+        )
+    print(f"target auth + rate limiting < 1 ms p50 added per request (over HTTP, limiter actor included): {'PASS' if ok else 'FAIL'}")
     return ok
 
 
@@ -222,12 +304,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--tracing-only", action="store_true", help="only the OpenTelemetry tracing figures (no Ray)")
-    parser.add_argument("--auth-only", action="store_true", help="Only the authentication and rate-limiting figures (no Ray).")
+    parser.add_argument("--auth-only", action="store_true", help="Only the authentication and rate-limiting figures (over HTTP).")
+    parser.add_argument("--auth-requests", type=int, default=600, help="Requests per method and mode for the auth figures.")
+    parser.add_argument("--auth-in-process", action="store_true", help="The guard alone, in this process (no Ray, no HTTP).")
     args = parser.parse_args()
     if args.tracing_only:
         tracing_overhead()
         return
-    if args.auth_only:
+    if args.auth_in_process:
         print_auth(auth_overhead(load_settings(REPO / "config.toml", environ={})))
         return
 
@@ -250,13 +334,25 @@ def main() -> None:
         base["logging"]["level"] = "warning"
         settings = Settings.model_validate(base)
 
+        if args.auth_only:
+            # the ingress `reasonray serve` uses with auth on (HAProxy), for both apps, unless BENCH_INGRESS=default
+            if os.environ.get("BENCH_INGRESS") != "default":
+                on = settings.model_copy(update={"auth": settings.auth.model_copy(update={"jwt_secret": AUTH_SECRET})})
+                os.environ.update(ray_environment(on))
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+            serve.start(http_options={"host": "127.0.0.1", "port": api_port})
+            figures = auth_http_overhead(settings, args.auth_requests)
+            print(f"auth: {args.auth_requests} sequential requests per method and mode, blocks of 50 interleaved, simulated model")
+            print_auth_http(figures)
+            return
+
         by_default, by_request = resolution_overhead(settings)
-        auth_figures = auth_overhead(settings)
 
         if os.environ.get("BENCH_INGRESS") != "default":  # BENCH_INGRESS=default measures Serve's plain proxy
             os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": api_port})
+        auth_figures = auth_http_overhead(settings, args.auth_requests)
         serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")
 
         direct = openai.OpenAI(base_url=sim_url, api_key="x", max_retries=0)
@@ -315,7 +411,7 @@ def main() -> None:
         f"target resolution < 1 ms p50: {'PASS' if ok_resolution else 'FAIL'};  target added < 15 ms p50: {'PASS' if ok_added else 'FAIL'}"
     )
     print(f"mean direct {statistics.mean(direct_ms):.2f} ms, mean serve {statistics.mean(serve_ms):.2f} ms")
-    print_auth(auth_figures)
+    print_auth_http(auth_figures)
     tracing_overhead()
 
 

@@ -8,7 +8,9 @@
 Every method is one JSON-RPC call (docs/api.md) with the method's params as keyword arguments; a
 JSON-RPC error raises `ReasonRayError` with its code, message and data. `execute_stream` reads
 `reasoning.execute` with `stream: true` as the run's events arrive. The client talks HTTP only: it
-imports nothing of the server.
+imports nothing of the server. `transport` takes any httpx transport; `reasonray.api.local_http.
+in_process_client(dispatcher)` gives an `AsyncClient` over an application in this process (notebooks,
+scripts), with no server.
 """
 
 from __future__ import annotations
@@ -207,8 +209,15 @@ class _Methods:
 class Client(_Methods):
     """Blocking client. Use as a context manager, or call `close()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, timeout: float = 600.0, headers: dict[str, str] | None = None) -> None:
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers)
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 600.0,
+        headers: dict[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport)
         self._ids = itertools.count(1)
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
@@ -247,8 +256,15 @@ class Client(_Methods):
 class AsyncClient(_Methods):
     """asyncio client: the same methods, awaited. Use as an async context manager, or call `aclose()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, timeout: float = 600.0, headers: dict[str, str] | None = None) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers)
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 600.0,
+        headers: dict[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport)
         self._ids = itertools.count(1)
 
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:

@@ -13,19 +13,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+import structlog
 from pydantic import BaseModel, Field
 
 from reasonray.kernel import repositories
 
+log = structlog.get_logger(__name__)
+
+
+ANONYMOUS = "anonymous"
+"""The principal recorded for a caller without a valid token."""
+
 
 class AuditRecord(BaseModel):
     at: datetime = Field(default_factory=lambda: datetime.now(UTC), description="When the call ended (UTC).")
-    principal: str | None = Field(description="The caller's `sub`; None for an unauthenticated caller.")
+    principal: str = Field(description=f"The caller's `sub`; `{ANONYMOUS}` for a caller without a valid token.")
     roles: list[str] = Field(default_factory=list, description="The roles the caller's token carried.")
-    method: str = Field(description="The JSON-RPC method (or HTTP route) called.")
+    method: str = Field(description="The JSON-RPC method, or for a request refused at the gate its HTTP route (`POST /rpc`).")
     target: str | None = Field(None, description="What the call named: `session:<id>`, `agent:<id>`, `workspace:<name>`.")
-    outcome: str = Field(description="`ok` or the error type (forbidden, rate_limited, not_found, ...).")
-    trace_id: str | None = Field(None, description="The call's trace id, as in the event log and errors.")
+    outcome: str = Field(description="`ok` or the error type (unauthenticated, forbidden, rate_limited, not_found, ...).")
+    trace_id: str | None = Field(None, description="The call's trace id, as in the event log, the X-Trace-Id header and errors.")
+    reason: str | None = Field(None, description="Why the call failed or was refused: the error message the caller got.")
 
 
 class AuditLog(Protocol):
@@ -50,19 +58,30 @@ class JsonlAuditLog:
         os.write(self._fd, (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode())
 
 
+def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: str, trace_id: str, principal: str | None = None) -> None:
+    """Record a request refused before any method ran (no or a bad token at the gate, a route for other roles).
+    An audit writer that fails is logged, never turned into a 500 for the caller."""
+    try:
+        audit.write(AuditRecord(principal=principal or ANONYMOUS, method=method, outcome=outcome, trace_id=trace_id, reason=reason[:500]))
+    except Exception as exc:
+        log.warning("audit.write_failed", method=method, outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:200])
+
+
 def audit_log_path(data_dir: Path) -> Path:
     return data_dir / "audit" / "audit.jsonl"
 
 
 class StoreAuditLog:
     """Writes records to the kernel's audit repository (the cluster store's `audit_log` table): `action` is the
-    method, `detail` holds roles, target, outcome and trace id."""
+    method, `detail` holds roles, target, outcome, trace id and reason."""
 
     def __init__(self, log: repositories.AuditLog) -> None:
         self.log = log
 
     def write(self, record: AuditRecord) -> None:
         detail = record.model_dump(mode="json", include={"roles", "target", "outcome", "trace_id"})
+        if record.reason is not None:  # failures and refusals: what the caller was told
+            detail["reason"] = record.reason
         self.log.append(repositories.AuditEntry(at=record.at, principal=record.principal, action=record.method, detail=detail))
 
 

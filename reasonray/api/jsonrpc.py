@@ -157,6 +157,7 @@ class Method:
     handler: Handler
     params: type[BaseModel]
     description: str
+    result: type[BaseModel] | None = None  # what it answers, as rpc.discover advertises it (reasonray.api.results)
 
 
 class Dispatcher:
@@ -173,9 +174,11 @@ class Dispatcher:
         self.batch_concurrency = batch_concurrency
         self.guard: Guard | None = None
 
-    def method(self, name: str, params: type[BaseModel], description: str = "") -> Callable[[Handler], Handler]:
+    def method(
+        self, name: str, params: type[BaseModel], description: str = "", *, result: type[BaseModel] | None = None
+    ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
-            self.methods[name] = Method(handler, params, description or (handler.__doc__ or "").strip())
+            self.methods[name] = Method(handler, params, description or (handler.__doc__ or "").strip(), result)
             return handler
 
         return register

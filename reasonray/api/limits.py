@@ -48,14 +48,20 @@ class TokenBudgets:
     """Tokens charged per key and budget window, kept in a `Counters` repository.
 
     Reads are cached for `refresh_s` (a run's admission costs no store round trip while the cache is
-    fresh; a limiter on another cluster sharing the store is seen that much later), and each charge
-    refreshes the cache with the total the store returns. A charge the store cannot take (it is
-    down) is kept and written with the next one: a finished run never fails for its bookkeeping.
+    fresh; a limiter on another cluster sharing the store is seen that much later). Charges count at
+    once here (`spent` adds what is not yet stored) and are written to the store at most every
+    `flush_s`, summed per key and window, by the next charge or `flush_due` after that: one write per
+    second rather than two durable writes per run (each file write is fsynced; measured 14 ms here).
+    A limiter that dies loses what it had not written yet, at most `flush_s` of charges when its
+    owner calls `flush_due` on a timer (the limiter actor does). A charge the store cannot take (it
+    is down) is kept and written with the next flush: a finished run never fails for its bookkeeping.
     """
 
-    def __init__(self, counters: Counters | None = None, refresh_s: float = 1.0) -> None:
+    def __init__(self, counters: Counters | None = None, refresh_s: float = 1.0, flush_s: float = 0.0) -> None:
         self.counters: Counters = counters if counters is not None else MemoryCounters()
         self.refresh_s = refresh_s
+        self.flush_s = flush_s  # 0: every charge is written at once
+        self._flushed_at = float("-inf")
         self._seen: dict[tuple[str, str], tuple[int, int, float]] = {}  # (key, budget) -> (window start, total, read at)
         self._pending: dict[tuple[str, str, int], int] = {}  # (key, budget, window start) -> tokens not yet stored
 
@@ -77,9 +83,15 @@ class TokenBudgets:
         for budget, span in BUDGET_WINDOWS.items():
             slot = (key, budget, window_start(span, now))
             self._pending[slot] = self._pending.get(slot, 0) + tokens
-        self.flush(now)
+        self.flush_due(now)
+
+    def flush_due(self, now: float) -> None:
+        """Write the pending charges when `flush_s` has passed since the last write."""
+        if self._pending and now - self._flushed_at >= self.flush_s:
+            self.flush(now)
 
     def flush(self, now: float) -> None:
+        self._flushed_at = now
         for (key, budget, start), tokens in list(self._pending.items()):
             span = BUDGET_WINDOWS[budget]
             try:

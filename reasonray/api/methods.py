@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reasonray.api import results
 from reasonray.api.caps import check_text
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
@@ -111,7 +112,7 @@ def build_dispatcher(
         """Run a reasoning strategy on a query and return the answer with metrics."""
         return await service.execute(params, call.trace_id)
 
-    @rpc.method("reasoning.bounded_context", BoundedContextParams)
+    @rpc.method("reasoning.bounded_context", BoundedContextParams, result=results.BoundedContextResult)
     async def bounded_context(params: BoundedContextParams, call: Call) -> dict[str, Any]:
         """Bounded-context reasoning with the seed's parameters and result shape."""
         config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
@@ -135,32 +136,32 @@ def build_dispatcher(
             "trace_id": result.trace_id,
         }
 
-    @rpc.method("reasoning.strategies", NoParams)
+    @rpc.method("reasoning.strategies", NoParams, result=results.StrategiesResult)
     async def strategies(params: NoParams, call: Call) -> dict[str, Any]:
         """The enabled strategies with their capabilities and config schemas, the default, and plugin failures."""
         return await registry.describe()
 
-    @rpc.method("agent.register", AgentRegistration)
+    @rpc.method("agent.register", AgentRegistration, result=results.AgentRegisterResult)
     async def agent_register(params: AgentRegistration, call: Call) -> dict[str, Any]:
         """Register (or replace) an AgentCard; its strategies must exist and be enabled."""
         return await registry.register_agent(params.model_dump(mode="json"), sorted(rpc.methods))
 
-    @rpc.method("agent.get", AgentIdParams)
+    @rpc.method("agent.get", AgentIdParams, result=results.AgentResult)
     async def agent_get(params: AgentIdParams, call: Call) -> dict[str, Any]:
         """One registered AgentCard."""
         return await registry.get_agent(params.agent_id)
 
-    @rpc.method("agent.list", NoParams)
+    @rpc.method("agent.list", NoParams, result=results.AgentListResult)
     async def agent_list(params: NoParams, call: Call) -> dict[str, Any]:
         """Every registered AgentCard."""
         return {"agents": await registry.list_agents()}
 
-    @rpc.method("agent.discover", DiscoverParams)
+    @rpc.method("agent.discover", DiscoverParams, result=results.AgentDiscoverResult)
     async def agent_discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
         """The agents advertising all the given capabilities."""
         return {"capabilities": params.capabilities, "agents": await registry.discover_agents(params.capabilities)}
 
-    @rpc.method("agent.unregister", AgentIdParams)
+    @rpc.method("agent.unregister", AgentIdParams, result=results.AgentUnregisterResult)
     async def agent_unregister(params: AgentIdParams, call: Call) -> dict[str, Any]:
         """Remove an AgentCard; requests naming it fail from then on."""
         return {"unregistered": await registry.unregister_agent(params.agent_id)}
@@ -174,34 +175,34 @@ def build_dispatcher(
 
 
 def _session_methods(rpc: Dispatcher, sessions: Sessions, limits: LimitSettings) -> None:
-    @rpc.method("session.create", SessionSpec)
+    @rpc.method("session.create", SessionSpec, result=results.SessionCreateResult)
     async def session_create(params: SessionSpec, call: Call) -> dict[str, Any]:
         """Start a session with its mode(s), server tools by name, client tools as schemas and bootstrap text."""
         return await sessions.create(params)
 
-    @rpc.method("session.turn", TurnParams)
+    @rpc.method("session.turn", TurnParams, result=results.TurnResult)
     async def session_turn(params: TurnParams, call: Call) -> dict[str, Any]:
         """A new turn: the final answer (exit mode 1) or pending client tool calls (exit mode 2), with the trace."""
         check_text("message", params.message, limits)
         return await sessions.turn(params.session_id, params.message, call.trace_id)
 
-    @rpc.method("session.resume", ResumeParams)
+    @rpc.method("session.resume", ResumeParams, result=results.TurnResult)
     async def session_resume(params: ResumeParams, call: Call) -> dict[str, Any]:
         """Re-enter a turn with the results of its pending client tool calls."""
         results = [r.model_dump() for r in params.tool_results]
         return await sessions.resume(params.session_id, results, call.trace_id)
 
-    @rpc.method("session.get", SessionIdParams)
+    @rpc.method("session.get", SessionIdParams, result=results.SessionGetResult)
     async def session_get(params: SessionIdParams, call: Call) -> dict[str, Any]:
         """The session's status, mode, pending calls and last turn's trace."""
         return await sessions.get(params.session_id)
 
-    @rpc.method("session.close", SessionIdParams)
+    @rpc.method("session.close", SessionIdParams, result=results.SessionCloseResult)
     async def session_close(params: SessionIdParams, call: Call) -> dict[str, Any]:
         """Close the session: later turns are refused; its state stays readable."""
         return await sessions.close(params.session_id)
 
-    @rpc.method("session.tools", NoParams)
+    @rpc.method("session.tools", NoParams, result=results.SessionToolsResult)
     async def session_tools(params: NoParams, call: Call) -> dict[str, Any]:
         """The server tools sessions can use, with their schemas."""
         return {"server_tools": sessions.tools()}

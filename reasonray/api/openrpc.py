@@ -1,7 +1,8 @@
 """`rpc.discover`: the OpenRPC 1.x document of the API, generated from the method table.
 
 Every method's params come from its Pydantic model (one `by-name` param per field, `required` as the
-model says), its result from the handler's return annotation (a model's JSON Schema, or an object),
+model says), its result from its result model (`Dispatcher.method(..., result=...)`, reasonray.api.results,
+else the handler's return annotation; a method with neither is a bug that `discover_document` refuses),
 and the errors from the error tree (`error_classes`) and the codes JSON-RPC reserves, so clients and tools can be
 generated from the running server and never drift from it.
 """
@@ -26,6 +27,7 @@ from reasonray.api.jsonrpc import (
     Method,
     error_classes,
 )
+from reasonray.api.results import OpenRpcDocument
 from reasonray.api.streaming import STREAM_METHODS
 
 OPENRPC_VERSION = "1.3.2"
@@ -42,7 +44,9 @@ class DiscoverParams(BaseModel):
 
 
 def result_model(method: Method) -> type[BaseModel] | None:
-    """The Pydantic model the handler returns, when its annotation names one."""
+    """The method's result model: the one it was registered with, else the one its handler's annotation names."""
+    if method.result is not None:
+        return method.result
     try:
         returned = typing.get_type_hints(method.handler).get("return")
     except (NameError, TypeError):  # an annotation that does not resolve: described as an object
@@ -101,7 +105,9 @@ def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: 
         if name in STREAM_METHODS:  # a transport option, not a model field: POST /rpc answers it as SSE
             params.append({"name": "stream", "required": False, "schema": {"type": "boolean", "default": False}, "description": STREAM_DOC})
         model = result_model(method)
-        result = schemas.of(model, "serialization") if model is not None else {"type": "object"}
+        if model is None:  # every method documents its result: generated clients get real types, not `object`
+            raise TypeError(f"method {name!r} has no result model: register it with result=... (reasonray.api.results)")
+        result = schemas.of(model, "serialization")
         methods.append(
             {
                 "name": name,
@@ -127,7 +133,7 @@ def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: 
 def add_discover(rpc: Dispatcher) -> None:
     """Register `rpc.discover` (OpenRPC's service discovery method) on the dispatcher."""
 
-    @rpc.method(DISCOVER, DiscoverParams)
+    @rpc.method(DISCOVER, DiscoverParams, result=OpenRpcDocument)
     async def discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
         """The OpenRPC document of this API: every method with its params, result and errors."""
         return discover_document(rpc)

@@ -22,10 +22,11 @@ from typing import Any, Protocol, TypedDict
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonray.api.audit import AuditLog, AuditRecord, NoAudit
+from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
+from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
 from reasonray.strategies.agents import STRATEGY_CAPABILITY
@@ -245,7 +246,7 @@ class Guard:
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
         principal = CURRENT_PRINCIPAL.get()
         target = _target(call.method, params)
-        outcome = "ok"
+        outcome, reason = "ok", None
         try:
             if principal is None:
                 raise UnauthenticatedError("missing credentials: send `Authorization: Bearer <token>` (see docs/security.md)")
@@ -259,17 +260,19 @@ class Guard:
             result = await self._limited(principal, call.method, strategy, invoke)
             return await self._after(principal, call.method, params, result)
         except Exception as exc:
-            outcome = error_for(exc).data.get("error_type", "error")
+            error = error_for(exc)
+            outcome, reason = error.data.get("error_type", "error"), error.message[:500]
             raise
         finally:
             self.audit.write(
                 AuditRecord(
-                    principal=principal.sub if principal else None,
+                    principal=principal.sub if principal else ANONYMOUS,
                     roles=list(principal.roles) if principal else [],
                     method=call.method,
                     target=target,
                     outcome=outcome,
                     trace_id=call.trace_id,
+                    reason=reason,
                 )
             )
 
@@ -459,7 +462,7 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
     if "memory.store" not in rpc.methods:
         return
 
-    @rpc.method("memory.share_workspace", ShareParams)
+    @rpc.method("memory.share_workspace", ShareParams, result=ShareResult)
     async def share_workspace(params: ShareParams, call: Call) -> dict[str, Any]:
         """Let named principals read one of your workspaces (read-only); replaces its reader list."""
         if await guard.owners.get("workspace", params.workspace) is None:

@@ -7,7 +7,9 @@ hold across the two replicas (the counters live in one actor); a run's tokens ar
 
 import json
 import random
+import time
 import uuid
+from pathlib import Path
 
 import httpx
 import openai
@@ -204,3 +206,55 @@ def test_a_runs_tokens_are_charged_to_its_caller_and_the_budget_then_holds(secur
     assert ray.get(limiter.usage.remote("thrifty"))["tokens_today"] == used > 0
     refused = client.post("/v1/reasoning/execute", json={"query": "What is 3 + 3?"}, headers=bearer("thrifty"))
     assert refused.status_code == 429 and refused.json()["error"]["data"]["limit_name"] == "tokens_per_day"
+
+
+def _audit_records(settings: dict, wanted, timeout_s: float = 10.0) -> list[dict]:
+    """The audit log's records (one JSONL file both replicas append to) once `wanted(records)` holds."""
+    path = Path(settings["data_dir"]) / "audit" / "audit.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if wanted(records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def test_requests_refused_at_the_gate_are_audited_with_reason_and_trace_id(secured):
+    """docs/security.md, Audit log: no token, a bad token, a forbidden method, a route for other roles and a
+    rate-limited call each leave one record: principal (or anonymous), method, outcome, trace id, reason."""
+    client, settings = secured
+    tag = uuid.uuid4().hex[:8]
+    anonymous = client.post(
+        "/rpc", json={"jsonrpc": "2.0", "method": "reasoning.strategies", "id": 1}, headers={"X-Trace-Id": f"anon-{tag}"}
+    )
+    assert anonymous.status_code == 401 and anonymous.headers["X-Trace-Id"] == f"anon-{tag}"
+    assert anonymous.json()["error"]["data"]["trace_id"] == f"anon-{tag}"
+    forged = mint_token("another-secret-" + "y" * 32, "mallory", ["admin"], 60)
+    bad = client.get("/v1/strategies", headers={"Authorization": f"Bearer {forged}"})
+    assert bad.status_code == 401
+    bad_trace = bad.headers["X-Trace-Id"]
+    forbidden = call(client, f"runner-{tag}", "agent.list", {}, "runner")
+    assert forbidden["error"]["code"] == -32003
+    ops_only = client.get("/admin/health", headers=bearer(f"nosy-{tag}", "reasoner"))
+    assert ops_only.status_code == 403
+    limited = [client.get("/v1/strategies", headers=bearer(f"metered-{tag}", "metered")) for _ in range(7)]
+    assert [r.status_code for r in limited].count(429) == 1
+    limited_trace = limited[-1].headers["X-Trace-Id"]
+
+    def by_trace(records: list[dict]) -> dict[str, dict]:
+        return {r["trace_id"]: r for r in records if r.get("trace_id")}
+
+    traces = [f"anon-{tag}", bad_trace, forbidden["error"]["data"]["trace_id"], ops_only.headers["X-Trace-Id"], limited_trace]
+    records = by_trace(_audit_records(settings, lambda rs: set(traces) <= set(by_trace(rs))))
+    assert set(traces) <= set(records), [r for r in records.values() if tag in json.dumps(r)]
+    first, second, third, fourth, fifth = (records[t] for t in traces)
+    assert first["principal"] == "anonymous" and first["method"] == "POST /rpc" and first["outcome"] == "unauthenticated"
+    assert first["reason"].startswith("missing credentials") and first["roles"] == []
+    assert second["principal"] == "anonymous" and second["method"] == "GET /v1/strategies"
+    assert second["reason"] == "invalid token: signature verification failed"  # the token's claims are not believed
+    assert third["principal"] == f"runner-{tag}" and third["method"] == "agent.list" and third["outcome"] == "forbidden"
+    assert "may not call agent.list" in third["reason"] and third["roles"] == ["runner"]
+    assert fourth["principal"] == f"nosy-{tag}" and fourth["method"] == "GET /admin/health" and fourth["outcome"] == "forbidden"
+    assert fifth["principal"] == f"metered-{tag}" and fifth["method"] == "reasoning.strategies"
+    assert fifth["outcome"] == "rate_limited" and "requests per minute" in fifth["reason"]
+    assert (Path(settings["data_dir"]) / "audit" / "audit.jsonl").stat().st_mode & 0o777 == 0o600

@@ -281,3 +281,32 @@ def test_ownership_table_persists_claims_and_shares(tmp_path):
 async def test_sessions_cannot_take_a_tool_that_reads_any_workspace(tmp_path, tool):
     rpc, _ = api(tmp_path)
     assert (await call(rpc, ALICE, "session.create", {"server_tools": [tool]}))["error"]["code"] == -32003
+
+
+class CountingCounters(MemoryCounters):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def add(self, key, amount=1, window_s=None, now=None):
+        self.writes += 1
+        return super().add(key, amount, window_s, now)
+
+
+def test_charges_count_at_once_and_reach_the_store_summed_once_per_flush_interval():
+    """The limiter actor writes budgets at most once a second (a file write is fsynced: two per run cost ~28 ms),
+    and the budget holds in between because unwritten charges count too."""
+    clock, counters = Clock(), CountingCounters()
+    keyed = [("p", {"tokens_per_day": 100})]
+    limiter = RateLimiter(clock, TokenBudgets(counters, flush_s=1.0))
+    limiter.finish(["p"], limiter.admit(keyed, run=True)["run_id"], tokens=40)  # the first charge is written at once
+    assert counters.writes == 2  # the minute's and the day's window
+    for _ in range(2):
+        limiter.finish(["p"], limiter.admit(keyed, run=True)["run_id"], tokens=40)
+    assert counters.writes == 2 and counters.get("tokens_per_day:p", 86_400, clock.now) == 40  # not written yet
+    assert limiter.usage("p")["tokens_today"] == 120 and limiter.admit(keyed, run=True)["limit_name"] == "tokens_per_day"
+    clock.now += 1.0
+    limiter.budgets.flush_due(clock.now)
+    assert counters.writes == 4 and counters.get("tokens_per_day:p", 86_400, clock.now) == 120  # both charges, summed
+    limiter.budgets.flush_due(clock.now)
+    assert counters.writes == 4  # nothing pending: nothing written
