@@ -38,6 +38,7 @@ def test_lru_evicts_the_least_recently_used():
     cache.put("c", b"3")
     assert cache.get("b") is None and cache.get("a") == b"1" and cache.get("c") == b"3"
     assert cache.stats().evictions == 1
+    assert cache.stats().entries == 2  # the cache is full, at its bound
 
 
 def test_entries_expire_after_the_ttl():

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import uuid
 
 import pytest
 
@@ -215,9 +216,13 @@ def test_a_failed_probe_opens_it_again_and_a_released_probe_frees_its_slot():
 
 
 def test_one_breaker_per_endpoint():
-    a = breaker_for("http://a/v1", minimum_calls=5)
-    assert breaker_for("http://a/v1", minimum_calls=5) is a
-    assert breaker_for("http://b/v1", minimum_calls=5) is not a
+    # endpoints of this test alone: the registry lives as long as the process
+    a_url, b_url = f"http://a-{uuid.uuid4().hex}/v1", f"http://b-{uuid.uuid4().hex}/v1"
+    a = breaker_for(a_url, minimum_calls=5)
+    assert isinstance(a, CircuitBreaker) and a.minimum_calls == 5
+    assert breaker_for(a_url, minimum_calls=5) is a
+    b = breaker_for(b_url, minimum_calls=5)
+    assert isinstance(b, CircuitBreaker) and b is not a
 
 
 async def test_retries_reach_three_nines_at_ten_percent_faults_and_the_breaker_stays_closed():
@@ -321,7 +326,28 @@ def test_an_outcome_exactly_one_window_old_still_counts():
 
 
 def test_breakers_are_shared_per_endpoint_and_settings():
-    a = breaker_for("http://shared/v1", minimum_calls=5, window_s=3.0)
-    assert breaker_for("http://shared/v1", window_s=3.0, minimum_calls=5) is a
-    assert breaker_for("http://shared/v1", minimum_calls=6, window_s=3.0) is not a
+    url = f"http://shared-{uuid.uuid4().hex}/v1"
+    a = breaker_for(url, minimum_calls=5, window_s=3.0)
+    assert breaker_for(url, window_s=3.0, minimum_calls=5) is a
+    other = breaker_for(url, minimum_calls=6, window_s=3.0)
+    assert isinstance(other, CircuitBreaker) and other is not a and other.minimum_calls == 6
     assert (a.minimum_calls, a.window_s) == (5, 3.0)
+
+
+def test_a_closed_breaker_starts_afresh_and_the_log_says_when_it_opened_and_closed():
+    from structlog.testing import capture_logs
+
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=100, reset_timeout_s=5, half_open_probes=1, clock=clock)
+    with capture_logs() as logs:
+        breaker.record_failure()
+        breaker.record_failure()
+        clock.now = 5.0
+        breaker.before_call()
+        breaker.record_success()
+    assert [(e["event"], e["log_level"]) for e in logs] == [("llm.breaker.opened", "warning"), ("llm.breaker.closed", "info")]
+    assert logs[0]["failure_rate"] == 1.0 and logs[0]["calls"] == 2
+    assert breaker.state == "closed"
+    breaker.record_success()
+    breaker.record_failure()  # the window began at the closing: one fault in two calls
+    assert breaker.failure_rate() == pytest.approx(0.5) and breaker.state == "open"
