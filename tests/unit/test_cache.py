@@ -38,6 +38,7 @@ def test_lru_evicts_the_least_recently_used():
     cache.put("c", b"3")
     assert cache.get("b") is None and cache.get("a") == b"1" and cache.get("c") == b"3"
     assert cache.stats().evictions == 1
+    assert cache.stats().entries == 2  # the cache is full, at its bound
 
 
 def test_entries_expire_after_the_ttl():
@@ -75,4 +76,56 @@ async def test_sampled_calls_always_reach_the_model_but_seeded_ones_are_cached()
     assert (await llm.complete(sampled)).text == "two"
     assert (await llm.complete(seeded)).text == "seeded"
     assert (await llm.complete(seeded)).cached
+    inner.assert_complete()
+
+
+def test_a_cache_of_one_holds_one_and_none_is_refused():
+    with pytest.raises(ValueError, match="max_entries must be at least 1"):
+        LRUTTLCache(max_entries=0)
+    cache = LRUTTLCache(max_entries=1)
+    cache.put("a", b"1")
+    assert cache.get("a") == b"1"
+    cache.put("b", b"2")
+    assert cache.get("a") is None and cache.get("b") == b"2"
+
+
+def test_the_statistics_count_every_lookup_and_eviction():
+    now = [0.0]
+    cache = LRUTTLCache(max_entries=2, ttl_s=5, clock=lambda: now[0])
+    for key in "abcd":
+        cache.put(key, key.encode())  # a and b are evicted
+    assert [cache.get(k) for k in "abcd"] == [None, None, b"c", b"d"]
+    assert cache.get("c") == b"c"
+    now[0] = 10.0
+    assert cache.get("c") is None and cache.get("d") is None
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.evictions, stats.expirations, stats.entries) == (3, 4, 2, 2, 0)
+
+
+async def test_models_sharing_a_store_never_answer_for_each_other():
+    store = LocalCacheStore(LRUTTLCache())
+    first, second = ScriptedLLM(["from a"], model="a"), ScriptedLLM(["from b"], model="b")
+    assert (await CachingLLM(first, store).complete(BASE)).text == "from a"
+    answer = await CachingLLM(second, store).complete(BASE)
+    assert answer.text == "from b" and not answer.cached
+    first.assert_complete()
+    second.assert_complete()
+
+
+async def test_a_hit_reports_the_lookup_time_and_an_error_reply_is_never_stored():
+    from reasonray.gateway.protocol import Choice, Completion, Usage
+
+    slow = Completion(choices=(Choice(text="4"),), usage=Usage(10, 1), model="m", latency_ms=5_000.0)
+    inner = ScriptedLLM([slow])
+    llm = CachingLLM(inner, LocalCacheStore(LRUTTLCache()))
+    await llm.complete(BASE)
+    hit = await llm.complete(BASE)
+    assert hit.cached and 0.0 < hit.latency_ms < 1_000.0  # the lookup, not the original call's 5 s
+
+    failed = Completion(choices=(Choice(text="", finish_reason="error"),), usage=Usage(10, 0), model="m")
+    inner = ScriptedLLM([failed, "<answer>4</answer>"])
+    llm = CachingLLM(inner, LocalCacheStore(LRUTTLCache()))
+    assert (await llm.complete(BASE)).finish_reason == "error"
+    again = await llm.complete(BASE)
+    assert again.text == "<answer>4</answer>" and not again.cached
     inner.assert_complete()

@@ -70,3 +70,106 @@ def test_auto_provider_is_simulated_until_an_endpoint_or_key_is_set(tmp_path):
     assert settings.resolved_provider({"OPENAI_API_KEY": "sk-test"}) == "openai"
     explicit = load_settings(write(tmp_path, '[llm]\nprovider = "openai"\n'), environ={})
     assert explicit.resolved_provider({}) == "openai"
+
+
+def test_loopback_hosts_are_localhost_and_the_loopback_addresses_only():
+    from reasonray.kernel.config import is_loopback_host
+
+    assert [is_loopback_host(h) for h in ("localhost", "127.0.0.1", "127.8.9.10", "::1")] == [True] * 4
+    assert [is_loopback_host(h) for h in ("0.0.0.0", "10.0.0.5", "::", "example.com", "")] == [False] * 5
+
+
+def test_serving_off_loopback_needs_authentication(tmp_path):
+    from reasonray.kernel.config import require_auth_off_loopback
+
+    open_settings = load_settings(write(tmp_path, ""), environ={})
+    require_auth_off_loopback("127.0.0.1", open_settings)
+    with pytest.raises(ConfigError, match=r"refusing to serve on 0\.0\.0\.0 without authentication"):
+        require_auth_off_loopback("0.0.0.0", open_settings)
+    secured = load_settings(write(tmp_path, f'[auth]\njwt_secret = "{"s" * 32}"\n'), environ={})
+    require_auth_off_loopback("0.0.0.0", secured)
+
+
+def test_haproxy_fronts_the_api_only_with_fast_ingress_and_authentication(tmp_path):
+    secret = f'[auth]\njwt_secret = "{"s" * 32}"\n'
+    assert not load_settings(write(tmp_path, ""), environ={}).haproxy_ingress()
+    assert load_settings(write(tmp_path, secret), environ={}).haproxy_ingress()
+    assert not load_settings(write(tmp_path, "[server]\nfast_ingress = false\n" + secret), environ={}).haproxy_ingress()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[server.autoscaling]\nmin_replicas = 5\nmax_replicas = 4\n", r"min_replicas \(5\) is above max_replicas \(4\)"),
+        ("[fanout]\npool_size = 9\nmax_pool_size = 8\n", r"pool_size \(9\) is above max_pool_size \(8\)"),
+        ("[memory.weights]\nsimilarity = 0\nrecency = 0\nerror_context = 0\n", "at least one of similarity"),
+        ('[reasoning]\nenabled_strategies = ["react", "react"]\n', "lists a strategy twice"),
+    ],
+)
+def test_cross_field_rules_name_the_values_that_break_them(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(write(tmp_path, text), environ={})
+
+
+def test_equal_bounds_and_a_single_weight_are_valid(tmp_path):
+    text = (
+        "[server.autoscaling]\nmin_replicas = 4\nmax_replicas = 4\n[fanout]\npool_size = 8\nmax_pool_size = 8\n"
+        "[memory.weights]\nsimilarity = 0\nrecency = 0\nerror_context = 0.5\n"
+    )
+    settings = load_settings(write(tmp_path, text), environ={})
+    assert settings.server.autoscaling.serve_config() == {"min_replicas": 4, "max_replicas": 4, "target_ongoing_requests": 32.0}
+    assert settings.fanout.pool_size == 8 and settings.memory.weights.error_context == 0.5
+
+
+@pytest.mark.parametrize("unset", ["", "none", "null"])
+def test_an_empty_default_strategy_means_none(tmp_path, unset):
+    settings = load_settings(write(tmp_path, f'[reasoning]\ndefault_strategy = "{unset}"\n'), environ={})
+    assert settings.reasoning.default_strategy is None
+
+
+def test_the_environment_reaches_only_its_own_names_and_never_a_value_as_a_section(tmp_path):
+    path = write(tmp_path, '[llm]\nbase_url = "http://127.0.0.1:1/v1"\n')
+    env = {
+        "REASONRAY_LLM__MODEL": "m",
+        "REASONRAY_NO_SECTION": "ignored: no double underscore",
+        "OTHER_LLM__MODEL": "ignored: not ours",
+        "OPENAI_BASE_URL": "http://127.0.0.1:2/v1",  # the file's base_url wins
+        "REASONRAY_DATA_DIR": str(tmp_path / "data"),
+        "REASONRAY_LLM__TIMEOUT_S": "not json, kept as text",
+    }
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ=env)
+    assert "llm.timeout_s" in str(err.value)
+    del env["REASONRAY_LLM__TIMEOUT_S"]
+    settings = load_settings(path, environ=env)
+    assert settings.llm.model == "m" and settings.llm.base_url == "http://127.0.0.1:1/v1"
+    assert settings.data_dir == tmp_path / "data"
+    with pytest.raises(ConfigError, match=r"REASONRAY_LLM__MODEL__NAME: llm\.model is not a section"):
+        load_settings(write(tmp_path, '[llm]\nmodel = "m"\n'), environ={"REASONRAY_LLM__MODEL__NAME": "x"})
+
+
+def test_the_config_path_comes_from_the_argument_then_reasonray_config_then_the_repository(tmp_path):
+    chosen = write(tmp_path, '[llm]\nmodel = "from-env-path"\n')
+    assert load_settings(environ={"REASONRAY_CONFIG": str(chosen)}).llm.model == "from-env-path"
+    assert load_settings(environ={}).reasoning.default_strategy == "chain_of_thought"  # the repository's config.toml
+    # a REASONRAY_CONFIG that does not exist is not an error: the defaults apply
+    assert (
+        load_settings(environ={"REASONRAY_CONFIG": str(tmp_path / "absent.toml")}).llm.model
+        == load_settings(write(tmp_path, ""), environ={}).llm.model
+    )
+
+
+def test_a_top_level_error_and_a_bad_choice_are_spelled_out():
+    from pydantic import ValidationError
+
+    from reasonray.kernel.config import Settings, format_validation_error
+
+    with pytest.raises(ValidationError) as err:
+        Settings.model_validate([])
+    assert format_validation_error(err.value, "x.toml").splitlines()[1].startswith("  (top level): ")
+    with pytest.raises(ValidationError) as err:
+        Settings.model_validate({"llm": {"provider": "anthropic"}, "nope": 1})
+    lines = format_validation_error(err.value, "x.toml").splitlines()
+    assert lines[0] == "invalid configuration in x.toml:"
+    assert any(line.startswith("  llm.provider: ") and line.endswith("(got 'anthropic')") for line in lines)
+    assert "  nope: unknown key; check the spelling against docs/configuration.md" in lines

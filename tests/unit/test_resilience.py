@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import uuid
 
 import pytest
 
@@ -215,9 +216,13 @@ def test_a_failed_probe_opens_it_again_and_a_released_probe_frees_its_slot():
 
 
 def test_one_breaker_per_endpoint():
-    a = breaker_for("http://a/v1", minimum_calls=5)
-    assert breaker_for("http://a/v1", minimum_calls=5) is a
-    assert breaker_for("http://b/v1", minimum_calls=5) is not a
+    # endpoints of this test alone: the registry lives as long as the process
+    a_url, b_url = f"http://a-{uuid.uuid4().hex}/v1", f"http://b-{uuid.uuid4().hex}/v1"
+    a = breaker_for(a_url, minimum_calls=5)
+    assert isinstance(a, CircuitBreaker) and a.minimum_calls == 5
+    assert breaker_for(a_url, minimum_calls=5) is a
+    b = breaker_for(b_url, minimum_calls=5)
+    assert isinstance(b, CircuitBreaker) and b is not a
 
 
 async def test_retries_reach_three_nines_at_ten_percent_faults_and_the_breaker_stays_closed():
@@ -236,3 +241,113 @@ async def test_retries_reach_three_nines_at_ten_percent_faults_and_the_breaker_s
     ok = sum(not isinstance(o, BaseException) for o in outcomes)
     assert ok / len(outcomes) >= 0.999
     assert llm.breaker.state == "closed"
+
+
+async def test_the_final_error_carries_the_last_status_and_cause_and_names_the_endpoint():
+    llm, _inner, _ = resilient([fault(502), fault(503)], attempts=2)
+    with pytest.raises(ProviderUnavailableError) as err:
+        await llm.complete(REQUEST)
+    assert err.value.status_code == 503 and err.value.cause == "HTTP 503" and err.value.data == {"attempts": 2}
+    assert str(err.value).startswith("LLM provider 'http://sim' failed after 2 attempt(s)")
+
+    unnamed = ResilientLLM(ScriptedLLM([fault(500)], model="sim-model"), RetryPolicy(1, 1.0, 8.0, 0.0), CircuitBreaker(clock=Clock()))
+    assert unnamed.model == "sim-model"
+    with pytest.raises(ProviderUnavailableError, match="LLM provider 'sim-model' failed after 1 attempt"):
+        await unnamed.complete(REQUEST)
+
+
+async def test_a_retry_may_start_exactly_at_the_deadline():
+    # waits 1 s and 2 s: the third attempt starts at 3 s, on the 3 s deadline, and succeeds
+    llm, inner, sleeps = resilient([fault(), fault(), "ok"], attempts=10, deadline=3.0)
+    assert (await llm.complete(REQUEST)).attempts == 3 and sleeps == [1.0, 2.0]
+    inner.assert_complete()
+
+
+def test_backoff_doubles_from_the_initial_wait_up_to_the_cap_and_a_short_retry_after_never_shortens_it():
+    policy = RetryPolicy(6, 0.5, 3.0, 0.0)
+    assert [policy.backoff(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert policy.backoff(3, retry_after_s=0.1) == 2.0
+    assert policy.backoff(1, retry_after_s=2.5) == 2.5
+    assert RetryPolicy(4, 1.0, 8.0, 0.5).backoff(2, rng=lambda low, high: high) == 2.5
+
+
+def test_only_server_faults_timeouts_and_connection_errors_say_the_endpoint_is_unhealthy():
+    from reasonray.gateway.resilience import is_endpoint_fault
+
+    assert is_endpoint_fault(fault(500)) and is_endpoint_fault(fault(503))
+    assert is_endpoint_fault(TransientProviderError("timed out"))  # no status: a timeout or a refused connection
+    assert not is_endpoint_fault(fault(429))
+    assert not is_endpoint_fault(ProviderRejectedError("HTTP 400", status_code=400))
+    assert not is_endpoint_fault(RuntimeError("boom"))
+
+
+def test_an_open_breaker_counts_down_its_retry_hint_and_half_open_with_probes_out_says_retry_now():
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=30, half_open_probes=1, clock=clock)
+    assert breaker.failure_rate() == 0.0  # no calls yet
+    breaker.record_failure()
+    breaker.record_failure()
+    clock.now = 10.0
+    with pytest.raises(CircuitOpenError) as err:
+        breaker.before_call()
+    assert err.value.retry_after_s == pytest.approx(20.0) and "for another 20.0s" in str(err.value)
+    clock.now = 30.0
+    breaker.before_call()  # the one probe
+    with pytest.raises(CircuitOpenError) as err:
+        breaker.before_call()
+    assert err.value.retry_after_s == 0.0
+
+
+def test_a_late_success_from_before_the_opening_does_not_count_as_a_probe():
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=5, half_open_probes=1, clock=clock)
+    breaker.record_failure()
+    breaker.record_failure()
+    breaker.record_success()  # a reply to a call made before the breaker opened
+    breaker.release_probe()  # and a rejected one: no probe was out, nothing to release
+    clock.now = 5.0
+    assert breaker.state == "half_open"
+    breaker.before_call()
+    with pytest.raises(CircuitOpenError):
+        breaker.before_call()  # the one probe slot is taken: the late reply did not free or fill it
+    breaker.record_success()
+    assert breaker.state == "closed"
+
+
+def test_an_outcome_exactly_one_window_old_still_counts():
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=100, window_s=10, clock=clock)
+    breaker.record_failure()
+    clock.now = 10.0
+    breaker.record_success()
+    assert breaker.failure_rate() == pytest.approx(0.5)
+    clock.now = 10.5
+    assert breaker.failure_rate() == 0.0
+
+
+def test_breakers_are_shared_per_endpoint_and_settings():
+    url = f"http://shared-{uuid.uuid4().hex}/v1"
+    a = breaker_for(url, minimum_calls=5, window_s=3.0)
+    assert breaker_for(url, window_s=3.0, minimum_calls=5) is a
+    other = breaker_for(url, minimum_calls=6, window_s=3.0)
+    assert isinstance(other, CircuitBreaker) and other is not a and other.minimum_calls == 6
+    assert (a.minimum_calls, a.window_s) == (5, 3.0)
+
+
+def test_a_closed_breaker_starts_afresh_and_the_log_says_when_it_opened_and_closed():
+    from structlog.testing import capture_logs
+
+    clock = Clock()
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=100, reset_timeout_s=5, half_open_probes=1, clock=clock)
+    with capture_logs() as logs:
+        breaker.record_failure()
+        breaker.record_failure()
+        clock.now = 5.0
+        breaker.before_call()
+        breaker.record_success()
+    assert [(e["event"], e["log_level"]) for e in logs] == [("llm.breaker.opened", "warning"), ("llm.breaker.closed", "info")]
+    assert logs[0]["failure_rate"] == 1.0 and logs[0]["calls"] == 2
+    assert breaker.state == "closed"
+    breaker.record_success()
+    breaker.record_failure()  # the window began at the closing: one fault in two calls
+    assert breaker.failure_rate() == pytest.approx(0.5) and breaker.state == "open"

@@ -269,3 +269,21 @@ def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to_the_d
     assert entry.action == "session.get"
     assert entry.detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
     assert not (tmp_path / "node-a").exists()
+
+
+def test_the_file_audit_log_is_private_to_its_owner_and_makes_its_directory(tmp_path):
+    data_dir = tmp_path / "not" / "yet" / "there"
+    log = audit_log(None, data_dir)
+    log.append(AuditEntry(at=datetime(2026, 1, 1, tzinfo=UTC), principal="alice", action="agent.register"))
+    path = data_dir / "audit.jsonl"
+    assert path.exists() and path.stat().st_mode & 0o777 == 0o600  # who did what is nobody else's to read
+    assert [e.action for e in audit_log(None, data_dir).recent()] == ["agent.register"]
+
+
+def test_windows_start_on_multiples_of_their_length():
+    from reasonray.kernel.repositories import window_start
+
+    assert window_start(None, 12_345.0) == 0  # no window: one bucket forever
+    assert window_start(60, 12_345.9) == 12_300 and window_start(60, 12_300.0) == 12_300
+    assert window_start(86_400, 1.5) == 0
+    assert window_start(60, None) == int(time.time() // 60) * 60

@@ -221,3 +221,26 @@ def test_the_memory_bank_reports_retrieval_latency_and_its_size(tmp_path):
     assert len(metrics.values("reasonray_memory_retrieval_latency_ms")) == 1
     service.delete_workspace("w1")
     assert metrics.values("reasonray_memory_items", workspace="w1")[-1] == 0
+
+
+async def test_a_failed_call_is_a_cache_miss_only_when_the_cache_was_asked_and_carries_its_model():
+    metrics = RecordingMetrics()
+    breaker = CircuitBreaker(minimum_calls=100)
+
+    def reply(request):
+        return TransientProviderError("503", status_code=503)
+
+    llm = MeteredLLM(FunctionLLM(reply, model="m"), metrics, caching=True, breaker=breaker)
+    for request in (ask("sampled", temperature=0.9), ask("repeatable")):
+        with pytest.raises(TransientProviderError):
+            await llm.complete(request)
+    assert metrics.values("reasonray_llm_cache_misses", model="m") == [1.0]  # the repeatable call only
+    assert [t for n, _, t in metrics.records if n == "reasonray_llm_calls"] == [{"model": "m", "outcome": "error"}] * 2
+    assert metrics.values("reasonray_llm_failures", model="m", error="TransientProviderError") == [1.0, 1.0]
+    assert metrics.values("reasonray_llm_breaker_state", endpoint="default") == [0, 0]  # closed, under the default endpoint name
+
+    uncached = RecordingMetrics()
+    plain = MeteredLLM(FunctionLLM(lambda request: "<answer>1</answer>", model="m"), uncached, caching=False)
+    await plain.complete(ask("repeatable"))
+    assert uncached.total("reasonray_llm_cache_misses") == 0 and uncached.total("reasonray_llm_cache_hits") == 0
+    assert [n for n, _, _ in uncached.records] == ["reasonray_llm_calls", "reasonray_llm_latency_ms"]  # no breaker, no breaker state

@@ -53,3 +53,29 @@ def test_message_count_follows_the_chat_format():
     expected = 3 + (3 + counter.count("system") + counter.count("be brief"))
     expected += 3 + counter.count("assistant") + counter.count("calc") + counter.count('{"x": 1}')
     assert count_messages(counter, messages) == expected
+
+
+def test_cuts_to_nothing_at_zero_or_fewer_tokens_and_keep_short_texts_whole():
+    text = " ".join(f"word{i}" for i in range(50))
+    for counter in (counter_for_model("simulated"), EstimateCounter()):
+        for n in (0, -3):
+            assert counter.head(text, n) == "" and counter.tail(text, n) == "", (counter, n)
+        assert counter.head("short", 100) == "short" and counter.tail("short", 100) == "short"
+        assert counter.head(text, 1) and text.startswith(counter.head(text, 1)) and counter.count(counter.head(text, 1)) == 1
+
+
+def test_the_estimate_is_four_characters_a_token_rounded_up():
+    estimate = EstimateCounter()
+    assert estimate.encoding_name == "estimate"
+    assert [estimate.count("a" * n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    assert estimate.head("abcdefghij", 2) == "abcdefgh"
+    assert estimate.tail("abcdefghij", 2) == "cdefghij"
+    assert estimate.tail("abcdefgh", 2) == "abcdefgh"
+
+
+def test_a_name_costs_one_token_more_and_an_empty_request_only_the_priming():
+    counter = counter_for_model("simulated")
+    assert count_messages(counter, []) == 3
+    named = [Message(role="user", content="hi", name="alice")]
+    assert count_messages(counter, named) == 3 + 3 + counter.count("user") + counter.count("hi") + 1 + counter.count("alice")
+    assert count_messages(counter, [Message(role="user", content="")]) == 3 + 3 + counter.count("user")
