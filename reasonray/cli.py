@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Any, NoReturn
@@ -26,6 +27,20 @@ def _fail(message: str, code: int = 2, *, error_type: str = "usage", trace_id: s
     click.echo(f"error: {message}", err=True)
     click.echo(f"error_type: {error_type}" + (f"  trace_id: {trace_id}" if trace_id else ""), err=True)
     sys.exit(code)
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """Why the API port cannot be ours, or None. Serve's HAProxy ingress binds with SO_REUSEPORT, so a
+    second service on a port another one holds would not fail: the two would silently share its
+    connections (each answering with its own tokens and data). A plain bind finds the holder."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections (TIME_WAIT) do not count
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return f"the API port {host}:{port} is in use ({exc.strerror}): stop what holds it, or choose another with --port"
+    return None
 
 
 def _load(config: str | None, overrides: dict[str, Any]) -> Settings:
@@ -87,6 +102,8 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
         require_auth_off_loopback(settings.server.host, settings)
     except ConfigError as exc:
         _fail(str(exc), error_type="config_error")
+    if address == "local" and (busy := _port_in_use(settings.server.host, settings.server.port)):
+        _fail(busy, error_type="config_error")
     simulator = None
     if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
         s = settings.llm.simulator

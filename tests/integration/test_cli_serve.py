@@ -81,6 +81,18 @@ def test_serve_with_a_bad_config_reports_the_key(tmp_path):
     assert done.returncode == 2 and "strategy 'nope' is not installed" in done.stderr
 
 
+def test_serve_refuses_a_port_another_service_listens_on():
+    """HAProxy binds with SO_REUSEPORT: without this check a second service would share the first's port."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as HAProxy holds it
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run([BIN / "reasonray", "serve", "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"the API port 127.0.0.1:{port} is in use" in done.stderr and "--port" in done.stderr
+
+
 def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboard_is_up():
     port, dashboard = free_port(), free_port()
     env = {
