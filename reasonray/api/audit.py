@@ -29,11 +29,11 @@ class AuditRecord(BaseModel):
 
 
 class AuditLog(Protocol):
-    def write(self, record: AuditRecord) -> None: ...
+    async def write(self, record: AuditRecord) -> None: ...
 
 
 class NoAudit:
-    def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord) -> None:
         return None
 
 
@@ -46,7 +46,7 @@ class JsonlAuditLog:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.chmod(path, 0o600)  # an older file created with a laxer umask
 
-    def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord) -> None:
         os.write(self._fd, (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode())
 
 
@@ -61,9 +61,9 @@ class StoreAuditLog:
     def __init__(self, log: repositories.AuditLog) -> None:
         self.log = log
 
-    def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord) -> None:
         detail = record.model_dump(mode="json", include={"roles", "target", "outcome", "trace_id"})
-        self.log.append(repositories.AuditEntry(at=record.at, principal=record.principal, action=record.method, detail=detail))
+        await self.log.append(repositories.AuditEntry(at=record.at, principal=record.principal, action=record.method, detail=detail))
 
 
 def audit_log_for(store_url: str | None, data_dir: Path) -> AuditLog:
