@@ -243,7 +243,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
             got = result_of(rpc(client, "session.get", {"session_id": sid}))
             # every answered turn is saved; a turn whose answer died with the node may be saved too
             assert got["turn"] >= len(answered[sid]) and got["status"] == "idle", got
-            text, _ = store.load_session(sid)
+            text, _ = store.blocking(store.load_session(sid))
             state = json.loads(text)
             said = [m["content"] for m in state["providers"]["conversation"] if m["role"] == "user"]
             for result in answered[sid]:
@@ -252,7 +252,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
                 assert f"What is {n} + {n}?" in said
             for result in answered[sid]:
                 trace_id = result["trace"][0]["trace_id"]
-                assert store.run(trace_id) is not None, f"run {trace_id} of session {sid} is missing from the run index"
+                assert store.blocking(store.run(trace_id)) is not None, f"run {trace_id} of session {sid} is missing from the run index"
         for sid in moved:
             assert host_of(ray, sid) != victim, f"session {sid} still claims the dead node"
     finally:
