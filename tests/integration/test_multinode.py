@@ -64,7 +64,8 @@ class RayNode:
         else:
             argv += [f"--address=127.0.0.1:{gcs_port}"]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env.update({"RAY_AUTH_MODE": "token", "RAY_raylet_start_wait_time_s": "120"})
+        # a loaded machine: the raylet waits this long for its dashboard agent's ports (it aborts after 30 s by default)
+        env.update({"RAY_AUTH_MODE": "token", "RAY_raylet_start_wait_time_s": "120", "RAY_agent_register_timeout_ms": "120000"})
         self.log = open(temp_dir.parent / f"ray-{'head' if head else 'worker'}-{num_cpus}-{free_port()}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
