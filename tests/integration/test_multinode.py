@@ -124,6 +124,26 @@ def chroma_server() -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def start_worker(ray, gcs: int, temp_dir: Path, nodes: list[RayNode], live: int, attempts: int = 3) -> RayNode:
+    """A worker node, started again when its raylet aborts while starting: on a loaded machine Ray 2.60's raylet
+    gives up after 30 s waiting for its dashboard agent's port file ("Timed out waiting for file
+    .../dashboard_agent_listen_port_..."), a start-up race of Ray's, not of the code under test."""
+    for _ in range(attempts):
+        node = RayNode(gcs, temp_dir, head=False, num_cpus=2, resources={"worker": 1})
+        nodes.append(node)
+
+        deadline = time.monotonic() + 180
+        while node.proc.poll() is None and time.monotonic() < deadline:
+            if len([n for n in ray.nodes() if n["Alive"]]) == live:
+                return node
+            time.sleep(0.5)
+        if node.proc.poll() is None:
+            pytest.fail(f"timed out waiting for {live} live nodes")
+        node.stop()  # its `ray start --block` exited: the raylet aborted
+        nodes.remove(node)
+    pytest.fail(f"a worker node did not start in {attempts} attempts; see the ray-worker-*.log files under {temp_dir.parent}")
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
     import ray
@@ -142,9 +162,7 @@ def cluster() -> Iterator[dict[str, Any]]:
         ray.init(address=f"127.0.0.1:{gcs}", namespace="reasonray")
         workers: list[RayNode] = []
         for _ in range(2):  # one at a time: two raylets registering at once time out on a loaded machine
-            workers.append(RayNode(gcs, temp_dir, head=False, num_cpus=2, resources={"worker": 1}))
-            nodes.append(workers[-1])
-            wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == len(workers) + 1, f"{len(workers) + 1} live nodes")
+            workers.append(start_worker(ray, gcs, temp_dir, nodes, live=len(workers) + 2))
         yield {"ray": ray, "head": head, "workers": workers, "root": root}
     finally:
         try:
