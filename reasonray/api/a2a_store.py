@@ -46,7 +46,9 @@ KEPT_EXCHANGES = 32  # a conversation keeps its latest exchanges; a run is given
 class Repository(Protocol):
     """Owned A2A records as JSON; `reasonray.kernel.pgstore.PgStore` and `FileRepository` implement it."""
 
-    async def save_a2a_task(self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]) -> bool: ...
+    async def save_a2a_task(
+        self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
+    ) -> bool: ...
 
     async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None: ...
 
@@ -78,7 +80,9 @@ class FileRepository:
     def __init__(self, sessions_dir: Path) -> None:
         self.files = _Files(sessions_dir)
 
-    async def save_a2a_task(self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]) -> bool:
+    async def save_a2a_task(
+        self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
+    ) -> bool:
         return await asyncio.to_thread(self.files.save_a2a_task, task_id, owner, context_id, state, status_ns, task)
 
     async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None:

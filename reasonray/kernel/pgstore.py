@@ -202,7 +202,9 @@ class PgStore:
         await self.fetch("DELETE FROM agent_cards WHERE agent_id = %s", (agent_id,))
 
     # -- A2A tasks and conversations: every row has an owner (NULL: authentication off) --------------------
-    async def save_a2a_task(self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]) -> bool:
+    async def save_a2a_task(
+        self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
+    ) -> bool:
         """Insert or replace a task; False when the id is taken by another owner (nothing is written)."""
         rows = await self.fetch(
             "INSERT INTO a2a_tasks (task_id, owner, context_id, state, status_ns, task) VALUES (%s, %s, %s, %s, %s, %s) "
@@ -327,7 +329,9 @@ class PgStore:
 
     # -- audit log and counters --------------------------------------------------------------------------------
     async def append_audit(self, principal: str | None, action: str, detail: dict[str, Any], at: datetime) -> None:
-        await self.fetch("INSERT INTO audit_log (at, principal, action, detail) VALUES (%s, %s, %s, %s)", (at, principal, action, Jsonb(detail)))
+        await self.fetch(
+            "INSERT INTO audit_log (at, principal, action, detail) VALUES (%s, %s, %s, %s)", (at, principal, action, Jsonb(detail))
+        )
 
     async def audit(self, principal: str | None, limit: int) -> list[tuple[datetime, str | None, str, dict[str, Any]]]:
         where, params = ("WHERE principal = %s", (principal, limit)) if principal is not None else ("", (limit,))

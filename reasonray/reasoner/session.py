@@ -367,7 +367,9 @@ class SessionPipeline:
             if self.runs is not None:
                 await self._index(trace_id, reasoner, outcome, error, started, log_path)
 
-    async def _index(self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None) -> None:
+    async def _index(
+        self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None
+    ) -> None:
         tally = reasoner.llm.tally  # type: ignore[attr-defined]  # the ObservedLLM of _reasoner
         run = RunRecord(
             trace_id=trace_id,

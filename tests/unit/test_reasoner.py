@@ -63,7 +63,7 @@ async def test_normal_turn_completion(tmp_path):
     llm.assert_complete()
     assert result.status == "completed" and result.answer == "Hello!" and result.turn == 1
     assert steps(result) == ["TURN_STARTED", "LLM_CALL", "EXIT"] and result.trace[-1]["exit_mode"] == 1
-    state = (await p.get(sid))
+    state = await p.get(sid)
     assert state["status"] == "idle" and state["messages"] == 2 and state["last_answer"] == "Hello!"
     [request] = llm.requests
     assert {t["function"]["name"] for t in request.tools} == {"calculator", "get_weather"}
@@ -217,7 +217,7 @@ async def test_an_unregistered_tool_is_a_hard_error_and_the_turn_ends(tmp_path):
     with pytest.raises(UnregisteredToolError, match="the model called 'rm_rf', not available in mode 'default'") as err:
         await p.turn(sid, "clean up", "t1")
     assert err.value.data["tool_call_ids"] == ["x1"]
-    state = (await p.get(sid))
+    state = await p.get(sid)
     assert state["status"] == "idle" and state["last_error"]["error_type"] == "UnregisteredToolError"
 
 
@@ -338,7 +338,7 @@ async def test_passive_learning_captures_a_completed_turn_after_the_hand_off_int
     assert "Question:\nWhat is the weather in Paris today?" in llm.requests[2].messages[1].content  # the turn's own message
     assert steps(final)[-2:] == ["EXIT", "MEMORY_LEARNING"] and final.trace[-1]["source"] == "passive"
     assert final.llm_calls == 2  # learning does not count against the turn's LLM call limit
-    saved = (await p.get(sid))
+    saved = await p.get(sid)
     assert saved["trace"] == final.trace and saved["status"] == "idle" and saved["last_answer"] == LONG_ANSWER
 
 
@@ -360,7 +360,7 @@ async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the
     llm.assert_complete()
     assert failed.status == "completed" and failed.answer == LONG_ANSWER
     assert failed.memory.passive == "skipped: learning failed: ConnectionError: chroma server gone" and failed.memory.stored == []
-    saved = (await p.get(sid))
+    saved = await p.get(sid)
     assert saved["status"] == "idle" and saved["turn"] == 2 and saved["last_answer"] == LONG_ANSWER and saved["messages"] == 4
     assert bank.list_workspaces() == []
 
@@ -379,5 +379,5 @@ async def test_a_learning_step_that_cannot_be_saved_leaves_the_saved_turn_and_th
     monkeypatch.setattr(FileSessionRepository, "save", disk_full_for_learning)
     result = await p.turn(sid, "What is the weather in Paris today?", "t1")
     assert result.answer == LONG_ANSWER and result.memory.passive == "captured" and steps(result)[-1] == "MEMORY_LEARNING"
-    saved = (await p.get(sid))
+    saved = await p.get(sid)
     assert saved["last_answer"] == LONG_ANSWER and saved["turn"] == 1 and saved["trace"][-1]["type"] == "EXIT"

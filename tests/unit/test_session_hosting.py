@@ -36,7 +36,7 @@ async def test_a_retried_turn_gets_the_saved_result_and_makes_no_second_llm_call
     again = await p.turn(sid, "Hi", "t1", request_id="r1")  # the host died after saving; the caller retries
     llm.assert_complete()
     assert again == first and again.turn == 1
-    state = (await p.get(sid))
+    state = await p.get(sid)
     assert state["turn"] == 1 and state["messages"] == 2
 
 

@@ -260,9 +260,9 @@ async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
 
 
 def test_an_unreachable_database_is_a_config_error_naming_it(tmp_path):
+    from reasonray.gateway.simulator.server import free_port
     from reasonray.kernel.config import ConfigError
     from reasonray.kernel.pgstore import PgStore
-    from reasonray.gateway.simulator.server import free_port
 
     with pytest.raises(ConfigError, match=r"\[store\] url: cannot connect to PostgreSQL at reasonray@127.0.0.1:\d+/nowhere"):
         PgStore(f"postgresql://reasonray:secret@127.0.0.1:{free_port()}/nowhere", timeout_s=2)
