@@ -159,7 +159,8 @@ def cluster() -> Iterator[dict[str, Any]]:
             lambda: subprocess.run([str(BIN / "ray"), "health-check", f"--address=127.0.0.1:{gcs}"], capture_output=True).returncode == 0,
             "the head",
         )
-        ray.init(address=f"127.0.0.1:{gcs}", namespace="reasonray")
+        # `ray health-check` answers once the GCS does; the head's raylet may register later on a loaded machine
+        wait_for(lambda: ray.init(address=f"127.0.0.1:{gcs}", namespace="reasonray") is not None, "the head's raylet", 120)
         workers: list[RayNode] = []
         for _ in range(2):  # one at a time: two raylets registering at once time out on a loaded machine
             workers.append(start_worker(ray, gcs, temp_dir, nodes, live=len(workers) + 2))
