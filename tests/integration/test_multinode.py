@@ -269,7 +269,10 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
             for result in answered[sid]:
                 assert result["answer"] is not None
             for n in range(3):
-                assert f"What is {n} + {n}?" in said
+                assert f"What is {n} + {n}?" in said, (
+                    f"session {sid}: stored turn {state['turn']} v{version}, conversation {state['providers']['conversation']}, "
+                    f"answered turns {[r['turn'] for r in answered[sid]]}, get {got}"
+                )
             for result in answered[sid]:
                 trace_id = result["trace"][0]["trace_id"]
                 assert store.blocking(store.run(trace_id)) is not None, f"run {trace_id} of session {sid} is missing from the run index"
