@@ -263,7 +263,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
             got = result_of(rpc(client, "session.get", {"session_id": sid}))
             # every answered turn is saved; a turn whose answer died with the node may be saved too
             assert got["turn"] >= len(answered[sid]) and got["status"] == "idle", got
-            text, _ = store.blocking(store.load_session(sid))
+            text, version = store.blocking(store.load_session(sid))
             state = json.loads(text)
             said = [m["content"] for m in state["providers"]["conversation"] if m["role"] == "user"]
             for result in answered[sid]:
