@@ -144,6 +144,15 @@ def start_worker(ray, gcs: int, temp_dir: Path, nodes: list[RayNode], live: int,
     pytest.fail(f"a worker node did not start in {attempts} attempts; see the ray-worker-*.log files under {temp_dir.parent}")
 
 
+def connect(ray, gcs: int) -> bool:
+    try:
+        ray.init(address=f"127.0.0.1:{gcs}", namespace="reasonray")
+    except (ConnectionError, RuntimeError):
+        ray.shutdown()  # a half-made connection is not retried by a second init
+        raise
+    return True
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
     import ray
@@ -160,7 +169,7 @@ def cluster() -> Iterator[dict[str, Any]]:
             "the head",
         )
         # `ray health-check` answers once the GCS does; the head's raylet may register later on a loaded machine
-        wait_for(lambda: ray.init(address=f"127.0.0.1:{gcs}", namespace="reasonray") is not None, "the head's raylet", 120)
+        wait_for(lambda: connect(ray, gcs), "the head's raylet", 240)
         workers: list[RayNode] = []
         for _ in range(2):  # one at a time: two raylets registering at once time out on a loaded machine
             workers.append(start_worker(ray, gcs, temp_dir, nodes, live=len(workers) + 2))
