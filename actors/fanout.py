@@ -5,8 +5,11 @@ actor call (a Ray task) to a `BranchRunner`, an async actor whose calls are coro
 loop: a branch waiting on the LLM holds no process, so a runner multiplexes hundreds of them. Every API
 replica owns a `BranchPool`: `[fanout] pool_size` runners created when the replica starts (so the first
 request finds them warm: process started, strategies imported, LLM stack built), spread over the nodes,
-grown by one runner whenever every runner already has `branches_per_runner` branches in flight (up to
-`max_pool_size`), and gone with the replica (a redeploy with other settings gets new pools). A replica
+grown by one runner when every runner's process is busy (at least `grow_at_cpu` of a core, as each runner
+reports with every branch it returns) or holds `branches_per_runner` branches, up to `max_pool_size`, and
+gone with the replica (a redeploy with other settings gets new pools). Growth follows CPU, not branch
+count: a runner waiting on the model multiplexes hundreds of branches, and a process more only helps when
+the event loops are the bottleneck (on two cores, five runners for 320 branches cost more than they gave). A replica
 runs at most `max_in_flight` branches at once; a fan-out beyond that is refused with OverloadedError
 (-32011, `retry_after_s`) instead of queueing without bound.
 
@@ -92,12 +95,29 @@ class WorkerLoop:
             return cls.llms[spec]
 
 
+class CpuMeter:
+    """This process's share of a core over the last `window_s` or so (what the pool grows on)."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._wall, self._cpu = time.monotonic(), time.process_time()
+        self.share = 0.0
+
+    def read(self) -> float:
+        wall, cpu = time.monotonic(), time.process_time()
+        if wall - self._wall >= self.window_s:
+            self.share = (cpu - self._cpu) / (wall - self._wall)
+            self._wall, self._cpu = wall, cpu
+        return self.share
+
+
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)  # a branch calls the LLM: never re-run it behind the caller's back
 class BranchRunner:
     """Runs branches as coroutines on one event loop; asks for no CPU (the work waits on the LLM)."""
 
     def __init__(self) -> None:
         self._llms: dict[LLMSpec, LLM] = {}
+        self._cpu = CpuMeter()
 
     def _llm(self, spec: LLMSpec) -> LLM:
         if spec not in self._llms:
@@ -139,8 +159,12 @@ class BranchRunner:
             "node_id": runtime.get_node_id(),
             "pid": os.getpid(),
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 3),
+            "cpu": round(self._cpu.read(), 3),
         }
         return value, events, llm.tally, where
+
+
+GROW_EVERY_S = 5.0
 
 
 class BranchPool:
@@ -152,6 +176,8 @@ class BranchPool:
         self.prefix = f"{app_name}-branches-{uuid.uuid4().hex[:8]}"  # named: easy to find in the dashboard
         self.runners: list[Any] = []
         self.load: list[int] = []  # branches this replica has in flight on each runner
+        self.cpu: list[float] = []  # each runner's share of a core, as it last reported
+        self.grown_at = 0.0  # a new runner takes a second or two to warm: one growth at a time
         self.in_flight = 0
         self.started: list[dict[str, Any]] = []  # where the runners created at deploy time run
 
@@ -166,6 +192,7 @@ class BranchPool:
         runner = BranchRunner.options(name=f"{self.prefix}-{len(self.runners)}", namespace=NAMESPACE, scheduling_strategy="SPREAD").remote()
         self.runners.append(runner)
         self.load.append(0)
+        self.cpu.append(0.0)
         return runner.warm.remote(self.spec)  # calls sent before it finishes queue behind it
 
     def admit(self, branches: int) -> None:
@@ -183,14 +210,28 @@ class BranchPool:
         self.in_flight -= branches
 
     def pick(self) -> int:
-        """The least-loaded runner, after adding one when all are at `branches_per_runner`."""
+        """The least-loaded runner, after adding one when every runner is busy or full."""
         index = min(range(len(self.runners)), key=self.load.__getitem__)
-        if self.load[index] >= self.settings.branches_per_runner and len(self.runners) < self.settings.max_pool_size:
+        if self._should_grow(index):
             self._add()
+            self.grown_at = time.monotonic()
             index = len(self.runners) - 1
-            log.info("fanout.pool_grew", runners=len(self.runners), in_flight=self.in_flight)
+            log.info("fanout.pool_grew", runners=len(self.runners), in_flight=self.in_flight, cpu=self.cpu[:-1])
         self.load[index] += 1
         return index
+
+    def _should_grow(self, least_loaded: int) -> bool:
+        s = self.settings
+        if len(self.runners) >= s.max_pool_size:
+            return False
+        if self.load[least_loaded] >= s.branches_per_runner:
+            return True
+        busy = min(self.cpu) >= s.grow_at_cpu
+        return busy and self.load[least_loaded] > 0 and time.monotonic() - self.grown_at >= GROW_EVERY_S
+
+    def reported(self, index: int, cpu: float) -> None:
+        """A runner's share of a core, as it reported with a branch it returned."""
+        self.cpu[index] = cpu
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -199,6 +240,7 @@ class BranchPool:
             "started": self.started,
             "in_flight": self.in_flight,
             "max_in_flight": self.settings.max_in_flight,
+            "cpu": self.cpu,
         }
 
 
@@ -222,6 +264,7 @@ class RayFanout:
             # each branch joins the run as it finishes: a run interrupted while others still run (a deadline,
             # a cancellation) has counted its calls and tokens, and `arrived` has seen its value
             value, events, tally, where = await unwrap(ref)
+            pool.reported(placed[index], where.pop("cpu", 0.0))
             for event in events:
                 context.emit(event)
             context.llm.tally.add(tally)

@@ -103,9 +103,13 @@ class BankStats:
             self.passive["captured" if captured else "skipped"] += 1
 
     def record_run(self, tally: dict[str, Any], ok: bool) -> None:
+        self.record_runs(tally, runs=1, errors=int(not ok))
+
+    def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
+        """Count `runs` runs at once (`errors` of them failed) whose LLM tallies add up to `tally`."""
         with self._lock:
-            self.runs += 1
-            self.run_errors += not ok
+            self.runs += runs
+            self.run_errors += errors
             for key in self.llm:
                 self.llm[key] += int(tally.get(key, 0))
 

@@ -93,6 +93,13 @@ PASSIVE_PROMPT = (
     "Extract the reusable knowledge in the answer as at most {n} memory items. " + GENERAL + "\n" + ITEM_FORMAT.format(error_fields="")
 )
 
+# What the prompts show: the task, then the trajectory (or several, numbered) with its final answer last.
+JUDGE_TEMPLATE = "Task:\n{query}\n\nTrajectory:\n{trajectory}\n\nFinal answer: {answer}"
+EXTRACT_TEMPLATE = "Task:\n{query}\n\nTrajectory ({outcome}):\n{trajectory}\n\nFinal answer: {answer}"
+CONTRAST_ITEM = "Trajectory {number} ({outcome}):\n{trajectory}\nFinal answer: {answer}"
+CONTRAST_TEMPLATE = "Task:\n{query}\n\n{trajectories}"
+PASSIVE_TEMPLATE = "Question:\n{question}\n\nAnswer:\n{answer}"
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -161,9 +168,9 @@ class Learner:
         self.max_contrast_items = max_contrast_items
         self.max_tokens = max_tokens
 
-    async def _ask(self, instructions: str, content: str) -> str:
+    async def _ask(self, instructions: str, content: str, purpose: str) -> str:
         completion = await self.llm.complete(
-            LLMRequest(messages=(system(instructions), user(content)), max_tokens=self.max_tokens, temperature=0.0)
+            LLMRequest(messages=(system(instructions), user(content)), max_tokens=self.max_tokens, temperature=0.0, purpose=purpose)
         )
         return completion.text
 
@@ -174,7 +181,7 @@ class Learner:
                 "success" if ok else "failure", "verifier", "the verifier accepted the answer" if ok else "the verifier rejected the answer"
             )
         reply = await self._ask(
-            JUDGE_PROMPT, f"Task:\n{query}\n\nTrajectory:\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}"
+            JUDGE_PROMPT, JUDGE_TEMPLATE.format(query=query, trajectory=clip(trajectory.text), answer=trajectory.answer), "judge"
         )
         status = (extract_tag(reply, "status") or "").strip().lower()
         if status not in ("success", "failure"):
@@ -212,22 +219,28 @@ class Learner:
     async def extract(self, query: str, trajectory: Trajectory, outcome: Outcome, **common) -> list[MemoryItem]:
         prompt = (SUCCESS_PROMPT if outcome == "success" else FAILURE_PROMPT).format(n=self.max_items)
         reply = await self._ask(
-            prompt, f"Task:\n{query}\n\nTrajectory ({outcome}):\n{clip(trajectory.text)}\n\nFinal answer: {trajectory.answer}"
+            prompt,
+            EXTRACT_TEMPLATE.format(query=query, outcome=outcome, trajectory=clip(trajectory.text), answer=trajectory.answer),
+            f"extract_{outcome}",
         )
         drafts, _ = parse_items(reply, limit=self.max_items, require_error=outcome == "failure")
         return self._items(drafts, outcome, **common)
 
     async def contrast(self, query: str, judged: Sequence[tuple[Trajectory, Outcome]], **common) -> list[MemoryItem]:
         shown = "\n\n".join(
-            f"Trajectory {i} ({outcome}):\n{clip(t.text, MAX_TRAJECTORY_CHARS // len(judged))}\nFinal answer: {t.answer}"
+            CONTRAST_ITEM.format(number=i, outcome=outcome, trajectory=clip(t.text, MAX_TRAJECTORY_CHARS // len(judged)), answer=t.answer)
             for i, (t, outcome) in enumerate(judged, 1)
         )
-        reply = await self._ask(CONTRAST_PROMPT.format(n=self.max_contrast_items), f"Task:\n{query}\n\n{shown}")
+        reply = await self._ask(
+            CONTRAST_PROMPT.format(n=self.max_contrast_items), CONTRAST_TEMPLATE.format(query=query, trajectories=shown), "extract_contrast"
+        )
         drafts, _ = parse_items(reply, limit=self.max_contrast_items)
         return self._items(drafts, "contrast", **common)
 
     async def passive(self, question: str, answer: str, **common) -> list[MemoryItem]:
-        reply = await self._ask(PASSIVE_PROMPT.format(n=self.max_items), f"Question:\n{question}\n\nAnswer:\n{clip(answer)}")
+        reply = await self._ask(
+            PASSIVE_PROMPT.format(n=self.max_items), PASSIVE_TEMPLATE.format(question=question, answer=clip(answer)), "extract_passive"
+        )
         drafts, _ = parse_items(reply, limit=self.max_items)
         return self._items(drafts, "passive", **common)
 

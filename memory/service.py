@@ -116,6 +116,9 @@ class BankService:
     def record_run(self, tally: dict[str, Any], ok: bool) -> None:
         self.bank.stats.record_run(tally, ok)
 
+    def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
+        self.bank.stats.record_runs(tally, runs, errors)
+
     def record_passive(self, captured: bool) -> None:
         self.bank.stats.record_passive(captured)
 
@@ -247,6 +250,10 @@ class LocalMemory:
 
     async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
         await self._run(self.service.record_run, tally, ok)
+
+    async def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
+        """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
+        await self._run(self.service.record_runs, tally, runs, errors)
 
     async def record_passive(self, captured: bool) -> None:
         await self._run(self.service.record_passive, captured)

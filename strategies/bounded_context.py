@@ -47,6 +47,13 @@ SUMMARY_INSTRUCTIONS = (
     "Current Strategy: ...\nKey Findings: ...\nProgress: ...\nNext Steps: ...\nUnresolved: ..."
 )
 FINAL_INSTRUCTION = "You have used your reasoning budget. Stop reasoning and give your final answer now inside <answer></answer>."
+# The later chunks' prompt: the query, then what is carried over (tail mode: the head and the tail).
+TAIL_MEMORY = "It began:\n{head}\n[...]\nMost recently:\n{carryover}"
+SUMMARY_MEMORY = "Carryover from your earlier reasoning:\n{carryover}"
+CONTINUE_PROMPT = "{query}\n\n--- Your reasoning so far ---\n{memory}\n--- Continue from here. ---"
+FINAL_PROMPT = "{prompt}\n\n{instruction}"
+SUMMARY_FRAME = "Problem:\n{query}\n\nPrevious carryover:\n{carryover}\n\nLatest reasoning:\n"
+NO_CARRYOVER = "(none)"
 STOP_SEQUENCES = ("</answer>", "<continue>")
 MIN_GENERATION_TOKENS = 256
 FINAL_ANSWER_TOKENS = 512
@@ -141,10 +148,10 @@ class BoundedContext(Strategy):
         if iteration == 0:
             return system(INSTRUCTIONS), user(query)
         if cfg.carryover_mode == "tail":
-            memory = f"It began:\n{state.head}\n[...]\nMost recently:\n{state.carryover}"
+            memory = TAIL_MEMORY.format(head=state.head, carryover=state.carryover)
         else:
-            memory = f"Carryover from your earlier reasoning:\n{state.carryover}"
-        return system(INSTRUCTIONS), user(f"{query}\n\n--- Your reasoning so far ---\n{memory}\n--- Continue from here. ---")
+            memory = SUMMARY_MEMORY.format(carryover=state.carryover)
+        return system(INSTRUCTIONS), user(CONTINUE_PROMPT.format(query=query, memory=memory))
 
     def _fit(
         self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
@@ -232,7 +239,7 @@ class BoundedContext(Strategy):
         self, query: str, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext
     ) -> str | None:
         """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
-        frame = user(f"Problem:\n{query}\n\nPrevious carryover:\n{state.carryover or '(none)'}\n\nLatest reasoning:\n")
+        frame = user(SUMMARY_FRAME.format(query=query, carryover=state.carryover or NO_CARRYOVER))
         room_for_source = cfg.chunk_size - cfg.carryover_size - count_messages(context.tokens, (system(SUMMARY_INSTRUCTIONS), frame))
         source = context.tokens.tail(visible, max(room_for_source, 0))
         messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
@@ -248,7 +255,9 @@ class BoundedContext(Strategy):
             self._warn(context, "carryover_fallback", "the summary prompt alone fills chunk_size; carrying the raw tail")
             return None
         try:
-            completion = await context.llm.complete(LLMRequest(messages=messages, max_tokens=max_tokens, temperature=0.0))
+            completion = await context.llm.complete(
+                LLMRequest(messages=messages, max_tokens=max_tokens, temperature=0.0, purpose="summarize")
+            )
         except LLMError as exc:
             self._warn(context, "carryover_fallback", f"summary generation failed ({type(exc).__name__}); carrying the raw tail")
             return None
@@ -261,7 +270,7 @@ class BoundedContext(Strategy):
 
     def _final_messages(self, query: str, state: RunState, cfg: BoundedContextConfig) -> tuple[Message, ...]:
         last = self._messages(query, state, len(state.iterations), cfg)
-        return (last[0], user(f"{last[1].content}\n\n{FINAL_INSTRUCTION}"))
+        return (last[0], user(FINAL_PROMPT.format(prompt=last[1].content, instruction=FINAL_INSTRUCTION)))
 
     async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
         """One more call, from the last carryover, that must answer."""
@@ -279,7 +288,9 @@ class BoundedContext(Strategy):
                 "shorten the query or raise chunk_size"
             )
         completion = await context.llm.complete(
-            LLMRequest(messages=messages, max_tokens=min(room, FINAL_ANSWER_TOKENS), stop=("</answer>",), temperature=0.0)
+            LLMRequest(
+                messages=messages, max_tokens=min(room, FINAL_ANSWER_TOKENS), stop=("</answer>",), temperature=0.0, purpose="final_answer"
+            )
         )
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         answer = extract_answer(completion.text)

@@ -47,6 +47,11 @@ SELECT_PROMPT = (
     "correct and best reasoned. Reply with the number of the best candidate inside <vote>...</vote>."
 )
 
+# The re-examination shows the previous attempt with its answer last; the selection numbers the attempts.
+REEXAMINE_TEMPLATE = "Problem:\n{query}\n\nPrevious attempt:\n{solution}\nAnswer: {answer}"
+CANDIDATE = "Candidate {number}:\n{solution}\nAnswer: {answer}"
+SELECT_TEMPLATE = "Problem:\n{query}\n\n{candidates}"
+
 
 class MattsConfig(StrategyConfig):
     enabled: bool = Field(True, description="false: a single run of the base strategy.")
@@ -177,7 +182,7 @@ class Matts(Strategy):
                 LLMRequest(
                     messages=(
                         system(REEXAMINE_PROMPT),
-                        user(f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}"),
+                        user(REEXAMINE_TEMPLATE.format(query=query, solution=strip_thinking(last["text"]), answer=last["answer"])),
                     ),
                     max_tokens=4096,
                     temperature=0.0,
@@ -199,10 +204,15 @@ class Matts(Strategy):
         )
 
     async def _contrast(self, query: str, attempts: list[dict[str, str]], cfg: MattsConfig, context: StrategyContext) -> int:
-        shown = "\n\n".join(f"Candidate {i}:\n{strip_thinking(a['text'])}\nAnswer: {a['answer']}" for i, a in enumerate(attempts, 1))
+        shown = "\n\n".join(
+            CANDIDATE.format(number=i, solution=strip_thinking(a["text"]), answer=a["answer"]) for i, a in enumerate(attempts, 1)
+        )
         completion = await context.llm.complete(
             LLMRequest(
-                messages=(system(SELECT_PROMPT), user(f"Problem:\n{query}\n\n{shown}")), max_tokens=cfg.judge_max_tokens, temperature=0.0
+                messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
+                max_tokens=cfg.judge_max_tokens,
+                temperature=0.0,
+                purpose="choose",
             )
         )
         raw = (extract_tag(completion.text, "vote") or "").strip()

@@ -50,6 +50,12 @@ REFINE_PROMPT = (
     "confirm your answer. Think step by step inside <thinking>...</thinking>, then give only the final answer "
     "inside <answer>...</answer>."
 )
+# The evaluation shows the attempt with its answer last; a re-examination adds the review.
+EVALUATE_TEMPLATE = "Problem:\n{query}\n\nProposed solution:\n{solution}\nAnswer: {answer}"
+REFINE_TEMPLATE = (
+    "Problem:\n{query}\n\nPrevious attempt:\n{solution}\nAnswer: {answer}\n\nReviewer's score: {score}\nReviewer's feedback: {feedback}"
+)
+NO_FEEDBACK = "(none)"
 SCORE = re.compile(r"[01](?:\.\d+)?|\.\d+")
 
 
@@ -73,9 +79,10 @@ async def evaluate(query: str, text: str, answer: str, max_tokens: int, context:
     """A 0-1 score and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
     completion = await context.llm.complete(
         LLMRequest(
-            messages=(system(EVALUATE_PROMPT), user(f"Problem:\n{query}\n\nProposed solution:\n{strip_thinking(text)}\nAnswer: {answer}")),
+            messages=(system(EVALUATE_PROMPT), user(EVALUATE_TEMPLATE.format(query=query, solution=strip_thinking(text), answer=answer))),
             max_tokens=max_tokens,
             temperature=0.0,
+            purpose="critique",
         )
     )
     return parse_score(completion.text), (extract_tag(completion.text, "feedback") or "").strip()
@@ -105,8 +112,13 @@ class Refine(Strategy):
                 messages = (
                     system(REFINE_PROMPT),
                     user(
-                        f"Problem:\n{query}\n\nPrevious attempt:\n{strip_thinking(last['text'])}\nAnswer: {last['answer']}\n\n"
-                        f"Reviewer's score: {last['score']}\nReviewer's feedback: {last['feedback'] or '(none)'}"
+                        REFINE_TEMPLATE.format(
+                            query=query,
+                            solution=strip_thinking(last["text"]),
+                            answer=last["answer"],
+                            score=last["score"],
+                            feedback=last["feedback"] or NO_FEEDBACK,
+                        )
                     ),
                 )
             else:

@@ -48,6 +48,14 @@ VOTE_PROMPT = (
     "promising one by its number inside <vote>...</vote>."
 )
 ANSWER_PROMPT = "Solve the problem. Give only the final answer inside <answer>...</answer>."
+# How a path is shown: the problem, its steps (or NO_STEPS), and its answer last when it has one.
+PATH_HEADER = "Problem: {query}\n\nSteps so far:"
+STEP_LINE = "Step {number}: {step}"
+NO_STEPS = "(none)"
+ANSWER_LINE = "Answer: {answer}"
+CANDIDATE = "Candidate {number}:\n{path}"  # numbered 1, 2, ... in the vote prompt
+VOTE_LISTING = "Problem: {query}\n\n{candidates}"
+FINAL_PROMPT = "{path}\n\nThe search ended here: give your final answer now."
 _STEP_PREFIX = re.compile(r"^\s*Step \d+:\s*", re.IGNORECASE)
 
 
@@ -90,10 +98,10 @@ class Node:
 
 
 def render(query: str, steps: tuple[str, ...], answer: str | None = None) -> str:
-    lines = [f"Problem: {query}", "", "Steps so far:"]
-    lines += [f"Step {i}: {step}" for i, step in enumerate(steps, 1)] or ["(none)"]
+    lines = [PATH_HEADER.format(query=query)]
+    lines += [STEP_LINE.format(number=i, step=step) for i, step in enumerate(steps, 1)] or [NO_STEPS]
     if answer is not None:
-        lines.append(f"Answer: {answer}")
+        lines.append(ANSWER_LINE.format(answer=answer))
     return "\n".join(lines)
 
 
@@ -103,7 +111,11 @@ async def propose(
     """One proposed next step, or the final answer: (text, is_answer); None when the reply has neither."""
     completion = await context.llm.complete(
         LLMRequest(
-            messages=(system(PROPOSE_PROMPT), user(render(query, steps))), max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed
+            messages=(system(PROPOSE_PROMPT), user(render(query, steps))),
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+            seed=seed,
+            purpose="propose",
         )
     )
     answer = extract_answer(completion.text)
@@ -117,7 +129,10 @@ async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: Strat
     """The node's 0-1 score from a temperature-0 judge; None when the reply holds no number."""
     completion = await context.llm.complete(
         LLMRequest(
-            messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))), max_tokens=cfg.max_tokens, temperature=0.0
+            messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))),
+            max_tokens=cfg.max_tokens,
+            temperature=0.0,
+            purpose="score",
         )
     )
     try:
@@ -128,13 +143,14 @@ async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: Strat
 
 async def vote(query: str, nodes: list[Node], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> int | None:
     """The index of the candidate one sampled vote prefers; None for a vote outside the list."""
-    listing = "\n\n".join(f"Candidate {i}:\n{render(query, n.steps, n.answer)}" for i, n in enumerate(nodes, 1))
+    listing = "\n\n".join(CANDIDATE.format(number=i, path=render(query, n.steps, n.answer)) for i, n in enumerate(nodes, 1))
     completion = await context.llm.complete(
         LLMRequest(
-            messages=(system(VOTE_PROMPT), user(f"Problem: {query}\n\n{listing}")),
+            messages=(system(VOTE_PROMPT), user(VOTE_LISTING.format(query=query, candidates=listing))),
             max_tokens=cfg.max_tokens,
             temperature=cfg.temperature,
             seed=seed,
+            purpose="choose",
         )
     )
     raw = extract_tag(completion.text, "vote") or ""
@@ -299,12 +315,10 @@ class TreeOfThought(Strategy):
         best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
         completion = await context.llm.complete(
             LLMRequest(
-                messages=(
-                    system(ANSWER_PROMPT),
-                    user(f"{render(query, best.steps)}\n\nThe search ended here: give your final answer now."),
-                ),
+                messages=(system(ANSWER_PROMPT), user(FINAL_PROMPT.format(path=render(query, best.steps)))),
                 max_tokens=cfg.max_tokens,
                 temperature=0.0,
+                purpose="final_answer",
             )
         )
         answer = extract_answer(completion.text) or strip_thinking(completion.text)

@@ -273,7 +273,8 @@ class ReasoningService:
         finally:
             recorder.close()
             if self.runs is not None and end is not None:
-                await self._index(context, end, started, path)
+                # finished even when the caller goes away; the index writes its file or row off the event loop
+                await asyncio.shield(self._index(context, end, started, path))
         if degraded is not None:  # the strategy's best answer from a run that failed part-way
             result = context.result(resolution.strategy, context.progress["answer"])
         return ExecuteResult(

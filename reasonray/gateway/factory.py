@@ -27,7 +27,9 @@ def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> 
                 "start one with `reasonray sim --port 8001` and set REASONRAY_LLM__BASE_URL=http://127.0.0.1:8001/v1, "
                 "or run `reasonray serve --llm simulated`, which starts it for you"
             )
-        return OpenAILLM(MODEL_NAME, base_url=llm.base_url, api_key="simulated", timeout_s=llm.request_timeout_s)
+        return OpenAILLM(
+            MODEL_NAME, base_url=llm.base_url, api_key="simulated", timeout_s=llm.request_timeout_s, http_backend=llm.http_backend
+        )
     key = env.get(llm.api_key_env, "")
     if not key and llm.api_key_required:
         raise LLMConfigError(
@@ -40,6 +42,7 @@ def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         api_key=key or None,
         timeout_s=llm.request_timeout_s,
         max_tokens_param=llm.max_tokens_param,
+        http_backend=llm.http_backend,
     )
 
 

@@ -7,8 +7,10 @@ another attempt) and rejected (not).
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import time
+import weakref
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,6 +23,7 @@ from reasonray.gateway.errors import (
     TransientProviderError,
 )
 from reasonray.gateway.protocol import (
+    PURPOSE_HEADER,
     Choice,
     Completion,
     LLMRequest,
@@ -75,17 +78,37 @@ class OpenAILLM:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         max_tokens_param: str = "max_tokens",
+        http_backend: str = "httpx",
     ) -> None:
         if not model:
             raise LLMConfigError("[llm] model is empty: name the model the endpoint serves")
         self._model = model
-        self._client = openai.AsyncOpenAI(base_url=base_url or None, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0)
-        self.base_url = str(self._client.base_url)
+        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": timeout_s}
+        self._http_backend = http_backend
+        # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
+        # evaluation workers may drive one LLM from several loops)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self.base_url = str(self._new_client().base_url)
         self._max_tokens_param = max_tokens_param
 
     @property
     def model(self) -> str:
         return self._model
+
+    def _new_client(self) -> openai.AsyncOpenAI:
+        # aiohttp: the SDK's own DefaultAioHttpClient (openai[aiohttp]); measured here at about 2.0 ms of CPU per call at
+        # 64 concurrent against 3.4 ms for httpx, which matters where one process multiplexes hundreds of calls
+        timeout = self._options["timeout"]
+        http_client = openai.DefaultAioHttpClient(timeout=timeout) if self._http_backend == "aiohttp" else None
+        return openai.AsyncOpenAI(**self._options, max_retries=0, http_client=http_client)
+
+    @property
+    def _client(self) -> openai.AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = self._new_client()
+        return client
 
     def _check_allowed(self) -> None:
         if not ALLOW_REMOTE_REQUESTS and not is_loopback_url(self.base_url):
@@ -115,6 +138,8 @@ class OpenAILLM:
             params["seed"] = request.seed
         if request.tools:
             params["tools"] = list(request.tools)
+        if request.purpose:  # a header, not a body field: strict endpoints reject unknown body fields
+            params["extra_headers"] = {PURPOSE_HEADER: request.purpose}
         return params
 
     async def complete(self, request: LLMRequest) -> Completion:

@@ -41,11 +41,32 @@ class LLMRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     n: int = 1
     seed: int | None = None
     tools: tuple[dict[str, Any], ...] = ()
+    purpose: str | None = None
+    """What the call is for, from `PURPOSES` (None: answer the conversation). Real models never see it:
+    an OpenAI-compatible endpoint gets it as the `X-ReasonRay-Purpose` header, which they ignore; the
+    simulated model replies by it (docs/simulator.md), so it never has to recognise a prompt's wording."""
 
     @property
     def sampled(self) -> bool:
         """True when the reply is meant to vary between calls (temperature > 0 and no seed)."""
         return self.temperature > 0 and self.seed is None
+
+
+PURPOSE_HEADER = "X-ReasonRay-Purpose"
+PURPOSES: dict[str, str] = {
+    "final_answer": "answer now from what the prompt shows: only <answer>...</answer>",
+    "summarize": "compress the reasoning shown into a carryover for the next chunk",
+    "propose": "the next step of the solution shown (<step>), or its final answer (<answer>)",
+    "score": "a 0-1 score of the solution shown (<score>)",
+    "critique": "a 0-1 score of the solution shown and what to fix (<score>, <feedback>)",
+    "choose": "the number of the best of the numbered candidates shown (<vote>)",
+    "judge": "whether the attempt shown solved its task (<status>success</status> or failure)",
+    "extract_success": "memory items from an attempt that succeeded (<memory>)",
+    "extract_failure": "memory items, with their error context, from an attempt that failed (<memory>)",
+    "extract_contrast": "memory items contrasting the numbered attempts shown (<memory>)",
+    "extract_passive": "memory items from a question and the answer it received (<memory>)",
+}
+"""The purposes ReasonRay's own calls declare, and what each asks of the model."""
 
 
 class Usage(msgspec.Struct, frozen=True):

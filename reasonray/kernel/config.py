@@ -110,6 +110,11 @@ class LLMSettings(_Section):
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
     api_key_required: bool = Field(True, description="Refuse to start without a key (false for keyless local servers).")
     request_timeout_s: float = Field(60.0, gt=0, description="Timeout of one LLM call.")
+    http_backend: Literal["aiohttp", "httpx"] = Field(
+        "aiohttp",
+        description="The openai client's HTTP transport: aiohttp (openai's DefaultAioHttpClient, about 40% less CPU per call "
+        "under concurrency) or httpx (the SDK's default).",
+    )
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
         "max_tokens", description="How the endpoint names the output limit (OpenAI reasoning models want max_completion_tokens)."
     )
@@ -206,9 +211,15 @@ class FanoutSettings(_Section):
     )
     max_pool_size: int = Field(8, ge=1, le=256, description="Most branch runners a replica grows its pool to under load.")
     branches_per_runner: int = Field(
-        64,
+        512,
         ge=1,
-        description="Branches in flight on every runner before the pool grows by one (each runner multiplexes them on one event loop).",
+        description="Most branches in flight on one runner (each multiplexes them on one event loop); all full: the pool grows by one.",
+    )
+    grow_at_cpu: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="The pool grows by one when every runner's process uses at least this share of a core (its event loop is the bottleneck).",
     )
     max_in_flight: int = Field(
         1024, ge=1, description="Branches one replica runs at once; a fan-out beyond it is refused with -32011 (overloaded), never queued."

@@ -11,6 +11,7 @@ them is a sync actor whose calls must not interleave. Sessions and agent cards h
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -61,7 +62,8 @@ class FileRunIndex:
 
     async def record(self, run: RunRecord, event_log: Path | None) -> None:
         doc = {"run": run.model_dump(mode="json"), "event_log": str(event_log) if event_log else None}
-        write_atomic(self.root / f"{run.trace_id}.json", json.dumps(doc).encode())
+        # off the event loop: write_atomic fsyncs, and every request on the replica waits on that loop
+        await asyncio.to_thread(write_atomic, self.root / f"{run.trace_id}.json", json.dumps(doc).encode())
 
     async def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
         path = self.root / f"{trace_id}.json"
@@ -80,7 +82,7 @@ class PgRunIndex:
         self.store = store
 
     async def record(self, run: RunRecord, event_log: Path | None) -> None:
-        events = read_event_log(event_log) if event_log is not None and event_log.exists() else []
+        events = await asyncio.to_thread(read_event_log, event_log) if event_log is not None and event_log.exists() else []
         await self.store.record_run(run.model_dump(), events)
 
     async def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:

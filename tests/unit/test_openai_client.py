@@ -23,8 +23,18 @@ def server():
     srv.stop()
 
 
+BACKEND = {"name": "httpx"}
+
+
+@pytest.fixture(autouse=True, params=["aiohttp", "httpx"])
+def http_backend(request):
+    """Every test runs over both transports of the openai client ([llm] http_backend)."""
+    BACKEND["name"] = request.param
+    return request.param
+
+
 def llm_for(server, **kw):
-    return oc.OpenAILLM("gpt-4.1", base_url=server.url, api_key="x", **kw)
+    return oc.OpenAILLM("gpt-4.1", base_url=server.url, api_key="x", http_backend=BACKEND["name"], **kw)
 
 
 async def test_a_completion_carries_text_usage_and_the_simulated_label(server):
@@ -52,7 +62,7 @@ async def test_tool_call_history_round_trips(server):
 @pytest.mark.parametrize("kind,status", [("500", 500), ("429", 429)])
 async def test_server_errors_and_rate_limits_are_transient(server, kind, status):
     with pytest.raises(TransientProviderError) as err:
-        await llm_for(server).complete(LLMRequest(messages=(user(f"[[sim fault={kind}]] {kind}"),)))
+        await llm_for(server).complete(LLMRequest(messages=(user(f"[[sim fault={kind}]] {kind} {BACKEND['name']}"),)))
     assert err.value.status_code == status
     if kind == "429":
         assert err.value.retry_after_s == 0.0
@@ -60,10 +70,13 @@ async def test_server_errors_and_rate_limits_are_transient(server, kind, status)
 
 async def test_timeouts_and_refused_connections_are_transient(server):
     with pytest.raises(TransientProviderError, match="Timeout"):
-        await llm_for(server, timeout_s=0.5).complete(LLMRequest(messages=(user("[[sim fault=timeout]] t"),)))
-    dead = oc.OpenAILLM("m", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="x")
-    with pytest.raises(TransientProviderError, match="Connection"):
+        await llm_for(server, timeout_s=0.5).complete(LLMRequest(messages=(user(f"[[sim fault=timeout]] t {BACKEND['name']}"),)))
+    dead = oc.OpenAILLM("m", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="x", http_backend=BACKEND["name"])
+    # httpx reports a refused connection as a connection error, openai's aiohttp transport as a connect timeout:
+    # either way it is transient (retried, counted by the breaker) and names the endpoint
+    with pytest.raises(TransientProviderError, match=r"Connection|Timeout") as refused:
         await dead.complete(LLMRequest(messages=(user("q"),)))
+    assert dead.base_url in str(refused.value)
 
 
 async def test_a_bad_request_is_rejected_not_retried(server):

@@ -59,13 +59,13 @@ def test_think_directive_resumes_from_progress_seen_in_the_prompt(model):
     while True:
         calls += 1
         request = LLMRequest(
-            messages=(Message(role="user", content=f"[[sim think={total} answer=9]] <continue>\n{carry}"),), max_tokens=800
+            messages=(Message(role="user", content=f"[[sim think={total} answer=9]]\n{carry}"),), max_tokens=800, stop=("<continue>",)
         )
         choice = model.respond(request).choices[0]
         generated += COUNTER.count(choice.text)
         if extract_answer(choice.text) is not None:
             break
-        assert choice.text.endswith("<continue>")
+        assert choice.stop_reason == "<continue>" and choice.finish_reason == "stop"  # a full chunk, not cut off
         carry = COUNTER.tail(choice.text, 200)
     assert extract_answer(choice.text) == "9"
     assert calls == 4 and total <= generated <= total + 4 * 40
@@ -131,29 +131,31 @@ def test_slip_directive_makes_some_sampled_answers_wrong_and_never_greedy_ones(m
         model.respond(ask("What is 1+1? [[sim slip=2]]", temperature=1.0))
 
 
-def test_tree_of_thought_prompts_get_steps_scores_and_votes(model):
-    from reasonray.strategies.tree_of_thought import (
-        PROPOSE_PROMPT,
-        VALUE_PROMPT,
-        VOTE_PROMPT,
-    )
+def test_tree_of_thought_purposes_get_steps_scores_and_votes(model):
+    """propose / score / choose: the steps so far are the model's own step phrases shown back, whatever
+    the prompt around them says; a solution's answer is its last line; candidates are a numbered list."""
 
-    def chat(system_text, user_text, **kw):
-        return (
-            model.respond(LLMRequest(messages=(Message(role="system", content=system_text), Message(role="user", content=user_text)), **kw))
-            .choices[0]
-            .text
-        )
+    def chat(user_text, purpose, **kw):
+        messages = (Message(role="system", content="Any instructions at all."), Message(role="user", content=user_text))
+        return model.respond(LLMRequest(messages=messages, purpose=purpose, **kw)).choices[0].text
 
     problem = "Problem: What is 6 * 7? [[sim steps=1]]\n\nSteps so far:\n"
-    assert "<step>Step 1:" in chat(PROPOSE_PROMPT, problem + "(none)", temperature=0.7, seed=1)
-    assert extract_answer(chat(PROPOSE_PROMPT, problem + "Step 1: checking.", temperature=0.7, seed=1)) == "42"
+    step = "Step 1: verifying the intermediate quantity."
+    assert "<step>Step 1:" in chat(problem + "(none)", "propose", temperature=0.7, seed=1)
+    assert extract_answer(chat(problem + step, "propose", temperature=0.7, seed=1)) == "42"
     slipped = problem + "Step 1: rounding the intermediate result to keep the numbers simple."
-    assert extract_answer(chat(PROPOSE_PROMPT, slipped, temperature=0.7, seed=1)) != "42"
-    score = lambda text: float(chat(VALUE_PROMPT, text).split("<score>")[1].split("</score>")[0])
-    assert score(slipped) < 0.5 < score(problem + "Step 1: checking.") < score(problem + "Step 1: checking.\nAnswer: 42")
-    ballot = chat(VOTE_PROMPT, f"Candidate 1:\n{slipped}\n\nCandidate 2:\n{problem}Step 1: checking.", temperature=0.7, seed=3)
+    assert extract_answer(chat(slipped, "propose", temperature=0.7, seed=1)) != "42"
+    score = lambda text: float(chat(text, "score").split("<score>")[1].split("</score>")[0])
+    assert score(slipped) < 0.5 < score(problem + step) < score(problem + step + "\nAnswer: 42")
+    assert score(problem + step + "\nAnswer: 41") < 0.5  # a wrong answer on its last line
+    assert score(problem + step + "\nSo the result is 42.") > 0.9  # any wording of the answer line
+    assert "<feedback>" not in chat(problem + step, "score") and "<feedback>" in chat(problem + step, "critique")
+    ballot = chat(f"Candidate 1:\n{slipped}\n\nCandidate 2:\n{problem}{step}", "choose", temperature=0.7, seed=3)
     assert "<vote>2</vote>" in ballot
+    ballot = chat(f"Option 1)\n{slipped}\n\nOption 2)\n{problem}{step}", "choose", temperature=0.7, seed=3)
+    assert "<vote>2</vote>" in ballot
+    # without a purpose the same prompt is just a question: answered, not scored
+    assert extract_answer(chat(problem + step, None)) == "42"
 
 
 def test_call_directives_call_tools_in_order_then_answer_with_the_last_result(model):
@@ -203,6 +205,27 @@ async def test_the_official_client_talks_to_the_server(server):
     assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
     models = await client.models.list()
     assert [m.id for m in models.data] == ["simulated"]
+
+
+async def test_the_purpose_travels_as_a_header_from_the_gateway_client_to_the_server(server):
+    """OpenAILLM sends LLMRequest.purpose as X-ReasonRay-Purpose (never in the body, which strict endpoints
+    check); the server answers by it, so a strategy over HTTP gets what it gets in-process."""
+    from reasonray.gateway.openai_client import OpenAILLM
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+
+    llm = OpenAILLM("simulated", base_url=server.url, api_key="x")
+    request = LLMRequest(
+        messages=(Message(role="system", content="Check it."), Message(role="user", content="What is 6 * 7?\nThe result is 42.")),
+        temperature=0.0,
+        purpose="critique",
+    )
+    assert "purpose" not in llm._params(request) and llm._params(request)["extra_headers"] == {"X-ReasonRay-Purpose": "critique"}
+    over_http = await llm.complete(request)
+    in_process = await SimulatedLLM().complete(request)
+    assert over_http.text == in_process.text and "<score>" in over_http.text and "<feedback>" in over_http.text
+    plain = await llm.complete(LLMRequest(messages=request.messages, temperature=0.0))  # no purpose: just a question
+    assert "<score>" not in plain.text and extract_answer(plain.text) == "42"
+    await llm.close()
 
 
 async def test_streaming_yields_the_same_text_and_usage(server):
@@ -301,3 +324,19 @@ async def test_the_answer_key_endpoint(server):
         question, answer = next(iter(QUESTIONS.items()))
         reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": question}])
         assert extract_answer(reply.choices[0].message.content) == answer
+
+
+def test_every_purpose_is_documented_and_gets_its_own_kind_of_reply(model):
+    from pathlib import Path
+
+    from reasonray.gateway.protocol import PURPOSES
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    text = "What is 6 * 7?\nThe result is 42."
+    plain = model.respond(ask(text)).choices[0].text
+    replies = {purpose: model.respond(ask(text, purpose=purpose)).choices[0].text for purpose in PURPOSES}
+    for purpose, reply in replies.items():
+        assert f"`{purpose}`" in docs, f"docs/simulator.md does not document the purpose {purpose}"
+        assert reply != plain, f"the simulator answers purpose {purpose} like a plain question"
+    assert replies["final_answer"] == "<answer>42</answer>"
+    assert model.respond(ask(text, purpose="a_third_party_purpose")).choices[0].text == plain  # unknown: a plain question

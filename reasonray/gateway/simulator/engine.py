@@ -3,6 +3,12 @@
 Replies are deterministic for a given request and seed. By default the model answers simple
 arithmetic after a short `<thinking>`; `[[sim ...]]` directives in the latest user message script
 longer reasoning, scripted replies and faults (docs/simulator.md lists them).
+
+It never recognises a prompt's wording. What kind of reply a call wants comes from the request's
+`purpose` (sent as a header that real models ignore); what it reads in a prompt is structure: the
+problem (the first arithmetic, `answer=` directive or answer-key question), its own earlier output
+(its step phrases, its slip, its progress markers), the last line of a solution shown (its answer),
+and numbered lists (candidates, attempts). So rewording a strategy's prompts changes nothing here.
 """
 
 from __future__ import annotations
@@ -26,15 +32,13 @@ CALL_DIRECTIVE = re.compile(r"\[\[sim\s+call=([A-Za-z0-9_.-]+)\s*")
 PROGRESS = re.compile(r"\[progress (\d+)/(\d+)\]")
 ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
 FAULT_KINDS = ("429", "500", "timeout")
-# What the simulated model recognises in prompts, as a real model would follow instructions.
-CARRYOVER_HEADINGS = ("Current Strategy:", "Key Findings:", "Progress:", "Next Steps:", "Unresolved:")
-FINAL_ANSWER_REQUEST = "give your final answer now"
-STEP_REQUEST, SCORE_REQUEST, VOTE_REQUEST = "<step>", "<score>", "<vote>"  # tree-of-thought prompts
-FEEDBACK_REQUEST = "<feedback>"  # an evaluation that also wants feedback (refine)
-JUDGE_REQUEST, MEMORY_REQUEST = "<status>", "<memory>"  # reasoning-memory judge and extraction prompts
-FINAL_ANSWER_LINE = re.compile(r"^(?:Final answer|Answer):\s*(.*)$", re.MULTILINE)
-STEP_MARK = re.compile(r"\bStep \d+:")
-CANDIDATE = re.compile(r"^Candidate (\d+):", re.MULTILINE)
+EXTRACTIONS = ("extract_success", "extract_failure", "extract_contrast", "extract_passive")
+# A numbered item at the start of a line, whatever its label: "Candidate 2:", "Option #2", "2.", "(2)".
+ENUMERATED = re.compile(
+    r"^[ \t]*(?:[-*>]+[ \t]*)?(?P<label>[^\W\d_][^\W\d]{0,20}(?:[ \t][^\W\d]{1,20}){0,2})?[ \t]*[#(\[]?(?P<number>\d{1,3})(?![\d,.]\d)",
+    re.MULTILINE,
+)
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
 # the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
 SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
@@ -47,6 +51,8 @@ _PHRASES = (
     "exploring an alternative decomposition",
     "consolidating what has been established so far",
 )
+# The model's own earlier output, as a prompt may show it back: its step phrases and its slip.
+OWN_STEP = re.compile("|".join(re.escape(p) for p in (*_PHRASES, SLIP_STEP)))
 
 
 class SimulatorError(ReasonRayError):
@@ -212,29 +218,43 @@ class SimulatedModel:
     def _rng(self, request: LLMRequest, index: int) -> random.Random:
         if request.sampled:
             return random.Random()  # differs on every call
-        return random.Random(f"{self.seed}:{request.seed}:{index}:{_request_digest(request)}")
+        return random.Random(f"{self.seed}:{request.seed}:{index}:{self._understood(request)}")
+
+    def _understood(self, request: LLMRequest) -> str:
+        """A digest of what the model understands of a request (its purpose, directives, problem and its own
+        earlier output shown), not of its wording: seeded draws stay the same when a strategy rewords."""
+        shown = _last_user_text(request.messages)
+        understood = [
+            request.purpose,
+            sorted(parse_directives(shown).items()),
+            self._problem(shown),
+            OWN_STEP.findall(shown),
+            PROGRESS.findall(_all_text(request.messages)),
+            _tool_results_since_last_user(request.messages),
+        ]
+        return hashlib.sha256(json.dumps(understood, ensure_ascii=False).encode()).hexdigest()[:16]
 
     def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
-        system_text = " ".join(m.content or "" for m in request.messages if m.role == "system")
+        purpose = request.purpose
         # prompts about a task (judging it, learning from it) quote the task, directives included: they come first
-        if JUDGE_REQUEST in system_text:
+        if purpose == "judge":
             return self._finish(self._judge(request), request)
-        if MEMORY_REQUEST in system_text:
-            return self._finish(self._memories(request, system_text), request)
+        if purpose in EXTRACTIONS:
+            return self._finish(self._memories(request, purpose), request)
         if "script" in directives:
             return self._scripted(directives["script"])
         if calls := parse_calls(_last_user_text(request.messages)):
             return self._tool_step(request, calls)
         rng = self._rng(request, index)
-        if all(heading in system_text for heading in CARRYOVER_HEADINGS):
+        if purpose == "summarize":
             return self._finish(self._carryover_summary(request, directives), request)
-        if FINAL_ANSWER_REQUEST in _last_user_text(request.messages):
+        if purpose == "final_answer":
             return self._finish(self._final_answer(request, directives), request)
-        if STEP_REQUEST in system_text:
+        if purpose == "propose":
             return self._finish(self._propose(request, directives, rng), request)
-        if SCORE_REQUEST in system_text:
-            return self._finish(self._value(request, rng, wants_feedback=FEEDBACK_REQUEST in system_text), request)
-        if VOTE_REQUEST in system_text:
+        if purpose in ("score", "critique"):
+            return self._finish(self._value(request, rng, wants_feedback=purpose == "critique"), request)
+        if purpose == "choose":
             return self._finish(self._vote(request, rng), request)
         if "think" in directives:
             text, cut_off = self._long_reasoning(request, directives, rng)
@@ -302,9 +322,10 @@ class SimulatedModel:
 
     # -- tree of thought ------------------------------------------------------------------------
     def _propose(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
-        """The next step of a solution: `steps` steps (default 2), then the answer."""
+        """The next step of a solution: `steps` steps (default 2), then the answer. The steps so far are
+        its own step phrases that the prompt shows back."""
         shown = _last_user_text(request.messages)
-        depth = len(STEP_MARK.findall(shown))
+        depth = len(OWN_STEP.findall(shown))
         try:
             total = int(directives.get("steps", "2"))
         except ValueError:
@@ -328,7 +349,7 @@ class SimulatedModel:
                 if SLIP_STEP in shown
                 else "The final answer does not follow from the problem; recompute it."
             )
-        elif re.search(r"^Answer:", shown, re.MULTILINE):
+        elif _stated(shown) is not None:
             score = 0.9 + 0.1 * rng.random()
             feedback = "Every step checks out."
         else:
@@ -337,28 +358,33 @@ class SimulatedModel:
         extra = f"\n<feedback>{feedback}</feedback>" if wants_feedback else ""
         return f"<thinking>Checking each step in turn.</thinking>\n<score>{score:.2f}</score>{extra}"
 
-    def _check(self, shown: str) -> bool | None:
+    def _check(self, shown: str, problem: tuple[str, str] | None = None) -> bool | None:
         """Whether the solution shown is right: False for a slip or an answer that differs from the problem's.
 
-        The problem is what comes before the solution (the first arithmetic or `answer=` directive);
-        the solution's answer is its last "Answer:" or "Final answer:" line. None when it cannot tell.
+        The problem comes before the solution (the first arithmetic, `answer=` directive or answer-key
+        question); the solution's answer is its last line, unless that line is one of the model's own
+        steps (the solution is unfinished). `problem` when the problem is shown elsewhere. None when it
+        cannot tell.
         """
         if SLIP_STEP in shown:
             return False
-        answers = FINAL_ANSWER_LINE.findall(shown)
-        if not answers:
+        stated = _stated(shown)
+        problem = problem or self._problem(shown)
+        if stated is None or problem is None:
             return None
-        given = re.sub(r"</?answer>", "", answers[-1]).strip()
-        directives = parse_directives(shown)
+        return _states(stated, problem[1])
+
+    def _problem(self, text: str) -> tuple[str, str] | None:
+        """What the text asks, as (how it was recognised, the right answer): an `answer=` directive, an
+        answer-key question it quotes, or its first arithmetic expression; None for none of these."""
+        directives = parse_directives(text)
         if "answer" in directives:
-            expected = directives["answer"]
-        elif (known := self._known(shown)) is not None:
-            expected = known[1]
-        elif (found := evaluate_arithmetic(DIRECTIVE.sub("", shown))) is not None:
-            expected = format_number(found[1])
-        else:
-            return None
-        return _same_answer(given, expected)
+            return "directive", directives["answer"]
+        if (known := self._known(text)) is not None:
+            return f"key:{known[0]}", known[1]
+        if (found := evaluate_arithmetic(DIRECTIVE.sub("", text))) is not None:
+            return f"arithmetic:{found[0]}", format_number(found[1])
+        return None
 
     def _known(self, text: str) -> tuple[str, str] | None:
         """The answer-key question this text quotes, with its answer."""
@@ -382,24 +408,35 @@ class SimulatedModel:
         shown = _last_user_text(request.messages)
         verdict = self._check(shown)
         if verdict is None:
-            answers = FINAL_ANSWER_LINE.findall(shown)
-            verdict = bool(answers) and bool(answers[-1].strip()) and "I am a simulated model" not in shown
+            verdict = _stated(shown) is not None and "I am a simulated model" not in shown
         why = "Every step holds and the answer solves the task." if verdict else "A step or the final answer is wrong."
         return f"Thoughts: {why}\n<status>{'success' if verdict else 'failure'}</status>"
 
-    def _memories(self, request: LLMRequest, system_text: str) -> str:
-        """Memory items in the format the prompt asks for: lessons from what worked and what failed."""
+    def _memories(self, request: LLMRequest, purpose: str) -> str:
+        """Memory items, as the purpose asks: lessons from what worked and what failed.
+
+        A contrast judges each numbered attempt itself (a slip or a wrong answer is a failure)."""
         shown = _last_user_text(request.messages)
-        labels = re.findall(r"^Trajectory(?: \d+)? \((success|failure)\)", shown, re.MULTILINE)
-        if shown.startswith("Question:"):
-            answer = shown.split("Answer:", 1)[-1].strip()
+        if purpose == "extract_passive":  # the exchange's answer comes last: its last paragraph, without a heading line
+            paragraphs = [p.strip().splitlines() for p in re.split(r"\n\s*\n", shown.strip()) if p.strip()]
+            last = paragraphs[-1] if paragraphs else []
+            if len(last) > 1 and last[0].rstrip().endswith(":"):
+                last = last[1:]
             return _memory_item(
                 "Reuse a worked explanation",
                 "A past answer that explained this kind of question well.",
-                " ".join(answer.split())[:400] or "Explain step by step.",
+                " ".join(" ".join(last).split())[:400] or "Explain step by step.",
             )
+        if purpose == "extract_contrast":
+            attempts = [body for _, body in _enumerated(shown)] or [shown]
+            problem = self._problem(shown)
+            failed = [body for body in attempts if self._check(body, problem) is False]
+            succeeded, slipped = len(failed) < len(attempts), any(SLIP_STEP in body for body in failed)
+        else:
+            failed = [shown] if purpose == "extract_failure" else []
+            succeeded, slipped = purpose == "extract_success", SLIP_STEP in shown
         items = []
-        if "success" in labels:
+        if succeeded:
             items.append(
                 _memory_item(
                     "Work through the problem step by step",
@@ -408,8 +445,7 @@ class SimulatedModel:
                     "answer against what the question asks.",
                 )
             )
-        if "failure" in labels and "<error_type>" in system_text:
-            slipped = SLIP_STEP in shown
+        if failed:
             items.append(
                 _memory_item(
                     "Keep intermediate results exact" if slipped else "Verify the final answer",
@@ -433,16 +469,15 @@ class SimulatedModel:
         return "<thinking>Looking for what generalises.</thinking>\n" + "\n".join(items)
 
     def _vote(self, request: LLMRequest, rng: random.Random) -> str:
-        """A vote for a candidate without a slip, preferring those that reached an answer."""
+        """A vote for a numbered candidate that is not wrong (no slip, no answer that differs from the
+        problem's), preferring those that reached an answer."""
         shown = _last_user_text(request.messages)
-        marks = list(CANDIDATE.finditer(shown))
-        if not marks:
+        bodies = dict(_enumerated(shown))
+        if not bodies:
             return "<thinking>There are no numbered candidates to compare.</thinking>\n<vote>1</vote>"
-        bodies = {
-            int(m.group(1)): shown[m.end() : nxt.start() if nxt else len(shown)] for m, nxt in zip(marks, [*marks[1:], None], strict=False)
-        }
-        clean = [n for n, body in bodies.items() if SLIP_STEP not in body]
-        finished = [n for n in clean if "Answer:" in bodies[n]]
+        problem = self._problem(shown)
+        clean = [n for n, body in bodies.items() if self._check(body, problem) is not False]
+        finished = [n for n in clean if _stated(bodies[n]) is not None]
         choice = rng.choice(finished or clean or list(bodies))
         return f"<thinking>Comparing the candidates.</thinking>\n<vote>{choice}</vote>"
 
@@ -450,15 +485,15 @@ class SimulatedModel:
         """Reason for `think` tokens in total, resuming from the progress markers the prompt shows.
 
         The reasoning is visible text with a short `<thinking>` aside every few sentences. Returns
-        the text and whether max_tokens cut it off; when the prompt mentions `<continue>`, a full
-        chunk ends with that marker instead of being cut off.
+        the text and whether max_tokens cut it off; when `<continue>` is one of the request's stop
+        sequences, a full chunk ends with that marker instead of being cut off.
         """
         total = self._think_total(directives)
         answer = directives.get("answer", "done")
         prompt = _all_text(request.messages)
         done = _progress(prompt, total)
         budget = request.max_tokens if request.max_tokens is not None else 10**9
-        wants_continue = "<continue>" in prompt
+        wants_continue = "<continue>" in request.stop
         reserve = self.counter.count(" <continue>") if wants_continue else 0
         parts: list[str] = []
         used = 0
@@ -532,11 +567,44 @@ def _memory_item(title: str, description: str, content: str, error: tuple[str, s
     return f"<memory>{fields}</memory>"
 
 
-def _same_answer(given: str, expected: str) -> bool:
+def _stated(solution: str) -> str | None:
+    """The answer line of a solution shown (its last line), or None when the solution is unfinished:
+    empty, or ending on one of the model's own steps or progress markers."""
+    lines = [line for line in solution.strip().splitlines() if line.strip()]
+    if not lines or OWN_STEP.search(lines[-1]) or PROGRESS.search(lines[-1]):
+        return None
+    return lines[-1].strip()
+
+
+def _states(line: str, expected: str) -> bool:
+    """Whether an answer line gives the expected answer: its last number, for a number; its end, for text
+    (a hedged "approximately X" is not X)."""
+    line = re.sub(r"</?answer>", " ", line)
     try:
-        return abs(float(given.replace(",", "")) - float(expected.replace(",", ""))) < 1e-9
+        want = float(expected.replace(",", ""))
     except ValueError:
-        return " ".join(given.lower().split()) == " ".join(expected.lower().split())
+        said, want_text = " ".join(line.lower().split()).rstrip(" .!"), " ".join(expected.lower().split())
+        return said.endswith(want_text) and not said.endswith(f"approximately {want_text}")
+    numbers = NUMBER.findall(line)
+    try:
+        return bool(numbers) and abs(float(numbers[-1].replace(",", "")) - want) < 1e-9
+    except ValueError:
+        return False
+
+
+def _enumerated(text: str) -> list[tuple[int, str]]:
+    """The numbered items of the outermost numbered list in `text`, with their bodies: items whose lines
+    start with one label and the numbers 1, 2, ... in order ("Candidate 1:", "Option 2:" or "3."), the
+    list that starts first winning (steps numbered inside each candidate restart, so they are no list)."""
+    groups: dict[str, list[re.Match[str]]] = defaultdict(list)
+    for match in ENUMERATED.finditer(text):
+        groups[(match.group("label") or "").strip().lower()].append(match)
+    lists = [marks for marks in groups.values() if [int(m.group("number")) for m in marks] == list(range(1, len(marks) + 1))]
+    if not lists:
+        return []
+    marks = min(lists, key=lambda found: found[0].start())
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return [(int(m.group("number")), text[m.end() : end]) for m, end in zip(marks, ends, strict=True)]
 
 
 def _normalise(text: str) -> str:

@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
+from reasonray.gateway.protocol import PURPOSE_HEADER, LLMRequest, Message, ToolCall
 from reasonray.gateway.simulator.engine import (
     FAULT_KINDS,
     MODEL_NAME,
@@ -70,7 +70,7 @@ def _content_text(content: Any) -> str | None:
     raise ValueError(f"message content must be a string or a list of parts, not {type(content).__name__}")
 
 
-def _parse_request(body: dict[str, Any]) -> LLMRequest:
+def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMRequest:
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ValueError("'messages' must be a non-empty list")
     messages = []
@@ -103,6 +103,7 @@ def _parse_request(body: dict[str, Any]) -> LLMRequest:
         n=n,
         seed=body.get("seed"),
         tools=tuple(body.get("tools") or ()),
+        purpose=purpose or None,
     )
 
 
@@ -137,7 +138,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     async def chat(request: Request) -> Response:
         try:
             body = await request.json()
-            sim_request = _parse_request(body)
+            sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
             fault = model.fault_for(sim_request)
         except (ValueError, KeyError, TypeError, SimulatorError) as exc:
             return _error(400, f"simulated model: {exc}")
