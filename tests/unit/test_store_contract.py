@@ -279,3 +279,19 @@ async def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to
     assert entry.action == "session.get"
     assert entry.detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
     assert not (tmp_path / "node-a").exists()
+
+
+def test_an_event_log_directory_removed_after_use_is_made_again(tmp_path):
+    """A node's data directory wiped (or swept) while the process runs: later runs still write their event logs."""
+    import shutil
+
+    first = event_log_path(tmp_path / "data", "trace-a")
+    recorder = EventRecorder(first, keep=False)
+    recorder(RunEnd(trace_id="trace-a", strategy="chain_of_thought", status="ok", total_tokens=1, execution_time_ms=1))
+    recorder.close()
+    shutil.rmtree(tmp_path / "data")
+    second = event_log_path(tmp_path / "data", "trace-b")
+    recorder = EventRecorder(second, keep=False)
+    recorder(RunEnd(trace_id="trace-b", strategy="chain_of_thought", status="ok", total_tokens=1, execution_time_ms=1))
+    recorder.close()
+    assert second.exists() and not first.exists()
