@@ -105,7 +105,7 @@ class AuthGate:
         except UnauthenticatedError as exc:
             given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-trace-id"), None)
             trace_id = accept_trace_id(given) or new_trace_id()
-            audit_refusal(
+            await audit_refusal(
                 AuthGate.audit, method=f"{scope['method']} {path}", outcome="unauthenticated", reason=exc.message, trace_id=trace_id
             )
             return await _unauthenticated(exc, path, trace_id)(scope, receive, send)
@@ -330,7 +330,7 @@ class ReasonRayIngress:
         if self.settings.auth.enabled and not caller_has_role("operator", "admin"):  # the gate checked the token
             error = error_for(ForbiddenError("forbidden: /admin/health is for the operator and admin roles"))
             trace_id = new_trace_id()
-            audit_refusal(
+            await audit_refusal(
                 AuthGate.audit,
                 method="GET /admin/health",
                 outcome="forbidden",

@@ -107,7 +107,7 @@ class SessionHost(Fingerprinted):
 
     async def close(self, session_id: str) -> dict[str, Any]:
         async with self._using(session_id):  # after the turns already queued for the session
-            closed = self.pipeline.close(session_id)
+            closed = await self.pipeline.close(session_id)
         self.live.drop(session_id)
         return closed
 
@@ -198,23 +198,23 @@ class RaySessions:
         self.pipeline = pipeline  # repository access only: its LLM is never called here
 
     async def create(self, spec: SessionSpec) -> dict[str, Any]:
-        return created(self.pipeline.create(spec))
+        return created(await self.pipeline.create(spec))
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
-        self.pipeline.require(session_id)  # an unknown session fails here, without a host call
+        await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
         request_id = uuid.uuid4().hex  # the same for every retry of this call
         return await self._on_host(session_id, lambda host: host.turn(session_id, message, trace_id, request_id))
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
-        self.pipeline.require(session_id)
+        await self.pipeline.require(session_id)
         request_id = uuid.uuid4().hex
         return await self._on_host(session_id, lambda host: host.resume(session_id, results, trace_id, request_id))
 
     async def get(self, session_id: str) -> dict[str, Any]:
-        return self.pipeline.get(session_id)
+        return await self.pipeline.get(session_id)
 
     async def close(self, session_id: str) -> dict[str, Any]:
-        self.pipeline.require(session_id)
+        await self.pipeline.require(session_id)
         return await self._on_host(session_id, lambda host: host.close(session_id))
 
     def tools(self) -> list[dict[str, Any]]:

@@ -1,11 +1,12 @@
-"""Session load and save, files against PostgreSQL, at 64 concurrent sessions.
+"""Session load and save, files against PostgreSQL, at 1 and 64 concurrent sessions.
 
-    .venv/bin/python bench/store.py [--sessions 256] [--concurrency 64] [--turns 2000] [--messages 12]
+    .venv/bin/python bench/store.py [--sessions 256] [--concurrency 64] [--turns 2000] [--messages 12] [--pool 4]
 
 Each "turn" is what the session pipeline does to the store around a reasoner run: load the
-session, then save it (one version later) with the turn's exchange appended. 64 workers run turns
-on distinct sessions at once through the repositories the service uses (threads: the repository
-seam is synchronous, as it is in a session actor). The file store writes under a temporary
+session, then save it (one version later) with the turn's exchange appended. Workers run turns on
+distinct sessions at once as coroutines of one event loop, through the repositories the service
+uses, as a session host does (one loop, many sessions; PostgreSQL through the store's async pool
+of `--pool` connections, the size a host's pool has). The file store writes under a temporary
 directory with fsync; PostgreSQL is a throw-away local server (tests/pg.py) with fsync on, so both
 are durable. Prints p50/p95 of load and save, turns (session round trips) per second, and what
 PostgreSQL adds to a turn's p50 (target: under 5 ms).
@@ -14,10 +15,10 @@ PostgreSQL adds to a turn's p50 (target: under 5 ms).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,25 +50,24 @@ def session(i: int, messages: int) -> SessionState:
     )
 
 
-def run(repo: SessionRepository, ids: list[str], concurrency: int, turns: int) -> dict[str, float]:
+async def run(repo: SessionRepository, ids: list[str], concurrency: int, turns: int) -> dict[str, float]:
     loads: list[float] = []
     saves: list[float] = []
 
-    def worker(w: int) -> None:
+    async def worker(w: int) -> None:
         mine = ids[w::concurrency]
         for t in range(turns // concurrency):
             sid = mine[t % len(mine)]
             started = time.perf_counter()
-            state = repo.load(sid)
+            state = await repo.load(sid)
             loaded = time.perf_counter()
             assert state is not None
-            repo.save(state.model_copy(update={"turn": state.turn + 1, "last_answer": f"answer {t}"}))
+            await repo.save(state.model_copy(update={"turn": state.turn + 1, "last_answer": f"answer {t}"}))
             loads.append((loaded - started) * 1000)
             saves.append((time.perf_counter() - loaded) * 1000)
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, range(concurrency)))
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
     wall = time.perf_counter() - started
     q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1]
     turn = [a + b for a, b in zip(loads, saves, strict=True)]
@@ -81,29 +81,38 @@ def run(repo: SessionRepository, ids: list[str], concurrency: int, turns: int) -
     }
 
 
+async def measure(args: argparse.Namespace, pg_url: str, tmp: str) -> dict[tuple[str, int], dict[str, float]]:
+    states = [session(i, args.messages) for i in range(args.sessions)]
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    for name, url in (("files", None), ("postgresql", pg_url)):
+        store = PgStore(url, max_size=args.pool) if url is not None else None
+        repo = session_repository(None, Path(tmp) / name) if store is None else PgSessionRepository(store)
+        for state in states:
+            await repo.save(state)
+        ids = [s.session_id for s in states]
+        await run(repo, ids, args.concurrency, args.concurrency * 4)  # warm-up: pool, prepared statements, caches
+        for concurrency in (1, args.concurrency):  # 1: what the store adds to one turn; N: under load
+            results[(name, concurrency)] = await run(repo, ids, concurrency, args.turns if concurrency > 1 else args.turns // 4)
+        if store is not None:
+            await store.aclose()
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--messages", type=int, default=12, help="Messages in each session's conversation.")
+    parser.add_argument("--pool", type=int, default=4, help="PostgreSQL connections in the pool (a session host's default).")
     args = parser.parse_args()
-    states = [session(i, args.messages) for i in range(args.sessions)]
-    size_kb = len(states[0].model_dump_json()) / 1024
-    results: dict[tuple[str, int], dict[str, float]] = {}
+    size_kb = len(session(0, args.messages).model_dump_json()) / 1024
     with tempfile.TemporaryDirectory(prefix="reasonray-bench-") as tmp, TempPostgres(durable=True) as pg:
-        for name, url in (("files", None), ("postgresql", pg.url)):
-            # a pool as wide as the concurrency: in the service each session actor is its own process with its own pool
-            repo = (
-                session_repository(None, Path(tmp) / name) if url is None else PgSessionRepository(PgStore(url, max_size=args.concurrency))
-            )
-            for state in states:
-                repo.save(state)
-            ids = [s.session_id for s in states]
-            run(repo, ids, args.concurrency, args.concurrency * 4)  # warm-up: pool, caches
-            for concurrency in (1, args.concurrency):  # 1: what the store adds to one turn; N: under load
-                results[(name, concurrency)] = run(repo, ids, concurrency, args.turns if concurrency > 1 else args.turns // 4)
-    print(f"session store, {args.turns} turns over {args.sessions} sessions of {size_kb:.1f} KiB (load, then save one version later)")
+        results = asyncio.run(measure(args, pg.url, tmp))
+    print(
+        f"session store, {args.turns} turns over {args.sessions} sessions of {size_kb:.1f} KiB (load, then save one version later); "
+        f"PostgreSQL pool of {args.pool}"
+    )
     print(f"{'store':<11} {'conc':>4} {'load p50':>9} {'load p95':>9} {'save p50':>9} {'save p95':>9} {'turn p50':>9} {'turns/s':>8}")
     for (name, concurrency), r in results.items():
         print(

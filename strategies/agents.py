@@ -33,6 +33,7 @@ from reasonray.kernel.errors import InvalidParamsError, NotFoundError, describe_
 from reasonray.kernel.storage import write_atomic
 
 if TYPE_CHECKING:
+    from reasonray.kernel.pgstore import PgStore
     from reasonray.strategies.registry import Catalogue
 
 log = structlog.get_logger(__name__)
@@ -180,19 +181,20 @@ class FileAgentRepository:
 
 
 class PgAgentRepository:
-    """The `agent_cards` table: every replica and every node reads the same cards."""
+    """The `agent_cards` table: every replica and every node reads the same cards. Synchronous like its caller,
+    the registry (a sync actor, so registrations never interleave)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: PgStore) -> None:
         self.store = store
 
     def all(self) -> dict[str, AgentCard]:
-        return {card.id: card for card in (AgentCard.model_validate(doc) for doc in self.store.cards())}
+        return {card.id: card for card in (AgentCard.model_validate(doc) for doc in self.store.blocking(self.store.cards()))}
 
     def put(self, card: AgentCard) -> None:
-        self.store.put_card(card.id, card.model_dump(mode="json"))
+        self.store.blocking(self.store.put_card(card.id, card.model_dump(mode="json")))
 
     def delete(self, agent_id: str) -> None:
-        self.store.delete_card(agent_id)
+        self.store.blocking(self.store.delete_card(agent_id))
 
 
 def agent_repository(store_url: str | None, data_dir: Path | None) -> AgentRepository:

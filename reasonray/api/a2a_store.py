@@ -46,11 +46,13 @@ KEPT_EXCHANGES = 32  # a conversation keeps its latest exchanges; a run is given
 class Repository(Protocol):
     """Owned A2A records as JSON; `reasonray.kernel.pgstore.PgStore` and `FileRepository` implement it."""
 
-    def save_a2a_task(self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]) -> bool: ...
+    async def save_a2a_task(
+        self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
+    ) -> bool: ...
 
-    def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None: ...
+    async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None: ...
 
-    def a2a_tasks(
+    async def a2a_tasks(
         self,
         owner: str | None,
         *,
@@ -61,18 +63,59 @@ class Repository(Protocol):
         limit: int,
     ) -> tuple[list[dict[str, Any]], int]: ...
 
-    def delete_a2a_task(self, task_id: str, owner: str | None) -> None: ...
+    async def delete_a2a_task(self, task_id: str, owner: str | None) -> None: ...
 
-    def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None: ...
+    async def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None: ...
 
-    def save_a2a_conversation(
+    async def save_a2a_conversation(
         self, conversation_id: str, owner: str | None, context_id: str, exchanges: list[dict[str, Any]], version: int
     ) -> bool: ...
 
 
 class FileRepository:
     """One JSON file per task (`tasks/`) and per conversation (`contexts/`) under `<sessions>/a2a/`, replaced
-    atomically; writes that check an owner or a version hold one lock file (the processes of one machine)."""
+    atomically; writes that check an owner or a version hold one lock file (the processes of one machine).
+    The file work runs in a thread (`_Files`), off the event loop, as it may wait for that lock."""
+
+    def __init__(self, sessions_dir: Path) -> None:
+        self.files = _Files(sessions_dir)
+
+    async def save_a2a_task(
+        self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
+    ) -> bool:
+        return await asyncio.to_thread(self.files.save_a2a_task, task_id, owner, context_id, state, status_ns, task)
+
+    async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.files.a2a_task, task_id, owner)
+
+    async def a2a_tasks(
+        self,
+        owner: str | None,
+        *,
+        context_id: str | None,
+        state: int | None,
+        since_ns: int | None,
+        after: tuple[int, str] | None,
+        limit: int,
+    ) -> tuple[list[dict[str, Any]], int]:
+        return await asyncio.to_thread(
+            self.files.a2a_tasks, owner, context_id=context_id, state=state, since_ns=since_ns, after=after, limit=limit
+        )
+
+    async def delete_a2a_task(self, task_id: str, owner: str | None) -> None:
+        await asyncio.to_thread(self.files.delete_a2a_task, task_id, owner)
+
+    async def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None:
+        return await asyncio.to_thread(self.files.load_a2a_conversation, conversation_id)
+
+    async def save_a2a_conversation(
+        self, conversation_id: str, owner: str | None, context_id: str, exchanges: list[dict[str, Any]], version: int
+    ) -> bool:
+        return await asyncio.to_thread(self.files.save_a2a_conversation, conversation_id, owner, context_id, exchanges, version)
+
+
+class _Files:
+    """`FileRepository`'s synchronous file work."""
 
     def __init__(self, sessions_dir: Path) -> None:
         self.root = Path(sessions_dir) / "a2a"
@@ -222,12 +265,12 @@ class OwnedTaskStore(TaskStore):
         owner = owner_of(context)
         status_ns = task.status.timestamp.ToNanoseconds() if task.status.HasField("timestamp") else 0
         doc = json_format.MessageToDict(task)
-        if not await asyncio.to_thread(self.repo.save_a2a_task, task.id, owner, task.context_id, task.status.state, status_ns, doc):
+        if not await self.repo.save_a2a_task(task.id, owner, task.context_id, task.status.state, status_ns, doc):
             log.warning("a2a.task_id_taken", task_id=task.id)  # the SDK makes task ids; nobody should reuse another's
             raise TaskNotFoundError(f"Task {task.id} not found")
 
     async def get(self, task_id: str, context: ServerCallContext | None = None) -> Task | None:
-        doc = await asyncio.to_thread(self.repo.a2a_task, task_id, owner_of(context))
+        doc = await self.repo.a2a_task(task_id, owner_of(context))
         return json_format.ParseDict(doc, Task()) if doc is not None else None
 
     async def list(self, params: a2a_pb2.ListTasksRequest, context: ServerCallContext | None = None) -> a2a_pb2.ListTasksResponse:
@@ -239,8 +282,7 @@ class OwnedTaskStore(TaskStore):
             after = (cursor.timestamp_ns or 0, cursor.task_id)
         size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
         since = params.status_timestamp_after.ToNanoseconds() if params.HasField("status_timestamp_after") else None
-        docs, total = await asyncio.to_thread(
-            self.repo.a2a_tasks,
+        docs, total = await self.repo.a2a_tasks(
             owner_of(context),
             context_id=params.context_id or None,
             state=params.status or None,
@@ -257,7 +299,7 @@ class OwnedTaskStore(TaskStore):
         return a2a_pb2.ListTasksResponse(tasks=tasks, next_page_token=following, page_size=size, total_size=total)
 
     async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
-        await asyncio.to_thread(self.repo.delete_a2a_task, task_id, owner_of(context))
+        await self.repo.delete_a2a_task(task_id, owner_of(context))
 
 
 # -- conversations -------------------------------------------------------------------------------------------
@@ -285,7 +327,7 @@ class Conversations:
         self.repo = repo
 
     async def exchanges(self, owner: str | None, context_id: str) -> list[Exchange]:
-        found = await asyncio.to_thread(self.repo.load_a2a_conversation, conversation_id(owner, context_id))
+        found = await self.repo.load_a2a_conversation(conversation_id(owner, context_id))
         return [Exchange.model_validate(e) for e in found[0]] if found is not None else []
 
     async def append(self, owner: str | None, context_id: str, question: str, answer: str, task_id: str, trace_id: str) -> int:
@@ -293,12 +335,12 @@ class Conversations:
         returns its turn (1 for the first)."""
         ident = conversation_id(owner, context_id)
         for _ in range(SAVE_ATTEMPTS):
-            found = await asyncio.to_thread(self.repo.load_a2a_conversation, ident)
+            found = await self.repo.load_a2a_conversation(ident)
             exchanges, version = found if found is not None else ([], 0)
             turn = exchanges[-1]["turn"] + 1 if exchanges else 1
             added = Exchange(turn=turn, question=question, answer=answer, task_id=task_id, trace_id=trace_id)
             kept = [*exchanges, added.model_dump()][-KEPT_EXCHANGES:]
-            if await asyncio.to_thread(self.repo.save_a2a_conversation, ident, owner, context_id, kept, version):
+            if await self.repo.save_a2a_conversation(ident, owner, context_id, kept, version):
                 return turn
         raise SessionStateError(
             f"the conversation of context {context_id!r} kept changing while this answer was saved; send the message again",

@@ -37,11 +37,11 @@ class AuditRecord(BaseModel):
 
 
 class AuditLog(Protocol):
-    def write(self, record: AuditRecord) -> None: ...
+    async def write(self, record: AuditRecord) -> None: ...
 
 
 class NoAudit:
-    def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord) -> None:
         return None
 
 
@@ -54,15 +54,15 @@ class JsonlAuditLog:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.chmod(path, 0o600)  # an older file created with a laxer umask
 
-    def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord) -> None:
         os.write(self._fd, (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode())
 
 
-def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: str, trace_id: str, principal: str | None = None) -> None:
+async def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: str, trace_id: str, principal: str | None = None) -> None:
     """Record a request refused before any method ran (no or a bad token at the gate, a route for other roles).
     An audit writer that fails is logged, never turned into a 500 for the caller."""
     try:
-        audit.write(AuditRecord(principal=principal or ANONYMOUS, method=method, outcome=outcome, trace_id=trace_id, reason=reason[:500]))
+        await audit.write(AuditRecord(principal=principal or ANONYMOUS, method=method, outcome=outcome, trace_id=trace_id, reason=reason[:500]))
     except Exception as exc:
         log.warning("audit.write_failed", method=method, outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:200])
 
@@ -78,11 +78,11 @@ class StoreAuditLog:
     def __init__(self, log: repositories.AuditLog) -> None:
         self.log = log
 
-    def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord) -> None:
         detail = record.model_dump(mode="json", include={"roles", "target", "outcome", "trace_id"})
         if record.reason is not None:  # failures and refusals: what the caller was told
             detail["reason"] = record.reason
-        self.log.append(repositories.AuditEntry(at=record.at, principal=record.principal, action=record.method, detail=detail))
+        await self.log.append(repositories.AuditEntry(at=record.at, principal=record.principal, action=record.method, detail=detail))
 
 
 def audit_log_for(store_url: str | None, data_dir: Path) -> AuditLog:

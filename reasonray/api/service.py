@@ -273,9 +273,8 @@ class ReasoningService:
         finally:
             recorder.close()
             if self.runs is not None and end is not None:
-                # off the event loop (a file written with fsync, or a database row), and finished even when the
-                # caller goes away: every request in flight on this replica waits on this loop
-                await asyncio.shield(asyncio.to_thread(self._index, context, end, started, path))
+                # finished even when the caller goes away; the index writes its file or row off the event loop
+                await asyncio.shield(self._index(context, end, started, path))
         if degraded is not None:  # the strategy's best answer from a run that failed part-way
             result = context.result(resolution.strategy, context.progress["answer"])
         return ExecuteResult(
@@ -393,7 +392,7 @@ class ReasoningService:
         if not task.cancelled() and task.exception() is not None:
             log.warning("memory.stats_not_recorded", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
 
-    def _index(self, context: StrategyContext, end: RunEnd, started: float, path: Path | None) -> None:
+    async def _index(self, context: StrategyContext, end: RunEnd, started: float, path: Path | None) -> None:
         """The run in the run index, with its event log; a failure to index is logged, never the caller's."""
         assert self.runs is not None
         t = context.llm.tally
@@ -409,7 +408,7 @@ class ReasoningService:
             error=end.error,
         )
         try:
-            self.runs.record(run, path)
+            await self.runs.record(run, path)
         except Exception as exc:
             log.warning("run.not_indexed", trace_id=end.trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
 

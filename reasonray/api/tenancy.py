@@ -17,7 +17,7 @@ import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +30,9 @@ from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
 from reasonray.strategies.agents import STRATEGY_CAPABILITY
+
+if TYPE_CHECKING:
+    from reasonray.kernel.pgstore import PgStore
 
 log = structlog.get_logger(__name__)
 
@@ -133,29 +136,30 @@ class OwnershipTable:
 
 
 class PgOwnershipTable:
-    """`OwnershipRepository` in the cluster store's `ownership` table (`reasonray.kernel.pgstore`)."""
+    """`OwnershipRepository` in the cluster store's `ownership` table (`reasonray.kernel.pgstore`), synchronous like
+    its caller, the ownership actor, which Ray runs one call at a time so that claims never race."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: PgStore) -> None:
         self.store = store
 
     def get(self, kind: str, ident: str) -> OwnerRecord | None:
-        found = self.store.owner_of(kind, ident)
+        found = self.store.blocking(self.store.owner_of(kind, ident))
         return {"owner": found[0], "readers": found[1]} if found else None
 
     def claim(self, kind: str, ident: str, sub: str) -> bool:
-        return bool(self.store.claim_owner(kind, ident, sub))
+        return self.store.blocking(self.store.claim_owner(kind, ident, sub))
 
     def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        self.store.share_owned(kind, ident, readers)
+        self.store.blocking(self.store.share_owned(kind, ident, readers))
 
     def drop(self, kind: str, ident: str) -> None:
-        self.store.drop_owner(kind, ident)
+        self.store.blocking(self.store.drop_owner(kind, ident))
 
     def readable(self, kind: str, sub: str) -> list[str]:
-        return list(self.store.readable_by(kind, sub))
+        return self.store.blocking(self.store.readable_by(kind, sub))
 
     def owned(self, kind: str) -> set[str]:
-        return set(self.store.owned_ids(kind))
+        return self.store.blocking(self.store.owned_ids(kind))
 
 
 def ownership_table(store_url: str | None, data_dir: Path | None) -> OwnershipRepository:
@@ -264,7 +268,7 @@ class Guard:
             outcome, reason = error.data.get("error_type", "error"), error.message[:500]
             raise
         finally:
-            self.audit.write(
+            await self.audit.write(
                 AuditRecord(
                     principal=principal.sub if principal else ANONYMOUS,
                     roles=list(principal.roles) if principal else [],

@@ -182,15 +182,25 @@ class EventRecorder:
             self.events.append(event)
         if self.path is not None:
             if self._file is None:
-                if self.path.parent not in _made_dirs:
-                    private_dir(self.path.parent.parent)  # <data_dir>/events
-                    private_dir(self.path.parent)
-                    _made_dirs.add(self.path.parent)
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # prompts are personal data: owner only
-                self._file = os.fdopen(fd, "ab", buffering=64 * 1024)  # written as the buffer fills and at close
+                self._file = self._open()
             self._file.write(_encoder.encode(event if self.mode == "full" else metadata_only(event)) + b"\n")
         fields = {k: v for k, v in to_dict(event).items() if k not in TEXT_FIELDS and k not in ("type", "ts")}
         log.info(type(event).__name__, **fields)
+
+    def _open(self) -> IO[bytes]:
+        assert self.path is not None
+        for _ in range(2):
+            if self.path.parent not in _made_dirs:
+                private_dir(self.path.parent.parent)  # <data_dir>/events
+                private_dir(self.path.parent)
+                _made_dirs.add(self.path.parent)
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # prompts are personal data: owner only
+            except FileNotFoundError:  # the directory went since it was made (swept, purged, removed): make it again
+                _made_dirs.discard(self.path.parent)
+                continue
+            return os.fdopen(fd, "ab", buffering=64 * 1024)  # written as the buffer fills and at close
+        raise FileNotFoundError(f"cannot create the event log {self.path}: its directory keeps disappearing")
 
     def close(self) -> None:
         if self._file is not None:

@@ -3,12 +3,15 @@
 Each is a small Protocol with two implementations: files under the data directory (the zero-setup
 default for one machine) and PostgreSQL (`[store] url`, `reasonray.kernel.pgstore`), which every
 node and replica of a cluster shares. `run_index`, `audit_log` and `counters` pick one from the
-settings. Sessions and agent cards have theirs in the layers that own them
+settings. The run index and the audit log are async (their callers, the reasoning service, the
+session pipeline and the API guard, are); counters are synchronous, because the limiter that owns
+them is a sync actor whose calls must not interleave. Sessions and agent cards have theirs in the layers that own them
 (`reasonray.reasoner.repository`, `reasonray.strategies.agents`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -16,12 +19,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, Field
 
 from reasonray.kernel.events import read_event_log
 from reasonray.kernel.storage import write_atomic
+
+if TYPE_CHECKING:
+    from reasonray.kernel.pgstore import PgStore
 
 
 class RunRecord(BaseModel):
@@ -42,10 +48,10 @@ class RunRecord(BaseModel):
 class RunIndex(Protocol):
     """Runs by trace id, each with its full event log."""
 
-    def record(self, run: RunRecord, event_log: Path | None) -> None:
+    async def record(self, run: RunRecord, event_log: Path | None) -> None:
         """Index `run`; `event_log` is its JSONL file under the data directory (None: no events kept)."""
 
-    def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None: ...
+    async def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None: ...
 
 
 class FileRunIndex:
@@ -54,11 +60,12 @@ class FileRunIndex:
     def __init__(self, data_dir: Path) -> None:
         self.root = Path(data_dir) / "runs"
 
-    def record(self, run: RunRecord, event_log: Path | None) -> None:
+    async def record(self, run: RunRecord, event_log: Path | None) -> None:
         doc = {"run": run.model_dump(mode="json"), "event_log": str(event_log) if event_log else None}
-        write_atomic(self.root / f"{run.trace_id}.json", json.dumps(doc).encode())
+        # off the event loop: write_atomic fsyncs, and every request on the replica waits on that loop
+        await asyncio.to_thread(write_atomic, self.root / f"{run.trace_id}.json", json.dumps(doc).encode())
 
-    def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
+    async def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
         path = self.root / f"{trace_id}.json"
         if not path.exists():
             return None
@@ -71,15 +78,15 @@ class FileRunIndex:
 class PgRunIndex:
     """The `runs` table: the record's columns and the event log as JSONB (no file needed afterwards)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: PgStore) -> None:
         self.store = store
 
-    def record(self, run: RunRecord, event_log: Path | None) -> None:
-        events = read_event_log(event_log) if event_log is not None and event_log.exists() else []
-        self.store.record_run(run.model_dump(), events)
+    async def record(self, run: RunRecord, event_log: Path | None) -> None:
+        events = await asyncio.to_thread(read_event_log, event_log) if event_log is not None and event_log.exists() else []
+        await self.store.record_run(run.model_dump(), events)
 
-    def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
-        found = self.store.run(trace_id)
+    async def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
+        found = await self.store.run(trace_id)
         return (RunRecord.model_validate(found[0]), found[1]) if found else None
 
 
@@ -93,9 +100,9 @@ class AuditEntry(BaseModel):
 class AuditLog(Protocol):
     """Append-only record of who did what; newest first when read."""
 
-    def append(self, entry: AuditEntry) -> None: ...
+    async def append(self, entry: AuditEntry) -> None: ...
 
-    def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]: ...
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]: ...
 
 
 class FileAuditLog:
@@ -104,7 +111,7 @@ class FileAuditLog:
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / "audit.jsonl"
 
-    def append(self, entry: AuditEntry) -> None:
+    async def append(self, entry: AuditEntry) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
@@ -112,7 +119,7 @@ class FileAuditLog:
         finally:
             os.close(fd)
 
-    def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]:
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]:
         if not self.path.exists():
             return []
         entries = [AuditEntry.model_validate_json(line) for line in self.path.read_bytes().splitlines() if line]
@@ -120,14 +127,14 @@ class FileAuditLog:
 
 
 class PgAuditLog:
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: PgStore) -> None:
         self.store = store
 
-    def append(self, entry: AuditEntry) -> None:
-        self.store.append_audit(entry.principal, entry.action, entry.detail, entry.at)
+    async def append(self, entry: AuditEntry) -> None:
+        await self.store.append_audit(entry.principal, entry.action, entry.detail, entry.at)
 
-    def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]:
-        return [AuditEntry(at=at, principal=p, action=a, detail=d) for at, p, a, d in self.store.audit(principal, limit)]
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditEntry]:
+        return [AuditEntry(at=at, principal=p, action=a, detail=d) for at, p, a, d in await self.store.audit(principal, limit)]
 
 
 class Counters(Protocol):
@@ -181,19 +188,19 @@ class FileCounters:
 
 
 class PgCounters:
-    def __init__(self, store: Any) -> None:
+    """The `counters` table, from synchronous code (the limiter actor) through the store's `blocking`."""
+
+    def __init__(self, store: PgStore) -> None:
         self.store = store
 
     def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
-        total: int = self.store.add_counter(key, window_start(window_s, now), amount, window_s)
-        return total
+        return self.store.blocking(self.store.add_counter(key, window_start(window_s, now), amount, window_s))
 
     def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
-        total: int = self.store.counter(key, window_start(window_s, now))
-        return total
+        return self.store.blocking(self.store.counter(key, window_start(window_s, now)))
 
 
-def _store(url: str | None) -> Any:
+def _store(url: str | None) -> PgStore | None:
     if url is None:
         return None
     from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured

@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from reasonray.reasoner.session import FileSessionRepository, SessionRepository, SessionState, stale_version
+
+if TYPE_CHECKING:
+    from reasonray.kernel.pgstore import PgStore
 
 
 class PgSessionRepository:
     """One row per session in the `sessions` table: the state as JSONB and its version for optimistic concurrency."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: PgStore) -> None:
         self.store = store
 
-    def load(self, session_id: str) -> SessionState | None:
-        found = self.store.load_session(session_id)
+    async def load(self, session_id: str) -> SessionState | None:
+        found = await self.store.load_session(session_id)
         if found is None:
             return None
         text, version = found
         return SessionState.model_validate_json(text).model_copy(update={"version": version})
 
-    def save(self, state: SessionState) -> None:
+    async def save(self, state: SessionState) -> None:
         doc = state.model_dump_json(exclude={"version"})
-        if self.store.save_session(state.session_id, state.status, doc, state.version) is None:
+        if await self.store.save_session(state.session_id, state.status, doc, state.version) is None:
             raise stale_version(state.session_id, state.version)
 
 

@@ -133,9 +133,9 @@ class SessionRepository(Protocol):
     Implementations: `FileSessionRepository` here, `PgSessionRepository` (reasonray.reasoner.repository).
     """
 
-    def load(self, session_id: str) -> SessionState | None: ...
+    async def load(self, session_id: str) -> SessionState | None: ...
 
-    def save(self, state: SessionState) -> None: ...
+    async def save(self, state: SessionState) -> None: ...
 
 
 class FileSessionRepository:
@@ -172,15 +172,18 @@ class FileSessionRepository:
     def _path(self, session_id: str) -> Path:
         return self.root / f"{session_id}.json"
 
-    def load(self, session_id: str) -> SessionState | None:
+    async def load(self, session_id: str) -> SessionState | None:
+        return self._read(session_id)
+
+    def _read(self, session_id: str) -> SessionState | None:
         path = self._path(session_id)
         return SessionState.model_validate_json(path.read_bytes()) if path.exists() else None
 
-    def save(self, state: SessionState) -> None:
+    async def save(self, state: SessionState) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f".{state.session_id}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            stored = self.load(state.session_id)
+            stored = self._read(state.session_id)
             if (stored.version if stored is not None else 0) != state.version:
                 raise stale_version(state.session_id, state.version)
             write_atomic(self._path(state.session_id), state.model_copy(update={"version": state.version + 1}).model_dump_json().encode())
@@ -261,7 +264,7 @@ class SessionPipeline:
         self.passive = passive  # learns from completed turns; None: passive learning is off
 
     # -- routing: create, new turn, re-entry, inspection, close ----------------------------------------
-    def create(self, spec: SessionSpec, session_id: str | None = None) -> SessionState:
+    async def create(self, spec: SessionSpec, session_id: str | None = None) -> SessionState:
         self.toolbox.select(spec.server_tools)  # unknown names: InvalidParamsError listing what exists
         modes = spec.modes or {spec.mode: ModeSpec()}
         bootstrap = [text for text in (spec.bootstrap, modes[spec.mode].bootstrap) if text]
@@ -272,12 +275,12 @@ class SessionPipeline:
         state = SessionState(
             session_id=session_id or uuid.uuid4().hex, status="idle", created_at=now, updated_at=now, spec=spec, providers=providers.dump()
         )
-        self.repository.save(state)
+        await self.repository.save(state)
         log.info("session.created", session_id=state.session_id, mode=spec.mode)
         return state
 
     async def turn(self, session_id: str, message: str, trace_id: str, request_id: str | None = None) -> TurnResult:
-        state = self._load(session_id)
+        state = await self._load(session_id)
         if request_id is not None and state.last_request_id == request_id:
             return _replayed(state)
         _expect(state, "idle")
@@ -300,7 +303,7 @@ class SessionPipeline:
         return await self._run(state, providers, trace, resume=False)
 
     async def resume(self, session_id: str, results: list[SubmittedResult], trace_id: str, request_id: str | None = None) -> TurnResult:
-        state = self._load(session_id)
+        state = await self._load(session_id)
         if request_id is not None and state.last_request_id == request_id:
             return _replayed(state)
         _expect(state, "awaiting_client_tools")
@@ -308,12 +311,12 @@ class SessionPipeline:
         providers.ledger.submit(results)  # the pipeline populates ToolResults for client tools
         return await self._run(state.model_copy(update={"last_request_id": request_id}), providers, [], resume=True)
 
-    def require(self, session_id: str) -> SessionState:
+    async def require(self, session_id: str) -> SessionState:
         """The session's saved state; NotFoundError when there is none."""
-        return self._load(session_id)
+        return await self._load(session_id)
 
-    def get(self, session_id: str) -> dict[str, Any]:
-        state = self._load(session_id)
+    async def get(self, session_id: str) -> dict[str, Any]:
+        state = await self._load(session_id)
         providers = ContextProviders.load(state.providers)
         return {
             "session_id": state.session_id,
@@ -331,10 +334,10 @@ class SessionPipeline:
             "client_tools": [t.name for t in state.spec.client_tools],
         }
 
-    def close(self, session_id: str) -> dict[str, Any]:
-        state = self._load(session_id)
+    async def close(self, session_id: str) -> dict[str, Any]:
+        state = await self._load(session_id)
         if state.status != "closed":
-            self._save(state.model_copy(update={"status": "closed"}))
+            await self._save(state.model_copy(update={"status": "closed"}))
         return {"session_id": session_id, "status": "closed"}
 
     # -- one run of the reasoner, and its outcome saved -----------------------------------------------
@@ -358,11 +361,11 @@ class SessionPipeline:
             raise _in_session(exc, state) from None  # nothing changes: the client can send the right results
         except ReasonRayError as exc:
             error = type(exc).__name__
-            self._save_failure(state, providers, trace, reasoner, exc)
+            await self._save_failure(state, providers, trace, reasoner, exc)
             exc.data.setdefault("usage", _usage(reasoner).model_dump())  # a failed turn's tokens count towards budgets too
             raise _in_session(exc, state) from None
         else:
-            result = self._save_exit(state, providers, trace, reasoner, exit_)
+            result = await self._save_exit(state, providers, trace, reasoner, exit_)
             outcome = "ok" if isinstance(exit_, Completed) else "awaiting_client_tools"
             if isinstance(exit_, Completed) and self.passive is not None:
                 result = await self._learn_passively(state, providers, trace, emit, trace_id, result)
@@ -370,9 +373,11 @@ class SessionPipeline:
         finally:
             recorder.close()
             if self.runs is not None:
-                self._index(trace_id, reasoner, outcome, error, started, log_path)
+                await self._index(trace_id, reasoner, outcome, error, started, log_path)
 
-    def _index(self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None) -> None:
+    async def _index(
+        self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None
+    ) -> None:
         tally = reasoner.llm.tally  # type: ignore[attr-defined]  # the ObservedLLM of _reasoner
         run = RunRecord(
             trace_id=trace_id,
@@ -387,7 +392,7 @@ class SessionPipeline:
         )
         try:
             assert self.runs is not None
-            self.runs.record(run, log_path)
+            await self.runs.record(run, log_path)
         except Exception as exc:  # the turn's outcome is saved; only its index entry is missing
             log.warning("session.run_not_indexed", trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
@@ -406,7 +411,7 @@ class SessionPipeline:
             llm_calls=state.turn_llm_calls,
         )
 
-    def _save_exit(
+    async def _save_exit(
         self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exit_: TurnExit
     ) -> TurnResult:
         match exit_:
@@ -428,7 +433,7 @@ class SessionPipeline:
             trace=steps,
             usage=_usage(reasoner),
         )
-        self._save(
+        await self._save(
             state.model_copy(
                 update={
                     "status": status,
@@ -455,13 +460,13 @@ class SessionPipeline:
         steps = as_dicts(trace[learned_from:])
         learned = result.model_copy(update={"memory": report, "trace": [*result.trace, *steps]})
         try:
-            saved = self._load(state.session_id)
-            self._save(saved.model_copy(update={"trace": [*saved.trace, *steps], "last_outcome": _outcome(state, result=learned)}))
+            saved = await self._load(state.session_id)
+            await self._save(saved.model_copy(update={"trace": [*saved.trace, *steps], "last_outcome": _outcome(state, result=learned)}))
         except OSError as exc:  # the turn is saved; only its learning steps are missing from the stored trace
             log.warning("session.learning_steps_not_saved", session_id=state.session_id, error=f"{type(exc).__name__}: {exc}")
         return learned
 
-    def _save_failure(
+    async def _save_failure(
         self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exc: ReasonRayError
     ) -> None:
         """A failed turn ends: the session is idle again, the failure noted for the model and the client."""
@@ -469,7 +474,7 @@ class SessionPipeline:
         trim_history(providers.conversation.history, self.max_history)
         providers.ledger = ToolLedger()
         error = {"error_type": type(exc).__name__, "message": exc.message, **exc.data}
-        self._save(
+        await self._save(
             state.model_copy(
                 update={
                     "status": "idle",
@@ -482,14 +487,14 @@ class SessionPipeline:
             )
         )
 
-    def _load(self, session_id: str) -> SessionState:
-        state = self.repository.load(session_id)
+    async def _load(self, session_id: str) -> SessionState:
+        state = await self.repository.load(session_id)
         if state is None:
             raise NotFoundError(f"no session {session_id!r}; create one with session.create", {"session_id": session_id})
         return state
 
-    def _save(self, state: SessionState) -> None:
-        self.repository.save(state.model_copy(update={"updated_at": datetime.now(UTC)}))
+    async def _save(self, state: SessionState) -> None:
+        await self.repository.save(state.model_copy(update={"updated_at": datetime.now(UTC)}))
 
 
 def _expect(state: SessionState, status: Status) -> None:
@@ -598,7 +603,7 @@ class LocalSessions:
         self.pipeline = pipeline
 
     async def create(self, spec: SessionSpec) -> dict[str, Any]:
-        return created(self.pipeline.create(spec))
+        return created(await self.pipeline.create(spec))
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
         return (await self.pipeline.turn(session_id, message, trace_id)).model_dump(mode="json")
@@ -607,10 +612,10 @@ class LocalSessions:
         return (await self.pipeline.resume(session_id, submitted(results), trace_id)).model_dump(mode="json")
 
     async def get(self, session_id: str) -> dict[str, Any]:
-        return self.pipeline.get(session_id)
+        return await self.pipeline.get(session_id)
 
     async def close(self, session_id: str) -> dict[str, Any]:
-        return self.pipeline.close(session_id)
+        return await self.pipeline.close(session_id)
 
     def tools(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.pipeline.toolbox.tools.values()]

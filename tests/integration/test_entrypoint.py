@@ -125,7 +125,7 @@ def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(postgres, gated
             proc.wait()
     store = PgStore(postgres.url)
     try:
-        text, _ = store.load_session(sid)
+        text, _ = store.blocking(store.load_session(sid))
         state = json.loads(text)
         assert state["turn"] == 1 and state["status"] == "idle" and state["last_answer"] == answer["result"]["answer"]
     finally:

@@ -84,9 +84,9 @@ def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(pos
     store = PgStore(postgres.url)  # the schema exists: the first service migrated it on start
     try:
         local = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "first").rglob("*") if p.suffix == ".json")
-        assert sid in store.session_ids(), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
-        assert [c["id"] for c in store.cards()] == [CARD["id"]]
-        assert store.run_ids(10), "the turn is in the run index"
+        assert sid in store.blocking(store.session_ids()), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
+        assert [c["id"] for c in store.blocking(store.cards())] == [CARD["id"]]
+        assert store.blocking(store.run_ids(10)), "the turn is in the run index"
     finally:
         store.close()
 

@@ -237,13 +237,15 @@ async def test_a_context_continues_for_its_owner_and_is_a_fresh_conversation_for
 
 
 @pytest.fixture(params=["files", "postgresql"])
-def repo(request, tmp_path):
+async def repo(request, tmp_path):
     if request.param == "files":
-        return repository(None, tmp_path / "sessions")
+        yield repository(None, tmp_path / "sessions")
+        return
     pg = request.getfixturevalue("postgres")
     made = repository(pg.url, tmp_path / "unused")
-    made._fetch("TRUNCATE a2a_tasks, a2a_conversations")
-    return made
+    await made.fetch("TRUNCATE a2a_tasks, a2a_conversations")
+    yield made
+    await made.aclose()  # the pool of this test's event loop
 
 
 def task(task_id: str, context: str, answer: str | None, seconds: int) -> Task:

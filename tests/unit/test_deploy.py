@@ -2,18 +2,23 @@
 the entrypoint's fail-fast checks (run directly; its SIGTERM drain is tests/integration/test_entrypoint.py).
 
 No Docker engine or Kubernetes API server is at hand (tests/integration/test_image_build.py builds the image
-with buildah), and no installable package ships the current Compose Specification schema or KubeRay's CRD: the
-compose file and the RayService's own fields are checked against the subsets written out below, which name
-every field this project relies on. The RayService's metadata and pod templates are checked against the
-Kubernetes API's strict schemas that kubernetes-validate ships, and its embedded Serve config with Ray's own
-`ServeDeploySchema`.
+with buildah). The compose file is checked against the subset written out below, which names every field this
+project relies on, and against the official Compose Specification schema as the `docker-compose` 1.29.2 wheel
+ships it (`compose/config/compose_spec.json`, fetched from PyPI into a temporary directory at test time: the
+package's pins conflict with this project's, so it is not installed). No installable package ships KubeRay's
+CRD: the RayService's own fields are checked against the subset below, its metadata and pod templates against
+the Kubernetes API's strict schemas that kubernetes-validate ships, and its embedded Serve config with Ray's
+own `ServeDeploySchema`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import jsonschema
@@ -169,6 +174,40 @@ def test_compose_has_the_services_and_named_volumes():
     assert api["environment"]["REASONRAY_MEMORY__CHROMA_URL"] == "http://chroma:8000"
     assert set(api["depends_on"]) <= set(services) and "/healthz" in " ".join(api["healthcheck"]["test"])
     assert (REPO / "deploy" / api["build"]["context"] / api["build"]["dockerfile"]).exists()
+
+
+COMPOSE_RELEASE = "docker-compose==1.29.2"  # the last release on PyPI; its wheel carries the Compose Specification schema
+
+
+@pytest.fixture(scope="module")
+def official_compose_schema(tmp_path_factory) -> dict:
+    """The Compose Specification's JSON schema, out of the docker-compose wheel fetched with pip (no install)."""
+    into = tmp_path_factory.mktemp("compose-wheel")
+    fetched = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(into), COMPOSE_RELEASE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if fetched.returncode != 0:
+        pytest.skip(f"cannot fetch {COMPOSE_RELEASE} from the package index: {fetched.stderr.strip()[-300:]}")
+    [wheel] = into.glob("docker_compose-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        schema: dict = json.loads(archive.read("compose/config/compose_spec.json"))
+    jsonschema.Draft201909Validator.check_schema(schema)
+    return schema
+
+
+def test_compose_is_valid_against_the_official_compose_specification_schema(official_compose_schema):
+    compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    # the 2021 schema predates the top-level `name` (added to the specification later); it is checked by hand
+    assert re.fullmatch(r"[a-z0-9][a-z0-9_-]*", compose.pop("name"))
+    validator = jsonschema.Draft201909Validator(official_compose_schema)
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors, errors
+    # and the schema is strict enough to catch a misspelt field
+    broken = {**compose, "services": {**compose["services"], "api": {**compose["services"]["api"], "helthcheck": {}}}}
+    assert any("helthcheck" in e.message for e in validator.iter_errors(broken))
 
 
 def test_the_rayservice_manifest_and_its_serve_config_are_valid():

@@ -47,8 +47,8 @@ def pipeline(tmp_path, llm, toolbox=None, **kw):
     return SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, toolbox or builtin_toolbox(), data_dir=tmp_path, **kw)
 
 
-def session(p, **spec):
-    return p.create(SessionSpec.model_validate({"server_tools": ["calculator"], "client_tools": [WEATHER], **spec})).session_id
+async def session(p, **spec):
+    return (await p.create(SessionSpec.model_validate({"server_tools": ["calculator"], "client_tools": [WEATHER], **spec}))).session_id
 
 
 def steps(result):
@@ -58,12 +58,12 @@ def steps(result):
 async def test_normal_turn_completion(tmp_path):
     llm = ScriptedLLM(["<thinking>easy</thinking><answer>Hello!</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     result = await p.turn(sid, "Hi", "t1")
     llm.assert_complete()
     assert result.status == "completed" and result.answer == "Hello!" and result.turn == 1
     assert steps(result) == ["TURN_STARTED", "LLM_CALL", "EXIT"] and result.trace[-1]["exit_mode"] == 1
-    state = p.get(sid)
+    state = await p.get(sid)
     assert state["status"] == "idle" and state["messages"] == 2 and state["last_answer"] == "Hello!"
     [request] = llm.requests
     assert {t["function"]["name"] for t in request.tools} == {"calculator", "get_weather"}
@@ -72,7 +72,7 @@ async def test_normal_turn_completion(tmp_path):
 async def test_server_tool_continuation_feeds_the_result_to_the_next_call(tmp_path):
     llm = ScriptedLLM([call("c1", "calculator", expression="17 * 23"), "<answer>391</answer>"])
     p = pipeline(tmp_path, llm)
-    result = await p.turn(session(p), "17*23?", "t1")
+    result = await p.turn(await session(p), "17*23?", "t1")
     assert result.answer == "391" and result.llm_calls == 2
     assert steps(result) == ["TURN_STARTED", "LLM_CALL", "TOOL_EXECUTED", "LLM_CALL", "EXIT"]
     second = llm.requests[1].messages
@@ -83,7 +83,7 @@ async def test_server_tool_continuation_feeds_the_result_to_the_next_call(tmp_pa
 async def test_mid_turn_mode_change_applies_from_the_next_call_and_changes_tools(tmp_path):
     llm = ScriptedLLM([call("m1", "mode_state_change", mode="act"), call("c1", "python", code="print(6*7)"), "<answer>42</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = p.create(
+    created = await p.create(
         SessionSpec.model_validate(
             {
                 "mode": "plan",
@@ -94,7 +94,8 @@ async def test_mid_turn_mode_change_applies_from_the_next_call_and_changes_tools
                 },
             }
         )
-    ).session_id
+    )
+    sid = created.session_id
     result = await p.turn(sid, "Compute 6*7 in code", "t1")
     assert result.answer == "42" and result.mode == "act"
     tools = [{t["function"]["name"] for t in r.tools} for r in llm.requests]
@@ -105,13 +106,13 @@ async def test_mid_turn_mode_change_applies_from_the_next_call_and_changes_tools
     assert bootstraps == [[], ["You may now run code."], []]  # armed by the mode change, emitted once
     change = next(s for s in result.trace if s["type"] == "MODE_CHANGE")
     assert (change["previous"], change["mode"]) == ("plan", "act")
-    assert p.get(sid)["mode"] == "act"  # the mode persists for the next turn
+    assert (await p.get(sid))["mode"] == "act"  # the mode persists for the next turn
 
 
 async def test_turn_context_is_emitted_once_and_session_context_every_call(tmp_path):
     llm = ScriptedLLM([call("c1", "calculator", expression="1+1"), "<answer>2</answer>", "<answer>again</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = session(p, bootstrap="Welcome to the session.")
+    sid = await session(p, bootstrap="Welcome to the session.")
     await p.turn(sid, "1+1?", "t1")
     await p.turn(sid, "again?", "t2")
     welcome = [any(m.content == "Welcome to the session." for m in r.messages) for r in llm.requests]
@@ -124,7 +125,7 @@ async def test_turn_context_is_emitted_once_and_session_context_every_call(tmp_p
 async def test_thinking_is_never_carried_into_a_later_call(tmp_path):
     llm = ScriptedLLM(["<thinking>secret plan</thinking><answer>A</answer>", "<answer>B</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     await p.turn(sid, "first", "t1")
     await p.turn(sid, "second", "t2")
     assert not any("secret plan" in (m.content or "") for m in llm.requests[1].messages)
@@ -139,7 +140,7 @@ async def test_exit_mode_2_hands_off_and_a_restarted_pipeline_continues(tmp_path
             "<thinking>ok</thinking><answer>Sunny in Paris</answer>",
         ]
     )
-    sid = session(pipeline(tmp_path, llm))
+    sid = await session(pipeline(tmp_path, llm))
     first = await pipeline(tmp_path, llm).turn(sid, "Weather?", "t1")
     assert first.status == "awaiting_client_tools" and first.answer is None
     assert first.pending_tool_calls == [{"tool_call_id": "w1", "name": "get_weather", "arguments": {"city": "Paris"}}]
@@ -185,48 +186,48 @@ async def test_exit_mode_2_hands_off_and_a_restarted_pipeline_continues(tmp_path
 async def test_reentry_verification_failures_are_hard_and_change_nothing(tmp_path, results, message, data):
     llm = ScriptedLLM([call("c1", "calculator", expression="2+3"), call("w1", "get_weather", city="Paris"), "<answer>done</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     await p.turn(sid, "Weather?", "t1")
     with pytest.raises(ReentryError, match=re.escape(message)) as err:
         await p.resume(sid, [SubmittedResult(i, c) for i, c in results], "t2")
     assert {k: err.value.data[k] for k in data} == data
     assert err.value.message.startswith(f"session {sid!r}, turn 1: ") and err.value.data["session_id"] == sid
     assert "Send exactly one result per pending tool_call_id" in err.value.message
-    assert p.get(sid)["status"] == "awaiting_client_tools"  # nothing was lost: the right results still work
+    assert (await p.get(sid))["status"] == "awaiting_client_tools"  # nothing was lost: the right results still work
     assert (await p.resume(sid, [SubmittedResult("w1", "sunny")], "t3")).answer == "done"
 
 
 async def test_resume_without_pending_calls_and_unknown_sessions_are_refused(tmp_path):
     p = pipeline(tmp_path, ScriptedLLM([]))
-    sid = session(p)
+    sid = await session(p)
     with pytest.raises(SessionStateError, match=r"has no pending client tool calls; send a new turn with session.turn"):
         await p.resume(sid, [SubmittedResult("x", "y")], "t1")
     with pytest.raises(NotFoundError, match=r"no session 'nope1234'; create one with session.create"):
         await p.turn("nope1234", "hi", "t1")
-    p.close(sid)
+    await p.close(sid)
     with pytest.raises(SessionStateError, match="is closed"):
         await p.turn(sid, "hi", "t2")
-    assert p.get(sid)["status"] == "closed"
+    assert (await p.get(sid))["status"] == "closed"
 
 
 async def test_an_unregistered_tool_is_a_hard_error_and_the_turn_ends(tmp_path):
     llm = ScriptedLLM([call("x1", "rm_rf", path="/")])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     with pytest.raises(UnregisteredToolError, match="the model called 'rm_rf', not available in mode 'default'") as err:
         await p.turn(sid, "clean up", "t1")
     assert err.value.data["tool_call_ids"] == ["x1"]
-    state = p.get(sid)
+    state = await p.get(sid)
     assert state["status"] == "idle" and state["last_error"]["error_type"] == "UnregisteredToolError"
 
 
 async def test_the_first_failing_tool_ends_the_turn(tmp_path):
     llm = ScriptedLLM([(call("c1", "calculator", expression="1/0"), call("c2", "calculator", expression="1+1"))])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     with pytest.raises(ToolFailedError, match=r"tool 'calculator' \(call c1\) failed, which ends the turn: ValueError: division by zero"):
         await p.turn(sid, "divide", "t1")
-    trace = p.get(sid)["trace"]
+    trace = (await p.get(sid))["trace"]
     executed = [s for s in trace if s["type"] == "TOOL_EXECUTED"]
     assert [(s["tool_call_id"], s["status"]) for s in executed] == [("c1", "failed")]  # c2 never ran
     llm.assert_complete()
@@ -235,17 +236,17 @@ async def test_the_first_failing_tool_ends_the_turn(tmp_path):
 async def test_a_client_tool_error_ends_the_turn_too(tmp_path):
     llm = ScriptedLLM([call("w1", "get_weather", city="Atlantis")])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     await p.turn(sid, "Weather?", "t1")
     with pytest.raises(ToolFailedError, match="client tool 'get_weather' \\(call w1\\) reported an error"):
         await p.resume(sid, [SubmittedResult("w1", "no such city", is_error=True)], "t2")
-    assert p.get(sid)["status"] == "idle"
+    assert (await p.get(sid))["status"] == "idle"
 
 
 async def test_the_llm_call_limit_is_enforced_per_turn(tmp_path):
     llm = FunctionLLM(lambda req: call(f"c{len(req.messages)}", "calculator", expression="1+1"))
     p = pipeline(tmp_path, llm)
-    sid = session(p, max_llm_calls=3)
+    sid = await session(p, max_llm_calls=3)
     with pytest.raises(MaxLLMCallsError, match="made 3 LLM calls without a final answer \\(limit 3\\)"):
         await p.turn(sid, "loop forever", "t1")
     assert len(llm.requests) == 3
@@ -258,7 +259,7 @@ async def test_concurrent_sessions_never_see_each_others_state(tmp_path):
 
     llm = FunctionLLM(echo)
     p = pipeline(tmp_path, llm)
-    a, b = session(p), session(p)
+    a, b = await session(p), await session(p)
     for round_ in range(3):
         ra, rb = await asyncio.gather(p.turn(a, f"a{round_}", f"ta{round_}"), p.turn(b, f"b{round_}", f"tb{round_}"))
         assert ra.answer == " | ".join(f"a{i}" for i in range(round_ + 1))
@@ -268,7 +269,7 @@ async def test_concurrent_sessions_never_see_each_others_state(tmp_path):
 async def test_a_failed_save_leaves_the_previous_state(tmp_path, monkeypatch):
     llm = ScriptedLLM(["<answer>one</answer>", "<answer>two</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     await p.turn(sid, "first", "t1")
     before = (tmp_path / "sessions" / f"{sid}.json").read_text()
     monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
@@ -286,9 +287,9 @@ async def test_a_failed_save_leaves_the_previous_state(tmp_path, monkeypatch):
         ({"modes": {"default": {"tools": ["ghost"]}}}, r"mode 'default' lists tools the session does not have: \['ghost'\]"),
     ],
 )
-def test_session_specs_are_validated_with_clear_messages(tmp_path, spec, message):
+async def test_session_specs_are_validated_with_clear_messages(tmp_path, spec, message):
     with pytest.raises((InvalidParamsError, ValueError), match=message):
-        pipeline(tmp_path, ScriptedLLM([])).create(SessionSpec.model_validate(spec))
+        await pipeline(tmp_path, ScriptedLLM([])).create(SessionSpec.model_validate(spec))
 
 
 async def test_a_tool_is_one_decorated_typed_function(tmp_path):
@@ -302,7 +303,7 @@ async def test_a_tool_is_one_decorated_typed_function(tmp_path):
     assert schema["parameters"]["required"] == ["text"] and schema["parameters"]["properties"]["times"]["default"] == 1
     llm = ScriptedLLM([call("s1", "shout", text="hi", times="two"), "<answer>x</answer>"])
     p = pipeline(tmp_path, llm, toolbox=ToolBox([shout]))
-    sid = p.create(SessionSpec(server_tools=["shout"])).session_id
+    sid = (await p.create(SessionSpec(server_tools=["shout"]))).session_id
     with pytest.raises(ToolFailedError, match="arguments for shout: times: Input should be a valid integer"):
         await p.turn(sid, "shout", "t1")
 
@@ -324,7 +325,7 @@ def passive_pipeline(tmp_path, llm, memory=None):
 async def test_passive_learning_captures_a_completed_turn_after_the_hand_off_into_the_bank_and_the_trace(tmp_path):
     llm = ScriptedLLM([call("w1", "get_weather", city="Paris"), f"<answer>{LONG_ANSWER}</answer>", LESSON])
     p, bank = passive_pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     handed_off = await p.turn(sid, "What is the weather in Paris today?", "t1")
     assert handed_off.status == "awaiting_client_tools" and handed_off.memory is None  # no answer yet: nothing to learn
     final = await p.resume(sid, [SubmittedResult("w1", "Sunny, 21 C")], "t2")
@@ -337,7 +338,7 @@ async def test_passive_learning_captures_a_completed_turn_after_the_hand_off_int
     assert "Question:\nWhat is the weather in Paris today?" in llm.requests[2].messages[1].content  # the turn's own message
     assert steps(final)[-2:] == ["EXIT", "MEMORY_LEARNING"] and final.trace[-1]["source"] == "passive"
     assert final.llm_calls == 2  # learning does not count against the turn's LLM call limit
-    saved = p.get(sid)
+    saved = await p.get(sid)
     assert saved["trace"] == final.trace and saved["status"] == "idle" and saved["last_answer"] == LONG_ANSWER
 
 
@@ -351,7 +352,7 @@ async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the
 
     llm = ScriptedLLM(["<answer>Hello!</answer>", f"<answer>{LONG_ANSWER}</answer>", LESSON])
     p, bank = passive_pipeline(tmp_path, llm, memory=Broken())
-    sid = session(p)
+    sid = await session(p)
     short = await p.turn(sid, "Hi, how are you today?", "t1")
     assert short.answer == "Hello!" and short.memory.passive == "skipped: answer shorter than 100 characters"
     assert "MEMORY_LEARNING" not in steps(short)
@@ -359,7 +360,7 @@ async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the
     llm.assert_complete()
     assert failed.status == "completed" and failed.answer == LONG_ANSWER
     assert failed.memory.passive == "skipped: learning failed: ConnectionError: chroma server gone" and failed.memory.stored == []
-    saved = p.get(sid)
+    saved = await p.get(sid)
     assert saved["status"] == "idle" and saved["turn"] == 2 and saved["last_answer"] == LONG_ANSWER and saved["messages"] == 4
     assert bank.list_workspaces() == []
 
@@ -367,16 +368,16 @@ async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the
 async def test_a_learning_step_that_cannot_be_saved_leaves_the_saved_turn_and_the_answer(tmp_path, monkeypatch):
     llm = ScriptedLLM([f"<answer>{LONG_ANSWER}</answer>", LESSON])
     p, _ = passive_pipeline(tmp_path, llm)
-    sid = session(p)
+    sid = await session(p)
     save = FileSessionRepository.save
 
-    def disk_full_for_learning(self, state):
+    async def disk_full_for_learning(self, state):
         if any(step["type"] == "MEMORY_LEARNING" for step in state.trace):
             raise OSError(28, "No space left on device")
-        save(self, state)
+        await save(self, state)
 
     monkeypatch.setattr(FileSessionRepository, "save", disk_full_for_learning)
     result = await p.turn(sid, "What is the weather in Paris today?", "t1")
     assert result.answer == LONG_ANSWER and result.memory.passive == "captured" and steps(result)[-1] == "MEMORY_LEARNING"
-    saved = p.get(sid)
+    saved = await p.get(sid)
     assert saved["last_answer"] == LONG_ANSWER and saved["turn"] == 1 and saved["trace"][-1]["type"] == "EXIT"

@@ -24,25 +24,25 @@ def pipeline(tmp_path, llm):
     return SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
 
 
-def new_session(p):
-    return p.create(SessionSpec.model_validate({"server_tools": ["calculator"], "client_tools": [WEATHER]})).session_id
+async def new_session(p):
+    return (await p.create(SessionSpec.model_validate({"server_tools": ["calculator"], "client_tools": [WEATHER]}))).session_id
 
 
 async def test_a_retried_turn_gets_the_saved_result_and_makes_no_second_llm_call(tmp_path):
     llm = ScriptedLLM(["<answer>Hello!</answer>"])  # one reply only: a second run of the turn would fail
     p = pipeline(tmp_path, llm)
-    sid = new_session(p)
+    sid = await new_session(p)
     first = await p.turn(sid, "Hi", "t1", request_id="r1")
     again = await p.turn(sid, "Hi", "t1", request_id="r1")  # the host died after saving; the caller retries
     llm.assert_complete()
     assert again == first and again.turn == 1
-    state = p.get(sid)
+    state = await p.get(sid)
     assert state["turn"] == 1 and state["messages"] == 2
 
 
 async def test_a_new_request_id_is_a_new_turn(tmp_path):
     p = pipeline(tmp_path, ScriptedLLM(["<answer>One</answer>", "<answer>Two</answer>"]))
-    sid = new_session(p)
+    sid = await new_session(p)
     await p.turn(sid, "first", "t1", request_id="r1")
     second = await p.turn(sid, "second", "t2", request_id="r2")
     assert second.turn == 2 and second.answer == "Two"
@@ -51,21 +51,21 @@ async def test_a_new_request_id_is_a_new_turn(tmp_path):
 async def test_a_retried_failed_turn_raises_the_saved_error_and_runs_nothing(tmp_path):
     llm = ScriptedLLM([(ToolCall(id="c1", name="calculator", arguments=json.dumps({"expression": "1/0"})),)])
     p = pipeline(tmp_path, llm)
-    sid = new_session(p)
+    sid = await new_session(p)
     with pytest.raises(ToolFailedError, match="division by zero") as first:
         await p.turn(sid, "divide", "t1", request_id="r1")
     with pytest.raises(ToolFailedError, match="division by zero") as again:
         await p.turn(sid, "divide", "t1", request_id="r1")
     llm.assert_complete()
     assert again.value.data["tool_call_id"] == first.value.data["tool_call_id"] == "c1"
-    assert p.get(sid)["turn"] == 1
+    assert (await p.get(sid))["turn"] == 1
 
 
 async def test_a_retried_resume_gets_the_saved_result(tmp_path):
     weather = ToolCall(id="w1", name="get_weather", arguments="{}")
     llm = ScriptedLLM([(weather,), "<answer>Sunny</answer>"])
     p = pipeline(tmp_path, llm)
-    sid = new_session(p)
+    sid = await new_session(p)
     handed_off = await p.turn(sid, "weather?", "t1", request_id="r1")
     assert handed_off.status == "awaiting_client_tools"
     assert await p.turn(sid, "weather?", "t1", request_id="r1") == handed_off  # the hand-off, not a state conflict
@@ -95,7 +95,7 @@ async def test_a_sessions_calls_run_one_at_a_time_in_arrival_order(tmp_path):
 
     p = pipeline(tmp_path, SlowLLM(lambda r: ""))
     live = LiveSessions(capacity=8, idle_timeout_s=60)
-    sid = new_session(p)
+    sid = await new_session(p)
 
     async def turn(n):
         async with live.use(sid):
@@ -103,12 +103,12 @@ async def test_a_sessions_calls_run_one_at_a_time_in_arrival_order(tmp_path):
 
     async def close():
         async with live.use(sid):
-            return p.close(sid)
+            return await p.close(sid)
 
     results = await asyncio.gather(*(turn(n) for n in range(5)), close(), return_exceptions=True)
     assert not overlapped
     assert [r.answer for r in results[:5]] == ["m0", "m1", "m2", "m3", "m4"] and [r.turn for r in results[:5]] == [1, 2, 3, 4, 5]
-    assert p.get(sid)["status"] == "closed"  # closed after the turns queued before it, none lost
+    assert (await p.get(sid))["status"] == "closed"  # closed after the turns queued before it, none lost
 
 
 async def test_a_full_host_drops_its_least_recently_used_idle_session_or_refuses_when_all_are_busy():

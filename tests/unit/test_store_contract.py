@@ -7,6 +7,7 @@ PostgreSQL with a different, empty data directory: nothing may depend on local f
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from datetime import UTC, datetime
@@ -42,14 +43,16 @@ class Store:
 
 
 @pytest.fixture(params=["files", "postgresql"])
-def store(request, tmp_path):
+async def store(request, tmp_path):
     if request.param == "files":
-        return Store(None, tmp_path)
+        yield Store(None, tmp_path)
+        return
     pg = request.getfixturevalue("postgres")
     from reasonray.kernel.pgstore import pg_store
 
-    pg_store(pg.url)._fetch("TRUNCATE sessions, agent_cards, runs, audit_log, counters, ownership")
-    return Store(pg.url, tmp_path)
+    await pg_store(pg.url).fetch("TRUNCATE sessions, agent_cards, runs, audit_log, counters, ownership")
+    yield Store(pg.url, tmp_path)
+    await pg_store(pg.url).aclose()  # the pool of this test's event loop, which closes with the test
 
 
 def scripted_pipeline(store: Store, answers: list[str], data_dir: Path | None = None) -> tuple[SessionPipeline, ScriptedLLM]:
@@ -63,7 +66,7 @@ def scripted_pipeline(store: Store, answers: list[str], data_dir: Path | None = 
 
 async def test_a_session_continues_in_another_process(store):
     first, llm = scripted_pipeline(store, ["<answer>Hello!</answer>"])
-    sid = first.create(SessionSpec()).session_id
+    sid = (await first.create(SessionSpec())).session_id
     await first.turn(sid, "Hi", "trace-one")
     llm.assert_complete()
 
@@ -71,55 +74,50 @@ async def test_a_session_continues_in_another_process(store):
     result = await second.turn(sid, "Once more", "trace-two")
     assert result.turn == 2 and result.answer == "Again!"
     assert [m.content for m in llm2.requests[0].messages if m.role == "user"] == ["Hi", "Once more"]
-    state = store.sessions().load(sid)
+    state = await store.sessions().load(sid)
     assert state is not None and state.turn == 2 and state.last_answer == "Again!" and state.version == 3  # created, then two turns
 
 
-def test_missing_session_is_none(store):
-    assert store.sessions().load("nosuchsession") is None
+async def test_missing_session_is_none(store):
+    assert await store.sessions().load("nosuchsession") is None
 
 
-def test_a_stale_save_fails_and_keeps_the_winner(store):
+async def test_a_stale_save_fails_and_keeps_the_winner(store):
     pipeline, _ = scripted_pipeline(store, [])
-    sid = pipeline.create(SessionSpec()).session_id
+    sid = (await pipeline.create(SessionSpec())).session_id
     repo_a, repo_b = store.sessions(), store.sessions(store.other_data_dir())
-    a, b = repo_a.load(sid), repo_b.load(sid)
+    a, b = await repo_a.load(sid), await repo_b.load(sid)
     assert a is not None and b is not None and a.version == b.version == 1
-    repo_a.save(a.model_copy(update={"last_answer": "from A"}))
+    await repo_a.save(a.model_copy(update={"last_answer": "from A"}))
     with pytest.raises(SessionStateError, match="saved by another replica") as err:
-        repo_b.save(b.model_copy(update={"last_answer": "from B"}))
+        await repo_b.save(b.model_copy(update={"last_answer": "from B"}))
     assert err.value.data["stale_version"] == 1  # SessionStateError: -32007 on the wire
-    stored = repo_a.load(sid)
+    stored = await repo_a.load(sid)
     assert stored is not None and stored.last_answer == "from A" and stored.version == 2
 
 
-def test_creating_an_existing_session_again_conflicts(store):
+async def test_creating_an_existing_session_again_conflicts(store):
     pipeline, _ = scripted_pipeline(store, [])
-    state = pipeline.create(SessionSpec())
+    state = await pipeline.create(SessionSpec())
     with pytest.raises(SessionStateError):
-        store.sessions().save(state.model_copy(update={"version": 0, "last_answer": "another create"}))
+        await store.sessions().save(state.model_copy(update={"version": 0, "last_answer": "another create"}))
 
 
-def test_concurrent_savers_of_one_version_have_exactly_one_winner(store):
+async def test_concurrent_savers_of_one_version_have_exactly_one_winner(store):
     pipeline, _ = scripted_pipeline(store, [])
-    sid = pipeline.create(SessionSpec()).session_id
-    loaded = [store.sessions().load(sid) for _ in range(8)]
-    outcomes: list[str] = []
+    sid = (await pipeline.create(SessionSpec())).session_id
+    loaded = [await store.sessions().load(sid) for _ in range(8)]
 
-    def save(i: int) -> None:
+    async def save(i: int) -> str:
         try:
-            store.sessions().save(loaded[i].model_copy(update={"last_answer": f"writer {i}"}))
-            outcomes.append(f"writer {i}")
+            await store.sessions().save(loaded[i].model_copy(update={"last_answer": f"writer {i}"}))
         except SessionStateError:
-            outcomes.append("conflict")
+            return "conflict"
+        return f"writer {i}"
 
-    threads = [threading.Thread(target=save, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes = await asyncio.gather(*(save(i) for i in range(8)))
     winners = [o for o in outcomes if o != "conflict"]
-    assert len(winners) == 1 and store.sessions().load(sid).last_answer == winners[0]
+    assert len(winners) == 1 and (await store.sessions().load(sid)).last_answer == winners[0]
 
 
 # -- agent cards ------------------------------------------------------------------------------------------
@@ -150,7 +148,7 @@ def test_agent_cards_are_put_replaced_deleted_and_seen_by_another_process(store)
 # -- runs, audit, counters -------------------------------------------------------------------------------------
 
 
-def test_a_run_is_indexed_with_its_event_log(store):
+async def test_a_run_is_indexed_with_its_event_log(store):
     path = event_log_path(store.data_dir, "trace-run")
     recorder = EventRecorder(path, keep=False)
     recorder(RunEnd(trace_id="trace-run", strategy="chain_of_thought", status="ok", total_tokens=30, execution_time_ms=12))
@@ -166,34 +164,34 @@ def test_a_run_is_indexed_with_its_event_log(store):
         started_at=datetime.now(UTC),
         elapsed_ms=12,
     )
-    run_index(store.url, store.data_dir).record(run, path)
+    await run_index(store.url, store.data_dir).record(run, path)
     if store.url is not None:
         path.unlink()  # the database holds the events itself
-    found = run_index(store.url, store.other_data_dir()).get("trace-run")
+    found = await run_index(store.url, store.other_data_dir()).get("trace-run")
     assert found is not None
     record, events = found
     assert record == run and [e["type"] for e in events] == ["RUN_END"] and events[0]["total_tokens"] == 30
-    assert run_index(store.url, store.data_dir).get("no-such-trace") is None
+    assert await run_index(store.url, store.data_dir).get("no-such-trace") is None
 
 
 async def test_session_turns_land_in_the_run_index(store):
     pipeline, _ = scripted_pipeline(store, ["<answer>Hello!</answer>"])
-    sid = pipeline.create(SessionSpec()).session_id
+    sid = (await pipeline.create(SessionSpec())).session_id
     await pipeline.turn(sid, "Hi", "trace-turn")
-    found = run_index(store.url, store.other_data_dir()).get("trace-turn")
+    found = await run_index(store.url, store.other_data_dir()).get("trace-turn")
     assert found is not None
     record, events = found
     assert (record.kind, record.status, record.strategy) == ("session", "ok", "session") and record.completion_tokens > 0
     assert "LLM_INVOCATION" in [e["type"] for e in events]
 
 
-def test_the_audit_log_reads_newest_first_and_by_principal(store):
+async def test_the_audit_log_reads_newest_first_and_by_principal(store):
     log = audit_log(store.url, store.data_dir)
     for i, who in enumerate(["alice", "bob", "alice"]):
-        log.append(AuditEntry(at=datetime.now(UTC), principal=who, action="agent.register", detail={"n": i}))
+        await log.append(AuditEntry(at=datetime.now(UTC), principal=who, action="agent.register", detail={"n": i}))
     other = audit_log(store.url, store.other_data_dir())
-    assert [e.detail["n"] for e in other.recent()] == [2, 1, 0]
-    assert [e.detail["n"] for e in other.recent(principal="alice", limit=1)] == [2]
+    assert [e.detail["n"] for e in await other.recent()] == [2, 1, 0]
+    assert [e.detail["n"] for e in await other.recent(principal="alice", limit=1)] == [2]
 
 
 def test_counters_add_up_per_window(store):
@@ -243,41 +241,53 @@ def test_migrating_again_applies_nothing(postgres):
     assert migrate(postgres.url) == []
 
 
-def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
+async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
     repo = session_repository(postgres.url, tmp_path)
     pipeline = SessionPipeline(repo, ScriptedLLM([]), builtin_toolbox(), data_dir=tmp_path)
-    sid = pipeline.create(SessionSpec()).session_id
+    sid = (await pipeline.create(SessionSpec())).session_id
+    cards = agent_repository(postgres.url, tmp_path)
+    cards.put(card("before"))  # the synchronous path (`PgStore.blocking`) has its pool too
     postgres.stop()  # every pooled connection breaks
     restarted = threading.Timer(0.5, postgres.start)
     restarted.start()
     started = time.monotonic()
     try:
-        state = repo.load(sid)  # retried until the server is back
+        state = await repo.load(sid)  # retried until the server is back
     finally:
         restarted.join()
     assert state is not None and state.session_id == sid and time.monotonic() - started < 30
+    assert "before" in cards.all()  # its broken connection is replaced as well
 
 
-def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to_the_data_directory(postgres, tmp_path):
+def test_an_unreachable_database_is_a_config_error_naming_it(tmp_path):
+    from reasonray.gateway.simulator.server import free_port
+    from reasonray.kernel.config import ConfigError
+    from reasonray.kernel.pgstore import PgStore
+
+    with pytest.raises(ConfigError, match=r"\[store\] url: cannot connect to PostgreSQL at reasonray@127.0.0.1:\d+/nowhere"):
+        PgStore(f"postgresql://reasonray:secret@127.0.0.1:{free_port()}/nowhere", timeout_s=2)
+
+
+async def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to_the_data_directory(postgres, tmp_path):
     from reasonray.kernel.pgstore import pg_store
 
-    pg_store(postgres.url)._fetch("TRUNCATE audit_log")
-    audit_log_for(postgres.url, tmp_path / "node-a").write(
+    await pg_store(postgres.url).fetch("TRUNCATE audit_log")
+    await audit_log_for(postgres.url, tmp_path / "node-a").write(
         AuditRecord(principal="alice", roles=["reasoner"], method="session.get", target="session:s1", outcome="forbidden", trace_id="t1")
     )
-    [entry] = audit_log(postgres.url, tmp_path / "node-b").recent(principal="alice")
+    [entry] = await audit_log(postgres.url, tmp_path / "node-b").recent(principal="alice")
     assert entry.action == "session.get"
     assert entry.detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
     assert not (tmp_path / "node-a").exists()
 
 
-def test_the_file_audit_log_is_private_to_its_owner_and_makes_its_directory(tmp_path):
+async def test_the_file_audit_log_is_private_to_its_owner_and_makes_its_directory(tmp_path):
     data_dir = tmp_path / "not" / "yet" / "there"
     log = audit_log(None, data_dir)
-    log.append(AuditEntry(at=datetime(2026, 1, 1, tzinfo=UTC), principal="alice", action="agent.register"))
+    await log.append(AuditEntry(at=datetime(2026, 1, 1, tzinfo=UTC), principal="alice", action="agent.register"))
     path = data_dir / "audit.jsonl"
     assert path.exists() and path.stat().st_mode & 0o777 == 0o600  # who did what is nobody else's to read
-    assert [e.action for e in audit_log(None, data_dir).recent()] == ["agent.register"]
+    assert [e.action for e in await audit_log(None, data_dir).recent()] == ["agent.register"]
 
 
 def test_windows_start_on_multiples_of_their_length():
@@ -287,3 +297,19 @@ def test_windows_start_on_multiples_of_their_length():
     assert window_start(60, 12_345.9) == 12_300 and window_start(60, 12_300.0) == 12_300
     assert window_start(86_400, 1.5) == 0
     assert window_start(60, None) == int(time.time() // 60) * 60
+
+
+def test_an_event_log_directory_removed_after_use_is_made_again(tmp_path):
+    """A node's data directory wiped (or swept) while the process runs: later runs still write their event logs."""
+    import shutil
+
+    first = event_log_path(tmp_path / "data", "trace-a")
+    recorder = EventRecorder(first, keep=False)
+    recorder(RunEnd(trace_id="trace-a", strategy="chain_of_thought", status="ok", total_tokens=1, execution_time_ms=1))
+    recorder.close()
+    shutil.rmtree(tmp_path / "data")
+    second = event_log_path(tmp_path / "data", "trace-b")
+    recorder = EventRecorder(second, keep=False)
+    recorder(RunEnd(trace_id="trace-b", strategy="chain_of_thought", status="ok", total_tokens=1, execution_time_ms=1))
+    recorder.close()
+    assert second.exists() and not first.exists()
