@@ -39,9 +39,24 @@ if ! command -v buildah >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2
     fi
 fi
 
+# The official Compose Specification schema, for tests/unit/test_deploy.py: the docker-compose 1.29.2 wheel
+# carries it (compose/config/compose_spec.json). Fetched once at setup (tests never reach a registry); the
+# package's pins conflict with this project's, so it is unpacked, not installed.
+compose_schema() {
+    [ -f .venv/share/compose_spec.json ] && return 0
+    local into
+    into=$(mktemp -d)
+    .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: -d "$into" docker-compose==1.29.2 2>>.venv/pip.log \
+        && mkdir -p .venv/share \
+        && .venv/bin/python -c 'import sys, zipfile, glob; sys.stdout.buffer.write(zipfile.ZipFile(glob.glob(sys.argv[1] + "/docker_compose-*.whl")[0]).read("compose/config/compose_spec.json"))' "$into" > .venv/share/compose_spec.json.tmp \
+        && mv .venv/share/compose_spec.json.tmp .venv/share/compose_spec.json
+    rm -rf "$into"
+}
+
 stamp=.venv/.installed
 want=$(cat pyproject.toml examples/*/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    compose_schema
     exit 0
 fi
 
@@ -60,5 +75,6 @@ quiet .venv/bin/python -m pip install --quiet --upgrade pip
 # (sentence-transformers asks for one) would make pip fetch a multi-gigabyte CUDA build.
 quiet .venv/bin/python -m pip install --quiet torch==2.13.0
 quiet .venv/bin/python -m pip install --quiet -e '.[dev]' -e examples/reasonray-step-back
+compose_schema
 echo "$want" > "$stamp"
 echo "ReasonRay installed in .venv"

@@ -4,8 +4,8 @@ the entrypoint's fail-fast checks (run directly; its SIGTERM drain is tests/inte
 No Docker engine or Kubernetes API server is at hand (tests/integration/test_image_build.py builds the image
 with buildah). The compose file is checked against the subset written out below, which names every field this
 project relies on, and against the official Compose Specification schema as the `docker-compose` 1.29.2 wheel
-ships it (`compose/config/compose_spec.json`, fetched from PyPI into a temporary directory at test time: the
-package's pins conflict with this project's, so it is not installed). No installable package ships KubeRay's
+ships it (`compose/config/compose_spec.json`, unpacked into `.venv/share` by scripts/setup.sh: the package's
+pins conflict with this project's, so it is not installed, and no test reaches a package index). No installable package ships KubeRay's
 CRD: the RayService's own fields are checked against the subset below, its metadata and pod templates against
 the Kubernetes API's strict schemas that kubernetes-validate ships, and its embedded Serve config with Ray's
 own `ServeDeploySchema`.
@@ -17,8 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import jsonschema
@@ -179,21 +177,14 @@ def test_compose_has_the_services_and_named_volumes():
 COMPOSE_RELEASE = "docker-compose==1.29.2"  # the last release on PyPI; its wheel carries the Compose Specification schema
 
 
+COMPOSE_SCHEMA = REPO / ".venv" / "share" / "compose_spec.json"  # unpacked from the docker-compose wheel by scripts/setup.sh
+
+
 @pytest.fixture(scope="module")
-def official_compose_schema(tmp_path_factory) -> dict:
-    """The Compose Specification's JSON schema, out of the docker-compose wheel fetched with pip (no install)."""
-    into = tmp_path_factory.mktemp("compose-wheel")
-    fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(into), COMPOSE_RELEASE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if fetched.returncode != 0:
-        pytest.skip(f"cannot fetch {COMPOSE_RELEASE} from the package index: {fetched.stderr.strip()[-300:]}")
-    [wheel] = into.glob("docker_compose-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        schema: dict = json.loads(archive.read("compose/config/compose_spec.json"))
+def official_compose_schema() -> dict:
+    """The Compose Specification's JSON schema, as scripts/setup.sh unpacked it from the docker-compose wheel."""
+    assert COMPOSE_SCHEMA.exists(), f"{COMPOSE_SCHEMA} is missing: run scripts/setup.sh (it fetches {COMPOSE_RELEASE} once)"
+    schema: dict = json.loads(COMPOSE_SCHEMA.read_text())
     jsonschema.Draft201909Validator.check_schema(schema)
     return schema
 
