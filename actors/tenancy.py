@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,17 @@ class LimiterActor(Fingerprinted):
         self._lock = threading.Lock()  # the calls below and the flusher thread take turns
         threading.Thread(target=self._flush_forever, name="budget-flush", daemon=True).start()
 
-    def admit(self, keyed: KeyedLimits, requests: int, run: bool) -> dict[str, Any]:
+    def admit(self, keyed: KeyedLimits, requests: int, run: bool, runs: int = 1, lease_s: float | None = None) -> dict[str, Any]:
         with self._lock:
-            return self.limiter.admit(keyed, requests=requests, run=run)
+            return self.limiter.admit(keyed, requests=requests, run=run, runs=runs, lease_s=lease_s)
+
+    def renew(self, keys: list[str], run_ids: list[str], lease_s: float) -> None:
+        with self._lock:
+            self.limiter.renew(keys, run_ids, lease_s)
+
+    def release(self, keys: list[str], run_ids: list[str]) -> None:
+        with self._lock:
+            self.limiter.release(keys, run_ids)
 
     def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         with self._lock:
@@ -127,18 +136,50 @@ class RayOwners:
         return await unwrap(self.handle.owned.remote(kind))
 
 
+RUN_LEASE_S = 1.0  # a lease's free run slots are used this long after it was granted; then they go back
+RUN_SLOT_TTL_S = 10.0  # the actor frees a leased slot its replica stopped renewing (the replica died)
+RUN_RENEW_S = 3.0  # how often a replica renews the slots it holds
+RUN_LEASE_SHARE = 4  # a run lease is at most 1/4 of a concurrent_runs limit
+MAX_RUN_LEASE = 4
+
+
+@dataclass
+class _RunLease:
+    """Run slots this replica holds at the limiter for one set of limits: free ones and running ones."""
+
+    keys: list[str]
+    granted: float
+    free: list[str] = field(default_factory=list)
+    busy: set[str] = field(default_factory=set)
+    renewed: float = 0.0
+
+
 class RayLimits:
-    """`reasonray.api.limits.Limits` over the application's limiter actor, with leased request permits."""
+    """`reasonray.api.limits.Limits` over the application's limiter actor, with leased request permits and
+    leased run slots: most admissions cost no actor round trip.
+
+    Run slots are taken from the actor a few at a time (at most a quarter of `concurrent_runs`) and held
+    there, so concurrency limits stay exact across replicas; a slot freed here is used again for the next
+    run while its lease is fresh (`RUN_LEASE_S`, which also bounds how stale the budget check of a leased
+    admission is), then given back. The replica renews the slots it holds every `RUN_RENEW_S`; the actor
+    frees slots not renewed for `RUN_SLOT_TTL_S`, so a replica that dies holds nobody's headroom for long.
+    """
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self._leases: dict[tuple, tuple[int, float, dict[str, Any]]] = {}
-        self._finishing: set[asyncio.Future[None]] = set()
+        self._runs: dict[tuple, _RunLease] = {}
+        self._background: set[asyncio.Future[None]] = set()
+        self._keeper: asyncio.Task[None] | None = None
 
     async def admit(self, keyed: KeyedLimits, *, run: bool) -> dict[str, Any]:
-        if run:
-            return await unwrap(self.handle.admit.remote(keyed, 1, True))
-        lease_key = tuple((k, tuple(sorted(lim.items()))) for k, lim in keyed)
+        permit = await self._permit(keyed)
+        if not run or not permit["ok"]:
+            return permit
+        return await self._run_slot(keyed, permit)
+
+    async def _permit(self, keyed: KeyedLimits) -> dict[str, Any]:
+        lease_key = _lease_key(keyed)
         left, expires, decision = self._leases.get(lease_key, (0, 0.0, {}))
         now = time.monotonic()
         if left > 0 and now < expires:
@@ -155,13 +196,77 @@ class RayLimits:
                 return {**decision, "remaining": decision["remaining"] + size - 1}
         return decision
 
+    async def _run_slot(self, keyed: KeyedLimits, permit: dict[str, Any]) -> dict[str, Any]:
+        key = _lease_key(keyed)
+        lease = self._runs.get(key)
+        now = time.monotonic()
+        if lease is not None and lease.free and now - lease.granted < RUN_LEASE_S:
+            run_id = lease.free.pop()
+            lease.busy.add(run_id)
+            return {**permit, "run_id": run_id}
+        size = _run_lease_size(keyed)
+        if size > 1:
+            decision = await unwrap(self.handle.admit.remote(keyed, 0, True, size, RUN_SLOT_TTL_S))
+            if decision["ok"] or decision.get("limit_name") != "concurrent_runs":
+                return self._leased(key, keyed, decision, permit, now)
+        # a small concurrent_runs limit, or no room for a whole lease: one slot, freed when the run ends
+        decision = await unwrap(self.handle.admit.remote(keyed, 0, True))
+        return {**permit, "run_id": decision["run_id"]} if decision["ok"] else decision
+
+    def _leased(self, key: tuple, keyed: KeyedLimits, decision: dict[str, Any], permit: dict[str, Any], now: float) -> dict[str, Any]:
+        if not decision["ok"]:
+            return decision
+        lease = self._runs.setdefault(key, _RunLease(keys=[k for k, _ in keyed], granted=now, renewed=now))
+        lease.granted = lease.renewed = now
+        run_id, *spare = decision["run_ids"]
+        lease.busy.add(run_id)
+        lease.free.extend(spare)
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.ensure_future(self._keep())
+        return {**permit, "run_id": run_id}
+
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         """Free the run's slot and charge its tokens without holding the caller's response: the call is
         submitted now, so this replica's next admission reaches the (sequential) actor after it, and its
-        answer is awaited in the background (a failure is logged; the actor retries across restarts)."""
-        settled = asyncio.ensure_future(_settle(self.handle.finish.remote(keys, run_id, tokens), keys))
-        self._finishing.add(settled)  # held until it ends: a task nothing refers to may be collected
-        settled.add_done_callback(self._finishing.discard)
+        answer is awaited in the background (a failure is logged; the actor retries across restarts).
+        A leased slot stays with this replica for the next run while its lease is fresh."""
+        lease = next((lease for lease in self._runs.values() if run_id in lease.busy), None) if run_id else None
+        if lease is not None:
+            lease.busy.discard(run_id)  # type: ignore[arg-type]
+            lease.free.append(run_id)  # type: ignore[arg-type]
+            run_id = None  # the slot stays leased: only the tokens are charged now
+        if run_id is not None or tokens > 0:
+            self._send(self.handle.finish.remote(keys, run_id, tokens), keys)
+
+    def _send(self, ref: Any, keys: list[str]) -> None:
+        settled = asyncio.ensure_future(_settle(ref, keys))
+        self._background.add(settled)  # held until it ends: a task nothing refers to may be collected
+        settled.add_done_callback(self._background.discard)
+
+    async def _keep(self) -> None:
+        """Give back free slots of stale leases and renew the rest, until this replica holds none."""
+        while self._runs:
+            await asyncio.sleep(RUN_LEASE_S / 2)
+            now = time.monotonic()
+            for key, lease in list(self._runs.items()):
+                if lease.free and now - lease.granted >= RUN_LEASE_S:
+                    self._send(self.handle.release.remote(lease.keys, lease.free), lease.keys)
+                    lease.free = []
+                if not lease.busy and not lease.free:
+                    del self._runs[key]
+                elif now - lease.renewed >= RUN_RENEW_S:
+                    lease.renewed = now
+                    self._send(self.handle.renew.remote(lease.keys, [*lease.busy, *lease.free], RUN_SLOT_TTL_S), lease.keys)
+
+
+def _lease_key(keyed: KeyedLimits) -> tuple:
+    return tuple((k, tuple(sorted(lim.items()))) for k, lim in keyed)
+
+
+def _run_lease_size(keyed: KeyedLimits) -> int:
+    """Slots one lease takes: 1 (no lease: each slot freed when its run ends) under a concurrent_runs of 7 or less."""
+    limits = [lim["concurrent_runs"] for _, lim in keyed if lim.get("concurrent_runs")]
+    return max(1, min(MAX_RUN_LEASE, min(limits) // RUN_LEASE_SHARE)) if limits else MAX_RUN_LEASE
 
 
 async def _settle(ref: Any, keys: list[str]) -> None:

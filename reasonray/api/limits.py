@@ -38,6 +38,7 @@ KeyedLimits = list[tuple[str, dict[str, Any]]]
 class _Window:
     requests: deque[float] = field(default_factory=deque)
     runs: dict[str, float] = field(default_factory=dict)
+    expires: dict[str, float] = field(default_factory=dict)  # leased run slots: freed unless renewed by then
 
 
 BUDGET_WINDOWS = {"tokens_per_minute": int(MINUTE_S), "tokens_per_day": int(DAY_S)}
@@ -128,28 +129,56 @@ class RateLimiter:
         self.budgets = budgets if budgets is not None else TokenBudgets()
         self._keys: dict[str, _Window] = {}
 
-    def admit(self, keyed: KeyedLimits, *, requests: int = 1, run: bool = False) -> dict[str, Any]:
-        """{"ok": True, "run_id", "limit", "remaining", "reset_s"} or {"ok": False, "limit_name", "retry_after_s", ...}."""
+    def admit(
+        self, keyed: KeyedLimits, *, requests: int = 1, run: bool = False, runs: int = 1, lease_s: float | None = None
+    ) -> dict[str, Any]:
+        """{"ok": True, "run_id", "run_ids", "limit", "remaining", "reset_s"} or {"ok": False, "limit_name", "retry_after_s", ...}.
+
+        With `run`, `runs` run slots are taken at once (a replica's lease, `run_ids`); with `lease_s` they are
+        freed that many seconds from now unless `renew`ed, so a replica that dies holding them frees them soon.
+        """
         now = self.clock()
         headroom: list[tuple[int, int, float]] = []
+        wanted = runs if run else 0
         for key, limits in keyed:
             c = self._window(key, now)
-            refusal = self._refusal(key, c, limits, now, requests, run)
+            refusal = self._refusal(key, c, limits, now, requests, wanted)
             if refusal is not None:
                 return {"ok": False, "key": key, **refusal}
             rpm = limits.get("requests_per_minute")
             if rpm:
                 reset = (c.requests[0] + MINUTE_S - now) if c.requests else MINUTE_S
                 headroom.append((rpm, rpm - len(c.requests) - requests, max(reset, 0.0)))
-        run_id = uuid.uuid4().hex if run else None
+        run_ids = [uuid.uuid4().hex for _ in range(wanted)]
         for key, _ in keyed:
             c = self._keys[key]
             c.requests.extend([now] * requests)
-            if run_id:
+            for run_id in run_ids:
                 c.runs[run_id] = now
+                if lease_s is not None:
+                    c.expires[run_id] = now + lease_s
         tightest = min(headroom, key=lambda h: h[1]) if headroom else None
         limit, remaining, reset_s = tightest if tightest is not None else (None, None, None)
-        return {"ok": True, "run_id": run_id, "limit": limit, "remaining": remaining, "reset_s": reset_s}
+        first = run_ids[0] if run_ids else None
+        return {"ok": True, "run_id": first, "run_ids": run_ids, "limit": limit, "remaining": remaining, "reset_s": reset_s}
+
+    def renew(self, keys: list[str], run_ids: list[str], lease_s: float) -> None:
+        """Keep leased run slots (free or running) another `lease_s` seconds."""
+        now = self.clock()
+        for key in keys:
+            c = self._window(key, now)
+            for run_id in run_ids:
+                if run_id in c.runs:
+                    c.expires[run_id] = now + lease_s
+
+    def release(self, keys: list[str], run_ids: list[str]) -> None:
+        """Give back leased run slots that were not used."""
+        now = self.clock()
+        for key in keys:
+            c = self._window(key, now)
+            for run_id in run_ids:
+                c.runs.pop(run_id, None)
+                c.expires.pop(run_id, None)
 
     def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         """End a run: free its slot and charge the tokens it really used."""
@@ -158,6 +187,7 @@ class RateLimiter:
             c = self._window(key, now)
             if run_id:
                 c.runs.pop(run_id, None)
+                c.expires.pop(run_id, None)
             if tokens > 0:
                 self.budgets.charge(key, tokens, now)
 
@@ -175,11 +205,14 @@ class RateLimiter:
         c = self._keys.setdefault(key, _Window())
         while c.requests and c.requests[0] <= now - MINUTE_S:
             c.requests.popleft()
-        for run_id in [r for r, started in c.runs.items() if started <= now - STALE_RUN_S]:
+        # a leased slot lives while its replica renews it; any other one until STALE_RUN_S
+        gone = [r for r, started in c.runs.items() if (c.expires[r] < now if r in c.expires else started <= now - STALE_RUN_S)]
+        for run_id in gone:
             del c.runs[run_id]
+            c.expires.pop(run_id, None)
         return c
 
-    def _refusal(self, key: str, c: _Window, limits: dict[str, Any], now: float, requests: int, run: bool) -> dict[str, Any] | None:
+    def _refusal(self, key: str, c: _Window, limits: dict[str, Any], now: float, requests: int, runs: int) -> dict[str, Any] | None:
         rpm = limits.get("requests_per_minute")
         if rpm and len(c.requests) + requests > rpm:
             # the oldest requests leave the window first: wait until enough of them have
@@ -189,10 +222,10 @@ class RateLimiter:
                 if index >= 0
                 else _refused("requests_per_minute", rpm, MINUTE_S)
             )
-        if not run:
+        if not runs:
             return None
         concurrent = limits.get("concurrent_runs")
-        if concurrent and len(c.runs) >= concurrent:
+        if concurrent and len(c.runs) + runs > concurrent:
             return _refused("concurrent_runs", concurrent, 1.0)
         for name in BUDGET_WINDOWS:
             budget = limits.get(name)
