@@ -25,6 +25,7 @@ from ray.serve.context import _get_global_client
 from sse_starlette import EventSourceResponse
 
 from reasonray import __version__
+from reasonray.actors.a2a_board import task_board
 from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
 from reasonray.actors.llm_cache import RayCacheStore, ensure_cache_actor
 from reasonray.actors.memory import RayMemory, retire_stale_memory
@@ -197,7 +198,16 @@ class ReasonRayIngress:
         # A2A tasks run as reasoning.execute calls of this dispatcher (its guard, once installed below, included)
         # and are kept in the sessions' store
         a2a_tasks = a2a_repository(self.settings.store.url, self.settings.data_dir / "sessions")
-        self.a2a = A2AServer(self.rpc, self.service.catalogue, a2a_tasks, __version__, bearer=auth_configured(self.settings))
+        self.a2a = A2AServer(
+            self.rpc,
+            self.service.catalogue,
+            a2a_tasks,
+            __version__,
+            bearer=auth_configured(self.settings),
+            board=task_board(app_name),  # running tasks, shared by the replicas: cancel and resubscribe from any
+            refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
+        )
+        self.replica = serve.get_replica_context().replica_id.unique_id
         if self.settings.auth.enabled:
             self._guard(app_name)
         self._session_gauge: asyncio.Task | None = None
@@ -288,7 +298,9 @@ class ReasonRayIngress:
     @api.post("/a2a", summary="A2A JSON-RPC endpoint (a2a-sdk): SendMessage, SendStreamingMessage, GetTask, CancelTask...")
     async def a2a_rpc(self, request: Request) -> Response:
         with request_span("/a2a", request.headers):
-            return await self.a2a.handle(request)
+            response = await self.a2a.handle(request)
+        response.headers["X-Served-By"] = self.replica  # which replica answered (a task may run on another)
+        return response
 
     @api.get("/metrics", summary="Prometheus metrics of every node of the cluster (docs/operations.md)")
     async def prometheus(self) -> Response:

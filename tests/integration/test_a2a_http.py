@@ -1,6 +1,8 @@
 """ReasonRay as an A2A agent, driven by the official a2a-sdk client against the running service:
-resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context;
-and with authentication on, the tenancy guard deciding each run and tasks kept from other principals."""
+resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context in
+its ReasonRay session; with two replicas, a cancel and a resubscription served by the replica that does not
+run the task; and with authentication on, refusals as HTTP 403/429 with the JSON-RPC error, and tasks kept
+from other principals."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from a2a.client import A2ACardResolver, ClientConfig, create_client
 from a2a.client.errors import A2AClientError
 from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, Role, SendMessageRequest, TaskState
 from a2a.utils.errors import TaskNotFoundError
+from google.protobuf import json_format
 
 from reasonray.api.auth import mint_token
-from tests.integration.conftest import own_app
+from tests.integration.conftest import own_app, result_of, rpc
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +107,8 @@ def test_cancelling_a_long_task_cancels_its_run(agent):
     async def cancel():
         async with httpx.AsyncClient(timeout=60) as http:
             client = await client_for(base, http, streaming=True)
-            request = message("[[sim fault=timeout times=9]] What is 5 * 5?")  # each attempt hangs: a long run
+            # each attempt hangs: a long run
+            request = message("[[sim fault=timeout times=9]] What is 5 * 5?", strategy="chain_of_thought")
             stream = client.send_message(request)
             async for event in stream:
                 if event.WhichOneof("payload") == "status_update" and event.status_update.status.state == TaskState.TASK_STATE_WORKING:
@@ -122,7 +126,7 @@ def test_cancelling_a_long_task_cancels_its_run(agent):
     assert not fetched.artifacts
 
 
-def test_a_second_message_in_the_same_context_is_reasoned_with_the_first_exchange(agent):
+def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_first(agent):
     base, data_dir = agent
 
     async def converse():
@@ -135,14 +139,81 @@ def test_a_second_message_in_the_same_context_is_reasoned_with_the_first_exchang
 
     first, second = run(converse())
     assert second.context_id == first.context_id and second.id != first.id
-    assert first.artifacts[0].metadata["turn"] == 1 and second.artifacts[0].metadata["turn"] == 2
-    trace_id = second.artifacts[0].metadata["trace_id"]
-    [log] = list(data_dir.glob(f"events/*/{trace_id}.jsonl"))
-    prompt = json.loads(log.read_text().splitlines()[0])["messages"][-1]["content"]
-    assert "User: What is 6 * 7?" in prompt and "Assistant: 42" in prompt and prompt.endswith("Now: What is 2 + 3?")
-    # the tasks and the context's conversation live beside the sessions, in the data directory
+    assert [first.artifacts[0].parts[0].text, second.artifacts[0].parts[0].text] == ["42", "5"]
+    meta = [first.artifacts[0].metadata, second.artifacts[0].metadata]
+    assert [m["turn"] for m in meta] == [1, 2] and meta[0]["session_id"] == meta[1]["session_id"]
+    with httpx.Client(base_url=base, timeout=30) as http:  # a real ReasonRay session, as session.* sees it
+        session = result_of(rpc(http, "session.get", {"session_id": meta[0]["session_id"]}))
+    assert session["turn"] == 2 and session["messages"] >= 4 and session["last_answer"] == "5"
+    # the second turn's model call was given the first exchange (the session's conversation)
+    [log] = list(data_dir.glob(f"events/*/{meta[1]['trace_id']}.jsonl"))
+    calls = [json.loads(line) for line in log.read_text().splitlines() if '"messages"' in line]
+    contents = [m.get("content") or "" for m in calls[0]["messages"]]
+    assert "What is 6 * 7?" in contents and any("42" in c for c in contents) and contents[-1] == "What is 2 + 3?"
+    # the tasks and the context's binding to its session live beside the sessions, in the data directory
     assert len(list((data_dir / "sessions" / "a2a" / "tasks").glob("*.json"))) >= 2
     assert len(list((data_dir / "sessions" / "a2a" / "contexts").glob("*.json"))) >= 1
+
+
+@pytest.fixture(scope="module")
+def two_replicas(serve_base, simulator):
+    with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}) as (client, _):
+        yield str(client.base_url).rstrip("/")
+
+
+def call(method: str, params: dict, ident: str = "1") -> dict:
+    return {"jsonrpc": "2.0", "id": ident, "method": method, "params": params}
+
+
+def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_replicas):
+    base = two_replicas
+    hang = message("[[sim fault=timeout times=9]] What is 5 * 5?", strategy="chain_of_thought")  # a long run
+
+    async def first_event(response: httpx.Response) -> dict:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                return json.loads(line.removeprefix("data:"))["result"]
+        raise AssertionError("the stream ended without an event")
+
+    async def exercise():
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers={"A2A-Version": "1.0"}) as http:
+            for _attempt in range(12):  # Serve's proxy picks the replica: start tasks until the cancel lands elsewhere
+                body = call("SendStreamingMessage", json_format.MessageToDict(hang))
+                async with http.stream("POST", "/a2a", json=body) as started:
+                    runner = started.headers["X-Served-By"]
+                    task_id = (await first_event(started))["task"]["id"]
+                    # a resubscription served by the other replica (retried until Serve routes it there)
+                    for _ in range(20):
+                        async with http.stream("POST", "/a2a", json=call("SubscribeToTask", {"id": task_id})) as tail:
+                            if tail.headers["X-Served-By"] == runner:
+                                continue
+                            snapshot = await first_event(tail)
+                            cancelled = await http.post("/a2a", json=call("CancelTask", {"id": task_id}))
+                            if cancelled.headers["X-Served-By"] == runner:
+                                break  # cancelled where it runs: try again with a new task
+                            lines = [json.loads(x.removeprefix("data:"))["result"] async for x in tail.aiter_lines() if x.startswith("data:")]
+                            return runner, tail.headers["X-Served-By"], cancelled, snapshot, lines, task_id
+                    else:
+                        raise AssertionError("no resubscription reached the other replica")
+            raise AssertionError("no cancel reached the other replica in 12 tries")
+
+    started = time.monotonic()
+    runner, other, cancelled, snapshot, tailed, task_id = run(exercise())
+    assert runner != other == cancelled.headers["X-Served-By"]
+    assert cancelled.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", cancelled.json()
+    assert snapshot["task"]["status"]["state"] == "TASK_STATE_WORKING"
+    states = [e.get("statusUpdate", e.get("task", {})).get("status", {}).get("state") for e in tailed]
+    assert states and states[-1] == "TASK_STATE_CANCELED", tailed
+    assert time.monotonic() - started < 60
+
+    async def settled():  # the running replica stopped the run: the task stays cancelled, with no answer
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(base, http, streaming=False)
+            await asyncio.sleep(2)
+            return await client.get_task(GetTaskRequest(id=task_id))
+
+    final = run(settled())
+    assert final.status.state == TaskState.TASK_STATE_CANCELED and not final.artifacts
 
 
 SECRET = "a2a-integration-secret-" + "x" * 32
@@ -150,7 +221,11 @@ SECRET = "a2a-integration-secret-" + "x" * 32
 
 @pytest.fixture(scope="module")
 def secured_agent(serve_base, simulator):
-    auth = {"jwt_secret": SECRET, "roles": {"cot": {"methods": ["reasoning.*"], "strategies": ["chain_of_thought"], "limits": {}}}}
+    auth = {
+        "jwt_secret": SECRET,
+        "roles": {"cot": {"methods": ["reasoning.*"], "strategies": ["chain_of_thought"], "limits": {}}},
+        "principals": {"rita": {"requests_per_minute": 1}},
+    }
     with own_app(serve_base, simulator.url, "a2a-auth", auth=auth) as (client, _):
         yield str(client.base_url).rstrip("/")
 
@@ -172,16 +247,35 @@ def test_with_auth_on_the_guard_decides_and_tasks_are_their_owners_alone(secured
             with pytest.raises(A2AClientError, match="HTTP Error 401"):
                 [r async for r in nobody.send_message(message("What is 12 * 12?"))]
             alice = await create_client(card, ClientConfig(httpx_client=as_alice, streaming=False))
-            [refused] = [r async for r in alice.send_message(message("What is 12 * 12?", strategy="tree_of_thought"))]
+            with pytest.raises(A2AClientError, match="HTTP Error 403"):
+                [r async for r in alice.send_message(message("What is 12 * 12?", strategy="tree_of_thought"))]
+            body = call("SendMessage", json_format.MessageToDict(message("What is 12 * 12?", strategy="tree_of_thought")))
+            refused = await as_alice.post(f"{base}/a2a", json=body, headers={"A2A-Version": "1.0"})
             [answered] = [r async for r in alice.send_message(message("What is 12 * 12?", strategy="chain_of_thought"))]
             bob = await create_client(card, ClientConfig(httpx_client=as_bob, streaming=False))
             with pytest.raises(TaskNotFoundError):
                 await bob.get_task(GetTaskRequest(id=answered.task.id))
-            return card, refused.task, answered.task, await bob.list_tasks(ListTasksRequest())
+            return card, refused, answered.task, await bob.list_tasks(ListTasksRequest()), await alice.list_tasks(ListTasksRequest())
 
-    card, refused, answered, bobs = run(exercise())
+    card, refused, answered, bobs, alices = run(exercise())
     assert "bearer" in card.security_schemes
-    assert refused.status.state == TaskState.TASK_STATE_REJECTED and refused.status.message.metadata["code"] == -32003
-    assert "may not run strategy 'tree_of_thought'" in refused.status.message.parts[0].text
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == -32003
+    assert "may not run strategy 'tree_of_thought'" in refused.json()["error"]["message"]
+    assert [t.id for t in alices.tasks] == [answered.id]  # the refused calls left no task
     assert answered.status.state == TaskState.TASK_STATE_COMPLETED and answered.artifacts[0].parts[0].text == "144"
     assert list(bobs.tasks) == []
+
+
+def test_with_auth_on_a_rate_limited_caller_gets_429_with_retry_after_and_rate_limit_headers(secured_agent):
+    base = secured_agent
+    headers = {"Authorization": "Bearer " + mint_token(SECRET, "rita", ["cot"], 600), "A2A-Version": "1.0"}
+    body = call("SendMessage", json_format.MessageToDict(message("What is 12 * 12?", strategy="chain_of_thought")))
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        answers = [http.post("/a2a", json=body) for _ in range(3)]
+    assert answers[0].status_code == 200 and answers[0].json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    limited = answers[-1]
+    assert limited.status_code == 429, limited.text
+    error = limited.json()["error"]
+    assert error["code"] == -32012 and error["data"]["limit_name"] == "requests_per_minute"
+    assert int(limited.headers["Retry-After"]) >= 1 and limited.headers["X-RateLimit-Limit"] == "1"
+    assert limited.headers["X-RateLimit-Remaining"] == "0" and "X-RateLimit-Reset" in limited.headers
