@@ -353,9 +353,7 @@ class TaskBoard:
             live = self.tasks[task_id] = _Live(owner)
         elif live.owner != owner:
             return NOT_YOURS
-        elif live.state in TERMINAL:
-            return CONFLICT
-        elif state != a2a_pb2.TaskState.TASK_STATE_CANCELED and prev_version != live.version:
+        elif live.state in TERMINAL or (state != a2a_pb2.TaskState.TASK_STATE_CANCELED and prev_version != live.version):
             return CONFLICT
         live.version += 1
         live.state, live.doc = state, doc
@@ -430,7 +428,7 @@ class Board(Protocol):
 
 
 def _version(version: TaskVersion) -> int:
-    value = version._value  # noqa: SLF001 - the SDK leaves the value's type to the store; ours are ints
+    value = version._value
     return value if isinstance(value, int) else 0
 
 

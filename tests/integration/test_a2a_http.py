@@ -191,7 +191,9 @@ def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_re
                             cancelled = await http.post("/a2a", json=call("CancelTask", {"id": task_id}))
                             if cancelled.headers["X-Served-By"] == runner:
                                 break  # cancelled where it runs: try again with a new task
-                            lines = [json.loads(x.removeprefix("data:"))["result"] async for x in tail.aiter_lines() if x.startswith("data:")]
+                            lines = [
+                                json.loads(x.removeprefix("data:"))["result"] async for x in tail.aiter_lines() if x.startswith("data:")
+                            ]
                             return runner, tail.headers["X-Served-By"], cancelled, snapshot, lines, task_id
                     else:
                         raise AssertionError("no resubscription reached the other replica")

@@ -34,17 +34,26 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from reasonray.api.a2a import A2AServer, agent_card, auth_configured, card_json
-from reasonray.api.a2a_store import CONFLICT, NOT_YOURS, ContextSessions, FileRepository, OwnedTaskStore, PrincipalUser, TaskBoard, repository
+from reasonray.api.a2a_store import (
+    CONFLICT,
+    NOT_YOURS,
+    ContextSessions,
+    FileRepository,
+    OwnedTaskStore,
+    PrincipalUser,
+    TaskBoard,
+    repository,
+)
 from reasonray.api.app import local_dispatcher
 from reasonray.api.audit import JsonlAuditLog
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.limits import LocalLimits, RateLimiter
 from reasonray.api.tenancy import Guard, LocalOwners, OwnershipTable, install_guard
 from reasonray.gateway.testing import FunctionLLM
-from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
-from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
 CATALOGUE = {
@@ -114,7 +123,9 @@ class Agent:
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "tree_of_thought"], default_strategy="chain_of_thought")
         self.prompts: list[str] = []
         self.llm = HangingLLM(self._reply)
-        sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path))
+        sessions = LocalSessions(
+            SessionPipeline(FileSessionRepository(tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
+        )
         self.rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path, sessions=sessions)
         self.limiter = RateLimiter()
         self.audit_path = tmp_path / "audit.jsonl"
