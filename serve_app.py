@@ -34,6 +34,7 @@ from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
 from reasonray.api.a2a import A2AServer, auth_configured, card_json
+from reasonray.api.a2a_remote import remote_strategy
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import audit_log_for
@@ -220,6 +221,9 @@ class ReasonRayIngress:
         AuthGate.verifier = TokenVerifier(auth)
 
         async def strategy_of(params: Any) -> str:
+            agent_id = getattr(params, "agent_id", None)
+            if agent_id is not None and (await self.registry.get_agent(agent_id)).get("a2a_card_url"):
+                return remote_strategy(agent_id)  # forwarded to a remote A2A agent: roles allow it as `a2a:<id>`
             return (await self.service.resolve(params)).strategy
 
         guard = Guard(

@@ -133,14 +133,27 @@ def _progress(event: Event) -> str | None:
     return None
 
 
-def _choice(context: RequestContext) -> tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]:
-    """`strategy` (or a skill id as `skill`), `strategy_config` and `session` (a `session.create` spec for a
-    context's first message) from the message's metadata, else the request's; None where absent."""
+class Choice(BaseModel):
+    """What a message's metadata (else the request's) asks for; None where absent."""
+
+    strategy: str | None = None  # `strategy`, or a skill id as `skill`
+    config: dict[str, Any] | None = None  # `strategy_config`
+    agent_id: str | None = None  # `agent_id`: run as this registered agent (a remote A2A agent: forwarded to it)
+    session: dict[str, Any] | None = None  # `session`: the `session.create` spec of a context's first message
+
+
+def _choice(context: RequestContext) -> Choice:
     sources = [json_format.MessageToDict(context.message.metadata) if context.message else {}, context.metadata]
-    strategy = next((s[k] for s in sources for k in ("strategy", "skill") if isinstance(s.get(k), str) and s[k]), None)
-    config = next((s["strategy_config"] for s in sources if isinstance(s.get("strategy_config"), dict)), None)
-    session = next((s["session"] for s in sources if isinstance(s.get("session"), dict)), None)
-    return strategy, config, session
+
+    def first(keys: tuple[str, ...], kind: type) -> Any:
+        return next((s[k] for s in sources for k in keys if isinstance(s.get(k), kind) and s[k]), None)
+
+    return Choice(
+        strategy=first(("strategy", "skill"), str),
+        config=first(("strategy_config",), dict),
+        agent_id=first(("agent_id",), str),
+        session=first(("session",), dict),
+    )
 
 
 def _refusal(error: dict[str, Any]) -> str:
@@ -194,19 +207,21 @@ class ReasoningExecutor(AgentExecutor):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
         task_id, context_id = context.task_id, context.context_id
-        strategy, config, spec = _choice(context)
+        choice = _choice(context)
+        strategy = choice.strategy
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
         trace_id = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id() or uuid.uuid4().hex
         owner = owner_of(context.call_context)
         text = context.get_user_input()
-        if strategy is None:
-            session_id = await self._session(owner, context_id, spec, trace_id)
+        if strategy is None and choice.agent_id is None:
+            session_id = await self._session(owner, context_id, choice.session, trace_id)
             if isinstance(session_id, dict):  # session.create was refused or failed
                 return await self._unanswered(context, event_queue, session_id, owner)
             method, params = "session.turn", {"session_id": session_id, "message": text}
         else:
             method = "reasoning.execute"
-            params = {k: v for k, v in {"query": text, "strategy": strategy, "strategy_config": config}.items() if v is not None}
+            asked = {"query": text, "strategy": strategy, "strategy_config": choice.config, "agent_id": choice.agent_id}
+            params = {k: v for k, v in asked.items() if v is not None}
         admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         items = stream_call(_admitting(self.rpc, admitted), {"jsonrpc": "2.0", "method": method, "params": params, "id": task_id}, trace_id)
         first = asyncio.ensure_future(anext(items))
@@ -226,7 +241,7 @@ class ReasoningExecutor(AgentExecutor):
         def say(line: str) -> a2a_pb2.Message:
             return new_text_message(line, context_id=context_id, task_id=task_id)
 
-        doing = f"reasoning with {strategy}" if strategy else "continuing the context's session"
+        doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
         await updater.start_work(say(f"{doing} (trace {trace_id})"))
         run = asyncio.ensure_future(self._follow(first, items, updater, say))
         watch = asyncio.ensure_future(self._watch(task_id))

@@ -430,3 +430,66 @@ async def test_a_context_is_bound_to_one_session_per_owner_and_survives_a_new_pr
     assert await again.session_of("bob", "c1") is None and await again.session_of(None, "c1") is None
     assert await again.bind("alice", "c1", "s-3", replacing="s-1") == "s-3"  # its session was closed: a new one
     assert await contexts.session_of("alice", "c1") == "s-3"
+
+
+# -- remote A2A agents in the agent directory ------------------------------------------------------------------
+
+
+class RemoteAgent:
+    """Another A2A agent (a second ReasonRay A2A server, auth off) with its card, reachable over `http`."""
+
+    def __init__(self, tmp_path) -> None:
+        reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
+        self.llm = FunctionLLM(lambda request: "<answer>remote says 42</answer>")
+        rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path / "remote")
+        self.server = A2AServer(rpc, build_catalogue(StrategyRegistry().discover(), reasoning), FileRepository(tmp_path / "remote"), "9.9")
+
+        async def card(request):
+            from starlette.responses import JSONResponse
+
+            return JSONResponse(card_json(self.server.card("http://remote.test")))
+
+        app = Starlette(
+            routes=[Route("/a2a", self.server.handle, methods=["POST"]), Route("/.well-known/agent-card.json", card, methods=["GET"])]
+        )
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://remote.test", timeout=30)
+
+
+async def test_a_remote_agent_registers_by_its_card_url_advertises_its_skills_and_answers_forwarded_runs(tmp_path):
+    from reasonray.api.a2a_remote import forward, remote_registration
+    from reasonray.kernel.errors import InvalidParamsError
+    from reasonray.strategies.agents import AgentRegistration
+
+    remote = RemoteAgent(tmp_path)
+    try:
+        asked = AgentRegistration(
+            id="far", name="Far away", capabilities=["remote"], a2a_card_url="http://remote.test/.well-known/agent-card.json"
+        )
+        registered = await remote_registration(asked, remote.http)
+        assert registered.capabilities == ["a2a.skill.chain_of_thought", "remote"] and registered.remote_skills == ["chain_of_thought"]
+        assert registered.description.startswith("LLM reasoning on Ray")  # the card's, as none was given
+        result = await forward(registered.model_dump(), "What is 6 * 7?", "chain_of_thought", "trace-x", remote.http)
+        assert result["answer"] == "remote says 42" and result["strategy_used"] == "a2a:far"
+        assert result["metrics"]["strategy_specific"]["remote"]["state"] == "TASK_STATE_COMPLETED"
+        assert remote.llm.requests  # the remote agent's model answered
+        with pytest.raises(InvalidParamsError, match="no valid A2A agent card"):
+            await remote_registration(asked.model_copy(update={"a2a_card_url": "http://remote.test/nothing.json"}), remote.http)
+        with pytest.raises(InvalidParamsError, match="not local strategies"):
+            await remote_registration(asked.model_copy(update={"capabilities": ["reasoning.strategy.chain_of_thought"]}), remote.http)
+    finally:
+        await remote.http.aclose()
+
+
+def test_a_remote_card_is_validated_against_its_skills_not_the_local_catalogue():
+    from reasonray.kernel.errors import InvalidParamsError
+    from reasonray.strategies.agents import AgentRegistration, validate_card
+
+    catalogue = build_catalogue(StrategyRegistry().discover(), ReasoningSettings(enabled_strategies=["chain_of_thought"]))
+    card = AgentRegistration(
+        id="far", name="Far", capabilities=["a2a.skill.tot"], default_strategy="tot", a2a_card_url="http://x/.well-known/agent-card.json"
+    )
+    assert validate_card(card, catalogue, ["reasoning.execute"]) == card  # tree_of_thought is not enabled here: no matter
+    with pytest.raises(InvalidParamsError, match="is not one of the remote agent's skills"):
+        validate_card(card.model_copy(update={"default_strategy": "other"}), catalogue, ["reasoning.execute"])
+    with pytest.raises(InvalidParamsError, match="advertises no skills"):
+        validate_card(card.model_copy(update={"capabilities": ["x"], "default_strategy": None}), catalogue, ["reasoning.execute"])
