@@ -3,14 +3,16 @@
 - `agent_card`: the card at `/.well-known/agent-card.json`, generated from the strategy catalogue:
   one skill per enabled strategy, streaming, the JSON-RPC interface at `/a2a` with its protocol
   version, a bearer scheme when authentication is configured.
-- `ReasoningExecutor`: the SDK's `AgentExecutor`. `SendMessage` is one `reasoning.execute` call through the
-  JSON-RPC dispatcher, guard included (the strategy named by the message's or request's metadata,
-  `strategy` or `skill`, else the default; `strategy_config` too); its events stream as task status
-  updates and its answer arrives as an artifact. Cancelling the task cancels the run. A refused caller
-  gets a `rejected` task saying why.
-- Tasks and the conversation of each context live in the sessions' store, owned by the caller
-  (`reasonray.api.a2a_store`); each new message of a context is reasoned about with the context's
-  earlier exchanges.
+- `ReasoningExecutor`: the SDK's `AgentExecutor`. A message naming a strategy (`strategy`, or a skill id as
+  `skill`, with `strategy_config`) or an agent (`agent_id`) is one `reasoning.execute` call through the
+  JSON-RPC dispatcher, guard included; any other message is a turn of its context's ReasonRay session
+  (`session.create` on the context's first message, `session.turn` after). Events stream as task status
+  updates, the answer arrives as an artifact. A caller the guard refuses gets HTTP 401/403/429 with the
+  JSON-RPC error and no task (`A2AServer.handle`).
+- Cancelling the task cancels the run, from any replica: running tasks and their events are on the shared
+  task board (`reasonray.api.a2a_store.TaskBoard`), which the running replica watches.
+- Tasks and each context's session binding live in the sessions' store, owned by the caller
+  (`reasonray.api.a2a_store`).
 
 Transport-free: the Serve ingress forwards `/a2a` and the card route to what is built here.
 """
@@ -99,7 +101,8 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
     card = AgentCard(
         name="ReasonRay",
         description="LLM reasoning on Ray: pluggable strategies (choose one with the message metadata `strategy`, "
-        f"or a skill id as `skill`; default {default or 'none'}), memory, sessions.",
+        f"or a skill id as `skill`; default {default or 'none'}), memory, sessions (a message naming no strategy "
+        "continues its context's session).",
         version=version,
         supported_interfaces=[
             AgentInterface(url=base_url.rstrip("/") + A2A_PATH, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_CURRENT)

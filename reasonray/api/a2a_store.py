@@ -1,11 +1,16 @@
-"""Where the A2A agent keeps its tasks and conversations: the sessions' store, each record owned.
+"""Where the A2A agent keeps its tasks and contexts: the sessions' store, each record owned; and the task
+board every replica shares while tasks run.
 
 The store is the one sessions use (`[store] url`): PostgreSQL (tables `a2a_tasks` and
 `a2a_conversations`, `reasonray/kernel/migrations/0002.a2a.sql`) on a cluster, else files under
-`<data_dir>/sessions/a2a/`. Every task and conversation records its owner, the caller's `sub` (none
+`<data_dir>/sessions/a2a/`. Every task and context records its owner, the caller's `sub` (none
 while authentication is off), and every read names the owner: another principal's task reads, lists
-and cancels exactly like a task that does not exist. A context is a conversation per owner, so a
-stranger naming someone's `context_id` starts a conversation of its own (docs/interop.md).
+and cancels exactly like a task that does not exist. A context is bound to one ReasonRay session per
+owner, so a stranger naming someone's `context_id` starts a session of its own (docs/interop.md).
+
+`TaskBoard` holds what is running: each task's state with a version and its events. `SharedTaskStore`
+and `BoardEventStream` give it to the a2a-sdk as its versioned task store and cross-replica event
+stream, so a cancel or a resubscription reaches a task running on another replica.
 """
 
 from __future__ import annotations

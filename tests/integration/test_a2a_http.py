@@ -281,3 +281,30 @@ def test_with_auth_on_a_rate_limited_caller_gets_429_with_retry_after_and_rate_l
     assert error["code"] == -32012 and error["data"]["limit_name"] == "requests_per_minute"
     assert int(limited.headers["Retry-After"]) >= 1 and limited.headers["X-RateLimit-Limit"] == "1"
     assert limited.headers["X-RateLimit-Remaining"] == "0" and "X-RateLimit-Reset" in limited.headers
+
+
+def test_a_remote_a2a_agent_registers_by_card_url_is_discovered_by_its_skills_and_answers_forwarded_runs(agent, two_replicas):
+    remote_base, _ = agent  # another ReasonRay service, at another route prefix, is the remote A2A agent
+    card_url = f"{remote_base}/.well-known/agent-card.json"
+    with httpx.Client(base_url=two_replicas, timeout=120) as http:
+        registered = result_of(
+            rpc(http, "agent.register", {"id": "far", "name": "Far", "capabilities": ["remote"], "a2a_card_url": card_url})
+        )
+        assert "a2a.skill.chain_of_thought" in registered["agent"]["capabilities"]
+        found = result_of(rpc(http, "agent.discover", {"capabilities": ["a2a.skill.chain_of_thought"]}))
+        assert [a["id"] for a in found["agents"]] == ["far"] and found["agents"][0]["a2a_card_url"] == card_url
+        ran = result_of(rpc(http, "reasoning.execute", {"query": "What is 12 * 12?", "agent_id": "far", "strategy": "chain_of_thought"}))
+        assert ran["answer"] == "144" and ran["strategy_used"] == "a2a:far"
+        assert ran["metrics"]["strategy_specific"]["remote"]["state"] == "TASK_STATE_COMPLETED"
+        bad = rpc(http, "agent.register", {"id": "nowhere", "name": "N", "capabilities": ["x"], "a2a_card_url": f"{remote_base}/nope.json"})
+        assert bad.json()["error"]["code"] == -32602 and "no valid A2A agent card" in bad.json()["error"]["message"]
+
+    async def via_a2a():  # an A2A message naming the agent is forwarded too
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(two_replicas, http, streaming=False)
+            [reply] = [r async for r in client.send_message(message("What is 6 * 7?", agent_id="far"))]
+            return reply.task
+
+    task = run(via_a2a())
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED and task.artifacts[0].parts[0].text == "42"
+    assert task.artifacts[0].metadata["strategy_used"] == "a2a:far"
