@@ -228,51 +228,61 @@ class ReasoningExecutor(AgentExecutor):
         admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         items = stream_call(_admitting(self.rpc, admitted), {"jsonrpc": "2.0", "method": method, "params": params, "id": task_id}, trace_id)
         first = asyncio.ensure_future(anext(items))
-        await asyncio.wait({first, admitted}, return_when=asyncio.FIRST_COMPLETED)
-        if first.done() and not admitted.done():  # answered before anything ran
-            response = first.result()
-            if isinstance(response, dict) and "error" in response:
-                await items.aclose()
-                return await self._unanswered(context, event_queue, response["error"], owner)
-        task = context.current_task or Task(
-            id=task_id, context_id=context_id, status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED), history=[context.message]
-        )
-        if context.current_task is None:
-            await event_queue.enqueue_event(task)
-        updater = TaskUpdater(event_queue, task_id, context_id)
-
-        def say(line: str) -> a2a_pb2.Message:
-            return new_text_message(line, context_id=context_id, task_id=task_id)
-
-        doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
-        await updater.start_work(say(f"{doing} (trace {trace_id})"))
-        run = asyncio.ensure_future(self._follow(first, items, updater, say))
-        watch = asyncio.ensure_future(self._watch(task_id))
+        spawned: list[asyncio.Future[Any]] = [first]
         try:
-            await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not run.done():  # cancelled from another replica: stop the run, then say so (the SDK ends the task)
-            run.cancel()
-            await asyncio.gather(run, return_exceptions=True)
-            await items.aclose()
-            log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
-            await updater.cancel()
-            return
-        response = run.result()
-        if "error" in response:
-            return await self._not_answered(updater, say, response["error"], task_id)
-        result = response["result"]
-        if method == "session.turn" and result.get("status") != "completed":
-            error = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
-            return await self._not_answered(updater, say, error, task_id)
-        metadata: dict[str, Any] = {"trace_id": trace_id}
-        if method == "session.turn":
-            metadata |= {"session_id": result["session_id"], "turn": result["turn"], "total_tokens": result["usage"]["total_tokens"]}
-        else:
-            metadata |= {"strategy_used": result["strategy_used"], "total_tokens": result["metrics"]["total_tokens"]}
-        await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
-        await updater.complete()
+            await asyncio.wait({first, admitted}, return_when=asyncio.FIRST_COMPLETED)
+            if first.done() and not admitted.done():  # answered before anything ran
+                response = first.result()
+                if isinstance(response, dict) and "error" in response:
+                    await items.aclose()
+                    return await self._unanswered(context, event_queue, response["error"], owner)
+            task = context.current_task or Task(
+                id=task_id,
+                context_id=context_id,
+                status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[context.message],
+            )
+            if context.current_task is None:
+                await event_queue.enqueue_event(task)
+            updater = TaskUpdater(event_queue, task_id, context_id)
+
+            def say(line: str) -> a2a_pb2.Message:
+                return new_text_message(line, context_id=context_id, task_id=task_id)
+
+            doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
+            await updater.start_work(say(f"{doing} (trace {trace_id})"))
+            run = asyncio.ensure_future(self._follow(first, items, updater, say))
+            watch = asyncio.ensure_future(self._watch(task_id))
+            spawned += [run, watch]
+            try:
+                await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+            if not run.done():  # cancelled from another replica: stop the run, then say so (the SDK ends the task)
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                await items.aclose()
+                log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
+                await updater.cancel()
+                return
+            response = run.result()
+            if "error" in response:
+                return await self._not_answered(updater, say, response["error"], task_id)
+            result = response["result"]
+            if method == "session.turn" and result.get("status") != "completed":
+                error = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
+                return await self._not_answered(updater, say, error, task_id)
+            metadata: dict[str, Any] = {"trace_id": trace_id}
+            if method == "session.turn":
+                metadata |= {"session_id": result["session_id"], "turn": result["turn"], "total_tokens": result["usage"]["total_tokens"]}
+            else:
+                metadata |= {"strategy_used": result["strategy_used"], "total_tokens": result["metrics"]["total_tokens"]}
+            await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
+            await updater.complete()
+        except asyncio.CancelledError:  # the SDK cancelled the task here (CancelTask on this replica): the run stops too
+            for future in spawned:
+                future.cancel()
+            raise
 
     async def _session(self, owner: str | None, context_id: str, spec: dict[str, Any] | None, trace_id: str) -> str | dict[str, Any]:
         """The session the context continues, created (owned by the caller) for its first message; or the

@@ -105,9 +105,15 @@ CALLERS = {
 class HangingLLM(FunctionLLM):
     """A model that never answers a prompt containing `[hang]` (a long run, for cancels)."""
 
+    stopped = 0  # hanging calls that were cancelled (the run stopped)
+
     async def complete(self, request):
         if "[hang]" in request.messages[-1].content:
-            await asyncio.sleep(600)
+            try:
+                await asyncio.sleep(600)
+            except asyncio.CancelledError:
+                self.stopped += 1
+                raise
         return await super().complete(request)
 
 
@@ -350,9 +356,31 @@ async def test_a_cancel_and_a_resubscription_reach_a_task_running_on_another_rep
         if await one.server.handler._active_task_registry.get(task_id) is None:
             break
         await asyncio.sleep(0.1)
-    assert await one.server.handler._active_task_registry.get(task_id) is None
+    assert await one.server.handler._active_task_registry.get(task_id) is None and one.llm.stopped == 1  # its model call too
     final = await on_two.get_task(GetTaskRequest(id=task_id))
     assert final.status.state == TaskState.TASK_STATE_CANCELED and not final.artifacts
+
+
+async def test_a_cancel_on_the_replica_running_the_task_stops_its_model_call(tmp_path, http_clients):
+    agent = Agent(tmp_path)
+    as_alice = ServerCallContext(user=PrincipalUser("alice"))
+    token = CURRENT_PRINCIPAL.set(CALLERS["alice"])
+    try:
+        events = agent.server.handler.on_message_send_stream(message("[hang] What is 6 * 7?", strategy="chain_of_thought"), as_alice)
+        async for event in events:
+            if isinstance(event, TaskStatusUpdateEvent) and event.status.state == TaskState.TASK_STATE_WORKING:
+                task_id = event.task_id
+                break
+        cancelled = await (await agent.client("alice", http_clients)).cancel_task(CancelTaskRequest(id=task_id))
+        assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+        await asyncio.wait_for(_all(events), 10)
+    finally:
+        CURRENT_PRINCIPAL.reset(token)
+    for _ in range(50):
+        if agent.llm.stopped:
+            break
+        await asyncio.sleep(0.1)
+    assert agent.llm.stopped == 1
 
 
 async def _all(stream) -> list:
