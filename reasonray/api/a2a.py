@@ -23,9 +23,9 @@ import asyncio
 import copy
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from a2a.helpers.proto_helpers import new_text_message, new_text_part
@@ -216,6 +216,7 @@ class ReasoningExecutor(AgentExecutor):
         trace_id = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id() or uuid.uuid4().hex
         owner = owner_of(context.call_context)
         text = context.get_user_input()
+        params: dict[str, Any]
         if strategy is None and choice.agent_id is None:
             session_id = await self._session(owner, context_id, choice.session, trace_id)
             if isinstance(session_id, dict):  # session.create was refused or failed
@@ -226,11 +227,12 @@ class ReasoningExecutor(AgentExecutor):
             asked = {"query": text, "strategy": strategy, "strategy_config": choice.config, "agent_id": choice.agent_id}
             params = {k: v for k, v in asked.items() if v is not None}
         admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        items = stream_call(_admitting(self.rpc, admitted), {"jsonrpc": "2.0", "method": method, "params": params, "id": task_id}, trace_id)
-        first = asyncio.ensure_future(anext(items))
+        call = {"jsonrpc": "2.0", "method": method, "params": params, "id": task_id}
+        items = cast(AsyncGenerator[Event | dict[str, Any], None], stream_call(_admitting(self.rpc, admitted), call, trace_id))
+        first: asyncio.Future[Any] = asyncio.ensure_future(anext(items))
         spawned: list[asyncio.Future[Any]] = [first]
         try:
-            await asyncio.wait({first, admitted}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([first, admitted], return_when=asyncio.FIRST_COMPLETED)
             if first.done() and not admitted.done():  # answered before anything ran
                 response = first.result()
                 if isinstance(response, dict) and "error" in response:
@@ -422,7 +424,7 @@ class A2AServer:
         holder: dict[str, Any] = {}
         token = REFUSED.set(holder)
         try:
-            response = await self._endpoint(request)
+            response: Response = await self._endpoint(request)
         finally:
             REFUSED.reset(token)
         if "error" not in holder:
