@@ -167,13 +167,16 @@ def call(method: str, params: dict, ident: str = "1") -> dict:
 
 def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_replicas):
     base = two_replicas
-    hang = message("[[sim fault=timeout times=9]] What is 5 * 5?", strategy="chain_of_thought")  # a long run
+    # a long run that keeps going (a hanging model call would fail after its retries, and could open the breaker)
+    hang = message("[[sim think=200000 answer=7]] Work it out.", strategy="bounded_context", strategy_config={"max_iterations": 60})
 
     async def first_event(response: httpx.Response) -> dict:
+        seen = []
         async for line in response.aiter_lines():
             if line.startswith("data:"):
                 return json.loads(line.removeprefix("data:"))["result"]
-        raise AssertionError("the stream ended without an event")
+            seen.append(line)
+        raise AssertionError(f"the stream ended without an event: {seen}")
 
     async def exercise():
         async with httpx.AsyncClient(base_url=base, timeout=60, headers={"A2A-Version": "1.0"}) as http:
