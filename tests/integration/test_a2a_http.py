@@ -168,7 +168,7 @@ def call(method: str, params: dict, ident: str = "1") -> dict:
 def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_replicas):
     base = two_replicas
     # a long run that keeps going (a hanging model call would fail after its retries, and could open the breaker)
-    hang = message("[[sim think=200000 answer=7]] Work it out.", strategy="bounded_context", strategy_config={"max_iterations": 60})
+    hang = message("[[sim think=200000 answer=7]] Work it out.", strategy="bounded_context", strategy_config={"max_iterations": 20})
 
     async def first_event(response: httpx.Response) -> dict:
         seen = []
