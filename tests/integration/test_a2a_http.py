@@ -157,7 +157,8 @@ def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_fi
 
 @pytest.fixture(scope="module")
 def two_replicas(serve_base, simulator):
-    with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}) as (client, _):
+    retry = {"retry": {"max_attempts": 10, "deadline_s": 60}}  # the test's hanging run keeps going that long
+    with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}, llm=retry) as (client, _):
         yield str(client.base_url).rstrip("/")
 
 
@@ -167,8 +168,8 @@ def call(method: str, params: dict, ident: str = "1") -> dict:
 
 def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_replicas):
     base = two_replicas
-    # a long run that keeps going (a hanging model call would fail after its retries, and could open the breaker)
-    hang = message("[[sim think=200000 answer=7]] Work it out.", strategy="bounded_context", strategy_config={"max_iterations": 20})
+    # each model call hangs, and is retried for up to a minute (the fixture's retry settings): a long run
+    hang = message("[[sim fault=timeout times=99]] What is 5 * 5?", strategy="chain_of_thought")
 
     async def first_event(response: httpx.Response) -> dict:
         seen = []
