@@ -16,6 +16,7 @@ import ray
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
 from reasonray.api.a2a_store import TaskBoard
+from reasonray.kernel.errors import RunCancelledError
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -43,6 +44,18 @@ class TaskBoardActor(Fingerprinted):
         return await self.board.events(task_id, cursor, wait_s)
 
 
+async def _call(method: Any, *args: Any) -> Any:
+    """One board call. A task outlives the HTTP request that started it, but Ray cancels the calls a replica made
+    while serving a request when that request is cancelled (its client went away): such a call is sent again."""
+    for attempt in range(3):
+        try:
+            return await unwrap(method.remote(*args))
+        except RunCancelledError:
+            if attempt == 2:
+                raise
+    return None
+
+
 class RayTaskBoard:
     """`reasonray.api.a2a_store.Board` over the application's board actor."""
 
@@ -50,24 +63,24 @@ class RayTaskBoard:
         self.handle = handle
 
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
-        return int(await unwrap(self.handle.commit.remote(task_id, owner, prev_version, state, doc)))
+        return int(await _call(self.handle.commit, task_id, owner, prev_version, state, doc))
 
     async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
-        found = await unwrap(self.handle.get.remote(task_id, owner))
+        found = await _call(self.handle.get, task_id, owner)
         return (found[0], int(found[1])) if found is not None else None
 
     async def state(self, task_id: str) -> int | None:
-        found = await unwrap(self.handle.state.remote(task_id))
+        found = await _call(self.handle.state, task_id)
         return int(found) if found is not None else None
 
     async def forget(self, task_id: str) -> None:
-        await unwrap(self.handle.forget.remote(task_id))
+        await _call(self.handle.forget, task_id)
 
     async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None:
-        await unwrap(self.handle.publish.remote(task_id, version, event))
+        await _call(self.handle.publish, task_id, version, event)
 
     async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
-        found = await unwrap(self.handle.events.remote(task_id, cursor, wait_s))
+        found = await _call(self.handle.events, task_id, cursor, wait_s)
         return (list(found[0]), int(found[1])) if found is not None else None
 
 

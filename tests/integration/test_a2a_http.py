@@ -171,9 +171,9 @@ def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_re
     # each model call hangs, and is retried for up to a minute (the fixture's retry settings): a long run
     hang = message("[[sim fault=timeout times=99]] What is 5 * 5?", strategy="chain_of_thought")
 
-    async def first_event(response: httpx.Response) -> dict:
+    async def first_event(lines) -> dict:
         seen = []
-        async for line in response.aiter_lines():
+        async for line in lines:
             if line.startswith("data:"):
                 return json.loads(line.removeprefix("data:"))["result"]
             seen.append(line)
@@ -185,19 +185,18 @@ def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_re
                 body = call("SendStreamingMessage", json_format.MessageToDict(hang))
                 async with http.stream("POST", "/a2a", json=body) as started:
                     runner = started.headers["X-Served-By"]
-                    task_id = (await first_event(started))["task"]["id"]
+                    task_id = (await first_event(started.aiter_lines()))["task"]["id"]
                     # a resubscription served by the other replica (retried until Serve routes it there)
                     for _ in range(20):
                         async with http.stream("POST", "/a2a", json=call("SubscribeToTask", {"id": task_id})) as tail:
                             if tail.headers["X-Served-By"] == runner:
                                 continue
-                            snapshot = await first_event(tail)
+                            lines = tail.aiter_lines()
+                            snapshot = await first_event(lines)
                             cancelled = await http.post("/a2a", json=call("CancelTask", {"id": task_id}))
                             if cancelled.headers["X-Served-By"] == runner:
                                 break  # cancelled where it runs: try again with a new task
-                            lines = [
-                                json.loads(x.removeprefix("data:"))["result"] async for x in tail.aiter_lines() if x.startswith("data:")
-                            ]
+                            lines = [json.loads(x.removeprefix("data:"))["result"] async for x in lines if x.startswith("data:")]
                             return runner, tail.headers["X-Served-By"], cancelled, snapshot, lines, task_id
                     else:
                         raise AssertionError("no resubscription reached the other replica")
