@@ -321,6 +321,7 @@ TERMINAL = frozenset(
 )
 ENDED_KEPT_S = 300.0  # an ended task's entry (and events) stays this long, for late resubscribers and cancels
 MAX_EVENTS = 2000  # events kept per task (the oldest dropped first)
+ENDING_S = 2.0  # a task that ended less than this ago may still publish its last event
 
 
 class _Live:
@@ -401,7 +402,9 @@ class TaskBoard:
             if live is None:
                 return None
             end = live.first_seq + len(live.events)
-            if cursor < end or live.state in TERMINAL or time.monotonic() >= deadline:
+            # an ending is committed just before its event is published: wait for that event, unless it ended a while ago
+            ended_a_while_ago = live.ended_at is not None and time.monotonic() - live.ended_at > ENDING_S
+            if cursor < end or ended_a_while_ago or time.monotonic() >= deadline:
                 start = max(cursor, live.first_seq)
                 return live.events[start - live.first_seq :], end
             async with self._changed:
