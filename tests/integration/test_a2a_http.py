@@ -181,30 +181,35 @@ def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_re
 
     async def exercise():
         async with httpx.AsyncClient(base_url=base, timeout=60, headers={"A2A-Version": "1.0"}) as http:
-            for _attempt in range(12):  # Serve's proxy picks the replica: start tasks until the cancel lands elsewhere
-                body = call("SendStreamingMessage", json_format.MessageToDict(hang))
+            body = call("SendStreamingMessage", json_format.MessageToDict(hang))
+            # 1. a resubscription served by the replica that does not run the task tails it to its end
+            async with http.stream("POST", "/a2a", json=body) as started:
+                first_runner = runner = started.headers["X-Served-By"]
+                first = (await first_event(started.aiter_lines()))["task"]["id"]
+                for _ in range(20):  # Serve's proxy picks the replica: retried until it routes the resubscription there
+                    async with http.stream("POST", "/a2a", json=call("SubscribeToTask", {"id": first})) as tail:
+                        if tail.headers["X-Served-By"] == runner:
+                            continue
+                        lines = tail.aiter_lines()
+                        snapshot = await first_event(lines)
+                        await http.post("/a2a", json=call("CancelTask", {"id": first}))
+                        tailed = [json.loads(x.removeprefix("data:"))["result"] async for x in lines if x.startswith("data:")]
+                        break
+                else:
+                    raise AssertionError("no resubscription reached the other replica")
+            # 2. a cancel served by the replica that does not run the task (the idler one: Serve prefers it)
+            for _attempt in range(12):
                 async with http.stream("POST", "/a2a", json=body) as started:
                     runner = started.headers["X-Served-By"]
                     task_id = (await first_event(started.aiter_lines()))["task"]["id"]
-                    # a resubscription served by the other replica (retried until Serve routes it there)
-                    for _ in range(20):
-                        async with http.stream("POST", "/a2a", json=call("SubscribeToTask", {"id": task_id})) as tail:
-                            if tail.headers["X-Served-By"] == runner:
-                                continue
-                            lines = tail.aiter_lines()
-                            snapshot = await first_event(lines)
-                            cancelled = await http.post("/a2a", json=call("CancelTask", {"id": task_id}))
-                            if cancelled.headers["X-Served-By"] == runner:
-                                break  # cancelled where it runs: try again with a new task
-                            lines = [json.loads(x.removeprefix("data:"))["result"] async for x in lines if x.startswith("data:")]
-                            return runner, tail.headers["X-Served-By"], cancelled, snapshot, lines, task_id
-                    else:
-                        raise AssertionError("no resubscription reached the other replica")
+                    cancelled = await http.post("/a2a", json=call("CancelTask", {"id": task_id}))
+                    if cancelled.headers["X-Served-By"] != runner:
+                        return (first_runner, tail.headers["X-Served-By"]), (runner, cancelled), snapshot, tailed, task_id
             raise AssertionError("no cancel reached the other replica in 12 tries")
 
     started = time.monotonic()
-    runner, other, cancelled, snapshot, tailed, task_id = run(exercise())
-    assert runner != other == cancelled.headers["X-Served-By"]
+    (first_runner, tailer), (runner, cancelled), snapshot, tailed, task_id = run(exercise())
+    assert first_runner != tailer and runner != cancelled.headers["X-Served-By"]
     assert cancelled.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", cancelled.json()
     assert snapshot["task"]["status"]["state"] in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
     states = [e.get("statusUpdate", e.get("task", {})).get("status", {}).get("state") for e in tailed]
