@@ -25,6 +25,7 @@ from ray.serve.context import _get_global_client
 from sse_starlette import EventSourceResponse
 
 from reasonray import __version__
+from reasonray.actors.a2a_board import task_board
 from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
 from reasonray.actors.llm_cache import RayCacheStore, ensure_cache_actor
 from reasonray.actors.memory import RayMemory, retire_stale_memory
@@ -33,6 +34,7 @@ from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
 from reasonray.api.a2a import A2AServer, auth_configured, card_json
+from reasonray.api.a2a_remote import remote_strategy
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import AuditLog, NoAudit, audit_log_for, audit_refusal
@@ -217,7 +219,16 @@ class ReasonRayIngress:
         # A2A tasks run as reasoning.execute calls of this dispatcher (its guard, once installed below, included)
         # and are kept in the sessions' store
         a2a_tasks = a2a_repository(self.settings.store.url, self.settings.data_dir / "sessions")
-        self.a2a = A2AServer(self.rpc, self.service.catalogue, a2a_tasks, __version__, bearer=auth_configured(self.settings))
+        self.a2a = A2AServer(
+            self.rpc,
+            self.service.catalogue,
+            a2a_tasks,
+            __version__,
+            bearer=auth_configured(self.settings),
+            board=task_board(app_name),  # running tasks, shared by the replicas: cancel and resubscribe from any
+            refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
+        )
+        self.replica = serve.get_replica_context().replica_id.unique_id
         if self.settings.auth.enabled:
             self._guard(app_name)
         self._session_gauge: asyncio.Task | None = None
@@ -230,6 +241,9 @@ class ReasonRayIngress:
         AuthGate.verifier = TokenVerifier(auth)
 
         async def strategy_of(params: Any) -> str:
+            agent_id = getattr(params, "agent_id", None)
+            if agent_id is not None and (await self.registry.get_agent(agent_id)).get("a2a_card_url"):
+                return remote_strategy(agent_id)  # forwarded to a remote A2A agent: roles allow it as `a2a:<id>`
             return (await self.service.resolve(params)).strategy
 
         audit = audit_log_for(self.settings.store.url, self.settings.data_dir) if auth.audit else None
@@ -310,7 +324,9 @@ class ReasonRayIngress:
     @api.post("/a2a", summary="A2A JSON-RPC endpoint (a2a-sdk): SendMessage, SendStreamingMessage, GetTask, CancelTask...")
     async def a2a_rpc(self, request: Request) -> Response:
         with request_span("/a2a", request.headers):
-            return await self.a2a.handle(request)
+            response = await self.a2a.handle(request)
+        response.headers["X-Served-By"] = self.replica  # which replica answered (a task may run on another)
+        return response
 
     @api.get("/metrics", summary="Prometheus metrics of every node of the cluster (docs/operations.md)")
     async def prometheus(self) -> Response:

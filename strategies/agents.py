@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 STRATEGY_CAPABILITY = "reasoning.strategy."
+REMOTE_SKILL = "a2a.skill."  # a remote A2A agent's skills, from its card (reasonray.api.a2a_remote)
 AGENT_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 
@@ -64,8 +65,9 @@ class AgentRegistration(BaseModel):
         None,
         pattern=r"^https?://\S+$",
         max_length=2000,
-        description="A remote A2A agent's card URL (.../.well-known/agent-card.json): agent.discover returns it, "
-        "so a caller can reach that agent with an A2A client (docs/interop.md).",
+        description="A remote A2A agent's card URL (.../.well-known/agent-card.json): the card is fetched and validated at "
+        "registration and its skills advertised as `a2a.skill.<id>`; reasoning.execute naming the agent is forwarded "
+        "to it (docs/interop.md).",
     )
 
     @field_validator("capabilities")
@@ -79,6 +81,11 @@ class AgentRegistration(BaseModel):
     @property
     def strategies(self) -> list[str]:
         return [c.removeprefix(STRATEGY_CAPABILITY) for c in self.capabilities if c.startswith(STRATEGY_CAPABILITY)]
+
+    @property
+    def remote_skills(self) -> list[str]:
+        """A remote A2A agent's skills (its `a2a.skill.<id>` capabilities)."""
+        return [c.removeprefix(REMOTE_SKILL) for c in self.capabilities if c.startswith(REMOTE_SKILL)]
 
 
 class AgentCard(AgentRegistration):
@@ -97,6 +104,8 @@ class AgentFile(BaseModel):
 def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: list[str]) -> AgentRegistration:
     """The card with its strategy config normalised, or InvalidParamsError naming every problem and the fix."""
     enabled = sorted(catalogue.entries)
+    if card.a2a_card_url is not None:
+        return _validate_remote(card, known_methods)
     problems: list[str] = []
     if not card.strategies:
         problems.append(
@@ -131,6 +140,25 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
             f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems, "enabled": enabled}
         )
     return card.model_copy(update={"strategy_config": config})
+
+
+def _validate_remote(card: AgentRegistration, known_methods: list[str]) -> AgentRegistration:
+    """A remote A2A agent (its card already fetched: `remote_skills` are its skills): runs no local strategy."""
+    problems: list[str] = []
+    if not card.remote_skills:
+        problems.append(f"the agent's A2A card advertises no skills ({REMOTE_SKILL}<id>)")
+    if card.strategies:
+        problems.append(f"a remote A2A agent runs its own skills, not this server's strategies: drop {STRATEGY_CAPABILITY}*")
+    if card.strategy_config:
+        problems.append("strategy_config applies to this server's strategies; a remote A2A agent takes none")
+    if card.default_strategy is not None and card.default_strategy not in card.remote_skills:
+        problems.append(f"default_strategy {card.default_strategy!r} is not one of the remote agent's skills {card.remote_skills}")
+    unknown_methods = [m for m in card.supported_methods if m not in known_methods]
+    if unknown_methods:
+        problems.append(f"supported_methods {unknown_methods} are not methods of this server (known: {', '.join(known_methods)})")
+    if problems:
+        raise InvalidParamsError(f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems})
+    return card
 
 
 class AgentRepository(Protocol):

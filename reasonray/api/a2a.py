@@ -3,21 +3,27 @@
 - `agent_card`: the card at `/.well-known/agent-card.json`, generated from the strategy catalogue:
   one skill per enabled strategy, streaming, the JSON-RPC interface at `/a2a` with its protocol
   version, a bearer scheme when authentication is configured.
-- `ReasoningExecutor`: the SDK's `AgentExecutor`. `SendMessage` is one `reasoning.execute` call through the
-  JSON-RPC dispatcher, guard included (the strategy named by the message's or request's metadata,
-  `strategy` or `skill`, else the default; `strategy_config` too); its events stream as task status
-  updates and its answer arrives as an artifact. Cancelling the task cancels the run. A refused caller
-  gets a `rejected` task saying why.
-- Tasks and the conversation of each context live in the sessions' store, owned by the caller
-  (`reasonray.api.a2a_store`); each new message of a context is reasoned about with the context's
-  earlier exchanges.
+- `ReasoningExecutor`: the SDK's `AgentExecutor`. A message naming a strategy (`strategy`, or a skill id as
+  `skill`, with `strategy_config`) or an agent (`agent_id`) is one `reasoning.execute` call through the
+  JSON-RPC dispatcher, guard included; any other message is a turn of its context's ReasonRay session
+  (`session.create` on the context's first message, `session.turn` after). Events stream as task status
+  updates, the answer arrives as an artifact. A caller the guard refuses gets HTTP 401/403/429 with the
+  JSON-RPC error and no task (`A2AServer.handle`).
+- Cancelling the task cancels the run, from any replica: running tasks and their events are on the shared
+  task board (`reasonray.api.a2a_store.TaskBoard`), which the running replica watches.
+- Tasks and each context's session binding live in the sessions' store, owned by the caller
+  (`reasonray.api.a2a_store`).
 
 Transport-free: the Serve ingress forwards `/a2a` and the card route to what is built here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import structlog
@@ -41,10 +47,23 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
+from a2a.utils.errors import A2AError
 from google.protobuf import json_format
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
-from reasonray.api.a2a_store import CallerContextBuilder, Conversations, Exchange, OwnedTaskStore, Repository, owner_of
-from reasonray.api.jsonrpc import FORBIDDEN, RATE_LIMITED, UNAUTHENTICATED, Dispatcher, RpcError
+from reasonray.api.a2a_store import (
+    Board,
+    BoardEventStream,
+    CallerContextBuilder,
+    ContextSessions,
+    Repository,
+    SharedTaskStore,
+    TaskBoard,
+    owner_of,
+)
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, RATE_LIMITED, UNAUTHENTICATED, Dispatcher, RpcError
 from reasonray.api.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
@@ -53,7 +72,6 @@ from reasonray.strategies.registry import Catalogue
 log = structlog.get_logger(__name__)
 
 A2A_PATH = "/a2a"
-HISTORY_TURNS = 8  # earlier exchanges of a context a new message is reasoned with
 REFUSALS = frozenset({UNAUTHENTICATED, FORBIDDEN, RATE_LIMITED})  # the guard refused before any run: the task is rejected
 EXAMPLES = {
     "chain_of_thought": "What is 17 * 23?",
@@ -82,7 +100,8 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
     card = AgentCard(
         name="ReasonRay",
         description="LLM reasoning on Ray: pluggable strategies (choose one with the message metadata `strategy`, "
-        f"or a skill id as `skill`; default {default or 'none'}), memory, sessions.",
+        f"or a skill id as `skill`; default {default or 'none'}), memory, sessions (a message naming no strategy "
+        "continues its context's session).",
         version=version,
         supported_interfaces=[
             AgentInterface(url=base_url.rstrip("/") + A2A_PATH, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_CURRENT)
@@ -116,24 +135,27 @@ def _progress(event: Event) -> str | None:
     return None
 
 
-def _choice(context: RequestContext) -> tuple[str | None, dict[str, Any] | None]:
-    """`strategy` (or a skill id as `skill`) and `strategy_config` from the message's metadata, else the
-    request's; (None, None): the default strategy with its defaults."""
+class Choice(BaseModel):
+    """What a message's metadata (else the request's) asks for; None where absent."""
+
+    strategy: str | None = None  # `strategy`, or a skill id as `skill`
+    config: dict[str, Any] | None = None  # `strategy_config`
+    agent_id: str | None = None  # `agent_id`: run as this registered agent (a remote A2A agent: forwarded to it)
+    session: dict[str, Any] | None = None  # `session`: the `session.create` spec of a context's first message
+
+
+def _choice(context: RequestContext) -> Choice:
     sources = [json_format.MessageToDict(context.message.metadata) if context.message else {}, context.metadata]
-    strategy = next((s[k] for s in sources for k in ("strategy", "skill") if isinstance(s.get(k), str) and s[k]), None)
-    config = next((s["strategy_config"] for s in sources if isinstance(s.get("strategy_config"), dict)), None)
-    return strategy, config
 
+    def first(keys: tuple[str, ...], kind: type) -> Any:
+        return next((s[k] for s in sources for k in keys if isinstance(s.get(k), kind) and s[k]), None)
 
-def _query(text: str, earlier: list[Exchange]) -> str:
-    """The run's problem: the new message, after the context's earlier exchanges when it has any (a strategy
-    takes one problem statement, so the conversation so far is written into it)."""
-    if not earlier:
-        return text
-    lines = ["Earlier in this conversation:"]
-    for exchange in earlier:
-        lines += [f"User: {exchange.question}", f"Assistant: {exchange.answer}"]
-    return "\n".join([*lines, "", f"Now: {text}"])
+    return Choice(
+        strategy=first(("strategy", "skill"), str),
+        config=first(("strategy_config",), dict),
+        agent_id=first(("agent_id",), str),
+        session=first(("session",), dict),
+    )
 
 
 def _refusal(error: dict[str, Any]) -> str:
@@ -141,64 +163,171 @@ def _refusal(error: dict[str, Any]) -> str:
     return f"{error['message']} (code {error['code']})"[:2000]
 
 
-class ReasoningExecutor(AgentExecutor):
-    """Runs one `reasoning.execute` call per A2A task through the JSON-RPC dispatcher, so the caller meets the
-    same guard as on `POST /rpc` (roles per method and strategy, agent binding, rate limits, token budgets
-    charged with what the run used, the audit record); progress as status updates, the answer as an artifact."""
+REFUSED: ContextVar[dict[str, Any] | None] = ContextVar("reasonray_a2a_refused", default=None)
+"""Set by `A2AServer.handle` around one request: where the executor leaves a refusal (the guard said no before
+any run), so the request is answered with the HTTP status and JSON-RPC error instead of a task."""
 
-    def __init__(self, rpc: Dispatcher, conversations: Conversations) -> None:
+
+class Refused(A2AError):
+    """The guard refused the call before anything ran (ends the SDK's handling; `A2AServer.handle` answers)."""
+
+
+class ReasoningExecutor(AgentExecutor):
+    """Runs each A2A message through the JSON-RPC dispatcher, so the caller meets the same guard as on `POST /rpc`
+    (roles per method and strategy, agent binding, rate limits, token budgets charged with what the run used, the
+    audit record): a message naming a strategy (or skill) is one `reasoning.execute` run; any other message is a
+    turn of the context's ReasonRay session (`session.create` on the context's first message, `session.turn`
+    after). Progress goes out as status updates, the answer as an artifact. A refusal answers the request with
+    HTTP 401/403/429 and no task. While a task runs, its replica watches the board for a cancel sent to any
+    replica."""
+
+    WATCH_S = 0.5  # how often a running task looks for a cancel sent to another replica
+
+    def __init__(self, rpc: Dispatcher, contexts: ContextSessions, board: Board) -> None:
         self.rpc = rpc
-        self.conversations = conversations
+        self.contexts = contexts
+        self.board = board
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
-        task = context.current_task
-        if task is None:
-            task = Task(
-                id=context.task_id,
-                context_id=context.context_id,
-                status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[context.message],
-            )
-            await event_queue.enqueue_event(task)
-        updater = TaskUpdater(event_queue, task.id, task.context_id)
-        strategy, config = _choice(context)
+        task_id, context_id = context.task_id, context.context_id
+        choice = _choice(context)
+        strategy = choice.strategy
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
         trace_id = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id() or uuid.uuid4().hex
         owner = owner_of(context.call_context)
         text = context.get_user_input()
-        earlier = await self.conversations.exchanges(owner, task.context_id)
-
-        def say(line: str) -> a2a_pb2.Message:
-            return new_text_message(line, context_id=task.context_id, task_id=task.id)
-
-        await updater.start_work(say(f"reasoning with {strategy or 'the default strategy'} (trace {trace_id})"))
-        params = {"query": _query(text, earlier[-HISTORY_TURNS:]), "strategy": strategy, "strategy_config": config}
-        result: dict[str, Any] = {}
+        params: dict[str, Any]
+        if strategy is None and choice.agent_id is None:
+            session_id = await self._session(owner, context_id, choice.session, trace_id)
+            if isinstance(session_id, dict):  # session.create was refused or failed
+                return await self._unanswered(context, event_queue, session_id, owner)
+            method, params = "session.turn", {"session_id": session_id, "message": text}
+        else:
+            method = "reasoning.execute"
+            asked = {"query": text, "strategy": strategy, "strategy_config": choice.config, "agent_id": choice.agent_id}
+            params = {k: v for k, v in asked.items() if v is not None}
+        items = stream_call(self.rpc, method, params, trace_id)
         try:
-            async for item in stream_call(self.rpc, "reasoning.execute", {k: v for k, v in params.items() if v is not None}, trace_id):
+            await anext(items)  # Admitted: the guard let the call run; a refused or invalid call raises before anything ran
+        except RpcError as error:
+            await items.aclose()
+            return await self._unanswered(context, event_queue, error.body(), owner)
+        spawned: list[asyncio.Future[Any]] = []
+        try:
+            task = context.current_task or Task(
+                id=task_id,
+                context_id=context_id,
+                status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[context.message],
+            )
+            if context.current_task is None:
+                await event_queue.enqueue_event(task)
+            updater = TaskUpdater(event_queue, task_id, context_id)
+
+            def say(line: str) -> a2a_pb2.Message:
+                return new_text_message(line, context_id=context_id, task_id=task_id)
+
+            doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
+            await updater.start_work(say(f"{doing} (trace {trace_id})"))
+            run = asyncio.ensure_future(self._follow(items, updater, say))
+            watch = asyncio.ensure_future(self._watch(task_id))
+            spawned += [run, watch]
+            try:
+                await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+            if not run.done():  # cancelled from another replica: stop the run, then say so (the SDK ends the task)
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                await items.aclose()
+                log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
+                await updater.cancel()
+                return
+            response = run.result()
+            if "error" in response:
+                return await self._not_answered(updater, say, response["error"], task_id)
+            result = response["result"]
+            if method == "session.turn" and result.get("status") != "completed":
+                tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
+                return await self._not_answered(updater, say, tools, task_id)
+            metadata: dict[str, Any] = {"trace_id": trace_id}
+            if method == "session.turn":
+                metadata |= {"session_id": result["session_id"], "turn": result["turn"], "total_tokens": result["usage"]["total_tokens"]}
+            else:
+                metadata |= {"strategy_used": result["strategy_used"], "total_tokens": result["metrics"]["total_tokens"]}
+            await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
+            await updater.complete()
+        except asyncio.CancelledError:  # the SDK cancelled the task here (CancelTask on this replica): the run stops too
+            for future in spawned:
+                future.cancel()
+            raise
+
+    async def _session(self, owner: str | None, context_id: str, spec: dict[str, Any] | None, trace_id: str) -> str | dict[str, Any]:
+        """The session the context continues, created (owned by the caller) for its first message; or the
+        JSON-RPC error of a refused or failed `session.create`."""
+        current = await self.contexts.session_of(owner, context_id)
+        if current is not None:
+            try:
+                if (await self.rpc.call("session.get", {"session_id": current}, trace_id))["status"] != "closed":
+                    return current
+            except RpcError as error:
+                if error.code not in (NOT_FOUND, FORBIDDEN):  # anything but "gone" (expired, deleted): say so
+                    return error.body()
+        try:
+            created = await self.rpc.call("session.create", spec or {}, trace_id)
+        except RpcError as error:
+            return error.body()
+        return await self.contexts.bind(owner, context_id, created["session_id"], replacing=current)
+
+    @staticmethod
+    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> dict[str, Any]:
+        """Status updates for the run's events, then its result (`{"result": ...}`) or error (`{"error": ...}`)."""
+        try:
+            async for item in items:
                 if isinstance(item, CallResult):
-                    result = item.value
-                elif isinstance(item, Event) and (line := _progress(item)) is not None:
+                    return {"result": item.value}
+                if isinstance(item, Event) and (line := _progress(item)) is not None:
                     await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
         except RpcError as error:
-            await self._not_answered(updater, say, error.body(), task.id)
-            return
-        turn = await self.conversations.append(owner, task.context_id, text, result["answer"], task.id, trace_id)
-        metadata = {
-            "strategy_used": result["strategy_used"],
-            "trace_id": trace_id,
-            "total_tokens": result["metrics"]["total_tokens"],
-            "turn": turn,
-        }
-        await updater.add_artifact([new_text_part(result["answer"])], name="answer", metadata=metadata, last_chunk=True)
-        await updater.complete()
+            return {"error": error.body()}
+        return {"error": {"code": -32603, "message": "the run ended without a result"}}
+
+    async def _watch(self, task_id: str) -> None:
+        """Returns when the task was cancelled on another replica (the board says CANCELED)."""
+        while True:
+            await asyncio.sleep(self.WATCH_S)
+            if await self.board.state(task_id) == TaskState.TASK_STATE_CANCELED:
+                return
+
+    async def _unanswered(self, context: RequestContext, event_queue: EventQueue, error: dict[str, Any], owner: str | None) -> None:
+        """Nothing ran. A refusal (401/403/429) answers the request itself (`REFUSED`); any other error, or a
+        call outside `A2AServer.handle`, ends in a task that says why."""
+        assert context.task_id and context.context_id
+        holder = REFUSED.get()
+        if holder is not None and error["code"] in REFUSALS:
+            holder.update(error=error, task_id=context.task_id, owner=owner)
+            raise Refused(error["message"])
+        if context.current_task is None:
+            task = Task(
+                id=context.task_id,
+                context_id=context.context_id,
+                status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                history=[context.message] if context.message else [],
+            )
+            await event_queue.enqueue_event(task)
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+
+        def say(line: str) -> a2a_pb2.Message:
+            return new_text_message(line, context_id=context.context_id, task_id=context.task_id)
+
+        await self._not_answered(updater, say, error, context.task_id)
 
     @staticmethod
     async def _not_answered(updater: TaskUpdater, say: Any, error: dict[str, Any], task_id: str) -> None:
-        """A refused caller (401/403/429: no run started) gets a `rejected` task, a run that failed a `failed`
-        one; the status message says why and carries the error's code and type, and for a rate limit its
-        `limit_name` and `retry_after_s`."""
+        """A refused caller (no run started) gets a `rejected` task, a run that failed a `failed` one; the status
+        message says why and carries the error's code and type, and for a rate limit its `limit_name` and
+        `retry_after_s`."""
         message = say(_refusal(error))
         data = error.get("data") or {}
         message.metadata.update(
@@ -227,20 +356,61 @@ def auth_configured(settings: Any) -> bool:
     return bool(auth is not None and getattr(auth, "enabled", False))
 
 
+REFUSAL_STATUS = {UNAUTHENTICATED: 401, FORBIDDEN: 403, RATE_LIMITED: 429}
+
+
 class A2AServer:
     """The a2a-sdk request handler and JSON-RPC route, running tasks through the ingress's dispatcher `rpc` (and
-    so through its guard when authentication is on) and keeping them in `repo`, for the ingress to mount."""
+    so through its guard when authentication is on), keeping them in `repo` and, while they run, on `board`
+    (shared by every replica: a cancel or a resubscription reaches a task from any replica), for the ingress to
+    mount. `refusal_headers` gives a refusal's extra HTTP headers (Retry-After and X-RateLimit-* for 429)."""
 
-    def __init__(self, rpc: Dispatcher, catalogue: Catalogue, repo: Repository, version: str, *, bearer: bool = False) -> None:
+    def __init__(
+        self,
+        rpc: Dispatcher,
+        catalogue: Catalogue,
+        repo: Repository,
+        version: str,
+        *,
+        bearer: bool = False,
+        board: Board | None = None,
+        refusal_headers: Callable[[dict[str, Any]], dict[str, str]] = lambda error: {},
+    ) -> None:
         self.catalogue = catalogue
         self.version = version
         self.bearer = bearer
-        self.store = OwnedTaskStore(repo)
+        self.board = board or TaskBoard()
+        self.store = SharedTaskStore(repo, self.board)
+        self.refusal_headers = refusal_headers
         self.handler = DefaultRequestHandler(
-            agent_executor=ReasoningExecutor(rpc, Conversations(repo)), task_store=self.store, agent_card=self.card("")
+            agent_executor=ReasoningExecutor(rpc, ContextSessions(repo), self.board),
+            task_store=self.store,
+            agent_card=self.card(""),
+            event_stream=BoardEventStream(self.board),
         )
         [route] = create_jsonrpc_routes(self.handler, rpc_url=A2A_PATH, context_builder=CallerContextBuilder())
-        self.handle = route.endpoint  # Starlette endpoint: Request in, Response (JSON or SSE) out
+        self._endpoint = route.endpoint  # Starlette endpoint: Request in, Response (JSON or SSE) out
+
+    async def handle(self, request: Request) -> Response:
+        """The SDK's answer, or for a refused call the JSON-RPC error with its HTTP status (and headers)."""
+        holder: dict[str, Any] = {}
+        token = REFUSED.set(holder)
+        try:
+            response: Response = await self._endpoint(request)
+        finally:
+            REFUSED.reset(token)
+        if "error" not in holder:
+            return response
+        # the SDK filed the ended request as a failed task: a refused call leaves none
+        await self.store.owned.repo.delete_a2a_task(holder["task_id"], holder["owner"])
+        await self.board.forget(holder["task_id"])
+        error = holder["error"]
+        request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
+        return JSONResponse(
+            {"jsonrpc": "2.0", "error": error, "id": request_id},
+            status_code=REFUSAL_STATUS[error["code"]],
+            headers=self.refusal_headers(error),
+        )
 
     def card(self, base_url: str) -> AgentCard:
         return agent_card(self.catalogue.describe(), base_url, self.version, bearer=self.bearer)

@@ -1,11 +1,16 @@
-"""Where the A2A agent keeps its tasks and conversations: the sessions' store, each record owned.
+"""Where the A2A agent keeps its tasks and contexts: the sessions' store, each record owned; and the task
+board every replica shares while tasks run.
 
 The store is the one sessions use (`[store] url`): PostgreSQL (tables `a2a_tasks` and
 `a2a_conversations`, `reasonray/kernel/migrations/0002.a2a.sql`) on a cluster, else files under
-`<data_dir>/sessions/a2a/`. Every task and conversation records its owner, the caller's `sub` (none
+`<data_dir>/sessions/a2a/`. Every task and context records its owner, the caller's `sub` (none
 while authentication is off), and every read names the owner: another principal's task reads, lists
-and cancels exactly like a task that does not exist. A context is a conversation per owner, so a
-stranger naming someone's `context_id` starts a conversation of its own (docs/interop.md).
+and cancels exactly like a task that does not exist. A context is bound to one ReasonRay session per
+owner, so a stranger naming someone's `context_id` starts a session of its own (docs/interop.md).
+
+`TaskBoard` holds what is running: each task's state with a version and its events. `SharedTaskStore`
+and `BoardEventStream` give it to the a2a-sdk as its versioned task store and cross-replica event
+stream, so a cancel or a resubscription reaches a task running on another replica.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ import asyncio
 import fcntl
 import hashlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 from a2a.auth.user import UnauthenticatedUser, User
+from a2a.server.cluster import ConcurrentTaskModificationError, StoredTask, TaskEventStream, TaskVersion, VersionedEvent, VersionedTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.tasks import TaskStore
@@ -28,9 +35,9 @@ from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import Task
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
+from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
 from google.protobuf import json_format
-from pydantic import BaseModel, Field
 from starlette.requests import Request
 
 from reasonray.api.auth import CURRENT_PRINCIPAL
@@ -39,8 +46,7 @@ from reasonray.kernel.storage import write_atomic
 
 log = structlog.get_logger(__name__)
 
-SAVE_ATTEMPTS = 5  # a conversation saved by a concurrent task of the same context: reload and append again
-KEPT_EXCHANGES = 32  # a conversation keeps its latest exchanges; a run is given fewer (a2a.HISTORY_TURNS)
+SAVE_ATTEMPTS = 5  # a context bound by a concurrent message of the same context: reload and look again
 
 
 class Repository(Protocol):
@@ -302,47 +308,247 @@ class OwnedTaskStore(TaskStore):
         await self.repo.delete_a2a_task(task_id, owner_of(context))
 
 
-# -- conversations -------------------------------------------------------------------------------------------
-
-
-class Exchange(BaseModel):
-    """One completed message of a context and its answer."""
-
-    turn: int = Field(description="The exchange's place in its context, from 1.")
-    question: str
-    answer: str
-    task_id: str
-    trace_id: str = Field(description="The run that answered (its event log, logs and spans).")
+# -- contexts: one ReasonRay session each ------------------------------------------------------------------
 
 
 def conversation_id(owner: str | None, context_id: str) -> str:
-    """The conversation of `context_id` for `owner`: one per owner, so a context id is no key to someone else's."""
+    """The record of `context_id` for `owner`: one per owner, so a context id is no key to someone else's."""
     return "a2a-" + hashlib.sha256(f"{owner or ''}\x00{context_id}".encode()).hexdigest()[:32]
 
 
-class Conversations:
-    """A context's conversation so far, and each completed exchange appended to it (optimistic concurrency)."""
+class ContextSessions:
+    """Which ReasonRay session an A2A context continues, per owner (the record `conversation_id` names holds
+    `{"session_id": ...}`). The first message of a context creates the session and binds it here; a
+    concurrent first message that loses the race uses the winner's session."""
 
     def __init__(self, repo: Repository) -> None:
         self.repo = repo
 
-    async def exchanges(self, owner: str | None, context_id: str) -> list[Exchange]:
+    async def session_of(self, owner: str | None, context_id: str) -> str | None:
         found = await self.repo.load_a2a_conversation(conversation_id(owner, context_id))
-        return [Exchange.model_validate(e) for e in found[0]] if found is not None else []
+        if found is None or not found[0]:
+            return None
+        session_id = found[0][0].get("session_id")
+        return session_id if isinstance(session_id, str) else None
 
-    async def append(self, owner: str | None, context_id: str, question: str, answer: str, task_id: str, trace_id: str) -> int:
-        """Add an exchange after whatever the context holds now (concurrent tasks: in the order they end);
-        returns its turn (1 for the first)."""
+    async def bind(self, owner: str | None, context_id: str, session_id: str, *, replacing: str | None = None) -> str:
+        """Bind `session_id` to the context (or in place of `replacing`, a session that is gone); returns the
+        session the context continues afterwards: `session_id`, or the one a concurrent message bound first."""
         ident = conversation_id(owner, context_id)
         for _ in range(SAVE_ATTEMPTS):
             found = await self.repo.load_a2a_conversation(ident)
-            exchanges, version = found if found is not None else ([], 0)
-            turn = exchanges[-1]["turn"] + 1 if exchanges else 1
-            added = Exchange(turn=turn, question=question, answer=answer, task_id=task_id, trace_id=trace_id)
-            kept = [*exchanges, added.model_dump()][-KEPT_EXCHANGES:]
-            if await self.repo.save_a2a_conversation(ident, owner, context_id, kept, version):
-                return turn
+            records, version = found if found is not None else ([], 0)
+            current = records[0].get("session_id") if records else None
+            if current is not None and current != replacing:
+                return str(current)
+            if await self.repo.save_a2a_conversation(ident, owner, context_id, [{"session_id": session_id}], version):
+                return session_id
         raise SessionStateError(
-            f"the conversation of context {context_id!r} kept changing while this answer was saved; send the message again",
+            f"the session of context {context_id!r} kept changing while this message was bound to it; send the message again",
             {"context_id": context_id},
         )
+
+
+# -- live tasks shared by every replica ------------------------------------------------------------------------
+
+CONFLICT = 0  # `TaskBoard.commit`: the write is stale (or the task already ended)
+NOT_YOURS = -1  # `TaskBoard.commit`: another owner's task
+TERMINAL = frozenset(
+    {
+        a2a_pb2.TaskState.TASK_STATE_COMPLETED,
+        a2a_pb2.TaskState.TASK_STATE_FAILED,
+        a2a_pb2.TaskState.TASK_STATE_CANCELED,
+        a2a_pb2.TaskState.TASK_STATE_REJECTED,
+    }
+)
+ENDED_KEPT_S = 300.0  # an ended task's entry (and events) stays this long, for late resubscribers and cancels
+MAX_EVENTS = 2000  # events kept per task (the oldest dropped first)
+ENDING_S = 2.0  # a task that ended less than this ago may still publish its last event
+
+
+class _Live:
+    __slots__ = ("doc", "ended_at", "events", "first_seq", "owner", "state", "version")
+
+    def __init__(self, owner: str | None) -> None:
+        self.owner = owner
+        self.version = 0
+        self.state = 0
+        self.doc: dict[str, Any] = {}
+        self.events: list[dict[str, Any]] = []
+        self.first_seq = 0  # the sequence number of events[0]
+        self.ended_at: float | None = None
+
+
+class TaskBoard:
+    """The live A2A tasks of an application, as every replica sees them: each task's latest state with a version
+    (compare-and-set, so a cancel from any replica wins over the running replica's next write), and its events
+    in order (a resubscriber on any replica tails them). One per application: in-process here, in a named actor
+    on Ray (`reasonray.actors.a2a_board`). The store keeps the durable copy of each task; the board only what is
+    running or just ended."""
+
+    def __init__(self, ended_kept_s: float = ENDED_KEPT_S, max_events: int = MAX_EVENTS) -> None:
+        self.tasks: dict[str, _Live] = {}
+        self.ended_kept_s = ended_kept_s
+        self.max_events = max_events
+        self._changed = asyncio.Condition()
+
+    async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
+        """Store the task's new state; its new version, CONFLICT when `prev_version` is stale or the task ended
+        (a cancel skips the version check), NOT_YOURS when another owner's."""
+        self._sweep()
+        live = self.tasks.get(task_id)
+        if live is None:  # new here (or the board restarted): adopt it
+            live = self.tasks[task_id] = _Live(owner)
+        elif live.owner != owner:
+            return NOT_YOURS
+        elif live.state in TERMINAL or (state != a2a_pb2.TaskState.TASK_STATE_CANCELED and prev_version != live.version):
+            return CONFLICT
+        live.version += 1
+        live.state, live.doc = state, doc
+        if state in TERMINAL:
+            live.ended_at = time.monotonic()
+        async with self._changed:
+            self._changed.notify_all()
+        return live.version
+
+    async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
+        live = self.tasks.get(task_id)
+        return (live.doc, live.version) if live is not None and live.owner == owner and live.doc else None
+
+    async def state(self, task_id: str) -> int | None:
+        """The task's state as last committed (the running replica watches it for a cancel); None: unknown."""
+        live = self.tasks.get(task_id)
+        return live.state if live is not None else None
+
+    async def forget(self, task_id: str) -> None:
+        self.tasks.pop(task_id, None)
+
+    async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None:
+        live = self.tasks.get(task_id)
+        if live is None:
+            return
+        live.events.append({"version": version, "event": event})
+        if len(live.events) > self.max_events:
+            drop = len(live.events) - self.max_events
+            del live.events[:drop]
+            live.first_seq += drop
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
+        """Events from sequence number `cursor` on, waiting up to `wait_s` for one; with the next cursor.
+        None: the board does not know the task (ended long ago, or never ran here)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            live = self.tasks.get(task_id)
+            if live is None:
+                return None
+            end = live.first_seq + len(live.events)
+            # an ending is committed just before its event is published: wait for that event, unless it ended a while ago
+            ended_a_while_ago = live.ended_at is not None and time.monotonic() - live.ended_at > ENDING_S
+            if cursor < end or ended_a_while_ago or time.monotonic() >= deadline:
+                start = max(cursor, live.first_seq)
+                return live.events[start - live.first_seq :], end
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    pass
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for task_id in [t for t, live in self.tasks.items() if live.ended_at is not None and now - live.ended_at > self.ended_kept_s]:
+            del self.tasks[task_id]
+
+
+class Board(Protocol):
+    """`TaskBoard`'s methods, awaited: in this process, or on the application's board actor."""
+
+    async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int: ...
+
+    async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None: ...
+
+    async def state(self, task_id: str) -> int | None: ...
+
+    async def forget(self, task_id: str) -> None: ...
+
+    async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None: ...
+
+    async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None: ...
+
+
+def _version(version: TaskVersion) -> int:
+    value = version._value
+    return value if isinstance(value, int) else 0
+
+
+class SharedTaskStore(VersionedTaskStore):
+    """The a2a-sdk's versioned task store over the board (what is live, versioned) and a repository (the durable,
+    owned copy): the SDK's request handler then cancels a task running on another replica by writing CANCELED
+    here, and the running replica's next write (or its watcher, `a2a.ReasoningExecutor`) sees it."""
+
+    def __init__(self, repo: Repository, board: Board) -> None:
+        self.owned = OwnedTaskStore(repo)
+        self.board = board
+
+    async def save(
+        self, task: Task, *, event: Any, prev: Task | None, prev_version: TaskVersion, context: ServerCallContext
+    ) -> TaskVersion:
+        doc = json_format.MessageToDict(task)
+        version = await self.board.commit(task.id, owner_of(context), _version(prev_version), task.status.state, doc)
+        if version == NOT_YOURS:
+            log.warning("a2a.task_id_taken", task_id=task.id)
+            raise TaskNotFoundError(f"Task {task.id} not found")
+        if version == CONFLICT:
+            raise ConcurrentTaskModificationError(task.id)
+        await self.owned.save(task, context)
+        return TaskVersion(version)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> StoredTask | None:
+        live = await self.board.get(task_id, owner_of(context))
+        if live is not None:
+            return StoredTask(json_format.ParseDict(live[0], Task()), TaskVersion(live[1]))
+        task = await self.owned.get(task_id, context)
+        return StoredTask(task, TaskVersion.MISSING) if task is not None else None
+
+    async def list(self, params: a2a_pb2.ListTasksRequest, context: ServerCallContext) -> a2a_pb2.ListTasksResponse:
+        return await self.owned.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        if await self.owned.get(task_id, context) is not None:
+            await self.board.forget(task_id)
+        await self.owned.delete(task_id, context)
+
+
+def _event_of(response: a2a_pb2.StreamResponse) -> Any:
+    return getattr(response, response.WhichOneof("payload") or "task")
+
+
+class BoardEventStream(TaskEventStream):
+    """The a2a-sdk's cross-replica event stream over the board: the running replica publishes each event, a
+    replica serving a resubscription tails them (long polls of `POLL_S`)."""
+
+    POLL_S = 10.0
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+
+    async def publish(self, task_id: str, event: VersionedEvent) -> None:
+        response = to_stream_response(event.event)
+        await self.board.publish(task_id, _version(event.version), json_format.MessageToDict(response))
+
+    async def subscribe(self, task_id: str, *, after: TaskVersion) -> AsyncGenerator[VersionedEvent, None]:
+        cursor = 0
+        while True:
+            found = await self.board.events(task_id, cursor, self.POLL_S)
+            if found is None:
+                return
+            items, cursor = found
+            for item in items:
+                response = json_format.ParseDict(item["event"], a2a_pb2.StreamResponse())
+                yield VersionedEvent(event=_event_of(response), version=TaskVersion(item["version"]))
+            if not items and (await self.board.state(task_id)) in TERMINAL:
+                return
+
+    async def destroy(self, task_id: str) -> None:
+        return None  # the board drops ended tasks itself, after ENDED_KEPT_S

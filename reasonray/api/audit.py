@@ -62,7 +62,9 @@ async def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: s
     """Record a request refused before any method ran (no or a bad token at the gate, a route for other roles).
     An audit writer that fails is logged, never turned into a 500 for the caller."""
     try:
-        await audit.write(AuditRecord(principal=principal or ANONYMOUS, method=method, outcome=outcome, trace_id=trace_id, reason=reason[:500]))
+        await audit.write(
+            AuditRecord(principal=principal or ANONYMOUS, method=method, outcome=outcome, trace_id=trace_id, reason=reason[:500])
+        )
     except Exception as exc:
         log.warning("audit.write_failed", method=method, outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:200])
 

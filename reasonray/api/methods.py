@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
+from reasonray.api.a2a_remote import forward, remote_registration
 from reasonray.api.caps import check_text
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
@@ -108,8 +109,10 @@ def build_dispatcher(
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
 
     @rpc.method("reasoning.execute", ExecuteParams)
-    async def execute(params: ExecuteParams, call: Call) -> ExecuteResult:
-        """Run a reasoning strategy on a query and return the answer with metrics."""
+    async def execute(params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
+        """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
+        if params.agent_id is not None and (card := await registry.get_agent(params.agent_id)).get("a2a_card_url"):
+            return await forward(card, params.query, params.strategy, call.trace_id)  # docs/interop.md
         return await service.execute(params, call.trace_id)
 
     @rpc.method("reasoning.bounded_context", BoundedContextParams, result=results.BoundedContextResult)
@@ -143,7 +146,9 @@ def build_dispatcher(
 
     @rpc.method("agent.register", AgentRegistration, result=results.AgentRegisterResult)
     async def agent_register(params: AgentRegistration, call: Call) -> dict[str, Any]:
-        """Register (or replace) an AgentCard; its strategies must exist and be enabled."""
+        """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
+        if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
+            params = await remote_registration(params)
         return await registry.register_agent(params.model_dump(mode="json"), sorted(rpc.methods))
 
     @rpc.method("agent.get", AgentIdParams, result=results.AgentResult)

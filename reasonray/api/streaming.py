@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ ADMITTED = Admitted()
 
 async def stream_call(
     rpc: Dispatcher, method: str, params: Any, trace_id: str | None = None
-) -> AsyncIterator[Admitted | Event | CallResult]:
+) -> AsyncGenerator[Admitted | Event | CallResult, None]:
     """`Admitted`, the events of the runs the call starts as they happen, then its `CallResult`; raises the
     call's `RpcError` when it fails (before `Admitted` when it was refused)."""
     events = RunEvents()

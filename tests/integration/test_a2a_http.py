@@ -1,6 +1,8 @@
 """ReasonRay as an A2A agent, driven by the official a2a-sdk client against the running service:
-resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context;
-and with authentication on, the tenancy guard deciding each run and tasks kept from other principals."""
+resolve the card, send a message, stream a bounded-context run, cancel a long task, continue a context in
+its ReasonRay session; with two replicas, a cancel and a resubscription served by the replica that does not
+run the task; and with authentication on, refusals as HTTP 403/429 with the JSON-RPC error, and tasks kept
+from other principals."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from a2a.client import A2ACardResolver, ClientConfig, create_client
 from a2a.client.errors import A2AClientError
 from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, Role, SendMessageRequest, TaskState
 from a2a.utils.errors import TaskNotFoundError
+from google.protobuf import json_format
 
 from reasonray.api.auth import mint_token
-from tests.integration.conftest import DATA_DIR, own_app
+from tests.integration.conftest import DATA_DIR, own_app, result_of, rpc
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,8 @@ def test_cancelling_a_long_task_cancels_its_run(agent):
     async def cancel():
         async with httpx.AsyncClient(timeout=60) as http:
             client = await client_for(base, http, streaming=True)
-            request = message("[[sim fault=timeout times=9]] What is 5 * 5?")  # each attempt hangs: a long run
+            # each attempt hangs: a long run
+            request = message("[[sim fault=timeout times=9]] What is 5 * 5?", strategy="chain_of_thought")
             stream = client.send_message(request)
             async for event in stream:
                 if event.WhichOneof("payload") == "status_update" and event.status_update.status.state == TaskState.TASK_STATE_WORKING:
@@ -121,7 +125,7 @@ def test_cancelling_a_long_task_cancels_its_run(agent):
     assert not fetched.artifacts
 
 
-def test_a_second_message_in_the_same_context_is_reasoned_with_the_first_exchange(agent):
+def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_first(agent):
     base, data_dir = agent
 
     async def converse():
@@ -134,14 +138,91 @@ def test_a_second_message_in_the_same_context_is_reasoned_with_the_first_exchang
 
     first, second = run(converse())
     assert second.context_id == first.context_id and second.id != first.id
-    assert first.artifacts[0].metadata["turn"] == 1 and second.artifacts[0].metadata["turn"] == 2
-    trace_id = second.artifacts[0].metadata["trace_id"]
-    [log] = list(data_dir.glob(f"events/*/{trace_id}.jsonl"))
-    prompt = json.loads(log.read_text().splitlines()[0])["messages"][-1]["content"]
-    assert "User: What is 6 * 7?" in prompt and "Assistant: 42" in prompt and prompt.endswith("Now: What is 2 + 3?")
-    # the tasks and the context's conversation live beside the sessions, in the data directory
+    assert [first.artifacts[0].parts[0].text, second.artifacts[0].parts[0].text] == ["42", "5"]
+    meta = [first.artifacts[0].metadata, second.artifacts[0].metadata]
+    assert [m["turn"] for m in meta] == [1, 2] and meta[0]["session_id"] == meta[1]["session_id"]
+    with httpx.Client(base_url=base, timeout=30) as http:  # a real ReasonRay session, as session.* sees it
+        session = result_of(rpc(http, "session.get", {"session_id": meta[0]["session_id"]}))
+    assert session["turn"] == 2 and session["messages"] >= 4 and session["last_answer"] == "5"
+    # the second turn's model call was given the first exchange (the session's conversation)
+    [log] = list(data_dir.glob(f"events/*/{meta[1]['trace_id']}.jsonl"))
+    calls = [json.loads(line) for line in log.read_text().splitlines() if '"messages"' in line]
+    contents = [m.get("content") or "" for m in calls[0]["messages"]]
+    assert "What is 6 * 7?" in contents and any("42" in c for c in contents) and contents[-1] == "What is 2 + 3?"
+    # the tasks and the context's binding to its session live beside the sessions, in the data directory
     assert len(list((data_dir / "sessions" / "a2a" / "tasks").glob("*.json"))) >= 2
     assert len(list((data_dir / "sessions" / "a2a" / "contexts").glob("*.json"))) >= 1
+
+
+@pytest.fixture(scope="module")
+def two_replicas(serve_base, simulator):
+    retry = {"retry": {"max_attempts": 10, "deadline_s": 60}}  # the test's hanging run keeps going that long
+    with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}, llm=retry) as (client, _):
+        yield str(client.base_url).rstrip("/")
+
+
+def call(method: str, params: dict, ident: str = "1") -> dict:
+    return {"jsonrpc": "2.0", "id": ident, "method": method, "params": params}
+
+
+def test_cancel_and_resubscribe_reach_a_task_running_on_the_other_replica(two_replicas):
+    base = two_replicas
+    # each model call hangs, and is retried for up to a minute (the fixture's retry settings): a long run
+    hang = message("[[sim fault=timeout times=99]] What is 5 * 5?", strategy="chain_of_thought")
+
+    async def first_event(lines) -> dict:
+        seen = []
+        async for line in lines:
+            if line.startswith("data:"):
+                return json.loads(line.removeprefix("data:"))["result"]
+            seen.append(line)
+        raise AssertionError(f"the stream ended without an event: {seen}")
+
+    async def exercise():
+        async with httpx.AsyncClient(base_url=base, timeout=60, headers={"A2A-Version": "1.0"}) as http:
+            body = call("SendStreamingMessage", json_format.MessageToDict(hang))
+            # 1. a resubscription served by the replica that does not run the task tails it to its end
+            async with http.stream("POST", "/a2a", json=body) as started:
+                first_runner = runner = started.headers["X-Served-By"]
+                first = (await first_event(started.aiter_lines()))["task"]["id"]
+                for _ in range(20):  # Serve's proxy picks the replica: retried until it routes the resubscription there
+                    async with http.stream("POST", "/a2a", json=call("SubscribeToTask", {"id": first})) as tail:
+                        if tail.headers["X-Served-By"] == runner:
+                            continue
+                        lines = tail.aiter_lines()
+                        snapshot = await first_event(lines)
+                        await http.post("/a2a", json=call("CancelTask", {"id": first}))
+                        tailed = [json.loads(x.removeprefix("data:"))["result"] async for x in lines if x.startswith("data:")]
+                        break
+                else:
+                    raise AssertionError("no resubscription reached the other replica")
+            # 2. a cancel served by the replica that does not run the task (the idler one: Serve prefers it)
+            for _attempt in range(12):
+                async with http.stream("POST", "/a2a", json=body) as started:
+                    runner = started.headers["X-Served-By"]
+                    task_id = (await first_event(started.aiter_lines()))["task"]["id"]
+                    cancelled = await http.post("/a2a", json=call("CancelTask", {"id": task_id}))
+                    if cancelled.headers["X-Served-By"] != runner:
+                        return (first_runner, tail.headers["X-Served-By"]), (runner, cancelled), snapshot, tailed, task_id
+            raise AssertionError("no cancel reached the other replica in 12 tries")
+
+    started = time.monotonic()
+    (first_runner, tailer), (runner, cancelled), snapshot, tailed, task_id = run(exercise())
+    assert first_runner != tailer and runner != cancelled.headers["X-Served-By"]
+    assert cancelled.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", cancelled.json()
+    assert snapshot["task"]["status"]["state"] in ("TASK_STATE_SUBMITTED", "TASK_STATE_WORKING")
+    states = [e.get("statusUpdate", e.get("task", {})).get("status", {}).get("state") for e in tailed]
+    assert states and states[-1] == "TASK_STATE_CANCELED", tailed
+    assert time.monotonic() - started < 60
+
+    async def settled():  # the running replica stopped the run: the task stays cancelled, with no answer
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(base, http, streaming=False)
+            await asyncio.sleep(2)
+            return await client.get_task(GetTaskRequest(id=task_id))
+
+    final = run(settled())
+    assert final.status.state == TaskState.TASK_STATE_CANCELED and not final.artifacts
 
 
 SECRET = "a2a-integration-secret-" + "x" * 32
@@ -149,7 +230,11 @@ SECRET = "a2a-integration-secret-" + "x" * 32
 
 @pytest.fixture(scope="module")
 def secured_agent(serve_base, simulator):
-    auth = {"jwt_secret": SECRET, "roles": {"cot": {"methods": ["reasoning.*"], "strategies": ["chain_of_thought"], "limits": {}}}}
+    auth = {
+        "jwt_secret": SECRET,
+        "roles": {"cot": {"methods": ["reasoning.*"], "strategies": ["chain_of_thought"], "limits": {}}},
+        "principals": {"rita": {"requests_per_minute": 1}},
+    }
     with own_app(serve_base, simulator.url, "a2a-auth", auth=auth) as (client, _):
         yield str(client.base_url).rstrip("/")
 
@@ -171,16 +256,62 @@ def test_with_auth_on_the_guard_decides_and_tasks_are_their_owners_alone(secured
             with pytest.raises(A2AClientError, match="HTTP Error 401"):
                 [r async for r in nobody.send_message(message("What is 12 * 12?"))]
             alice = await create_client(card, ClientConfig(httpx_client=as_alice, streaming=False))
-            [refused] = [r async for r in alice.send_message(message("What is 12 * 12?", strategy="tree_of_thought"))]
+            with pytest.raises(A2AClientError, match="HTTP Error 403"):
+                [r async for r in alice.send_message(message("What is 12 * 12?", strategy="tree_of_thought"))]
+            body = call("SendMessage", json_format.MessageToDict(message("What is 12 * 12?", strategy="tree_of_thought")))
+            refused = await as_alice.post(f"{base}/a2a", json=body, headers={"A2A-Version": "1.0"})
             [answered] = [r async for r in alice.send_message(message("What is 12 * 12?", strategy="chain_of_thought"))]
             bob = await create_client(card, ClientConfig(httpx_client=as_bob, streaming=False))
             with pytest.raises(TaskNotFoundError):
                 await bob.get_task(GetTaskRequest(id=answered.task.id))
-            return card, refused.task, answered.task, await bob.list_tasks(ListTasksRequest())
+            return card, refused, answered.task, await bob.list_tasks(ListTasksRequest()), await alice.list_tasks(ListTasksRequest())
 
-    card, refused, answered, bobs = run(exercise())
+    card, refused, answered, bobs, alices = run(exercise())
     assert "bearer" in card.security_schemes
-    assert refused.status.state == TaskState.TASK_STATE_REJECTED and refused.status.message.metadata["code"] == -32003
-    assert "may not run strategy 'tree_of_thought'" in refused.status.message.parts[0].text
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == -32003
+    assert "may not run strategy 'tree_of_thought'" in refused.json()["error"]["message"]
+    assert [t.id for t in alices.tasks] == [answered.id]  # the refused calls left no task
     assert answered.status.state == TaskState.TASK_STATE_COMPLETED and answered.artifacts[0].parts[0].text == "144"
     assert list(bobs.tasks) == []
+
+
+def test_with_auth_on_a_rate_limited_caller_gets_429_with_retry_after_and_rate_limit_headers(secured_agent):
+    base = secured_agent
+    headers = {"Authorization": "Bearer " + mint_token(SECRET, "rita", ["cot"], 600), "A2A-Version": "1.0"}
+    body = call("SendMessage", json_format.MessageToDict(message("What is 12 * 12?", strategy="chain_of_thought")))
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as http:
+        answers = [http.post("/a2a", json=body) for _ in range(3)]
+    assert answers[0].status_code == 200 and answers[0].json()["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    limited = answers[-1]
+    assert limited.status_code == 429, limited.text
+    error = limited.json()["error"]
+    assert error["code"] == -32012 and error["data"]["limit_name"] == "requests_per_minute"
+    assert int(limited.headers["Retry-After"]) >= 1 and limited.headers["X-RateLimit-Limit"] == "1"
+    assert limited.headers["X-RateLimit-Remaining"] == "0" and "X-RateLimit-Reset" in limited.headers
+
+
+def test_a_remote_a2a_agent_registers_by_card_url_is_discovered_by_its_skills_and_answers_forwarded_runs(agent, two_replicas):
+    remote_base, _ = agent  # another ReasonRay service, at another route prefix, is the remote A2A agent
+    card_url = f"{remote_base}/.well-known/agent-card.json"
+    with httpx.Client(base_url=two_replicas, timeout=120) as http:
+        registered = result_of(
+            rpc(http, "agent.register", {"id": "far", "name": "Far", "capabilities": ["remote"], "a2a_card_url": card_url})
+        )
+        assert "a2a.skill.chain_of_thought" in registered["agent"]["capabilities"]
+        found = result_of(rpc(http, "agent.discover", {"capabilities": ["a2a.skill.chain_of_thought"]}))
+        assert [a["id"] for a in found["agents"]] == ["far"] and found["agents"][0]["a2a_card_url"] == card_url
+        ran = result_of(rpc(http, "reasoning.execute", {"query": "What is 12 * 12?", "agent_id": "far", "strategy": "chain_of_thought"}))
+        assert ran["answer"] == "144" and ran["strategy_used"] == "a2a:far"
+        assert ran["metrics"]["strategy_specific"]["remote"]["state"] == "TASK_STATE_COMPLETED"
+        bad = rpc(http, "agent.register", {"id": "nowhere", "name": "N", "capabilities": ["x"], "a2a_card_url": f"{remote_base}/nope.json"})
+        assert bad.json()["error"]["code"] == -32602 and "no valid A2A agent card" in bad.json()["error"]["message"]
+
+    async def via_a2a():  # an A2A message naming the agent is forwarded too
+        async with httpx.AsyncClient(timeout=60) as http:
+            client = await client_for(two_replicas, http, streaming=False)
+            [reply] = [r async for r in client.send_message(message("What is 6 * 7?", agent_id="far"))]
+            return reply.task
+
+    task = run(via_a2a())
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED and task.artifacts[0].parts[0].text == "42"
+    assert task.artifacts[0].metadata["strategy_used"] == "a2a:far"

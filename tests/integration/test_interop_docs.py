@@ -25,7 +25,7 @@ def shown(block: str) -> list[str]:
 def test_interop_examples_print_what_the_page_shows(api, capsys):
     base = str(api.base_url).rstrip("/")
     code = blocks("docs/interop.md", "python")
-    assert len(code) == 5
+    assert len(code) == 6
     for block in code:
         if "/metrics" in block:  # Ray exports what the examples above recorded every second here (conftest)
             deadline = time.monotonic() + 90

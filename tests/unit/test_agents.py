@@ -253,11 +253,15 @@ def test_cards_whose_strategies_were_disabled_since_are_kept_and_logged(tmp_path
     assert any(e["event"] == "agent.strategies_disabled" and e["strategies"] == ["tree_of_thought"] for e in logs)
 
 
-def test_a_remote_agent_carries_its_a2a_card_url_through_discover(tmp_path, catalogue):
+def test_a_remote_agent_carries_its_a2a_card_url_and_its_skills_through_discover(tmp_path, catalogue):
     directory = AgentDirectory(tmp_path / "agents.json")
     url = "https://planner.example/.well-known/agent-card.json"
-    directory.register(card(a2a_card_url=url), catalogue, METHODS)
-    [found] = AgentDirectory(tmp_path / "agents.json").discover(["reasoning.strategy.chain_of_thought"])
-    assert found.a2a_card_url == url and found.model_dump(mode="json")["a2a_card_url"] == url
+    # as agent.register stores it once the card was fetched: its skills, not local strategies (tests/unit/test_a2a.py)
+    remote = card(a2a_card_url=url, capabilities=["a2a.skill.plan", "domain.math"], default_strategy="plan", strategy_config={})
+    directory.register(remote, catalogue, METHODS)
+    [found] = AgentDirectory(tmp_path / "agents.json").discover(["a2a.skill.plan"])
+    assert found.a2a_card_url == url and found.model_dump(mode="json")["a2a_card_url"] == url and found.remote_skills == ["plan"]
+    with pytest.raises(InvalidParamsError, match="not this server's strategies"):
+        directory.register(card(a2a_card_url=url), catalogue, METHODS)
     with pytest.raises(ValueError, match="a2a_card_url"):
         card(a2a_card_url="not a url")

@@ -1,0 +1,89 @@
+"""The application's A2A task board in a named actor: every replica commits its tasks' states there and
+publishes their events, so a cancel or a resubscription sent to any replica reaches a task running on another
+(`reasonray.api.a2a_store.TaskBoard`, docs/interop.md).
+
+An async actor (event long polls wait without holding it); it keeps only live and just-ended tasks, in
+memory: the durable copy of every task is in the store. After a restart a running task is adopted at its
+next write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from reasonray.actors import unwrap
+from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
+from reasonray.api.a2a_store import TaskBoard
+from reasonray.kernel.errors import RunCancelledError
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class TaskBoardActor(Fingerprinted):
+    def __init__(self, fp: str) -> None:
+        self._fingerprint = fp
+        self.board = TaskBoard()
+
+    async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
+        return await self.board.commit(task_id, owner, prev_version, state, doc)
+
+    async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
+        return await self.board.get(task_id, owner)
+
+    async def state(self, task_id: str) -> int | None:
+        return await self.board.state(task_id)
+
+    async def forget(self, task_id: str) -> None:
+        await self.board.forget(task_id)
+
+    async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None:
+        await self.board.publish(task_id, version, event)
+
+    async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
+        return await self.board.events(task_id, cursor, wait_s)
+
+
+async def _call(method: Any, *args: Any) -> Any:
+    """One board call. A task outlives the HTTP request that started it, but Ray cancels the calls a replica made
+    while serving a request when that request is cancelled (its client went away): such a call is sent again."""
+    for attempt in range(3):
+        try:
+            return await unwrap(method.remote(*args))
+        except RunCancelledError:
+            if attempt == 2:
+                raise
+    return None
+
+
+class RayTaskBoard:
+    """`reasonray.api.a2a_store.Board` over the application's board actor."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
+        return int(await _call(self.handle.commit, task_id, owner, prev_version, state, doc))
+
+    async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
+        found = await _call(self.handle.get, task_id, owner)
+        return (found[0], int(found[1])) if found is not None else None
+
+    async def state(self, task_id: str) -> int | None:
+        found = await _call(self.handle.state, task_id)
+        return int(found) if found is not None else None
+
+    async def forget(self, task_id: str) -> None:
+        await _call(self.handle.forget, task_id)
+
+    async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None:
+        await _call(self.handle.publish, task_id, version, event)
+
+    async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
+        found = await _call(self.handle.events, task_id, cursor, wait_s)
+        return (list(found[0]), int(found[1])) if found is not None else None
+
+
+def task_board(app_name: str) -> RayTaskBoard:
+    """Deploy time: the application's board (one per application, whatever its settings)."""
+    return RayTaskBoard(ensure_actor(TaskBoardActor, f"{app_name}-a2a-board", fingerprint("a2a-board", 1)))

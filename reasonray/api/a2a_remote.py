@@ -1,0 +1,173 @@
+"""Remote A2A agents in the agent directory (docs/interop.md): registered by the URL of their A2A card,
+reached with the official a2a-sdk client.
+
+- `remote_registration`: at `agent.register`, a card carrying `a2a_card_url` is a remote agent. Its A2A
+  card is fetched and validated with the SDK's card resolver (it must offer a JSON-RPC interface and at
+  least one skill); its skills are advertised as capabilities `a2a.skill.<id>`, so `agent.discover` finds
+  it by them. A remote agent advertises no local strategies.
+- `forward`: `reasoning.execute` naming a remote agent (`agent_id`, also from an A2A message's metadata)
+  sends the query to that agent as one A2A message (the request's `strategy`, else the agent's default,
+  as the skill in the message metadata) and answers with its reply, in the shape of a local run's result.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import structlog
+from a2a.client import A2ACardResolver, ClientConfig, create_client
+from a2a.client.errors import A2AClientError
+from a2a.types.a2a_pb2 import AgentCard as A2ACard
+from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
+from a2a.utils.errors import A2AError
+from google.protobuf import json_format
+from pydantic import ValidationError
+
+from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
+from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, AgentRegistration
+
+log = structlog.get_logger(__name__)
+
+
+class RemoteAgentError(ReasonRayError):
+    """A remote A2A agent could not be reached, or did not complete the task (the provider code: -32013)."""
+
+    code, http_status, error_type = -32013, 502, "remote_agent_failed"
+
+
+CARD_TIMEOUT_S = 10.0  # fetching a card at registration
+CALL_TIMEOUT_S = 300.0  # one forwarded message, answered
+
+
+async def fetch_card(url: str, http: httpx.AsyncClient | None = None) -> A2ACard:
+    """The A2A card at `url`, validated by the SDK's resolver; InvalidParamsError saying what is wrong."""
+    parts = urlsplit(url)
+    base, path = f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
+    try:
+        if http is not None:
+            card = await A2ACardResolver(http, base, agent_card_path=path).get_agent_card()
+        else:
+            async with httpx.AsyncClient(timeout=CARD_TIMEOUT_S) as own:
+                card = await A2ACardResolver(own, base, agent_card_path=path).get_agent_card()
+    except (A2AError, httpx.HTTPError, ValidationError, ValueError) as exc:
+        raise InvalidParamsError(
+            f"a2a_card_url {url!r}: no valid A2A agent card there ({type(exc).__name__}: {str(exc)[:300]}); "
+            "give the URL of a running agent's card (…/.well-known/agent-card.json)",
+            {"a2a_card_url": url},
+        ) from None
+    problems = []
+    if not any(i.protocol_binding == "JSONRPC" for i in card.supported_interfaces):
+        problems.append("it offers no JSONRPC interface (supported_interfaces)")
+    if not card.skills:
+        problems.append("it advertises no skills")
+    if problems:
+        raise InvalidParamsError(f"a2a_card_url {url!r}: the agent card cannot be used: {'; '.join(problems)}", {"a2a_card_url": url})
+    return card
+
+
+async def remote_registration(registration: AgentRegistration, http: httpx.AsyncClient | None = None) -> AgentRegistration:
+    """A remote agent's registration with its card's skills as `a2a.skill.<id>` capabilities (kept with the
+    caller's free-form labels); the description defaults to the card's."""
+    assert registration.a2a_card_url is not None
+    card = await fetch_card(registration.a2a_card_url, http)
+    if wrong := [c for c in registration.capabilities if c.startswith(STRATEGY_CAPABILITY)]:
+        raise InvalidParamsError(
+            f"agent {registration.id!r} is a remote A2A agent: it advertises its card's skills, not local strategies ({wrong}); "
+            "drop the reasoning.strategy.* capabilities",
+            {"capabilities": wrong},
+        )
+    skills = [REMOTE_SKILL + s.id for s in card.skills]
+    labels = [c for c in registration.capabilities if not c.startswith(REMOTE_SKILL)]
+    log.info("agent.remote_card", agent_id=registration.id, url=registration.a2a_card_url, skills=[s.id for s in card.skills])
+    return registration.model_copy(
+        update={"capabilities": list(dict.fromkeys([*skills, *labels])), "description": registration.description or card.description[:2000]}
+    )
+
+
+async def forward(
+    agent: dict[str, Any], query: str, skill: str | None, trace_id: str, http: httpx.AsyncClient | None = None
+) -> dict[str, Any]:
+    """Send `query` to the remote agent `agent` (a registered card) as one A2A message; its answer as a
+    `reasoning.execute` result (`strategy_used` is `a2a:<agent id>`; token counts are the remote's business: 0)."""
+    skill = skill or agent.get("default_strategy")
+    started = time.perf_counter()
+    owned = http is None
+    http = http or httpx.AsyncClient(timeout=CALL_TIMEOUT_S)
+    try:
+        card = await fetch_card(agent["a2a_card_url"], http)
+        client = await create_client(card, ClientConfig(httpx_client=http, streaming=False))
+        message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
+        if skill:
+            message.metadata.update({"skill": skill})
+        message.metadata.update({"trace_id": trace_id})
+        replies = [r async for r in client.send_message(SendMessageRequest(message=message))]
+    except InvalidParamsError as exc:
+        raise RemoteAgentError(f"remote agent {agent['id']!r} is unreachable: {exc.message}", {"agent_id": agent["id"]}) from None
+    except (A2AError, A2AClientError, httpx.HTTPError) as exc:
+        raise RemoteAgentError(
+            f"remote agent {agent['id']!r} did not answer: {type(exc).__name__}: {str(exc)[:300]}", {"agent_id": agent["id"]}
+        ) from None
+    finally:
+        if owned:
+            await http.aclose()
+    answer, remote = _answer(agent["id"], replies)
+    took = round((time.perf_counter() - started) * 1000)
+    used = remote_strategy(agent["id"])
+    return {
+        "answer": answer,
+        "strategy_used": used,
+        "metrics": {
+            "total_tokens": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "execution_time_ms": took,
+            "llm_calls": 0,
+            "cache_hits": 0,
+            "retries": 0,
+            "model": f"a2a:{agent['id']}",
+            "simulated": False,
+            "strategy_specific": {"remote": remote},
+        },
+        "trace": None,
+        "trace_id": trace_id,
+        "resolution": {
+            "strategy": used,
+            "agent_id": agent["id"],
+            "strategy_decided_by": "agent",
+            "config": {},
+            "config_sources": {},
+        },
+        "memory": None,
+        "degraded": False,
+        "degraded_error": None,
+    }
+
+
+def remote_strategy(agent_id: str) -> str:
+    """The strategy name a run forwarded to a remote agent goes by (results, metrics, and roles' `strategies`)."""
+    return f"a2a:{agent_id}"
+
+
+def _answer(agent_id: str, replies: list[Any]) -> tuple[str, dict[str, Any]]:
+    """The text of the remote's reply (a completed task's artifacts, or a message) and where it came from."""
+    for reply in reversed(replies):
+        if reply.HasField("task"):
+            task = reply.task
+            remote = {"agent_id": agent_id, "task_id": task.id, "context_id": task.context_id, "state": TaskState.Name(task.status.state)}
+            if task.status.state != TaskState.TASK_STATE_COMPLETED:
+                why = " ".join(p.text for p in task.status.message.parts if p.text) or TaskState.Name(task.status.state)
+                raise RemoteAgentError(
+                    f"remote agent {agent_id!r} did not complete the task: {why[:500]}", {"agent_id": agent_id, "remote": remote}
+                )
+            text = "\n".join(p.text for a in task.artifacts for p in a.parts if p.text)
+            return text, remote
+        if reply.HasField("message"):
+            return "\n".join(p.text for p in reply.message.parts if p.text), {
+                "agent_id": agent_id,
+                **json_format.MessageToDict(reply.message),
+            }
+    raise RemoteAgentError(f"remote agent {agent_id!r} sent no answer", {"agent_id": agent_id})
