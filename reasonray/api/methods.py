@@ -108,7 +108,7 @@ def build_dispatcher(
     limits = limits or LimitSettings()
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
 
-    @rpc.method("reasoning.execute", ExecuteParams)
+    @rpc.method("reasoning.execute", ExecuteParams, result=ExecuteResult)
     async def execute(params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
         """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
         if params.agent_id is not None and (card := await registry.get_agent(params.agent_id)).get("a2a_card_url"):

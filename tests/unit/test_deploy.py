@@ -177,14 +177,16 @@ def test_compose_has_the_services_and_named_volumes():
 COMPOSE_RELEASE = "docker-compose==1.29.2"  # the last release on PyPI; its wheel carries the Compose Specification schema
 
 
-COMPOSE_SCHEMA = REPO / ".venv" / "share" / "compose_spec.json"  # unpacked from the docker-compose wheel by scripts/setup.sh
+OFFICIAL_COMPOSE_SCHEMA = REPO / ".venv" / "share" / "compose_spec.json"  # unpacked from the docker-compose wheel by scripts/setup.sh
 
 
 @pytest.fixture(scope="module")
 def official_compose_schema() -> dict:
     """The Compose Specification's JSON schema, as scripts/setup.sh unpacked it from the docker-compose wheel."""
-    assert COMPOSE_SCHEMA.exists(), f"{COMPOSE_SCHEMA} is missing: run scripts/setup.sh (it fetches {COMPOSE_RELEASE} once)"
-    schema: dict = json.loads(COMPOSE_SCHEMA.read_text())
+    assert OFFICIAL_COMPOSE_SCHEMA.exists(), (
+        f"{OFFICIAL_COMPOSE_SCHEMA} is missing: run scripts/setup.sh (it fetches {COMPOSE_RELEASE} once)"
+    )
+    schema: dict = json.loads(OFFICIAL_COMPOSE_SCHEMA.read_text())
     jsonschema.Draft201909Validator.check_schema(schema)
     return schema
 
