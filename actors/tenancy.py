@@ -149,6 +149,7 @@ class _RunLease:
 
     keys: list[str]
     granted: float
+    budget_left: int | None = None  # tokens the tightest budget had left at the grant, less what runs here spent since
     free: list[str] = field(default_factory=list)
     busy: set[str] = field(default_factory=set)
     renewed: float = 0.0
@@ -161,7 +162,8 @@ class RayLimits:
     Run slots are taken from the actor a few at a time (at most a quarter of `concurrent_runs`) and held
     there, so concurrency limits stay exact across replicas; a slot freed here is used again for the next
     run while its lease is fresh (`RUN_LEASE_S`, which also bounds how stale the budget check of a leased
-    admission is), then given back. The replica renews the slots it holds every `RUN_RENEW_S`; the actor
+    admission is), then given back. Leased runs' tokens are charged in one call per key set every half
+    lease. The replica renews the slots it holds every `RUN_RENEW_S`; the actor
     frees slots not renewed for `RUN_SLOT_TTL_S`, so a replica that dies holds nobody's headroom for long.
     """
 
@@ -169,6 +171,7 @@ class RayLimits:
         self.handle = handle
         self._leases: dict[tuple, tuple[int, float, dict[str, Any]]] = {}
         self._runs: dict[tuple, _RunLease] = {}
+        self._charges: dict[tuple[str, ...], int] = {}  # tokens of leased runs not yet sent, per key set
         self._background: set[asyncio.Future[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
 
@@ -200,10 +203,11 @@ class RayLimits:
         key = _lease_key(keyed)
         lease = self._runs.get(key)
         now = time.monotonic()
-        if lease is not None and lease.free and now - lease.granted < RUN_LEASE_S:
+        if lease is not None and lease.free and now - lease.granted < RUN_LEASE_S and (lease.budget_left is None or lease.budget_left > 0):
             run_id = lease.free.pop()
             lease.busy.add(run_id)
             return {**permit, "run_id": run_id}
+        await self._send_charges([k for k, _ in keyed])  # the limiter decides on every token this replica knows of
         size = _run_lease_size(keyed)
         if size > 1:
             decision = await unwrap(self.handle.admit.remote(keyed, 0, True, size, RUN_SLOT_TTL_S))
@@ -218,6 +222,7 @@ class RayLimits:
             return decision
         lease = self._runs.setdefault(key, _RunLease(keys=[k for k, _ in keyed], granted=now, renewed=now))
         lease.granted = lease.renewed = now
+        lease.budget_left = decision.get("budget_left")
         run_id, *spare = decision["run_ids"]
         lease.busy.add(run_id)
         lease.free.extend(spare)
@@ -231,12 +236,20 @@ class RayLimits:
         answer is awaited in the background (a failure is logged; the actor retries across restarts).
         A leased slot stays with this replica for the next run while its lease is fresh."""
         lease = next((lease for lease in self._runs.values() if run_id in lease.busy), None) if run_id else None
-        if lease is not None:
+        if lease is not None:  # the slot stays leased; its tokens go with the next batch of charges
             lease.busy.discard(run_id)  # type: ignore[arg-type]
             lease.free.append(run_id)  # type: ignore[arg-type]
-            run_id = None  # the slot stays leased: only the tokens are charged now
+            if tokens > 0:
+                self._charges[tuple(keys)] = self._charges.get(tuple(keys), 0) + tokens
+                if lease.budget_left is not None:
+                    lease.budget_left -= tokens
+            return
         if run_id is not None or tokens > 0:
             self._send(self.handle.finish.remote(keys, run_id, tokens), keys)
+
+    async def _send_charges(self, keys: list[str]) -> None:
+        if (tokens := self._charges.pop(tuple(keys), 0)) > 0:
+            await unwrap(self.handle.finish.remote(keys, None, tokens))
 
     def _send(self, ref: Any, keys: list[str]) -> None:
         settled = asyncio.ensure_future(_settle(ref, keys))
@@ -244,9 +257,13 @@ class RayLimits:
         settled.add_done_callback(self._background.discard)
 
     async def _keep(self) -> None:
-        """Give back free slots of stale leases and renew the rest, until this replica holds none."""
-        while self._runs:
+        """Send the leased runs' token charges, give back free slots of stale leases and renew the rest, until
+        this replica holds no slot and owes no charge."""
+        while self._runs or self._charges:
             await asyncio.sleep(RUN_LEASE_S / 2)
+            charges, self._charges = self._charges, {}
+            for keys, tokens in charges.items():
+                self._send(self.handle.finish.remote(list(keys), None, tokens), list(keys))
             now = time.monotonic()
             for key, lease in list(self._runs.items()):
                 if lease.free and now - lease.granted >= RUN_LEASE_S:

@@ -160,7 +160,21 @@ class RateLimiter:
         tightest = min(headroom, key=lambda h: h[1]) if headroom else None
         limit, remaining, reset_s = tightest if tightest is not None else (None, None, None)
         first = run_ids[0] if run_ids else None
-        return {"ok": True, "run_id": first, "run_ids": run_ids, "limit": limit, "remaining": remaining, "reset_s": reset_s}
+        budget_left = self._budget_left(keyed, now) if run else None
+        return {
+            "ok": True,
+            "run_id": first,
+            "run_ids": run_ids,
+            "limit": limit,
+            "remaining": remaining,
+            "reset_s": reset_s,
+            "budget_left": budget_left,
+        }
+
+    def _budget_left(self, keyed: KeyedLimits, now: float) -> int | None:
+        """Tokens the tightest budget of these keys has left (None: no budget), what a leased run may spend."""
+        left = [limits[name] - self.budgets.spent(key, name, now) for key, limits in keyed for name in BUDGET_WINDOWS if limits.get(name)]
+        return min(left) if left else None
 
     def renew(self, keys: list[str], run_ids: list[str], lease_s: float) -> None:
         """Keep leased run slots (free or running) another `lease_s` seconds."""

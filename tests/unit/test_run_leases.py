@@ -86,8 +86,13 @@ async def test_a_replica_admits_most_runs_without_a_round_trip():
         assert decision["ok"] and decision["run_id"]
         await replica.finish(["alice"], decision["run_id"], tokens=10)
     assert actor.calls.count("admit") <= 3, actor.calls  # the permit lease and one run lease (not one call per run)
-    await asyncio.sleep(0)  # the charges, sent in the background
+    assert actor.calls.count("finish") == 0  # charges go in batches
+    for _ in range(100):  # the keeper sends them within half a lease
+        await asyncio.sleep(0.02)
+        if limiter.usage("alice")["tokens_this_minute"] == 200:
+            break
     assert limiter.usage("alice")["tokens_this_minute"] == 200  # every run's tokens were charged
+    assert actor.calls.count("finish") == 1, actor.calls
 
 
 async def test_concurrency_limits_hold_across_replicas():
@@ -134,13 +139,28 @@ async def test_idle_leased_slots_go_back_and_held_ones_are_renewed(monkeypatch):
     assert RUN_SLOT_TTL_S > tenancy.RUN_RENEW_S
 
 
-async def test_a_spent_budget_refuses_the_next_lease(monkeypatch):
-    monkeypatch.setattr(tenancy, "RUN_LEASE_S", 0.0)  # every lease is stale at once: each run asks the limiter
+async def test_a_spent_budget_refuses_the_next_run_at_once():
+    """The lease knows what the budget had left; a run that spends it sends the charges before the next admission."""
     limiter = RateLimiter()
     replica = RayLimits(Actor(limiter))
     limits = [("alice", {"tokens_per_minute": 100})]
     run = await replica.admit(limits, run=True)
     await replica.finish(["alice"], run["run_id"], tokens=150)
-    await asyncio.sleep(0)
-    refused = await replica.admit(limits, run=True)
+    refused = await replica.admit(limits, run=True)  # the lease has free slots, but not the budget
     assert not refused["ok"] and refused["limit_name"] == "tokens_per_minute"
+
+
+async def test_a_lease_spends_within_what_the_budget_had_left():
+    limiter = RateLimiter()
+    actor = Actor(limiter)
+    replica = RayLimits(actor)
+    limits = [("alice", {"tokens_per_minute": 100})]
+    for _ in range(3):  # 3 x 30 tokens: within the budget, all on the lease
+        run = await replica.admit(limits, run=True)
+        assert run["ok"]
+        await replica.finish(["alice"], run["run_id"], tokens=30)
+    assert actor.calls.count("admit") == 2 and "finish" not in actor.calls  # one permit lease, one run lease
+    fourth = await replica.admit(limits, run=True)  # 10 left: still allowed (a budget stops the *next* run)
+    await replica.finish(["alice"], fourth["run_id"], tokens=30)
+    refused = await replica.admit(limits, run=True)
+    assert not refused["ok"] and limiter.usage("alice")["tokens_this_minute"] == 120
