@@ -152,6 +152,7 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
             proc.wait()
 
 
+@pytest.mark.slow  # a service of its own with HAProxy (about a minute); the loopback check of the default ingress runs by default
 def test_serve_with_auth_runs_haproxy_and_binds_its_stats_and_metrics_on_loopback():
     """With [auth] the ingress is HAProxy: Ray's template binds its stats and Prometheus frontends on every
     interface, and `ray_environment` hands Ray a wrapper binary that binds them on the API's host."""
