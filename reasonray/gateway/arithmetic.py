@@ -9,6 +9,8 @@ import ast
 import math
 import operator
 
+from reasonray.kernel.errors import CapExceededError
+
 _OPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -49,12 +51,16 @@ def _eval(node: ast.AST, max_digits: int) -> float:
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         left, right = _eval(node.left, max_digits), _eval(node.right, max_digits)
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ValueError(f"exponent {right} is too large (at most {MAX_EXPONENT})")
+            raise CapExceededError(
+                f"exponent {right} is too large (the calculator's cap is {MAX_EXPONENT})",
+                {"cap": "calculator exponent", "limit": MAX_EXPONENT},
+            )
         digits = _result_digits(node.op, left, right)
         if digits > max_digits:
-            raise ValueError(
+            raise CapExceededError(
                 f"the result would have about {digits:.0f} digits; the calculator's cap is {max_digits}"
-                " ([limits] max_calculator_digits in config.toml)"
+                " ([limits] max_calculator_digits in config.toml)",
+                {"cap": "[limits] max_calculator_digits", "limit": max_digits},
             )
         result: float = _OPS[type(node.op)](left, right)
         return result

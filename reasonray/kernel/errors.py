@@ -60,6 +60,11 @@ class InvalidParamsError(ReasonRayError):
     code, http_status, error_type = -32602, 422, "invalid_params"
 
 
+class CapExceededError(InvalidParamsError, ValueError):
+    """What the request asked for is over a configured cap (`data.cap` names it): -32602, even when a tool
+    the model called on the caller's behalf is what hit it (still a ValueError for the tool's own callers)."""
+
+
 class StrategyUnavailableError(ReasonRayError):
     """The strategy requested (or defaulted to) cannot serve this request; `data.available` lists those that can."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from reasonray.gateway.protocol import ToolCall
 from reasonray.kernel import tracing
-from reasonray.kernel.errors import ToolFailedError, UnregisteredToolError
+from reasonray.kernel.errors import CapExceededError, ToolFailedError, UnregisteredToolError
 from reasonray.kernel.events import EventSink
 from reasonray.reasoner.providers import ContextProviders, LedgerEntry, Round
 from reasonray.reasoner.tools import ClientTool, ServerTool, ToolArgumentsError
@@ -94,12 +94,14 @@ class ToolExecutor:
     async def _run_server(self, entry: LedgerEntry) -> None:
         started = time.perf_counter()
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": entry.tool, "gen_ai.tool.call.id": entry.tool_call_id}
+        capped: CapExceededError | None = None
         with tracing.span(f"execute_tool {entry.tool}", attributes) as span:
             try:
                 entry.content = await self._execute(entry)
                 entry.status = "ok"
             except Exception as exc:  # the tool's own failure: recorded, then the turn ends (a turn never runs on past a failed tool)
                 entry.status, entry.content = "failed", f"{type(exc).__name__}: {exc}"
+                capped = exc if isinstance(exc, CapExceededError) else None
                 span.error(exc)
         elapsed = round((time.perf_counter() - started) * 1000, 3)
         failed = entry.status == "failed"
@@ -113,6 +115,11 @@ class ToolExecutor:
                 error=entry.content if failed else None,
             )
         )
+        if capped is not None:  # over a configured cap: the caller's request asked for too much (-32602, naming the cap)
+            raise CapExceededError(
+                f"tool {entry.tool!r} (call {entry.tool_call_id}) refused its input, which ends the turn: {capped.message}",
+                {**capped.data, "tool_call_id": entry.tool_call_id, "tool": entry.tool, "error": entry.content},
+            )
         if failed:
             raise ToolFailedError(
                 f"tool {entry.tool!r} (call {entry.tool_call_id}) failed, which ends the turn: {entry.content}",

@@ -142,9 +142,10 @@ def test_the_calculator_refuses_a_huge_result_quickly_and_the_replica_stays_resp
     answer = service.rpc("session.turn", {"session_id": sid, "message": f"Compute it. {call}"})
     took = time.perf_counter() - started
     error = answer["error"]
-    # the caller's params were fine; the model's tool call was refused before computing: a tool failure
-    assert error["code"] == -32006 and error["data"]["tool"] == "calculator", error
-    assert "[limits] max_calculator_digits" in error["data"]["error"] and "cap is 10000" in error["data"]["error"], error
+    # refused before computing, over a configured cap: -32602 naming the cap (and the tool call that hit it)
+    assert error["code"] == -32602 and error["data"]["tool"] == "calculator", error
+    assert error["data"]["cap"] == "[limits] max_calculator_digits" and error["data"]["limit"] == 10000, error
+    assert "[limits] max_calculator_digits" in error["message"] and "cap is 10000" in error["message"], error
     assert took < 10, f"the refusal took {took:.1f} s (it used to be 14 s of CPU on the replica's loop)"
     # the replica answers at once, and the calculator still works on a normal result
     started = time.perf_counter()

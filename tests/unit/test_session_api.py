@@ -67,6 +67,11 @@ async def test_error_codes(api):
     sid = (await rpc(api, "session.create", {"server_tools": ["calculator"]}))["result"]["session_id"]
     failed = (await rpc(api, "session.turn", {"session_id": sid, "message": '[[sim call=calculator {"expression": "1/0"}]]'}))["error"]
     assert failed["code"] == -32006 and failed["data"]["tool"] == "calculator"
+    # a tool call over a configured cap is the request asking too much: -32602 naming the cap, not a tool failure
+    huge = '[[sim call=calculator {"expression": "(((9**64)**64)**64)**64"}]]'
+    capped = (await rpc(api, "session.turn", {"session_id": sid, "message": huge}))["error"]
+    assert capped["code"] == -32602 and capped["data"]["cap"] == "[limits] max_calculator_digits", capped
+    assert capped["data"]["tool"] == "calculator" and "max_calculator_digits" in capped["message"]
     unknown_tool = (await rpc(api, "session.turn", {"session_id": sid, "message": "[[sim call=get_weather]]"}))["error"]
     assert unknown_tool["code"] == -32010 and unknown_tool["data"]["error_type"] == "unregistered_tool"
     tools = (await rpc(api, "session.tools", {}))["result"]["server_tools"]
