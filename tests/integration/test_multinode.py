@@ -35,6 +35,24 @@ APP = "multinode"
 HOSTS = 3  # session hosts, spread over the head and the two workers
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (children, their children...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, pending = [], [root]
+    while pending:
+        for child in parents.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
 class RayNode:
     """One `ray start --block`: its process group is the node (raylet, workers, and on the head the GCS)."""
 
@@ -70,9 +88,16 @@ class RayNode:
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self) -> None:
-        """The node dies at once: every process of it, no goodbye to the GCS."""
+        """The node dies at once: every process of it, no goodbye to the GCS. Ray starts some of them in
+        sessions of their own, so the process group is not enough: every descendant of `ray start` goes."""
         if self.proc.poll() is None:
+            family = descendants(self.proc.pid)
             os.killpg(self.proc.pid, signal.SIGKILL)
+            for pid in family:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.wait()
 
     def stop(self) -> None:
