@@ -171,6 +171,7 @@ class RayLimits:
         self.handle = handle
         self._leases: dict[tuple, tuple[int, float, dict[str, Any]]] = {}
         self._runs: dict[tuple, _RunLease] = {}
+        self._running: dict[str, _RunLease] = {}  # leased slots in use here -> their lease (finish finds it at once)
         self._charges: dict[tuple[str, ...], int] = {}  # tokens of leased runs not yet sent, per key set
         self._background: set[asyncio.Future[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
@@ -206,6 +207,7 @@ class RayLimits:
         if lease is not None and lease.free and now - lease.granted < RUN_LEASE_S and (lease.budget_left is None or lease.budget_left > 0):
             run_id = lease.free.pop()
             lease.busy.add(run_id)
+            self._running[run_id] = lease
             return {**permit, "run_id": run_id}
         await self._send_charges([k for k, _ in keyed])  # the limiter decides on every token this replica knows of
         size = _run_lease_size(keyed)
@@ -225,6 +227,7 @@ class RayLimits:
         lease.budget_left = decision.get("budget_left")
         run_id, *spare = decision["run_ids"]
         lease.busy.add(run_id)
+        self._running[run_id] = lease
         lease.free.extend(spare)
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.ensure_future(self._keep())
@@ -235,10 +238,10 @@ class RayLimits:
         submitted now, so this replica's next admission reaches the (sequential) actor after it, and its
         answer is awaited in the background (a failure is logged; the actor retries across restarts).
         A leased slot stays with this replica for the next run while its lease is fresh."""
-        lease = next((lease for lease in self._runs.values() if run_id in lease.busy), None) if run_id else None
-        if lease is not None:  # the slot stays leased; its tokens go with the next batch of charges
-            lease.busy.discard(run_id)  # type: ignore[arg-type]
-            lease.free.append(run_id)  # type: ignore[arg-type]
+        lease = self._running.pop(run_id, None) if run_id else None
+        if lease is not None and run_id is not None:  # the slot stays leased; its tokens go with the next batch of charges
+            lease.busy.discard(run_id)
+            lease.free.append(run_id)
             if tokens > 0:
                 self._charges[tuple(keys)] = self._charges.get(tuple(keys), 0) + tokens
                 if lease.budget_left is not None:
