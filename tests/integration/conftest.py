@@ -174,3 +174,24 @@ def rpc(client: httpx.Client, method: str, params: dict[str, Any] | None = None,
     if id is not None:
         call["id"] = id
     return client.post(path, json=call)
+
+
+def wait_until_serving(proc: Any, port: int, timeout_s: float, output: Any, what: str = "reasonray serve") -> None:
+    """Poll the public probe of a service this test started until it answers; if the process exits or the
+    deadline passes, kill its process group (so its output ends) and fail with `output()`."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"{what} did not come up:\n{output()}")
+        time.sleep(0.5)

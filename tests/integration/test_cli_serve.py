@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from reasonray.gateway.simulator.server import free_port
+from tests.integration.conftest import wait_until_serving
 
 BIN = Path(sys.executable).parent
 
@@ -109,16 +109,7 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"reasonray serve did not come up:\n{proc.stdout.read()}")
-            time.sleep(0.5)
+        wait_until_serving(proc, port, 120, lambda: proc.communicate(timeout=30)[0])
         asked = subprocess.run(
             [BIN / "reasonray", "ask", "What is 17 * 23?", "--url", f"http://127.0.0.1:{port}"],
             capture_output=True,
@@ -177,17 +168,7 @@ def test_serve_with_auth_runs_haproxy_and_binds_its_stats_and_metrics_on_loopbac
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300  # a Ray node and HAProxy on a busy 2-core machine
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)  # so that its output ends and can be read
-                pytest.fail(f"reasonray serve did not come up:\n{proc.communicate(timeout=30)[0]}")
-            time.sleep(0.5)
+        wait_until_serving(proc, port, 300, lambda: proc.communicate(timeout=30)[0])  # a Ray node and HAProxy on 2 busy cores
         assert httpx.get(f"http://127.0.0.1:{port}/v1/strategies", timeout=10).status_code == 401
         names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in process_tree(proc.pid) if Path(f"/proc/{pid}").exists()}
         assert "haproxy" in names, names

@@ -22,7 +22,7 @@ import uvicorn
 
 from reasonray.gateway.simulator.server import SimulatorSettings, create_app, free_port
 from reasonray.kernel.pgstore import PgStore
-from tests.integration.conftest import result_of, rpc
+from tests.integration.conftest import result_of, rpc, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -96,16 +96,7 @@ def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(postgres, gated
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 300  # a loaded machine starts Ray slowly
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the entrypoint's service did not come up:\n" + "".join(output))
-            time.sleep(0.5)
+        wait_until_serving(proc, port, 300, lambda: "".join(output), "the entrypoint's service")  # a loaded machine starts Ray slowly
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
         sid = result_of(rpc(client, "session.create", {}))["session_id"]
         answer: dict = {}

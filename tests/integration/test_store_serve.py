@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.pgstore import PgStore
-from tests.integration.conftest import result_of, rpc
+from tests.integration.conftest import result_of, rpc, wait_until_serving
 
 BIN = Path(sys.executable).parent
 CARD = {"id": "pg-planner", "name": "Planner", "capabilities": ["reasoning.strategy.chain_of_thought"]}
@@ -51,16 +50,7 @@ def serve(store_url: str, data_dir: Path) -> Iterator[httpx.Client]:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300  # a loaded machine starts Ray slowly
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"reasonray serve did not come up:\n{proc.stdout.read() if proc.poll() is not None else ''}")
-            time.sleep(0.5)
+        wait_until_serving(proc, port, 300, lambda: proc.communicate(timeout=30)[0])  # a loaded machine starts Ray slowly
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             yield client
         proc.send_signal(signal.SIGINT)
