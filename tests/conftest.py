@@ -47,3 +47,10 @@ def postgres():
         pytest.skip("no PostgreSQL server per mutant in the mutation run")
     with TempPostgres() as pg:
         yield pg
+
+
+@pytest.fixture
+def pg_url(postgres) -> str:
+    """A new, empty database on the session's PostgreSQL server, for a test that checks everything a
+    service stored (the contract tests share the `reasonray` database and truncate it instead)."""
+    return postgres.fresh_database()

@@ -7,6 +7,7 @@ free loopback port with a private socket directory, trusts local connections, an
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ class TempPostgres:
         self.data = self.root / "data"
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._databases = itertools.count(1)
         os.chmod(self.root, 0o755)
         self._chown(self.root)
         self._run([str(BIN / "initdb"), "-D", str(self.data), "-U", USER, "-A", "trust", "--no-sync", "-E", "UTF8"])
@@ -72,6 +74,14 @@ class TempPostgres:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"PostgreSQL did not start: {(self.root / 'postgres.log').read_text()[-2000:]}") from None
                 time.sleep(0.1)
+
+    def fresh_database(self) -> str:
+        """The URL of a new, empty database on this server: a test that reads what a whole service wrote
+        (every card, every session) gets one of its own, so what other tests stored is not in it."""
+        name = f"t{next(self._databases)}"
+        with psycopg.connect(f"postgresql://{USER}@127.0.0.1:{self.port}/postgres", autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:
         """Fast shutdown: open connections are dropped (what a client sees when the server restarts)."""

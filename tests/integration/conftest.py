@@ -195,3 +195,39 @@ def wait_until_serving(proc: Any, port: int, timeout_s: float, output: Any, what
                 os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"{what} did not come up:\n{output()}")
         time.sleep(0.5)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (children, their children...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, pending = [], [root]
+    while pending:
+        for child in parents.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def kill_tree(proc: Any) -> None:
+    """SIGKILL a process started with `start_new_session=True` and everything below it. Ray starts some of
+    a node's processes (the raylet, the GCS, workers) in sessions of their own, so the process group alone
+    would leave them running for the rest of the suite."""
+    import os
+    import signal
+
+    if proc.poll() is None:
+        family = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.wait()

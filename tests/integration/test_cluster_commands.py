@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import yaml
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings
 from reasonray.serve_app import ray_environment
-from tests.integration.conftest import result_of, rpc
+from tests.integration.conftest import kill_tree, result_of, rpc
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
@@ -74,11 +73,7 @@ def dashboard_cluster(tmp_path_factory):
             time.sleep(1)
         yield address, env
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # --block: the head stops what it started
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+        kill_tree(head)  # a throwaway cluster: nothing of it needs a graceful stop (SIGTERM took 30 s)
 
 
 def submit(address: str, env: dict[str, str], *args: str, runtime_env: dict | None = None) -> subprocess.CompletedProcess:

@@ -59,14 +59,14 @@ def gated_model():
 
 
 @pytest.mark.timeout(600)  # starts Ray once; a loaded machine takes minutes
-def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(postgres, gated_model, tmp_path):
+def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(pg_url, gated_model, tmp_path):
     gate, model_url = gated_model
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")},
         "PATH": f"{BIN}:{os.environ['PATH']}",
         "REASONRAY_DATA_DIR": str(tmp_path),
-        "REASONRAY_STORE__URL": postgres.url,
+        "REASONRAY_STORE__URL": pg_url,
         "REASONRAY_MEMORY__ENABLED": "false",
         "REASONRAY_LLM__PROVIDER": "simulated",
         "OPENAI_BASE_URL": model_url,
@@ -114,7 +114,7 @@ def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(postgres, gated
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    store = PgStore(postgres.url)
+    store = PgStore(pg_url)
     try:
         text, _ = store.blocking(store.load_session(sid))
         state = json.loads(text)

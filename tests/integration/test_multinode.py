@@ -26,31 +26,13 @@ import pytest
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.pgstore import PgStore
-from tests.integration.conftest import result_of, rpc, settings_for
+from tests.integration.conftest import kill_tree, result_of, rpc, settings_for
 
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 APP = "multinode"
 HOSTS = 3  # session hosts, spread over the head and the two workers
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (children, their children...), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    found, pending = [], [root]
-    while pending:
-        for child in parents.get(pending.pop(), []):
-            found.append(child)
-            pending.append(child)
-    return found
 
 
 class RayNode:
@@ -90,15 +72,7 @@ class RayNode:
     def kill(self) -> None:
         """The node dies at once: every process of it, no goodbye to the GCS. Ray starts some of them in
         sessions of their own, so the process group is not enough: every descendant of `ray start` goes."""
-        if self.proc.poll() is None:
-            family = descendants(self.proc.pid)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            for pid in family:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait()
+        kill_tree(self.proc)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -226,7 +200,7 @@ def node_of_worker(ray, worker: RayNode) -> str:
 
 
 @pytest.mark.timeout(1500)
-def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server, simulator):
+def test_a_node_killed_under_load_loses_nothing(cluster, pg_url, chroma_server, simulator):
     from ray import serve
 
     from reasonray.serve_app import build_app
@@ -236,7 +210,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
     settings = settings_for(
         simulator.url,
         data_dir=str(data_dir),
-        store={"url": postgres.url},
+        store={"url": pg_url},
         memory={"chroma_url": chroma_server, "embedding": "openai"},
         server={"num_replicas": 2, "fast_ingress": False},
         sessions={"hosts": HOSTS},
@@ -271,9 +245,15 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
         for n in range(3):
             for _attempt in range(10):  # what a client does when its request dies with a node
                 try:
-                    body = rpc(client, "session.turn", {"session_id": sid, "message": f"What is {n} + {n}?"}).json()
+                    response = rpc(client, "session.turn", {"session_id": sid, "message": f"What is {n} + {n}?"})
                 except httpx.HTTPError as exc:
                     failures.append(f"{sid}: {type(exc).__name__}")
+                    continue
+                try:
+                    body = response.json()
+                except ValueError:  # Serve's proxy answers a request whose replica died with the node in plain text
+                    failures.append(f"{sid}: HTTP {response.status_code} {response.text[:120]!r}")
+                    time.sleep(1)
                     continue
                 if "result" in body:
                     answered[sid].append(body["result"])
@@ -292,9 +272,10 @@ def test_a_node_killed_under_load_loses_nothing(cluster, postgres, chroma_server
     for t in threads:
         t.join(600)
     assert not any(t.is_alive() for t in threads)
+    print(f"what clients met while the node died ({len(failures)}): {failures}")  # shown with -rP
     assert not unanswered, f"{unanswered}; the last failures: {failures[-8:]}"
 
-    store = PgStore(postgres.url)
+    store = PgStore(pg_url)
     try:
         for sid in sessions:
             got = result_of(rpc(client, "session.get", {"session_id": sid}))

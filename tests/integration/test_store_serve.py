@@ -64,14 +64,14 @@ def serve(store_url: str, data_dir: Path) -> Iterator[httpx.Client]:
 
 @pytest.mark.timeout(900)  # starts Ray twice; a loaded machine takes minutes
 @pytest.mark.slow  # two `reasonray serve` clusters one after the other (the store's contract tests run by default)
-def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(postgres, tmp_path):
-    with serve(postgres.url, tmp_path / "first") as client:
+def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(pg_url, tmp_path):
+    with serve(pg_url, tmp_path / "first") as client:
         sid = result_of(rpc(client, "session.create", {"server_tools": ["calculator"]}))["session_id"]
         first = result_of(rpc(client, "session.turn", {"session_id": sid, "message": "What is 2 + 2?"}))
         assert first["status"] == "completed" and first["turn"] == 1
         result_of(rpc(client, "agent.register", CARD))
 
-    store = PgStore(postgres.url)  # the schema exists: the first service migrated it on start
+    store = PgStore(pg_url)  # the schema exists: the first service migrated it on start
     try:
         local = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "first").rglob("*") if p.suffix == ".json")
         assert sid in store.blocking(store.session_ids()), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
@@ -81,7 +81,7 @@ def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(pos
         store.close()
 
     fresh = tmp_path / "second"
-    with serve(postgres.url, fresh) as client:
+    with serve(pg_url, fresh) as client:
         assert result_of(rpc(client, "agent.get", {"agent_id": CARD["id"]}))["name"] == "Planner"
         got = result_of(rpc(client, "session.get", {"session_id": sid}))
         assert got["turn"] == 1 and got["messages"] == 2
