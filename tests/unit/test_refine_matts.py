@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from reasonray.gateway.errors import ProviderUnavailableError
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import ScriptedLLM
-from reasonray.kernel.errors import InvalidParamsError
-from reasonray.strategies.chain_of_thought import ChainOfThought
+from reasonray.kernel.errors import InvalidParamsError, ModelBehaviorError
+from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT, ChainOfThought
 from reasonray.strategies.matts import Matts
-from reasonray.strategies.refine import Refine, trajectory_hash
+from reasonray.strategies.refine import EVALUATE_PROMPT, REFINE_PROMPT, Refine, trajectory_hash
 from tests.unit.strategy_harness import context_for
 
 
@@ -164,3 +165,70 @@ async def test_matts_refuses_itself_as_base_and_bounds_k():
         await Matts().reason("q", context=context, config={"base_strategy": "matts"})
     with pytest.raises(InvalidParamsError):
         Matts().parse_config({"k": 6})
+
+
+async def test_each_refinement_shows_the_previous_attempt_its_score_and_feedback_at_its_own_temperature_and_seed():
+    llm = ScriptedLLM(
+        ["<thinking>6*7 is 41</thinking><answer>41</answer>", "<score>0.4</score>", "<answer>42</answer>", evaluation(0.5, "check")]
+    )
+    context, _ = context_for(llm, strategy="refine")
+    config = {"max_iterations": 2, "temperature": 0.7, "refine_temperature": 0.3, "seed": 10, "max_tokens": 300, "evaluate_max_tokens": 100}
+    result = await Refine().reason("What is 6*7?", context=context, config=config)
+    first, review, second, _ = llm.requests
+    assert (first.temperature, first.seed, first.max_tokens) == (0.7, 10, 300)
+    assert [m.content for m in first.messages] == [SYSTEM_PROMPT, "What is 6*7?"]
+    assert (review.temperature, review.max_tokens, review.purpose) == (0.0, 100, "critique")
+    assert review.messages[0].content == EVALUATE_PROMPT
+    assert review.messages[1].content == "Problem:\nWhat is 6*7?\n\nProposed solution:\n<answer>41</answer>\nAnswer: 41"
+    assert (second.temperature, second.seed, second.max_tokens) == (0.3, 11, 300)
+    assert second.messages[0].content == REFINE_PROMPT
+    # the previous attempt without its thinking, its answer, its score, and "(none)" for a review without feedback
+    assert second.messages[1].content == (
+        "Problem:\nWhat is 6*7?\n\nPrevious attempt:\n<answer>41</answer>\nAnswer: 41\n\nReviewer's score: 0.4\nReviewer's feedback: (none)"
+    )
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["scores"] == [0.4, 0.5] and s["best_iteration"] == 2 and s["best_score"] == 0.5
+    assert [h["feedback"] for h in s["history"]] == ["", "check"] and [h["answer"] for h in s["history"]] == ["41", "42"]
+    llm.assert_complete()
+
+
+async def test_a_score_at_the_threshold_does_not_stop_and_a_tie_goes_to_the_later_attempt():
+    llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.8), "<answer>42</answer>", evaluation(0.8)])
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 2, "threshold": 0.8})
+    s = result.metrics.strategy_specific
+    assert s["stop_reason"] == "max_iterations" and s["iterations"] == 2
+    assert result.answer == "42" and s["best_iteration"] == 2
+
+
+async def test_an_evaluation_without_a_score_counts_as_zero_and_says_so():
+    llm = ScriptedLLM(["<answer>41</answer>", "<feedback>looks off</feedback>", "<answer>42</answer>", evaluation(0.9)])
+    context, recorder = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={})
+    assert result.metrics.strategy_specific["scores"] == [0.0, 0.9] and result.answer == "42"
+    warnings = [e for e in recorder.events if type(e).__name__ == "RunWarning"]
+    assert [w.code for w in warnings] == ["unscored"] and "iteration 1" in warnings[0].message
+
+
+async def test_a_failure_part_way_leaves_the_last_draft_its_critique_and_the_best_answer_in_progress():
+    down = ProviderUnavailableError("down", attempts=3, status_code=503)
+    llm = ScriptedLLM(["<thinking>t</thinking><answer>41</answer>", evaluation(0.6, "fix it"), down])
+    context, _ = context_for(llm, strategy="refine")
+    with pytest.raises(ProviderUnavailableError):
+        await Refine().reason("What is 6*7?", context=context, config={})
+    assert context.progress == {
+        "iterations": 1,
+        "last_draft": "<answer>41</answer>",
+        "last_answer": "41",
+        "last_score": 0.6,
+        "last_critique": "fix it",
+        "answer": "41",
+    }
+
+
+async def test_attempts_without_an_answer_are_a_model_behavior_error_naming_what_to_do():
+    llm = ScriptedLLM(["<thinking>hmm</thinking>", evaluation(0.1)])
+    context, _ = context_for(llm, strategy="refine")
+    with pytest.raises(ModelBehaviorError) as raised:
+        await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 1})
+    assert "max_tokens" in str(raised.value) and raised.value.data == {"iterations": 1, "stop_reason": "max_iterations"}
