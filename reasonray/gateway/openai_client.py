@@ -138,6 +138,13 @@ class OpenAILLM:
             params["seed"] = request.seed
         if request.tools:
             params["tools"] = list(request.tools)
+        if request.tool_choice is not None:
+            params["tool_choice"] = request.tool_choice
+        if request.response_format is not None:
+            params["response_format"] = request.response_format
+        for name in ("top_p", "presence_penalty", "frequency_penalty"):
+            if (value := getattr(request, name)) is not None:
+                params[name] = value
         if request.purpose:  # a header, not a body field: strict endpoints reject unknown body fields
             params["extra_headers"] = {PURPOSE_HEADER: request.purpose}
         return params

@@ -41,6 +41,14 @@ class LLMRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     n: int = 1
     seed: int | None = None
     tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    """OpenAI's `tool_choice`: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}."""
+    response_format: dict[str, Any] | None = None
+    """OpenAI's `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}): sent
+    only to endpoints that enforce it; others are asked in the prompt and their output is validated."""
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     purpose: str | None = None
     """What the call is for, from `PURPOSES` (None: answer the conversation). Real models never see it:
     an OpenAI-compatible endpoint gets it as the `X-ReasonRay-Purpose` header, which they ignore; the
