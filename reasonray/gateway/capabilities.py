@@ -1,0 +1,37 @@
+"""What an LLM endpoint can do, so that strategies ask for structure where it is enforced and parse
+tolerantly where it is not.
+
+The gateway learns an endpoint's capabilities (from configuration, from what the server advertises, or by
+probing it once) and exposes them on the LLM stack as `capabilities`; strategies read them with
+`capabilities_of(llm)` and never ask which server they are talking to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One endpoint's abilities. The defaults are what any OpenAI-compatible server is assumed to do."""
+
+    structured_output: bool = False
+    """Enforces `response_format` json_schema / json_object (grammar-constrained decoding)."""
+    tool_choice: bool = False
+    """Honours `tools` with `tool_choice` (named, "required"), so a call can be forced."""
+    tokenize: bool = False
+    """Counts tokens with the model's own tokenizer (llama.cpp `/extras/tokenize`, vLLM `/tokenize`)."""
+    context_length: int | None = None
+    """The model's context window in its own tokens; None: unknown."""
+    max_concurrency: int | None = None
+    """How many requests the server runs at once (1 for llama.cpp's server); None: unknown, adaptive."""
+
+
+UNKNOWN = Capabilities()
+
+
+def capabilities_of(llm: Any) -> Capabilities:
+    """The capabilities an LLM (or any wrapper around one) declares; `UNKNOWN` when it declares none."""
+    caps = getattr(llm, "capabilities", None)
+    return caps if isinstance(caps, Capabilities) else UNKNOWN
