@@ -116,6 +116,11 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
                 fault_rate=s.fault_rate,
                 fault_kinds=tuple(s.fault_kinds),
                 seed=s.seed,
+                disobey_rate=s.disobey_rate,
+                disobey_kinds=tuple(s.disobey_kinds),
+                tokenizer=s.tokenizer,
+                max_concurrency=s.max_concurrency,
+                context_length=s.context_length,
             )
         ).start()
         update = {"provider": "simulated", "base_url": simulator.url, "provider_reason": settings.provider_reason()}
@@ -236,7 +241,29 @@ def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None
 @click.option("--fault-kinds", default=None, help="Comma-separated: 429, 500, timeout [default: all three].")
 @click.option("--seed", type=int, default=None, help="Seed of the model's choices [default: 0].")
 @click.option("--hang-s", default=30.0, show_default=True, help="How long a timeout fault keeps the client waiting.")
-def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_kinds, seed, hang_s) -> None:
+@click.option("--disobey", "disobey_rate", type=float, default=None, help="Share of replies that disobey as real models do [default: 0].")
+@click.option("--disobey-kinds", default=None, help="Comma-separated: prose, ramble, tools [default: all three].")
+@click.option(
+    "--tokenizer", type=click.Choice(["cl100k_base", "digits"]), default=None, help="Token counting [default: digits when disobeying]."
+)
+@click.option("--max-concurrency", type=int, default=None, help="Requests generated at once, 0: no limit [default: 1 when disobeying].")
+@click.option("--context-length", type=int, default=None, help="Context window in tokens [default: 4096 when disobeying, else 131072].")
+def sim(
+    config_path,
+    host,
+    port,
+    ttft_ms,
+    tokens_per_second,
+    fault_rate,
+    fault_kinds,
+    seed,
+    hang_s,
+    disobey_rate,
+    disobey_kinds,
+    tokenizer,
+    max_concurrency,
+    context_length,
+) -> None:
     """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
     from reasonray.gateway.simulator.engine import FaultPlan
     from reasonray.gateway.simulator.server import SimulatorSettings, run
@@ -252,9 +279,8 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
         FaultPlan(fault_rate, kinds)
     except ValueError as exc:
         _fail(str(exc), error_type="invalid_params")
-    click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1")
-    run(
-        SimulatorSettings(
+    try:
+        settings = SimulatorSettings(
             host=host,
             port=port,
             ttft_ms=ttft_ms,
@@ -263,8 +289,17 @@ def sim(config_path, host, port, ttft_ms, tokens_per_second, fault_rate, fault_k
             fault_kinds=kinds,
             seed=seed,
             hang_s=hang_s,
+            disobey_rate=defaults.disobey_rate if disobey_rate is None else disobey_rate,
+            disobey_kinds=tuple(k.strip() for k in disobey_kinds.split(",") if k.strip()) if disobey_kinds else tuple(defaults.disobey_kinds),
+            tokenizer=tokenizer or defaults.tokenizer,
+            max_concurrency=defaults.max_concurrency if max_concurrency is None else max_concurrency,
+            context_length=context_length or defaults.context_length,
         )
-    )
+    except ValueError as exc:
+        _fail(str(exc), error_type="invalid_params")
+    disobedient = f", disobeying {settings.disobey_rate:.0%} of replies" if settings.disobedient else ""
+    click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1{disobedient}")
+    run(settings)
 
 
 @main.command("mcp")

@@ -94,6 +94,19 @@ class SimulatorSection(_Section):
     fault_rate: float = Field(0.0, ge=0, le=1, description="Share of requests that fail on purpose.")
     fault_kinds: list[Literal["429", "500", "timeout"]] = Field(["429", "500", "timeout"], description="Which faults.")
     seed: int = Field(0, description="Seed of the simulated model's choices.")
+    disobey_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of replies that disobey as real models do (prose, rambling, fumbled tools); docs/simulator.md."
+    )
+    disobey_kinds: list[Literal["prose", "ramble", "tools"]] = Field(["prose", "ramble", "tools"], description="Which ways replies disobey.")
+    tokenizer: Literal["cl100k_base", "digits"] | None = Field(
+        None, description="How the model counts tokens; unset: cl100k_base, or digits (one per digit, ChatML) when disobedient."
+    )
+    max_concurrency: int | None = Field(
+        None, ge=0, description="Requests generated at once (0: no limit); unset: no limit, or 1 when disobedient."
+    )
+    context_length: int | None = Field(
+        None, ge=16, description="Context window in the model's tokens; unset: 131072, or 4096 when disobedient."
+    )
 
 
 class LLMSettings(_Section):

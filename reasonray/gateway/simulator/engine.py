@@ -21,8 +21,12 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from reasonray.gateway.arithmetic import evaluate, format_number
 from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
+from reasonray.gateway.simulator import structured
+from reasonray.gateway.simulator.disobedience import Disobedience, in_prose, malformed_arguments, ramble
 from reasonray.gateway.tokens import TokenCounter, count_messages
 from reasonray.kernel.errors import ReasonRayError
 
@@ -32,6 +36,10 @@ CALL_DIRECTIVE = re.compile(r"\[\[sim\s+call=([A-Za-z0-9_.-]+)\s*")
 PROGRESS = re.compile(r"\[progress (\d+)/(\d+)\]")
 ARITHMETIC = re.compile(r"[-+(]*\s*\d[\d\s.+\-*/×÷x^()%]*\d\)*")
 FAULT_KINDS = ("429", "500", "timeout")
+DEFAULT_CONTEXT_LENGTH = 131_072
+EXCHANGES_KEPT = 1000
+# Small models mostly answer in their own words; fewer ramble on, or fumble the tools they are offered.
+DISOBEY_WEIGHTS = {"prose": 3, "ramble": 1, "tools": 2}
 EXTRACTIONS = ("extract_success", "extract_failure", "extract_contrast", "extract_passive")
 # A numbered item at the start of a line, whatever its label: "Candidate 2:", "Option #2", "2.", "(2)".
 ENUMERATED = re.compile(
@@ -97,6 +105,25 @@ class SimStats:
     requests: int = 0
     faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     scripted: int = 0
+    disobeyed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    rejected: int = 0  # requests answered with HTTP 400
+    last_rejection: str | None = None  # why the latest of them was
+    prompt_tokens: int = 0  # usage reported, over every reply
+    completion_tokens: int = 0
+    abandoned: int = 0  # replies generated in full for a client that had left
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One reply as the model meant it, for tests that check what a strategy made of it."""
+
+    purpose: str | None
+    disobeyed: tuple[str | None, ...]  # per choice: how it disobeyed, None where it obeyed
+    finish_reasons: tuple[str, ...]
+    stated: tuple[str | None, ...]  # per choice: the answer it states (tagged, in prose or JSON), None for none
+    tool_calls: tuple[ToolCall, ...]
+    prompt_tokens: int
+    completion_tokens: int
 
 
 def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -143,10 +170,21 @@ def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
 class SimulatedModel:
     """Answers chat requests the way docs/simulator.md describes."""
 
-    def __init__(self, counter: TokenCounter, *, seed: int = 0, faults: FaultPlan | None = None) -> None:
+    def __init__(
+        self,
+        counter: TokenCounter,
+        *,
+        seed: int = 0,
+        faults: FaultPlan | None = None,
+        disobedience: Disobedience | None = None,
+        context_length: int = DEFAULT_CONTEXT_LENGTH,
+    ) -> None:
         self.counter = counter
         self.seed = seed
         self.faults = faults or FaultPlan()
+        self.disobedience = disobedience or Disobedience()
+        self.context_length = context_length
+        self.exchanges: deque[Exchange] = deque(maxlen=EXCHANGES_KEPT)
         self._fault_rng = random.Random(seed)
         self._scripts: dict[str, deque[dict[str, Any]]] = {}
         self._directed_faults: dict[str, int] = defaultdict(int)
@@ -179,6 +217,7 @@ class SimulatedModel:
         self.skill = 1.0
         self._directed_faults.clear()
         self.stats = SimStats()
+        self.exchanges.clear()
         self._fault_rng = random.Random(self.seed)
 
     # -- faults ---------------------------------------------------------------------------------
@@ -205,12 +244,127 @@ class SimulatedModel:
     # -- answers --------------------------------------------------------------------------------
     def respond(self, request: LLMRequest) -> SimResponse:
         directives = parse_directives(_last_user_text(request.messages))
-        choices = [self._choice(request, directives, index) for index in range(max(1, request.n))]
-        return SimResponse(
-            choices=choices,
-            prompt_tokens=count_messages(self.counter, request.messages),
-            completion_tokens=sum(self._choice_tokens(c) for c in choices),
+        try:
+            forced = structured.forced_tool(request.tools, request.tool_choice)
+            schema = structured.schema_of(request.response_format)
+            plan = Disobedience.from_directive(directives["disobey"]) if "disobey" in directives else self.disobedience
+        except ValueError as exc:
+            raise SimulatorError(str(exc)) from None
+        prompt_tokens = self._prompt_tokens(request.messages)
+        room = self.context_length - prompt_tokens
+        if room <= 0:
+            raise SimulatorError(f"the prompt's {prompt_tokens} tokens exceed the context window of {self.context_length} tokens")
+        # generation ends where the context window does, whatever max_tokens asked for
+        request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
+        replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
+        choices = [choice for choice, _, _ in replies]
+        response = SimResponse(choices, prompt_tokens, sum(self._choice_tokens(c) for c in choices))
+        self._record(request, response, tuple(kind for _, kind, _ in replies), tuple(says for _, _, says in replies))
+        return response
+
+    def _reply(
+        self, request: LLMRequest, directives: dict[str, str], plan: Disobedience, forced: str | None, schema: dict[str, Any] | None, index: int
+    ) -> tuple[SimChoice, str | None, str | None]:
+        """One choice: the obedient reply, then shaped as the request asks or disobeying; with how it disobeyed
+        (None: it obeyed) and the answer it states."""
+        obedient = self._choice(request, directives, index)
+        if "script" in directives and request.purpose != "judge" and request.purpose not in EXTRACTIONS:
+            return obedient, None, _answer_in(obedient)  # scripted replies are exact
+        kind = self._disobeys(request, plan, index)
+        if kind == "prose" and obedient.tool_calls:  # a tool call has no text format to ignore: it fumbles the call
+            kind = "tools" if "tools" in plan.kinds else None
+        if kind is not None:
+            self.stats.disobeyed[kind] += 1
+            choice, says = self._disobey(obedient, request, kind, index)
+            return choice, kind, says
+        choice = self._conform(obedient, request, forced, schema)
+        meant = choice if "<answer>" in choice.text else obedient  # JSON carries what the tagged reply said
+        return choice, None, _answer_in(meant) if choice.finish_reason == "stop" and not choice.tool_calls else None
+
+    def _prompt_tokens(self, messages: tuple[Message, ...]) -> int:
+        framing = getattr(self.counter, "prompt_tokens", None)  # a tokenizer with a chat template of its own
+        return int(framing(messages)) if callable(framing) else count_messages(self.counter, messages)
+
+    def _record(self, request: LLMRequest, response: SimResponse, kinds: tuple[str | None, ...], stated: tuple[str | None, ...]) -> None:
+        self.stats.prompt_tokens += response.prompt_tokens
+        self.stats.completion_tokens += response.completion_tokens
+        self.exchanges.append(
+            Exchange(
+                purpose=request.purpose,
+                disobeyed=kinds,
+                finish_reasons=tuple(c.finish_reason for c in response.choices),
+                stated=stated,
+                tool_calls=tuple(call for c in response.choices for call in c.tool_calls),
+                prompt_tokens=response.prompt_tokens,
+                completion_tokens=response.completion_tokens,
+            )
         )
+
+    # -- obeying the request's output contract --------------------------------------------------
+    def _conform(self, choice: SimChoice, request: LLMRequest, forced: str | None, schema: dict[str, Any] | None) -> SimChoice:
+        """The reply shaped as `tool_choice` and `response_format` ask, as an enforcing server shapes it."""
+        names = structured.tool_names(request.tools)
+        if forced == "none" and choice.tool_calls:
+            choice = self._finish(self._without_tools(request), request)
+        elif forced is not None and forced != "none":
+            wanted = forced if forced != "required" else next((c.name for c in choice.tool_calls if c.name in names), names[0])
+            if not any(c.name == wanted for c in choice.tool_calls):
+                question = DIRECTIVE.sub("", _last_user_text(request.messages)).strip()
+                found = evaluate_arithmetic(question)
+                hints = {"answer": found[0] if found else question, "text": question}
+                arguments = structured.instance(structured.parameters_of(request.tools, wanted), hints)
+                call = ToolCall(id=f"call_{_request_digest(request)[:8]}_forced", name=wanted, arguments=json.dumps(arguments))
+                choice = SimChoice(finish_reason="tool_calls", tool_calls=(call,))
+            else:
+                choice = SimChoice(finish_reason="tool_calls", tool_calls=tuple(c for c in choice.tool_calls if c.name == wanted))
+        if schema is not None and not choice.tool_calls:
+            shaped = self._finish(structured.as_json(choice.text, schema), request)
+            if choice.finish_reason == "length":
+                shaped.finish_reason = "length"
+            choice = shaped
+        return choice
+
+    def _without_tools(self, request: LLMRequest) -> str:
+        """What the model says to a request for a tool call when it may not (or will not) call one."""
+        found = evaluate_arithmetic(DIRECTIVE.sub("", _last_user_text(request.messages)))
+        answer = format_number(found[1]) if found else "I cannot tell without running the tool."
+        return f"<thinking>Answering without calling a tool.</thinking>\n<answer>{answer}</answer>"
+
+    # -- disobeying -----------------------------------------------------------------------------
+    def _disobeys(self, request: LLMRequest, plan: Disobedience, index: int) -> str | None:
+        """How this reply disobeys (None: it obeys): a draw at the plan's rate from what the request says, so the
+        same request is answered the same way every time; `tools` only where tools are offered."""
+        if plan.rate <= 0:
+            return None
+        draw = random.Random(f"{self.seed}:disobey:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
+        if draw.random() >= plan.rate:
+            return None
+        kinds = [k for k in plan.kinds if k != "tools" or request.tools]
+        return draw.choices(kinds, weights=[DISOBEY_WEIGHTS[k] for k in kinds])[0] if kinds else None
+
+    def _disobey(self, obedient: SimChoice, request: LLMRequest, kind: str, index: int) -> tuple[SimChoice, str | None]:
+        """The reply as a model that ignores its instructions gives it, with the answer it still states (if any)."""
+        rng = random.Random(f"{self.seed}:{kind}:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
+        question = DIRECTIVE.sub("", _last_user_text(request.messages))
+        found = evaluate_arithmetic(question)
+        budget = request.max_tokens or self.context_length
+        if kind == "ramble":
+            text = self.counter.head(ramble(question, self.counter.count, budget, rng), budget)
+            return SimChoice(text=text, finish_reason="length"), None
+        if kind == "tools":
+            if obedient.tool_calls and rng.random() < 0.5:  # forgets the tools and answers on its own
+                dropped = self._without_tools(request)
+                choice = self._finish(in_prose(dropped, rng, found[0] if found else None), request)
+                return choice, _answer_in(SimChoice(text=dropped)) if choice.finish_reason == "stop" else None
+            calls = obedient.tool_calls or (
+                ToolCall(id=f"call_{_request_digest(request)[:8]}_{index}", name=structured.tool_names(request.tools)[0], arguments="{}"),
+            )
+            broken = tuple(ToolCall(id=c.id, name=c.name, arguments=malformed_arguments(c.arguments, rng)) for c in calls)
+            return SimChoice(finish_reason="tool_calls", tool_calls=broken), None
+        choice = self._finish(in_prose(obedient.text, rng, found[0] if found else None), request)
+        if obedient.finish_reason == "length":
+            choice.finish_reason = "length"
+        return choice, _answer_in(obedient) if choice.finish_reason == "stop" else None
 
     def _choice_tokens(self, choice: SimChoice) -> int:
         return self.counter.count(choice.text) + sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
@@ -558,6 +712,14 @@ class SimulatedModel:
         if cut_off and stop_reason is None:
             return SimChoice(text=text, finish_reason="length")
         return SimChoice(text=text, finish_reason="stop", stop_reason=stop_reason)
+
+
+def _answer_in(choice: SimChoice) -> str | None:
+    """The answer a reply states in its `<answer>` tag; None for a reply cut off or without one."""
+    if choice.finish_reason == "length":
+        return None
+    found = re.search(r"<answer>(.*?)</answer>", choice.text, re.DOTALL)
+    return found.group(1).strip() if found else None
 
 
 def _memory_item(title: str, description: str, content: str, error: tuple[str, str, str] | None = None) -> str:

@@ -1,28 +1,38 @@
 """The simulated model as a real OpenAI-compatible HTTP server (FastAPI + uvicorn).
 
-`/v1/chat/completions` (plain and streaming), `/v1/embeddings`, `/v1/models`, plus `/v1/sim/*`
-for tests: scripted replies, fault settings, statistics. Every reply names the model `simulated`
+`/v1/chat/completions` (plain and streaming), `/v1/embeddings`, `/v1/models`, llama.cpp's
+`/extras/tokenize` and `/extras/tokenize/count`, plus `/v1/sim/*` for tests: scripted replies, fault
+and disobedience settings, statistics, the exchanges it had. Every reply names the model `simulated`
 and carries the header `X-ReasonRay-Simulated: true`.
+
+Disobedient (`disobey_rate` > 0), it also behaves as llama.cpp's server does unless told otherwise: it
+counts with another tokenizer, serves one request at a time, has a 4,096-token context, streams no usage
+and advertises nothing about itself; a plain request whose client left is generated to the end (and holds
+the model meanwhile), a streamed one stops when the client closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from reasonray.gateway.protocol import PURPOSE_HEADER, LLMRequest, Message, ToolCall
+from reasonray.gateway.simulator.disobedience import DISOBEY_KINDS, Disobedience
 from reasonray.gateway.simulator.engine import (
+    DEFAULT_CONTEXT_LENGTH,
     FAULT_KINDS,
     MODEL_NAME,
     FaultPlan,
@@ -32,7 +42,8 @@ from reasonray.gateway.simulator.engine import (
     SimulatorError,
     embed,
 )
-from reasonray.gateway.tokens import TokenCounter, counter_for_model
+from reasonray.gateway.simulator.tokenizer import TOKENIZERS, SimTokenizer
+from reasonray.gateway.tokens import TokenCounter
 
 SIM_HEADER = {"X-ReasonRay-Simulated": "true"}
 
@@ -48,6 +59,37 @@ class SimulatorSettings:
     seed: int = 0
     hang_s: float = 30.0  # how long a "timeout" fault keeps the client waiting
     embedding_dims: int = 384
+    disobey_rate: float = 0.0  # share of replies that disobey as real models do (docs/simulator.md)
+    disobey_kinds: tuple[str, ...] = DISOBEY_KINDS
+    # What the server is like; None: OpenAI-like when obedient, llama.cpp-like when disobedient.
+    tokenizer: str | None = None  # "cl100k_base" or "digits"
+    max_concurrency: int | None = None  # requests generated at once; 0 for no limit
+    context_length: int | None = None  # the context window, prompt and reply, in the model's tokens
+
+    def __post_init__(self) -> None:
+        Disobedience(self.disobey_rate, tuple(self.disobey_kinds))  # fails here on a bad rate or kind
+        if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"unknown tokenizer {self.tokenizer!r}; use one of {', '.join(TOKENIZERS)}")
+        if self.max_concurrency is not None and self.max_concurrency < 0:
+            raise ValueError(f"max_concurrency must be 0 (no limit) or more, got {self.max_concurrency}")
+        if self.context_length is not None and self.context_length < 16:
+            raise ValueError(f"context_length must be at least 16 tokens, got {self.context_length}")
+
+    @property
+    def disobedient(self) -> bool:
+        return self.disobey_rate > 0
+
+    @property
+    def resolved_tokenizer(self) -> str:
+        return self.tokenizer or ("digits" if self.disobedient else "cl100k_base")
+
+    @property
+    def resolved_max_concurrency(self) -> int:
+        return self.max_concurrency if self.max_concurrency is not None else (1 if self.disobedient else 0)
+
+    @property
+    def resolved_context_length(self) -> int:
+        return self.context_length or (4096 if self.disobedient else DEFAULT_CONTEXT_LENGTH)
 
     def delay_s(self, completion_tokens: int) -> float:
         per_token = completion_tokens / self.tokens_per_second if self.tokens_per_second > 0 else 0.0
@@ -103,6 +145,8 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
         n=n,
         seed=body.get("seed"),
         tools=tuple(body.get("tools") or ()),
+        tool_choice=body.get("tool_choice"),
+        response_format=body.get("response_format"),
         purpose=purpose or None,
     )
 
@@ -116,19 +160,82 @@ def _choice_json(index: int, choice: SimChoice) -> dict[str, Any]:
     return {"index": index, "message": message, "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
 
 
+def _model_card(settings: SimulatorSettings, tokenizer: SimTokenizer) -> dict[str, Any]:
+    """What `GET /v1/models` says of the model: llama-cpp-python's bare card when disobedient; otherwise what
+    it supports, in the fields vLLM (`max_model_len`) and llama.cpp (`meta`) use and as ReasonRay's capabilities."""
+    if settings.disobedient:
+        return {"id": MODEL_NAME, "object": "model", "owned_by": "me", "permissions": []}
+    context, concurrency = settings.resolved_context_length, settings.resolved_max_concurrency
+    return {
+        "id": MODEL_NAME,
+        "object": "model",
+        "created": 0,
+        "owned_by": "reasonray-simulator",
+        "max_model_len": context,
+        "meta": {"n_ctx": context, "n_ctx_train": context, "tokenizer": tokenizer.name},
+        "capabilities": {
+            "structured_output": True,
+            "tool_choice": True,
+            "tokenize": True,
+            "context_length": context,
+            "max_concurrency": concurrency or None,
+        },
+    }
+
+
 def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
+    tokenizer = SimTokenizer(settings.resolved_tokenizer)
     model = model or SimulatedModel(
-        counter_for_model(MODEL_NAME),
+        tokenizer,
         seed=settings.seed,
         faults=FaultPlan(settings.fault_rate, tuple(settings.fault_kinds)),
+        disobedience=Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds)),
+        context_length=settings.resolved_context_length,
     )
     app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
     app.state.model = model
+    # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
+    limit = settings.resolved_max_concurrency
+    slots = asyncio.Semaphore(limit) if limit else None
+
+    @contextlib.asynccontextmanager
+    async def generating() -> AsyncIterator[None]:
+        if slots is None:
+            yield
+            return
+        async with slots:
+            yield
+
+    def rejected(message: str) -> JSONResponse:
+        model.stats.rejected += 1
+        model.stats.last_rejection = message
+        return _error(400, f"simulated model: {message}")
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "reasonray-simulator"}
-        return JSONResponse({"object": "list", "data": [card]}, headers=SIM_HEADER)
+        return JSONResponse({"object": "list", "data": [_model_card(settings, tokenizer)]}, headers=SIM_HEADER)
+
+    @app.post("/extras/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        text = await _tokenize_input(request)
+        if text is None:
+            return rejected("tokenize takes {'input': '<text>'} (and optionally 'model')")
+        return JSONResponse({"tokens": tokenizer.encode(text)}, headers=SIM_HEADER)
+
+    @app.post("/extras/tokenize/count")
+    async def tokenize_count(request: Request) -> JSONResponse:
+        text = await _tokenize_input(request)
+        if text is None:
+            return rejected("tokenize/count takes {'input': '<text>'} (and optionally 'model')")
+        return JSONResponse({"count": tokenizer.count(text)}, headers=SIM_HEADER)
+
+    @app.post("/extras/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await request.json()
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return rejected("detokenize takes {'tokens': [<int>, ...]}")
+        return JSONResponse({"text": tokenizer.decode(tokens)}, headers=SIM_HEADER)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -141,19 +248,22 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
             fault = model.fault_for(sim_request)
         except (ValueError, KeyError, TypeError, SimulatorError) as exc:
-            return _error(400, f"simulated model: {exc}")
+            return rejected(str(exc))
         if fault is not None:
             return await _inject(fault.kind, settings)
         try:
             response = model.respond(sim_request)
         except SimulatorError as exc:
-            return _error(400, f"simulated model: {exc}")
+            return rejected(str(exc))
         created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
         if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            stream = _stream(response, settings, created, rid, include_usage, model.counter)
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not settings.disobedient
+            stream = _stream(response, settings, created, rid, include_usage, model.counter, generating)
             return StreamingResponse(stream, media_type="text/event-stream", headers=SIM_HEADER)
-        await asyncio.sleep(settings.delay_s(response.completion_tokens))
+        async with generating():  # the client may leave meanwhile: the reply is generated to the end anyway
+            await asyncio.sleep(settings.delay_s(response.completion_tokens))
+        if await request.is_disconnected():
+            model.stats.abandoned += 1
         return JSONResponse(
             {
                 "id": rid,
@@ -219,12 +329,38 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     @app.get("/v1/sim/stats")
     async def stats() -> JSONResponse:
         s = model.stats
-        return JSONResponse({"requests": s.requests, "faults": dict(s.faults), "scripted": s.scripted}, headers=SIM_HEADER)
+        return JSONResponse(
+            {
+                "requests": s.requests,
+                "faults": dict(s.faults),
+                "scripted": s.scripted,
+                "disobeyed": dict(s.disobeyed),
+                "rejected": s.rejected,
+                "last_rejection": s.last_rejection,
+                "abandoned": s.abandoned,
+                "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens},
+            },
+            headers=SIM_HEADER,
+        )
+
+    @app.get("/v1/sim/exchanges")
+    async def exchanges() -> JSONResponse:
+        return JSONResponse({"exchanges": msgspec.to_builtins(list(model.exchanges))}, headers=SIM_HEADER)
+
+    @app.post("/v1/sim/disobey")
+    async def set_disobedience(request: Request) -> JSONResponse:
+        body = await request.json()
+        try:
+            model.disobedience = Disobedience(float(body.get("rate", 0.0)), tuple(body.get("kinds") or DISOBEY_KINDS))
+        except (TypeError, ValueError) as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"rate": model.disobedience.rate, "kinds": list(model.disobedience.kinds)}, headers=SIM_HEADER)
 
     @app.post("/v1/sim/reset")
     async def reset() -> JSONResponse:
         model.reset()
         model.faults = FaultPlan(settings.fault_rate, tuple(settings.fault_kinds))
+        model.disobedience = Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds))
         return JSONResponse({"ok": True}, headers=SIM_HEADER)
 
     return app
@@ -240,6 +376,22 @@ async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
 
 
 async def _stream(
+    response: SimResponse,
+    settings: SimulatorSettings,
+    created: int,
+    rid: str,
+    include_usage: bool,
+    counter: TokenCounter,
+    generating: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+) -> AsyncIterator[str]:
+    """The reply as server-sent events, generated while the model is held: a client that closes the stream
+    ends the generation (the response stops iterating this generator) and frees the model."""
+    async with generating():
+        async for event in _events(response, settings, created, rid, include_usage, counter):
+            yield event
+
+
+async def _events(
     response: SimResponse, settings: SimulatorSettings, created: int, rid: str, include_usage: bool, counter: TokenCounter
 ) -> AsyncIterator[str]:
     def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
@@ -288,6 +440,16 @@ def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list
         piece = "".join(current)
         out.append((piece, counter.count(piece)))
     return out
+
+
+async def _tokenize_input(request: Request) -> str | None:
+    """The text of a llama.cpp tokenize request (`{"input": ..., "model": ...}`), None when it is malformed."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return None
+    text = body.get("input") if isinstance(body, dict) else None
+    return text if isinstance(text, str) else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,0 +1,159 @@
+"""Structured output as an enforcing server gives it: `response_format` (a JSON object, or JSON valid against
+the schema asked for) and `tool_choice` ("none", "required", or one named tool called with arguments valid for
+its parameters).
+
+The simulated model first writes its usual tagged reply; this module recasts it: each tag becomes the field a
+schema names for it (the `<answer>` goes to "answer", "result", "final_answer"..., a `<score>` to "score",
+"rating"...), so the content stays what the model meant and only the shape follows the request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+TAG = re.compile(r"<(\w+)>(.*?)</\1>", re.DOTALL)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+TOOL_CHOICES = ("none", "auto", "required")
+# Which of a reply's tags a schema field of this name carries (a field matches when its name contains one).
+SYNONYMS = {
+    "answer": ("answer", "result", "solution", "output", "value"),
+    "score": ("score", "rating", "confidence", "grade"),
+    "vote": ("vote", "choice", "best", "candidate", "selection", "index"),
+    "step": ("step", "thought"),
+    "thinking": ("reasoning", "thinking", "explanation", "rationale", "analysis"),
+    "feedback": ("feedback", "critique", "comment", "suggestion"),
+    "status": ("status", "verdict", "outcome"),
+}
+
+
+def tool_names(tools: tuple[dict[str, Any], ...]) -> list[str]:
+    return [str((t.get("function") or {}).get("name")) for t in tools]
+
+
+def forced_tool(tools: tuple[dict[str, Any], ...], tool_choice: str | dict[str, Any] | None) -> str | None:
+    """What `tool_choice` asks for: "none", "auto" (or None: as the model likes), "required", or a tool's name.
+    A choice that names nothing offered is a ValueError, as OpenAI's API rejects it."""
+    if tool_choice is None or tool_choice == "auto":
+        return None
+    if isinstance(tool_choice, str):
+        if tool_choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice {tool_choice!r}: use one of {', '.join(TOOL_CHOICES)} or a named function")
+        if tool_choice == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs 'tools'")
+        return tool_choice
+    name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str):
+        raise ValueError('a named tool_choice is {"type": "function", "function": {"name": ...}}')
+    if name not in tool_names(tools):
+        raise ValueError(f"tool_choice names {name!r}, which is not among the tools offered ({', '.join(tool_names(tools)) or 'none'})")
+    return name
+
+
+def parameters_of(tools: tuple[dict[str, Any], ...], name: str) -> dict[str, Any]:
+    for tool in tools:
+        function = tool.get("function") or {}
+        if function.get("name") == name:
+            parameters = function.get("parameters")
+            return parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
+    return {"type": "object", "properties": {}}
+
+
+def schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON schema a `response_format` asks for ({} for any JSON object); None for plain text."""
+    if not response_format:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":  # llama-cpp-python also takes a schema here
+        schema = response_format.get("schema")
+        return schema if isinstance(schema, dict) else {}
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}")
+        return schema
+    raise ValueError(f"response_format type {kind!r}: use text, json_object or json_schema")
+
+
+def fields_of(text: str) -> dict[str, str]:
+    """A tagged reply's parts by tag; the untagged rest as "text"."""
+    fields = {tag: body.strip() for tag, body in TAG.findall(text)}
+    rest = TAG.sub(" ", text).strip()
+    if rest or not fields:
+        fields["text"] = rest
+    return fields
+
+
+def as_json(text: str, schema: dict[str, Any]) -> str:
+    """The reply as a JSON object: valid against `schema`, or, for {}, its tags as keys."""
+    fields = fields_of(text)
+    if not schema:
+        value: Any = {("reasoning" if k == "thinking" else k): _typed(k, v) for k, v in fields.items()}
+    else:
+        value = instance(schema, fields)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "") -> Any:
+    """A value valid against `schema` (object, array, string, number, integer, boolean, null, enum, const,
+    anyOf/oneOf, bounds), carrying the reply's part that the field's name asks for."""
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        wanted = _field(key, fields)
+        return next((v for v in schema["enum"] if str(v).lower() == wanted.lower()), schema["enum"][0])
+    for combinator in ("anyOf", "oneOf"):
+        options = [o for o in schema.get(combinator) or [] if isinstance(o, dict) and o.get("type") != "null"]
+        if options:
+            return instance(options[0], fields, key)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: instance(sub, fields, name) for name, sub in properties.items() if isinstance(sub, dict)}
+    if kind == "array":
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        size = max(int(schema.get("minItems", 1)), 1)
+        if "maxItems" in schema:
+            size = min(size, int(schema["maxItems"]))
+        return [instance(items, fields, key) for _ in range(size)]
+    if kind in ("number", "integer"):
+        found = NUMBER.findall(_field(key, fields))
+        number = float(found[-1]) if found else 0.0
+        number = max(number, float(schema.get("minimum", number)))
+        number = min(number, float(schema.get("maximum", number)))
+        return round(number) if kind == "integer" else number
+    if kind == "boolean":
+        if "status" in fields:
+            return fields["status"] == "success"
+        found = NUMBER.findall(fields.get("score", ""))
+        return float(found[0]) >= 0.5 if found else True
+    if kind == "null":
+        return None
+    text = _field(key, fields)
+    if "maxLength" in schema:
+        text = text[: int(schema["maxLength"])]
+    return text.ljust(int(schema.get("minLength", 0)), " ")
+
+
+def _field(key: str, fields: dict[str, str]) -> str:
+    name = key.lower()
+    for tag, synonyms in SYNONYMS.items():
+        if tag in fields and any(s in name for s in synonyms):
+            return fields[tag]
+    return fields.get("answer") or fields.get("text") or next(iter(fields.values()), "")
+
+
+def _typed(tag: str, value: str) -> Any:
+    try:
+        if tag == "score":
+            return float(value)
+        if tag == "vote":
+            return int(value)
+    except ValueError:
+        pass
+    return value
