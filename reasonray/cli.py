@@ -290,7 +290,9 @@ def sim(
             seed=seed,
             hang_s=hang_s,
             disobey_rate=defaults.disobey_rate if disobey_rate is None else disobey_rate,
-            disobey_kinds=tuple(k.strip() for k in disobey_kinds.split(",") if k.strip()) if disobey_kinds else tuple(defaults.disobey_kinds),
+            disobey_kinds=tuple(k.strip() for k in disobey_kinds.split(",") if k.strip())
+            if disobey_kinds
+            else tuple(defaults.disobey_kinds),
             tokenizer=tokenizer or defaults.tokenizer,
             max_concurrency=defaults.max_concurrency if max_concurrency is None else max_concurrency,
             context_length=context_length or defaults.context_length,

@@ -97,7 +97,9 @@ class SimulatorSection(_Section):
     disobey_rate: float = Field(
         0.0, ge=0, le=1, description="Share of replies that disobey as real models do (prose, rambling, fumbled tools); docs/simulator.md."
     )
-    disobey_kinds: list[Literal["prose", "ramble", "tools"]] = Field(["prose", "ramble", "tools"], description="Which ways replies disobey.")
+    disobey_kinds: list[Literal["prose", "ramble", "tools"]] = Field(
+        ["prose", "ramble", "tools"], description="Which ways replies disobey."
+    )
     tokenizer: Literal["cl100k_base", "digits"] | None = Field(
         None, description="How the model counts tokens; unset: cl100k_base, or digits (one per digit, ChatML) when disobedient."
     )

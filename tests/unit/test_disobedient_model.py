@@ -44,9 +44,7 @@ from reasonray.strategies.self_consistency import SelfConsistency
 from reasonray.strategies.tree_of_thought import TreeOfThought
 from tests.unit.strategy_harness import context_for
 
-CLASSES: dict[str, type] = {
-    cls.name: cls for cls in (ChainOfThought, BoundedContext, ReAct, TreeOfThought, SelfConsistency, Refine, Matts)
-}
+CLASSES: dict[str, type] = {cls.name: cls for cls in (ChainOfThought, BoundedContext, ReAct, TreeOfThought, SelfConsistency, Refine, Matts)}
 CHUNK_SIZE = 2048
 CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("chain_of_thought", "chain_of_thought", "What is 17 * 23?", {}),
@@ -98,7 +96,9 @@ async def run(server: SimulatorServer, strategy: str, query: str, config: dict[s
     async with httpx.AsyncClient() as http:
         (await http.post(f"{base}/sim/reset")).raise_for_status()
     retry = {"max_attempts": 2, "initial_backoff_s": 0.0, "max_backoff_s": 0.0, "jitter_s": 0.0}
-    settings = Settings.model_validate({"llm": {"provider": "simulated", "base_url": server.url, "retry": retry, "cache": {"enabled": False}}})
+    settings = Settings.model_validate(
+        {"llm": {"provider": "simulated", "base_url": server.url, "retry": retry, "cache": {"enabled": False}}}
+    )
     client: OpenAILLM = client_for(settings, environ={})
     llm, _ = build_llm(settings, client, None)
     context, recorder = context_for(llm, strategy=strategy)
@@ -136,7 +136,9 @@ def same_number(a: str | None, b: str) -> bool:
 
 
 @pytest.mark.parametrize(("strategy", "query", "config"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-async def test_every_strategy_survives_a_disobedient_model(server: SimulatorServer, strategy: str, query: str, config: dict[str, Any]) -> None:
+async def test_every_strategy_survives_a_disobedient_model(
+    server: SimulatorServer, strategy: str, query: str, config: dict[str, Any]
+) -> None:
     outcome = await run(server, strategy, query, config)
     said = [s for e in outcome.exchanges for s in e["stated"] if s]
     replies = sum(len(e["finish_reasons"]) for e in outcome.exchanges)

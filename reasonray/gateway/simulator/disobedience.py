@@ -78,7 +78,9 @@ def in_prose(text: str, rng: random.Random, problem: str | None) -> str:
                 (f"I would rate this {round(value * 10)}/10.", "This solution looks " + ("correct." if value >= 0.5 else "wrong."))
             )
         if tag == "vote":
-            return rng.choice((f"The best one is candidate {body}.", f"I think option {body} is the most promising.", "They all look fine."))
+            return rng.choice(
+                (f"The best one is candidate {body}.", f"I think option {body} is the most promising.", "They all look fine.")
+            )
         if tag == "status":
             return "Yes, the agent solved the task." if body == "success" else "No, the agent got it wrong."
         return ANY_TAG.sub(" ", body)

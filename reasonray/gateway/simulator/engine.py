@@ -263,7 +263,13 @@ class SimulatedModel:
         return response
 
     def _reply(
-        self, request: LLMRequest, directives: dict[str, str], plan: Disobedience, forced: str | None, schema: dict[str, Any] | None, index: int
+        self,
+        request: LLMRequest,
+        directives: dict[str, str],
+        plan: Disobedience,
+        forced: str | None,
+        schema: dict[str, Any] | None,
+        index: int,
     ) -> tuple[SimChoice, str | None, str | None]:
         """One choice: the obedient reply, then shaped as the request asks or disobeying; with how it disobeyed
         (None: it obeyed) and the answer it states."""

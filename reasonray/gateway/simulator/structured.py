@@ -116,7 +116,8 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "") -> A
         properties = schema.get("properties") or {}
         return {name: instance(sub, fields, name) for name, sub in properties.items() if isinstance(sub, dict)}
     if kind == "array":
-        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        items = schema.get("items")
+        items = items if isinstance(items, dict) else {}
         size = max(int(schema.get("minItems", 1)), 1)
         if "maxItems" in schema:
             size = min(size, int(schema["maxItems"]))
