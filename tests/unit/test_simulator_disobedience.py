@@ -227,7 +227,7 @@ def test_a_tool_choice_that_names_nothing_offered_is_refused(tools, choice, mess
 
 def test_a_prompt_beyond_the_context_window_is_refused_and_replies_end_where_it_does():
     model = SimulatedModel(CL100K, context_length=100)
-    with pytest.raises(SimulatorError, match="exceed the context window of 100 tokens"):
+    with pytest.raises(SimulatorError, match=r"maximum context length is 100 tokens\. However, you requested 2"):
         model.respond(ask("What is 1 + 1? " + "word " * 200))
     long = model.respond(ask("[[sim think=500 answer=7]]", max_tokens=400))
     assert long.choices[0].finish_reason == "length" and long.prompt_tokens + long.completion_tokens == 100
@@ -384,3 +384,27 @@ async def test_disobedience_changes_at_run_time_and_reset_restores_the_setting(o
         await http.post("/v1/sim/reset")
         reply = await http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "What is 1+1?"}]})
         assert extract_answer(reply.json()["choices"][0]["message"]["content"]) == "2"
+
+
+async def test_a_prompt_beyond_the_context_is_refused_as_llama_cpp_python_refuses_it(llama_like):
+    client = openai.AsyncOpenAI(base_url=llama_like.url, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "1 " * 5000}])
+    assert refused.value.code == "context_length_exceeded" and "maximum context length is 4096 tokens" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--disobey", "1.5"], "disobey rate must be between 0 and 1, got 1.5"),
+        (["--disobey", "0.5", "--disobey-kinds", "prose,shout"], "unknown disobey kinds ['shout']"),
+        (["--max-concurrency", "-1"], "max_concurrency must be 0 (no limit) or more"),
+    ],
+)
+def test_the_sim_command_refuses_a_bad_disobedience_setting(args, message):
+    from click.testing import CliRunner
+
+    from reasonray.cli import main
+
+    result = CliRunner().invoke(main, ["sim", "--port", "0", *args])
+    assert result.exit_code != 0 and message in result.output

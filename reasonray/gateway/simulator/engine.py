@@ -67,6 +67,10 @@ class SimulatorError(ReasonRayError):
     """A request the simulator cannot answer (bad directive, exhausted script); answered with HTTP 400."""
 
 
+class ContextLengthExceeded(SimulatorError):
+    """The prompt fills the model's context window; answered with HTTP 400 and code `context_length_exceeded`."""
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str  # "429", "500" or "timeout"
@@ -253,7 +257,11 @@ class SimulatedModel:
         prompt_tokens = self._prompt_tokens(request.messages)
         room = self.context_length - prompt_tokens
         if room <= 0:
-            raise SimulatorError(f"the prompt's {prompt_tokens} tokens exceed the context window of {self.context_length} tokens")
+            raise ContextLengthExceeded(  # in the words OpenAI and llama-cpp-python use
+                f"This model's maximum context length is {self.context_length} tokens. However, you requested "
+                f"{prompt_tokens} tokens ({prompt_tokens} in the messages, 0 in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
         # generation ends where the context window does, whatever max_tokens asked for
         request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
         replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]

@@ -35,6 +35,7 @@ from reasonray.gateway.simulator.engine import (
     DEFAULT_CONTEXT_LENGTH,
     FAULT_KINDS,
     MODEL_NAME,
+    ContextLengthExceeded,
     FaultPlan,
     SimChoice,
     SimResponse,
@@ -96,9 +97,11 @@ class SimulatorSettings:
         return self.ttft_ms / 1000 + per_token
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None, code: str | None = None
+) -> JSONResponse:
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "simulated": True}},
+        {"error": {"message": message, "type": kind, "code": code, "simulated": True}},
         status_code=status,
         headers={**SIM_HEADER, **(headers or {})},
     )
@@ -206,10 +209,10 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         async with slots:
             yield
 
-    def rejected(message: str) -> JSONResponse:
+    def rejected(message: str, code: str | None = None) -> JSONResponse:
         model.stats.rejected += 1
         model.stats.last_rejection = message
-        return _error(400, f"simulated model: {message}")
+        return _error(400, f"simulated model: {message}", code=code)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -253,6 +256,8 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             return await _inject(fault.kind, settings)
         try:
             response = model.respond(sim_request)
+        except ContextLengthExceeded as exc:
+            return rejected(str(exc), code="context_length_exceeded")
         except SimulatorError as exc:
             return rejected(str(exc))
         created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
