@@ -92,9 +92,8 @@ def resolver(name: str, config: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 
 async def run(server: SimulatorServer, strategy: str, query: str, config: dict[str, Any]) -> Run:
-    base = server.url.rstrip("/")
-    async with httpx.AsyncClient() as http:
-        (await http.post(f"{base}/sim/reset")).raise_for_status()
+    control = httpx.AsyncClient(base_url=server.url.rstrip("/"), verify=False)  # plain HTTP on loopback: no TLS set-up to pay for
+    (await control.post("/sim/reset")).raise_for_status()
     retry = {"max_attempts": 2, "initial_backoff_s": 0.0, "max_backoff_s": 0.0, "jitter_s": 0.0}
     settings = Settings.model_validate(
         {"llm": {"provider": "simulated", "base_url": server.url, "retry": retry, "cache": {"enabled": False}}}
@@ -110,9 +109,9 @@ async def run(server: SimulatorServer, strategy: str, query: str, config: dict[s
         error = exc
     finally:
         await client.close()
-    async with httpx.AsyncClient() as http:
-        stats = (await http.get(f"{base}/sim/stats")).json()
-        exchanges = (await http.get(f"{base}/sim/exchanges")).json()["exchanges"]
+    stats = (await control.get("/sim/stats")).json()
+    exchanges = (await control.get("/sim/exchanges")).json()["exchanges"]
+    await control.aclose()
     return Run(
         result=result,
         error=error,
