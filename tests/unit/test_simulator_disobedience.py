@@ -302,7 +302,7 @@ async def test_one_request_at_a_time(llama_like, obedient):
         parallel = await finish_times(slow)
     finally:
         slow.stop()
-    assert parallel[-1] < 2 * 0.2 + 0.3  # no limit by default: the four overlap
+    assert parallel[-1] < 4 * 0.2  # no limit by default: the four overlap, where one at a time takes 0.8 s at least
 
 
 async def test_a_client_that_leaves_does_not_stop_a_plain_request_but_closing_a_stream_does(llama_like):
@@ -317,8 +317,10 @@ async def test_a_client_that_leaves_does_not_stop_a_plain_request_but_closing_a_
         await http.post("/v1/chat/completions", json=slow_question)
         # ...so the next request waits for it: about two generations, not one
         assert time.perf_counter() - started >= 0.3
-        await asyncio.sleep(0.1)
-        assert (await http.get("/v1/sim/stats")).json()["abandoned"] == 1
+        deadline = time.monotonic() + 5
+        while (await http.get("/v1/sim/stats")).json()["abandoned"] != 1:  # counted once its generation ends
+            assert time.monotonic() < deadline, "the request whose client left was never counted as abandoned"
+            await asyncio.sleep(0.02)
     stream_settings = SimulatorSettings(port=0, disobey_rate=0.5, ttft_ms=0, tokens_per_second=20)
     streaming = SimulatorServer(stream_settings).start()
     try:
