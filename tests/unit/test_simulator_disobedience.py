@@ -263,8 +263,10 @@ async def test_tokenize_endpoints_count_as_the_usage_does(llama_like):
         count = (await http.post("/extras/tokenize/count", json={"input": text})).json()["count"]
         back = (await http.post("/extras/detokenize", json={"tokens": tokens})).json()["text"]
         bad = await http.post("/extras/tokenize", json={"text": text})
+        unknown = await http.post("/extras/detokenize", json={"tokens": [10**12]})
     assert len(tokens) == count == DIGITS.count(text) and back == text
     assert bad.status_code == 400 and "'input'" in bad.json()["error"]["message"]
+    assert unknown.status_code == 400 and "not token ids of this model" in unknown.json()["error"]["message"]
     reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "[[sim disobey=0]] " + text}])
     assert reply.usage.completion_tokens == DIGITS.count(reply.choices[0].message.content)
 

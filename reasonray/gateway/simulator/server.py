@@ -223,7 +223,11 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         text = await _tokenize_input(request)
         if text is None:
             return rejected("tokenize takes {'input': '<text>'} (and optionally 'model')")
-        return JSONResponse({"tokens": tokenizer.encode(text)}, headers=SIM_HEADER)
+        try:
+            tokens = tokenizer.encode(text)
+        except ValueError as exc:  # tiktoken's file is missing: counts are estimated, there are no token ids
+            return _error(501, f"simulated model: {exc}", "not_implemented")
+        return JSONResponse({"tokens": tokens}, headers=SIM_HEADER)
 
     @app.post("/extras/tokenize/count")
     async def tokenize_count(request: Request) -> JSONResponse:
@@ -238,7 +242,13 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             return rejected("detokenize takes {'tokens': [<int>, ...]}")
-        return JSONResponse({"text": tokenizer.decode(tokens)}, headers=SIM_HEADER)
+        try:
+            text = tokenizer.decode(tokens)
+        except (KeyError, OverflowError):
+            return rejected(f"detokenize: some of {tokens[:20]} are not token ids of this model")
+        except ValueError as exc:
+            return _error(501, f"simulated model: {exc}", "not_implemented")
+        return JSONResponse({"text": text}, headers=SIM_HEADER)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
