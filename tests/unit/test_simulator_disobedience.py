@@ -180,6 +180,30 @@ def test_json_schema_output_is_valid_and_carries_the_answer_where_the_schema_nam
     assert review["score"] >= 0.9 and review["feedback"]
 
 
+def test_json_schema_output_follows_refs_as_pydantic_writes_them():
+    from pydantic import BaseModel
+
+    class Step(BaseModel):
+        thought: str
+
+    class Solution(BaseModel):
+        steps: list[Step]
+        answer: int | None
+        confidence: float
+
+    schema = Solution.model_json_schema()
+    fmt = {"type": "json_schema", "json_schema": {"name": "Solution", "schema": schema}}
+    reply = SimulatedModel(CL100K).respond(ask("What is 17 * 23?", response_format=fmt)).choices[0].text
+    assert Solution.model_validate_json(reply).answer == 391
+    jsonschema.validate(json.loads(reply), schema)
+    looped = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    with pytest.raises(SimulatorError, match="refers to itself"):
+        SimulatedModel(CL100K).respond(ask("1+1?", response_format={"type": "json_schema", "json_schema": {"schema": looped}}))
+    with pytest.raises(SimulatorError, match="points at nothing"):
+        bad = {"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}
+        SimulatedModel(CL100K).respond(ask("1+1?", response_format={"type": "json_schema", "json_schema": {"schema": bad}}))
+
+
 def test_json_object_output_is_an_object_of_the_replys_parts():
     model = SimulatedModel(CL100K)
     reply = json.loads(model.respond(ask("What is 17 * 23?", response_format={"type": "json_object"})).choices[0].text)

@@ -264,7 +264,14 @@ class SimulatedModel:
             )
         # generation ends where the context window does, whatever max_tokens asked for
         request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
-        replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
+        try:
+            replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
+        except RecursionError:
+            raise SimulatorError(
+                "the response_format or tool schema refers to itself; the simulated model fills only finite schemas"
+            ) from None
+        except ValueError as exc:  # a schema it cannot fill
+            raise SimulatorError(str(exc)) from None
         choices = [choice for choice, _, _ in replies]
         response = SimResponse(choices, prompt_tokens, sum(self._choice_tokens(c) for c in choices))
         self._record(request, response, tuple(kind for _, kind, _ in replies), tuple(says for _, _, says in replies))

@@ -97,9 +97,13 @@ def as_json(text: str, schema: dict[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "") -> Any:
+def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root: dict[str, Any] | None = None) -> Any:
     """A value valid against `schema` (object, array, string, number, integer, boolean, null, enum, const,
-    anyOf/oneOf, bounds), carrying the reply's part that the field's name asks for."""
+    anyOf/oneOf, `$ref` into `$defs` as Pydantic writes them, minimum/maximum, min/max items and length),
+    carrying the reply's part that the field's name asks for."""
+    root = schema if root is None else root
+    if isinstance(schema.get("$ref"), str):
+        return instance(_resolve(schema["$ref"], root), fields, key, root)
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -108,20 +112,20 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "") -> A
     for combinator in ("anyOf", "oneOf"):
         options = [o for o in schema.get(combinator) or [] if isinstance(o, dict) and o.get("type") != "null"]
         if options:
-            return instance(options[0], fields, key)
+            return instance(options[0], fields, key, root)
     kind = schema.get("type", "object" if "properties" in schema else "string")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
         properties = schema.get("properties") or {}
-        return {name: instance(sub, fields, name) for name, sub in properties.items() if isinstance(sub, dict)}
+        return {name: instance(sub, fields, name, root) for name, sub in properties.items() if isinstance(sub, dict)}
     if kind == "array":
         items = schema.get("items")
         items = items if isinstance(items, dict) else {}
         size = max(int(schema.get("minItems", 1)), 1)
         if "maxItems" in schema:
             size = min(size, int(schema["maxItems"]))
-        return [instance(items, fields, key) for _ in range(size)]
+        return [instance(items, fields, key, root) for _ in range(size)]
     if kind in ("number", "integer"):
         found = NUMBER.findall(_field(key, fields))
         number = float(found[-1]) if found else 0.0
@@ -139,6 +143,19 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "") -> A
     if "maxLength" in schema:
         text = text[: int(schema["maxLength"])]
     return text.ljust(int(schema.get("minLength", 0)), " ")
+
+
+def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
+    """The schema a local `$ref` ("#/$defs/Step") points at; a ref elsewhere is a ValueError."""
+    target: Any = root
+    if not ref.startswith("#"):
+        raise ValueError(f"response_format schema: only local $ref ('#/...') is supported, not {ref!r}")
+    for part in ref.removeprefix("#").strip("/").split("/"):
+        if part:
+            target = target.get(part) if isinstance(target, dict) else None
+    if not isinstance(target, dict):
+        raise ValueError(f"response_format schema: $ref {ref!r} points at nothing")
+    return target
 
 
 def _field(key: str, fields: dict[str, str]) -> str:
