@@ -115,6 +115,8 @@ class SimStats:
     prompt_tokens: int = 0  # usage reported, over every reply
     completion_tokens: int = 0
     abandoned: int = 0  # replies generated in full for a client that had left
+    generating: int = 0  # replies being generated now (the HTTP server's latency model)
+    most_generating: int = 0  # the most generated at once
 
 
 @dataclass(frozen=True)

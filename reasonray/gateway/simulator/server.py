@@ -203,11 +203,14 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
 
     @contextlib.asynccontextmanager
     async def generating() -> AsyncIterator[None]:
-        if slots is None:
-            yield
-            return
-        async with slots:
-            yield
+        async with slots or contextlib.nullcontext():
+            stats = model.stats
+            stats.generating += 1
+            stats.most_generating = max(stats.most_generating, stats.generating)
+            try:
+                yield
+            finally:
+                stats.generating -= 1
 
     def rejected(message: str, code: str | None = None) -> JSONResponse:
         model.stats.rejected += 1
@@ -353,6 +356,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
                 "rejected": s.rejected,
                 "last_rejection": s.last_rejection,
                 "abandoned": s.abandoned,
+                "most_generating": s.most_generating,
                 "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens},
             },
             headers=SIM_HEADER,
