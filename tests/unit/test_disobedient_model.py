@@ -5,7 +5,7 @@ replies ignore the `<answer>`/`<score>`/`<step>`/`<vote>` formats and answer in 
 `max_tokens`, drop tools or send arguments that are not JSON; it counts tokens with another tokenizer,
 generates one request at a time and has a 4,096-token context. Each strategy runs over HTTP through the
 LLM stack a deployment builds (OpenAI client, retries, breaker), with every reply disobeying and with half
-of them disobeying, and what must hold whatever the model says is checked against what the server saw:
+of them disobeying (two draws), and what must hold whatever the model says is checked against what the server saw:
 
 - the run ends with a result or a classified ReasonRay error, never another exception, and never sends a
   request the server has to refuse;
@@ -66,13 +66,15 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("matts-judge", "matts", "What is 17 * 23?", {"k": 3, "selection": "judge"}),
     ("matts-contrast", "matts", "What is 17 * 23?", {"k": 3, "selection": "contrast"}),
 ]
-RATES = {"every reply disobeys": 1.0, "half the replies disobey": 0.5}
+# (rate, seed): the seed picks which replies disobey and how, so two seeds at one rate cover more paths
+MODELS = {"every reply disobeys": (1.0, 3), "half the replies disobey": (0.5, 3), "half of them, other draws": (0.5, 0)}
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-@pytest.fixture(scope="module", params=list(RATES), ids=list(RATES))
+@pytest.fixture(scope="module", params=list(MODELS), ids=list(MODELS))
 def server(request: pytest.FixtureRequest):
-    srv = SimulatorServer(SimulatorSettings(port=0, disobey_rate=RATES[request.param], seed=3)).start()
+    rate, seed = MODELS[request.param]
+    srv = SimulatorServer(SimulatorSettings(port=0, disobey_rate=rate, seed=seed)).start()
     yield srv
     srv.stop()
 
