@@ -16,6 +16,8 @@ from typing import Any
 import ray
 import structlog
 from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
@@ -23,6 +25,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 from ray.serve.context import _get_global_client
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reasonray import __version__
 from reasonray.actors.a2a_board import task_board
@@ -43,7 +46,7 @@ from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_response
 from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, respond
+from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, http_error, respond
 from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
 from reasonray.api.prometheus import merge as merge_metrics
 from reasonray.api.registry import RegistryService
@@ -119,6 +122,26 @@ class AuthGate:
 
 
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})  # refused in OpenAI's error shape
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """404 and 405 under /v1 in OpenAI's error shape (docs/openai.md); FastAPI's own elsewhere."""
+    if not request.url.path.startswith("/v1/"):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+    error = http_error(exc.status_code, request.url.path, request.method, exc.detail)
+    return JSONResponse(error.body, status_code=error.status, headers=exc.headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_body(request: Request, exc: RequestValidationError) -> Response:
+    """A body that does not validate: under /v1 a 400 in OpenAI's shape naming the parameter; FastAPI's 422 elsewhere."""
+    if not request.url.path.startswith("/v1/"):
+        return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+    error = http_error(422, request.url.path, request.method, jsonable_encoder(exc.errors()))
+    return JSONResponse(error.body, status_code=error.status)
+
+
 JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error response (MCP is JSON-RPC too)
 
 
@@ -128,7 +151,7 @@ def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Res
     payload: dict[str, Any] = {"error": error.body()}
     if path in JSONRPC_PATHS:
         payload = error_response(None, error)
-    elif path in OPENAI_PATHS:
+    elif path in OPENAI_PATHS or path.startswith("/v1/models/"):
         payload = error_from_rpc(error.body()).body
     challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
     return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
@@ -302,6 +325,13 @@ class ReasonRayIngress:
         try:
             return JSONResponse(await self.openai.models())
         except OpenAIError as exc:  # forbidden, rate limited, ...: OpenAI's error shape, not a 500
+            return openai_response(exc.status, exc.body, {})
+
+    @api.get("/v1/models/{model_id:path}", summary="OpenAI-compatible model retrieval (docs/openai.md)")
+    async def model(self, model_id: str) -> Response:
+        try:
+            return JSONResponse(await self.openai.model(model_id))
+        except OpenAIError as exc:
             return openai_response(exc.status, exc.body, {})
 
     async def _rest(self, method: str, params: dict[str, Any], request: Request) -> Response:

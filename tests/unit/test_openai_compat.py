@@ -163,8 +163,19 @@ async def test_tools_run_as_a_session_turn_and_tool_messages_resume_it(compat):
     second = await respond(compat, body(messages=messages, tools=[WEATHER]), "trace-tools-2")
     assert second.body["choices"][0]["message"]["content"] == "Snow"
     assert second.body["usage"]["prompt_tokens"] > 0 and second.body["reasonray"]["llm_calls"] == 2
-    stranger = await respond(compat, body(messages=[*messages[:2], {"role": "tool", "tool_call_id": "call_1", "content": "x"}]), "t-000003")
-    assert stranger.status == 400 and "was not issued by this server" in stranger.body["error"]["message"]
+    # results of calls no session waits for (another server's ids) are the context of a run of their own
+    stranger = await respond(
+        compat,
+        body(
+            messages=[
+                {"role": "user", "content": "What is 6 * 7?"},
+                {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Snow"},
+            ]
+        ),
+        "t-000003",
+    )
+    assert stranger.status == 200 and stranger.body["choices"][0]["message"]["content"] == "42"
 
 
 # -- with the tenancy guard: refusals are OpenAI errors, streamed requests included ---------------------------
