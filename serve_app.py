@@ -47,8 +47,9 @@ from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_respo
 from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
 from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, http_error, respond
-from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
+from reasonray.api.prometheus import content_type as metrics_content_type
 from reasonray.api.prometheus import merge as merge_metrics
+from reasonray.api.prometheus import wants_openmetrics
 from reasonray.api.registry import RegistryService
 from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
@@ -359,8 +360,9 @@ class ReasonRayIngress:
         return response
 
     @api.get("/metrics", summary="Prometheus metrics of every node of the cluster (docs/operations.md)")
-    async def prometheus(self) -> Response:
-        return Response(merge_metrics(await node_metric_pages()), media_type=PROMETHEUS_TEXT)
+    async def prometheus(self, request: Request) -> Response:
+        openmetrics = wants_openmetrics(request.headers.get("accept"))
+        return Response(merge_metrics(await node_metric_pages(), openmetrics), media_type=metrics_content_type(openmetrics))
 
     @api.get("/health", summary="Public liveness probe (alias of /healthz)")
     async def health(self) -> Response:

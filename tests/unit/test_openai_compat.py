@@ -169,7 +169,10 @@ async def test_tools_run_as_a_session_turn_and_tool_messages_resume_it(compat):
         body(
             messages=[
                 {"role": "user", "content": "What is 6 * 7?"},
-                {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+                },
                 {"role": "tool", "tool_call_id": "call_1", "content": "Snow"},
             ]
         ),
