@@ -36,7 +36,7 @@ from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
-from reasonray.api.a2a import A2AServer, auth_configured, card_json
+from reasonray.api.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.a2a_remote import remote_strategy
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
@@ -253,6 +253,7 @@ class ReasonRayIngress:
             refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
         )
         self.replica = serve.get_replica_context().replica_id.unique_id
+        self.card_modified = time.time()  # the agent card's Last-Modified: it changes only with a new deployment
         if self.settings.auth.enabled:
             self._guard(app_name)
         self._session_gauge: asyncio.Task | None = None
@@ -350,13 +351,29 @@ class ReasonRayIngress:
 
     @api.get("/.well-known/agent-card.json", summary="The A2A agent card (docs/interop.md)")
     async def agent_card(self, request: Request) -> Response:
-        return JSONResponse(card_json(self.a2a.card(str(request.base_url))))
+        card = card_json(self.a2a.card(str(request.base_url)))
+        headers = card_headers(card, self.card_modified)
+        if not_modified(request.headers.get("if-none-match"), headers["ETag"]):
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(card, headers=headers)
 
+    @api.post("/a2a/", include_in_schema=False)  # the same endpoint with a trailing slash, answered here (no 307)
     @api.post("/a2a", summary="A2A JSON-RPC endpoint (a2a-sdk): SendMessage, SendStreamingMessage, GetTask, CancelTask...")
     async def a2a_rpc(self, request: Request) -> Response:
         with request_span("/a2a", request.headers):
             response = await self.a2a.handle(request)
         response.headers["X-Served-By"] = self.replica  # which replica answered (a task may run on another)
+        return response
+
+    @api.api_route(
+        "/a2a/{operation:path}",
+        methods=["GET", "POST", "DELETE"],
+        summary="A2A HTTP+JSON binding (a2a-sdk): /a2a/message:send, /a2a/tasks/{id}...",
+    )
+    async def a2a_rest(self, request: Request) -> Response:
+        with request_span("/a2a/" + request.path_params["operation"].split("/", 1)[0], request.headers):
+            response = await self.a2a.handle_rest(request)
+        response.headers["X-Served-By"] = self.replica
         return response
 
     @api.get("/metrics", summary="Prometheus metrics of every node of the cluster (docs/operations.md)")

@@ -72,7 +72,7 @@ def test_send_a_message_and_get_the_answer_then_get_the_task(agent):
     task, fetched = run(ask())
     assert task.status.state == TaskState.TASK_STATE_COMPLETED
     assert task.artifacts[0].parts[0].text == "144"
-    assert task.artifacts[0].metadata["strategy_used"] == "chain_of_thought"
+    assert task.artifacts[0].metadata["strategyUsed"] == "chain_of_thought"
     assert fetched.status.state == TaskState.TASK_STATE_COMPLETED and fetched.artifacts[0].parts[0].text == "144"
 
 
@@ -96,7 +96,7 @@ def test_a_streamed_bounded_context_run_sends_status_updates_before_the_answer_a
     ]
     assert len(progress) >= 2, kinds  # several iterations reported while the run was going
     assert events[answer_at].artifact_update.artifact.parts[0].text == "7"
-    assert events[answer_at].artifact_update.artifact.metadata["strategy_used"] == "bounded_context"
+    assert events[answer_at].artifact_update.artifact.metadata["strategyUsed"] == "bounded_context"
     assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
 
 
@@ -314,4 +314,4 @@ def test_a_remote_a2a_agent_registers_by_card_url_is_discovered_by_its_skills_an
 
     task = run(via_a2a())
     assert task.status.state == TaskState.TASK_STATE_COMPLETED and task.artifacts[0].parts[0].text == "42"
-    assert task.artifacts[0].metadata["strategy_used"] == "a2a:far"
+    assert task.artifacts[0].metadata["strategyUsed"] == "a2a:far"
