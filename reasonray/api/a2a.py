@@ -464,6 +464,8 @@ class A2AServer:
         finally:
             REFUSED.reset(token)
         if "error" not in holder:
+            if response.headers.get("content-type", "").startswith("application/a2a+json"):
+                response.headers["content-type"] = "application/json"  # what the HTTP+JSON binding names (A2A 11.1)
             return response
         error = await self._refused(holder)
         status = REFUSAL_STATUS[error["code"]]
