@@ -430,7 +430,7 @@ class OpenAICompat:
     async def model(self, model_id: str) -> dict[str, Any]:
         """`GET /v1/models/{model}`: one entry of the list, or a 404 in OpenAI's shape."""
         listed = await self.models()
-        found = next((m for m in listed["data"] if m["id"] == model_id), None)
+        found: dict[str, Any] | None = next((m for m in listed["data"] if m["id"] == model_id), None)
         if found is None:
             raise OpenAIError(
                 404,
@@ -479,9 +479,9 @@ class OpenAICompat:
         completion = sum(r[2]["completion_tokens"] for r in runs)
         answers = sum(self.tokens.count(r[0]) for r in runs)
         extra = runs[0][3] if n == 1 else {**runs[0][3], "choices": [r[3] for r in runs]}
-        body = self._completion(
-            request, extra["trace_id"], choices[0]["message"], choices[0]["finish_reason"], usage_of(prompt, completion, answers), extra
-        )
+        first_answer, first_finish = runs[0][0], runs[0][1]
+        message = {"role": "assistant", "content": first_answer}
+        body = self._completion(request, extra["trace_id"], message, first_finish, usage_of(prompt, completion, answers), extra)
         body["choices"] = choices
         return body
 

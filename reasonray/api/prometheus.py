@@ -97,4 +97,4 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
         families.append(metric)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Merged(families))
-    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)
+    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)  # type: ignore[no-untyped-call]
