@@ -163,7 +163,7 @@ def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_fi
         session = result_of(rpc(http, "session.get", {"session_id": meta[0]["sessionId"]}))
     assert session["turn"] == 2 and session["messages"] >= 4 and session["last_answer"] == "5"
     # the second turn's model call was given the first exchange (the session's conversation)
-    [log] = list(data_dir.glob(f"events/*/{meta[1]['trace_id']}.jsonl"))
+    [log] = list(data_dir.glob(f"events/*/{meta[1]['traceId']}.jsonl"))
     calls = [json.loads(line) for line in log.read_text().splitlines() if '"messages"' in line]
     contents = [m.get("content") or "" for m in calls[0]["messages"]]
     assert "What is 6 * 7?" in contents and any("42" in c for c in contents) and contents[-1] == "What is 2 + 3?"
