@@ -167,6 +167,9 @@ def refuse_unsupported(request: ChatCompletionRequest) -> None:
     def refuse(param: str, message: str) -> None:
         raise OpenAIError(400, message, "invalid_request_error", "unsupported_parameter", param)
 
+    for i, message in enumerate(request.messages):
+        if isinstance(message.content, list) and (kinds := {p.get("type") for p in message.content} - {"text"}):
+            refuse(f"messages.{i}.content", f"only text content parts are supported, not {', '.join(sorted(map(str, kinds)))}")
     if request.logprobs or request.top_logprobs:
         refuse(
             "logprobs" if request.logprobs else "top_logprobs",
