@@ -322,3 +322,9 @@ def test_framework_errors_under_v1_have_openais_shape():
     assert http_error(405, "/v1/models", "DELETE").status == 405
     invalid = http_error(422, "/v1/reasoning/execute", "POST", [{"loc": ["body", "query"], "msg": "Field required"}])
     assert invalid.status == 400 and invalid.body["error"]["param"] == "query"
+
+
+async def test_content_parts_other_than_text_are_refused_by_name(compat):
+    image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
+    reply = await respond(compat, body(messages=image), "t-000016")
+    assert reply.status == 400 and reply.body["error"]["param"] == "messages.0.content" and "image_url" in reply.body["error"]["message"]
