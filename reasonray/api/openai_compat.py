@@ -210,6 +210,12 @@ def refuse_unsupported(request: ChatCompletionRequest) -> None:
         refuse("n", "n > 1 cannot be streamed here: each choice is a whole run; ask for n > 1 without stream, or stream one choice")
     if (request.n or 1) > 1 and _uses_tools(request):
         refuse("n", "n > 1 is not supported with tools: a tool conversation is one session; ask for one choice")
+    if request.parallel_tool_calls is False and _uses_tools(request) and not _forced(request):
+        refuse(
+            "parallel_tool_calls",
+            "parallel_tool_calls false is honoured for forced calls (tool_choice 'required' or a named function), which are "
+            "one call; with tool_choice 'auto' the turn returns every call the model asks for in one step: omit it or force the call",
+        )
     if len(request.stops) > 4 or any(not s for s in request.stops):
         refuse("stop", "stop takes up to 4 non-empty sequences")
     if request.response_format is not None and request.response_format.type != "text" and _uses_tools(request) and not _forced(request):

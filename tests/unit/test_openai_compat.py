@@ -328,3 +328,11 @@ async def test_content_parts_other_than_text_are_refused_by_name(compat):
     image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
     reply = await respond(compat, body(messages=image), "t-000016")
     assert reply.status == 400 and reply.body["error"]["param"] == "messages.0.content" and "image_url" in reply.body["error"]["message"]
+
+
+async def test_parallel_tool_calls_false_is_honoured_when_forced_and_refused_with_auto(compat):
+    question = [{"role": "user", "content": "What is 17 + 25?"}]
+    auto = await respond(compat, body(messages=question, tools=[WEATHER], parallel_tool_calls=False), "t-000017")
+    assert auto.status == 400 and auto.body["error"]["param"] == "parallel_tool_calls"
+    forced = await respond(compat, body(messages=question, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False), "t-18")
+    assert forced.status == 200 and len(forced.body["choices"][0]["message"]["tool_calls"]) == 1
