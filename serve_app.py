@@ -16,6 +16,8 @@ from typing import Any
 import ray
 import structlog
 from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from ray import serve
@@ -23,6 +25,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig
 from ray.serve.context import _get_global_client
 from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reasonray import __version__
 from reasonray.actors.a2a_board import task_board
@@ -33,7 +36,7 @@ from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
-from reasonray.api.a2a import A2AServer, auth_configured, card_json
+from reasonray.api.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.a2a_remote import remote_strategy
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
@@ -43,9 +46,10 @@ from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_response
 from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, respond
-from reasonray.api.prometheus import CONTENT_TYPE as PROMETHEUS_TEXT
+from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, http_error, respond
+from reasonray.api.prometheus import content_type as metrics_content_type
 from reasonray.api.prometheus import merge as merge_metrics
+from reasonray.api.prometheus import wants_openmetrics
 from reasonray.api.registry import RegistryService
 from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
@@ -119,6 +123,26 @@ class AuthGate:
 
 
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})  # refused in OpenAI's error shape
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """404 and 405 under /v1 in OpenAI's error shape (docs/openai.md); FastAPI's own elsewhere."""
+    if not request.url.path.startswith("/v1/"):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+    error = http_error(exc.status_code, request.url.path, request.method, exc.detail)
+    return JSONResponse(error.body, status_code=error.status, headers=exc.headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid_body(request: Request, exc: RequestValidationError) -> Response:
+    """A body that does not validate: under /v1 a 400 in OpenAI's shape naming the parameter; FastAPI's 422 elsewhere."""
+    if not request.url.path.startswith("/v1/"):
+        return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+    error = http_error(422, request.url.path, request.method, jsonable_encoder(exc.errors()))
+    return JSONResponse(error.body, status_code=error.status)
+
+
 JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error response (MCP is JSON-RPC too)
 
 
@@ -128,7 +152,7 @@ def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Res
     payload: dict[str, Any] = {"error": error.body()}
     if path in JSONRPC_PATHS:
         payload = error_response(None, error)
-    elif path in OPENAI_PATHS:
+    elif path in OPENAI_PATHS or path.startswith("/v1/models/"):
         payload = error_from_rpc(error.body()).body
     challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
     return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
@@ -229,6 +253,7 @@ class ReasonRayIngress:
             refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
         )
         self.replica = serve.get_replica_context().replica_id.unique_id
+        self.card_modified = time.time()  # the agent card's Last-Modified: it changes only with a new deployment
         if self.settings.auth.enabled:
             self._guard(app_name)
         self._session_gauge: asyncio.Task | None = None
@@ -304,6 +329,13 @@ class ReasonRayIngress:
         except OpenAIError as exc:  # forbidden, rate limited, ...: OpenAI's error shape, not a 500
             return openai_response(exc.status, exc.body, {})
 
+    @api.get("/v1/models/{model_id:path}", summary="OpenAI-compatible model retrieval (docs/openai.md)")
+    async def model(self, model_id: str) -> Response:
+        try:
+            return JSONResponse(await self.openai.model(model_id))
+        except OpenAIError as exc:
+            return openai_response(exc.status, exc.body, {})
+
     async def _rest(self, method: str, params: dict[str, Any], request: Request) -> Response:
         with request_span(request.url.path, request.headers) as span_trace_id:
             trace_id = span_trace_id or new_trace_id()
@@ -319,8 +351,13 @@ class ReasonRayIngress:
 
     @api.get("/.well-known/agent-card.json", summary="The A2A agent card (docs/interop.md)")
     async def agent_card(self, request: Request) -> Response:
-        return JSONResponse(card_json(self.a2a.card(str(request.base_url))))
+        card = card_json(self.a2a.card(str(request.base_url)))
+        headers = card_headers(card, self.card_modified)
+        if not_modified(request.headers.get("if-none-match"), headers["ETag"]):
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(card, headers=headers)
 
+    @api.post("/a2a/", include_in_schema=False)  # the same endpoint with a trailing slash, answered here (no 307)
     @api.post("/a2a", summary="A2A JSON-RPC endpoint (a2a-sdk): SendMessage, SendStreamingMessage, GetTask, CancelTask...")
     async def a2a_rpc(self, request: Request) -> Response:
         with request_span("/a2a", request.headers):
@@ -328,9 +365,21 @@ class ReasonRayIngress:
         response.headers["X-Served-By"] = self.replica  # which replica answered (a task may run on another)
         return response
 
+    @api.api_route(
+        "/a2a/{operation:path}",
+        methods=["GET", "POST", "DELETE"],
+        summary="A2A HTTP+JSON binding (a2a-sdk): /a2a/message:send, /a2a/tasks/{id}...",
+    )
+    async def a2a_rest(self, request: Request) -> Response:
+        with request_span("/a2a/" + request.path_params["operation"].split("/", 1)[0], request.headers):
+            response = await self.a2a.handle_rest(request)
+        response.headers["X-Served-By"] = self.replica
+        return response
+
     @api.get("/metrics", summary="Prometheus metrics of every node of the cluster (docs/operations.md)")
-    async def prometheus(self) -> Response:
-        return Response(merge_metrics(await node_metric_pages()), media_type=PROMETHEUS_TEXT)
+    async def prometheus(self, request: Request) -> Response:
+        openmetrics = wants_openmetrics(request.headers.get("accept"))
+        return Response(merge_metrics(await node_metric_pages(), openmetrics), media_type=metrics_content_type(openmetrics))
 
     @api.get("/health", summary="Public liveness probe (alias of /healthz)")
     async def health(self) -> Response:

@@ -65,7 +65,7 @@ class BankService:
     def retrieve(self, query: str, workspace: str, **options: Any) -> list[dict[str, Any]]:
         started = time.perf_counter()
         found = self.bank.retrieve(query, workspace=workspace, **options)
-        self.metrics.record("reasonray_memory_retrieval_latency_ms", (time.perf_counter() - started) * 1000)
+        self.metrics.record("reasonray_memory_retrieval_latency_seconds", time.perf_counter() - started)
         return [r.model_dump(mode="json") for r in found]
 
     def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:

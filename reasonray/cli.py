@@ -319,7 +319,7 @@ def mcp_command(config_path, llm, token) -> None:
     """Serve MCP over stdio for desktop clients (Claude Desktop, Cursor): the API in this process, no Ray (docs/mcp.md)."""
     import asyncio
 
-    from reasonray.api.mcp_server import StdioCaller, in_process_api, serve_stdio
+    from reasonray.api.mcp_server import StdioCaller, in_process_application, serve_stdio
     from reasonray.kernel.errors import ReasonRayError, UnauthenticatedError
 
     settings = _load(config_path, {"llm.provider": llm})
@@ -330,14 +330,15 @@ def mcp_command(config_path, llm, token) -> None:
         given = "" if not token else "the token of --token / REASONRAY_TOKEN was refused: "
         _fail(given + str(exc), error_type=error_type_of(exc))
     try:
-        rpc = in_process_api(settings)
+        application = in_process_application(settings)
     except (ConfigError, LLMConfigError, ReasonRayError) as exc:  # a missing token, key, model or memory server: say which
         _fail(str(exc), error_type=error_type_of(exc))
     if principal is not None:
         click.echo(f"reasonray mcp: authenticated as {principal.sub!r} (roles: {', '.join(principal.roles) or 'none'})", err=True)
     elif token:
         click.echo("reasonray mcp: [auth] is not configured; the token is ignored and calls run unguarded", err=True)
-    asyncio.run(serve_stdio(rpc, caller))
+    closing = application.client.close if application.client is not None else None
+    asyncio.run(serve_stdio(application.dispatcher, caller, closing=closing))
 
 
 @main.group()

@@ -39,6 +39,15 @@ if ! command -v buildah >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2
     fi
 fi
 
+# The /metrics tests check the page with promtool (Debian's prometheus package), as an operator's lint would.
+if ! command -v promtool >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get install -y -q prometheus || { apt-get update -q && apt-get install -y -q prometheus; }) >/dev/null
+    else
+        echo "note: promtool is missing; the /metrics lint test will fail (sudo apt-get install prometheus)" >&2
+    fi
+fi
+
 # The official Compose Specification schema, for tests/unit/test_deploy.py: the docker-compose 1.29.2 wheel
 # carries it (compose/config/compose_spec.json). Fetched once at setup (tests never reach a registry); the
 # package's pins conflict with this project's, so it is unpacked, not installed.

@@ -20,10 +20,12 @@ Transport-free: the Serve ingress forwards `/a2a` and the card route to what is 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
+from email.utils import formatdate
 from typing import Any
 
 import structlog
@@ -32,7 +34,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
-from a2a.server.routes import create_jsonrpc_routes
+from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import (
@@ -52,6 +54,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
 
 from reasonray.api.a2a_store import (
     Board,
@@ -103,8 +106,9 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
         f"or a skill id as `skill`; default {default or 'none'}), memory, sessions (a message naming no strategy "
         "continues its context's session).",
         version=version,
-        supported_interfaces=[
-            AgentInterface(url=base_url.rstrip("/") + A2A_PATH, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION_CURRENT)
+        supported_interfaces=[  # one URL, two bindings: JSON-RPC posts to it, HTTP+JSON adds its paths under it
+            AgentInterface(url=base_url.rstrip("/") + A2A_PATH, protocol_binding=binding, protocol_version=PROTOCOL_VERSION_CURRENT)
+            for binding in ("JSONRPC", "HTTP+JSON")
         ],
         capabilities=AgentCapabilities(streaming=True, push_notifications=False),
         default_input_modes=["text/plain"],
@@ -144,6 +148,9 @@ class Choice(BaseModel):
     session: dict[str, Any] | None = None  # `session`: the `session.create` spec of a context's first message
 
 
+_REFUSAL_KEYS = {"error_type": "errorType", "retry_after_s": "retryAfterS", "limit_name": "limitName", "trace_id": "traceId"}
+
+
 def _choice(context: RequestContext) -> Choice:
     sources = [json_format.MessageToDict(context.message.metadata) if context.message else {}, context.metadata]
 
@@ -152,8 +159,8 @@ def _choice(context: RequestContext) -> Choice:
 
     return Choice(
         strategy=first(("strategy", "skill"), str),
-        config=first(("strategy_config",), dict),
-        agent_id=first(("agent_id",), str),
+        config=first(("strategyConfig", "strategy_config"), dict),
+        agent_id=first(("agentId", "agent_id"), str),
         session=first(("session",), dict),
     )
 
@@ -251,11 +258,12 @@ class ReasoningExecutor(AgentExecutor):
             if method == "session.turn" and result.get("status") != "completed":
                 tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
                 return await self._not_answered(updater, say, tools, task_id)
-            metadata: dict[str, Any] = {"trace_id": trace_id}
+            # camelCase keys: A2A's JSON serialization rule holds for metadata too
+            metadata: dict[str, Any] = {"traceId": trace_id}
             if method == "session.turn":
-                metadata |= {"session_id": result["session_id"], "turn": result["turn"], "total_tokens": result["usage"]["total_tokens"]}
+                metadata |= {"sessionId": result["session_id"], "turn": result["turn"], "totalTokens": result["usage"]["total_tokens"]}
             else:
-                metadata |= {"strategy_used": result["strategy_used"], "total_tokens": result["metrics"]["total_tokens"]}
+                metadata |= {"strategyUsed": result["strategy_used"], "totalTokens": result["metrics"]["total_tokens"]}
             await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
             await updater.complete()
         except asyncio.CancelledError:  # the SDK cancelled the task here (CancelTask on this replica): the run stops too
@@ -330,9 +338,7 @@ class ReasoningExecutor(AgentExecutor):
         `retry_after_s`."""
         message = say(_refusal(error))
         data = error.get("data") or {}
-        message.metadata.update(
-            {"code": error["code"], **{k: data[k] for k in ("error_type", "retry_after_s", "limit_name", "trace_id") if k in data}}
-        )
+        message.metadata.update({"code": error["code"], **{camel: data[k] for k, camel in _REFUSAL_KEYS.items() if k in data}})
         if error["code"] in REFUSALS:
             await updater.reject(message)
         else:
@@ -348,6 +354,27 @@ class ReasoningExecutor(AgentExecutor):
 def card_json(card: AgentCard) -> dict[str, Any]:
     """The card as the SDK serves it (camelCase JSON)."""
     return agent_card_to_dict(card)
+
+
+CARD_MAX_AGE_S = 300
+"""How long a client may keep the card without asking again: it changes only when the service is redeployed."""
+
+
+def card_headers(card: dict[str, Any], modified: float) -> dict[str, str]:
+    """Caching headers of the card: Cache-Control, a weak ETag of its content, Last-Modified (`modified`:
+    when this replica started serving it)."""
+    digest = hashlib.sha256(json.dumps(card, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return {
+        "Cache-Control": f"public, max-age={CARD_MAX_AGE_S}",
+        "ETag": f'W/"{digest}"',
+        "Last-Modified": formatdate(modified, usegmt=True),
+    }
+
+
+def not_modified(if_none_match: str | None, etag: str) -> bool:
+    """Whether If-None-Match names this ETag (weak comparison, RFC 9110 13.1.2)."""
+    candidates = [c.strip().removeprefix("W/") for c in (if_none_match or "").split(",") if c.strip()]
+    return "*" in candidates or etag.removeprefix("W/") in candidates
 
 
 def auth_configured(settings: Any) -> bool:
@@ -390,6 +417,10 @@ class A2AServer:
         )
         [route] = create_jsonrpc_routes(self.handler, rpc_url=A2A_PATH, context_builder=CallerContextBuilder())
         self._endpoint = route.endpoint  # Starlette endpoint: Request in, Response (JSON or SSE) out
+        # HTTP+JSON: the SDK's routes under the same URL (/a2a/message:send, /a2a/tasks/{id}...); its
+        # `/{tenant}` mount is left out, it would match every path of the application
+        rest = create_rest_routes(self.handler, context_builder=CallerContextBuilder(), path_prefix=A2A_PATH)
+        self._rest = [r for r in rest if isinstance(r, Route)]
 
     async def handle(self, request: Request) -> Response:
         """The SDK's answer, or for a refused call the JSON-RPC error with its HTTP status (and headers)."""
@@ -401,16 +432,53 @@ class A2AServer:
             REFUSED.reset(token)
         if "error" not in holder:
             return response
-        # the SDK filed the ended request as a failed task: a refused call leaves none
-        await self.store.owned.repo.delete_a2a_task(holder["task_id"], holder["owner"])
-        await self.board.forget(holder["task_id"])
-        error = holder["error"]
+        error = await self._refused(holder)
         request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
         return JSONResponse(
             {"jsonrpc": "2.0", "error": error, "id": request_id},
             status_code=REFUSAL_STATUS[error["code"]],
             headers=self.refusal_headers(error),
         )
+
+    async def handle_rest(self, request: Request) -> Response:
+        """An HTTP+JSON call (A2A's REST binding), answered by the SDK's route for its path and method; a 404 or
+        405 in the binding's error shape when none takes it; a refused call as handle's, in that shape."""
+        allowed: list[str] = []
+        for route in self._rest:
+            match, child = route.matches(request.scope)
+            if match == Match.FULL:
+                request.scope.update(child)
+                return await self._rest_call(route, request)
+            if match == Match.PARTIAL and route.methods:
+                allowed += sorted(route.methods)
+        status, reason = (405, "METHOD_NOT_ALLOWED") if allowed else (404, "NOT_FOUND")
+        message = f"{request.method} is not allowed on {request.url.path}" if allowed else f"no A2A operation at {request.url.path}"
+        headers = {"Allow": ", ".join(dict.fromkeys(allowed))} if allowed else {}
+        return JSONResponse({"error": {"code": status, "status": reason, "message": message}}, status_code=status, headers=headers)
+
+    async def _rest_call(self, route: Route, request: Request) -> Response:
+        holder: dict[str, Any] = {}
+        token = REFUSED.set(holder)
+        try:
+            response: Response = await route.endpoint(request)
+        finally:
+            REFUSED.reset(token)
+        if "error" not in holder:
+            if response.headers.get("content-type", "").startswith("application/a2a+json"):
+                response.headers["content-type"] = "application/json"  # what the HTTP+JSON binding names (A2A 11.1)
+            return response
+        error = await self._refused(holder)
+        status = REFUSAL_STATUS[error["code"]]
+        reason = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}[status]
+        body = {"error": {"code": status, "status": reason, "message": error["message"], "details": [error]}}
+        return JSONResponse(body, status_code=status, headers=self.refusal_headers(error))
+
+    async def _refused(self, holder: dict[str, Any]) -> dict[str, Any]:
+        """The SDK filed the refused request as a failed task: a refused call leaves none."""
+        await self.store.owned.repo.delete_a2a_task(holder["task_id"], holder["owner"])
+        await self.board.forget(holder["task_id"])
+        error: dict[str, Any] = holder["error"]
+        return error
 
     def card(self, base_url: str) -> AgentCard:
         return agent_card(self.catalogue.describe(), base_url, self.version, bearer=self.bearer)

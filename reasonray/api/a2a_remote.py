@@ -103,7 +103,7 @@ async def forward(
         message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
         if skill:
             message.metadata.update({"skill": skill})
-        message.metadata.update({"trace_id": trace_id})
+        message.metadata.update({"traceId": trace_id})
         replies = [r async for r in client.send_message(SendMessageRequest(message=message))]
     except InvalidParamsError as exc:
         raise RemoteAgentError(f"remote agent {agent['id']!r} is unreachable: {exc.message}", {"agent_id": agent["id"]}) from None

@@ -4,7 +4,7 @@ An ASGI middleware, so it holds for every route (`/rpc`, the REST mirrors, healt
 
 - `Host` must be in `[server] allowed_hosts` (loopback names by default): a page on another origin
   that rebinds its DNS name to 127.0.0.1 still sends its own name, and is refused (400).
-- A POST must say `Content-Type: application/json` (415 otherwise): browsers send `text/plain` and form
+- A POST must say `Content-Type: application/json` (415 otherwise; on `/a2a` with A2A's -32005): browsers send `text/plain` and form
   bodies cross-origin without a preflight, JSON only after one, which fails unless `[server]
   cors_origins` lists the origin (CORS is off by default).
 - A POST must say its `Content-Length` (411) and it must not exceed `[limits] max_body_bytes` (413);
@@ -33,6 +33,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "::1"]
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
+CONTENT_TYPE_NOT_SUPPORTED = -32005  # A2A's ContentTypeNotSupportedError, which its clients and the TCK expect on /a2a
+JSON_MEDIA = frozenset({"application/json", "application/a2a+json"})
 
 
 @dataclass
@@ -66,11 +68,12 @@ def check_host(headers: dict[str, str], settings: GuardSettings) -> None:
         raise Refusal(400, INVALID_REQUEST, f"host {name!r} is not allowed; add it to [server] allowed_hosts to serve it")
 
 
-def check_post_headers(headers: dict[str, str], settings: GuardSettings) -> int:
+def check_post_headers(headers: dict[str, str], settings: GuardSettings, path: str = "") -> int:
     """The body's declared length, after the content type and length rules."""
     media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        raise Refusal(415, INVALID_REQUEST, f"Content-Type must be application/json, not {media or 'missing'!r}")
+    if media not in JSON_MEDIA:
+        code = CONTENT_TYPE_NOT_SUPPORTED if path == "/a2a" or path.startswith("/a2a/") else INVALID_REQUEST
+        raise Refusal(415, code, f"Content-Type must be application/json, not {media or 'missing'!r}")
     length = headers.get("content-length")
     if length is None or not length.isdigit():
         raise Refusal(411, INVALID_REQUEST, "a POST must carry a Content-Length header (chunked bodies are refused)")
@@ -155,7 +158,7 @@ class HttpGuard:
                 await _respond(send, 204, None, _cors_headers(origin, preflight=True))
                 return
             if scope["method"] == "POST":
-                length = check_post_headers(headers, settings)
+                length = check_post_headers(headers, settings, _app_path(scope))
                 body = await _read(receive, length, settings)
                 check_body(body, settings)
                 receive = _replay(body, receive)
@@ -173,6 +176,12 @@ class HttpGuard:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
+
+
+def _app_path(scope: Scope) -> str:
+    """The request's path within the application (below its route prefix, when Serve mounts it under one)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return str(path[len(root) :] if root and path.startswith(root) else path)
 
 
 async def _read(receive: Receive, length: int, settings: GuardSettings) -> bytes:

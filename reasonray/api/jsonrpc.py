@@ -253,7 +253,7 @@ class Dispatcher:
         finally:
             strategy = strategy if isinstance(strategy, str) else "none"  # "none": no strategy ran (bad params, other methods)
             self.metrics.record("reasonray_requests", method=method, strategy=strategy, status=status)
-            self.metrics.record("reasonray_request_latency_ms", (time.perf_counter() - started) * 1000, method=method, strategy=strategy)
+            self.metrics.record("reasonray_request_latency_seconds", time.perf_counter() - started, method=method, strategy=strategy)
             structlog.contextvars.unbind_contextvars("trace_id")
 
     async def _answer(self, name: str, params: Any, trace_id: str, admitted: Callable[[], None] | None = None) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -19,6 +19,7 @@ import mcp_types as types
 from mcp import MCPError
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp_types.version import SUPPORTED_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
@@ -61,7 +62,7 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
         types.Tool(
             name=tool,
             description=rpc.methods[method].description,
-            input_schema=rpc.methods[method].params.model_json_schema(),
+            input_schema=fillable(rpc.methods[method].params.model_json_schema()),
             output_schema=result_schema(rpc.methods[method]),
         )
         for tool, method in TOOLS.items()
@@ -156,6 +157,39 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
     )
 
 
+def fillable(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's input schema as form-filling clients (the MCP Inspector) can use: `$ref`s to `$defs` inlined
+    (a recursive one stays a reference) and optional parameters, which Pydantic types `anyOf [T, null]`,
+    typed `T` (leaving them out is how a caller says null)."""
+    defs: dict[str, Any] = schema.get("$defs", {})
+    kept: set[str] = set()
+
+    def walk(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [walk(item, seen) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            name = ref.removeprefix("#/$defs/")
+            if name in seen:
+                kept.add(name)
+                return node
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            return walk({**defs[name], **rest}, (*seen, name))
+        variants = node.get("anyOf")
+        if isinstance(variants, list) and len(variants) == 2 and {"type": "null"} in variants:
+            [other] = [v for v in variants if v != {"type": "null"}]
+            rest = {k: v for k, v in node.items() if k != "anyOf" and not (k == "default" and v is None)}
+            return walk({**other, **rest}, seen)
+        return {k: walk(v, seen) for k, v in node.items() if k != "$defs"}
+
+    result: dict[str, Any] = walk(schema, ())
+    if kept:
+        result["$defs"] = {name: walk(defs[name], (name,)) for name in kept}
+    return result
+
+
 def _resource_call(uri: str, has_memory: bool) -> tuple[str, dict[str, Any]]:
     """The JSON-RPC call that reads a resource URI."""
     if uri == STRATEGIES_URI:
@@ -171,6 +205,11 @@ def _resource_call(uri: str, has_memory: bool) -> tuple[str, dict[str, Any]]:
 
 
 def in_process_api(settings: Settings) -> Dispatcher:
+    """The whole API in this process, without Ray: `in_process_application`'s dispatcher."""
+    return in_process_application(settings).dispatcher
+
+
+def in_process_application(settings: Settings) -> Application:
     """The whole API in this process, without Ray (what `reasonray mcp` serves over stdio). Fails at once,
     naming the fix, when the model endpoint's key is missing (LLMConfigError) or the memory bank cannot
     work (MemoryUnavailableError). With `[auth]` configured every method is behind the same guard as the
@@ -205,7 +244,7 @@ def in_process_api(settings: Settings) -> Dispatcher:
     application = build_application(settings, backends=backends, data_dir=data_dir)
     if settings.auth.enabled:
         install_guard(application.dispatcher, local_guard(settings, application))
-    return application.dispatcher
+    return application
 
 
 def local_guard(settings: Settings, application: Application) -> Guard:
@@ -251,13 +290,28 @@ class StdioCaller:
         return None if self.verifier is None else self.verifier.principal(self.token)
 
 
-async def serve_stdio(rpc: Dispatcher, caller: StdioCaller | None = None) -> None:
-    """Serve MCP over this process's stdin and stdout until the client closes them, every call as `caller`."""
+async def serve_stdio(rpc: Dispatcher, caller: StdioCaller | None = None, *, closing: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve MCP over this process's stdin and stdout until the client closes them, every call as `caller`;
+    then `closing()` (the model client's HTTP session, which would otherwise leak at exit)."""
     from mcp.server.stdio import stdio_server
 
     server = build_server(rpc, principal=caller.principal if caller is not None else None)
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    try:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    finally:
+        if closing is not None:
+            await closing()
+
+
+def unsupported_version(scope: Scope) -> JSONResponse | None:
+    """A 400 naming the supported revisions when the request's MCP-Protocol-Version is none of them."""
+    requested = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k == b"mcp-protocol-version"), None)
+    if requested is None or requested in SUPPORTED_PROTOCOL_VERSIONS:
+        return None
+    message = f"unsupported MCP-Protocol-Version {requested!r}; this server supports {', '.join(SUPPORTED_PROTOCOL_VERSIONS)}"
+    data = {"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": requested}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": message, "data": data}}, status_code=400)
 
 
 class _McpAsgi:
@@ -267,6 +321,9 @@ class _McpAsgi:
         endpoint = McpEndpoint.current
         if endpoint is None:
             await JSONResponse({"error": "the MCP endpoint is not ready"}, status_code=503)(scope, receive, send)
+            return
+        if (refusal := unsupported_version(scope)) is not None:
+            await refusal(scope, receive, send)
             return
         await endpoint._started()
         await endpoint.manager.handle_request(scope, receive, send)

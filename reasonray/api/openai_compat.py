@@ -20,6 +20,7 @@ the routes; unit tests drive the same object over `local_dispatcher`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -44,7 +45,7 @@ from reasonray.api.jsonrpc import (
     Dispatcher,
     RpcError,
 )
-from reasonray.api.service import ExecuteParams
+from reasonray.api.service import ExecuteParams, ResponseFormatParams
 from reasonray.api.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import describe_errors
@@ -83,21 +84,162 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`{"type": "function", "function": {"name": ...}}`: this function must be called."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+MAX_CHOICES = 8
+"""`n` above this is refused: each choice is a whole reasoning run."""
 
 
 class ChatCompletionRequest(BaseModel):
-    """OpenAI's chat completion request. Sampling parameters (temperature, top_p, ...) are accepted
-    and left to the strategy's configuration: a strategy sets its own."""
+    """OpenAI's chat completion request. Every parameter is honoured or refused (`refuse_unsupported`);
+    one OpenAI does not define is a 400 naming it, as OpenAI's own API answers (docs/openai.md)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1, max_length=200)
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = Field(None, max_length=64)
-    n: int = Field(1, ge=1, le=1, description="One choice per request.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    n: int | None = Field(1, ge=1, le=MAX_CHOICES, description="Independent runs, one choice each.")
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = None
+    response_format: ResponseFormatParams | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(None, max_length=256)
+    safety_identifier: str | None = Field(None, max_length=256)
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     reasoning: ReasoningOptions | None = None
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def completion_limit(self) -> int | None:
+        """Completion tokens the whole run may generate (the lower of max_tokens and max_completion_tokens)."""
+        limits = [v for v in (self.max_tokens, self.max_completion_tokens) if v is not None]
+        return min(limits) if limits else None
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t.get("function", {}).get("name", "") for t in self.tools or []]
+
+
+def refuse_unsupported(request: ChatCompletionRequest) -> None:
+    """A 400 naming the first parameter this server cannot honour as asked (docs/openai.md lists them)."""
+
+    def refuse(param: str, message: str) -> None:
+        raise OpenAIError(400, message, "invalid_request_error", "unsupported_parameter", param)
+
+    for i, message in enumerate(request.messages):
+        if isinstance(message.content, list) and (kinds := {p.get("type") for p in message.content} - {"text"}):
+            refuse(f"messages.{i}.content", f"only text content parts are supported, not {', '.join(sorted(map(str, kinds)))}")
+    if request.logprobs or request.top_logprobs:
+        refuse(
+            "logprobs" if request.logprobs else "top_logprobs",
+            "logprobs are not available: a reasoning run's answer is assembled by its strategy from several model calls, "
+            "not sampled token by token; omit logprobs and top_logprobs",
+        )
+    if request.logit_bias:
+        refuse("logit_bias", "logit_bias is not supported: a strategy's calls use their own prompts and tokenizers; omit it")
+    if request.store:
+        refuse("store", "store is not supported: this server keeps runs in its own trace and run index (reasonray.trace_id); omit it")
+    if request.metadata:
+        refuse("metadata", "metadata is kept only with store, which this server does not offer; omit it")
+    if request.modalities not in (None, ["text"]) or request.audio is not None:
+        refuse("modalities" if request.audio is None else "audio", "only text output is supported: omit audio and modalities")
+    for param in ("prediction", "web_search_options", "reasoning_effort", "verbosity"):
+        if getattr(request, param) is not None:
+            hint = (
+                "choose how much reasoning with the model name (reasonray/<strategy>) and extra_body reasoning.strategy_config"
+                if param in ("reasoning_effort", "verbosity")
+                else "omit it"
+            )
+            refuse(param, f"{param} is not supported: {hint}")
+    if request.functions is not None or request.function_call is not None:
+        refuse(
+            "functions" if request.functions is not None else "function_call",
+            "functions and function_call are deprecated: use tools and tool_choice",
+        )
+    if request.service_tier not in (None, "auto", "default"):
+        refuse("service_tier", f"service_tier {request.service_tier!r} is not offered: use 'auto' or 'default'")
+    if request.tool_choice is not None and not request.tools:
+        refuse("tool_choice", "tool_choice is only allowed when tools are specified")
+    if isinstance(request.tool_choice, NamedToolChoice) and request.tool_choice.function.name not in request.tool_names:
+        refuse(
+            "tool_choice",
+            f"tool_choice names {request.tool_choice.function.name!r}, which is not among the tools: {', '.join(request.tool_names)}",
+        )
+    if (request.n or 1) > 1 and request.stream:
+        refuse("n", "n > 1 cannot be streamed here: each choice is a whole run; ask for n > 1 without stream, or stream one choice")
+    if (request.n or 1) > 1 and _uses_tools(request):
+        refuse("n", "n > 1 is not supported with tools: a tool conversation is one session; ask for one choice")
+    if request.parallel_tool_calls is False and _uses_tools(request) and not _forced(request):
+        refuse(
+            "parallel_tool_calls",
+            "parallel_tool_calls false is honoured for forced calls (tool_choice 'required' or a named function), which are "
+            "one call; with tool_choice 'auto' the turn returns every call the model asks for in one step: omit it or force the call",
+        )
+    if len(request.stops) > 4 or any(not s for s in request.stops):
+        refuse("stop", "stop takes up to 4 non-empty sequences")
+    if request.response_format is not None and request.response_format.type != "text" and _uses_tools(request) and not _forced(request):
+        refuse("response_format", "response_format with tools is supported with tool_choice 'none', 'required' or a named function")
+
+
+def _uses_tools(request: ChatCompletionRequest) -> bool:
+    return bool(request.tools) and request.tool_choice != "none"
+
+
+def _resumes(request: ChatCompletionRequest) -> bool:
+    """Whether the request answers the pending calls of one of this server's sessions (its trailing tool messages)."""
+    tail = _trailing_tool_messages(request.messages)
+    return request.tool_choice != "none" and bool(tail) and all(_SESSION_CALL.match(m.tool_call_id or "") for m in tail)
+
+
+def _forced(request: ChatCompletionRequest) -> bool:
+    return bool(request.tools) and (request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice))
+
+
+def apply_stop(answer: str, stops: list[str]) -> str:
+    """The answer up to the first stop sequence, which is excluded (as OpenAI's models stop)."""
+    cut = min((i for s in stops if (i := answer.find(s)) >= 0), default=len(answer))
+    return answer[:cut]
 
 
 class OpenAIError(Exception):
@@ -140,14 +282,36 @@ def error_from_rpc(error: dict[str, Any]) -> OpenAIError:
     return OpenAIError(status, error["message"], type_, code, reasonray={"code": error["code"], "data": data})
 
 
+def http_error(status: int, path: str, method: str, detail: Any = None) -> OpenAIError:
+    """An error the web framework found before any route ran (no such path, a method the path does not
+    take, a body that does not validate), in OpenAI's shape: everything under /v1 answers in it."""
+    if status == 404:
+        return OpenAIError(
+            404, f"Invalid URL ({method} {path}): no such endpoint here; see docs/openai.md", "invalid_request_error", "unknown_url"
+        )
+    if status == 405:
+        return OpenAIError(405, f"Method {method} is not allowed on {path}", "invalid_request_error", "method_not_allowed")
+    if status == 422 and isinstance(detail, list) and detail:
+        first = detail[0]
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return OpenAIError(400, f"invalid request: {param or 'body'}: {first.get('msg')}", "invalid_request_error", "invalid_value", param)
+    return OpenAIError(status, str(detail or "request refused"), "invalid_request_error" if status < 500 else "server_error", None)
+
+
 def parse_request(body: Any) -> ChatCompletionRequest:
+    """The request, or a 400 in OpenAI's shape naming the first parameter that is wrong."""
     try:
-        return ChatCompletionRequest.model_validate(body)
+        request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise OpenAIError(
-            400, f"invalid request: {describe_errors(exc)}", "invalid_request_error", "invalid_request", ".".join(map(str, first["loc"]))
-        ) from None
+        param = ".".join(map(str, first["loc"]))
+        if first["type"] == "extra_forbidden":
+            raise OpenAIError(
+                400, f"Unrecognized request argument supplied: {param}", "invalid_request_error", "unrecognized_argument", param
+            ) from None
+        raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_request_error", "invalid_value", param) from None
+    refuse_unsupported(request)
+    return request
 
 
 def strategy_of(model: str, served_model: str) -> str | None:
@@ -171,17 +335,32 @@ def strategy_of(model: str, served_model: str) -> str | None:
 
 
 def conversation_query(messages: list[ChatMessage]) -> tuple[str, str | None]:
-    """(query, system instructions): the last user message, preceded by the earlier ones as context."""
+    """(query, system instructions): the last user message, preceded by the earlier ones (tool calls and
+    their results included) as context; tool results after the last user message follow it."""
     users = [i for i, m in enumerate(messages) if m.role == "user"]
     if not users:
         raise OpenAIError(400, "messages must contain a user message", "invalid_request_error", "invalid_request", "messages")
     last = users[-1]
     system = "\n\n".join(m.text() for m in messages if m.role in ("system", "developer") and m.text()) or None
-    history = [f"{m.role}: {m.text()}" for m in messages[:last] if m.role in ("user", "assistant") and m.text()]
+    history = [line for m in messages[:last] if (line := _context_line(m))]
+    after = [line for m in messages[last + 1 :] if (line := _context_line(m))]
     query = messages[last].text()
     if history:
         query = "Conversation so far:\n" + "\n".join(history) + f"\n\nCurrent message:\n{query}"
+    if after:
+        query += "\n\nSince then:\n" + "\n".join(after)
     return query, system
+
+
+def _context_line(message: ChatMessage) -> str | None:
+    if message.role in ("user", "assistant") and message.text():
+        return f"{message.role}: {message.text()}"
+    if message.role == "assistant" and message.tool_calls:
+        calls = ", ".join(f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments', '')})" for c in message.tool_calls)
+        return f"assistant called: {calls}"
+    if message.role == "tool":
+        return f"tool result ({message.tool_call_id}): {message.text()}"
+    return None
 
 
 def models_list(strategies: list[str], default: str | None, served_model: str, created: int) -> dict[str, Any]:
@@ -257,26 +436,86 @@ class OpenAICompat:
         names, default = await self.strategies()
         return models_list(names, default, self.served_model, self.created)
 
-    async def execute_params(self, request: ChatCompletionRequest) -> dict[str, Any]:
-        """reasoning.execute's params for a request without tools."""
+    async def model(self, model_id: str) -> dict[str, Any]:
+        """`GET /v1/models/{model}`: one entry of the list, or a 404 in OpenAI's shape."""
+        listed = await self.models()
+        found: dict[str, Any] | None = next((m for m in listed["data"] if m["id"] == model_id), None)
+        if found is None:
+            raise OpenAIError(
+                404,
+                f"The model {model_id!r} does not exist; GET /v1/models lists {', '.join(m['id'] for m in listed['data'])}",
+                "invalid_request_error",
+                "model_not_found",
+                "model",
+            )
+        return found
+
+    async def execute_params(self, request: ChatCompletionRequest, query: str | None = None) -> dict[str, Any]:
+        """reasoning.execute's params for a request answered by one run (no tools, or tool_choice none)."""
         options = request.reasoning or ReasoningOptions()
         strategy = options.strategy or strategy_of(request.model, self.served_model)
-        query, system = conversation_query(request.messages)
-        if system:
-            query = f"{system}\n\n{query}"
+        if query is None:
+            query, system = conversation_query(request.messages)
+            if system:
+                query = f"{system}\n\n{query}"
         params: dict[str, Any] = {"query": query, "strategy": strategy, **options.model_dump(exclude_none=True, exclude={"strategy"})}
+        sampling = {k: getattr(request, k) for k in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed")}
+        if any(v is not None for v in sampling.values()):
+            params["sampling"] = {k: v for k, v in sampling.items() if v is not None}
+        if request.completion_limit is not None:
+            params["budget"] = {"max_completion_tokens": request.completion_limit}
+        if request.response_format is not None and request.response_format.type != "text":
+            params["response_format"] = request.response_format.as_openai()
         return {k: v for k, v in params.items() if v is not None}
 
     # -- plain completions ----------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest, trace_id: str | None = None) -> dict[str, Any]:
-        if request.tools or any(m.role == "tool" for m in request.messages):
+        if _forced(request):
+            return await self._forced_call(request, trace_id)
+        if _uses_tools(request) or _resumes(request):
             return self._tool_turn_response(request, await self._tool_turn(request, trace_id))
-        result = await self._call("reasoning.execute", await self.execute_params(request), trace_id)
-        return self._execute_response(request, result)
+        params = await self.execute_params(request)
+        n = request.n or 1
+        seeds = [None] * n if request.seed is None else [request.seed + i for i in range(n)]
+        runs = await asyncio.gather(
+            *(self._run(request, _with_seed(params, seed), _choice_trace(trace_id, i)) for i, seed in enumerate(seeds))
+        )
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": answer}, "logprobs": None, "finish_reason": finish}
+            for i, (answer, finish, _, _) in enumerate(runs)
+        ]
+        prompt = sum(r[2]["prompt_tokens"] for r in runs)
+        completion = sum(r[2]["completion_tokens"] for r in runs)
+        answers = sum(self.tokens.count(r[0]) for r in runs)
+        extra = runs[0][3] if n == 1 else {**runs[0][3], "choices": [r[3] for r in runs]}
+        first_answer, first_finish = runs[0][0], runs[0][1]
+        message = {"role": "assistant", "content": first_answer}
+        body = self._completion(request, extra["trace_id"], message, first_finish, usage_of(prompt, completion, answers), extra)
+        body["choices"] = choices
+        return body
 
-    def _execute_response(self, request: ChatCompletionRequest, result: dict[str, Any]) -> dict[str, Any]:
-        message = {"role": "assistant", "content": result["answer"]}
-        return self._completion(request, result["trace_id"], message, "stop", self._usage(result), _extra(result))
+    async def _run(
+        self, request: ChatCompletionRequest, params: dict[str, Any], trace_id: str | None
+    ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+        """One run: (answer, finish_reason, its token counts, ReasonRay's extra). A run that used up
+        max_completion_tokens answers what it had, with finish_reason "length", as OpenAI's models do."""
+        try:
+            result: dict[str, Any] = await self.rpc.call("reasoning.execute", params, trace_id)
+        except RpcError as error:
+            partial = _completion_budget_partial(error.body(), request.completion_limit)
+            if partial is None:
+                raise error_from_rpc(error.body()) from None
+            tokens = {"prompt_tokens": partial.get("prompt_tokens", 0), "completion_tokens": partial.get("completion_tokens", 0)}
+            extra = {"trace_id": trace_id or uuid.uuid4().hex, "budget": error.body()["data"]}
+            return apply_stop(str(partial.get("answer") or ""), request.stops), "length", tokens, extra
+        return self._finished(request, result)
+
+    def _finished(self, request: ChatCompletionRequest, result: dict[str, Any]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+        m = result["metrics"]
+        limit = request.completion_limit
+        hit = (limit is not None and m["completion_tokens"] >= limit) or (result.get("degraded_error") or {}).get("code") == BUDGET_EXCEEDED
+        answer = result["answer"] if request.response_format is not None else apply_stop(result["answer"], request.stops)
+        return answer, "length" if hit else "stop", m, _extra(result)
 
     def _usage(self, result: dict[str, Any]) -> dict[str, Any]:
         m = result["metrics"]
@@ -298,14 +537,57 @@ class OpenAICompat:
             "model": request.model,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": usage,
+            "service_tier": "default",
             "system_fingerprint": None,
             "reasonray": extra,
         }
 
+    # -- a forced tool call: the run answers with the call's arguments ------------------------------------
+    async def _forced_call(self, request: ChatCompletionRequest, trace_id: str | None) -> dict[str, Any]:
+        """tool_choice "required" or a named function: one run whose answer must be the arguments (validated
+        against the function's parameters, repaired once, as response_format is), returned as the call."""
+        tools = {t["function"]["name"]: t["function"] for t in request.tools or [] if t.get("function", {}).get("name")}
+        named = request.tool_choice.function.name if isinstance(request.tool_choice, NamedToolChoice) else None
+        chosen = [named] if named else list(tools)
+        query, system = conversation_query(request.messages)
+        listing = "\n".join(f"- {name}: {tools[name].get('description', '')}" for name in chosen)
+        if len(chosen) == 1:
+            schema = tools[chosen[0]].get("parameters") or {"type": "object", "properties": {}}
+            ask = f"Call the function {chosen[0]} now: answer with only its arguments, a JSON object valid against {json.dumps(schema)}."
+        else:
+            schema = {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": name}, "arguments": tools[name].get("parameters") or {"type": "object"}},
+                        "required": ["name", "arguments"],
+                    }
+                    for name in chosen
+                ]
+            }
+            ask = f'Call one of these functions now:\n{listing}\nAnswer with only a JSON object {{"name": ..., "arguments": {{...}}}}.'
+        text = f"{system}\n\n{query}\n\n{ask}" if system else f"{query}\n\n{ask}"
+        params = await self.execute_params(request, query=text)
+        params["response_format"] = {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
+        answer, finish, tokens, extra = await self._run(request.model_copy(update={"stop": None}), params, trace_id)
+        if finish == "length":
+            message: dict[str, Any] = {"role": "assistant", "content": answer}
+        else:
+            value = json.loads(answer)
+            name, arguments = (chosen[0], value) if len(chosen) == 1 else (value["name"], value["arguments"])
+            call = {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+        usage = usage_of(tokens["prompt_tokens"], tokens["completion_tokens"], self.tokens.count(answer))
+        return self._completion(request, extra["trace_id"], message, finish, usage, extra)
+
     # -- tools: a session turn ------------------------------------------------------------------------
     async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> dict[str, Any]:
         tail = _trailing_tool_messages(request.messages)
-        if tail:  # re-entry: the tool messages answer the pending calls of the session named in their ids
+        if _resumes(request):  # re-entry: the tool messages answer the pending calls of the session named in their ids
             session_id = _session_of(tail[0].tool_call_id or "")
             results = [{"tool_call_id": (m.tool_call_id or "").split("-", 1)[1], "content": m.text(), "is_error": False} for m in tail]
             if any(_session_of(m.tool_call_id or "") != session_id for m in tail):
@@ -313,6 +595,8 @@ class OpenAICompat:
                     400, "tool messages answer calls of different conversations", "invalid_request_error", "invalid_request", "messages"
                 )
             return await self._call("session.resume", {"session_id": session_id, "tool_results": results}, trace_id)
+        # a new conversation, or results of calls no session is waiting for (a forced call, another
+        # server's): a new turn, the whole conversation its context
         query, system = conversation_query(request.messages)
         spec: dict[str, Any] = {"client_tools": request.tools or []}
         if system:
@@ -322,6 +606,8 @@ class OpenAICompat:
 
     def _tool_turn_response(self, request: ChatCompletionRequest, turn: dict[str, Any]) -> dict[str, Any]:
         message, finish = _turn_message(turn)
+        if message.get("content") is not None:
+            message["content"] = apply_stop(message["content"], request.stops)
         prompt, completion = _turn_tokens(turn["trace"])
         usage = usage_of(prompt, completion, self.tokens.count(turn.get("answer") or ""))
         trace_id = next((s["trace_id"] for s in reversed(turn["trace"]) if s.get("trace_id")), uuid.uuid4().hex)
@@ -334,7 +620,7 @@ class OpenAICompat:
         the finish chunk, usage (with `stream_options.include_usage`), then `[DONE]`. Errors found before
         the stream starts are raised (an HTTP error); later ones are sent as an `error` payload."""
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        if request.tools or any(m.role == "tool" for m in request.messages):
+        if _forced(request) or _uses_tools(request) or _resumes(request):
             completion = await self.complete(request, trace_id)
             async for payload in self._replay(completion, include_usage):
                 yield payload
@@ -359,12 +645,23 @@ class OpenAICompat:
                 elif isinstance(item, Event) and (text := progress_text(item)):
                     yield chunk({"reasoning_content": text})
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
-            yield json.dumps(error_from_rpc(error.body()).body)
+            partial = _completion_budget_partial(error.body(), request.completion_limit)
+            if partial is None:
+                yield json.dumps(error_from_rpc(error.body()).body)
+                yield "[DONE]"
+                return
+            answer = apply_stop(str(partial.get("answer") or ""), request.stops)
+            yield chunk({"content": answer})
+            yield chunk({}, "length")
+            if include_usage:
+                usage = usage_of(partial.get("prompt_tokens", 0), partial.get("completion_tokens", 0), self.tokens.count(answer))
+                yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": usage})
             yield "[DONE]"
             return
-        yield chunk({"content": result["answer"]})
-        finish = json.loads(chunk({}, "stop"))
-        finish["reasonray"] = _extra(result)
+        answer, finish_reason, _, extra = self._finished(request, result)
+        yield chunk({"content": answer})
+        finish = json.loads(chunk({}, finish_reason))
+        finish["reasonray"] = extra
         yield json.dumps(finish)
         if include_usage:
             yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": self._usage(result)})
@@ -435,6 +732,32 @@ def _extra(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _completion_budget_partial(error: dict[str, Any], limit: int | None) -> dict[str, Any] | None:
+    """What a run that used up the request's completion tokens had achieved (None: it failed otherwise).
+    The run may end on the budget itself, or on what the cut-off reply lacked (an answer, a format)."""
+    data = error.get("data") or {}
+    partial: dict[str, Any] = data.get("partial") or {}
+    if limit is None or error.get("code") == INVALID_PARAMS:
+        return None
+    if (error.get("code") == BUDGET_EXCEEDED and "max_completion_tokens" in data) or partial.get("completion_tokens", 0) >= limit:
+        return partial
+    return None
+
+
+def _with_seed(params: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    if seed is None:
+        return params
+    return {**params, "sampling": {**params.get("sampling", {}), "seed": seed}}
+
+
+def _choice_trace(trace_id: str | None, index: int) -> str | None:
+    """Choice 0 runs under the request's trace id; the others under ids derived from it."""
+    return trace_id if index == 0 or trace_id is None else f"{trace_id}-{index}"
+
+
+_SESSION_CALL = re.compile(r"^[0-9a-f]{32}-.+")
+
+
 def _trailing_tool_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
     tail: list[ChatMessage] = []
     for message in reversed(messages):
@@ -445,16 +768,8 @@ def _trailing_tool_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
 
 
 def _session_of(tool_call_id: str) -> str:
-    session_id, sep, _ = tool_call_id.partition("-")
-    if not sep or not session_id:
-        raise OpenAIError(
-            400,
-            f"tool_call_id {tool_call_id!r} was not issued by this server: answer the tool_calls of its last response",
-            "invalid_request_error",
-            "invalid_request",
-            "messages",
-        )
-    return session_id
+    """The session a call id this server issued (`<session_id>-<call id>`) belongs to."""
+    return tool_call_id.partition("-")[0]
 
 
 def _turn_message(turn: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -5,8 +5,10 @@ and per-process tags (`WorkerId`, `NodeAddress`, `SessionName`, `Component`...).
 the pages scraped from every node into cluster totals under our own names: the `ray_` prefix goes
 (`ray_reasoning_bounded_context_requests_total` is served as `reasoning_bounded_context_requests_total`,
 as the blueprint spells it), Ray's CamelCase tags go, counters and histograms are summed across
-processes and nodes, gauges take the largest value (each process reports the same gauge).
-Transport-free: the ingress fetches the pages (actors/metrics.py), this turns them into text.
+processes and nodes, gauges take the largest value (each process reports the same gauge), and
+the `otel_scope_*` labels Ray's OpenTelemetry export adds go (one scope, ours, on every series).
+Histogram buckets come in numeric order. The page is Prometheus text, or OpenMetrics when the
+scraper asks for it (`Accept: application/openmetrics-text`). Transport-free: the ingress fetches the pages (actors/metrics.py), this turns them into text.
 """
 
 from __future__ import annotations
@@ -16,12 +18,40 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from reasonray.kernel.telemetry import SPECS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OURS = tuple(f"ray_{name}" for name in SPECS)
+
+
+def wants_openmetrics(accept: str | None) -> bool:
+    """Whether a scraper's Accept header asks for OpenMetrics (Prometheus sends it first when it can)."""
+    return "application/openmetrics-text" in (accept or "")
+
+
+def content_type(openmetrics: bool) -> str:
+    return str(OPENMETRICS_TYPE) if openmetrics else CONTENT_TYPE
+
+
+def _label_kept(name: str) -> bool:
+    """Ray's per-process tags (CamelCase) and OpenTelemetry's scope labels are dropped: cluster totals."""
+    return not name[:1].isupper() and not name.startswith("otel_scope")
+
+
+_SUFFIX_ORDER = {"_bucket": 0, "_count": 1, "_sum": 2, "_created": 3}
+
+
+def _sample_order(key: tuple[str, tuple[tuple[str, str], ...]]) -> tuple[object, ...]:
+    """Samples of one label set together; a histogram's buckets by their bound, then count and sum."""
+    sample_name, labels = key
+    rest = tuple(item for item in labels if item[0] != "le")
+    le = next((float(v) for k, v in labels if k == "le"), 0.0)
+    suffix = next((rank for end, rank in _SUFFIX_ORDER.items() if sample_name.endswith(end)), -1)
+    return (rest, suffix, le, sample_name)
 
 
 def _ours(name: str) -> bool:
@@ -38,8 +68,9 @@ class _Merged:
         yield from self.families
 
 
-def merge(pages: Iterable[str]) -> bytes:
-    """Our metric families from Ray's export pages, summed over processes and nodes, in text format."""
+def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
+    """Our metric families from Ray's export pages, summed over processes and nodes, as Prometheus text
+    (or OpenMetrics)."""
     kinds: dict[str, tuple[str, str]] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = defaultdict(dict)
     for page in pages:
@@ -51,7 +82,7 @@ def merge(pages: Iterable[str]) -> bytes:
             gauge = family.type == "gauge"
             merged = values[name]
             for sample in family.samples:
-                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if not k[:1].isupper()))
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if _label_kept(k)))
                 key = (sample.name.removeprefix("ray_"), labels)
                 if key in merged:
                     merged[key] = max(merged[key], sample.value) if gauge else merged[key] + sample.value
@@ -61,9 +92,9 @@ def merge(pages: Iterable[str]) -> bytes:
     for name in sorted(values):
         kind, documentation = kinds[name]
         metric = Metric(name, documentation, kind)
-        for (sample_name, labels), value in sorted(values[name].items()):
+        for (sample_name, labels), value in sorted(values[name].items(), key=lambda item: _sample_order(item[0])):
             metric.add_sample(sample_name, dict(labels), value)
         families.append(metric)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Merged(families))
-    return generate_latest(registry)
+    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)  # type: ignore[no-untyped-call]

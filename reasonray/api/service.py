@@ -12,15 +12,16 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reasonray.api.caps import check_strategy_config, check_text
 from reasonray.api.jsonrpc import error_for
+from reasonray.api.structured import conform, schema_of
 from reasonray.api.tenancy import charge_tokens
-from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.observed import ObservedLLM, Sampling
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel import tracing
@@ -71,7 +72,51 @@ class BudgetParams(BaseModel):
     max_prompt_tokens: int | None = Field(None, ge=64, description="Prompts above this are cut, head and tail kept, with a WARNING event.")
     max_output_tokens: int | None = Field(None, ge=1, description="Caps every call's max_tokens.")
     max_total_tokens: int | None = Field(None, ge=1, description="Prompt plus completion tokens the whole request may spend.")
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="Completion tokens the whole run may generate, reasoning included; then -32004 with the partial answer."
+    )
     deadline_s: float | None = Field(None, gt=0, description="Seconds the run may take; then -32015 with what it achieved so far.")
+
+
+class SamplingParams(BaseModel):
+    """Sampling applied to every LLM call of the run, over the strategy's own choice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature of every call (0-2).")
+    top_p: float | None = Field(None, ge=0, le=1, description="Nucleus sampling mass of every call (0-1).")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="Presence penalty of every call (-2 to 2).")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Frequency penalty of every call (-2 to 2).")
+    seed: int | None = Field(None, description="Mixed into every call's seed: the same seed, the same run (where the model is seedable).")
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$", description="The schema's name.")
+    json_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema", description="A JSON Schema.")
+    strict: bool | None = Field(None, description="Validated against the schema either way.")
+    description: str | None = Field(None, description="What the answer is for (shown to the model).")
+
+
+class ResponseFormatParams(BaseModel):
+    """The answer's shape (OpenAI's `response_format`): the answer is JSON that parses and validates, or -32010."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"] = Field(description="text: as the strategy answers; json_object; json_schema.")
+    json_schema: JsonSchemaFormat | None = Field(None, description="The schema, for type json_schema.")
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormatParams:
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ValueError("response_format.json_schema is required when type is 'json_schema'")
+            schema_of(self.as_openai())
+        return self
+
+    def as_openai(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
 
 
 class ExecuteParams(BaseModel):
@@ -90,6 +135,10 @@ class ExecuteParams(BaseModel):
     include_trace: bool = Field(False, description="Return the run's events (full LLM text included) as `trace`.")
     memory: MemoryParams | None = Field(None, description="Run memory-aware: retrieve memories into the prompts; learn from the run.")
     budget: BudgetParams | None = Field(None, description="Token budget of this request (tightens the server's, never loosens it).")
+    sampling: SamplingParams | None = Field(None, description="Sampling of every LLM call of the run, over the strategy's own.")
+    response_format: ResponseFormatParams | None = Field(
+        None, description="Answer as JSON (an object, or valid against a schema), validated and repaired once."
+    )
 
     @field_validator("query")
     @classmethod
@@ -205,7 +254,15 @@ class ReasoningService:
         budget = self.budget.tightest(Budget(**params.budget.model_dump(exclude={"deadline_s"})) if params.budget else None)
         deadline = min((d for d in (self.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
         context = StrategyContext(
-            llm=ObservedLLM(self.llm, sink, trace_id=trace_id, strategy=resolution.strategy, budget=budget, counter=self.tokens),
+            llm=ObservedLLM(
+                self.llm,
+                sink,
+                trace_id=trace_id,
+                strategy=resolution.strategy,
+                budget=budget,
+                counter=self.tokens,
+                sampling=Sampling(**params.sampling.model_dump()) if params.sampling else None,
+            ),
             tokens=self.tokens,
             emit=sink,
             trace_id=trace_id,
@@ -228,6 +285,10 @@ class ReasoningService:
                             with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
                                 await self.memory_loop.retrieve(memory, report, context.llm, sink, params.query)
                         result = await strategy.reason(params.query, context=context, config=resolution.config)
+                        if params.response_format is not None and params.response_format.type != "text":
+                            formatted = await conform(result.answer, params.response_format.as_openai(), context.llm, params.query)
+                            result.answer = formatted.content
+                            result.metrics = context.metrics(**{**result.metrics.strategy_specific, "response_format": formatted.how})
                 except TimeoutError as exc:
                     if not limit.expired():
                         raise

@@ -42,7 +42,7 @@ class MeteredLLM:
         if self.caching and not request.sampled:
             m.record("reasonray_llm_cache_hits" if completion.cached else "reasonray_llm_cache_misses", model=model)
         if not completion.cached:
-            m.record("reasonray_llm_latency_ms", (time.perf_counter() - started) * 1000, model=model)
+            m.record("reasonray_llm_latency_seconds", time.perf_counter() - started, model=model)
             if completion.attempts > 1:
                 m.record("reasonray_llm_retries", completion.attempts - 1, model=model)
         self._breaker()

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
 from reasonray.kernel import tracing
@@ -16,6 +17,25 @@ from reasonray.kernel.errors import BudgetExceededError
 from reasonray.kernel.events import Budget, EventSink, LLMInvocation, RunWarning, Tally
 
 log = structlog.get_logger("reasonray.events")
+
+
+class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Sampling the caller asked for, applied to every call of its run (None: the strategy's own choice)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    """Mixed into each call's own seed, so a run is reproducible while its branches still differ."""
+
+    def apply(self, request: LLMRequest) -> LLMRequest:
+        changes: dict[str, Any] = {
+            k: v for k in ("temperature", "top_p", "presence_penalty", "frequency_penalty") if (v := getattr(self, k)) is not None
+        }
+        if self.seed is not None:
+            changes["seed"] = self.seed if request.seed is None else (self.seed * 1_000_003 + request.seed) % 2**31
+        return msgspec.structs.replace(request, **changes) if changes else request
 
 
 OMITTED = "\n[... {n} tokens omitted to fit the prompt budget ...]\n"
@@ -44,6 +64,8 @@ class ObservedLLM:
         budget: Budget | None = None,
         spent: int = 0,
         counter: TokenCounter | None = None,
+        spent_completion: int = 0,
+        sampling: Sampling | None = None,
     ) -> None:
         self.inner = inner
         self.emit = emit
@@ -52,8 +74,14 @@ class ObservedLLM:
         self.guidance = guidance
         self.budget = budget or Budget()
         self.spent = spent
+        self.spent_completion = spent_completion
+        self.sampling = sampling
         self.counter = counter
         self.tally = Tally()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.inner)
 
     @property
     def model(self) -> str:
@@ -73,7 +101,14 @@ class ObservedLLM:
         if self.budget.max_total_tokens is not None:
             left = max(self.budget.max_total_tokens - spent, 0)
             spent = self.budget.max_total_tokens - left // max(branches, 1)
-        return {"guidance": self.guidance, "budget": self.budget, "spent": spent}
+        completion = self.spent_completion + self.tally.completion_tokens
+        if self.budget.max_completion_tokens is not None:
+            left = max(self.budget.max_completion_tokens - completion, 0)
+            completion = self.budget.max_completion_tokens - left // max(branches, 1)
+        options: dict[str, Any] = {"guidance": self.guidance, "budget": self.budget, "spent": spent}
+        if completion or self.sampling is not None:  # only what a branch needs beyond the original three
+            options |= {"spent_completion": completion, "sampling": self.sampling}
+        return options
 
     def _with_guidance(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
         if not self.guidance:
@@ -85,7 +120,7 @@ class ObservedLLM:
 
     def _within_budget(self, request: LLMRequest) -> LLMRequest:
         b = self.budget
-        if b.max_prompt_tokens is None and b.max_output_tokens is None and b.max_total_tokens is None:
+        if b.max_prompt_tokens is None and b.max_output_tokens is None and b.max_total_tokens is None and b.max_completion_tokens is None:
             return request
         counter = self.counter or counter_for_model(self.model)
         messages = request.messages
@@ -102,6 +137,16 @@ class ObservedLLM:
                     f"the request's token budget ({b.max_total_tokens} tokens) is spent: {self.spent_tokens} used so far "
                     f"and the next call's prompt alone is {prompt} tokens; raise budget.max_total_tokens",
                     {"max_total_tokens": b.max_total_tokens, "spent_tokens": self.spent_tokens, "next_prompt_tokens": prompt},
+                )
+            max_tokens = min(max_tokens or left, left)
+        if b.max_completion_tokens is not None:
+            generated = self.spent_completion + self.tally.completion_tokens
+            left = b.max_completion_tokens - generated
+            if left < 1:
+                raise BudgetExceededError(
+                    f"the request's completion budget ({b.max_completion_tokens} tokens, reasoning included) is spent: "
+                    f"{generated} generated so far; raise max_completion_tokens",
+                    {"max_completion_tokens": b.max_completion_tokens, "completion_tokens": generated},
                 )
             max_tokens = min(max_tokens or left, left)
         return msgspec.structs.replace(request, messages=messages, max_tokens=max_tokens)
@@ -133,6 +178,8 @@ class ObservedLLM:
 
     async def complete(self, request: LLMRequest) -> Completion:
         request = self._within_budget(msgspec.structs.replace(request, messages=self._with_guidance(request.messages)))
+        if self.sampling is not None:
+            request = self.sampling.apply(request)
         # a model call span, GenAI semantic conventions (no-op unless OTEL_* configure an exporter)
         requested = {
             "gen_ai.operation.name": "chat",

@@ -244,6 +244,8 @@ class Budget(msgspec.Struct, frozen=True, omit_defaults=True):
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
     max_total_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    """Completion tokens the whole run may generate, reasoning included (OpenAI's `max_completion_tokens`)."""
 
     def tightest(self, other: Budget | None) -> Budget:
         """Each limit the lower of the two (a request may tighten the system's budget, never loosen it)."""

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 Kind = Literal["counter", "histogram", "gauge"]
-LATENCY_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000)
+LATENCY_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+"""Bucket bounds of the latency histograms, in seconds (Prometheus' base unit)."""
 TOKENS = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000)
 
 
@@ -40,7 +41,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("method", "strategy", "status"),
     ),
     MetricSpec(
-        "reasonray_request_latency_ms", "histogram", "Time to answer a JSON-RPC call, in milliseconds.", ("method", "strategy"), LATENCY_MS
+        "reasonray_request_latency_seconds",
+        "histogram",
+        "Time to answer a JSON-RPC call, in seconds.",
+        ("method", "strategy"),
+        LATENCY_SECONDS,
     ),
     MetricSpec(
         "reasonray_tokens",
@@ -58,43 +63,37 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("strategy", "agent", "status"),
     ),
     MetricSpec(
-        "reasonray_run_latency_ms",
+        "reasonray_run_latency_seconds",
         "histogram",
-        "Time of one reasoning run, failed or not, by strategy, agent and status.",
+        "Time of one reasoning run, failed or not, by strategy, agent and status, in seconds.",
         ("strategy", "agent", "status"),
-        LATENCY_MS,
+        LATENCY_SECONDS,
     ),
     MetricSpec("reasonray_run_llm_calls", "counter", "LLM calls made by reasoning runs, failed or not.", ("strategy", "agent")),
     MetricSpec("reasonray_llm_calls", "counter", "LLM calls, by model and outcome (ok, cached or error).", ("model", "outcome")),
     MetricSpec("reasonray_llm_retries", "counter", "Extra attempts spent on transient provider failures.", ("model",)),
     MetricSpec("reasonray_llm_failures", "counter", "LLM calls that failed after their retries, by error type.", ("model", "error")),
     MetricSpec(
-        "reasonray_llm_latency_ms", "histogram", "Time of an LLM call that reached the provider, retries included.", ("model",), LATENCY_MS
+        "reasonray_llm_latency_seconds",
+        "histogram",
+        "Time of an LLM call that reached the provider, retries included, in seconds.",
+        ("model",),
+        LATENCY_SECONDS,
     ),
     MetricSpec("reasonray_llm_breaker_state", "gauge", "The circuit breaker: 0 closed, 1 half open, 2 open.", ("endpoint",)),
     MetricSpec("reasonray_llm_cache_hits", "counter", "LLM calls answered from the response cache.", ("model",)),
     MetricSpec("reasonray_llm_cache_misses", "counter", "Cacheable LLM calls the cache could not answer.", ("model",)),
     MetricSpec(
-        "reasonray_bounded_context_iterations",
+        "reasonray_memory_retrieval_latency_seconds",
         "histogram",
-        "Iterations of a bounded-context run.",
+        "Memory retrieval (embedding and ranking), in seconds.",
         (),
-        (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50),
-    ),
-    MetricSpec(
-        "reasonray_bounded_context_savings_pct",
-        "histogram",
-        "Attention compute a bounded-context run saved against one long chain of thought, in percent.",
-        (),
-        (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99),
-    ),
-    MetricSpec(
-        "reasonray_memory_retrieval_latency_ms", "histogram", "Memory retrieval (embedding and ranking), in milliseconds.", (), LATENCY_MS
+        LATENCY_SECONDS,
     ),
     MetricSpec("reasonray_memory_items", "gauge", "Memory items stored, by workspace.", ("workspace",)),
     MetricSpec("reasonray_active_sessions", "gauge", "Sessions live in the session hosts' memory.", ()),
-    # the blueprint's names (seed 001, "GET /metrics"), recorded for bounded-context runs; GET /metrics
-    # serves them without Ray's `ray_` prefix, as the blueprint spells them
+    # bounded-context runs under the names the API's first description gave them; GET /metrics serves
+    # them without Ray's `ray_` prefix, as spelled here (one family per metric: no second copy)
     MetricSpec("reasoning_bounded_context_requests", "counter", "Bounded-context runs, by status (ok or the error type).", ("status",)),
     MetricSpec(
         "reasoning_bounded_context_duration_seconds",
@@ -166,16 +165,11 @@ class RecordingMetrics:
 def record_run(
     metrics: Metrics, strategy: str, agent: str, prompt_tokens: int, completion_tokens: int, specific: dict[str, Any] | None
 ) -> None:
-    """A reasoning run's tokens (tagged with the strategy and the agent, or `none`), and a bounded-context
-    run's iterations and savings."""
+    """A reasoning run's tokens (tagged with the strategy and the agent, or `none`); a bounded-context
+    run's iterations and savings are `record_bounded_context`'s."""
     metrics.record("reasonray_tokens", prompt_tokens, strategy=strategy, agent=agent, kind="prompt")
     metrics.record("reasonray_tokens", completion_tokens, strategy=strategy, agent=agent, kind="completion")
     metrics.record("reasonray_run_tokens", prompt_tokens + completion_tokens, strategy=strategy, agent=agent)
-    specific = specific or {}
-    if "total_iterations" in specific:
-        metrics.record("reasonray_bounded_context_iterations", specific["total_iterations"])
-    if "compute_savings_pct" in specific:
-        metrics.record("reasonray_bounded_context_savings_pct", specific["compute_savings_pct"])
 
 
 def record_bounded_context(metrics: Metrics, status: str, seconds: float, tokens: int, specific: dict[str, Any] | None) -> None:
@@ -193,5 +187,5 @@ def record_bounded_context(metrics: Metrics, status: str, seconds: float, tokens
 def record_outcome(metrics: Metrics, strategy: str, agent: str, status: str, latency_ms: float, llm_calls: int) -> None:
     """One reasoning run's outcome, tagged with the strategy that ran, whether it succeeded or not."""
     metrics.record("reasonray_runs", strategy=strategy, agent=agent, status=status)
-    metrics.record("reasonray_run_latency_ms", latency_ms, strategy=strategy, agent=agent, status=status)
+    metrics.record("reasonray_run_latency_seconds", latency_ms / 1000, strategy=strategy, agent=agent, status=status)
     metrics.record("reasonray_run_llm_calls", llm_calls, strategy=strategy, agent=agent)

@@ -54,9 +54,27 @@ def test_the_card_lists_one_skill_per_enabled_strategy_streaming_and_the_jsonrpc
     assert [s.id for s in card.skills] == [s["name"] for s in strategies]
     assert all(s.description and s.examples for s in card.skills)
     assert card.capabilities.streaming
-    [interface] = card.supported_interfaces
-    assert (interface.url, interface.protocol_binding, interface.protocol_version) == (f"{base}/a2a", "JSONRPC", "1.0")
+    interfaces = [(i.url, i.protocol_binding, i.protocol_version) for i in card.supported_interfaces]
+    assert interfaces == [(f"{base}/a2a", "JSONRPC", "1.0"), (f"{base}/a2a", "HTTP+JSON", "1.0")]
     assert not card.security_schemes  # no [auth] configured here
+    # cacheable, revalidated by its ETag
+    first = httpx.get(f"{base}/.well-known/agent-card.json")
+    assert first.headers["cache-control"] == "public, max-age=300" and first.headers["last-modified"].endswith("GMT")
+    again = httpx.get(f"{base}/.well-known/agent-card.json", headers={"If-None-Match": first.headers["etag"]})
+    assert again.status_code == 304 and again.headers["etag"] == first.headers["etag"]
+
+
+def test_the_jsonrpc_endpoint_answers_with_a_trailing_slash_and_refuses_bodies_that_are_not_json(agent):
+    base, _ = agent
+    body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "no-such-task"}}
+    headers = {"A2A-Version": "1.0"}
+    for url in (f"{base}/a2a", f"{base}/a2a/"):
+        answer = httpx.post(url, json=body, headers=headers, follow_redirects=False)
+        assert answer.status_code == 200 and answer.json()["error"]["code"] == -32001, answer.text  # TaskNotFoundError
+    plain = httpx.post(f"{base}/a2a", content=b"hello", headers={"Content-Type": "text/plain", **headers})
+    assert plain.status_code == 415 and plain.json()["error"]["code"] == -32005
+    rest = httpx.get(f"{base}/a2a/tasks/no-such-task", headers=headers)
+    assert rest.status_code == 404 and rest.headers["content-type"].startswith("application/json"), rest.text
 
 
 def test_send_a_message_and_get_the_answer_then_get_the_task(agent):
@@ -72,7 +90,7 @@ def test_send_a_message_and_get_the_answer_then_get_the_task(agent):
     task, fetched = run(ask())
     assert task.status.state == TaskState.TASK_STATE_COMPLETED
     assert task.artifacts[0].parts[0].text == "144"
-    assert task.artifacts[0].metadata["strategy_used"] == "chain_of_thought"
+    assert task.artifacts[0].metadata["strategyUsed"] == "chain_of_thought"
     assert fetched.status.state == TaskState.TASK_STATE_COMPLETED and fetched.artifacts[0].parts[0].text == "144"
 
 
@@ -96,7 +114,7 @@ def test_a_streamed_bounded_context_run_sends_status_updates_before_the_answer_a
     ]
     assert len(progress) >= 2, kinds  # several iterations reported while the run was going
     assert events[answer_at].artifact_update.artifact.parts[0].text == "7"
-    assert events[answer_at].artifact_update.artifact.metadata["strategy_used"] == "bounded_context"
+    assert events[answer_at].artifact_update.artifact.metadata["strategyUsed"] == "bounded_context"
     assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
 
 
@@ -140,12 +158,12 @@ def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_fi
     assert second.context_id == first.context_id and second.id != first.id
     assert [first.artifacts[0].parts[0].text, second.artifacts[0].parts[0].text] == ["42", "5"]
     meta = [first.artifacts[0].metadata, second.artifacts[0].metadata]
-    assert [m["turn"] for m in meta] == [1, 2] and meta[0]["session_id"] == meta[1]["session_id"]
+    assert [m["turn"] for m in meta] == [1, 2] and meta[0]["sessionId"] == meta[1]["sessionId"]
     with httpx.Client(base_url=base, timeout=30) as http:  # a real ReasonRay session, as session.* sees it
-        session = result_of(rpc(http, "session.get", {"session_id": meta[0]["session_id"]}))
+        session = result_of(rpc(http, "session.get", {"session_id": meta[0]["sessionId"]}))
     assert session["turn"] == 2 and session["messages"] >= 4 and session["last_answer"] == "5"
     # the second turn's model call was given the first exchange (the session's conversation)
-    [log] = list(data_dir.glob(f"events/*/{meta[1]['trace_id']}.jsonl"))
+    [log] = list(data_dir.glob(f"events/*/{meta[1]['traceId']}.jsonl"))
     calls = [json.loads(line) for line in log.read_text().splitlines() if '"messages"' in line]
     contents = [m.get("content") or "" for m in calls[0]["messages"]]
     assert "What is 6 * 7?" in contents and any("42" in c for c in contents) and contents[-1] == "What is 2 + 3?"
@@ -314,4 +332,4 @@ def test_a_remote_a2a_agent_registers_by_card_url_is_discovered_by_its_skills_an
 
     task = run(via_a2a())
     assert task.status.state == TaskState.TASK_STATE_COMPLETED and task.artifacts[0].parts[0].text == "42"
-    assert task.artifacts[0].metadata["strategy_used"] == "a2a:far"
+    assert task.artifacts[0].metadata["strategyUsed"] == "a2a:far"

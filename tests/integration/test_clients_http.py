@@ -310,3 +310,44 @@ def test_mcp_over_stdio_and_its_fail_fast_start(simulator, tmp_path):
     keyless = {k: v for k, v in env.items() if k != "REASONRAY_LLM__BASE_URL"} | {"REASONRAY_LLM__PROVIDER": "openai"}
     failed = subprocess.run(command, env=keyless, capture_output=True, text=True, timeout=60)
     assert failed.returncode == 2 and "OPENAI_API_KEY is not set" in failed.stderr
+
+
+def test_mcp_over_stdio_closes_its_model_client_at_exit(simulator, tmp_path):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR", ""),
+        "REASONRAY_LLM__PROVIDER": "simulated",
+        "REASONRAY_LLM__BASE_URL": simulator.url,
+        "REASONRAY_MEMORY__EMBEDDING": "openai",
+        "REASONRAY_DATA_DIR": str(tmp_path),
+        "REASONRAY_LOGGING__LEVEL": "warning",
+        "PYTHONASYNCIODEBUG": "1",
+    }
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "reason", "arguments": {"query": "What is 6 * 7?"}}},
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    for message in messages:
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+    replies = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    assert replies[1]["result"]["structuredContent"]["answer"] == "42"  # the model client was used
+    _, stderr = proc.communicate(timeout=60)  # closes stdin: the client goes away, the server ends
+    assert proc.returncode == 0, stderr
+    assert "Unclosed client session" not in stderr and "Unclosed connector" not in stderr, stderr

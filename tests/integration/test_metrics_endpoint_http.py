@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.docs_examples import blocks
@@ -60,6 +63,28 @@ def test_metrics_serves_every_strategy_and_the_blueprint_names_in_prometheus_tex
     names = {n for n, _ in parsed}
     assert not any(n.startswith("ray_") for n in names)
     assert not any(k[:1].isupper() for _, ls in parsed for k, _ in ls)
+
+
+def test_the_page_passes_promtool_and_the_openmetrics_parser(api):
+    assert result_of(rpc(api, "reasoning.execute", {"strategy": "bounded_context", **RUNS["bounded_context"]}))
+    deadline = time.monotonic() + 90
+    while "reasonray_llm_latency_seconds_bucket" not in (text := api.get("/metrics").text):
+        assert time.monotonic() < deadline, "no LLM latency histogram in /metrics after 90 s"
+        time.sleep(0.5)
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (scripts/setup.sh does)"
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0 and lint.stdout == lint.stderr == "", lint.stdout + lint.stderr
+    parsed = samples(text)
+    assert not any(k.startswith("otel_scope") for _, ls in parsed for k, _ in ls)
+    bounds = [float(dict(ls)["le"]) for (n, ls), _ in parsed.items() if n == "reasonray_llm_latency_seconds_bucket"]
+    assert bounds[:3] == [0.005, 0.01, 0.025] and bounds[-1] == float("inf")
+    om = api.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0,text/plain;q=0.5"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
+    families = {f.name: f for f in openmetrics_families(om.text)}
+    assert families["reasonray_llm_calls"].type == "counter" and families["reasonray_llm_latency_seconds"].type == "histogram"
+    # one family per metric: the bounded-context series exist once, under their own names
+    assert not any(name.startswith("reasonray_bounded_context") for name in families)
 
 
 def test_health_is_the_public_liveness_probe(api):

@@ -58,8 +58,8 @@ def test_requests_tokens_llm_calls_bounded_context_memory_and_sessions_reach_the
     wanted = [
         "ray_reasonray_requests_total",
         "ray_reasonray_llm_calls_total",
-        "ray_reasonray_bounded_context_iterations_count",
-        "ray_reasonray_memory_retrieval_latency_ms_count",
+        "ray_reasoning_bounded_context_iterations_count",
+        "ray_reasonray_memory_retrieval_latency_seconds_count",
         "ray_reasonray_active_sessions",
         "ray_reasonray_tokens_total",
         "ray_reasonray_runs_total",
@@ -73,8 +73,8 @@ def test_requests_tokens_llm_calls_bounded_context_memory_and_sessions_reach_the
             all(w in names for w in wanted)
             and sessions >= 1
             and total(samples, "ray_reasonray_requests_total", method="reasoning.execute", strategy="none", status="strategy_unavailable")
-            and total(samples, "ray_reasonray_run_latency_ms_count", strategy="refine", status="budget_exceeded")
-            and total(samples, "ray_reasonray_bounded_context_iterations_count")
+            and total(samples, "ray_reasonray_run_latency_seconds_count", strategy="refine", status="budget_exceeded")
+            and total(samples, "ray_reasoning_bounded_context_iterations_count")
         ):
             break
         assert time.monotonic() < deadline, f"missing after 90 s: {[w for w in wanted if w not in names]}"
@@ -86,12 +86,12 @@ def test_requests_tokens_llm_calls_bounded_context_memory_and_sessions_reach_the
     assert total(samples, "ray_reasonray_requests_total", method="reasoning.execute", strategy="refine", status="budget_exceeded") >= 1
     assert total(samples, "ray_reasonray_runs_total", strategy="refine", agent="none", status="budget_exceeded") >= 1
     assert total(samples, "ray_reasonray_runs_total", strategy="chain_of_thought", status="ok") >= 3
-    assert total(samples, "ray_reasonray_run_latency_ms_count", strategy="refine", status="budget_exceeded") >= 1
-    assert total(samples, "ray_reasonray_request_latency_ms_count", method="reasoning.execute") >= 5
+    assert total(samples, "ray_reasonray_run_latency_seconds_count", strategy="refine", status="budget_exceeded") >= 1
+    assert total(samples, "ray_reasonray_request_latency_seconds_count", method="reasoning.execute") >= 5
     assert total(samples, "ray_reasonray_tokens_total", strategy="chain_of_thought", kind="completion") > 0
     assert total(samples, "ray_reasonray_llm_calls_total", model="simulated") >= 4
-    assert total(samples, "ray_reasonray_bounded_context_iterations_count") >= 1
-    assert total(samples, "ray_reasonray_bounded_context_savings_pct_sum") > 0
+    assert total(samples, "ray_reasoning_bounded_context_iterations_count") >= 1
+    assert total(samples, "ray_reasoning_bounded_context_compute_savings_pct_sum") > 0
     assert any(n.startswith("ray_serve_") for n in names)  # beside Serve's own
     # every name we export is in the catalogue
     ours = {n for n in names if n.startswith("ray_reasonray_")}

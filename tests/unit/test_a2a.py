@@ -245,14 +245,14 @@ async def test_a_refused_call_is_an_http_403_with_the_json_rpc_error_and_leaves_
         ("carol", "reasoning.execute", "forbidden"),
         ("carol", "reasoning.execute", "ok"),
     ]
-    assert records[-1]["trace_id"] == allowed.artifacts[0].metadata["trace_id"]
+    assert records[-1]["trace_id"] == allowed.artifacts[0].metadata["traceId"]
 
 
 async def test_a2a_runs_are_charged_to_the_callers_token_budget_and_refused_past_it_with_429(tmp_path, http_clients):
     agent = Agent(tmp_path, principals={"tess": {"tokens_per_day": 1}})
     tess = await agent.client("tess", http_clients)
     ran = await send(tess, message("What is 6 * 7?", strategy="chain_of_thought"))
-    assert agent.limiter.usage("tess")["tokens_today"] == ran.artifacts[0].metadata["total_tokens"] > 0
+    assert agent.limiter.usage("tess")["tokens_today"] == ran.artifacts[0].metadata["totalTokens"] > 0
     for request in (message("What is 2 + 3?", strategy="chain_of_thought"), message("What is 2 + 3?")):  # a run, a session turn
         over = await agent.http("tess", http_clients).post("/a2a", json=rpc_body(request))
         assert over.status_code == 429, over.text
@@ -312,20 +312,20 @@ async def test_a_context_is_a_reasonray_session_of_its_owner_and_a_fresh_one_for
     second = await send(alice, message("What is that plus one?", context_id=first.context_id))
     assert [first.artifacts[0].parts[0].text, second.artifacts[0].parts[0].text] == ["42", "43"]  # the second needs the first
     meta = [first.artifacts[0].metadata, second.artifacts[0].metadata]
-    assert [m["turn"] for m in meta] == [1, 2] and meta[0]["session_id"] == meta[1]["session_id"]
-    session = await as_caller("alice", agent.rpc.call("session.get", {"session_id": meta[0]["session_id"]}, "t-1"))  # a real one
+    assert [m["turn"] for m in meta] == [1, 2] and meta[0]["sessionId"] == meta[1]["sessionId"]
+    session = await as_caller("alice", agent.rpc.call("session.get", {"session_id": meta[0]["sessionId"]}, "t-1"))  # a real one
     assert session["turn"] == 2 and session["status"] == "idle"
 
     intruder = await send(bob, message("What is that plus one?", context_id=first.context_id))
     assert intruder.artifacts[0].parts[0].text == "which number?" and intruder.artifacts[0].metadata["turn"] == 1
-    assert intruder.artifacts[0].metadata["session_id"] != meta[0]["session_id"] and "6 * 7" not in agent.prompts[-1]
+    assert intruder.artifacts[0].metadata["sessionId"] != meta[0]["sessionId"] and "6 * 7" not in agent.prompts[-1]
     assert [t.id for t in (await alice.list_tasks(ListTasksRequest(context_id=first.context_id))).tasks] == [second.id, first.id]
     third = await send(alice, message("What is 6 * 7?", context_id=first.context_id))
     assert third.artifacts[0].metadata["turn"] == 3 and "which number" not in agent.prompts[-1]
 
-    await as_caller("alice", agent.rpc.call("session.close", {"session_id": meta[0]["session_id"]}, "t-2"))  # closed: a new one
+    await as_caller("alice", agent.rpc.call("session.close", {"session_id": meta[0]["sessionId"]}, "t-2"))  # closed: a new one
     fourth = await send(alice, message("What is 6 * 7?", context_id=first.context_id))
-    assert fourth.artifacts[0].metadata["turn"] == 1 and fourth.artifacts[0].metadata["session_id"] != meta[0]["session_id"]
+    assert fourth.artifacts[0].metadata["turn"] == 1 and fourth.artifacts[0].metadata["sessionId"] != meta[0]["sessionId"]
 
 
 async def test_a_cancel_and_a_resubscription_reach_a_task_running_on_another_replica(tmp_path, http_clients):

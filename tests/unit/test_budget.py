@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reasonray.api.app import local_dispatcher
-from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.observed import ObservedLLM, Sampling
 from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
@@ -73,3 +73,40 @@ async def test_a_request_budget_that_runs_out_is_a_32004_error():
     ok = {**call, "params": {**call["params"], "budget": {"max_total_tokens": 5000, "max_output_tokens": 100}}}
     payload, _ = await rpc.handle_payload(ok, None)
     assert payload["result"]["answer"] == "4" and payload["result"]["metrics"]["total_tokens"] <= 5000
+
+
+async def test_the_completion_budget_holds_over_every_call_and_branches_share_what_is_left():
+    observed_llm, llm, _ = observed(Budget(max_completion_tokens=100))
+    await observed_llm.complete(LLMRequest(messages=(user("hello"),), max_tokens=4096))
+    assert llm.requests[0].max_tokens == 100
+    observed_llm.tally.completion_tokens += 70  # as if the calls so far had generated 70 tokens
+    await observed_llm.complete(LLMRequest(messages=(user("hello"),)))
+    generated = observed_llm.tally.completion_tokens
+    assert llm.requests[1].max_tokens == 100 - (generated - llm_reply_tokens(llm))
+    options = observed_llm.branch_options(2)
+    assert options["spent_completion"] == 100 - (100 - generated) // 2  # each of two branches may generate half of what is left
+    observed_llm.tally.completion_tokens = 100
+    with pytest.raises(BudgetExceededError, match="max_completion_tokens") as info:
+        await observed_llm.complete(LLMRequest(messages=(user("hello"),)))
+    assert info.value.data == {"max_completion_tokens": 100, "completion_tokens": 100} and len(llm.requests) == 2
+    branch = ObservedLLM(llm, [].append, trace_id="t", strategy="s", **observed(Budget(max_completion_tokens=100))[0].branch_options())
+    assert "spent_completion" not in observed(Budget())[0].branch_options() and branch.spent_completion == 0
+
+
+def llm_reply_tokens(llm) -> int:
+    """What the last reply of a FunctionLLM counted as completion tokens."""
+    return counter_for_model("function").count("<answer>ok</answer>")
+
+
+async def test_sampling_asked_for_applies_to_every_call_and_the_seed_mixes_with_each_calls_own():
+    sampling = Sampling(temperature=1.5, top_p=0.5, presence_penalty=1.0, frequency_penalty=-1.0, seed=7)
+    llm = FunctionLLM(lambda r: "<answer>ok</answer>")
+    observed_llm = ObservedLLM(llm, [].append, trace_id="t", strategy="s", sampling=sampling)
+    await observed_llm.complete(LLMRequest(messages=(user("a"),), temperature=0.0))
+    await observed_llm.complete(LLMRequest(messages=(user("a"),), seed=1))
+    await observed_llm.complete(LLMRequest(messages=(user("a"),), seed=2))
+    first, second, third = llm.requests
+    assert (first.temperature, first.top_p, first.presence_penalty, first.frequency_penalty, first.seed) == (1.5, 0.5, 1.0, -1.0, 7)
+    assert second.seed != third.seed and second.seed != 1  # branches stay apart, and the caller's seed counts
+    assert Sampling().apply(first) is first
+    assert observed_llm.branch_options()["sampling"] == sampling

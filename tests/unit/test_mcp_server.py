@@ -9,7 +9,7 @@ import pytest
 from mcp import Client, MCPError
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.mcp_server import build_server
+from reasonray.api.mcp_server import build_server, fillable, unsupported_version
 from reasonray.api.service import ExecuteParams
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.config import ReasoningSettings
@@ -32,7 +32,7 @@ async def test_tools_are_the_methods_with_their_pydantic_schemas_and_results(tmp
         tools = {t.name: t for t in (await mcp.list_tools()).tools}
         # no memory bank here: the seed's memory tools are not offered
         assert set(tools) == {"reason", "session_create", "session_turn", "session_resume", "session_get", "session_close"}
-        assert tools["reason"].input_schema == ExecuteParams.model_json_schema()
+        assert tools["reason"].input_schema == fillable(ExecuteParams.model_json_schema())
         result = await mcp.call_tool("reason", {"query": "What is 17 * 23?"})
         assert not result.is_error and result.structured_content["answer"] == "391"
         jsonschema.validate(result.structured_content, tools["reason"].output_schema)
@@ -164,3 +164,39 @@ async def test_a_token_that_expires_while_the_stdio_server_runs_stops_working(tm
         caller.token = mint_token(SECRET, "alice", ["reasoner"], -3600)  # the same key, now past its exp (and the leeway)
         expired = error_of(await mcp.call_tool("session_create", {}))
         assert expired["code"] == -32001 and "token expired" in expired["message"]
+
+
+def test_input_schemas_are_fillable_forms_that_accept_what_the_method_accepts():
+    schema = fillable(ExecuteParams.model_json_schema())
+    text = json.dumps(schema)
+    # what a form-filling client (the MCP Inspector) cannot fill: references and `anyOf [T, null]`
+    assert "$ref" not in text and "anyOf" not in text and "$defs" not in schema
+    memory = schema["properties"]["memory"]
+    assert memory["type"] == "object" and "workspace" in memory["properties"]
+    assert schema["properties"]["strategy_config"]["type"] == "object" and schema["required"] == ["query"]
+    example = {"query": "q", "memory": {"workspace": "w"}, "budget": {"max_total_tokens": 100}, "sampling": {"temperature": 1}}
+    jsonschema.validate(example, schema)
+    ExecuteParams.model_validate(example)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"query": "q", "budget": {"max_total_tokens": 0}}, schema)
+
+
+def test_a_recursive_definition_stays_a_reference():
+    tree = {
+        "$defs": {"Node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}},
+        "type": "object",
+        "properties": {"root": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}], "default": None}},
+    }
+    schema = fillable(tree)
+    assert schema["properties"]["root"]["properties"]["children"]["items"] == {"$ref": "#/$defs/Node"}
+    assert schema["$defs"]["Node"]["properties"]["children"]["items"] == {"$ref": "#/$defs/Node"}
+    jsonschema.validate({"root": {"children": [{"children": []}]}}, schema)
+
+
+def test_an_unknown_protocol_version_is_refused_naming_the_supported_ones():
+    refusal = unsupported_version({"headers": [(b"mcp-protocol-version", b"1999-01-01")]})
+    assert refusal is not None and refusal.status_code == 400
+    error = json.loads(bytes(refusal.body))["error"]
+    assert "1999-01-01" in error["message"] and "2025-06-18" in error["message"] and "2025-06-18" in error["data"]["supported"]
+    assert unsupported_version({"headers": [(b"mcp-protocol-version", b"2025-06-18")]}) is None
+    assert unsupported_version({"headers": []}) is None

@@ -14,6 +14,7 @@ from reasonray.api.openai_compat import (
     OpenAIError,
     Reply,
     conversation_query,
+    http_error,
     parse_request,
     respond,
     strategy_of,
@@ -163,8 +164,22 @@ async def test_tools_run_as_a_session_turn_and_tool_messages_resume_it(compat):
     second = await respond(compat, body(messages=messages, tools=[WEATHER]), "trace-tools-2")
     assert second.body["choices"][0]["message"]["content"] == "Snow"
     assert second.body["usage"]["prompt_tokens"] > 0 and second.body["reasonray"]["llm_calls"] == 2
-    stranger = await respond(compat, body(messages=[*messages[:2], {"role": "tool", "tool_call_id": "call_1", "content": "x"}]), "t-000003")
-    assert stranger.status == 400 and "was not issued by this server" in stranger.body["error"]["message"]
+    # results of calls no session waits for (another server's ids) are the context of a run of their own
+    stranger = await respond(
+        compat,
+        body(
+            messages=[
+                {"role": "user", "content": "What is 6 * 7?"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "Snow"},
+            ]
+        ),
+        "t-000003",
+    )
+    assert stranger.status == 200 and stranger.body["choices"][0]["message"]["content"] == "42"
 
 
 # -- with the tenancy guard: refusals are OpenAI errors, streamed requests included ---------------------------
@@ -240,3 +255,84 @@ async def test_guarded_tool_round_trips_resume_only_the_callers_own_session(guar
     principal("alice", "reasoner")
     resumed = await respond(guarded_compat, body(messages=answered, tools=[WEATHER]), "trace-t3")
     assert resumed.status == 200 and resumed.body["choices"][0]["finish_reason"] == "stop"
+
+
+# -- every request parameter honoured or refused (docs/openai.md, Request parameters) --------------------------
+
+
+async def test_parameters_out_of_range_unknown_or_not_honourable_are_400s_naming_them(compat, llm):
+    question = [{"role": "user", "content": "What is 17 + 25?"}]
+    cases = {
+        "temperature": {"temperature": 2.5},
+        "top_p": {"top_p": -0.1},
+        "presence_penalty": {"presence_penalty": 3},
+        "logprobs": {"logprobs": True},
+        "logit_bias": {"logit_bias": {"1": 5}},
+        "store": {"store": True},
+        "reasoning_effort": {"reasoning_effort": "low"},
+        "functions": {"functions": [{"name": "f"}]},
+        "tool_choice": {"tool_choice": "required"},
+        "n": {"n": 2, "stream": True},
+        "stop": {"stop": ["a", "b", "c", "d", "e"]},
+        "surprise": {"surprise": 1},
+    }
+    for param, extra in cases.items():
+        reply = await respond(compat, body(messages=question, **extra), "t-000010")
+        assert isinstance(reply, Reply) and reply.status == 400, (param, reply)
+        assert reply.body["error"]["param"] == param and reply.body["error"]["type"] == "invalid_request_error", reply.body
+    assert llm.calls == 0
+
+
+async def test_completion_budget_stop_n_and_the_model_lookup(compat):
+    question = [{"role": "user", "content": "What is 17 + 25?"}]
+    cut = (await respond(compat, body(messages=question, max_tokens=5), "t-000011")).body
+    assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] <= 5
+    stopped = (await respond(compat, body(messages=question, stop="2"), "t-000012")).body
+    assert stopped["choices"][0]["message"]["content"] == "4"
+    several = (await respond(compat, body(messages=question, n=2, seed=1), "t-000013")).body
+    assert [c["message"]["content"] for c in several["choices"]] == ["42", "42"]
+    assert [c["trace_id"] for c in several["reasonray"]["choices"]] == ["t-000013", "t-000013-1"]
+    assert (await compat.model("reasonray/bounded_context"))["id"] == "reasonray/bounded_context"
+    with pytest.raises(OpenAIError) as missing:
+        await compat.model("reasonray/tree_of_thought")
+    assert missing.value.status == 404 and missing.value.body["error"]["code"] == "model_not_found"
+
+
+async def test_a_forced_call_returns_the_functions_arguments_and_none_offers_no_tools(compat):
+    question = [{"role": "user", "content": "What is 17 + 25?"}]
+    answer = {
+        "type": "function",
+        "function": {"name": "answer", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}},
+    }
+    forced = (
+        await respond(
+            compat,
+            body(messages=question, tools=[answer, WEATHER], tool_choice={"type": "function", "function": {"name": "answer"}}),
+            "t-14",
+        )
+    ).body
+    [call] = forced["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "answer" and json.loads(call["function"]["arguments"]) == {"n": 42}
+    plain = (await respond(compat, body(messages=question, tools=[answer], tool_choice="none"), "t-000015")).body
+    assert plain["choices"][0]["message"] == {"role": "assistant", "content": "42"}
+
+
+def test_framework_errors_under_v1_have_openais_shape():
+    assert http_error(404, "/v1/nope", "GET").body["error"]["code"] == "unknown_url"
+    assert http_error(405, "/v1/models", "DELETE").status == 405
+    invalid = http_error(422, "/v1/reasoning/execute", "POST", [{"loc": ["body", "query"], "msg": "Field required"}])
+    assert invalid.status == 400 and invalid.body["error"]["param"] == "query"
+
+
+async def test_content_parts_other_than_text_are_refused_by_name(compat):
+    image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
+    reply = await respond(compat, body(messages=image), "t-000016")
+    assert reply.status == 400 and reply.body["error"]["param"] == "messages.0.content" and "image_url" in reply.body["error"]["message"]
+
+
+async def test_parallel_tool_calls_false_is_honoured_when_forced_and_refused_with_auto(compat):
+    question = [{"role": "user", "content": "What is 17 + 25?"}]
+    auto = await respond(compat, body(messages=question, tools=[WEATHER], parallel_tool_calls=False), "t-000017")
+    assert auto.status == 400 and auto.body["error"]["param"] == "parallel_tool_calls"
+    forced = await respond(compat, body(messages=question, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False), "t-18")
+    assert forced.status == 200 and len(forced.body["choices"][0]["message"]["tool_calls"]) == 1

@@ -169,3 +169,19 @@ async def test_the_real_result_of_every_method_validates_against_its_advertised_
         assert answered == set(rpc.methods)
     finally:
         CURRENT_PRINCIPAL.reset(token)
+
+
+def test_a_standard_dereferencer_resolves_the_document_and_every_result_is_a_real_schema(tmp_path):
+    """jsonref inlines every `$ref`: a recursive type (GenealogyNode) is reached by `$ref` only, so the
+    dereferenced document is finite, its recursion a cycle, not an unbounded expansion."""
+    import jsonref
+
+    document = json.loads(json.dumps(discover_document(full_dispatcher(tmp_path))))
+    dereferenced = jsonref.replace_refs(document, proxies=False, lazy_load=False)
+    for method in dereferenced["methods"]:
+        result = method["result"]["schema"]
+        assert result.get("type") == "object" and result.get("properties"), method["name"]  # not a bare `object`
+        assert "$ref" not in json.dumps(method["params"], default=lambda _: "<cycle>"), method["name"]
+    genealogy = {m["name"]: m for m in dereferenced["methods"]}["memory.genealogy"]["result"]["schema"]
+    node = genealogy["properties"]["descendants"]["items"]
+    assert node["properties"]["children"]["items"] is node  # the recursion, as one shared object

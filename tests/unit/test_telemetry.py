@@ -144,10 +144,10 @@ async def test_the_api_counts_requests_by_method_strategy_and_status_and_runs_by
         ("unknown", "none", "method_not_found"),  # a caller's made-up name never becomes a series
         ("reasoning.execute", "bounded_context", "ok"),
     ]
-    assert len(metrics.values("reasonray_request_latency_ms")) == 5
+    assert len(metrics.values("reasonray_request_latency_seconds")) == 5
     assert metrics.total("reasonray_tokens", strategy="chain_of_thought", kind="completion") > 0
-    assert metrics.values("reasonray_bounded_context_iterations")[0] >= 2
-    assert 0 < metrics.values("reasonray_bounded_context_savings_pct")[0] <= 100
+    assert metrics.values("reasoning_bounded_context_iterations")[0] >= 2
+    assert 0 < metrics.values("reasoning_bounded_context_compute_savings_pct")[0] <= 100
 
 
 async def test_a_run_made_as_an_agent_tags_its_tokens_calls_runs_and_latency_with_the_agent(tmp_path):
@@ -165,7 +165,7 @@ async def test_a_run_made_as_an_agent_tags_its_tokens_calls_runs_and_latency_wit
         assert metrics.total("reasonray_tokens", strategy="chain_of_thought", agent=agent, kind="prompt") > 0
         assert len(metrics.values("reasonray_run_tokens", strategy="chain_of_thought", agent=agent)) == runs
         assert len(metrics.values("reasonray_run_llm_calls", strategy="chain_of_thought", agent=agent)) == runs
-        assert len(metrics.values("reasonray_run_latency_ms", strategy="chain_of_thought", agent=agent)) == runs
+        assert len(metrics.values("reasonray_run_latency_seconds", strategy="chain_of_thought", agent=agent)) == runs
     assert metrics.values("reasonray_runs", strategy="chain_of_thought", agent="planner", status="budget_exceeded") == [1]
     assert {t["agent"] for n, _, t in metrics.records if n == "reasonray_tokens"} == {"planner", "none"}
 
@@ -200,7 +200,7 @@ async def test_the_llm_stack_counts_calls_cache_hits_retries_failures_and_the_br
     assert metrics.total("reasonray_llm_cache_hits") == 1 and metrics.total("reasonray_llm_cache_misses") == 2
     assert [t["error"] for n, _, t in metrics.records if n == "reasonray_llm_failures"] == ["ProviderUnavailableError", "CircuitOpenError"]
     assert metrics.values("reasonray_llm_breaker_state", endpoint="e")[-1] == 2  # open
-    assert len(metrics.values("reasonray_llm_latency_ms")) == 1  # only the call that reached the provider and succeeded
+    assert len(metrics.values("reasonray_llm_latency_seconds")) == 1  # only the call that reached the provider and succeeded
 
 
 def test_the_memory_bank_reports_retrieval_latency_and_its_size(tmp_path):
@@ -218,7 +218,7 @@ def test_the_memory_bank_reports_retrieval_latency_and_its_size(tmp_path):
     service.store_items([item], "w1")
     service.retrieve("units", "w1")
     assert metrics.values("reasonray_memory_items", workspace="w1") == [1]
-    assert len(metrics.values("reasonray_memory_retrieval_latency_ms")) == 1
+    assert len(metrics.values("reasonray_memory_retrieval_latency_seconds")) == 1
     service.delete_workspace("w1")
     assert metrics.values("reasonray_memory_items", workspace="w1")[-1] == 0
 
@@ -243,4 +243,4 @@ async def test_a_failed_call_is_a_cache_miss_only_when_the_cache_was_asked_and_c
     plain = MeteredLLM(FunctionLLM(lambda request: "<answer>1</answer>", model="m"), uncached, caching=False)
     await plain.complete(ask("repeatable"))
     assert uncached.total("reasonray_llm_cache_misses") == 0 and uncached.total("reasonray_llm_cache_hits") == 0
-    assert [n for n, _, _ in uncached.records] == ["reasonray_llm_calls", "reasonray_llm_latency_ms"]  # no breaker, no breaker state
+    assert [n for n, _, _ in uncached.records] == ["reasonray_llm_calls", "reasonray_llm_latency_seconds"]  # no breaker, no breaker state
