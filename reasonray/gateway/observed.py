@@ -9,8 +9,9 @@ from typing import Any
 import msgspec
 import structlog
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
-from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+from reasonray.gateway.tokens import TokenCounter, count_messages, counter_of
 from reasonray.kernel import tracing
 from reasonray.kernel.errors import BudgetExceededError
 from reasonray.kernel.events import Budget, EventSink, LLMInvocation, RunWarning, Tally
@@ -60,6 +61,15 @@ class ObservedLLM:
         return self.inner.model
 
     @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.inner)
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """What the run counts with: the budget's counter, else the endpoint's (the model's own tokens where known)."""
+        return self.counter or counter_of(self.inner)
+
+    @property
     def spent_tokens(self) -> int:
         return self.spent + self.tally.prompt_tokens + self.tally.completion_tokens
 
@@ -87,7 +97,7 @@ class ObservedLLM:
         b = self.budget
         if b.max_prompt_tokens is None and b.max_output_tokens is None and b.max_total_tokens is None:
             return request
-        counter = self.counter or counter_for_model(self.model)
+        counter = self.counter or counter_of(self.inner)
         messages = request.messages
         prompt = count_messages(counter, messages)
         if b.max_prompt_tokens is not None and prompt > b.max_prompt_tokens:
