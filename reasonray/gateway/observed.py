@@ -154,7 +154,11 @@ class ObservedLLM:
             "reasonray.trace_id": self.trace_id,
         }
         with tracing.span(f"chat {self.model}", requested, kind="client") as span:
-            completion = await self.inner.complete(request)
+            try:
+                completion = await self.inner.complete(request)
+            except Exception as exc:
+                self._count_failed(exc)
+                raise
             if span is not tracing.NO_SPAN:
                 span.set(self._span_attributes(request, completion))
         t = self.tally
@@ -182,6 +186,15 @@ class ObservedLLM:
             )
         )
         return completion
+
+    def _count_failed(self, exc: Exception) -> None:
+        """A call that failed was still made: it counts, with what its attempts are known to have cost."""
+        t = self.tally
+        spent = getattr(exc, "spent", (0, 0))
+        t.calls += 1
+        t.prompt_tokens += spent[0]
+        t.completion_tokens += spent[1]
+        t.retries += max(getattr(exc, "attempts", 1) - 1, 0)
 
     @staticmethod
     def _span_attributes(request: LLMRequest, completion: Completion) -> dict[str, Any]:

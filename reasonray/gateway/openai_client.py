@@ -389,9 +389,13 @@ class OpenAILLM:
                     async for chunk in chunks:
                         parts.add(chunk)
             except TimeoutError:
-                raise TransientProviderError(
-                    f"Timeout: the model at {self.base_url} was still generating after request_timeout_s={self._timeout_s:g} "
-                    "(the stream was closed, which stops it)"
+                raise parts.spent_on(
+                    TransientProviderError(
+                        f"Timeout: the model at {self.base_url} was still generating after request_timeout_s={self._timeout_s:g} "
+                        "(the stream was closed, which stops it)"
+                    ),
+                    self,
+                    request,
                 ) from None
         finally:
             await stream.close()  # on cancel and timeout too: a closed stream is how the server learns to stop
@@ -434,11 +438,21 @@ class _StreamParts:
                 if isinstance(reason, str):
                     self.stop_reason[c.index] = reason
 
+    def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
+        """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion), by the model's count."""
+        counter = llm.tokens
+        error.spent = (count_messages(counter, request.messages), sum(counter.count("".join(t)) for t in self.texts.values()))
+        return error
+
     def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
         if not self.texts or any(i not in self.finish for i in self.texts):
-            raise TransientProviderError(
-                f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
-                "llama-cpp-python interrupting it for another request)"
+            raise self.spent_on(
+                TransientProviderError(
+                    f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
+                    "llama-cpp-python interrupting it for another request)"
+                ),
+                llm,
+                request,
             )
         choices = []
         for index in sorted(self.texts):

@@ -276,16 +276,23 @@ class ResilientLLM:
             reraise=True,
         )
         attempts = 0
+        spent = [0, 0]  # what failed attempts cost: they were made and paid for
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
-                    completion = await self._attempt(request)
+                    try:
+                        completion = await self._attempt(request)
+                    except TransientProviderError as exc:
+                        spent[0], spent[1] = spent[0] + exc.spent[0], spent[1] + exc.spent[1]
+                        raise
         except TransientProviderError as exc:
-            raise ProviderUnavailableError(
+            error = ProviderUnavailableError(
                 f"LLM provider {self.endpoint or self.model!r} failed after {attempts} attempt(s); last error: {exc}",
                 attempts=attempts,
                 cause=str(exc),
                 status_code=exc.status_code,
-            ) from exc
+            )
+            error.spent = (spent[0], spent[1])
+            raise error from exc
         return msgspec.structs.replace(completion, attempts=attempts)
