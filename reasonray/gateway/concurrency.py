@@ -13,10 +13,11 @@ server that was only busy with someone else's work gets its parallelism back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import structlog
 
@@ -53,6 +54,7 @@ class EndpointLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._wire = 0
         self._generating: set[Ticket] = set()
         self._recent: deque[Ticket] = deque(maxlen=256)  # finished, for the queueing test
         self._clean = 0
@@ -71,6 +73,22 @@ class EndpointLimiter:
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+    @property
+    def on_the_wire(self) -> int:
+        """Calls whose HTTP request is open (sent, not yet answered or closed): what keeps a serial server busy."""
+        return self._wire
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """Marks an HTTP request to the endpoint as open while the block runs."""
+        with self._lock:
+            self._wire += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._wire -= 1
 
     def configure(self, limit: int | None) -> None:
         """Fix the limit (configured, or discovered from the server), or None to learn it."""

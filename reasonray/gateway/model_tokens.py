@@ -9,8 +9,8 @@ A `ModelTokenCounter` counts with the best source it has, in this order:
 - otherwise tiktoken's count scaled by what the server reports: the largest recent ratio of its token counts to
   ours (prompt and completion usage, tokenize answers), plus a safety margin, so an estimate errs on the high side.
 
-Exact sources also learn the chat framing the server adds around messages (ChatML markers, a system prompt the
-chat template injects) from the prompt usage it reports, and `count_messages` adds it. `head` and `tail` cut by
+Both also learn the chat framing the server adds around messages (ChatML markers, a system prompt the chat
+template injects) from the prompt usage it reports, and `count_messages` adds it. `head` and `tail` cut by
 the same count: `count(head(text, n)) <= n` always holds.
 """
 
@@ -302,11 +302,10 @@ class ModelTokenCounter:
         """What the server reported for a call: calibrates the estimate, and an exact count's framing."""
         if prompt_tokens <= 0:
             return
-        if self.exact:
-            ours = count_messages(self, messages) - self.prompt_overhead
-            self._overheads.append(max(prompt_tokens - ours, 0))
-        else:
-            self.observe_ratio(count_messages(self.base, messages), prompt_tokens)
+        if not self.exact:
             texts = [t for t in completion_texts if t]
             if len(texts) == 1 and completion_tokens > 0:  # n > 1 reports one total for several texts
                 self.observe_ratio(self._base_count(texts[0]), completion_tokens)
+        # what the prompt's count misses (framing, an injected system prompt; for an estimate also a ratio too low)
+        ours = count_messages(self, messages) - self.prompt_overhead
+        self._overheads.append(max(prompt_tokens - ours, 0))

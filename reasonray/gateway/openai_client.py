@@ -148,6 +148,7 @@ class OpenAILLM:
         self._discovering: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
         self.endpoint: EndpointInfo = EndpointInfo(flavour="openai" if base_url is None else "unknown")
         self._learned_context: int | None = None
+        self._framing_learned_for: str | None = None
 
     def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
         base = counter_for_model(self._model)
@@ -267,7 +268,7 @@ class OpenAILLM:
             model=self._model,
             bos_tokens=info.bos_tokens,
             headers={"Authorization": f"Bearer {self._api_key}"} if self._api_key else None,
-            busy=(lambda: limiter.in_flight > 0) if serial else (lambda: False),
+            busy=(lambda: limiter.on_the_wire > 0) if serial else (lambda: False),
         )
 
     def _max_tokens(self, request: LLMRequest) -> int | None:
@@ -336,7 +337,6 @@ class OpenAILLM:
         self._check_allowed()
         if self._discover:
             await self.discover()
-        params = self._params(request)
         queued = time.perf_counter()
         try:
             async with asyncio.timeout(self._queue_timeout_s):
@@ -349,57 +349,83 @@ class OpenAILLM:
             ) from None
         started = time.perf_counter()
         try:
+            if self._framing_unknown:
+                await self._learn_framing()
+                started = time.perf_counter()
+            params = self._params(request)  # in the slot: a serial server's tokenize answers only between generations
             if self._stream:
-                completion = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
+                completion, reported = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
             else:
-                response = await self._client.chat.completions.create(**params)
+                with self.limiter.sending():
+                    response = await self._client.chat.completions.create(**params)
                 self.limiter.started(ticket)
-                completion = _completion(response, 0.0)
+                completion, reported = _completion(response, 0.0), response.usage is not None
         except openai.OpenAIError as exc:
             raise self._translate(exc) from exc
         finally:
             self.limiter.release(ticket)
         completion = msgspec.structs.replace(completion, latency_ms=(time.perf_counter() - started) * 1000)
-        if isinstance(self.tokens, ModelTokenCounter) and not request.tools and completion.usage.prompt_tokens:
-            self.tokens.observe_usage(
-                request.messages, completion.usage.prompt_tokens, [c.text for c in completion.choices], completion.usage.completion_tokens
-            )
+        if reported and not request.tools:
+            self._observe(request.messages, completion)
         return completion
 
-    async def _streamed(self, params: dict[str, Any], request: LLMRequest, ticket: Ticket, queue_left_s: float) -> Completion:
+    @property
+    def _framing_unknown(self) -> bool:
+        # a streamed answer from llama.cpp reports no usage, so nothing would ever show the framing its chat template adds
+        return self._stream and self._framing_learned_for != self.endpoint.fingerprint and isinstance(self.tokens, ModelTokenCounter)
+
+    async def _learn_framing(self) -> None:
+        """One plain one-token call (no system message, so a template's injected one shows too), for the usage it reports."""
+        self._framing_learned_for = self.endpoint.fingerprint
+        probe = (Message(role="user", content="Hi"),)
+        with self.limiter.sending():
+            response = await self._client.chat.completions.create(
+                model=self._model, messages=[_message_param(m) for m in probe], temperature=0.0, **{self._max_tokens_param: 1}
+            )
+        if response.usage is not None:
+            self._observe(probe, _completion(response, 0.0))
+
+    def _observe(self, messages: tuple[Message, ...], completion: Completion) -> None:
+        if isinstance(self.tokens, ModelTokenCounter) and completion.usage.prompt_tokens:
+            texts = [c.text for c in completion.choices]
+            self.tokens.observe_usage(messages, completion.usage.prompt_tokens, texts, completion.usage.completion_tokens)
+
+    async def _streamed(self, params: dict[str, Any], request: LLMRequest, ticket: Ticket, queue_left_s: float) -> tuple[Completion, bool]:
         params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         parts = _StreamParts()
-        try:
-            async with asyncio.timeout(max(queue_left_s, 0.001)):
-                stream = await self._client.chat.completions.create(**params)
-        except TimeoutError:
-            raise TransientProviderError(f"the server at {self.base_url} did not start on the call within queue_timeout_s") from None
-        chunks = aiter(stream)
-        try:
-            try:  # llama.cpp sends its first chunk once it has started on the call: the queue's time ends there
-                async with asyncio.timeout(max(queue_left_s, 0.001)):
-                    parts.add(await anext(chunks))
-            except TimeoutError:
-                raise TransientProviderError(f"the server at {self.base_url} did not start on the call within queue_timeout_s") from None
-            except StopAsyncIteration:
-                pass
-            self.limiter.started(ticket)
+        not_started = f"the server at {self.base_url} did not start on the call within queue_timeout_s={self._queue_timeout_s:g}"
+        with self.limiter.sending():
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    async for chunk in chunks:
-                        parts.add(chunk)
+                async with asyncio.timeout(max(queue_left_s, 0.001)):
+                    stream = await self._client.chat.completions.create(**params)
             except TimeoutError:
-                raise parts.spent_on(
-                    TransientProviderError(
-                        f"Timeout: the model at {self.base_url} was still generating after request_timeout_s={self._timeout_s:g} "
-                        "(the stream was closed, which stops it)"
-                    ),
-                    self,
-                    request,
-                ) from None
-        finally:
-            await stream.close()  # on cancel and timeout too: a closed stream is how the server learns to stop
-        return parts.completion(self, request)
+                raise TransientProviderError(not_started) from None
+            chunks = aiter(stream)
+            try:
+                try:  # llama.cpp sends its first chunk once it has started on the call: the queue's time ends there
+                    async with asyncio.timeout(max(queue_left_s, 0.001)):
+                        parts.add(await anext(chunks))
+                except TimeoutError:
+                    raise TransientProviderError(not_started) from None
+                except StopAsyncIteration:
+                    pass
+                self.limiter.started(ticket)
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        async for chunk in chunks:
+                            parts.add(chunk)
+                except TimeoutError:
+                    raise parts.spent_on(
+                        TransientProviderError(
+                            f"Timeout: the model at {self.base_url} was still generating after request_timeout_s={self._timeout_s:g} "
+                            "(the stream was closed, which stops it)"
+                        ),
+                        self,
+                        request,
+                    ) from None
+            finally:
+                await stream.close()  # on cancel and timeout too: a closed stream is how the server learns to stop
+        return parts.completion(self, request), parts.usage is not None
 
 
 class _StreamParts:
