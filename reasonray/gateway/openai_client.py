@@ -378,10 +378,10 @@ class OpenAILLM:
         """One plain one-token call (no system message, so a template's injected one shows too), for the usage it reports."""
         self._framing_learned_for = self.endpoint.fingerprint
         probe = (Message(role="user", content="Hi"),)
+        params: dict[str, Any] = {"model": self._model, "messages": [_message_param(m) for m in probe], "temperature": 0.0}
+        params[self._max_tokens_param] = 1
         with self.limiter.sending():
-            response = await self._client.chat.completions.create(
-                model=self._model, messages=[_message_param(m) for m in probe], temperature=0.0, **{self._max_tokens_param: 1}
-            )
+            response = await self._client.chat.completions.create(**params)
         if response.usage is not None:
             self._observe(probe, _completion(response, 0.0))
 

@@ -70,7 +70,7 @@ async def test_configured_capabilities_win_over_what_is_discovered(double):
 
 
 async def test_the_run_counts_in_the_models_tokens_and_cuts_by_the_same_count(double):
-    llm, client = stack_for(double, context_length=4096)
+    llm, _client = stack_for(double, context_length=4096)
     await discover(llm)
     tokens = llm.tokens
     assert tokens.encoding_name == "server:llama-cpp-python"
@@ -100,7 +100,7 @@ async def test_counting_is_cached_so_it_stays_cheap(double):
 
 
 async def test_without_a_tokenizer_the_estimate_is_calibrated_by_reported_usage_and_errs_high(double):
-    llm, client = stack_for(double, context_length=4096, tokenizer="calibrated")
+    llm, _client = stack_for(double, context_length=4096, tokenizer="calibrated")
     await discover(llm)  # the tokenize endpoint calibrates, but is not used to count
     tokens = llm.tokens
     assert isinstance(tokens, ModelTokenCounter) and not tokens.exact and tokens.ratio > 1.2
