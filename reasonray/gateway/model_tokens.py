@@ -192,7 +192,8 @@ class ModelTokenCounter:
         self._ids = _LRU(cache_size)
         self._base_counts = _LRU(cache_size)
         self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
-        self._overheads: deque[int] = deque(maxlen=CALIBRATION_WINDOW)
+        # by whether the prompt opens with a system message: chat templates inject one when it does not
+        self._overheads: dict[bool, deque[int]] = {True: deque(maxlen=CALIBRATION_WINDOW), False: deque(maxlen=CALIBRATION_WINDOW)}
 
     @property
     def encoding_name(self) -> str:
@@ -210,15 +211,22 @@ class ModelTokenCounter:
 
     @property
     def prompt_overhead(self) -> int:
-        """Tokens the server adds to a prompt beyond what `count_messages` counts (its chat framing, an injected system prompt)."""
-        return max(self._overheads, default=0)
+        """The most tokens the server was seen to add to a prompt beyond what `count_messages` counts."""
+        return max((max(seen, default=0) for seen in self._overheads.values()), default=0)
+
+    def framing(self, messages: tuple[Message, ...]) -> int:
+        """Tokens the server adds to these messages beyond `count_messages`' own framing (its chat template's
+        markers; a system prompt it injects when the messages bring none), as its usage has shown."""
+        seen = self._overheads[bool(messages) and messages[0].role == "system"]
+        return max(seen) if seen else self.prompt_overhead
 
     def use(self, source: TokenSource | None) -> None:
         """Count with `source` from now on (discovery found a tokenizer, or the model behind the endpoint changed)."""
         if source is not self.source:
             self.source = source
             self._ids = _LRU(self._ids.size)
-            self._overheads.clear()
+            for seen in self._overheads.values():
+                seen.clear()
 
     def _base_count(self, text: str) -> int:
         hit = self._base_counts.get(text)
@@ -307,5 +315,5 @@ class ModelTokenCounter:
             if len(texts) == 1 and completion_tokens > 0:  # n > 1 reports one total for several texts
                 self.observe_ratio(self._base_count(texts[0]), completion_tokens)
         # what the prompt's count misses (framing, an injected system prompt; for an estimate also a ratio too low)
-        ours = count_messages(self, messages) - self.prompt_overhead
-        self._overheads.append(max(prompt_tokens - ours, 0))
+        ours = count_messages(self, messages) - self.framing(messages)
+        self._overheads[bool(messages) and messages[0].role == "system"].append(max(prompt_tokens - ours, 0))

