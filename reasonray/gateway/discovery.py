@@ -10,6 +10,7 @@ the same.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -61,17 +62,17 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-async def _get(http: httpx.AsyncClient, url: str) -> Any:
+def _get(http: httpx.Client, url: str) -> Any:
     try:
-        response = await http.get(url)
+        response = http.get(url)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
 
 
-async def _post(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> Any:
     try:
-        response = await http.post(url, json=body)
+        response = http.post(url, json=body)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -86,7 +87,7 @@ def _from_models(data: Any, model: str) -> tuple[Flavour, tuple[str, ...], int |
     return flavour, ids, _int(card.get("max_model_len"))
 
 
-async def _tokenize_probe(http: httpx.AsyncClient, root: str, model: str, flavour: Flavour) -> dict[str, Any]:
+def _tokenize_probe(http: httpx.Client, root: str, model: str, flavour: Flavour) -> dict[str, Any]:
     # llama-cpp-python first: its path is its own, so a hit also says which server this is
     candidates = [
         ("llama-cpp-python", f"{root}/extras/tokenize", f"{root}/extras/detokenize", "input"),
@@ -97,13 +98,13 @@ async def _tokenize_probe(http: httpx.AsyncClient, root: str, model: str, flavou
         candidates = candidates[2:]
     for style, url, detok, field in candidates:
         extra = {"model": model} if style == "vllm" else {}
-        probe = await _post(http, url, {**extra, field: PROBE_TEXT})
+        probe = _post(http, url, {**extra, field: PROBE_TEXT})
         tokens = probe.get("tokens") if isinstance(probe, dict) else None
         if not isinstance(tokens, list) or not tokens:
             continue
-        empty = await _post(http, url, {**extra, field: ""})
+        empty = _post(http, url, {**extra, field: ""})
         bos = len(empty.get("tokens") or []) if isinstance(empty, dict) else 0
-        sample = await _post(http, url, {**extra, field: CALIBRATION_TEXT})
+        sample = _post(http, url, {**extra, field: CALIBRATION_TEXT})
         sample_tokens = sample.get("tokens") if isinstance(sample, dict) else None
         return {
             "style": style,
@@ -118,19 +119,25 @@ async def _tokenize_probe(http: httpx.AsyncClient, root: str, model: str, flavou
 
 
 async def discover(base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> EndpointInfo:
-    """Ask the endpoint at `base_url` what it is; never raises for a probe the server does not answer."""
+    """`discover_sync`, off the event loop."""
+    return await asyncio.to_thread(discover_sync, base_url, model, api_key=api_key, timeout_s=timeout_s)
+
+
+def discover_sync(base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> EndpointInfo:
+    """Ask the endpoint at `base_url` what it is; never raises for a probe the server does not answer. Synchronous,
+    so a token count needed before the first call (a strategy sizing its first prompt) can have it."""
     root = server_root(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as http:
-        flavour, ids, context = _from_models(await _get(http, f"{base_url.rstrip('/')}/models"), model)
-        props = await _get(http, f"{root}/props") if flavour in ("unknown", "llama.cpp") else None
+    with httpx.Client(timeout=timeout_s, headers=headers) as http:
+        flavour, ids, context = _from_models(_get(http, f"{base_url.rstrip('/')}/models"), model)
+        props = _get(http, f"{root}/props") if flavour in ("unknown", "llama.cpp") else None
         slots = model_path = None
         if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
             flavour = "llama.cpp"
             context = _int(props["default_generation_settings"].get("n_ctx")) or _int(props.get("n_ctx")) or context
             slots = _int(props.get("total_slots"))
             model_path = props.get("model_path") if isinstance(props.get("model_path"), str) else None
-        probe = await _tokenize_probe(http, root, model, flavour) if flavour != "simulator" else {}
+        probe = _tokenize_probe(http, root, model, flavour) if flavour != "simulator" else {}
     style = probe.get("style")
     if style == "llama-cpp-python":
         flavour, slots = "llama-cpp-python", 1  # one lock around the model: it runs one request at a time

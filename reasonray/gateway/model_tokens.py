@@ -36,6 +36,9 @@ MIN_CALIBRATION_TOKENS = 16
 """Texts shorter than this (in our count) say little about the ratio between two tokenizers; they are not used."""
 CALIBRATION_WINDOW = 32
 """Observations the ratio and the framing are taken over (the largest of them: counts err high, never low)."""
+UNSEEN_FRAMING = 48
+"""Tokens a prompt is assumed to carry beyond `count_messages`' framing until the server's usage has shown how many
+(ChatML markers for a few messages and a system prompt a chat template injects take about this)."""
 SERVER_RETRY_AFTER_S = 10.0
 """After the tokenize endpoint failed or timed out, counts are estimated for this long before it is asked again."""
 
@@ -185,10 +188,20 @@ class _LRU:
 class ModelTokenCounter:
     """The run's token counter (`ctx.tokens`): exact where a source answers, a calibrated estimate otherwise."""
 
-    def __init__(self, base: TokenCounter, *, margin: float = 0.1, source: TokenSource | None = None, cache_size: int = 16384) -> None:
+    def __init__(
+        self,
+        base: TokenCounter,
+        *,
+        margin: float = 0.1,
+        source: TokenSource | None = None,
+        cache_size: int = 16384,
+        on_first_use: Callable[[], None] | None = None,
+    ) -> None:
         self.base = base
         self.margin = margin
         self.source = source
+        self.unseen_framing = UNSEEN_FRAMING
+        self._on_first_use = on_first_use  # learns what to count with (discovery) before the first count
         self._ids = _LRU(cache_size)
         self._base_counts = _LRU(cache_size)
         self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
@@ -217,8 +230,15 @@ class ModelTokenCounter:
     def framing(self, messages: tuple[Message, ...]) -> int:
         """Tokens the server adds to these messages beyond `count_messages`' own framing (its chat template's
         markers; a system prompt it injects when the messages bring none), as its usage has shown."""
+        self._first_use()
         seen = self._overheads[bool(messages) and messages[0].role == "system"]
-        return max(seen) if seen else self.prompt_overhead
+        other = self._overheads[not (bool(messages) and messages[0].role == "system")]
+        return max(seen) if seen else max(other) if other else self.unseen_framing
+
+    def _first_use(self) -> None:
+        if self._on_first_use is not None:
+            hook, self._on_first_use = self._on_first_use, None
+            hook()
 
     def use(self, source: TokenSource | None) -> None:
         """Count with `source` from now on (discovery found a tokenizer, or the model behind the endpoint changed)."""
@@ -250,6 +270,7 @@ class ModelTokenCounter:
         return math.ceil(self._base_count(text) * self.ratio * (1 + self.margin))
 
     def count(self, text: str) -> int:
+        self._first_use()
         if not text:
             return 0
         ids = self._model_ids(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ import structlog
 
 from reasonray.gateway.capabilities import Capabilities
 from reasonray.gateway.concurrency import Ticket, limiter_for
-from reasonray.gateway.discovery import CALIBRATION_TEXT, EndpointInfo, context_length_in
+from reasonray.gateway.discovery import CALIBRATION_TEXT, EndpointInfo, context_length_in, discover_sync
 from reasonray.gateway.discovery import discover as discover_endpoint
 from reasonray.gateway.errors import (
     LLMConfigError,
@@ -141,8 +142,9 @@ class OpenAILLM:
         if max_concurrency is not None:
             self.limiter.configure(max_concurrency)
         self._tokenizer = tokenizer
-        self.tokens: TokenCounter = self._initial_counter(tokenizer, token_margin)
         self._discover = discover and base_url is not None  # OpenAI's own API has none of the probed endpoints
+        self._sync_discovery = threading.Lock()
+        self.tokens: TokenCounter = self._initial_counter(tokenizer, token_margin)
         self._discovery_ttl_s = discovery_ttl_s
         self._discovered_at: float | None = None
         self._discovering: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
@@ -155,7 +157,7 @@ class OpenAILLM:
         if tokenizer == "tiktoken":
             return base
         source = None if tokenizer in ("auto", "server", "calibrated") else local_source(tokenizer)
-        return ModelTokenCounter(base, margin=margin, source=source)
+        return ModelTokenCounter(base, margin=margin, source=source, on_first_use=self.discover_now if self._discover else None)
 
     @property
     def model(self) -> str:
@@ -236,6 +238,14 @@ class OpenAILLM:
             await asyncio.shield(pending)
         return self.capabilities
 
+    def discover_now(self) -> None:
+        """Discovery, synchronously, once: for a count needed before the first call (a strategy sizing its first
+        prompt to a chunk), which must already be in the model's tokens. It blocks for the few probe requests."""
+        with self._sync_discovery:
+            if not self._discover or self._discovered_at is not None or not (ALLOW_REMOTE_REQUESTS or is_loopback_url(self.base_url)):
+                return
+            self._apply(discover_sync(self.base_url, self._model, api_key=self._api_key))
+
     def _apply(self, info: EndpointInfo) -> None:
         changed = info.fingerprint != self.endpoint.fingerprint
         self.endpoint, self._discovered_at = info, time.monotonic()
@@ -248,6 +258,8 @@ class OpenAILLM:
             return
         if info.calibration_tokens:
             counter.observe_ratio(counter.base.count(CALIBRATION_TEXT), info.calibration_tokens)
+        if info.flavour in ("simulator", "openai"):
+            counter.unseen_framing = 0  # they count a prompt as count_messages does
         if changed and self._tokenizer != "calibrated":
             counter.use(self._source_for(info))
 

@@ -35,6 +35,7 @@ class Stats:
     max_at_server: int = 0
     max_tokens_seen: list[int | None] = field(default_factory=list)
     abandoned_at: list[int] = field(default_factory=list)  # tokens generated when a streamed client left
+    usage: list[tuple[int, int]] = field(default_factory=list)  # (prompt, completion) of each plain answer, by its count
 
 
 class LlamaDouble:
@@ -141,6 +142,7 @@ class LlamaDouble:
             async with self._generating():
                 text = await self._generate(length)
             usage = {"prompt_tokens": prompt, "completion_tokens": length, "total_tokens": prompt + length}
+            self.stats.usage.append((prompt, length))
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
             return JSONResponse(
                 {"id": "c", "object": "chat.completion", "created": 0, "model": "smollm2", "choices": [choice], "usage": usage}

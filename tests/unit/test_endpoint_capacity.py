@@ -304,3 +304,23 @@ async def test_auto_loads_the_gguf_the_server_names_when_it_is_on_this_machine(d
     llm, client = stack_for(double)
     await discover(llm)
     assert llm.tokens.encoding_name == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf" and client.capabilities.tokenize
+
+
+@pytest.mark.parametrize("double", [{"seconds_per_token": 0.0}], indirect=True)
+async def test_a_bounded_chunk_never_exceeds_chunk_size_by_the_servers_count(double):
+    from reasonray.kernel.events import EventRecorder
+    from reasonray.strategies.base import StrategyContext
+    from reasonray.strategies.bounded_context import BoundedContext
+
+    llm, _ = stack_for(double, context_length=4096, stream=False)  # plain answers: the server reports its own usage
+    recorder = EventRecorder(None, keep=True)
+    context = StrategyContext(
+        llm=ObservedLLM(llm, recorder, trace_id="t", strategy="bounded_context"), tokens=llm.tokens, emit=recorder, trace_id="t"
+    )
+    config = {"chunk_size": 1024, "carryover_size": 512, "max_iterations": 3}
+    with pytest.raises(Exception, match="within 3 iterations"):  # the model rambles to every limit and never answers
+        await BoundedContext().reason(f"[[say 5000]] {GSM8K}", context=context, config=config)
+    chunks = [u for u in double.stats.usage if u[1] > 1]  # (the third chunk repeats the second: the cache answers it)
+    assert len(chunks) >= 2
+    assert all(prompt + completion <= 1024 for prompt, completion in chunks), chunks
+    assert max(prompt + completion for prompt, completion in chunks) >= 1024 - 64  # and it uses the room it has
