@@ -44,7 +44,7 @@ class Ticket:
 class EndpointLimiter:
     """A counting semaphore whose size is configured, discovered or learned; usable from several event loops."""
 
-    def __init__(self, name: str, *, limit: int | None = None, ceiling: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, name: str, *, limit: int | None = None, ceiling: int = 256, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.ceiling = max(ceiling, 1)
         self.fixed = limit
@@ -177,7 +177,7 @@ _limiters: dict[str, EndpointLimiter] = {}
 _limiters_lock = threading.Lock()
 
 
-def limiter_for(endpoint: str, *, ceiling: int = 64) -> EndpointLimiter:
+def limiter_for(endpoint: str, *, ceiling: int = 256) -> EndpointLimiter:
     """The process's one limiter for `endpoint` (a base URL): every stack calling it shares its slots."""
     with _limiters_lock:
         limiter = _limiters.get(endpoint)

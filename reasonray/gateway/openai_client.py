@@ -105,7 +105,7 @@ class OpenAILLM:
         queue_timeout_s: float = 600.0,
         context_length: int | None = None,
         max_concurrency: int | None = None,
-        adaptive_concurrency_limit: int = 64,
+        adaptive_concurrency_limit: int = 256,
         structured_output: bool | None = None,
         tool_choice: bool | None = None,
         tokenizer: str = "auto",

@@ -131,7 +131,7 @@ class LLMSettings(_Section):
         "slots; 1 for llama-cpp-python's server) or learned from how the server overlaps streamed calls.",
     )
     adaptive_concurrency_limit: int = Field(
-        64, ge=1, description="Most calls in flight to an endpoint whose capacity is learned rather than configured or discovered."
+        256, ge=1, description="Most calls in flight to an endpoint whose capacity is learned rather than configured or discovered."
     )
     queue_timeout_s: float = Field(
         600.0,

@@ -151,7 +151,7 @@ async def test_a_one_at_a_time_server_gets_one_call_at_a_time_and_the_timeout_st
 @pytest.mark.parametrize("double", [{"flavour": "opaque", "seconds_per_token": 0.05}], indirect=True)
 async def test_a_server_that_says_nothing_is_learned_to_run_one_call_at_a_time(double):
     llm, client = stack_for(double, context_length=4096)
-    assert (await discover(llm)).max_concurrency is None and client.limiter.limit == 64
+    assert (await discover(llm)).max_concurrency is None and client.limiter.limit == 256
     first = await asyncio.gather(*(llm.complete(ask(f"[[say 12]] {i}")) for i in range(3)))
     assert double.stats.max_at_server > 1 and all(r.finish_reason == "stop" for r in first)
     assert client.limiter.learned == 1 and capabilities_of(llm).max_concurrency == 1
