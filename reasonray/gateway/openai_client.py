@@ -156,7 +156,10 @@ class OpenAILLM:
         base = counter_for_model(self._model)
         if tokenizer == "tiktoken":
             return base
-        source = None if tokenizer in ("auto", "server", "calibrated") else local_source(tokenizer)
+        try:
+            source = None if tokenizer in ("auto", "server", "calibrated") else local_source(tokenizer)
+        except (OSError, ValueError, RuntimeError) as exc:  # a missing file, another format, llama-cpp-python absent
+            raise LLMConfigError(str(exc)) from exc
         return ModelTokenCounter(base, margin=margin, source=source, on_first_use=self.discover_now if self._discover else None)
 
     @property

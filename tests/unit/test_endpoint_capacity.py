@@ -324,3 +324,11 @@ async def test_a_bounded_chunk_never_exceeds_chunk_size_by_the_servers_count(dou
     assert len(chunks) >= 2
     assert all(prompt + completion <= 1024 for prompt, completion in chunks), chunks
     assert max(prompt + completion for prompt, completion in chunks) >= 1024 - 64  # and it uses the room it has
+
+
+@pytest.mark.parametrize("tokenizer,fragment", [("/no/such.gguf", "not a file"), (__file__, "neither a .gguf model nor a tokenizer.json")])
+def test_a_tokenizer_setting_that_cannot_be_used_fails_at_start_up_and_says_why(tokenizer, fragment):
+    from reasonray.gateway.errors import LLMConfigError
+
+    with pytest.raises(LLMConfigError, match=fragment):
+        OpenAILLM("smollm2", base_url="http://127.0.0.1:9/v1", tokenizer=tokenizer)
