@@ -352,6 +352,16 @@ class OpenAILLM:
         self._check_allowed()
         if self._discover:
             await self.discover()
+        context = self.context_length
+        try:
+            return await self._complete(request)
+        except ProviderRejectedError:
+            if context is not None or self.context_length is None:
+                raise
+            # the server's refusal named its context length: the same call, fitted to it, can be answered
+            return await self._complete(request)
+
+    async def _complete(self, request: LLMRequest) -> Completion:
         queued = time.perf_counter()
         try:
             async with asyncio.timeout(self._queue_timeout_s):

@@ -129,12 +129,15 @@ async def test_max_tokens_never_exceeds_what_the_context_leaves_and_defaults_by_
         await llm.complete(ask("7 " * 3000))
 
 
-async def test_a_context_length_error_teaches_the_context_length(double):
+async def test_a_context_length_error_teaches_the_context_length_and_the_call_is_fitted_to_it(double):
     llm, client = stack_for(double, default_max_tokens={"default": 100000})
-    with pytest.raises(ProviderRejectedError, match="context window of 4096"):
-        await llm.complete(ask("[[say 2]]"))
-    assert client.capabilities.context_length == 4096
+    assert client.capabilities.context_length is None  # llama-cpp-python does not say, and none is configured
     assert (await llm.complete(ask("[[say 2]]"))).finish_reason == "stop"
+    assert client.capabilities.context_length == 4096
+    rejected, fitted = double.stats.max_tokens_seen[-2:]
+    assert rejected == 100000 and fitted < 4096
+    with pytest.raises(ProviderRejectedError, match="context is 4096"):  # a prompt that cannot fit is refused here
+        await llm.complete(ask("7 " * 3000))
 
 
 @pytest.mark.parametrize("double", [{"seconds_per_token": 0.05}], indirect=True)
