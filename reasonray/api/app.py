@@ -26,7 +26,7 @@ from reasonray.gateway.factory import build_llm, client_for
 from reasonray.gateway.openai_client import OpenAILLM
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.resilience import ResilientLLM
-from reasonray.gateway.tokens import counter_for_model
+from reasonray.gateway.tokens import counter_of
 from reasonray.kernel.config import MemorySettings, ReasoningSettings, Settings
 from reasonray.kernel.repositories import run_index
 from reasonray.kernel.sandbox import SandboxLimits
@@ -106,7 +106,7 @@ def build_application(
     service = ReasoningService(
         catalogue,
         llm,
-        counter_for_model(llm.model),
+        counter_of(llm),
         fanout=parts.fanout or local_fanout,
         agents=agent_lookup(registry),
         data_dir=directory,

@@ -101,11 +101,15 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
     started = time.perf_counter()
     try:
         result = await service.execute(params, trace_id, verifier=verify if memory else None)
-    except Exception as exc:  # recorded; the grid goes on
+    except Exception as exc:  # recorded, with what the run spent before it failed; the grid goes on
         rpc = error_for(exc)
+        spent = getattr(exc, "partial_result", None) or {}
         return Record(
             **base,
             status="error",
+            prompt_tokens=int(spent.get("prompt_tokens", 0)),
+            completion_tokens=int(spent.get("completion_tokens", 0)),
+            llm_calls=int(spent.get("calls", 0)),
             latency_ms=_ms(started),
             error=f"{type(exc).__name__}: {exc}"[:1000],
             error_code=rpc.code,

@@ -1,7 +1,7 @@
 """LLM response cache: the key, the LRU + TTL policy, and the wrapper that consults a store.
 
 The key hashes everything that changes the output (model, messages, tools, max_tokens, stop,
-temperature, seed, n). Sampled calls (temperature > 0 without a seed) are never served from the
+temperature, seed, n) and what answers it (the endpoint and the fingerprint of the model it serves). Sampled calls (temperature > 0 without a seed) are never served from the
 cache, so parallel branches stay diverse. The store is pluggable: an in-process one here, the
 shared Ray actor in `actors/llm_cache.py`.
 """
@@ -16,11 +16,18 @@ from typing import Protocol
 
 import msgspec
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of, endpoint_client
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
+from reasonray.gateway.tokens import TokenCounter, counter_of
 
 
-def cache_key(model: str, request: LLMRequest) -> str:
-    payload = msgspec.json.encode({"model": model, "request": request}, order="sorted")
+def cache_key(model: str, request: LLMRequest, backend: str = "") -> str:
+    """The key of a request's answer. `backend` names what answers (endpoint, model name, the server's fingerprint
+    of the model behind it), so another model behind the same name and URL is never served this one's answers."""
+    fields: dict[str, object] = {"model": model, "request": request}
+    if backend:
+        fields["backend"] = backend
+    payload = msgspec.json.encode(fields, order="sorted")
     return hashlib.sha256(payload).hexdigest()
 
 
@@ -109,11 +116,24 @@ class CachingLLM:
     def model(self) -> str:
         return self.inner.model
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The endpoint's capabilities, from the layer below."""
+        return capabilities_of(self.inner)
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
+        return counter_of(self.inner)
+
     async def complete(self, request: LLMRequest) -> Completion:
         if request.sampled:
             return await self.inner.complete(request)
         started = time.perf_counter()
-        key = cache_key(self.model, request)
+        client = endpoint_client(self.inner)
+        if client is not None:
+            await client.discover()  # the fingerprint of what answers now is part of the key
+        key = cache_key(self.model, request, client.backend if client is not None else "")
         hit = await self.store.get(key)
         if hit is not None:
             cached = _decoder.decode(hit)

@@ -35,3 +35,21 @@ def capabilities_of(llm: Any) -> Capabilities:
     """The capabilities an LLM (or any wrapper around one) declares; `UNKNOWN` when it declares none."""
     caps = getattr(llm, "capabilities", None)
     return caps if isinstance(caps, Capabilities) else UNKNOWN
+
+
+def endpoint_client(llm: Any) -> Any:
+    """The innermost client of an LLM stack that talks to an endpoint (has `backend`), following `inner`; None if none."""
+    seen = 0
+    while llm is not None and seen < 16:
+        if hasattr(llm, "backend") and hasattr(llm, "discover"):
+            return llm
+        llm, seen = getattr(llm, "inner", None), seen + 1
+    return None
+
+
+async def discover(llm: Any) -> Capabilities:
+    """Have the stack's endpoint client ask its server what it is (no-op for stacks without one), and return the result."""
+    client = endpoint_client(llm)
+    if client is not None:
+        await client.discover()
+    return capabilities_of(llm)

@@ -55,6 +55,7 @@ class TransientProviderError(LLMError):
         super().__init__(message)
         self.status_code = status_code
         self.retry_after_s = retry_after_s
+        self.spent = (0, 0)  # (prompt, completion) tokens the failed attempt cost, when the server had started on it
 
 
 class ProviderUnavailableError(LLMError):
@@ -67,6 +68,7 @@ class ProviderUnavailableError(LLMError):
         self.attempts = attempts
         self.cause = cause
         self.status_code = status_code  # of the last attempt; None for a timeout or a connection error
+        self.spent = (0, 0)  # (prompt, completion) tokens the failed attempts cost, as far as they are known
 
 
 class CircuitOpenError(ProviderUnavailableError):

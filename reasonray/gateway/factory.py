@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from reasonray.gateway.cache import CacheStore, CachingLLM
 from reasonray.gateway.errors import LLMConfigError
@@ -27,9 +28,7 @@ def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> 
                 "start one with `reasonray sim --port 8001` and set REASONRAY_LLM__BASE_URL=http://127.0.0.1:8001/v1, "
                 "or run `reasonray serve --llm simulated`, which starts it for you"
             )
-        return OpenAILLM(
-            MODEL_NAME, base_url=llm.base_url, api_key="simulated", timeout_s=llm.request_timeout_s, http_backend=llm.http_backend
-        )
+        return OpenAILLM(MODEL_NAME, base_url=llm.base_url, api_key="simulated", **_endpoint_options(settings, simulated=True))
     key = env.get(llm.api_key_env, "")
     if not key and llm.api_key_required:
         raise LLMConfigError(
@@ -37,13 +36,30 @@ def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> 
             f"export {llm.api_key_env}=<your key>, or set [llm] api_key_required = false for a keyless local server"
         )
     return OpenAILLM(
-        llm.model,
-        base_url=llm.base_url,
-        api_key=key or None,
-        timeout_s=llm.request_timeout_s,
-        max_tokens_param=llm.max_tokens_param,
-        http_backend=llm.http_backend,
+        llm.model, base_url=llm.base_url, api_key=key or None, max_tokens_param=llm.max_tokens_param, **_endpoint_options(settings)
     )
+
+
+def _endpoint_options(settings: Settings, *, simulated: bool = False) -> dict[str, Any]:
+    """What `[llm]` says about the endpoint's capacity, tokens and capabilities."""
+    llm = settings.llm
+    return {
+        "timeout_s": llm.request_timeout_s,
+        "http_backend": llm.http_backend,
+        # the simulated model's plain answers say which stop sequence matched; real servers need the stream to stop
+        "stream": llm.stream if llm.stream is not None else not simulated,
+        "queue_timeout_s": llm.queue_timeout_s,
+        "context_length": llm.context_length,
+        "max_concurrency": llm.max_concurrency,
+        "adaptive_concurrency_limit": llm.adaptive_concurrency_limit,
+        "structured_output": llm.structured_output,
+        "tool_choice": llm.tool_choice,
+        "tokenizer": llm.tokenizer,
+        "token_margin": llm.token_margin,
+        "discover": llm.discover,
+        "discovery_ttl_s": llm.discovery_ttl_s,
+        "default_max_tokens": llm.default_max_tokens,
+    }
 
 
 def build_llm(

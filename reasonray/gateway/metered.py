@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
+from reasonray.gateway.tokens import TokenCounter, counter_of
 from reasonray.kernel.telemetry import BREAKER_STATES, Metrics
 
 
@@ -24,6 +26,16 @@ class MeteredLLM:
     @property
     def model(self) -> str:
         return self.inner.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The endpoint's capabilities, from the layer below."""
+        return capabilities_of(self.inner)
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
+        return counter_of(self.inner)
 
     async def complete(self, request: LLMRequest) -> Completion:
         model = self.inner.model

@@ -11,7 +11,7 @@ import structlog
 
 from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
-from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+from reasonray.gateway.tokens import TokenCounter, count_messages, counter_of
 from reasonray.kernel import tracing
 from reasonray.kernel.errors import BudgetExceededError
 from reasonray.kernel.events import Budget, EventSink, LLMInvocation, RunWarning, Tally
@@ -88,6 +88,15 @@ class ObservedLLM:
         return self.inner.model
 
     @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.inner)
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """What the run counts with: the budget's counter, else the endpoint's (the model's own tokens where known)."""
+        return self.counter or counter_of(self.inner)
+
+    @property
     def spent_tokens(self) -> int:
         return self.spent + self.tally.prompt_tokens + self.tally.completion_tokens
 
@@ -122,7 +131,7 @@ class ObservedLLM:
         b = self.budget
         if b.max_prompt_tokens is None and b.max_output_tokens is None and b.max_total_tokens is None and b.max_completion_tokens is None:
             return request
-        counter = self.counter or counter_for_model(self.model)
+        counter = self.counter or counter_of(self.inner)
         messages = request.messages
         prompt = count_messages(counter, messages)
         if b.max_prompt_tokens is not None and prompt > b.max_prompt_tokens:
@@ -191,7 +200,11 @@ class ObservedLLM:
             "reasonray.trace_id": self.trace_id,
         }
         with tracing.span(f"chat {self.model}", requested, kind="client") as span:
-            completion = await self.inner.complete(request)
+            try:
+                completion = await self.inner.complete(request)
+            except Exception as exc:
+                self._count_failed(exc)
+                raise
             if span is not tracing.NO_SPAN:
                 span.set(self._span_attributes(request, completion))
         t = self.tally
@@ -219,6 +232,15 @@ class ObservedLLM:
             )
         )
         return completion
+
+    def _count_failed(self, exc: Exception) -> None:
+        """A call that failed was still made: it counts, with what its attempts are known to have cost."""
+        t = self.tally
+        spent = getattr(exc, "spent", (0, 0))
+        t.calls += 1
+        t.prompt_tokens += spent[0]
+        t.completion_tokens += spent[1]
+        t.retries += max(getattr(exc, "attempts", 1) - 1, 0)
 
     @staticmethod
     def _span_attributes(request: LLMRequest, completion: Completion) -> dict[str, Any]:

@@ -9,19 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
+import threading
 import time
 import weakref
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import msgspec
 import openai
+import structlog
 
+from reasonray.gateway.capabilities import Capabilities
+from reasonray.gateway.concurrency import Ticket, limiter_for
+from reasonray.gateway.discovery import CALIBRATION_TEXT, EndpointInfo, context_length_in, discover_sync
+from reasonray.gateway.discovery import discover as discover_endpoint
 from reasonray.gateway.errors import (
     LLMConfigError,
     ProviderRejectedError,
+    ProviderUnavailableError,
     RemoteRequestsForbidden,
     TransientProviderError,
 )
+from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
 from reasonray.gateway.protocol import (
     PURPOSE_HEADER,
     Choice,
@@ -31,6 +43,9 @@ from reasonray.gateway.protocol import (
     ToolCall,
     Usage,
 )
+from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+
+log = structlog.get_logger(__name__)
 
 # The test suite sets this to False so that no test can reach a real provider by accident.
 ALLOW_REMOTE_REQUESTS = True
@@ -68,7 +83,14 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
 
 
 class OpenAILLM:
-    """Chat completions through the official openai client."""
+    """Chat completions through the official openai client, within what the endpoint can take.
+
+    Each call waits for a slot of the endpoint's `EndpointLimiter`, so a server that runs one request at a time
+    gets one at a time; `timeout_s` counts from when the server starts on the call (its first streamed token),
+    `queue_timeout_s` bounds the wait before that. Streamed calls (`stream=True`) close their stream when they
+    are cancelled or time out, which makes llama.cpp and vLLM stop generating. `max_tokens` defaults by purpose
+    and never exceeds what the context window leaves after the prompt, counted in the model's tokens (`tokens`).
+    """
 
     def __init__(
         self,
@@ -79,21 +101,93 @@ class OpenAILLM:
         timeout_s: float = 60.0,
         max_tokens_param: str = "max_tokens",
         http_backend: str = "httpx",
+        stream: bool = False,
+        queue_timeout_s: float = 600.0,
+        context_length: int | None = None,
+        max_concurrency: int | None = None,
+        adaptive_concurrency_limit: int = 256,
+        structured_output: bool | None = None,
+        tool_choice: bool | None = None,
+        tokenizer: str = "auto",
+        token_margin: float = 0.1,
+        discover: bool = True,
+        discovery_ttl_s: float = 60.0,
+        default_max_tokens: Mapping[str, int] | None = None,
     ) -> None:
         if not model:
             raise LLMConfigError("[llm] model is empty: name the model the endpoint serves")
         self._model = model
-        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": timeout_s}
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        self._queue_timeout_s = queue_timeout_s
+        self._stream = stream
+        # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
+        transport_timeout = timeout_s + queue_timeout_s if stream else timeout_s
+        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
         self._http_backend = http_backend
         # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
         # evaluation workers may drive one LLM from several loops)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
         self.base_url = str(self._new_client().base_url)
         self._max_tokens_param = max_tokens_param
+        self._configured = Capabilities(
+            structured_output=bool(structured_output),
+            tool_choice=bool(tool_choice),
+            context_length=context_length,
+            max_concurrency=max_concurrency,
+        )
+        self._structured_output, self._tool_choice = structured_output, tool_choice
+        self._default_max_tokens = dict(default_max_tokens or {})
+        self.limiter = limiter_for(self.base_url, ceiling=adaptive_concurrency_limit)
+        if max_concurrency is not None:
+            self.limiter.configure(max_concurrency)
+        self._tokenizer = tokenizer
+        self._discover = discover and base_url is not None  # OpenAI's own API has none of the probed endpoints
+        self._sync_discovery = threading.Lock()
+        self.tokens: TokenCounter = self._initial_counter(tokenizer, token_margin)
+        self._discovery_ttl_s = discovery_ttl_s
+        self._discovered_at: float | None = None
+        self._discovering: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
+        self.endpoint: EndpointInfo = EndpointInfo(flavour="openai" if base_url is None else "unknown")
+        self._learned_context: int | None = None
+        self._framing_learned_for: str | None = None
+
+    def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
+        base = counter_for_model(self._model)
+        if tokenizer == "tiktoken":
+            return base
+        try:
+            source = None if tokenizer in ("auto", "server", "calibrated") else local_source(tokenizer)
+        except (OSError, ValueError, RuntimeError) as exc:  # a missing file, another format, llama-cpp-python absent
+            raise LLMConfigError(str(exc)) from exc
+        return ModelTokenCounter(base, margin=margin, source=source, on_first_use=self.discover_now if self._discover else None)
 
     @property
     def model(self) -> str:
         return self._model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this endpoint can do: configuration first, then what discovery and the server's answers showed."""
+        info = self.endpoint
+        enforcing = info.flavour in ("openai", "vllm")
+        tokens = self.tokens
+        return Capabilities(
+            structured_output=enforcing if self._structured_output is None else self._structured_output,
+            tool_choice=enforcing if self._tool_choice is None else self._tool_choice,
+            tokenize=isinstance(tokens, ModelTokenCounter) and tokens.exact,
+            context_length=self.context_length,
+            max_concurrency=self._configured.max_concurrency or info.max_concurrency or self.limiter.learned,
+        )
+
+    @property
+    def context_length(self) -> int | None:
+        return self._configured.context_length or self.endpoint.context_length or self._learned_context
+
+    @property
+    def backend(self) -> str:
+        """What answers: the endpoint, the model name and the server's fingerprint of the model behind it."""
+        return f"{self.base_url}|{self._model}|{self.endpoint.fingerprint}"
 
     def _new_client(self) -> openai.AsyncOpenAI:
         # aiohttp: the SDK's own DefaultAioHttpClient (openai[aiohttp]); measured here at about 2.0 ms of CPU per call at
@@ -122,14 +216,105 @@ class OpenAILLM:
     async def close(self) -> None:
         await self._client.close()
 
+    async def discover(self, *, force: bool = False) -> Capabilities:
+        """Ask the endpoint what it is (once per `discovery_ttl_s`; concurrent callers share one probe)."""
+        if not self._discover:
+            return self.capabilities
+        fresh = self._discovered_at is not None and time.monotonic() - self._discovered_at < self._discovery_ttl_s
+        if fresh and not force:
+            return self.capabilities
+        self._check_allowed()
+        loop = asyncio.get_running_loop()
+        pending = self._discovering.get(loop)
+        if pending is None:
+            pending = self._discovering[loop] = loop.create_future()
+            try:
+                self._apply(await discover_endpoint(self.base_url, self._model, api_key=self._api_key))
+                pending.set_result(None)
+            except BaseException as exc:
+                pending.set_exception(exc)
+                pending.exception()  # retrieved here: the callers waiting on it see it too
+                raise
+            finally:
+                del self._discovering[loop]
+        else:
+            await asyncio.shield(pending)
+        return self.capabilities
+
+    def discover_now(self) -> None:
+        """Discovery, synchronously, once: for a count needed before the first call (a strategy sizing its first
+        prompt to a chunk), which must already be in the model's tokens. It blocks for the few probe requests."""
+        with self._sync_discovery:
+            if not self._discover or self._discovered_at is not None or not (ALLOW_REMOTE_REQUESTS or is_loopback_url(self.base_url)):
+                return
+            self._apply(discover_sync(self.base_url, self._model, api_key=self._api_key))
+
+    def _apply(self, info: EndpointInfo) -> None:
+        changed = info.fingerprint != self.endpoint.fingerprint
+        self.endpoint, self._discovered_at = info, time.monotonic()
+        if changed:
+            self._learned_context = None
+        if self._configured.max_concurrency is None:
+            self.limiter.configure(info.max_concurrency)
+        counter = self.tokens
+        if not isinstance(counter, ModelTokenCounter) or self._tokenizer not in ("auto", "server", "calibrated"):
+            return
+        if info.calibration_tokens:
+            counter.observe_ratio(counter.base.count(CALIBRATION_TEXT), info.calibration_tokens)
+        if info.flavour in ("simulator", "openai"):
+            counter.unseen_framing = 0  # they count a prompt as count_messages does
+        if changed and self._tokenizer != "calibrated":
+            counter.use(self._source_for(info))
+
+    def _source_for(self, info: EndpointInfo) -> TokenSource | None:
+        if self._tokenizer == "auto" and info.model_path and info.model_path.endswith(".gguf") and Path(info.model_path).is_file():
+            try:  # the server's own model file, on this machine: count in process, no HTTP
+                return GGUFVocab(info.model_path)
+            except Exception as exc:  # llama-cpp-python missing or the file unreadable: the server can still count
+                log.info("tokens.gguf_unavailable", path=info.model_path, reason=str(exc)[:200])
+        if info.tokenize_url is None or info.tokenize_style is None:
+            return None
+        serial = info.flavour == "llama-cpp-python"  # tokenize waits for its model lock and interrupts a running stream
+        limiter = self.limiter
+        return ServerTokenizer(
+            info.tokenize_url,
+            info.tokenize_style,
+            detokenize_url=info.detokenize_url,
+            model=self._model,
+            bos_tokens=info.bos_tokens,
+            headers={"Authorization": f"Bearer {self._api_key}"} if self._api_key else None,
+            busy=(lambda: limiter.on_the_wire > 0) if serial else (lambda: False),
+        )
+
+    def _max_tokens(self, request: LLMRequest) -> int | None:
+        """The call's `max_tokens`: its own, else its purpose's default; never more than the context leaves."""
+        wanted = request.max_tokens
+        if wanted is None and self._default_max_tokens:
+            wanted = self._default_max_tokens.get(request.purpose or "default", self._default_max_tokens.get("default"))
+        context = self.context_length
+        if context is None:
+            return wanted
+        prompt = count_messages(self.tokens, request.messages)
+        if request.tools:
+            prompt += self.tokens.count(json.dumps(list(request.tools)))
+        room = context - prompt
+        if room < 1:
+            raise ProviderRejectedError(
+                f"the prompt is {prompt} tokens by the model's count ({self.tokens.encoding_name}) and the model's context "
+                f"is {context}: nothing is left to answer in; shorten the prompt (or set budget.max_prompt_tokens)",
+                status_code=400,
+            )
+        return min(wanted, room) if wanted is not None else room
+
     def _params(self, request: LLMRequest) -> dict[str, Any]:
         params: dict[str, Any] = {
             "model": self._model,
             "messages": [_message_param(m) for m in request.messages],
             "temperature": request.temperature,
         }
-        if request.max_tokens is not None:
-            params[self._max_tokens_param] = request.max_tokens
+        max_tokens = self._max_tokens(request)
+        if max_tokens is not None:
+            params[self._max_tokens_param] = max_tokens
         if request.stop:
             params["stop"] = list(request.stop)
         if request.n != 1:
@@ -149,21 +334,199 @@ class OpenAILLM:
             params["extra_headers"] = {PURPOSE_HEADER: request.purpose}
         return params
 
-    async def complete(self, request: LLMRequest) -> Completion:
-        self._check_allowed()
-        started = time.perf_counter()
-        try:
-            response = await self._client.chat.completions.create(**self._params(request))
-        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
-            raise TransientProviderError(f"{type(exc).__name__}: {exc} ({self.base_url})") from exc
-        except openai.APIStatusError as exc:
+    def _translate(self, exc: Exception) -> Exception:
+        if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
+            self._discovered_at = None  # the server went away or restarted: check what it serves before the next call
+            return TransientProviderError(f"{type(exc).__name__}: {exc} ({self.base_url})")
+        if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             detail = f"HTTP {status} from {self.base_url}: {exc.message}"
             if status in TRANSIENT_STATUS or status >= 500:
-                raise TransientProviderError(detail, status_code=status, retry_after_s=_retry_after(exc)) from exc
-            raise ProviderRejectedError(detail, status_code=status) from exc
-        latency_ms = (time.perf_counter() - started) * 1000
-        return _completion(response, latency_ms)
+                return TransientProviderError(detail, status_code=status, retry_after_s=_retry_after(exc))
+            if (context := context_length_in(str(exc.message))) is not None:
+                self._learned_context = context  # the next calls are fitted to it
+            return ProviderRejectedError(detail, status_code=status)
+        return exc
+
+    async def complete(self, request: LLMRequest) -> Completion:
+        self._check_allowed()
+        if self._discover:
+            await self.discover()
+        context = self.context_length
+        try:
+            return await self._complete(request)
+        except ProviderRejectedError:
+            if context is not None or self.context_length is None:
+                raise
+            # the server's refusal named its context length: the same call, fitted to it, can be answered
+            return await self._complete(request)
+
+    async def _complete(self, request: LLMRequest) -> Completion:
+        queued = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._queue_timeout_s):
+                ticket = await self.limiter.acquire()
+        except TimeoutError:
+            raise ProviderUnavailableError(
+                f"no turn at {self.base_url} within queue_timeout_s={self._queue_timeout_s:g}: {self.limiter.in_flight} call(s) "
+                f"running (limit {self.limiter.limit}) and {self.limiter.waiting} waiting; lower the load or raise [llm] queue_timeout_s",
+                cause="queue_timeout",
+            ) from None
+        started = time.perf_counter()
+        try:
+            if self._framing_unknown:
+                await self._learn_framing()
+                started = time.perf_counter()
+            params = self._params(request)  # in the slot: a serial server's tokenize answers only between generations
+            if self._stream:
+                completion, reported = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
+            else:
+                with self.limiter.sending():
+                    response = await self._client.chat.completions.create(**params)
+                self.limiter.started(ticket)
+                completion, reported = _completion(response, 0.0), response.usage is not None
+        except openai.OpenAIError as exc:
+            raise self._translate(exc) from exc
+        finally:
+            self.limiter.release(ticket)
+        completion = msgspec.structs.replace(completion, latency_ms=(time.perf_counter() - started) * 1000)
+        if reported and not request.tools:
+            self._observe(request.messages, completion)
+        return completion
+
+    @property
+    def _framing_unknown(self) -> bool:
+        # a streamed answer from llama.cpp reports no usage, so nothing would ever show the framing its chat template adds
+        return self._stream and self._framing_learned_for != self.endpoint.fingerprint and isinstance(self.tokens, ModelTokenCounter)
+
+    async def _learn_framing(self) -> None:
+        """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""
+        self._framing_learned_for = self.endpoint.fingerprint
+        for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
+            params: dict[str, Any] = {"model": self._model, "messages": [_message_param(m) for m in probe], "temperature": 0.0}
+            params[self._max_tokens_param] = 1
+            with self.limiter.sending():
+                response = await self._client.chat.completions.create(**params)
+            if response.usage is not None:
+                self._observe(probe, _completion(response, 0.0))
+
+    def _observe(self, messages: tuple[Message, ...], completion: Completion) -> None:
+        if isinstance(self.tokens, ModelTokenCounter) and completion.usage.prompt_tokens:
+            texts = [c.text for c in completion.choices]
+            self.tokens.observe_usage(messages, completion.usage.prompt_tokens, texts, completion.usage.completion_tokens)
+
+    async def _streamed(self, params: dict[str, Any], request: LLMRequest, ticket: Ticket, queue_left_s: float) -> tuple[Completion, bool]:
+        params = {**params, "stream": True, "stream_options": {"include_usage": True}}
+        parts = _StreamParts()
+        not_started = f"the server at {self.base_url} did not start on the call within queue_timeout_s={self._queue_timeout_s:g}"
+        with self.limiter.sending():
+            try:
+                async with asyncio.timeout(max(queue_left_s, 0.001)):
+                    stream = await self._client.chat.completions.create(**params)
+            except TimeoutError:
+                raise TransientProviderError(not_started) from None
+            chunks = aiter(stream)
+            try:
+                try:  # llama.cpp sends its first chunk once it has started on the call: the queue's time ends there
+                    async with asyncio.timeout(max(queue_left_s, 0.001)):
+                        parts.add(await anext(chunks))
+                except TimeoutError:
+                    raise TransientProviderError(not_started) from None
+                except StopAsyncIteration:
+                    pass
+                self.limiter.started(ticket)
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        async for chunk in chunks:
+                            parts.add(chunk)
+                except TimeoutError:
+                    raise parts.spent_on(
+                        TransientProviderError(
+                            f"Timeout: the model at {self.base_url} was still generating after request_timeout_s={self._timeout_s:g} "
+                            "(the stream was closed, which stops it)"
+                        ),
+                        self,
+                        request,
+                    ) from None
+            finally:
+                await stream.close()  # on cancel and timeout too: a closed stream is how the server learns to stop
+        return parts.completion(self, request), parts.usage is not None
+
+
+class _StreamParts:
+    """The chunks of a streamed completion, put back together (text, tool calls, finish reason, usage by choice)."""
+
+    __slots__ = ("calls", "finish", "model", "stop_reason", "texts", "usage")
+
+    def __init__(self) -> None:
+        self.texts: dict[int, list[str]] = {}
+        self.calls: dict[int, dict[int, list[str]]] = {}
+        self.finish: dict[int, str] = {}
+        self.stop_reason: dict[int, str] = {}
+        self.usage: Any = None
+        self.model = ""
+
+    def add(self, chunk: Any) -> None:
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for c in chunk.choices:
+            texts = self.texts.setdefault(c.index, [])
+            delta = c.delta
+            if delta is not None and delta.content:
+                texts.append(delta.content)
+            if delta is not None and delta.tool_calls:
+                calls = self.calls.setdefault(c.index, {})
+                for t in delta.tool_calls:
+                    call = calls.setdefault(t.index, ["", "", ""])
+                    call[0] = t.id or call[0]
+                    if t.function is not None:
+                        call[1] += t.function.name or ""
+                        call[2] += t.function.arguments or ""
+            if c.finish_reason:
+                self.finish[c.index] = c.finish_reason
+                reason = (c.model_extra or {}).get("stop_reason")
+                if isinstance(reason, str):
+                    self.stop_reason[c.index] = reason
+
+    def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
+        """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion), by the model's count."""
+        counter = llm.tokens
+        error.spent = (count_messages(counter, request.messages), sum(counter.count("".join(t)) for t in self.texts.values()))
+        return error
+
+    def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
+        if not self.texts or any(i not in self.finish for i in self.texts):
+            raise self.spent_on(
+                TransientProviderError(
+                    f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
+                    "llama-cpp-python interrupting it for another request)"
+                ),
+                llm,
+                request,
+            )
+        choices = []
+        for index in sorted(self.texts):
+            calls = tuple(
+                ToolCall(id=i or f"call_{index}_{n}", name=name, arguments=args or "{}")
+                for n, (i, name, args) in sorted(self.calls.get(index, {}).items())
+            )
+            choices.append(
+                Choice(
+                    text="".join(self.texts[index]),
+                    finish_reason=self.finish[index],  # type: ignore[arg-type]  # the provider's own word for it
+                    tool_calls=calls,
+                    stop_sequence=self.stop_reason.get(index),
+                )
+            )
+        if self.usage is not None:
+            usage = Usage(self.usage.prompt_tokens, self.usage.completion_tokens)
+        else:  # llama.cpp streams without a usage chunk: count as the model does
+            counter = llm.tokens
+            completion_tokens = sum(counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls) for c in choices)
+            usage = Usage(count_messages(counter, request.messages), completion_tokens)
+        model = self.model or llm.model
+        return Completion(choices=tuple(choices), usage=usage, model=model, simulated=model.startswith("simulated"))
 
 
 def _completion(response: Any, latency_ms: float) -> Completion:

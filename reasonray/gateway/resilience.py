@@ -29,12 +29,14 @@ import msgspec
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.errors import (
     CircuitOpenError,
     ProviderUnavailableError,
     TransientProviderError,
 )
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
+from reasonray.gateway.tokens import TokenCounter, counter_of
 
 log = structlog.get_logger(__name__)
 
@@ -219,6 +221,16 @@ class ResilientLLM:
     def model(self) -> str:
         return self.inner.model
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The endpoint's capabilities, from the layer below."""
+        return capabilities_of(self.inner)
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
+        return counter_of(self.inner)
+
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
@@ -264,16 +276,23 @@ class ResilientLLM:
             reraise=True,
         )
         attempts = 0
+        spent = [0, 0]  # what failed attempts cost: they were made and paid for
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
-                    completion = await self._attempt(request)
+                    try:
+                        completion = await self._attempt(request)
+                    except TransientProviderError as exc:
+                        spent[0], spent[1] = spent[0] + exc.spent[0], spent[1] + exc.spent[1]
+                        raise
         except TransientProviderError as exc:
-            raise ProviderUnavailableError(
+            error = ProviderUnavailableError(
                 f"LLM provider {self.endpoint or self.model!r} failed after {attempts} attempt(s); last error: {exc}",
                 attempts=attempts,
                 cause=str(exc),
                 status_code=exc.status_code,
-            ) from exc
+            )
+            error.spent = (spent[0], spent[1])
+            raise error from exc
         return msgspec.structs.replace(completion, attempts=attempts)

@@ -125,8 +125,11 @@ def counter_for_model(model: str) -> TokenCounter:
 
 
 def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
-    """Prompt tokens of a chat request, as OpenAI's chat format counts them."""
-    total = REPLY_PRIMING_TOKENS
+    """Prompt tokens of a chat request, as OpenAI's chat format counts them, plus whatever framing the counter
+    has learned the model's server adds (its `framing`: chat-template markers, an injected system prompt)."""
+    messages = tuple(messages)
+    framing = getattr(counter, "framing", None)
+    total = REPLY_PRIMING_TOKENS + (int(framing(messages)) if callable(framing) else 0)
     for m in messages:
         total += TOKENS_PER_MESSAGE + counter.count(m.role)
         if m.content:
@@ -136,3 +139,11 @@ def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
         for call in m.tool_calls:
             total += counter.count(call.name) + counter.count(call.arguments)
     return total
+
+
+def counter_of(llm: object) -> TokenCounter:
+    """The counter an LLM stack counts with (its endpoint's model tokens, `tokens`), else tiktoken's for its model name."""
+    tokens = getattr(llm, "tokens", None)
+    if tokens is not None and hasattr(tokens, "count") and hasattr(tokens, "tail"):
+        return tokens  # type: ignore[no-any-return]  # a TokenCounter by duck type
+    return counter_for_model(str(getattr(llm, "model", "")))

@@ -133,10 +133,76 @@ class LLMSettings(_Section):
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
         "max_tokens", description="How the endpoint names the output limit (OpenAI reasoning models want max_completion_tokens)."
     )
+    context_length: int | None = Field(
+        None,
+        ge=16,
+        description="The model's context window in its own tokens; bounds every call's max_tokens. Unset: discovered from the "
+        "server (llama.cpp /props, vLLM max_model_len) or learned from its first context-length error.",
+    )
+    max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Calls sent to the endpoint at once from one process; the rest wait their turn. Unset: discovered (llama.cpp's "
+        "slots; 1 for llama-cpp-python's server) or learned from how the server overlaps streamed calls.",
+    )
+    adaptive_concurrency_limit: int = Field(
+        256, ge=1, description="Most calls in flight to an endpoint whose capacity is learned rather than configured or discovered."
+    )
+    queue_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest a call waits for its turn (in this process's queue, then the server's) before it fails; "
+        "request_timeout_s counts only from when the server starts on it.",
+    )
+    stream: bool | None = Field(
+        None,
+        description="Stream completions, so a call that is cancelled or times out closes its stream and the server stops "
+        "generating. Unset: stream to real endpoints, not to the simulated model.",
+    )
+    structured_output: bool | None = Field(
+        None, description="The endpoint enforces response_format (JSON schema / grammar). Unset: known for OpenAI, vLLM and the simulator."
+    )
+    tool_choice: bool | None = Field(
+        None, description="The endpoint honours tool_choice, so a tool call can be forced. Unset: known for OpenAI, vLLM and the simulator."
+    )
+    tokenizer: str = Field(
+        "auto",
+        min_length=1,
+        description="How tokens are counted: auto (a local tokenizer file the server names, else the server's tokenize endpoint, "
+        "else tiktoken calibrated by the usage the server reports), server, calibrated, tiktoken, or the path of the "
+        "model's .gguf or tokenizer.json.",
+    )
+    token_margin: float = Field(0.1, ge=0, le=1, description="Safety margin added to a calibrated (not exact) count, as a fraction of it.")
+    discover: bool = Field(
+        True, description="Ask the endpoint what it is (models, context length, slots, tokenizer) at first use and every discovery_ttl_s."
+    )
+    discovery_ttl_s: float = Field(60.0, gt=0, description="Seconds before what was discovered about the endpoint is checked again.")
+    default_max_tokens: dict[str, int] = Field(
+        default_factory=lambda: {
+            "default": 1024,
+            "final_answer": 256,
+            "score": 256,
+            "critique": 512,
+            "choose": 64,
+            "judge": 256,
+            "propose": 512,
+            "summarize": 1024,
+        },
+        description="max_tokens of a call that sets none, by its purpose (`default`: calls without a listed purpose); never "
+        "above what the context window leaves.",
+    )
     retry: RetrySettings = RetrySettings()
     circuit_breaker: BreakerSettings = BreakerSettings()
     cache: CacheSettings = CacheSettings()
     simulator: SimulatorSection = SimulatorSection()
+
+    @field_validator("default_max_tokens")
+    @classmethod
+    def _positive_max_tokens(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in value.items() if v < 1}
+        if bad:
+            raise ValueError(f"default_max_tokens must be at least 1 token per purpose; got {bad}")
+        return value
 
 
 class PerformanceSettings(_Section):

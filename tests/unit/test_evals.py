@@ -361,3 +361,33 @@ def test_reasonray_eval_is_the_same_command_as_python_m_evals_run(tmp_path):
         ["eval", "--dataset", str(tmp_path / "none.jsonl"), "--strategies", "chain_of_thought", "--out", str(tmp_path / "o"), "--no-ray"],
     )
     assert bad.exit_code == 2 and "does not exist" in bad.output
+
+
+class FailsAfter:
+    """Answers `n` calls, then fails the way an endpoint that timed out mid-generation does: after spending tokens."""
+
+    def __init__(self, inner, n: int) -> None:
+        self.inner, self.n, self.model = inner, n, inner.model
+
+    async def complete(self, request):
+        if self.n == 0:
+            error = ProviderUnavailableError("timed out after request_timeout_s", attempts=2)
+            error.spent = (120, 40)  # both attempts' prompts and what was generated before the deadline
+            raise error
+        self.n -= 1
+        return await self.inner.complete(request)
+
+
+async def test_a_failed_example_keeps_the_calls_and_tokens_it_spent(tmp_path):
+    examples = load_dataset(gsm8k_file(tmp_path / "g.jsonl", count=1)).examples
+    cells = build_grid(catalogue(), ["refine"], {}, [0])
+    model = SimulatedModel(counter_for_model("simulated"))
+    model.add_answers({e.key: e.reference for e in examples})
+    first = SimulatedLLM(model)
+    log = ResultLog(tmp_path / "results.jsonl")
+    await run_grid(InProcessEngine(service_with_key(examples, llm=FailsAfter(first, 1))), examples, cells, log)
+    [record] = log.select(examples, cells)
+    assert record.status == "error" and record.error_type == "provider_unavailable"
+    # the attempt that was answered, and the evaluation that failed: both were made and paid for
+    assert record.llm_calls == 2
+    assert record.prompt_tokens > 120 and record.completion_tokens > 40

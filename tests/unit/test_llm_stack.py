@@ -89,10 +89,11 @@ def test_a_keyless_local_server_needs_no_key_and_gets_the_configured_model_and_u
 
 async def test_the_key_from_the_named_variable_is_sent_as_the_bearer_token():
     seen: list[str | None] = []
+    probes: list[str | None] = []  # discovery's (tokenize endpoints this server does not have) carry the key too
 
     class Endpoint(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            seen.append(self.headers.get("Authorization"))
+            (seen if self.path == "/v1/chat/completions" else probes).append(self.headers.get("Authorization"))
             self.send_response(400)  # rejected: not retried, and the test has what it came for
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -111,6 +112,7 @@ async def test_the_key_from_the_named_variable_is_sent_as_the_bearer_token():
     finally:
         endpoint.shutdown()
     assert seen == ["Bearer sk-local-123"]
+    assert probes and set(probes) == {"Bearer sk-local-123"}
 
 
 # -- retries, cache, metrics --------------------------------------------------------------------------

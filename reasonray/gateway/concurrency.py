@@ -1,0 +1,186 @@
+"""How many calls one endpoint gets at once from this process, learned from how the server behaves.
+
+A server that runs one request at a time (llama.cpp's python server, a one-slot llama.cpp) queues the rest
+itself and they time out there, unseen. `EndpointLimiter` keeps them in our queue instead: a call takes a slot
+before it is sent and gives it back when it ends. The limit is the configured or discovered one when there is
+one; otherwise it starts at `ceiling` and is learned from streamed calls. When a call's first token arrives
+only after another call's whole generation (one that started after this call was sent, and ran for at least
+`MIN_EVIDENCE_S`) had finished, the server did not run them together: the limit drops to the most calls ever
+seen generating at once. Every `RECOVERY_CALLS` calls without such evidence it grows by one again, so a
+server that was only busy with someone else's work gets its parallelism back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+MIN_EVIDENCE_S = 0.5
+"""A generation shorter than this says nothing about queueing (a fast reply can finish inside another's prefill)."""
+RECOVERY_CALLS = 50
+OVERLAP_S = 0.2
+"""Two calls generating together for less than this may only be one ending as the next begins."""
+
+
+class Ticket:
+    """One call's slot, and when it reached the server's generation."""
+
+    __slots__ = ("dispatched_at", "finished_at", "first_token_at")
+
+    def __init__(self, now: float) -> None:
+        self.dispatched_at = now
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+
+
+class EndpointLimiter:
+    """A counting semaphore whose size is configured, discovered or learned; usable from several event loops."""
+
+    def __init__(self, name: str, *, limit: int | None = None, ceiling: int = 256, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.ceiling = max(ceiling, 1)
+        self.fixed = limit
+        self.learned: int | None = None
+        """The concurrency the server showed it sustains, once calls were seen waiting for each other."""
+        self.peak_generating = 1
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._wire = 0
+        self._generating: set[Ticket] = set()
+        self._recent: deque[Ticket] = deque(maxlen=256)  # finished, for the queueing test
+        self._clean = 0
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+
+    @property
+    def limit(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        return self.learned if self.learned is not None else self.ceiling
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def on_the_wire(self) -> int:
+        """Calls whose HTTP request is open (sent, not yet answered or closed): what keeps a serial server busy."""
+        return self._wire
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """Marks an HTTP request to the endpoint as open while the block runs."""
+        with self._lock:
+            self._wire += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._wire -= 1
+
+    def configure(self, limit: int | None) -> None:
+        """Fix the limit (configured, or discovered from the server), or None to learn it."""
+        with self._lock:
+            self.fixed = limit
+            self._grant()
+
+    async def acquire(self) -> Ticket:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._in_flight < self.limit and not self._waiters:
+                self._in_flight += 1
+                return Ticket(self._clock())
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+                elif future.done() and not future.cancelled():  # granted just as we were cancelled: pass it on
+                    self._in_flight -= 1
+                    self._grant()
+            raise
+        return Ticket(self._clock())
+
+    def _grant(self) -> None:
+        # the lock is held
+        while self._waiters and self._in_flight < self.limit:
+            loop, future = self._waiters.popleft()
+            if future.done():
+                continue
+            self._in_flight += 1
+            try:
+                loop.call_soon_threadsafe(self._resolve, future)
+            except RuntimeError:  # that loop is closed: its waiter will never run
+                self._in_flight -= 1
+
+    def _resolve(self, future: asyncio.Future[None]) -> None:
+        if future.done():  # cancelled after it was granted: give the slot back
+            with self._lock:
+                self._in_flight -= 1
+                self._grant()
+        else:
+            future.set_result(None)
+
+    def started(self, ticket: Ticket) -> None:
+        """The call's first token arrived: the server is working on it."""
+        now = self._clock()
+        with self._lock:
+            ticket.first_token_at = now
+            self._generating.add(ticket)
+            queued = any(
+                t.first_token_at is not None
+                and t.finished_at is not None
+                and t.first_token_at >= ticket.dispatched_at
+                and t.finished_at <= now
+                and t.finished_at - t.first_token_at >= MIN_EVIDENCE_S
+                for t in self._recent
+            )
+            if queued and self.fixed is None:
+                learned = min(self.peak_generating, self.learned or self.ceiling)
+                if learned != self.learned:
+                    log.info("llm.concurrency.learned", endpoint=self.name, limit=learned)
+                self.learned, self._clean = learned, 0
+
+    def release(self, ticket: Ticket) -> None:
+        """The call ended (answered, failed or cancelled)."""
+        with self._lock:
+            now = ticket.finished_at = self._clock()
+            self._generating.discard(ticket)
+            if ticket.first_token_at is not None:
+                # calls that generated alongside this one for a while (not a next call that began as this one ended)
+                together = 1 + sum(1 for t in self._generating if t.first_token_at is not None and t.first_token_at <= now - OVERLAP_S)
+                self.peak_generating = max(self.peak_generating, together)
+                self._recent.append(ticket)
+                self._clean += 1
+                if self.learned is not None and self._clean >= RECOVERY_CALLS and self.learned < self.ceiling:
+                    self.learned, self._clean = self.learned + 1, 0
+            self._in_flight -= 1
+            self._grant()
+
+
+_limiters: dict[str, EndpointLimiter] = {}
+_limiters_lock = threading.Lock()
+
+
+def limiter_for(endpoint: str, *, ceiling: int = 256) -> EndpointLimiter:
+    """The process's one limiter for `endpoint` (a base URL): every stack calling it shares its slots."""
+    with _limiters_lock:
+        limiter = _limiters.get(endpoint)
+        if limiter is None:
+            limiter = _limiters[endpoint] = EndpointLimiter(endpoint, ceiling=ceiling)
+        return limiter

@@ -1,0 +1,340 @@
+"""Counting in the model's own tokens, so budgets, chunks, cuts and `max_tokens` agree with the server.
+
+A `ModelTokenCounter` counts with the best source it has, in this order:
+
+- a tokenizer held in this process: the model's GGUF file (through llama-cpp-python, vocabulary only, no
+  weights) or a Hugging Face `tokenizer.json` (through `tokenizers`): exact and fast;
+- the server's tokenize endpoint (llama.cpp `/tokenize`, llama-cpp-python `/extras/tokenize`, vLLM
+  `/tokenize`): exact, one small HTTP call per distinct text, cached;
+- otherwise tiktoken's count scaled by what the server reports: the largest recent ratio of its token counts to
+  ours (prompt and completion usage, tokenize answers), plus a safety margin, so an estimate errs on the high side.
+
+Both also learn the chat framing the server adds around messages (ChatML markers, a system prompt the chat
+template injects) from the prompt usage it reports, and `count_messages` adds it. `head` and `tail` cut by
+the same count: `count(head(text, n)) <= n` always holds.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import structlog
+
+from reasonray.gateway.protocol import Message
+from reasonray.gateway.tokens import TokenCounter, count_messages
+
+log = structlog.get_logger(__name__)
+
+MIN_CALIBRATION_TOKENS = 16
+"""Texts shorter than this (in our count) say little about the ratio between two tokenizers; they are not used."""
+CALIBRATION_WINDOW = 32
+"""Observations the ratio and the framing are taken over (the largest of them: counts err high, never low)."""
+UNSEEN_FRAMING = 48
+"""Tokens a prompt is assumed to carry beyond `count_messages`' framing until the server's usage has shown how many
+(ChatML markers for a few messages and a system prompt a chat template injects take about this)."""
+SERVER_RETRY_AFTER_S = 10.0
+"""After the tokenize endpoint failed or timed out, counts are estimated for this long before it is asked again."""
+
+
+class TokenSource(Protocol):
+    """A tokenizer: `encode` gives the model's token ids of a text, or None when it cannot answer right now."""
+
+    name: str
+
+    def encode(self, text: str) -> list[int] | None: ...
+
+    def decode(self, tokens: list[int]) -> str | None: ...
+
+
+class GGUFVocab:
+    """The tokenizer a GGUF model file carries, loaded without its weights (llama-cpp-python, vocab_only)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise RuntimeError(f"counting with {path} needs llama-cpp-python (pip install llama-cpp-python)") from exc
+        self.name = f"gguf:{Path(path).name}"
+        self._llama = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+
+    def encode(self, text: str) -> list[int] | None:
+        tokens: list[int] = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return tokens
+
+    def decode(self, tokens: list[int]) -> str | None:
+        raw: bytes = self._llama.detokenize(tokens)
+        return raw.decode("utf-8", errors="ignore")
+
+
+class TokenizerFile:
+    """A Hugging Face `tokenizer.json` (vLLM's models ship one)."""
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer
+
+        self.name = f"tokenizer:{Path(path).parent.name or Path(path).name}"
+        self._tok = Tokenizer.from_file(path)
+
+    def encode(self, text: str) -> list[int] | None:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, tokens: list[int]) -> str | None:
+        text: str = self._tok.decode(tokens, skip_special_tokens=False)
+        return text
+
+
+def local_source(path: str) -> TokenSource:
+    """The tokenizer in a .gguf or tokenizer.json file; a clear error for anything else."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"[llm] tokenizer names {path!r}, which is not a file (give a .gguf or tokenizer.json, or 'auto')")
+    if path.endswith(".gguf"):
+        return GGUFVocab(path)
+    if path.endswith(".json"):
+        return TokenizerFile(path)
+    raise ValueError(f"[llm] tokenizer {path!r} is neither a .gguf model nor a tokenizer.json")
+
+
+TOKENIZE_STYLES: dict[str, tuple[str, str, str]] = {
+    # style: (field of the text, field of the ids in the detokenize request, field of the text in its answer)
+    "llama.cpp": ("content", "tokens", "content"),
+    "llama-cpp-python": ("input", "tokens", "text"),
+    "vllm": ("prompt", "tokens", "prompt"),
+}
+
+
+class ServerTokenizer:
+    """The server's own tokenize (and detokenize) endpoint, called synchronously: counting happens between calls,
+    in code that cannot await. `busy()` true means asking now would disturb the server (llama-cpp-python runs
+    tokenize under the lock of generation and interrupts a stream for it), so the caller estimates instead."""
+
+    def __init__(
+        self,
+        tokenize_url: str,
+        style: str,
+        *,
+        detokenize_url: str | None = None,
+        model: str | None = None,
+        bos_tokens: int = 0,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 2.0,
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.name = f"server:{style}"
+        self.tokenize_url, self.detokenize_url, self.style, self.model = tokenize_url, detokenize_url, style, model
+        self.bos_tokens = bos_tokens  # ids the endpoint puts before any text (a BOS token), not part of the text
+        self.busy = busy
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+        self._down_until = 0.0
+
+    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        if self.busy() or time.monotonic() < self._down_until:
+            return None
+        if self.model and self.style == "vllm":
+            body = {"model": self.model, **body}
+        try:
+            response = self._http.post(url, json=body)
+            response.raise_for_status()
+            data: dict[str, Any] = response.json()
+            return data
+        except (httpx.HTTPError, ValueError) as exc:
+            self._down_until = time.monotonic() + SERVER_RETRY_AFTER_S
+            log.warning(
+                "tokens.server_unavailable", url=url, error=f"{type(exc).__name__}: {exc}"[:200], estimate_for_s=SERVER_RETRY_AFTER_S
+            )
+            return None
+
+    def encode(self, text: str) -> list[int] | None:
+        data = self._post(self.tokenize_url, {TOKENIZE_STYLES[self.style][0]: text})
+        tokens = data.get("tokens") if data else None
+        return [int(t) for t in tokens[self.bos_tokens :]] if isinstance(tokens, list) else None
+
+    def decode(self, tokens: list[int]) -> str | None:
+        if self.detokenize_url is None:
+            return None
+        _, field, answer = TOKENIZE_STYLES[self.style]
+        data = self._post(self.detokenize_url, {field: tokens})
+        text = data.get(answer) if data else None
+        return text if isinstance(text, str) else None
+
+
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            if len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+
+class ModelTokenCounter:
+    """The run's token counter (`ctx.tokens`): exact where a source answers, a calibrated estimate otherwise."""
+
+    def __init__(
+        self,
+        base: TokenCounter,
+        *,
+        margin: float = 0.1,
+        source: TokenSource | None = None,
+        cache_size: int = 16384,
+        on_first_use: Callable[[], None] | None = None,
+    ) -> None:
+        self.base = base
+        self.margin = margin
+        self.source = source
+        self.unseen_framing = UNSEEN_FRAMING
+        self._on_first_use = on_first_use  # learns what to count with (discovery) before the first count
+        self._ids = _LRU(cache_size)
+        self._base_counts = _LRU(cache_size)
+        self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
+        # by whether the prompt opens with a system message: chat templates inject one when it does not
+        self._overheads: dict[bool, deque[int]] = {True: deque(maxlen=CALIBRATION_WINDOW), False: deque(maxlen=CALIBRATION_WINDOW)}
+
+    @property
+    def encoding_name(self) -> str:
+        return self.source.name if self.source is not None else f"calibrated:{self.base.encoding_name}"
+
+    @property
+    def exact(self) -> bool:
+        """Counts come from the model's tokenizer (when its source answers), not from an estimate."""
+        return self.source is not None
+
+    @property
+    def ratio(self) -> float:
+        """Model tokens per base-encoding token, as the server has shown it (never below 1: an estimate errs high)."""
+        return max(self._ratios, default=1.0)
+
+    @property
+    def prompt_overhead(self) -> int:
+        """The most tokens the server was seen to add to a prompt beyond what `count_messages` counts."""
+        return max((max(seen, default=0) for seen in self._overheads.values()), default=0)
+
+    def framing(self, messages: tuple[Message, ...]) -> int:
+        """Tokens the server adds to these messages beyond `count_messages`' own framing (its chat template's
+        markers; a system prompt it injects when the messages bring none), as its usage has shown."""
+        self._first_use()
+        seen = self._overheads[bool(messages) and messages[0].role == "system"]
+        other = self._overheads[not (bool(messages) and messages[0].role == "system")]
+        return max(seen) if seen else max(other) if other else self.unseen_framing
+
+    def _first_use(self) -> None:
+        if self._on_first_use is not None:
+            hook, self._on_first_use = self._on_first_use, None
+            hook()
+
+    def use(self, source: TokenSource | None) -> None:
+        """Count with `source` from now on (discovery found a tokenizer, or the model behind the endpoint changed)."""
+        if source is not self.source:
+            self.source = source
+            self._ids = _LRU(self._ids.size)
+            for seen in self._overheads.values():
+                seen.clear()
+
+    def _base_count(self, text: str) -> int:
+        hit = self._base_counts.get(text)
+        if hit is None:
+            hit = self.base.count(text)
+            self._base_counts.put(text, hit)
+        return int(hit)
+
+    def _model_ids(self, text: str) -> list[int] | None:
+        if self.source is None:
+            return None
+        hit = self._ids.get(text)
+        if hit is None:
+            hit = self.source.encode(text)
+            if hit is not None:
+                self._ids.put(text, hit)
+                self.observe_ratio(self._base_count(text), len(hit))
+        return hit  # type: ignore[no-any-return]  # list[int] | None, as stored
+
+    def estimate(self, text: str) -> int:
+        return math.ceil(self._base_count(text) * self.ratio * (1 + self.margin))
+
+    def count(self, text: str) -> int:
+        self._first_use()
+        if not text:
+            return 0
+        ids = self._model_ids(text)
+        return len(ids) if ids is not None else self.estimate(text)
+
+    def count_many(self, texts: Iterable[str]) -> list[int]:
+        return [self.count(t) for t in texts]
+
+    def head(self, text: str, n: int) -> str:
+        return self._cut(text, n, from_end=False)
+
+    def tail(self, text: str, n: int) -> str:
+        return self._cut(text, n, from_end=True)
+
+    def _cut(self, text: str, n: int, *, from_end: bool) -> str:
+        n = max(n, 0)
+        if self.count(text) <= n:
+            return text
+        target = n
+        for _ in range(6):  # decoding a cut and encoding it again can differ by a token or two at the seam
+            piece = self._candidate(text, target, from_end)
+            over = self.count(piece) - n
+            if over <= 0:
+                return piece
+            target -= over
+            if target <= 0:
+                break
+        return self._bisect(text, n, from_end)
+
+    def _candidate(self, text: str, n: int, from_end: bool) -> str:
+        ids = self._model_ids(text)
+        if ids is not None and self.source is not None:
+            decoded = self.source.decode(ids[len(ids) - n :] if from_end else ids[:n])
+            if decoded is not None:
+                return decoded
+        base_n = math.floor(n / (self.ratio * (1 + self.margin)))
+        return self.base.tail(text, base_n) if from_end else self.base.head(text, base_n)
+
+    def _bisect(self, text: str, n: int, from_end: bool) -> str:
+        lo, hi = 0, len(text)  # the longest piece, in characters, whose count fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            piece = text[len(text) - mid :] if from_end else text[:mid]
+            if self.count(piece) <= n:
+                lo = mid
+            else:
+                hi = mid - 1
+        return text[len(text) - lo :] if from_end else text[:lo]
+
+    def observe_ratio(self, base_tokens: int, model_tokens: int) -> None:
+        """One text counted both ways (our base encoding, the model's tokenizer or usage)."""
+        if base_tokens >= MIN_CALIBRATION_TOKENS and model_tokens > 0:
+            self._ratios.append(model_tokens / base_tokens)
+
+    def observe_usage(
+        self, messages: tuple[Message, ...], prompt_tokens: int, completion_texts: Iterable[str] = (), completion_tokens: int = 0
+    ) -> None:
+        """What the server reported for a call: calibrates the estimate, and an exact count's framing."""
+        if prompt_tokens <= 0:
+            return
+        if not self.exact:
+            texts = [t for t in completion_texts if t]
+            if len(texts) == 1 and completion_tokens > 0:  # n > 1 reports one total for several texts
+                self.observe_ratio(self._base_count(texts[0]), completion_tokens)
+        # what the prompt's count misses (framing, an injected system prompt; for an estimate also a ratio too low)
+        ours = count_messages(self, messages) - self.framing(messages)
+        self._overheads[bool(messages) and messages[0].role == "system"].append(max(prompt_tokens - ours, 0))
