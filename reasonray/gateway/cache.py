@@ -16,6 +16,7 @@ from typing import Protocol
 
 import msgspec
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 
 
@@ -108,6 +109,10 @@ class CachingLLM:
     @property
     def model(self) -> str:
         return self.inner.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.inner)
 
     async def complete(self, request: LLMRequest) -> Completion:
         if request.sampled:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 from reasonray.kernel.telemetry import BREAKER_STATES, Metrics
 
@@ -24,6 +25,10 @@ class MeteredLLM:
     @property
     def model(self) -> str:
         return self.inner.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.inner)
 
     async def complete(self, request: LLMRequest) -> Completion:
         model = self.inner.model

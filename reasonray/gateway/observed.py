@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
 from reasonray.kernel import tracing
@@ -58,6 +59,11 @@ class ObservedLLM:
     @property
     def model(self) -> str:
         return self.inner.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the endpoint behind this run enforces, as the LLM stack below declares it."""
+        return capabilities_of(self.inner)
 
     @property
     def spent_tokens(self) -> int:

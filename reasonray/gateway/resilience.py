@@ -29,6 +29,7 @@ import msgspec
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.errors import (
     CircuitOpenError,
     ProviderUnavailableError,
@@ -218,6 +219,10 @@ class ResilientLLM:
     @property
     def model(self) -> str:
         return self.inner.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return capabilities_of(self.inner)
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None

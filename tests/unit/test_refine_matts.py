@@ -192,22 +192,82 @@ async def test_each_refinement_shows_the_previous_attempt_its_score_and_feedback
     llm.assert_complete()
 
 
-async def test_a_score_at_the_threshold_does_not_stop_and_a_tie_goes_to_the_later_attempt():
+async def test_a_score_at_the_threshold_does_not_stop_and_a_tie_goes_to_the_earlier_attempt():
     llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.8), "<answer>42</answer>", evaluation(0.8)])
     context, _ = context_for(llm, strategy="refine")
     result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 2, "threshold": 0.8})
     s = result.metrics.strategy_specific
     assert s["stop_reason"] == "max_iterations" and s["iterations"] == 2
-    assert result.answer == "42" and s["best_iteration"] == 2
+    assert result.answer == "41" and s["best_iteration"] == 1
 
 
-async def test_an_evaluation_without_a_score_counts_as_zero_and_says_so():
+async def test_an_evaluation_without_a_score_is_unscored_and_says_so():
     llm = ScriptedLLM(["<answer>41</answer>", "<feedback>looks off</feedback>", "<answer>42</answer>", evaluation(0.9)])
     context, recorder = context_for(llm, strategy="refine")
     result = await Refine().reason("What is 6*7?", context=context, config={})
-    assert result.metrics.strategy_specific["scores"] == [0.0, 0.9] and result.answer == "42"
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [None, 0.9] and result.answer == "42" and s["unscored"] == 1
+    assert "Reviewer's score: (none)" in llm.requests[2].messages[1].content  # not a made-up 0.0
     warnings = [e for e in recorder.events if type(e).__name__ == "RunWarning"]
     assert [w.code for w in warnings] == ["unscored"] and "iteration 1" in warnings[0].message
+
+
+async def test_an_unscored_attempt_never_beats_a_scored_one_even_a_low_one():
+    llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.1), "<answer>42</answer>", "Looks fine to me.", "<answer>43</answer>", "hmm"])
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [0.1, None, None] and result.answer == "41" and s["best_iteration"] == 1
+
+
+async def test_with_a_model_that_never_scores_nor_tags_the_real_first_attempt_is_kept():
+    # what SmolLM2-135M did: untagged attempt, reviews with no score, refinements that talk about the review
+    llm = ScriptedLLM(
+        [
+            "6 * 7 = 42\nThe answer is correct.",
+            "The solution multiplies 6 by 7. It looks right.",
+            "The reviewer's score of (none) means the feedback was not given. The feedback says the solution looks right.",
+            "The review is fine.",
+            "",
+            "No score.",
+        ]
+    )
+    context, recorder = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["best_iteration"] == 1 and s["found_by"] == "final_number"
+    assert s["scores"] == [None, None, None] and s["unscored"] == 3
+    assert [h["degenerate"] for h in s["history"]] == [False, True, True]
+    # the review's prose is the feedback the next attempt sees
+    assert "It looks right." in llm.requests[2].messages[1].content
+    assert context.trajectories[0].answer == "42" and "[attempt 1, score unscored]" in context.trajectories[0].text
+    assert {w.code for w in recorder.events if type(w).__name__ == "RunWarning"} == {"unscored", "answer_format"}
+
+
+@pytest.mark.parametrize(
+    ("review", "score"),
+    [("Score: 8/10\nGood work.", 0.8), ("0.8", 0.8), ("80%", 0.8), ("I rate it 7 out of 10", 0.7), ("<score>9</score>", 0.9)],
+)
+async def test_scores_are_read_in_the_forms_models_give_them(review, score):
+    llm = ScriptedLLM(["<answer>42</answer>", review])
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 1})
+    assert result.metrics.strategy_specific["scores"] == [score]
+
+
+async def test_an_endpoint_that_enforces_a_schema_is_asked_for_json_attempts_and_reviews():
+    from reasonray.gateway.capabilities import Capabilities
+
+    llm = ScriptedLLM(['{"reasoning": "6*7", "answer": "42"}', '{"score": 0.95, "feedback": "none needed"}'])
+    llm.capabilities = Capabilities(structured_output=True)
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={})
+    attempt, review = llm.requests
+    assert attempt.response_format["json_schema"]["name"] == "answer"
+    assert review.response_format["json_schema"]["name"] == "critique"
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["scores"] == [0.95] and s["stop_reason"] == "threshold" and s["found_by"] == "json"
+    assert s["history"][0]["feedback"] == "none needed"
 
 
 async def test_a_failure_part_way_leaves_the_last_draft_its_critique_and_the_best_answer_in_progress():
