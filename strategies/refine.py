@@ -192,7 +192,7 @@ class Refine(Strategy):
                 }
             )
             context.progress.update(
-                iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"] or None
+                iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
             )
             passed = score is not None and score > cfg.threshold and not attempts[-1]["degenerate"]
             self._iteration_end(context, iteration, before, True, "threshold" if passed else "continue")

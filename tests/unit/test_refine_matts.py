@@ -292,3 +292,95 @@ async def test_attempts_without_an_answer_are_a_model_behavior_error_naming_what
     with pytest.raises(ModelBehaviorError) as raised:
         await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 1})
     assert "max_tokens" in str(raised.value) and raised.value.data == {"iterations": 1, "stop_reason": "max_iterations"}
+
+
+async def test_matts_attempts_that_agree_need_no_judge_call():
+    llm = ScriptedLLM(["<answer>42</answer>", "The answer is: 42.", "6*7 = 42"])  # exactly k replies: no judge
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 3})
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["selection"] == "agreement" and s["selected"] == 0
+    assert s["scores"] == [None, None, None] and s["judged"] == 0
+    llm.assert_complete()
+
+
+async def test_matts_contrast_is_skipped_when_the_attempts_agree():
+    llm = ScriptedLLM(["<answer>42</answer>", "<answer>42.0</answer>"])
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 2, "selection": "contrast"})
+    assert result.metrics.strategy_specific["selection"] == "agreement"
+    llm.assert_complete()
+
+
+def judged_by_prompt(attempts: dict[int, str], reviews: dict[str, str]):
+    """Attempts by seed; a judge's reply by the answer the attempt under review gave."""
+    from reasonray.gateway.testing import FunctionLLM
+
+    def reply(request):
+        if request.purpose == "critique":
+            return reviews[request.messages[1].content.rsplit("Answer: ", 1)[1]]
+        return attempts[request.seed]
+
+    return FunctionLLM(reply)
+
+
+async def test_matts_judges_that_give_no_score_leave_the_majority_answer():
+    # SmolLM2-135M judged with prose and never a <score>: before, every attempt counted 0.0 and the first won
+    llm = judged_by_prompt({0: "The answer is 40.", 1: "6 * 7 = 42", 2: "Answer: 42"}, {"40": "Looks good.", "42": "The steps are fine."})
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [None, None, None] and s["unscored"] == 3 and s["selection"] == "majority"
+    assert result.answer == "42" and s["selected"] == 1 and s["found_by"] == "final_number"
+    assert [t.score for t in context.trajectories] == [None, None, None]
+
+
+async def test_matts_an_unscored_attempt_never_beats_a_scored_one():
+    llm = judged_by_prompt(
+        {0: "<answer>40</answer>", 1: "<answer>42</answer>", 2: "<answer>42</answer>"}, {"40": "Score: 3/10", "42": "no idea"}
+    )
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [0.3, None, None] and result.answer == "40" and s["selection"] == "judge"
+
+
+async def test_matts_contrast_vote_in_prose_is_read_and_an_unreadable_one_falls_back_to_the_majority():
+    for vote, answer, selection in [("I think Candidate 3 is best.", "43", "contrast"), ("They all look fine.", "42", "majority")]:
+        llm = ScriptedLLM(["<answer>42</answer>", "<answer>42</answer>", "<answer>43</answer>", vote])
+        context, _ = context_for(llm, strategy="matts")
+        context.resolve = resolver
+        result = await Matts().reason("What is 6*7?", context=context, config={"k": 3, "selection": "contrast"})
+        assert result.answer == answer and result.metrics.strategy_specific["selection"] == selection
+
+
+async def test_matts_parallel_judging_starts_while_slower_attempts_still_run():
+    import asyncio
+
+    from reasonray.gateway.testing import make_completion
+    from reasonray.gateway.tokens import counter_for_model
+
+    log: list[str] = []
+
+    class Timed:
+        model = "timed"
+
+        async def complete(self, request):
+            if request.purpose == "critique":
+                log.append("judge")
+                return make_completion(request, "<score>0.5</score>", model=self.model, counter=counter_for_model("x"))
+            await asyncio.sleep(0.3 if request.seed == 2 else 0.01)
+            log.append(f"attempt {request.seed}")
+            return make_completion(request, f"<answer>{request.seed}</answer>", model=self.model, counter=counter_for_model("x"))
+
+    context, _ = context_for(Timed(), strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("q", context=context, config={"k": 3, "seed": 0})
+    # attempts 0 and 1 disagree as soon as both are in: they are judged before attempt 2 finishes
+    # and the slow attempt is judged once it lands
+    assert sorted(log[:2]) == ["attempt 0", "attempt 1"] and log[2:] == ["judge", "judge", "attempt 2", "judge"]
+    assert result.metrics.strategy_specific["scores"] == [0.5, 0.5, 0.5] and result.answer == "0"
