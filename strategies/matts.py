@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from reasonray.gateway.protocol import Completion, LLMRequest, system, user
-from reasonray.kernel.errors import InvalidParamsError
+from reasonray.kernel.errors import InvalidParamsError, OverloadedError
 from reasonray.kernel.extraction import find_answer, find_choice, numeric_question
 from reasonray.kernel.tags import normalize_answer, strip_thinking
 from reasonray.memory.items import Trajectory
@@ -161,10 +161,7 @@ class Matts(Strategy):
             elif agree(attempts):
                 chosen, selection = 0, "agreement"  # every attempt says the same: judging could not change the answer
             elif cfg.selection == "judge":
-                for i, a in enumerate(attempts):
-                    if i not in judges:
-                        judges[i] = self._judge(query, a, cfg, context)
-                scores = list(await asyncio.gather(*(judges[i] for i in range(len(attempts)))))
+                scores = await self._judged(query, attempts, cfg, context, judges)
                 chosen = pick(attempts, scores)
                 selection = "judge" if any(s is not None for s in scores) else "majority"
             else:
@@ -236,7 +233,31 @@ class Matts(Strategy):
             )
             return value
 
-        return asyncio.ensure_future(judged())
+        task = asyncio.ensure_future(judged())
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failure is read where it is awaited
+        return task
+
+    async def _judged(
+        self,
+        query: str,
+        attempts: list[dict[str, str]],
+        cfg: MattsConfig,
+        context: StrategyContext,
+        judges: dict[int, asyncio.Task[float | None]],
+    ) -> list[float | None]:
+        """Every attempt's score: the judges started alongside the attempts, and the rest started now. A judge
+        the fan-out refused while the attempts held its slots (OverloadedError) is asked again now they are free."""
+        for i, a in enumerate(attempts):
+            if i not in judges:
+                judges[i] = self._judge(query, a, cfg, context)
+        outcomes = await asyncio.gather(*(judges[i] for i in range(len(attempts))), return_exceptions=True)
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, OverloadedError):
+                judges[i] = self._judge(query, attempts[i], cfg, context)
+                outcomes[i] = await judges[i]
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return [o for o in outcomes if not isinstance(o, BaseException)]
 
     @staticmethod
     def _diverse(base: ReasoningStrategy, config: dict[str, Any], cfg: MattsConfig, index: int) -> dict[str, Any]:

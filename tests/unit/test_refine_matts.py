@@ -384,3 +384,42 @@ async def test_matts_parallel_judging_starts_while_slower_attempts_still_run():
     # and the slow attempt is judged once it lands
     assert sorted(log[:2]) == ["attempt 0", "attempt 1"] and log[2:] == ["judge", "judge", "attempt 2", "judge"]
     assert result.metrics.strategy_specific["scores"] == [0.5, 0.5, 0.5] and result.answer == "0"
+
+
+async def test_matts_a_judge_refused_while_the_attempts_hold_the_fanout_is_asked_again_after():
+    import asyncio
+
+    from reasonray.gateway.testing import FunctionLLM
+    from reasonray.kernel.errors import OverloadedError
+    from reasonray.strategies.base import local_fanout
+
+    running = {"attempts": True}
+
+    async def bounded(context, branches, *, label, arrived=None):
+        if label == "matts.judge" and running["attempts"]:
+            raise OverloadedError("overloaded: branches in flight", {"retry_after_s": 0.1})
+        try:
+            return await local_fanout(context, branches, label=label, arrived=arrived)
+        finally:
+            if label == "matts.attempt":
+                running["attempts"] = False
+
+    async def slow_third(request):
+        if request.purpose == "critique":
+            return "<score>0.5</score>"
+        if request.seed == 2:
+            await asyncio.sleep(0.05)
+        return f"<answer>{request.seed}</answer>"
+
+    class Slow(FunctionLLM):
+        async def complete(self, request):
+            self.requests.append(request)
+            from reasonray.gateway.testing import make_completion
+
+            return make_completion(request, await slow_third(request), model=self.model, counter=self._counter)
+
+    context, _ = context_for(Slow(lambda r: ""), strategy="matts")
+    context.resolve = resolver
+    context.fanout = bounded
+    result = await Matts().reason("q", context=context, config={"k": 3, "seed": 0})
+    assert result.metrics.strategy_specific["scores"] == [0.5, 0.5, 0.5] and result.answer == "0"
