@@ -39,6 +39,8 @@ def _object(**properties: dict[str, Any]) -> dict[str, Any]:
 
 
 _TEXT = {"type": "string"}
+# no minimum/maximum: not every enforcing endpoint accepts them in a strict schema; the readers check ranges
+_NUMBER = {"type": "number"}
 ANSWER = OutputFormat(
     "answer",
     _object(reasoning=_TEXT, answer=_TEXT),
@@ -46,12 +48,12 @@ ANSWER = OutputFormat(
 )
 CRITIQUE = OutputFormat(
     "critique",
-    _object(score={"type": "number", "minimum": 0, "maximum": 1}, feedback=_TEXT),
+    _object(score=_NUMBER, feedback=_TEXT),
     'Reply with a JSON object: "score" (0 to 1), then "feedback" (what to fix).',
 )
 SCORE = OutputFormat(
     "score",
-    _object(score={"type": "number", "minimum": 0, "maximum": 1}),
+    _object(score=_NUMBER),
     'Reply with a JSON object: "score" (0 to 1).',
 )
 STEP = OutputFormat(
@@ -61,7 +63,7 @@ STEP = OutputFormat(
 )
 VOTE = OutputFormat(
     "vote",
-    _object(reasoning=_TEXT, vote={"type": "integer", "minimum": 1}),
+    _object(reasoning=_TEXT, vote={"type": "integer"}),
     'Reply with a JSON object: "reasoning", then "vote" (the number of the best candidate).',
 )
 
