@@ -71,11 +71,6 @@ class RefineConfig(StrategyConfig):
     evaluate_max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per evaluation.")
 
 
-def parse_score(text: str) -> float | None:
-    """The 0-1 score a review gives, however it gives it; None: unscored."""
-    return find_score(text)
-
-
 async def evaluate(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> tuple[float | None, str]:
     """A 0-1 score (None: unscored) and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
     enforced = structured(context)

@@ -65,7 +65,8 @@ ANSWER_LINE = "Answer: {answer}"
 CANDIDATE = "Candidate {number}:\n{path}"  # numbered 1, 2, ... in the vote prompt
 VOTE_LISTING = "Problem: {query}\n\n{candidates}"
 FINAL_PROMPT = "{path}\n\nThe search ended here: give your final answer now."
-_STEP_PREFIX = re.compile(r"^\s*(?:Step \d+\s*[:.)-]|\d+[.)]|[-*])\s*", re.IGNORECASE)
+# "Step 2:", and in untagged proposals the markers of a list ("2. ", "- "), but never a number's own sign or point
+_STEP_PREFIX = re.compile(r"^\s*(?:Step \d+\s*[:.)-]\s*|\d+[.)]\s+|[-*]\s+)", re.IGNORECASE)
 MAX_STEP_CHARS = 2000  # a free-text step is one paragraph, not a whole essay carried into every later prompt
 
 
