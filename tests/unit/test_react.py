@@ -93,7 +93,8 @@ async def test_arguments_that_are_not_json_go_back_to_the_model_with_the_error()
     ]
     [tool_message] = [m for m in llm.requests[1].messages if m.role == "tool"]
     assert (
-        tool_message.content.startswith("error: arguments for calculator: value: Invalid JSON") and "Call calculator again" in tool_message.content
+        tool_message.content.startswith("error: arguments for calculator: value: Invalid JSON")
+        and "Call calculator again" in tool_message.content
     )
     executed = [e for e in recorder.events if type(e).__name__ == "ToolExecuted"]
     assert [e.status for e in executed] == ["rejected", "ok"]
