@@ -5,10 +5,21 @@
 the previous one (no extra call); `summary` asks the model for a structured carryover and falls back
 to the raw tail when that fails. Only the current chunk and the carryover are held in memory; the
 full text of every chunk goes to the event log.
+
+The bound holds by the model's own count: every cut uses the context's token counter, and each call's
+`max_tokens` is what is left of `chunk_size` after the prompt as the server will count it. Until the
+server has reported a prompt's size, that is the counter's count x 1.15 plus a margin for the chat
+template's framing; after, the ratio of the server's count to ours on the largest prompt of the run so
+far, plus that margin (which covers the framing's constant part). `iterations[].tokens` are the server's usage.
+
+A chunk answers with `<answer>`; a model that ignores the tag answers with a chunk that stops (not
+cut by `max_tokens`) on a last line stating it ("The answer is: 76", "#### 76"). The final-answer
+call's reply is read as chain of thought's is. `found_by` says which.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,6 +35,7 @@ from reasonray.kernel.errors import (
     attach_partial,
 )
 from reasonray.kernel.events import Carryover, IterationEnd, RunWarning
+from reasonray.kernel.extraction import FoundBy, find_answer, numeric_question
 from reasonray.kernel.tags import extract_answer, strip_thinking
 from reasonray.strategies.base import (
     ReasoningResult,
@@ -57,6 +69,8 @@ NO_CARRYOVER = "(none)"
 STOP_SEQUENCES = ("</answer>", "<continue>")
 MIN_GENERATION_TOKENS = 256
 FINAL_ANSWER_TOKENS = 512
+UNCALIBRATED_RATIO = 1.15  # before the server has counted a prompt: real tokenizers ran 5-14% above cl100k
+PROMPT_MARGIN = 16  # chat-template framing a counter does not see (ChatML: a token or two per message)
 
 
 class BoundedContextConfig(StrategyConfig):
@@ -98,6 +112,7 @@ class Chunk:
     completion_tokens: int
     answer: str | None
     stop: str
+    found_by: FoundBy | None = None
 
 
 @dataclass
@@ -111,6 +126,18 @@ class RunState:
     ledger: CostLedger = field(default_factory=CostLedger)
     compressions: int = 0
     fallbacks: int = 0
+    found_by: FoundBy | None = None
+    prompt_ratio: float = UNCALIBRATED_RATIO
+    """The server's prompt count over ours, measured on the largest prompt of the run so far (where a
+    constant difference, the template's framing, weighs least); UNCALIBRATED_RATIO before any."""
+    calibrated_on: int = 0  # our count of the prompt the ratio was measured on
+
+    def calibrate(self, counted: int, served: int) -> None:
+        """Learn from a prompt the server counted (`served` tokens) that our counter made `counted`."""
+        if counted <= 0 or served <= 0:  # a server that reports no usage teaches nothing
+            return
+        if counted >= self.calibrated_on:
+            self.prompt_ratio, self.calibrated_on = max(served / counted, 1.0), counted
 
 
 class BoundedContext(Strategy):
@@ -128,6 +155,7 @@ class BoundedContext(Strategy):
             for iteration in range(cfg.max_iterations):
                 chunk = await self._reason_chunk(query, state, iteration, cfg, context)
                 if chunk.answer is not None:
+                    state.found_by = chunk.found_by
                     return self._result(context, cfg, state, chunk.answer, "answer")
                 await self._carry(query, chunk, state, iteration, cfg, context)
             if cfg.on_max_iterations == "final_answer":
@@ -153,23 +181,29 @@ class BoundedContext(Strategy):
             memory = SUMMARY_MEMORY.format(carryover=state.carryover)
         return system(INSTRUCTIONS), user(CONTINUE_PROMPT.format(query=query, memory=memory))
 
+    def _prompt(self, messages: tuple[Message, ...], state: RunState, context: StrategyContext) -> int:
+        """The prompt's size as the server will count it (see the module docstring)."""
+        return math.ceil(count_messages(context.tokens, messages) * state.prompt_ratio) + PROMPT_MARGIN
+
     def _fit(
         self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
     ) -> tuple[tuple[Message, ...], int]:
         """The iteration's messages and generation budget, shortening the carryover if the prompt is too long."""
         messages = self._messages(query, state, iteration, cfg)
-        room = cfg.chunk_size - count_messages(context.tokens, messages)
+        room = cfg.chunk_size - self._prompt(messages, state, context)
         if room < MIN_GENERATION_TOKENS and state.carryover:
-            keep = max(0, context.tokens.count(state.carryover) - (MIN_GENERATION_TOKENS - room))
-            state.carryover = context.tokens.tail(state.carryover, keep)
-            self._warn(context, "carryover_truncated", f"carryover cut to {keep} tokens to fit chunk_size {cfg.chunk_size}")
-            messages = self._messages(query, state, iteration, cfg)
-            room = cfg.chunk_size - count_messages(context.tokens, messages)
+            while room < MIN_GENERATION_TOKENS and state.carryover:
+                keep = max(0, context.tokens.count(state.carryover) - math.ceil((MIN_GENERATION_TOKENS - room) / state.prompt_ratio) - 1)
+                state.carryover = context.tokens.tail(state.carryover, keep)
+                messages = self._messages(query, state, iteration, cfg)
+                room = cfg.chunk_size - self._prompt(messages, state, context)
+            kept = context.tokens.count(state.carryover)
+            self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to fit chunk_size {cfg.chunk_size}")
         if room < MIN_GENERATION_TOKENS:
             raise InvalidParamsError(
-                f"context size exceeded: the prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens, "
-                f"leaving {room} to reason in (at least {MIN_GENERATION_TOKENS} needed); shorten the query, "
-                "reduce carryover_size or raise chunk_size"
+                f"context size exceeded: the prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens "
+                f"(as the model counts them, with a margin), leaving {room} to reason in (at least {MIN_GENERATION_TOKENS} "
+                "needed); shorten the query, reduce carryover_size or raise chunk_size"
             )
         return messages, room
 
@@ -180,9 +214,10 @@ class BoundedContext(Strategy):
         completion = await context.llm.complete(
             LLMRequest(messages=messages, max_tokens=room, stop=STOP_SEQUENCES, temperature=cfg.temperature, seed=cfg.seed)
         )
-        answer = extract_answer(completion.text)
+        state.calibrate(count_messages(context.tokens, messages), completion.usage.prompt_tokens)
+        answer, found_by = chunk_answer(completion.text, completion.finish_reason)
         stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
-        chunk = Chunk(completion.text, completion.usage.prompt_tokens, completion.usage.completion_tokens, answer, stop)
+        chunk = Chunk(completion.text, completion.usage.prompt_tokens, completion.usage.completion_tokens, answer, stop, found_by)
         state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
         state.iterations.append(
             {
@@ -240,17 +275,18 @@ class BoundedContext(Strategy):
     ) -> str | None:
         """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
         frame = user(SUMMARY_FRAME.format(query=query, carryover=state.carryover or NO_CARRYOVER))
-        room_for_source = cfg.chunk_size - cfg.carryover_size - count_messages(context.tokens, (system(SUMMARY_INSTRUCTIONS), frame))
+        framed = self._prompt((system(SUMMARY_INSTRUCTIONS), frame), state, context)
+        room_for_source = math.floor((cfg.chunk_size - cfg.carryover_size - framed) / state.prompt_ratio)
         source = context.tokens.tail(visible, max(room_for_source, 0))
         messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
         # tokens do not add up across a join (the frame's end and the source's start may encode
         # differently together), so the budget comes from the prompt as sent, never from the parts
-        excess = count_messages(context.tokens, messages) + cfg.carryover_size - cfg.chunk_size
+        excess = self._prompt(messages, state, context) + cfg.carryover_size - cfg.chunk_size
         while excess > 0 and source:
-            source = context.tokens.tail(source, max(context.tokens.count(source) - excess, 0))
+            source = context.tokens.tail(source, max(context.tokens.count(source) - math.ceil(excess / state.prompt_ratio) - 1, 0))
             messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
-            excess = count_messages(context.tokens, messages) + cfg.carryover_size - cfg.chunk_size
-        max_tokens = min(cfg.carryover_size, cfg.chunk_size - count_messages(context.tokens, messages))
+            excess = self._prompt(messages, state, context) + cfg.carryover_size - cfg.chunk_size
+        max_tokens = min(cfg.carryover_size, cfg.chunk_size - self._prompt(messages, state, context))
         if max_tokens < 1:
             self._warn(context, "carryover_fallback", "the summary prompt alone fills chunk_size; carrying the raw tail")
             return None
@@ -261,6 +297,7 @@ class BoundedContext(Strategy):
         except LLMError as exc:
             self._warn(context, "carryover_fallback", f"summary generation failed ({type(exc).__name__}); carrying the raw tail")
             return None
+        state.calibrate(count_messages(context.tokens, messages), completion.usage.prompt_tokens)
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         summary = strip_thinking(completion.text)
         if not summary:
@@ -275,13 +312,15 @@ class BoundedContext(Strategy):
     async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
         """One more call, from the last carryover, that must answer."""
         messages = self._final_messages(query, state, cfg)
-        room = cfg.chunk_size - count_messages(context.tokens, messages)
+        room = cfg.chunk_size - self._prompt(messages, state, context)
         if room < FINAL_ANSWER_TOKENS and state.carryover:  # the answer's room comes out of the carryover, as in _fit
-            keep = max(0, context.tokens.count(state.carryover) - (FINAL_ANSWER_TOKENS - room))
-            state.carryover = context.tokens.tail(state.carryover, keep)
-            self._warn(context, "carryover_truncated", f"carryover cut to {keep} tokens to leave room for the final answer")
-            messages = self._final_messages(query, state, cfg)
-            room = cfg.chunk_size - count_messages(context.tokens, messages)
+            while room < FINAL_ANSWER_TOKENS and state.carryover:
+                keep = max(0, context.tokens.count(state.carryover) - math.ceil((FINAL_ANSWER_TOKENS - room) / state.prompt_ratio) - 1)
+                state.carryover = context.tokens.tail(state.carryover, keep)
+                messages = self._final_messages(query, state, cfg)
+                room = cfg.chunk_size - self._prompt(messages, state, context)
+            kept = context.tokens.count(state.carryover)
+            self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to leave room for the final answer")
         if room < 1:
             raise InvalidParamsError(
                 f"context size exceeded: the final-answer prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens; "
@@ -293,8 +332,9 @@ class BoundedContext(Strategy):
             )
         )
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
-        answer = extract_answer(completion.text)
-        answer = answer if answer is not None else strip_thinking(completion.text)
+        found = find_answer(completion.text, numeric=numeric_question(query))
+        answer = found.answer if found is not None else ""
+        state.found_by = found.found_by if found is not None else None
         if not answer.strip():
             raise ModelBehaviorError(
                 "the final-answer call held no answer (an empty <answer>, or nothing outside <thinking>); "
@@ -341,8 +381,22 @@ class BoundedContext(Strategy):
             carryover_mode=cfg.carryover_mode,
             carryover_compressions=state.compressions,
             carryover_fallbacks=state.fallbacks,
+            found_by=state.found_by,
             **self._progress(cfg, state),
         )
+
+
+def chunk_answer(text: str, finish_reason: str) -> tuple[str | None, FoundBy | None]:
+    """A chunk's answer: its `<answer>`, or (when it stopped rather than ran out of tokens) the answer its
+    last visible line states; (None, None) while the reasoning goes on."""
+    tagged = extract_answer(text)
+    if tagged is not None:
+        return tagged, "tag"
+    lines = [line for line in strip_thinking(text).splitlines() if line.strip()]
+    if finish_reason == "length" or not lines:
+        return None, None
+    stated = find_answer(lines[-1], fallback=False)
+    return (stated.answer, "phrase") if stated is not None and stated.found_by == "phrase" else (None, None)
 
 
 def capacity(cfg: BoundedContextConfig) -> int:

@@ -1,4 +1,8 @@
-"""Chain of thought: one call that reasons inside `<thinking>` and answers inside `<answer>`."""
+"""Chain of thought: one call that reasons inside `<thinking>` and answers inside `<answer>`.
+
+Where the endpoint enforces a JSON schema the call asks for `{"reasoning", "answer"}` instead; a model
+that ignores the format has its answer read from its prose (`found_by` says how).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,14 @@ from pydantic import Field
 
 from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
-from reasonray.kernel.tags import extract_answer, strip_thinking
+from reasonray.kernel.extraction import find_answer, numeric_question
 from reasonray.strategies.base import (
     ReasoningResult,
     Strategy,
     StrategyConfig,
     StrategyContext,
 )
+from reasonray.strategies.output import ANSWER, note_found_by, shaped, structured
 
 SYSTEM_PROMPT = (
     "Solve the user's problem. Think step by step inside <thinking>...</thinking>, "
@@ -37,26 +42,27 @@ class ChainOfThought(Strategy):
 
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
-        completion = await context.llm.complete(
-            LLMRequest(
-                messages=(system(cfg.system_prompt), user(query)),
-                max_tokens=cfg.max_tokens,
-                temperature=cfg.temperature,
-                seed=cfg.seed,
-            )
+        enforced = structured(context)
+        request = LLMRequest(
+            messages=(system(cfg.system_prompt), user(query)),
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+            seed=cfg.seed,
         )
-        tagged = extract_answer(completion.text)
-        answer = tagged if tagged is not None else strip_thinking(completion.text)
-        if not answer.strip():
+        completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+        found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
+        if found is None:
             raise ModelBehaviorError(
                 "the model's reply held no answer (an empty <answer>, or nothing outside <thinking>)"
                 + ("; it hit max_tokens: raise max_tokens" if completion.finish_reason == "length" else "; check the model"),
                 {"finish_reason": completion.finish_reason},
             )
+        note_found_by(context, self.name, found)
         return context.result(
             self.name,
-            answer,
-            answer_tagged=tagged is not None,
+            found.answer,
+            found_by=found.found_by,
+            answer_tagged=found.structured,
             finish_reason=completion.finish_reason,
             truncated=completion.finish_reason == "length",
         )

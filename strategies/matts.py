@@ -7,24 +7,33 @@ Wraps any enabled strategy (`base_strategy`, chain of thought by default):
   cluster spreads them);
 - sequential: one attempt, then k - 1 rounds in which the model re-examines its previous attempt.
 
-The answer is the best attempt's: by judge score (each attempt scored 0-1 at temperature 0, the
-scores fanned out too) or by self-contrast (one call compares all attempts and picks one). Every
-attempt is reported as a trajectory, so a memory-aware run learns by self-contrast across all k
-(at most 5 items). With k = 1 or `enabled = false` it is a single run of the base strategy.
+The answer is the best attempt's: by judge score (each attempt scored 0-1 at temperature 0) or by
+self-contrast (one call compares all attempts and picks one). When every attempt gives the same
+answer there is nothing to choose: no judge or contrast call is made. In parallel mode judging rides
+along with the attempts: as soon as two finished attempts disagree, each finished attempt is judged
+(a branch of its own) while the others still run, so a run that must judge pays about one judge call
+after its slowest attempt, and one whose attempts agree pays none. A judge reply with no readable
+score is unscored: it never beats a scored attempt, and when no attempt is scored the majority
+answer wins (ties to the earlier attempt). Every attempt is reported as a trajectory, so a
+memory-aware run learns by self-contrast across all k (at most 5 items). With k = 1 or
+`enabled = false` it is a single run of the base strategy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
+from collections import Counter
 from functools import partial
 from typing import Any, Literal
 
 from pydantic import Field
 
 from reasonray.gateway.protocol import Completion, LLMRequest, system, user
-from reasonray.kernel.errors import InvalidParamsError
-from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
+from reasonray.kernel.errors import InvalidParamsError, OverloadedError
+from reasonray.kernel.extraction import find_answer, find_choice, numeric_question
+from reasonray.kernel.tags import normalize_answer, strip_thinking
 from reasonray.memory.items import Trajectory
 from reasonray.strategies.base import (
     Failed,
@@ -34,6 +43,7 @@ from reasonray.strategies.base import (
     StrategyConfig,
     StrategyContext,
 )
+from reasonray.strategies.output import ANSWER, VOTE, shaped, structured
 from reasonray.strategies.refine import evaluate
 
 REEXAMINE_PROMPT = (
@@ -84,17 +94,41 @@ class _Recording:
 
 
 async def attempt(strategy: ReasoningStrategy, query: str, config: dict[str, Any], context: StrategyContext) -> dict[str, str]:
-    """One run of the base strategy: its answer and the text of its LLM replies."""
+    """One run of the base strategy: its answer, the text of its LLM replies and how its answer was found."""
     recording = _Recording(context.llm)
     # its own trajectories and progress: the base strategy's partial shape is not matts' (the attempts are)
     own = dataclasses.replace(context, llm=recording, trajectories=[], progress={})
     result = await strategy.reason(query, context=own, config=config)
-    return {"answer": result.answer, "text": "\n\n".join(recording.replies) or result.answer}
+    found_by = result.metrics.strategy_specific.get("found_by")
+    return {
+        "answer": result.answer,
+        "text": "\n\n".join(recording.replies) or result.answer,
+        "found_by": found_by if isinstance(found_by, str) else "",
+    }
 
 
-async def score(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> float:
+async def score(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> float | None:
+    """The judge's 0-1 score of one attempt; None when its reply holds no readable score (unscored)."""
     value, _ = await evaluate(query, text, answer, max_tokens, context)
-    return value or 0.0
+    return value
+
+
+def agree(attempts: list[dict[str, str]]) -> bool:
+    """Every attempt gave the same (normalized, non-empty) answer: there is nothing to choose between."""
+    answers = {normalize_answer(a["answer"]) for a in attempts}
+    return len(answers) == 1 and "" not in answers
+
+
+def pick(attempts: list[dict[str, str]], scores: list[float | None]) -> int:
+    """The chosen attempt: one with an answer before one without, scored before unscored, the higher score,
+    then the answer more attempts share, then the earlier attempt."""
+    counts = Counter(normalize_answer(a["answer"]) for a in attempts)
+
+    def rank(i: int) -> tuple[bool, bool, float, int, int]:
+        answer = attempts[i]["answer"]
+        return bool(answer.strip()), scores[i] is not None, scores[i] or 0.0, counts[normalize_answer(answer)], -i
+
+    return max(range(len(attempts)), key=rank)
 
 
 class Matts(Strategy):
@@ -110,39 +144,31 @@ class Matts(Strategy):
         base, base_config = context.resolve(cfg.base_strategy, cfg.base_config)
         k = cfg.k if cfg.enabled else 1
         started = time.perf_counter()
-        if k == 1:
-            attempts = [await attempt(base, query, base_config, context)]
-        elif cfg.mode == "parallel":
-            settled: dict[int, dict[str, str] | Failed] = {}
-
-            def arrived(index: int, outcome: dict[str, str] | Failed) -> None:
-                settled[index] = outcome
-                self._note_progress(context, k, [o for _, o in sorted(settled.items()) if not isinstance(o, Failed)])
-
-            self._note_progress(context, k, [])
-            outcomes = await context.fan_out_settled(
-                [partial(attempt, base, query, self._diverse(base, base_config, cfg, i)) for i in range(k)],
-                label=f"{self.name}.attempt",
-                arrived=arrived,
-            )
-            attempts = [o for o in outcomes if not isinstance(o, Failed)]
-            if failed := [o.error for o in outcomes if isinstance(o, Failed)]:
-                raise failed[0]
-        else:
-            attempts = await self._sequential(base, base_config, query, k, context)
-        attempts_ms = round((time.perf_counter() - started) * 1000, 1)
-        started = time.perf_counter()
-        scores: list[float | None] = [None] * len(attempts)
-        if len(attempts) == 1:
-            chosen = 0
-        elif cfg.selection == "judge":
-            judged = await context.fan_out(
-                [partial(score, query, a["text"], a["answer"], cfg.judge_max_tokens) for a in attempts], label=f"{self.name}.judge"
-            )
-            scores = list(judged)
-            chosen = max(range(len(attempts)), key=lambda i: (judged[i], -i))  # ties go to the earlier attempt
-        else:
-            chosen = await self._contrast(query, attempts, cfg, context)
+        judging = cfg.selection == "judge" and k > 1
+        judges: dict[int, asyncio.Task[float | None]] = {}
+        try:
+            if k == 1:
+                attempts = [await attempt(base, query, base_config, context)]
+            elif cfg.mode == "parallel":
+                attempts = await self._parallel(base, base_config, query, cfg, k, context, judges if judging else None)
+            else:
+                attempts = await self._sequential(base, base_config, query, k, context)
+            attempts_ms = round((time.perf_counter() - started) * 1000, 1)
+            started = time.perf_counter()
+            scores: list[float | None] = [None] * len(attempts)
+            if len(attempts) == 1:
+                chosen, selection = 0, "single"
+            elif agree(attempts):
+                chosen, selection = 0, "agreement"  # every attempt says the same: judging could not change the answer
+            elif cfg.selection == "judge":
+                scores = await self._judged(query, attempts, cfg, context, judges)
+                chosen = pick(attempts, scores)
+                selection = "judge" if any(s is not None for s in scores) else "majority"
+            else:
+                chosen, selection = await self._contrast(query, attempts, cfg, context)
+        finally:
+            for task in judges.values():
+                task.cancel()  # judging started for attempts that turned out to agree, or a failed run
         for i, a in enumerate(attempts):
             context.trajectories.append(Trajectory(text=a["text"], answer=a["answer"], score=scores[i], selected=i == chosen))
         return context.result(
@@ -152,13 +178,86 @@ class Matts(Strategy):
             k=len(attempts),
             fallback=len(attempts) == 1,
             base_strategy=cfg.base_strategy,
-            selection=cfg.selection if len(attempts) > 1 else "single",
+            selection=selection,
             selected=chosen,
             answers=[a["answer"] for a in attempts],
             scores=scores,
+            judged=sum(s is not None for s in scores),
+            unscored=sum(s is None for s in scores) if selection in ("judge", "majority") else 0,
+            found_by=attempts[chosen]["found_by"] or None,
             attempts_ms=attempts_ms,
             selection_ms=round((time.perf_counter() - started) * 1000, 1),
         )
+
+    async def _parallel(
+        self,
+        base: ReasoningStrategy,
+        base_config: dict[str, Any],
+        query: str,
+        cfg: MattsConfig,
+        k: int,
+        context: StrategyContext,
+        judges: dict[int, asyncio.Task[float | None]] | None,
+    ) -> list[dict[str, str]]:
+        """k attempts at once. With `judges`, judging starts as soon as two finished attempts disagree: each
+        finished attempt (and each one finishing later) gets its judge while the slower attempts still run."""
+        settled: dict[int, dict[str, str] | Failed] = {}
+
+        def arrived(index: int, outcome: dict[str, str] | Failed) -> None:
+            settled[index] = outcome
+            finished = {i: o for i, o in sorted(settled.items()) if not isinstance(o, Failed)}
+            self._note_progress(context, k, list(finished.values()))
+            if judges is None or isinstance(outcome, Failed):
+                return
+            if judges or not agree(list(finished.values())):
+                for i, a in finished.items():
+                    if i not in judges:
+                        judges[i] = self._judge(query, a, cfg, context)
+
+        self._note_progress(context, k, [])
+        outcomes = await context.fan_out_settled(
+            [partial(attempt, base, query, self._diverse(base, base_config, cfg, i)) for i in range(k)],
+            label=f"{self.name}.attempt",
+            arrived=arrived,
+        )
+        if failed := [o.error for o in outcomes if isinstance(o, Failed)]:
+            raise failed[0]
+        return [o for o in outcomes if not isinstance(o, Failed)]
+
+    def _judge(self, query: str, a: dict[str, str], cfg: MattsConfig, context: StrategyContext) -> asyncio.Task[float | None]:
+        """One attempt's judge call, started now as a branch of its own."""
+
+        async def judged() -> float | None:
+            [value] = await context.fan_out(
+                [partial(score, query, a["text"], a["answer"], cfg.judge_max_tokens)], label=f"{self.name}.judge"
+            )
+            return value
+
+        task = asyncio.ensure_future(judged())
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failure is read where it is awaited
+        return task
+
+    async def _judged(
+        self,
+        query: str,
+        attempts: list[dict[str, str]],
+        cfg: MattsConfig,
+        context: StrategyContext,
+        judges: dict[int, asyncio.Task[float | None]],
+    ) -> list[float | None]:
+        """Every attempt's score: the judges started alongside the attempts, and the rest started now. A judge
+        the fan-out refused while the attempts held its slots (OverloadedError) is asked again now they are free."""
+        for i, a in enumerate(attempts):
+            if i not in judges:
+                judges[i] = self._judge(query, a, cfg, context)
+        outcomes = await asyncio.gather(*(judges[i] for i in range(len(attempts))), return_exceptions=True)
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, OverloadedError):
+                judges[i] = self._judge(query, attempts[i], cfg, context)
+                outcomes[i] = await judges[i]
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return [o for o in outcomes if not isinstance(o, BaseException)]
 
     @staticmethod
     def _diverse(base: ReasoningStrategy, config: dict[str, Any], cfg: MattsConfig, index: int) -> dict[str, Any]:
@@ -178,18 +277,18 @@ class Matts(Strategy):
         self._note_progress(context, k, attempts)
         for _ in range(k - 1):
             last = attempts[-1]
-            completion = await context.llm.complete(
-                LLMRequest(
-                    messages=(
-                        system(REEXAMINE_PROMPT),
-                        user(REEXAMINE_TEMPLATE.format(query=query, solution=strip_thinking(last["text"]), answer=last["answer"])),
-                    ),
-                    max_tokens=4096,
-                    temperature=0.0,
-                )
+            enforced = structured(context)
+            request = LLMRequest(
+                messages=(
+                    system(REEXAMINE_PROMPT),
+                    user(REEXAMINE_TEMPLATE.format(query=query, solution=strip_thinking(last["text"]), answer=last["answer"])),
+                ),
+                max_tokens=4096,
+                temperature=0.0,
             )
-            answer = extract_answer(completion.text)
-            attempts.append({"answer": answer if answer is not None else strip_thinking(completion.text), "text": completion.text})
+            completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+            found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
+            attempts.append({"answer": found.answer if found else "", "text": completion.text, "found_by": found.found_by if found else ""})
             self._note_progress(context, k, attempts)
         return attempts
 
@@ -203,17 +302,20 @@ class Matts(Strategy):
             answer=attempts[0]["answer"] if attempts else None,  # unjudged: the first finished branch
         )
 
-    async def _contrast(self, query: str, attempts: list[dict[str, str]], cfg: MattsConfig, context: StrategyContext) -> int:
+    async def _contrast(self, query: str, attempts: list[dict[str, str]], cfg: MattsConfig, context: StrategyContext) -> tuple[int, str]:
+        """The attempt one comparing call picks; the majority answer when its reply names no candidate."""
         shown = "\n\n".join(
             CANDIDATE.format(number=i, solution=strip_thinking(a["text"]), answer=a["answer"]) for i, a in enumerate(attempts, 1)
         )
-        completion = await context.llm.complete(
-            LLMRequest(
-                messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
-                max_tokens=cfg.judge_max_tokens,
-                temperature=0.0,
-                purpose="choose",
-            )
+        enforced = structured(context)
+        request = LLMRequest(
+            messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
+            max_tokens=cfg.judge_max_tokens,
+            temperature=0.0,
+            purpose="choose",
         )
-        raw = (extract_tag(completion.text, "vote") or "").strip()
-        return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= len(attempts) else 0
+        completion = await context.llm.complete(shaped(request, VOTE, enforced))
+        chosen = find_choice(completion.text, len(attempts), structured=enforced)
+        if chosen is None:
+            return pick(attempts, [None] * len(attempts)), "majority"
+        return chosen, "contrast"

@@ -5,6 +5,12 @@ config names (OpenAI function calling) and no client tools, so `reasoning.execut
 The loop's rules hold: an unknown tool is a hard error (-32010), the first failing tool ends the run
 (-32006), and `max_tool_calls` bounds the steps that call tools (-32009 beyond it). The run's
 CompositionTrace steps are its events.
+
+A model left to itself may never act: where the endpoint enforces `tool_choice`, the first step is
+required to call a tool (`require_tool_call`). A call whose arguments are not JSON, or do not fit the
+tool, is sent back to the model with the error (`argument_retries` times) before it fails the run.
+The final reply's answer is its `<answer>`, else the answer it states ("The answer is: 76"), else a
+final number for a numeric question, else the whole reply (`found_by`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from typing import Any
 
 from pydantic import Field
 
+from reasonray.gateway.capabilities import capabilities_of
 from reasonray.gateway.protocol import Message
+from reasonray.kernel.extraction import find_answer, numeric_question
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.executor import ToolExecutor
@@ -47,6 +55,12 @@ class ReActConfig(StrategyConfig):
     tools: list[str] = Field(["calculator", "python"], description="Server tools the model may call (calculator, python).")
     max_tokens: int = Field(2048, ge=16, le=32_768, description="Most tokens per model step.")
     system_prompt: str = Field(SYSTEM_PROMPT, min_length=1, max_length=20_000, description="Instructions for the model.")
+    require_tool_call: bool = Field(
+        True, description='The first step must call a tool (tool_choice "required"), where the endpoint enforces tool_choice.'
+    )
+    argument_retries: int = Field(
+        2, ge=0, le=10, description="Tool calls with unusable arguments sent back to the model with the error before one fails the run."
+    )
 
 
 class ReActSettings(StrategySettings):
@@ -75,7 +89,8 @@ class ReAct(Strategy):
             Bootstrap(),
             ToolLedger(),
         )
-        executor = ToolExecutor(tools, {}, providers, context.emit, context.trace_id, self.name)
+        executor = ToolExecutor(tools, {}, providers, context.emit, context.trace_id, self.name, argument_retries=cfg.argument_retries)
+        forced = cfg.require_tool_call and capabilities_of(context.llm).tool_choice
         reasoner = TurnReasoner(
             context.llm,
             providers,
@@ -85,6 +100,7 @@ class ReAct(Strategy):
             self.name,
             max_llm_calls=cfg.max_tool_calls + 1,
             max_tokens=cfg.max_tokens,
+            first_tool_choice="required" if forced else None,
         )
         try:
             outcome = await reasoner.run()
@@ -92,12 +108,15 @@ class ReAct(Strategy):
             context.progress.update(steps=reasoner.llm_calls, observations=self._observations(providers))
             raise
         match outcome:
-            case Completed(answer):
-                pass
+            case Completed(reply, found_by):
+                answer = reply
+                if found_by != "tag":  # the whole reply: take the answer it states, as chain of thought would
+                    stated = find_answer(reply, numeric=numeric_question(query))
+                    answer, found_by = (stated.answer, stated.found_by) if stated is not None else (reply, found_by)
             case AwaitingClient():  # no client tools are offered, so the executor cannot hand any over
                 raise AssertionError("react offers no client tools")
         calls = [{"tool": e.tool, "arguments": e.arguments, "status": e.status} for e in providers.ledger.entries()]
-        return context.result(self.name, answer, tool_calls=calls, steps=reasoner.llm_calls)
+        return context.result(self.name, answer, tool_calls=calls, steps=reasoner.llm_calls, found_by=found_by, tool_choice_forced=forced)
 
     @staticmethod
     def _observations(providers: ContextProviders) -> list[dict[str, Any]]:

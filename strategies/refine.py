@@ -5,8 +5,11 @@ of the feedback), then an evaluator at temperature 0 scores the attempt from 0 t
 feedback. The loop stops early when a score is above `threshold` (0.8), stops when an attempt
 repeats an earlier one (the trajectory hash, answer and reasoning, was seen before: refining again
 would loop), and otherwise runs `max_iterations` (3). The answer is the best-scored attempt's,
-ties going to the later one. All attempts, with their scores and feedback, form the trajectory
-that memory learning sees.
+ties going to the earlier one. An evaluation whose score cannot be read (`<score>`, JSON where the
+endpoint enforces a schema, "Score: 8/10", "80%") is unscored: it never stops the loop and never
+beats a scored attempt. A refinement that holds no answer, or only talks about the review without
+stating one, is degenerate and never chosen over a real attempt. All attempts, with their scores and
+feedback, form the trajectory that memory learning sees.
 
 As it goes, the run's `progress` keeps the iterations done, the last draft (thinking stripped) with
 its critique (score and feedback, once evaluated) and the best-scored answer so far: what
@@ -24,12 +27,8 @@ from pydantic import Field
 from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import IterationEnd, RunWarning
-from reasonray.kernel.tags import (
-    extract_answer,
-    extract_tag,
-    normalize_answer,
-    strip_thinking,
-)
+from reasonray.kernel.extraction import Extracted, find_answer, find_feedback, find_score, numeric_question
+from reasonray.kernel.tags import normalize_answer, strip_thinking
 from reasonray.memory.items import Trajectory
 from reasonray.strategies.base import (
     ReasoningResult,
@@ -38,6 +37,7 @@ from reasonray.strategies.base import (
     StrategyContext,
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
+from reasonray.strategies.output import ANSWER, CRITIQUE, note_found_by, shaped, structured
 
 EVALUATE_PROMPT = (
     "You are a strict reviewer. Check the proposed solution to the problem step by step: is every step "
@@ -56,7 +56,9 @@ REFINE_TEMPLATE = (
     "Problem:\n{query}\n\nPrevious attempt:\n{solution}\nAnswer: {answer}\n\nReviewer's score: {score}\nReviewer's feedback: {feedback}"
 )
 NO_FEEDBACK = "(none)"
-SCORE = re.compile(r"[01](?:\.\d+)?|\.\d+")
+UNSCORED = "(none)"
+# a refinement that discusses the review instead of solving the problem again
+REVIEW_TALK = re.compile(r"\b(?:review(?:er|er's)?|feedback|score[ds]?|critique|rating)\b", re.IGNORECASE)
 
 
 class RefineConfig(StrategyConfig):
@@ -69,23 +71,30 @@ class RefineConfig(StrategyConfig):
     evaluate_max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per evaluation.")
 
 
-def parse_score(text: str) -> float | None:
-    raw = extract_tag(text, "score")
-    found = SCORE.search(raw or "")
-    return min(max(float(found.group(0)), 0.0), 1.0) if found else None
-
-
 async def evaluate(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> tuple[float | None, str]:
-    """A 0-1 score and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
-    completion = await context.llm.complete(
-        LLMRequest(
-            messages=(system(EVALUATE_PROMPT), user(EVALUATE_TEMPLATE.format(query=query, solution=strip_thinking(text), answer=answer))),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            purpose="critique",
-        )
+    """A 0-1 score (None: unscored) and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
+    enforced = structured(context)
+    request = LLMRequest(
+        messages=(system(EVALUATE_PROMPT), user(EVALUATE_TEMPLATE.format(query=query, solution=strip_thinking(text), answer=answer))),
+        max_tokens=max_tokens,
+        temperature=0.0,
+        purpose="critique",
     )
-    return parse_score(completion.text), (extract_tag(completion.text, "feedback") or "").strip()
+    completion = await context.llm.complete(shaped(request, CRITIQUE, enforced))
+    return find_score(completion.text, structured=enforced), find_feedback(completion.text, structured=enforced)
+
+
+def degenerate(iteration: int, text: str, found: Extracted | None) -> bool:
+    """An attempt with no answer, or a refinement that talks about the review without stating an answer."""
+    if found is None or not found.answer.strip():
+        return True
+    return iteration > 1 and found.found_by in ("final_number", "whole_text") and bool(REVIEW_TALK.search(strip_thinking(text)))
+
+
+def rank(attempt: dict[str, Any]) -> tuple[bool, bool, float, int]:
+    """Real before degenerate, scored before unscored, higher scores first, then the earlier attempt."""
+    score = attempt["score"]
+    return (not attempt["degenerate"], score is not None, score or 0.0, -attempt["iteration"])
 
 
 def trajectory_hash(text: str, answer: str) -> str:
@@ -116,7 +125,7 @@ class Refine(Strategy):
                             query=query,
                             solution=strip_thinking(last["text"]),
                             answer=last["answer"],
-                            score=last["score"],
+                            score=UNSCORED if last["score"] is None else last["score"],
                             feedback=last["feedback"] or NO_FEEDBACK,
                         )
                     ),
@@ -124,18 +133,19 @@ class Refine(Strategy):
             else:
                 messages = (system(SYSTEM_PROMPT), user(query))
             before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
-            completion = await context.llm.complete(
-                LLMRequest(
-                    messages=messages,
-                    max_tokens=cfg.max_tokens,
-                    temperature=cfg.refine_temperature if attempts else cfg.temperature,
-                    seed=None if cfg.seed is None else cfg.seed + iteration - 1,
-                )
+            enforced = structured(context)
+            request = LLMRequest(
+                messages=messages,
+                max_tokens=cfg.max_tokens,
+                temperature=cfg.refine_temperature if attempts else cfg.temperature,
+                seed=None if cfg.seed is None else cfg.seed + iteration - 1,
             )
+            completion = await context.llm.complete(shaped(request, ANSWER, enforced))
             text = completion.text
-            answer = extract_answer(text)
-            if answer is None:
-                answer = strip_thinking(text)
+            found = find_answer(text, numeric=numeric_question(query), structured=enforced)
+            answer = found.answer if found is not None else ""
+            if found is not None:
+                note_found_by(context, self.name, found, f"the answer of iteration {iteration}")
             context.progress.update(
                 iterations=len(attempts), last_draft=strip_thinking(text), last_answer=answer, last_score=None, last_critique=None
             )
@@ -160,20 +170,31 @@ class Refine(Strategy):
                         trace_id=context.trace_id,
                         strategy=self.name,
                         code="unscored",
-                        message=f"the evaluator gave no <score> for iteration {iteration}; counted as 0",
+                        message=f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
+                        "(it cannot stop the loop or beat a scored attempt)",
                     )
                 )
             attempts.append(
-                {"iteration": iteration, "text": text, "answer": answer, "score": score or 0.0, "feedback": feedback, "hash": digest}
+                {
+                    "iteration": iteration,
+                    "text": text,
+                    "answer": answer,
+                    "score": score,
+                    "feedback": feedback,
+                    "hash": digest,
+                    "found_by": found.found_by if found is not None else None,
+                    "degenerate": degenerate(iteration, text, found),
+                }
             )
-            best_so_far = max(reversed(attempts), key=lambda a: a["score"])
-            context.progress.update(iterations=len(attempts), last_score=score, last_critique=feedback, answer=best_so_far["answer"])
-            passed = (score or 0.0) > cfg.threshold
+            context.progress.update(
+                iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
+            )
+            passed = score is not None and score > cfg.threshold and not attempts[-1]["degenerate"]
             self._iteration_end(context, iteration, before, True, "threshold" if passed else "continue")
             if passed:
                 stop = "threshold"
                 break
-        best = max(reversed(attempts), key=lambda a: a["score"])  # ties go to the later attempt
+        best = max(attempts, key=rank)  # ties go to the earlier attempt
         if not best["answer"].strip():
             raise ModelBehaviorError(
                 f"none of the {len(attempts)} attempt(s) held an answer (an empty <answer>, or nothing outside <thinking>); "
@@ -183,7 +204,7 @@ class Refine(Strategy):
         context.trajectories.append(
             Trajectory(
                 text="\n\n".join(
-                    f"[attempt {a['iteration']}, score {a['score']:.2f}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts
+                    f"[attempt {a['iteration']}, score {_shown(a['score'])}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts
                 ),
                 answer=best["answer"],
                 score=best["score"],
@@ -198,7 +219,9 @@ class Refine(Strategy):
             best_iteration=best["iteration"],
             best_score=best["score"],
             scores=[a["score"] for a in attempts],
-            history=[{k: a[k] for k in ("iteration", "answer", "score", "feedback", "hash")} for a in attempts],
+            history=[{k: a[k] for k in ("iteration", "answer", "score", "feedback", "hash", "found_by", "degenerate")} for a in attempts],
+            found_by=best["found_by"],
+            unscored=sum(a["score"] is None for a in attempts),
         )
 
     def _iteration_end(self, context: StrategyContext, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
@@ -214,3 +237,7 @@ class Refine(Strategy):
                 stop=stop,
             )
         )
+
+
+def _shown(score: float | None) -> str:
+    return "unscored" if score is None else f"{score:.2f}"

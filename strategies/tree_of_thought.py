@@ -10,6 +10,13 @@ below the threshold, backtracking when a subtree yields nothing). Expansion and 
 level fan out through the context (Ray tasks behind Serve). Every node is a THOUGHT event, so the
 run's trace shows the whole tree; a last THOUGHT event with status "answer" marks the solution.
 
+A model that ignores the tags still drives the search: a proposal without `<step>` or `<answer>`
+is an answer when it states one ("The answer is: 76"), else its first paragraph (or first listed
+step) is the next step; a value reply without `<score>` is read as "Score: 8/10", "0.8" or "80%",
+and one with no readable score leaves the node unscored: kept, but behind every node that scored
+above the threshold. Where the endpoint enforces a JSON schema, proposals, values and votes are
+asked for as JSON.
+
 After each level the run's `progress` holds the best path so far and its score (and the best final
 answer seen, if any): what `error.data.partial` carries when the run fails part-way.
 """
@@ -26,6 +33,7 @@ from pydantic import Field
 from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import ThoughtNode
+from reasonray.kernel.extraction import find_answer, find_choice, find_score, numeric_question, parse_json_object
 from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
 from reasonray.strategies.base import (
     ReasoningResult,
@@ -33,6 +41,7 @@ from reasonray.strategies.base import (
     StrategyConfig,
     StrategyContext,
 )
+from reasonray.strategies.output import ANSWER, SCORE, STEP, VOTE, shaped, structured
 
 PROPOSE_PROMPT = (
     "You solve problems one step at a time. Given the problem and the steps so far, write only the "
@@ -56,7 +65,9 @@ ANSWER_LINE = "Answer: {answer}"
 CANDIDATE = "Candidate {number}:\n{path}"  # numbered 1, 2, ... in the vote prompt
 VOTE_LISTING = "Problem: {query}\n\n{candidates}"
 FINAL_PROMPT = "{path}\n\nThe search ended here: give your final answer now."
-_STEP_PREFIX = re.compile(r"^\s*Step \d+:\s*", re.IGNORECASE)
+# "Step 2:", and in untagged proposals the markers of a list ("2. ", "- "), but never a number's own sign or point
+_STEP_PREFIX = re.compile(r"^\s*(?:Step \d+\s*[:.)-]\s*|\d+[.)]\s+|[-*]\s+)", re.IGNORECASE)
+MAX_STEP_CHARS = 2000  # a free-text step is one paragraph, not a whole essay carried into every later prompt
 
 
 class TreeOfThoughtConfig(StrategyConfig):
@@ -81,6 +92,8 @@ class Node:
     answer: str | None = None  # set when this node is a final answer rather than a step
     score: float = 0.0
     status: str = "unexplored"
+    scored: bool = True  # False: the evaluation gave no readable score (the node is kept, behind scored ones)
+    found_by: str = "tag"  # how the proposal was read: tag, json, phrase (an answer in prose) or free_text (a step)
 
     @property
     def depth(self) -> int:
@@ -91,7 +104,7 @@ class Node:
             "id": self.id,
             "parent": self.parent_id,
             "depth": self.depth,
-            "score": round(self.score, 4),
+            "score": round(self.score, 4) if self.scored else None,
             "status": self.status,
             "is_answer": self.answer is not None,
         }
@@ -105,56 +118,79 @@ def render(query: str, steps: tuple[str, ...], answer: str | None = None) -> str
     return "\n".join(lines)
 
 
-async def propose(
-    query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext
-) -> tuple[str, bool] | None:
-    """One proposed next step, or the final answer: (text, is_answer); None when the reply has neither."""
-    completion = await context.llm.complete(
-        LLMRequest(
-            messages=(system(PROPOSE_PROMPT), user(render(query, steps))),
-            max_tokens=cfg.max_tokens,
-            temperature=cfg.temperature,
-            seed=seed,
-            purpose="propose",
-        )
+Proposal = tuple[str, bool, str]
+"""A proposed next step or final answer: (text, is_answer, how it was read)."""
+
+
+def free_step(text: str) -> str | None:
+    """The next step in an untagged proposal: its first listed step, else its first paragraph; None when empty."""
+    visible = strip_thinking(text).strip()
+    if not visible:
+        return None
+    first = re.split(r"\n\s*\n", visible, maxsplit=1)[0].strip()
+    lines = [line for line in first.splitlines() if line.strip()]
+    if len(lines) > 1 and _STEP_PREFIX.match(lines[0]):
+        first = lines[0]
+    return _STEP_PREFIX.sub("", first, count=1).strip()[:MAX_STEP_CHARS] or None
+
+
+def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
+    """A step or an answer, however the reply gives it; None when it holds neither (nothing visible)."""
+    if answer := extract_answer(text):
+        return answer, True, "tag"
+    if step := extract_tag(text, "step"):
+        return _STEP_PREFIX.sub("", step, count=1), False, "tag"
+    if enforced and (obj := parse_json_object(text)) is not None:
+        answer, step = str(obj.get("answer") or "").strip(), str(obj.get("step") or "").strip()
+        if answer or step:
+            return (answer, True, "json") if answer else (_STEP_PREFIX.sub("", step, count=1), False, "json")
+    stated = find_answer(text, numeric=numeric_question(query), fallback=False)
+    if stated is not None and stated.found_by == "phrase":
+        return stated.answer, True, "phrase"
+    step = free_step(text)
+    return (step, False, "free_text") if step else None
+
+
+async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> Proposal | None:
+    """One proposed next step, or the final answer; None when the reply has neither."""
+    enforced = structured(context)
+    request = LLMRequest(
+        messages=(system(PROPOSE_PROMPT), user(render(query, steps))),
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        seed=seed,
+        purpose="propose",
     )
-    answer = extract_answer(completion.text)
-    if answer:
-        return answer, True
-    step = extract_tag(completion.text, "step")
-    return (_STEP_PREFIX.sub("", step), False) if step else None
+    completion = await context.llm.complete(shaped(request, STEP, enforced))
+    return read_proposal(completion.text, query, enforced)
 
 
 async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: StrategyContext) -> float | None:
-    """The node's 0-1 score from a temperature-0 judge; None when the reply holds no number."""
-    completion = await context.llm.complete(
-        LLMRequest(
-            messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))),
-            max_tokens=cfg.max_tokens,
-            temperature=0.0,
-            purpose="score",
-        )
+    """The node's 0-1 score from a temperature-0 judge; None when the reply holds no readable score."""
+    enforced = structured(context)
+    request = LLMRequest(
+        messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))),
+        max_tokens=cfg.max_tokens,
+        temperature=0.0,
+        purpose="score",
     )
-    try:
-        return min(max(float(extract_tag(completion.text, "score") or ""), 0.0), 1.0)
-    except ValueError:
-        return None
+    completion = await context.llm.complete(shaped(request, SCORE, enforced))
+    return find_score(completion.text, structured=enforced)
 
 
 async def vote(query: str, nodes: list[Node], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> int | None:
-    """The index of the candidate one sampled vote prefers; None for a vote outside the list."""
+    """The index of the candidate one sampled vote prefers; None for a vote that names none in the list."""
     listing = "\n\n".join(CANDIDATE.format(number=i, path=render(query, n.steps, n.answer)) for i, n in enumerate(nodes, 1))
-    completion = await context.llm.complete(
-        LLMRequest(
-            messages=(system(VOTE_PROMPT), user(VOTE_LISTING.format(query=query, candidates=listing))),
-            max_tokens=cfg.max_tokens,
-            temperature=cfg.temperature,
-            seed=seed,
-            purpose="choose",
-        )
+    enforced = structured(context)
+    request = LLMRequest(
+        messages=(system(VOTE_PROMPT), user(VOTE_LISTING.format(query=query, candidates=listing))),
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        seed=seed,
+        purpose="choose",
     )
-    raw = extract_tag(completion.text, "vote") or ""
-    return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= len(nodes) else None
+    completion = await context.llm.complete(shaped(request, VOTE, enforced))
+    return find_choice(completion.text, len(nodes), structured=enforced)
 
 
 class Search:
@@ -164,6 +200,7 @@ class Search:
         self.query, self.cfg, self.context, self.strategy = query, cfg, context, strategy
         self.nodes: list[Node] = []
         self.unparsed = 0
+        self.free_text = 0  # proposals read from untagged prose
 
     @property
     def budget_left(self) -> int:
@@ -182,17 +219,19 @@ class Search:
             if proposal is None:
                 self.unparsed += 1
                 continue
-            text, is_answer = proposal
+            text, is_answer, how = proposal
             if (parent.id, text, is_answer) in seen:
                 continue
             seen.add((parent.id, text, is_answer))
+            self.free_text += how in ("phrase", "free_text")
             index = sum(1 for c in children if c.parent_id == parent.id)
             node_id = f"{parent.id}.{index}"
-            children.append(Node(node_id, parent.id, parent.steps if is_answer else (*parent.steps, text), text if is_answer else None))
+            steps = parent.steps if is_answer else (*parent.steps, text)
+            children.append(Node(node_id, parent.id, steps, text if is_answer else None, found_by=how))
         await self.evaluate(children)
         self.nodes += children
         self.note_progress()
-        return sorted(children, key=lambda n: -n.score)
+        return sorted(children, key=lambda n: (not n.scored, -n.score))  # scored first, best first; stable otherwise
 
     def note_progress(self) -> None:
         """The best path and answer so far, for `error.data.partial` should a later call fail."""
@@ -216,7 +255,7 @@ class Search:
             scores = await self.context.fan_out([partial(value, self.query, n, self.cfg) for n in nodes], label=label)
             self.unparsed += sum(s is None for s in scores)
             for node, score in zip(nodes, scores, strict=False):
-                node.score = score or 0.0
+                node.score, node.scored = score or 0.0, score is not None
             return
         ballots = await self.context.fan_out(
             [partial(vote, self.query, nodes, self.cfg, self.cfg.seed + v) for v in range(self.cfg.votes)], label=label
@@ -226,7 +265,9 @@ class Search:
             node.score = sum(b == index for b in ballots) / self.cfg.votes
 
     def passes(self, node: Node) -> bool:
-        return node.score > 0 if self.cfg.evaluation == "vote" else node.score >= self.cfg.prune_threshold
+        if self.cfg.evaluation == "vote":
+            return node.score > 0
+        return not node.scored or node.score >= self.cfg.prune_threshold  # an unscored node cannot be judged below it
 
     def record(self, node: Node, status: str) -> None:
         node.status = status
@@ -288,12 +329,12 @@ class TreeOfThought(Strategy):
         context.progress.update(nodes_evaluated=0, best_path=[], best_steps=[], best_score=None, answer=None)
         found = await (search.bfs(root) if cfg.search == "bfs" else search.dfs(root))
         answers = [n for n in search.nodes if n.answer is not None]
-        solution = found or max(answers, key=lambda n: (n.status != "pruned", n.score), default=None)
+        solution = found or max(answers, key=lambda n: (n.status != "pruned", n.scored, n.score), default=None)
         if solution is not None:
-            answer, fallback = solution.answer or "", None if found else "best_answer_seen"
+            answer, fallback, found_by = solution.answer or "", None if found else "best_answer_seen", solution.found_by
             search.record(solution, "answer")
         else:  # the search ended on steps only: ask for the answer along the best path
-            answer, fallback = await self._answer_from_best_path(query, search, cfg, context), "final_answer_call"
+            (answer, found_by), fallback = await self._answer_from_best_path(query, search, cfg, context), "final_answer_call"
         best = solution or max(search.nodes, key=lambda n: (n.depth, n.score), default=root)
         return context.result(
             self.name,
@@ -308,27 +349,33 @@ class TreeOfThought(Strategy):
             solution_score=round(best.score, 4),
             fallback=fallback,
             unparsed_replies=search.unparsed,
+            untagged_proposals=search.free_text,
+            unscored=sum(not n.scored for n in search.nodes),
+            found_by=found_by,
             tree=[n.summary() for n in search.nodes],
         )
 
-    async def _answer_from_best_path(self, query: str, search: Search, cfg: TreeOfThoughtConfig, context: StrategyContext) -> str:
+    async def _answer_from_best_path(
+        self, query: str, search: Search, cfg: TreeOfThoughtConfig, context: StrategyContext
+    ) -> tuple[str, str]:
+        """The answer along the best path, and how it was found."""
         best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
-        completion = await context.llm.complete(
-            LLMRequest(
-                messages=(system(ANSWER_PROMPT), user(FINAL_PROMPT.format(path=render(query, best.steps)))),
-                max_tokens=cfg.max_tokens,
-                temperature=0.0,
-                purpose="final_answer",
-            )
+        enforced = structured(context)
+        request = LLMRequest(
+            messages=(system(ANSWER_PROMPT), user(FINAL_PROMPT.format(path=render(query, best.steps)))),
+            max_tokens=cfg.max_tokens,
+            temperature=0.0,
+            purpose="final_answer",
         )
-        answer = extract_answer(completion.text) or strip_thinking(completion.text)
-        if not answer.strip():
+        completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+        found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
+        if found is None:
             raise ModelBehaviorError(
                 f"the search found no answer and the model gave none for its best path ({search.unparsed} of its replies "
-                "had no <step>, <answer> or <score>); raise max_tokens or check the model",
+                "had no step, answer or score); raise max_tokens or check the model",
                 {"unparsed_replies": search.unparsed, "nodes_evaluated": len(search.nodes)},
             )
-        return answer
+        return found.answer, found.found_by
 
 
 def _path_ids(node_id: str) -> list[str]:

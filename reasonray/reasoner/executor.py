@@ -3,6 +3,9 @@ the ledger, and hands client calls over (their server-side partner step: a pendi
 
 The failure policy is explicit here: a tool that is not available is a hard error before
 anything runs, and the first failing tool ends the turn (ToolFailedError), with a trace step.
+Arguments that are not JSON or do not fit the tool's parameters are the model's mistake, not the
+tool's: with `argument_retries` left, the call is rejected (status "rejected") and its result tells
+the model what was wrong, so its next step can call again; without, they fail the turn like a tool.
 `mode_state_change` is the one tool that changes providers: it switches the mode and arms the new
 mode's bootstrap text, effective from the next LLM call.
 """
@@ -49,6 +52,8 @@ class ToolExecutor:
     emit: EventSink
     trace_id: str
     strategy: str
+    argument_retries: int = 0
+    """Calls with unusable arguments that are sent back to the model (with the error) before one fails the turn."""
 
     def available(self) -> list[dict[str, Any]]:
         """The tool schemas the model may use in the current mode."""
@@ -92,6 +97,8 @@ class ToolExecutor:
                 )
 
     async def _run_server(self, entry: LedgerEntry) -> None:
+        if self._rejected(entry):
+            return
         started = time.perf_counter()
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": entry.tool, "gen_ai.tool.call.id": entry.tool_call_id}
         capped: CapExceededError | None = None
@@ -125,6 +132,25 @@ class ToolExecutor:
                 f"tool {entry.tool!r} (call {entry.tool_call_id}) failed, which ends the turn: {entry.content}",
                 {"tool_call_id": entry.tool_call_id, "tool": entry.tool, "error": entry.content},
             )
+
+    def _rejected(self, entry: LedgerEntry) -> bool:
+        """Send a call with unusable arguments back to the model while `argument_retries` lasts."""
+        tool = self.server.get(entry.tool)
+        if tool is None or self.argument_retries <= 0:
+            return False
+        try:
+            tool.parse(entry.arguments)
+        except ToolArgumentsError as exc:
+            self.argument_retries -= 1
+            entry.status = "rejected"
+            entry.content = f"error: {exc}. Call {entry.tool} again with a JSON object that fits its parameters."
+            self.emit(
+                self._step(
+                    ToolExecuted, tool_call_id=entry.tool_call_id, tool=entry.tool, status="rejected", elapsed_ms=0.0, error=str(exc)
+                )
+            )
+            return True
+        return False
 
     async def _execute(self, entry: LedgerEntry) -> str:
         if entry.tool == MODE_TOOL:

@@ -90,7 +90,7 @@ class LedgerEntry(msgspec.Struct):
     tool: str
     kind: str  # "server" or "client"
     arguments: str
-    status: str = "pending"  # "pending", "ok" or "failed"
+    status: str = "pending"  # "pending", "ok", "failed" or "rejected" (unusable arguments, sent back to the model)
     content: str | None = None
 
 

@@ -4,13 +4,16 @@ Each step returns a closed union of outcomes: a model reply is a `FinalAnswer` o
 tool round ends in `RunAgain` or `PendingClientCalls`. A turn exits in mode 1 (`Completed`) or
 mode 2 (`AwaitingClient`); hard errors are typed exceptions after a trace step. The reasoner does
 not populate providers, persist state or compose prompts; its one provider mutation is clearing
-turn-scoped context once it has been emitted.
+turn-scoped context once it has been emitted. A reply without tool calls is the final answer: its
+`<answer>` when it has one, else its whole visible text (`found_by` says which).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import assert_never
+
+import msgspec
 
 from reasonray.gateway.protocol import LLM, ToolCall
 from reasonray.kernel.errors import (
@@ -20,6 +23,7 @@ from reasonray.kernel.errors import (
     SessionStateError,
 )
 from reasonray.kernel.events import EventSink
+from reasonray.kernel.extraction import FoundBy
 from reasonray.kernel.tags import extract_answer, strip_thinking
 from reasonray.reasoner.executor import ToolExecutor
 from reasonray.reasoner.providers import ContextProviders, build_request
@@ -35,6 +39,7 @@ from reasonray.reasoner.trace import (
 @dataclass(frozen=True)
 class FinalAnswer:
     text: str
+    found_by: FoundBy = "tag"
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,10 @@ class PendingClientCalls:
 
 @dataclass(frozen=True)
 class Completed:
-    """Exit mode 1: the turn's final answer."""
+    """Exit mode 1: the turn's final answer, and how it was found (its `<answer>`, or the whole reply)."""
 
     answer: str
+    found_by: FoundBy = "tag"
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class TurnReasoner:
     llm_calls: int = 0  # calls made so far in this turn, across a client hand-off
     max_tokens: int = 2048
     temperature: float = 0.0
+    first_tool_choice: str | None = None
+    """`tool_choice` of the turn's first call ("required": it must call a tool), for endpoints that enforce it."""
 
     async def run(self) -> TurnExit:
         """Run a new turn whose providers the pipeline has populated."""
@@ -121,9 +129,9 @@ class TurnReasoner:
     async def _loop(self) -> TurnExit:
         while True:
             match await self._next_step():
-                case FinalAnswer(text):
+                case FinalAnswer(text, found_by):
                     self.emit(self._step(Exited, exit_mode=1, reason="final_answer"))
-                    return Completed(text)
+                    return Completed(text, found_by)
                 case ToolRound(calls):
                     outcome = await self._run_tools(calls)
                 case step:
@@ -147,6 +155,8 @@ class TurnReasoner:
                 {"llm_calls": self.llm_calls},
             )
         request = build_request(self.providers, self.executor.available(), max_tokens=self.max_tokens, temperature=self.temperature)
+        if self.llm_calls == 0 and self.first_tool_choice is not None and request.tools:
+            request = msgspec.structs.replace(request, tool_choice=self.first_tool_choice)
         for provider in self.providers.turn_scoped():
             provider.clear()  # turn-scoped context is shown to the model once, then dropped
         completion = await self.llm.complete(request)
@@ -164,19 +174,20 @@ class TurnReasoner:
         )
         if calls:
             return ToolRound(calls)
-        return FinalAnswer(self._answer_from(completion.text))
+        return self._answer_from(completion.text)
 
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> RunAgain | PendingClientCalls:
         await self.executor.run_round(calls)
         pending = tuple(PendingCall(e.tool_call_id, e.tool, e.arguments) for e in self.providers.ledger.pending())
         return PendingClientCalls(pending) if pending else RunAgain()
 
-    def _answer_from(self, text: str) -> str:
-        answer = extract_answer(text)
-        answer = answer if answer is not None else strip_thinking(text)
+    def _answer_from(self, text: str) -> FinalAnswer:
+        # a turn's reply is a whole message: only a tag marks an answer inside it, never a phrase or a number
+        tagged = extract_answer(text)
+        answer = tagged if tagged is not None else strip_thinking(text)
         if not answer:
             raise ModelBehaviorError("the model ended the turn with neither tool calls nor an answer", {"llm_calls": self.llm_calls})
-        return answer
+        return FinalAnswer(answer, "tag" if tagged is not None else "whole_text")
 
     def _step(self, kind: type, **fields: object) -> object:
         return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)

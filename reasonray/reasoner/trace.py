@@ -31,7 +31,7 @@ class LLMCalled(Event, tag="LLM_CALL"):
 class ToolExecuted(Event, tag="TOOL_EXECUTED"):
     tool_call_id: str
     tool: str
-    status: str  # "ok" or "failed"
+    status: str  # "ok", "failed" or "rejected" (arguments unusable, sent back to the model)
     elapsed_ms: float
     error: str | None = None
 

@@ -268,3 +268,69 @@ async def test_no_call_ever_asks_for_more_than_chunk_size(mode):
         kinds["summary"] += "Latest reasoning:" in request.messages[-1].content
         kinds["final"] += "final answer now" in request.messages[-1].content
     assert kinds["final"] == 1 and kinds["summary"] == (3 if mode == "summary" else 0)
+
+
+class OtherTokenizer:
+    """A model server that counts prompts 12% above our counter plus 12 tokens of chat framing (SmolLM2 through
+    llama.cpp ran +5% to +14%), and rambles until max_tokens, which it honours by its own count."""
+
+    model = "other-tokenizer"
+
+    def __init__(self):
+        self.requests = []
+
+    async def complete(self, request):
+        import math
+
+        from reasonray.gateway.protocol import Choice, Completion, Usage
+
+        self.requests.append(request)
+        prompt = math.ceil(count_messages(COUNTER, request.messages) * 1.12) + 12
+        return Completion(
+            choices=(Choice(text="and then we multiply again " * (request.max_tokens // 5), finish_reason="length"),),
+            usage=Usage(prompt, request.max_tokens),
+            model=self.model,
+        )
+
+
+@pytest.mark.parametrize("mode", ["tail", "summary"])
+async def test_no_chunk_exceeds_chunk_size_by_the_servers_own_count(mode):
+    llm = OtherTokenizer()
+    config = {"chunk_size": 1024, "carryover_size": 512, "max_iterations": 4, "carryover_mode": mode}
+    with pytest.raises(MaxIterationsError) as err:
+        await run(llm, query="What is 17 * 23? Show every step.", **config)
+    iterations = err.value.data["iterations"]
+    assert len(iterations) == 4
+    # the server's usage, not our count, and never above chunk_size (was 1031, 1069, 1057, 1069)
+    assert all(i["tokens"] == i["prompt_tokens"] + i["completion_tokens"] <= 1024 for i in iterations), iterations
+    # once calibrated on a prompt of its size, a chunk wastes little of its room to the margin
+    assert iterations[-1]["tokens"] >= 1024 - 32, iterations
+    summaries = [r for r in llm.requests if r.purpose == "summarize"]
+    assert len(summaries) == (4 if mode == "summary" else 0)  # one after each chunk
+    for request in summaries:
+        import math
+
+        assert math.ceil(count_messages(COUNTER, request.messages) * 1.12) + 12 + request.max_tokens <= 1024
+
+
+async def test_a_model_that_ignores_the_tag_answers_with_a_chunk_that_states_it():
+    llm = ScriptedLLM(["17 * 20 = 340 and 17 * 3 = 51, so 340 + 51 = 391.\nThe answer is: 391"])
+    result, _ = await run(llm, query="What is 17 * 23?")
+    s = result.metrics.strategy_specific
+    assert result.answer == "391" and s["found_by"] == "phrase" and s["stopped_by"] == "answer"
+
+
+async def test_a_chunk_cut_by_max_tokens_is_not_an_answer_even_if_it_says_one():
+    from reasonray.gateway.protocol import Choice, Completion, Usage
+
+    cut = Completion(choices=(Choice(text="The answer is: 3", finish_reason="length"),), usage=Usage(100, 50), model="scripted")
+    llm = ScriptedLLM([cut, "so it is <answer>4"])
+    result, _ = await run(llm, query="q")
+    assert result.answer == "4" and result.metrics.strategy_specific["found_by"] == "tag"
+
+
+async def test_the_final_answer_call_reads_an_untagged_reply():
+    llm = ScriptedLLM(["reasoning goes on", "more reasoning", "It comes to 17 * 23 = 391"])
+    result, _ = await run(llm, query="What is 17 * 23?", max_iterations=2, on_max_iterations="final_answer")
+    s = result.metrics.strategy_specific
+    assert result.answer == "391" and s["found_by"] == "final_number" and s["stopped_by"] == "final_answer"

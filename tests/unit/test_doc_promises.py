@@ -146,7 +146,11 @@ PRODUCERS = {
         {"query": "q", "strategy": "bounded_context", "strategy_config": {"max_iterations": 1}},
         ["<thinking>more</thinking>"],
     ),
-    -32010: ("reasoning.execute", {"query": "q", "strategy": "self_consistency", "strategy_config": {"samples": 1}}, ["no answer tag"]),
+    -32010: (
+        "reasoning.execute",
+        {"query": "q", "strategy": "self_consistency", "strategy_config": {"samples": 1}},
+        ["<thinking>no answer</thinking>"],
+    ),
     -32013: ("reasoning.execute", {"query": "q"}, [ProviderUnavailableError("down", attempts=3, status_code=503)]),
     -32014: ("reasoning.execute", {"query": "q"}, [asyncio.CancelledError()]),
 }

@@ -192,22 +192,82 @@ async def test_each_refinement_shows_the_previous_attempt_its_score_and_feedback
     llm.assert_complete()
 
 
-async def test_a_score_at_the_threshold_does_not_stop_and_a_tie_goes_to_the_later_attempt():
+async def test_a_score_at_the_threshold_does_not_stop_and_a_tie_goes_to_the_earlier_attempt():
     llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.8), "<answer>42</answer>", evaluation(0.8)])
     context, _ = context_for(llm, strategy="refine")
     result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 2, "threshold": 0.8})
     s = result.metrics.strategy_specific
     assert s["stop_reason"] == "max_iterations" and s["iterations"] == 2
-    assert result.answer == "42" and s["best_iteration"] == 2
+    assert result.answer == "41" and s["best_iteration"] == 1
 
 
-async def test_an_evaluation_without_a_score_counts_as_zero_and_says_so():
+async def test_an_evaluation_without_a_score_is_unscored_and_says_so():
     llm = ScriptedLLM(["<answer>41</answer>", "<feedback>looks off</feedback>", "<answer>42</answer>", evaluation(0.9)])
     context, recorder = context_for(llm, strategy="refine")
     result = await Refine().reason("What is 6*7?", context=context, config={})
-    assert result.metrics.strategy_specific["scores"] == [0.0, 0.9] and result.answer == "42"
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [None, 0.9] and result.answer == "42" and s["unscored"] == 1
+    assert "Reviewer's score: (none)" in llm.requests[2].messages[1].content  # not a made-up 0.0
     warnings = [e for e in recorder.events if type(e).__name__ == "RunWarning"]
     assert [w.code for w in warnings] == ["unscored"] and "iteration 1" in warnings[0].message
+
+
+async def test_an_unscored_attempt_never_beats_a_scored_one_even_a_low_one():
+    llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.1), "<answer>42</answer>", "Looks fine to me.", "<answer>43</answer>", "hmm"])
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [0.1, None, None] and result.answer == "41" and s["best_iteration"] == 1
+
+
+async def test_with_a_model_that_never_scores_nor_tags_the_real_first_attempt_is_kept():
+    # what SmolLM2-135M did: untagged attempt, reviews with no score, refinements that talk about the review
+    llm = ScriptedLLM(
+        [
+            "6 * 7 = 42\nThe answer is correct.",
+            "The solution multiplies 6 by 7. It looks right.",
+            "The reviewer's score of (none) means the feedback was not given. The feedback says the solution looks right.",
+            "The review is fine.",
+            "",
+            "No score.",
+        ]
+    )
+    context, recorder = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["best_iteration"] == 1 and s["found_by"] == "final_number"
+    assert s["scores"] == [None, None, None] and s["unscored"] == 3
+    assert [h["degenerate"] for h in s["history"]] == [False, True, True]
+    # the review's prose is the feedback the next attempt sees
+    assert "It looks right." in llm.requests[2].messages[1].content
+    assert context.trajectories[0].answer == "42" and "[attempt 1, score unscored]" in context.trajectories[0].text
+    assert {w.code for w in recorder.events if type(w).__name__ == "RunWarning"} == {"unscored", "answer_format"}
+
+
+@pytest.mark.parametrize(
+    ("review", "score"),
+    [("Score: 8/10\nGood work.", 0.8), ("0.8", 0.8), ("80%", 0.8), ("I rate it 7 out of 10", 0.7), ("<score>9</score>", 0.9)],
+)
+async def test_scores_are_read_in_the_forms_models_give_them(review, score):
+    llm = ScriptedLLM(["<answer>42</answer>", review])
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 1})
+    assert result.metrics.strategy_specific["scores"] == [score]
+
+
+async def test_an_endpoint_that_enforces_a_schema_is_asked_for_json_attempts_and_reviews():
+    from reasonray.gateway.capabilities import Capabilities
+
+    llm = ScriptedLLM(['{"reasoning": "6*7", "answer": "42"}', '{"score": 0.95, "feedback": "none needed"}'])
+    llm.capabilities = Capabilities(structured_output=True)
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={})
+    attempt, review = llm.requests
+    assert attempt.response_format["json_schema"]["name"] == "answer"
+    assert review.response_format["json_schema"]["name"] == "critique"
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["scores"] == [0.95] and s["stop_reason"] == "threshold" and s["found_by"] == "json"
+    assert s["history"][0]["feedback"] == "none needed"
 
 
 async def test_a_failure_part_way_leaves_the_last_draft_its_critique_and_the_best_answer_in_progress():
@@ -232,3 +292,134 @@ async def test_attempts_without_an_answer_are_a_model_behavior_error_naming_what
     with pytest.raises(ModelBehaviorError) as raised:
         await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 1})
     assert "max_tokens" in str(raised.value) and raised.value.data == {"iterations": 1, "stop_reason": "max_iterations"}
+
+
+async def test_matts_attempts_that_agree_need_no_judge_call():
+    llm = ScriptedLLM(["<answer>42</answer>", "The answer is: 42.", "6*7 = 42"])  # exactly k replies: no judge
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 3})
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["selection"] == "agreement" and s["selected"] == 0
+    assert s["scores"] == [None, None, None] and s["judged"] == 0
+    llm.assert_complete()
+
+
+async def test_matts_contrast_is_skipped_when_the_attempts_agree():
+    llm = ScriptedLLM(["<answer>42</answer>", "<answer>42.0</answer>"])
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 2, "selection": "contrast"})
+    assert result.metrics.strategy_specific["selection"] == "agreement"
+    llm.assert_complete()
+
+
+def judged_by_prompt(attempts: dict[int, str], reviews: dict[str, str]):
+    """Attempts by seed; a judge's reply by the answer the attempt under review gave."""
+    from reasonray.gateway.testing import FunctionLLM
+
+    def reply(request):
+        if request.purpose == "critique":
+            return reviews[request.messages[1].content.rsplit("Answer: ", 1)[1]]
+        return attempts[request.seed]
+
+    return FunctionLLM(reply)
+
+
+async def test_matts_judges_that_give_no_score_leave_the_majority_answer():
+    # SmolLM2-135M judged with prose and never a <score>: before, every attempt counted 0.0 and the first won
+    llm = judged_by_prompt({0: "The answer is 40.", 1: "6 * 7 = 42", 2: "Answer: 42"}, {"40": "Looks good.", "42": "The steps are fine."})
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [None, None, None] and s["unscored"] == 3 and s["selection"] == "majority"
+    assert result.answer == "42" and s["selected"] == 1 and s["found_by"] == "final_number"
+    assert [t.score for t in context.trajectories] == [None, None, None]
+
+
+async def test_matts_an_unscored_attempt_never_beats_a_scored_one():
+    llm = judged_by_prompt(
+        {0: "<answer>40</answer>", 1: "<answer>42</answer>", 2: "<answer>42</answer>"}, {"40": "Score: 3/10", "42": "no idea"}
+    )
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [0.3, None, None] and result.answer == "40" and s["selection"] == "judge"
+
+
+async def test_matts_contrast_vote_in_prose_is_read_and_an_unreadable_one_falls_back_to_the_majority():
+    for vote, answer, selection in [("I think Candidate 3 is best.", "43", "contrast"), ("They all look fine.", "42", "majority")]:
+        llm = ScriptedLLM(["<answer>42</answer>", "<answer>42</answer>", "<answer>43</answer>", vote])
+        context, _ = context_for(llm, strategy="matts")
+        context.resolve = resolver
+        result = await Matts().reason("What is 6*7?", context=context, config={"k": 3, "selection": "contrast"})
+        assert result.answer == answer and result.metrics.strategy_specific["selection"] == selection
+
+
+async def test_matts_parallel_judging_starts_while_slower_attempts_still_run():
+    import asyncio
+
+    from reasonray.gateway.testing import make_completion
+    from reasonray.gateway.tokens import counter_for_model
+
+    log: list[str] = []
+
+    class Timed:
+        model = "timed"
+
+        async def complete(self, request):
+            if request.purpose == "critique":
+                log.append("judge")
+                return make_completion(request, "<score>0.5</score>", model=self.model, counter=counter_for_model("x"))
+            await asyncio.sleep(0.3 if request.seed == 2 else 0.01)
+            log.append(f"attempt {request.seed}")
+            return make_completion(request, f"<answer>{request.seed}</answer>", model=self.model, counter=counter_for_model("x"))
+
+    context, _ = context_for(Timed(), strategy="matts")
+    context.resolve = resolver
+    result = await Matts().reason("q", context=context, config={"k": 3, "seed": 0})
+    # attempts 0 and 1 disagree as soon as both are in: they are judged before attempt 2 finishes
+    # and the slow attempt is judged once it lands
+    assert sorted(log[:2]) == ["attempt 0", "attempt 1"] and log[2:] == ["judge", "judge", "attempt 2", "judge"]
+    assert result.metrics.strategy_specific["scores"] == [0.5, 0.5, 0.5] and result.answer == "0"
+
+
+async def test_matts_a_judge_refused_while_the_attempts_hold_the_fanout_is_asked_again_after():
+    import asyncio
+
+    from reasonray.gateway.testing import FunctionLLM
+    from reasonray.kernel.errors import OverloadedError
+    from reasonray.strategies.base import local_fanout
+
+    running = {"attempts": True}
+
+    async def bounded(context, branches, *, label, arrived=None):
+        if label == "matts.judge" and running["attempts"]:
+            raise OverloadedError("overloaded: branches in flight", {"retry_after_s": 0.1})
+        try:
+            return await local_fanout(context, branches, label=label, arrived=arrived)
+        finally:
+            if label == "matts.attempt":
+                running["attempts"] = False
+
+    async def slow_third(request):
+        if request.purpose == "critique":
+            return "<score>0.5</score>"
+        if request.seed == 2:
+            await asyncio.sleep(0.05)
+        return f"<answer>{request.seed}</answer>"
+
+    class Slow(FunctionLLM):
+        async def complete(self, request):
+            self.requests.append(request)
+            from reasonray.gateway.testing import make_completion
+
+            return make_completion(request, await slow_third(request), model=self.model, counter=self._counter)
+
+    context, _ = context_for(Slow(lambda r: ""), strategy="matts")
+    context.resolve = resolver
+    context.fanout = bounded
+    result = await Matts().reason("q", context=context, config={"k": 3, "seed": 0})
+    assert result.metrics.strategy_specific["scores"] == [0.5, 0.5, 0.5] and result.answer == "0"

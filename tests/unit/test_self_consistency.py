@@ -46,8 +46,36 @@ async def test_ties_go_to_the_answer_reached_first():
 
 
 async def test_no_answer_in_any_chain_is_a_model_behaviour_error():
-    with pytest.raises(ModelBehaviorError, match="none of the 3 sampled chains gave an <answer>"):
-        await run(FunctionLLM(lambda req: "thinking out loud"), samples=3)
+    with pytest.raises(ModelBehaviorError, match="none of the 3 sampled chains gave an answer"):
+        await run(FunctionLLM(lambda req: "<thinking>thinking out loud</thinking>"), samples=3)
+
+
+async def test_untagged_chains_vote_with_the_answers_they_state():
+    # replies of the kinds SmolLM2-135M gives: no <answer> anywhere, the answer in prose or as a last number
+    llm = by_seed(
+        {
+            0: "17 * 23 = 391\nThe answer is correct.",
+            1: "Let me compute. The answer is: 391.",
+            2: "17 * 23 = 380",
+            3: "Answer: 391",
+            4: "I think it is a big number.",
+        }
+    )
+    ctx, _ = context_for(llm, strategy="self_consistency")
+    result = await SelfConsistency().reason("What is 17 * 23?", context=ctx, config={"samples": 5})
+    specific = result.metrics.strategy_specific
+    assert result.answer == "391" and specific["votes"] == {"391": 3, "380": 1}
+    assert specific["answers"] == ["391", "391", "380", "391", None]  # the prose-only chain does not vote
+    assert specific["found_by"] == {"final_number": 2, "phrase": 2, "whole_text": 1}
+    assert specific["agreement"] == 0.6
+
+
+async def test_when_no_chain_states_an_answer_the_whole_replies_vote():
+    replies = {0: "Paris, of course.", 1: "It is Lyon.", 2: "paris, of course"}
+    ctx, _ = context_for(by_seed(replies), strategy="self_consistency")
+    result = await SelfConsistency().reason("Which city is the capital of France?", context=ctx, config={"samples": 3})
+    assert result.answer == "Paris, of course." and result.metrics.strategy_specific["agreement"] == round(2 / 3, 4)
+    assert result.metrics.strategy_specific["found_by"] == {"whole_text": 3}
 
 
 async def test_temperature_zero_is_refused_because_every_chain_would_agree():

@@ -152,14 +152,81 @@ async def test_a_search_without_any_answer_asks_for_one_along_the_best_path():
 
 async def test_unparsable_replies_are_counted_not_fatal_and_budget_is_respected():
     model = TreeModel(
-        proposals={((), 0): "I refuse to use tags", ((), 1): step("x"), ((), 2): step("z"), (("z",), 0): answer("5")},
+        proposals={((), 0): "<thinking>no idea</thinking>", ((), 1): step("x"), ((), 2): step("z"), (("z",), 0): answer("5")},
         scores={("x",): "not a number", ("z",): 0.9, ("z", "5"): 0.9},
     )
     result, _ = await run(model, breadth=3, depth=2, max_nodes=3)
     specific = result.metrics.strategy_specific
     assert specific["nodes_evaluated"] == 3  # the budget left room for one proposal on the second level
-    assert specific["unparsed_replies"] == 2  # one proposal without tags, one score without a number
-    assert result.answer == "5" and {n["id"]: n["status"] for n in specific["tree"]}["0.0"] == "pruned"
+    assert specific["unparsed_replies"] == 2  # one proposal with nothing visible, one score without a number
+    assert result.answer == "5" and specific["unscored"] == 1
+    # the unscored node is kept (it cannot be judged below the threshold) but ranks behind the scored one
+    assert {n["id"]: (n["status"], n["score"]) for n in specific["tree"]}["0.0"] == ("kept", None)
+
+
+class DisobedientTree(FunctionLLM):
+    """A model that ignores every format, as SmolLM2-135M does: prose proposals, scores as 'Score: 7/10' or none."""
+
+    def __init__(self, scores):
+        super().__init__(self.reply, model="disobedient")
+        self.scores = scores
+
+    def reply(self, request):
+        system, prompt = request.messages[0].content, request.messages[1].content
+        if system == PROPOSE_PROMPT:
+            if "Step 1:" in prompt:
+                return "17 * 23 = 391, so the answer is: 391."
+            return f"First, multiply 17 by 20 to get 340 (try {request.seed}).\nThen add 17 * 3 = 51.\n\nThat gives 391."
+        if system == VALUE_PROMPT:
+            return self.scores(prompt)
+        raise UnexpectedCall(f"unexpected call: {system[:40]}")
+
+
+async def test_a_model_that_ignores_the_tags_still_drives_the_search():
+    model = DisobedientTree(lambda prompt: "Score: 7/10" if "try 1" in prompt or "Answer:" in prompt else "The step is fine.")
+    ctx, recorder = context_for(model, strategy="tree_of_thought")
+    result = await TreeOfThought().reason("What is 17 * 23?", context=ctx, config={"breadth": 2, "depth": 3})
+    s = result.metrics.strategy_specific
+    assert result.answer == "391" and s["fallback"] is None and s["found_by"] == "phrase"
+    assert s["nodes_evaluated"] > 0 and s["untagged_proposals"] == s["nodes_evaluated"]
+    # the free-text step is the proposal's first paragraph; the scored node leads the beam
+    assert s["solution_steps"] == ["First, multiply 17 by 20 to get 340 (try 1).\nThen add 17 * 3 = 51."]
+    tree = {n["id"]: n for n in s["tree"]}
+    assert tree["0.0"]["score"] is None and tree["0.1"]["score"] == 0.7 and s["unscored"] >= 1
+    assert any(e.status == "answer" for e in recorder.events if type(e).__name__ == "ThoughtNode")
+
+
+async def test_votes_in_prose_are_read():
+    model = TreeModel(proposals={((), 0): step("a"), ((), 1): step("b")}, scores={}, final="9")
+
+    def reply(request, inner=model.reply):
+        if request.messages[0].content == VOTE_PROMPT:
+            return "Candidate 2 looks most promising."
+        return inner(request)
+
+    model._fn = reply
+    result, _ = await run(model, breadth=2, depth=1, evaluation="vote", votes=2)
+    tree = {n["id"]: (n["score"], n["status"]) for n in result.metrics.strategy_specific["tree"]}
+    assert tree == {"0.0": (0.0, "pruned"), "0.1": (1.0, "kept")} and result.metrics.strategy_specific["solution_steps"] == ["b"]
+
+
+async def test_an_endpoint_that_enforces_a_schema_is_asked_for_json_steps_and_scores():
+    from reasonray.gateway.capabilities import Capabilities
+
+    def reply(request):
+        name = request.response_format["json_schema"]["name"]
+        if name == "step":
+            done = "Step 1:" in request.messages[1].content
+            return '{"step": "", "answer": "391"}' if done else '{"step": "17*23 = 340 + 51", "answer": ""}'
+        assert name == "score"
+        return '{"score": 0.9}'
+
+    llm = FunctionLLM(reply)
+    llm.capabilities = Capabilities(structured_output=True)
+    ctx, _ = context_for(llm, strategy="tree_of_thought")
+    result = await TreeOfThought().reason("What is 17 * 23?", context=ctx, config={"breadth": 1, "depth": 2})
+    s = result.metrics.strategy_specific
+    assert result.answer == "391" and s["found_by"] == "json" and s["solution_steps"] == ["17*23 = 340 + 51"]
 
 
 async def test_config_limits_are_enforced_with_their_names():

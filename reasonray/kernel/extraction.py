@@ -1,0 +1,261 @@
+"""Finding the answer, a score or a choice in whatever a model wrote, and saying how it was found.
+
+A model asked for `<answer>`, `<score>` or `<vote>` may ignore the format: real small models answer in
+prose ("17 * 23 = 391. The answer is: 391"), rate on their own scale ("Score: 8/10") and name a
+candidate in words. Each reader here tries, in order, the requested tag, a JSON object (what an
+endpoint that enforces `response_format` returns), the phrases models use, a final number (for
+numeric tasks only) and the whole visible text, and reports which one matched as `found_by`, so a
+result says how much the format was obeyed. A score that cannot be read is None ("unscored"), never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
+
+FoundBy = Literal["tag", "json", "phrase", "final_number", "whole_text"]
+FOUND_BY: tuple[FoundBy, ...] = ("tag", "json", "phrase", "final_number", "whole_text")
+"""How an answer can be found, from the most to the least obedient reply."""
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """An answer read from a reply, and which way it was found."""
+
+    answer: str
+    found_by: FoundBy
+
+    @property
+    def structured(self) -> bool:
+        """True when the model gave the answer in the structure it was asked for (a tag or JSON)."""
+        return self.found_by in ("tag", "json")
+
+
+_NUMBER = r"[-+]?\$?\d[\d,]*(?:\.\d+)?"
+_FINAL_NUMBER = re.compile(rf"(?<![\w.]){_NUMBER}")
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
+# "Answer: 76", "The answer is: 76", "**Final answer:** 76", "answer = 76"
+_ANSWER_COLON = re.compile(r"\b(?:final\s+)?answer\b(?:\s+is)?\s*\**\s*[:=]\s*\**\s*(.+)", re.IGNORECASE)
+# "The answer is 76." (no colon): accepted unless it is a judgement of the answer ("The answer is correct")
+_ANSWER_IS = re.compile(r"\b(?:the|my|final|correct)\s+answer\s+(?:is|would be|=)\s+\**(.+)", re.IGNORECASE)
+_JUDGEMENTS = frozenset(
+    [
+        "correct",
+        "incorrect",
+        "right",
+        "wrong",
+        "not",
+        "unclear",
+        "unknown",
+        "above",
+        "below",
+        "as",
+        "that",
+        "this",
+        "simple",
+        "clear",
+        "obvious",
+        "likely",
+        "probably",
+        "definitely",
+        "indeed",
+        "consistent",
+        "inconsistent",
+        "valid",
+        "invalid",
+        "accurate",
+        "inaccurate",
+    ]
+)
+_NUMERIC_QUESTION = re.compile(
+    r"\d\s*(?:[-+*/×÷^x]|times|plus|minus|divided by|multiplied by)\s*\d"
+    r"|\bhow\s+(?:many|much|long|far|old|often)\b"
+    r"|\b(?:calculate|compute|sum|total|product|difference|quotient|remainder|percent(?:age)?|average|solve for)\b",
+    re.IGNORECASE,
+)
+
+
+def numeric_question(query: str) -> bool:
+    """Whether a question asks for a number (arithmetic, "how many ...", "calculate ..."), so that a final
+    number in an untagged reply may be taken as its answer."""
+    return bool(_NUMERIC_QUESTION.search(query))
+
+
+def _clean(value: str) -> str:
+    """A stated answer without its markdown emphasis and the sentence's closing punctuation."""
+    return value.strip().strip("*_`").rstrip(" .!;,").strip("*_` ")
+
+
+def parse_json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object a reply holds (whole, fenced, or the outermost braces in it), or None."""
+    body = strip_thinking(text).strip()
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
+    candidates = [body]
+    if (start := body.find("{")) >= 0 and (end := body.rfind("}")) > start:
+        candidates.append(body[start : end + 1])
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _json_text(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def _phrase(visible: str) -> str | None:
+    """The answer a reply states in words, the last statement winning; None when it states none."""
+    if boxed := _BOXED.findall(visible):
+        return _clean(boxed[-1]) or None
+    if hashes := _HASHES.findall(visible):
+        return _clean(hashes[-1]) or None
+    found: list[tuple[int, str]] = []
+    for line_start, line in _lines(visible):
+        for match in _ANSWER_COLON.finditer(line):
+            found.append((line_start + match.start(), match.group(1)))
+        for match in _ANSWER_IS.finditer(line):
+            sentence = re.split(r"(?<=[.!?])\s", match.group(1), maxsplit=1)[0]
+            first = re.sub(r"[^\w]", "", sentence.split()[0].lower()) if sentence.split() else ""
+            if first not in _JUDGEMENTS:
+                found.append((line_start + match.start(), sentence))
+    for _, value in sorted(found, reverse=True):
+        if cleaned := _clean(value):
+            return cleaned
+    return None
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    out, pos = [], 0
+    for line in text.splitlines(keepends=True):
+        out.append((pos, line.rstrip("\n")))
+        pos += len(line)
+    return out
+
+
+def final_number(text: str) -> str | None:
+    """The last number in the visible text ("17 * 23 = 391" gives "391"), or None."""
+    found = _FINAL_NUMBER.findall(strip_thinking(text))
+    return found[-1].rstrip(",") if found else None
+
+
+def find_answer(text: str, *, numeric: bool = False, structured: bool = False, fallback: bool = True) -> Extracted | None:
+    """The answer in a reply: `<answer>`, else a JSON object's "answer" (when `structured` output was asked
+    for), else a phrase ("The answer is: 76", "Answer: 76", "#### 76", "\\boxed{76}"), else the final number
+    (when the question is `numeric`), else the whole visible text (unless `fallback` is false: None).
+    An empty answer is None."""
+    tagged = extract_answer(text)
+    if tagged:
+        return Extracted(tagged, "tag")
+    if structured and (obj := parse_json_object(text)) is not None:
+        value = _json_text(obj.get("answer"))
+        if value:
+            inner = extract_answer(value)
+            return Extracted(inner or value, "json")
+    visible = strip_thinking(text)
+    if phrase := _phrase(visible):
+        return Extracted(phrase, "phrase")
+    if numeric and (number := final_number(visible)):
+        return Extracted(number, "final_number")
+    if fallback and visible.strip():
+        return Extracted(visible.strip(), "whole_text")
+    return None
+
+
+_SCORE_VALUE = re.compile(r"([-+]?\d+(?:\.\d+)?|\.\d+)\s*(%|/\s*(\d+(?:\.\d+)?)|out of\s*(\d+(?:\.\d+)?))?", re.IGNORECASE)
+_SCORE_PHRASE = re.compile(
+    r"\b(?:score|rating|rate|rated|grade|confidence)\b[^\d\n]{0,20}?([-+]?\d+(?:\.\d+)?|\.\d+)\s*(%|/\s*\d+(?:\.\d+)?|out of\s*\d+(?:\.\d+)?)?",
+    re.IGNORECASE,
+)
+
+
+def _score_of(number: str, suffix: str | None, *, scaled: bool) -> float | None:
+    """A 0-1 score from a number and what follows it ("%", "/10", "out of 10"); None when out of range.
+
+    `scaled`: a bare number above 1 was given where a score was asked for, so 8 reads as 8/10 and 80 as 80/100."""
+    value = float(number)
+    suffix = (suffix or "").strip().lower()
+    if suffix == "%":
+        value /= 100
+    elif suffix:
+        denominator = float(re.sub(r"^(/|out of)\s*", "", suffix))
+        if denominator <= 0:
+            return None
+        value /= denominator
+    elif value > 1 and scaled:
+        value = value / 10 if value <= 10 else value / 100
+    return value if 0.0 <= value <= 1.0 else None
+
+
+def find_score(text: str, *, structured: bool = False) -> float | None:
+    """A 0-1 score in a reply: `<score>0.8</score>` (or 8/10, 80% inside it), a JSON object's "score",
+    "Score: 8/10" (or "rating: 80%", "score of 0.7"), or a reply that is only a value ("0.8", "80%");
+    None (unscored) when none can be read."""
+    tagged = extract_tag(text, "score")
+    if tagged is not None:
+        match = _SCORE_VALUE.search(tagged)
+        return _score_of(match.group(1), match.group(2), scaled=True) if match else None
+    if structured and (obj := parse_json_object(text)) is not None and isinstance(obj.get("score"), (int, float, str)):
+        match = _SCORE_VALUE.search(str(obj["score"]))
+        if match:
+            return _score_of(match.group(1), match.group(2), scaled=True)
+    visible = strip_thinking(text)
+    phrases = list(_SCORE_PHRASE.finditer(visible))
+    if phrases:
+        last = phrases[-1]
+        return _score_of(last.group(1), last.group(2), scaled=True)
+    whole = visible.strip().rstrip(".").strip()
+    match = _SCORE_VALUE.fullmatch(whole)
+    return _score_of(match.group(1), match.group(2), scaled=False) if match else None
+
+
+def find_feedback(text: str, *, structured: bool = False) -> str:
+    """What a review says to fix: `<feedback>`, a JSON object's "feedback", else the review's visible text."""
+    tagged = extract_tag(text, "feedback")
+    if tagged is not None:
+        return tagged.strip()
+    if structured and (obj := parse_json_object(text)) is not None and (value := _json_text(obj.get("feedback"))):
+        return value
+    return re.sub(r"<score>.*?(?:</score>|$)", "", strip_thinking(text), flags=re.IGNORECASE | re.DOTALL).strip()
+
+
+_CHOICE_PHRASE = re.compile(r"\b(?:candidate|option|solution|attempt|vote|choice|number|pick|choose|#)\s*:?\s*#?(\d+)\b", re.IGNORECASE)
+
+
+def find_choice(text: str, count: int, *, structured: bool = False) -> int | None:
+    """The 0-based index of the candidate a reply picks among `count` numbered from 1: `<vote>2</vote>`,
+    a JSON "vote", "Candidate 2" / "vote: 2" (the last one named), or a reply that is only the number.
+    None when it names none in range."""
+
+    def index(raw: str | None) -> int | None:
+        raw = (raw or "").strip().rstrip(".")
+        return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= count else None
+
+    tagged = extract_tag(text, "vote")
+    if tagged is not None:
+        number = re.search(r"\d+", tagged)
+        return index(number.group(0)) if number else None
+    if structured and (obj := parse_json_object(text)) is not None:
+        value = _json_text(obj.get("vote"))
+        if value is not None:
+            return index(value)
+    visible = strip_thinking(text)
+    named = [m.group(1) for m in _CHOICE_PHRASE.finditer(visible)]
+    for raw in reversed(named):
+        if (chosen := index(raw)) is not None:
+            return chosen
+    return index(visible)
