@@ -54,3 +54,25 @@ def pg_url(postgres) -> str:
     """A new, empty database on the session's PostgreSQL server, for a test that checks everything a
     service stored (the contract tests share the `reasonray` database and truncate it instead)."""
     return postgres.fresh_database()
+
+
+# How the default run (`scripts/test.sh default`: pytest-xdist, `-n 2 --dist loadgroup`) shares two workers.
+# Each xdist group runs on one worker, in collection order:
+# - "stack": the tests on the session's Ray cluster, Serve and main application (tests/integration/conftest.py),
+#   so one process owns them as in a serial run;
+# - "own-cluster": the modules that start a Ray cluster of their own (`ray start`, `reasonray serve`, the
+#   container entrypoint), one after the other on the other worker, so at most two clusters run at once;
+# everything else (unit tests, notebooks, the in-process security tests) fills the second worker around them.
+_INTEGRATION = Path(__file__).parent / "integration"
+_OWN_CLUSTER = {"test_cli_serve.py", "test_entrypoint.py", "test_cluster_commands.py"}
+_STACK_FIXTURES = {"ray_cluster", "serve_base", "api", "serve_url"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(item.fspath)
+        if path.parent == _INTEGRATION and path.name in _OWN_CLUSTER:
+            item.add_marker(pytest.mark.xdist_group("own-cluster"))
+        elif path.is_relative_to(_INTEGRATION) or _STACK_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.xdist_group("stack"))
