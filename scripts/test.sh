@@ -8,8 +8,8 @@ suite=${1:-default}
 shift || true
 case "$suite" in
     # the default run has an 11-minute budget (docs/testing.md): it ends with its 25 slowest steps. Two
-    # pytest-xdist workers: the tests on the Ray stack keep one of them, in order (their xdist_group,
-    # tests/conftest.py), while the other runs everything else beside them
+    # pytest-xdist workers: the tests on the session's Ray stack keep one of them, in order, while the
+    # other runs everything else beside them (the groups: tests/conftest.py, `worker_group`)
     default) marker="not slow"; extra=(--cov --cov-report=term --durations=25 -n 2 --dist loadgroup) ;;
     slow) marker="slow"; extra=() ;;
     *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;

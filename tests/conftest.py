@@ -57,22 +57,37 @@ def pg_url(postgres) -> str:
 
 
 # How the default run (`scripts/test.sh default`: pytest-xdist, `-n 2 --dist loadgroup`) shares two workers.
-# Each xdist group runs on one worker, in collection order:
-# - "stack": the tests on the session's Ray cluster, Serve and main application (tests/integration/conftest.py),
-#   so one process owns them as in a serial run;
+# Each group below runs on one worker, in collection order:
+# - "stack": the tests on the session's Ray cluster, Serve and main application (tests/integration/conftest.py,
+#   and tests/security/conftest.py's `serve_url`), so one process owns them as in a serial run;
 # - "own-cluster": the modules that start a Ray cluster of their own (`ray start`, `reasonray serve`, the
 #   container entrypoint), one after the other on the other worker, so at most two clusters run at once;
-# everything else (unit tests, notebooks, the in-process security tests) fills the second worker around them.
-_INTEGRATION = Path(__file__).parent / "integration"
-_OWN_CLUSTER = {"test_cli_serve.py", "test_entrypoint.py", "test_cluster_commands.py"}
-_STACK_FIXTURES = {"ray_cluster", "serve_base", "api", "serve_url"}
+# everything else (unit tests, lint, notebooks, the in-process security tests) fills the second worker around them.
+# The groups are read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
+# under pytest 9.
+OWN_CLUSTER = {f"tests/integration/{name}" for name in ("test_cli_serve.py", "test_entrypoint.py", "test_cluster_commands.py")}
+STACK_ELSEWHERE = {"tests/security/test_caps_http.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
-def pytest_collection_modifyitems(items):
-    for item in items:
-        path = Path(item.fspath)
-        if path.parent == _INTEGRATION and path.name in _OWN_CLUSTER:
-            item.add_marker(pytest.mark.xdist_group("own-cluster"))
-        elif path.is_relative_to(_INTEGRATION) or _STACK_FIXTURES & set(item.fixturenames):
-            item.add_marker(pytest.mark.xdist_group("stack"))
+def worker_group(nodeid: str) -> str | None:
+    module = nodeid.split("::", 1)[0]
+    if module in OWN_CLUSTER:
+        return "own-cluster"
+    if module.startswith("tests/integration/") or module in STACK_ELSEWHERE:
+        return "stack"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with `worker_group` as the scope; a test outside the groups is its own scope."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
