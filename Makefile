@@ -8,11 +8,11 @@ export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
 endif
 export RAY_AUTH_MODE ?= token
 
-.PHONY: help setup lint serve test test-slow bench bench-peers eval
+.PHONY: help setup setup-slow lint serve test test-slow bench bench-peers eval
 
 help:
 	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
-	@echo "make test       set up .venv, run the lint checks, then the test suite (unit + integration)"
+	@echo "make test       set up .venv, then the test suite (unit + integration, the lint checks among the unit tests)"
 	@echo "make lint       ruff (lint and format) and the import-layer contracts"
 	@echo "make test-slow  the slow suite"
 	@echo "make bench      the benchmarks under bench/"
@@ -21,6 +21,10 @@ help:
 
 setup:
 	@scripts/setup.sh
+
+# the slow suite also needs buildah and debootstrap (its container image build); the default run does not
+setup-slow:
+	@scripts/setup.sh --slow
 
 serve: setup
 	.venv/bin/reasonray serve $(ARGS)
@@ -31,10 +35,11 @@ lint: setup
 	.venv/bin/lint-imports
 	.venv/bin/mypy --strict -p reasonray.kernel -p reasonray.gateway -p reasonray.api
 
-test: setup lint
+# the lint checks run inside the suite (tests/unit/test_lint.py, test_layers.py), beside the integration tests
+test: setup
 	scripts/test.sh default $(ARGS)
 
-test-slow: setup
+test-slow: setup-slow
 	scripts/test.sh slow $(ARGS)
 
 bench: setup

@@ -23,7 +23,6 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import BackpressureConfig
-from ray.serve.context import _get_global_client
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,6 +32,7 @@ from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
 from reasonray.actors.llm_cache import RayCacheStore, ensure_cache_actor
 from reasonray.actors.memory import RayMemory, retire_stale_memory
 from reasonray.actors.metrics import node_metric_pages, ray_metrics
+from reasonray.actors.ray_compat import serve_http
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
@@ -546,10 +546,8 @@ def _serve_bind_host(settings: Settings) -> str:
     """The address Serve's proxies bind. Under `serve deploy` / `serve run` build_app runs on a cluster
     whose Serve controller already holds the config's `http_options.host`, which is what is exposed;
     otherwise (`reasonray serve`, before its cluster starts) it is `[server] host`."""
-    if not ray.is_initialized():
-        return settings.server.host
-    client = _get_global_client(raise_if_no_controller_running=False)
-    return client.http_config.host if client is not None else settings.server.host
+    running = serve_http()
+    return running.host if running is not None else settings.server.host
 
 
 class AppArgs(BaseModel):

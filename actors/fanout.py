@@ -37,6 +37,7 @@ import structlog
 
 from reasonray.actors import NAMESPACE, unwrap
 from reasonray.actors.lifecycle import private_files
+from reasonray.actors.ray_compat import actor_id_of
 from reasonray.gateway.observed import ObservedLLM
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import counter_for_model
@@ -238,7 +239,7 @@ class BranchPool:
     def describe(self) -> dict[str, Any]:
         return {
             "runners": len(self.runners),
-            "actor_ids": [r._actor_id.hex() for r in self.runners],
+            "actor_ids": [actor_id_of(r) for r in self.runners],
             "started": self.started,
             "in_flight": self.in_flight,
             "max_in_flight": self.settings.max_in_flight,

@@ -268,10 +268,12 @@ def auth_http_overhead(settings: Settings, n: int = 600, block: int = 50) -> dic
 
 
 def serve_port() -> int:
-    from ray.serve.context import _get_global_client
+    from reasonray.actors.ray_compat import serve_http
 
-    client = _get_global_client()
-    return int(client.http_config.port)
+    running = serve_http()
+    if running is None:
+        raise RuntimeError("no Serve instance runs on this process's Ray cluster")
+    return running.port
 
 
 def print_auth_http(figures: dict[str, tuple[list[float], list[float]]]) -> bool:

@@ -2,8 +2,16 @@
 # Create .venv and install ReasonRay with its test tools and the example third-party strategy
 # (examples/reasonray-step-back). Idempotent: it reinstalls only when a pyproject.toml changed since
 # the last successful install.
+#   scripts/setup.sh           what the default suite needs (`make test`, `make serve`)
+#   scripts/setup.sh --slow    also what only the slow suite uses: buildah and debootstrap (`make test-slow`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+slow=false
+case "${1:-}" in
+    "") ;;
+    --slow) slow=true ;;
+    *) echo "unknown option '$1' (use: --slow)" >&2; exit 2 ;;
+esac
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
@@ -11,31 +19,26 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     exit 1
 fi
 
-# PostgreSQL 15 (Debian's): the cluster store's tests, benchmark and multi-node test start throw-away
-# servers from /usr/lib/postgresql/15/bin ([store] url, docs/deploy.md). Installed only when missing.
-if [ ! -x /usr/lib/postgresql/15/bin/postgres ] && command -v apt-get >/dev/null; then
-    if [ "$(id -u)" = 0 ]; then
-        (apt-get install -y -q postgresql || { apt-get update -q && apt-get install -y -q postgresql; }) >/dev/null
-    else
-        echo "note: PostgreSQL is not installed; the PostgreSQL store tests will be skipped (sudo apt-get install postgresql)" >&2
-    fi
+# Debian packages, installed only when missing, in one apt-get run:
+# - PostgreSQL 15: the cluster store's tests, benchmark and multi-node test start throw-away servers from
+#   /usr/lib/postgresql/15/bin ([store] url, docs/deploy.md);
+# - bubblewrap: the python tool's sandbox (reasonray/kernel/sandbox.py; prlimit and setpriv come with
+#   util-linux). Without it the tool refuses to run code rather than run it unisolated;
+# - buildah and debootstrap (--slow only): the slow suite builds the container image without a Docker
+#   engine (deploy/build-image.sh), on a Debian base that debootstrap makes.
+missing=()
+[ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+if $slow; then
+    command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 fi
-# The python tool's sandbox (reasonray/kernel/sandbox.py) needs bubblewrap; prlimit and setpriv come
-# with util-linux. Without them the tool refuses to run code rather than run it unisolated.
-if ! command -v bwrap >/dev/null 2>&1; then
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get install -y bubblewrap >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y bubblewrap >/dev/null; }
+        (apt-get install -y -q "${missing[@]}" || { apt-get update -q && apt-get install -y -q "${missing[@]}"; }) >/dev/null
     else
-        echo "warning: bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap) or the python tool is refused" >&2
-    fi
-fi
-# The slow suite builds the container image without a Docker engine (deploy/build-image.sh): buildah, on a
-# Debian base that debootstrap makes. Installed only when missing.
-if ! command -v buildah >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        (apt-get install -y -q buildah debootstrap || { apt-get update -q && apt-get install -y -q buildah debootstrap; }) >/dev/null
-    else
-        echo "note: buildah or debootstrap is missing; the slow suite's image build will be skipped (sudo apt-get install buildah debootstrap)" >&2
+        echo "note: ${missing[*]} missing (sudo apt-get install ${missing[*]}): without PostgreSQL its store tests are skipped," \
+            "without bubblewrap the python tool is refused, without buildah/debootstrap the image build test is skipped" >&2
     fi
 fi
 
@@ -79,11 +82,11 @@ quiet() {
         return 1
     fi
 }
-quiet .venv/bin/python -m pip install --quiet --upgrade pip
-# torch first, pinned: the CPU build of this version lies on disk here; any other torch requirement
-# (sentence-transformers asks for one) would make pip fetch a multi-gigabyte CUDA build.
-quiet .venv/bin/python -m pip install --quiet torch==2.13.0
-quiet .venv/bin/python -m pip install --quiet -e '.[dev]' -e examples/reasonray-step-back
+# One pip run (one resolution). torch is pinned in it: the CPU build of this version lies on disk here
+# (2.13.0+cpu, which pip prefers to 2.13.0); any other torch requirement (sentence-transformers asks for
+# one) would make pip fetch a multi-gigabyte CUDA build. --no-compile: Python compiles what is imported
+# when it is first imported, instead of pip compiling every module of torch, ray and the rest up front.
+quiet .venv/bin/python -m pip install --quiet --no-compile torch==2.13.0 -e '.[dev]' -e examples/reasonray-step-back
 compose_schema || echo "note: the Compose schema could not be fetched (.venv/pip.log); tests/unit/test_deploy.py will say so" >&2
 echo "$want" > "$stamp"
 echo "ReasonRay installed in .venv"

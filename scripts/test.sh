@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Run a pytest suite and make "no tests ran" (pytest exit 5) loud: it never passes silently.
-#   scripts/test.sh            unit + integration (everything not marked slow)
+#   scripts/test.sh            unit + integration (everything not marked slow), on two workers
 #   scripts/test.sh slow       the slow suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-default}
 shift || true
 case "$suite" in
-    # the default run has a 15-minute budget (docs/testing.md): it ends with its 25 slowest steps
-    default) marker="not slow"; extra=(--cov --cov-report=term --durations=25) ;;
+    # the default run has an 11-minute budget (docs/testing.md): it ends with its 25 slowest steps. Two
+    # pytest-xdist workers: the tests on the session's Ray stack keep one of them, in order, while the
+    # other runs everything else beside them (the groups: tests/conftest.py, `worker_group`)
+    default) marker="not slow"; extra=(--cov --cov-report=term --durations=25 -n 2 --dist loadgroup) ;;
     slow) marker="slow"; extra=() ;;
     *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;
 esac

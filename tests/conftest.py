@@ -54,3 +54,40 @@ def pg_url(postgres) -> str:
     """A new, empty database on the session's PostgreSQL server, for a test that checks everything a
     service stored (the contract tests share the `reasonray` database and truncate it instead)."""
     return postgres.fresh_database()
+
+
+# How the default run (`scripts/test.sh default`: pytest-xdist, `-n 2 --dist loadgroup`) shares two workers.
+# Each group below runs on one worker, in collection order:
+# - "stack": the tests on the session's Ray cluster, Serve and main application (tests/integration/conftest.py,
+#   and tests/security/conftest.py's `serve_url`), so one process owns them as in a serial run;
+# - "own-cluster": the modules that start a Ray cluster of their own (`ray start`, `reasonray serve`, the
+#   container entrypoint), one after the other on the other worker, so at most two clusters run at once;
+# everything else (unit tests, lint, notebooks, the in-process security tests) fills the second worker around them.
+# The groups are read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
+# under pytest 9.
+OWN_CLUSTER = {f"tests/integration/{name}" for name in ("test_cli_serve.py", "test_entrypoint.py", "test_cluster_commands.py")}
+STACK_ELSEWHERE = {"tests/security/test_caps_http.py"}
+
+
+def worker_group(nodeid: str) -> str | None:
+    module = nodeid.split("::", 1)[0]
+    if module in OWN_CLUSTER:
+        return "own-cluster"
+    if module.startswith("tests/integration/") or module in STACK_ELSEWHERE:
+        return "stack"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with `worker_group` as the scope; a test outside the groups is its own scope."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)

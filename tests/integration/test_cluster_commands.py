@@ -132,6 +132,8 @@ def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_pl
     assert again.returncode == 0 and "0 to run, 100 already in" in again.stdout
 
 
+# slow suite: the job path is the test above's, memory-aware cells are tests/unit/test_evals.py's (in order, learning as they go)
+@pytest.mark.slow
 def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(dashboard_cluster, tmp_path):
     address, env = dashboard_cluster
     out = tmp_path / "memory"
@@ -159,6 +161,9 @@ def test_a_memory_aware_evaluation_learns_in_the_run_memory_actor(dashboard_clus
     assert (out / "data" / "chroma").is_dir()  # the run's bank lives with its results
 
 
+# slow suite: the file is checked as a Serve deploy config for build_app by tests/unit/test_cluster_yaml.py, and build_app's
+# application is deployed and served by every integration module
+@pytest.mark.slow
 def test_serve_deploy_of_the_serve_config_file_runs_the_api_on_the_cluster(dashboard_cluster, simulator, tmp_path):
     address, env = dashboard_cluster
     config = yaml.safe_load((REPO / "deploy" / "serve_config.yaml").read_text())

@@ -9,6 +9,7 @@ import time
 import pytest
 import ray
 
+from reasonray.actors.ray_compat import actor_id_of
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 
 from .conftest import own_app, result_of, rpc
@@ -34,7 +35,7 @@ def test_self_consistency_branches_share_a_warm_pool_of_few_processes(serve_base
         assert [r["actor_id"] for r in health["started"]] == health["actor_ids"]
         runners = {r["actor_id"]: r for r in health["started"]}
         for actor_id, runner in runners.items():  # live, named Ray actors in the application's namespace
-            assert ray.get_actor(runner["name"], namespace="reasonray")._actor_id.hex() == actor_id
+            assert actor_id_of(ray.get_actor(runner["name"], namespace="reasonray")) == actor_id
             assert runner["name"].startswith("fanpool-branches-")
 
         queries = [f"What is {i} + {i}?" for i in range(8)]

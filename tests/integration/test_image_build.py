@@ -30,7 +30,9 @@ def image() -> Iterator[str]:
     if os.geteuid() != 0:
         pytest.skip("building an image needs root (debootstrap, buildah's chroot isolation); run the slow suite as root")
     missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
-    assert not missing, f"{', '.join(missing)} missing: scripts/setup.sh installs them (apt-get install buildah debootstrap)"
+    assert not missing, (
+        f"{', '.join(missing)} missing: make test-slow installs them (scripts/setup.sh --slow: apt-get install buildah debootstrap)"
+    )
     tag = f"localhost/reasonray-test:{uuid.uuid4().hex[:8]}"
     # the first build makes the base and installs torch and the project from PyPI: many minutes on two cores
     done = subprocess.run(

@@ -17,21 +17,21 @@ from reasonray.kernel.config import Settings
 def serve_url() -> Iterator[str]:
     import ray
     from ray import serve
-    from ray.serve.context import _get_global_client
 
+    from reasonray.actors.ray_compat import serve_http
     from reasonray.serve_app import ray_environment
 
     started_ray = not ray.is_initialized()
     if started_ray:
         os.environ.update(ray_environment(Settings()))  # the ingress `reasonray serve` uses, as tests/integration does
         ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="reasonray-tests", log_to_driver=False)
-    client = _get_global_client(raise_if_no_controller_running=False)
-    started_serve = client is None
+    running = serve_http()
+    started_serve = running is None
     if started_serve:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
     else:
-        port = client.http_config.port
+        port = running.port
     yield f"http://127.0.0.1:{port}"
     if started_serve:
         serve.shutdown()

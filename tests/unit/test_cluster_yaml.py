@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray.autoscaler._private.util import prepare_config, validate_config
 from ray.serve.schema import ServeDeploySchema
 
+from reasonray.actors.ray_compat import validate_cluster_config
 from reasonray.kernel.config import Settings
 from reasonray.serve_app import AppArgs
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("name", ["cluster.yaml", "cluster.onprem.yaml"])
 def test_cluster_files_pass_rays_own_validation(name):
     config = yaml.safe_load((REPO / name).read_text())
-    validate_config(prepare_config(config))
+    validate_cluster_config(config)
     head = " ".join(config["head_start_ray_commands"])
     workers = " ".join(config["worker_start_ray_commands"])
     assert "reasonray serve --address auto" in head and "chroma run" in head
