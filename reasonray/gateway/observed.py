@@ -80,15 +80,12 @@ class ObservedLLM:
         self.tally = Tally()
 
     @property
-    def capabilities(self) -> Capabilities:
-        return capabilities_of(self.inner)
-
-    @property
     def model(self) -> str:
         return self.inner.model
 
     @property
     def capabilities(self) -> Capabilities:
+        """What the endpoint behind this run enforces, as the LLM stack below declares it."""
         return capabilities_of(self.inner)
 
     @property
