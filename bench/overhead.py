@@ -133,37 +133,28 @@ def auth_overhead(settings: Settings, n: int = 5_000) -> dict[str, tuple[list[fl
     """Per method: the plain dispatcher, and bearer verification + the tenancy guard + the limiter around it."""
     import asyncio
 
-    from reasonray.api.app import local_dispatcher
-    from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, mint_token
+    from reasonray.api.app import Backends, build_application
+    from reasonray.api.auth import CURRENT_PRINCIPAL, TokenVerifier, mint_token
     from reasonray.api.limits import LocalLimits
-    from reasonray.api.tenancy import Guard, LocalOwners, install_guard
+    from reasonray.api.tenancy import LocalOwners, build_guard, install_guard
     from reasonray.gateway.testing import FunctionLLM
     from reasonray.kernel.auth_settings import AuthSettings
 
     secret = "bench-secret-" + "x" * 32
     auth = AuthSettings.model_validate(
-        {"jwt_secret": secret, "principals": {"alice": {"requests_per_minute": 10**9, "tokens_per_day": 10**12}}}
+        {"jwt_secret": secret, "audit": False, "principals": {"alice": {"requests_per_minute": 10**9, "tokens_per_day": 10**12}}}
     )
     loop = asyncio.new_event_loop()
 
     def dispatcher(guarded: bool):
-        rpc = local_dispatcher(settings.reasoning, FunctionLLM(lambda req: "<answer>1</answer>"))
-        if guarded:
-
-            async def strategy_of(params):
-                return params.strategy or "chain_of_thought"
-
-            async def exists(agent_id):
-                return False  # no agents file: every card is registered through the API, and owned
-
-            async def strategies(agent_id):
-                return ["chain_of_thought"]
-
-            guard = Guard(
-                Policy(auth), LocalOwners(), LocalLimits(), agent_exists=exists, strategy_of=strategy_of, agent_strategies=strategies
+        app_settings = settings.model_copy(update={"auth": auth})
+        llm = FunctionLLM(lambda req: "<answer>1</answer>")
+        application = build_application(app_settings, llm=llm, backends=Backends(cache=None, memory=None), data_dir=None)
+        if guarded:  # the guard every entry point builds, its records in this process
+            install_guard(
+                application.dispatcher, build_guard(app_settings, application.registry, application.service, LocalOwners(), LocalLimits())
             )
-            install_guard(rpc, guard)
-        return rpc
+        return application.dispatcher
 
     plain, guarded = dispatcher(False), dispatcher(True)
     verifier = TokenVerifier(auth)

@@ -63,7 +63,8 @@ from reasonray.api.a2a_store import (
     TaskBoard,
     owner_of,
 )
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, RATE_LIMITED, UNAUTHENTICATED, Dispatcher, RpcError
+from reasonray.api.errors import a2a_refused, view_of
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, RpcError
 from reasonray.api.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
@@ -72,7 +73,6 @@ from reasonray.strategies.registry import Catalogue
 log = structlog.get_logger(__name__)
 
 A2A_PATH = "/a2a"
-REFUSALS = frozenset({UNAUTHENTICATED, FORBIDDEN, RATE_LIMITED})  # the guard refused before any run: the task is rejected
 EXAMPLES = {
     "chain_of_thought": "What is 17 * 23?",
     "bounded_context": "Prove that the sum of the first n odd numbers is n squared, step by step.",
@@ -305,7 +305,7 @@ class ReasoningExecutor(AgentExecutor):
         call outside `A2AServer.handle`, ends in a task that says why."""
         assert context.task_id and context.context_id
         holder = REFUSED.get()
-        if holder is not None and error["code"] in REFUSALS:
+        if holder is not None and a2a_refused(error):
             holder.update(error=error, task_id=context.task_id, owner=owner)
             raise Refused(error["message"])
         if context.current_task is None:
@@ -333,7 +333,7 @@ class ReasoningExecutor(AgentExecutor):
         message.metadata.update(
             {"code": error["code"], **{k: data[k] for k in ("error_type", "retry_after_s", "limit_name", "trace_id") if k in data}}
         )
-        if error["code"] in REFUSALS:
+        if a2a_refused(error):
             await updater.reject(message)
         else:
             await updater.failed(message)
@@ -354,9 +354,6 @@ def auth_configured(settings: Any) -> bool:
     """Whether `[auth]` asks callers for a bearer token (read defensively: the section may not exist)."""
     auth = getattr(settings, "auth", None)
     return bool(auth is not None and getattr(auth, "enabled", False))
-
-
-REFUSAL_STATUS = {UNAUTHENTICATED: 401, FORBIDDEN: 403, RATE_LIMITED: 429}
 
 
 class A2AServer:
@@ -408,7 +405,7 @@ class A2AServer:
         request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
         return JSONResponse(
             {"jsonrpc": "2.0", "error": error, "id": request_id},
-            status_code=REFUSAL_STATUS[error["code"]],
+            status_code=view_of(error["code"]).http_status,
             headers=self.refusal_headers(error),
         )
 
