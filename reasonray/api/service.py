@@ -405,10 +405,18 @@ class ReasoningService:
         if not task.cancelled() and task.exception() is not None:
             log.warning("memory.stats_not_recorded", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
 
-    async def _index(self, outcome: RunOutcome) -> None:
-        """The run in the run index, with its event log; a failure to index is logged, never the caller's."""
+    def _index(self, outcome: RunOutcome) -> None:
+        """The run in the run index, with its event log, written while the answer goes out: the file index
+        fsyncs each record, which no caller should wait on; the write finishes even when the caller goes away."""
         if self.runs is None:
             return
+        task = asyncio.ensure_future(self._write_index(outcome))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_index(self, outcome: RunOutcome) -> None:
+        """A failure to index is logged, never the caller's."""
+        assert self.runs is not None
         end = outcome.end
         run = RunRecord(
             trace_id=end.trace_id,
