@@ -67,11 +67,8 @@ log = structlog.get_logger("reasonray.serve")
 api = FastAPI(
     title="ReasonRay",
     version=__version__,
-    description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
-    "reasoning.bounded_context, reasoning.strategies, agent.register/get/list/discover/unregister, "
-    "session.create/turn/resume/get/close/tools, memory.retrieve/store/get/genealogy/descendants/errors/traces/"
-    "list_workspaces/delete_workspace, stats.get/reset, and the aliases solve_coding_task, retrieve_memories, "
-    "get_memory_genealogy, get_statistics); "
+    description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (`rpc.discover` lists its methods: reasoning.*, agent.*, "
+    "session.*, memory.*, stats.* and the aliases, each with its parameters and result); "
     "REST mirrors under /v1. See docs/api.md.",
 )
 
