@@ -416,7 +416,7 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     metrics listener; they get free ports here so that two clusters on one machine never collide.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
-    if not settings.haproxy_ingress():  # without auth, HAProxy would open the API on every interface
+    if not settings.haproxy_ingress():  # fast_ingress off, or no auth on a host its listeners cannot be bound to
         return env
     env = {
         **env,

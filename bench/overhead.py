@@ -290,12 +290,13 @@ def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url:
     from ray import serve
 
     from reasonray.api.auth import mint_token
+    from reasonray.kernel.auth_settings import LimitSettings
     from reasonray.serve_app import build_app, ray_environment
 
     headers: dict[str, str] = {}
     if path == "auth":
         limits = {"requests_per_minute": 1_000_000, "concurrent_runs": 64, "tokens_per_minute": 10**9, "tokens_per_day": 10**12}
-        auth = settings.auth.model_copy(update={"jwt_secret": AUTH_SECRET, "principals": {AUTH_SUB: limits}})
+        auth = settings.auth.model_copy(update={"jwt_secret": AUTH_SECRET, "principals": {AUTH_SUB: LimitSettings(**limits)}})
         settings = settings.model_copy(update={"auth": auth})
         headers = {"Authorization": "Bearer " + mint_token(AUTH_SECRET, AUTH_SUB, ["reasoner"], 3600)}
     os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses with these settings
@@ -449,8 +450,9 @@ def main() -> None:
         sim.terminate()
         sim.wait()
         try:
-            serve.shutdown()
-            ray.shutdown()
+            if ray.is_initialized():  # serve.shutdown would start a cluster to shut down
+                serve.shutdown()
+                ray.shutdown()
         except Exception:
             pass
 
