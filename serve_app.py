@@ -37,23 +37,23 @@ from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
 from reasonray.api.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
-from reasonray.api.a2a_remote import remote_strategy
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
-from reasonray.api.audit import AuditLog, NoAudit, audit_log_for, audit_refusal
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
+from reasonray.api.audit import AuditLog, NoAudit, audit_refusal
+from reasonray.api.auth import CURRENT_PRINCIPAL, TokenVerifier
+from reasonray.api.errors import error_headers, openai_error, rest_error, view_of
 from reasonray.api.guard import GuardSettings, HttpGuard
-from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_response
+from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for, error_response
 from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, error_from_rpc, http_error, respond
+from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, http_error, respond
 from reasonray.api.prometheus import content_type as metrics_content_type
 from reasonray.api.prometheus import merge as merge_metrics
 from reasonray.api.prometheus import wants_openmetrics
 from reasonray.api.registry import RegistryService
 from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
-from reasonray.api.tenancy import Guard, agent_exists_via, agent_strategies_via, install_guard
+from reasonray.api.tenancy import build_guard, install_guard
 from reasonray.api.tracing import in_request_trace, request_span
 from reasonray.gateway.factory import client_for
 from reasonray.gateway.simulator.server import free_port
@@ -70,11 +70,8 @@ log = structlog.get_logger("reasonray.serve")
 api = FastAPI(
     title="ReasonRay",
     version=__version__,
-    description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (methods: reasoning.execute, "
-    "reasoning.bounded_context, reasoning.strategies, agent.register/get/list/discover/unregister, "
-    "session.create/turn/resume/get/close/tools, memory.retrieve/store/get/genealogy/descendants/errors/traces/"
-    "list_workspaces/delete_workspace, stats.get/reset, and the aliases solve_coding_task, retrieve_memories, "
-    "get_memory_genealogy, get_statistics); "
+    description="LLM reasoning on Ray. JSON-RPC 2.0 at POST /rpc (`rpc.discover` lists its methods: reasoning.*, agent.*, "
+    "session.*, memory.*, stats.* and the aliases, each with its parameters and result); "
     "REST mirrors under /v1. See docs/api.md.",
 )
 
@@ -153,24 +150,22 @@ def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Res
     if path in JSONRPC_PATHS:
         payload = error_response(None, error)
     elif path in OPENAI_PATHS or path.startswith("/v1/models/"):
-        payload = error_from_rpc(error.body()).body
+        payload = openai_error(error.body())[1]
     challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
-    return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
+    return JSONResponse(
+        payload, status_code=view_of(error.code).http_status, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id}
+    )
 
 
 def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
-    """Retry-After and X-RateLimit-* for a -32012 error; nothing for other errors."""
-    data = error.get("data") or {}
-    if error.get("code") != RATE_LIMITED or "retry_after_s" not in data:
-        return {}
-    wait = str(max(1, round(data["retry_after_s"] + 0.4999)))
-    return {"Retry-After": wait, "X-RateLimit-Limit": str(data.get("limit", "")), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": wait}
+    """Retry-After and X-RateLimit-* for a -32012 error; nothing for other errors (/rpc answers those with 200)."""
+    return error_headers(error) if error.get("code") == RATE_LIMITED else {}
 
 
 def openai_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> JSONResponse:
     """An OpenAI-shaped answer; a rate-limited one carries Retry-After and X-RateLimit-* as /rpc's does."""
     rpc_error = body.get("error", {}).get("reasonray") or {}
-    return JSONResponse(body, status_code=status, headers={**headers, **rate_limit_headers(rpc_error)})
+    return JSONResponse(body, status_code=status, headers={**headers, **error_headers(rpc_error)})
 
 
 def caller_has_role(*roles: str) -> bool:
@@ -187,6 +182,19 @@ def caller_sub() -> str | None:
 
 
 api.add_middleware(AuthGate)
+
+
+@api.exception_handler(RequestValidationError)
+async def invalid_body(request: Request, exc: RequestValidationError) -> Response:
+    """A REST body FastAPI could not validate is invalid params (-32602), answered as the dispatcher answers it."""
+    where = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+    errors = [{"loc": [str(p) for p in e["loc"][1:]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    trace_id = accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
+    error = RpcError(INVALID_PARAMS, f"invalid params: {where}", {"errors": errors, "trace_id": trace_id})
+    status, body, headers = rest_error(error.body())
+    return JSONResponse(body, status_code=status, headers={"X-Trace-Id": trace_id, **headers})
+
+
 LLM_PROBE_TTL_S = 5.0
 SESSION_GAUGE_S = 5.0
 
@@ -261,28 +269,14 @@ class ReasonRayIngress:
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
 
     def _guard(self, app_name: str) -> None:
-        """Authentication on: tokens verified at the gate, every method behind the tenancy guard."""
-        auth = self.settings.auth
-        AuthGate.verifier = TokenVerifier(auth)
-
-        async def strategy_of(params: Any) -> str:
-            agent_id = getattr(params, "agent_id", None)
-            if agent_id is not None and (await self.registry.get_agent(agent_id)).get("a2a_card_url"):
-                return remote_strategy(agent_id)  # forwarded to a remote A2A agent: roles allow it as `a2a:<id>`
-            return (await self.service.resolve(params)).strategy
-
-        audit = audit_log_for(self.settings.store.url, self.settings.data_dir) if auth.audit else None
-        AuthGate.audit = audit or NoAudit()  # one writer for refusals at the gate and for every call the guard sees
-        guard = Guard(
-            Policy(auth),
-            # both follow this deployment's store and data directory, and keep their records there
-            RayOwners(owners_actor(app_name, self.settings.store.url, self.settings.data_dir)),
-            RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir)),
-            agent_exists=lambda agent_id: agent_exists_via(self.registry.get_agent, agent_id),
-            strategy_of=strategy_of,
-            agent_strategies=lambda agent_id: agent_strategies_via(self.registry.get_agent, agent_id),
-            audit=audit,
-        )
+        """Authentication on: tokens verified at the gate, every method behind the one guard (`build_guard`),
+        its ownership records and limits on the cluster's shared actors."""
+        AuthGate.verifier = TokenVerifier(self.settings.auth)
+        # both follow this deployment's store and data directory, and keep their records there
+        owners = RayOwners(owners_actor(app_name, self.settings.store.url, self.settings.data_dir))
+        limits = RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir))
+        guard = build_guard(self.settings, self.registry, self.service, owners, limits)
+        AuthGate.audit = guard.audit  # one writer for refusals at the gate and for every call the guard sees
         install_guard(self.rpc, guard)
 
     @api.post("/rpc", summary="JSON-RPC 2.0 endpoint (single or batch)")
@@ -290,7 +284,7 @@ class ReasonRayIngress:
         if self._session_gauge is None:
             self._session_gauge = asyncio.create_task(self._count_sessions())
         body = await request.body()
-        if (call := streaming_call(body)) is not None:  # reasoning.execute with "stream": true, as SSE
+        if (call := streaming_call(self.rpc, body)) is not None:  # reasoning.execute with "stream": true, as SSE
             with request_span("/rpc", request.headers) as trace_id:  # the caller's traceparent names the run here too
                 trace_id = trace_id or new_trace_id()
                 events = in_request_trace("/rpc stream", rpc_sse(self.rpc, call, trace_id))
@@ -300,8 +294,9 @@ class ReasonRayIngress:
         headers = {"X-Trace-Id": trace_ids[0]} if len(trace_ids) == 1 else {}
         if payload is None:
             return Response(status_code=204, headers=headers)
+        # JSON-RPC over HTTP answers its errors with 200, but for a rate limit (429 and when to come back)
         limited = rate_limit_headers(payload.get("error") or {}) if isinstance(payload, dict) else {}
-        return JSONResponse(payload, headers={**headers, **limited}, status_code=429 if limited else 200)
+        return JSONResponse(payload, headers={**headers, **limited}, status_code=view_of(RATE_LIMITED).http_status if limited else 200)
 
     @api.post("/v1/reasoning/execute", response_model=ExecuteResult, summary="REST mirror of reasoning.execute")
     async def execute(self, params: ExecuteParams, request: Request) -> Response:
@@ -342,11 +337,8 @@ class ReasonRayIngress:
             try:
                 result = await self.rpc.call(method, params, trace_id)
             except RpcError as error:
-                headers = {"X-Trace-Id": trace_id}
-                if "retry_after_s" in error.data:  # overloaded: when to come back
-                    headers["Retry-After"] = str(max(1, math.ceil(error.data["retry_after_s"])))
-                headers.update(rate_limit_headers(error.body()))
-                return JSONResponse({"error": error.body()}, status_code=error.http_status, headers=headers)
+                status, body, headers = rest_error(error.body())
+                return JSONResponse(body, status_code=status, headers={"X-Trace-Id": trace_id, **headers})
         return JSONResponse(result, headers={"X-Trace-Id": trace_id})
 
     @api.get("/.well-known/agent-card.json", summary="The A2A agent card (docs/interop.md)")
@@ -403,8 +395,9 @@ class ReasonRayIngress:
                 trace_id=trace_id,
                 principal=caller_sub(),
             )
-            body = {"code": error.code, "message": error.message, "data": {**error.data, "trace_id": trace_id}}
-            return JSONResponse({"error": body}, status_code=403, headers={"X-Trace-Id": trace_id})
+            error.data["trace_id"] = trace_id
+            status, body, headers = rest_error(error.body())
+            return JSONResponse(body, status_code=status, headers={"X-Trace-Id": trace_id, **headers})
         body, status_code = await self._health()
         return JSONResponse(body, status_code=status_code)
 
@@ -471,7 +464,7 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     metrics listener; they get free ports here so that two clusters on one machine never collide.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
-    if not settings.haproxy_ingress():  # without auth, HAProxy would open the API on every interface
+    if not settings.haproxy_ingress():  # fast_ingress off, or no auth on a host its listeners cannot be bound to
         return env
     env = {
         **env,

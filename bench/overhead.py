@@ -7,9 +7,12 @@ over HTTP in interleaved blocks with the same requests.
 
     .venv/bin/python bench/overhead.py [--requests 300] [--tracing-only] [--auth-only [--auth-requests 600]]
     .venv/bin/python bench/overhead.py --auth-in-process   # the guard alone, in this process, no Ray
+    .venv/bin/python bench/overhead.py --path default      # CoT over Serve's proxy (auth off), paired with direct calls
+    .venv/bin/python bench/overhead.py --path auth         # CoT with auth on (HAProxy ingress), paired with direct calls
 
 Targets (issue 2): resolution under 1 ms p50; added latency through Serve under 15 ms p50.
 Target (issue 19): authentication + rate limiting under 1 ms p50 per request.
+Target: a CoT request adds under 8 ms p50 over a direct call, on both paths.
 """
 
 from __future__ import annotations
@@ -133,37 +136,28 @@ def auth_overhead(settings: Settings, n: int = 5_000) -> dict[str, tuple[list[fl
     """Per method: the plain dispatcher, and bearer verification + the tenancy guard + the limiter around it."""
     import asyncio
 
-    from reasonray.api.app import local_dispatcher
-    from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, mint_token
+    from reasonray.api.app import Backends, build_application
+    from reasonray.api.auth import CURRENT_PRINCIPAL, TokenVerifier, mint_token
     from reasonray.api.limits import LocalLimits
-    from reasonray.api.tenancy import Guard, LocalOwners, install_guard
+    from reasonray.api.tenancy import LocalOwners, build_guard, install_guard
     from reasonray.gateway.testing import FunctionLLM
     from reasonray.kernel.auth_settings import AuthSettings
 
     secret = "bench-secret-" + "x" * 32
     auth = AuthSettings.model_validate(
-        {"jwt_secret": secret, "principals": {"alice": {"requests_per_minute": 10**9, "tokens_per_day": 10**12}}}
+        {"jwt_secret": secret, "audit": False, "principals": {"alice": {"requests_per_minute": 10**9, "tokens_per_day": 10**12}}}
     )
     loop = asyncio.new_event_loop()
 
     def dispatcher(guarded: bool):
-        rpc = local_dispatcher(settings.reasoning, FunctionLLM(lambda req: "<answer>1</answer>"))
-        if guarded:
-
-            async def strategy_of(params):
-                return params.strategy or "chain_of_thought"
-
-            async def exists(agent_id):
-                return False  # no agents file: every card is registered through the API, and owned
-
-            async def strategies(agent_id):
-                return ["chain_of_thought"]
-
-            guard = Guard(
-                Policy(auth), LocalOwners(), LocalLimits(), agent_exists=exists, strategy_of=strategy_of, agent_strategies=strategies
+        app_settings = settings.model_copy(update={"auth": auth})
+        llm = FunctionLLM(lambda req: "<answer>1</answer>")
+        application = build_application(app_settings, llm=llm, backends=Backends(cache=None, memory=None), data_dir=None)
+        if guarded:  # the guard every entry point builds, its records in this process
+            install_guard(
+                application.dispatcher, build_guard(app_settings, application.registry, application.service, LocalOwners(), LocalLimits())
             )
-            install_guard(rpc, guard)
-        return rpc
+        return application.dispatcher
 
     plain, guarded = dispatcher(False), dispatcher(True)
     verifier = TokenVerifier(auth)
@@ -290,6 +284,65 @@ def print_auth_http(figures: dict[str, tuple[list[float], list[float]]]) -> bool
     return ok
 
 
+def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url: str, api_port: int) -> None:
+    """What one chain-of-thought request adds over the same chat completion sent straight to the model, on the
+    path `reasonray serve` takes with authentication off (`default`) or on (`auth`: a token, per-principal
+    limits, the tenancy guard and the audit log), in interleaved blocks of one run."""
+    import ray
+    from ray import serve
+
+    from reasonray.api.auth import mint_token
+    from reasonray.kernel.auth_settings import LimitSettings
+    from reasonray.serve_app import build_app, ray_environment
+
+    headers: dict[str, str] = {}
+    if path == "auth":
+        limits = {"requests_per_minute": 1_000_000, "concurrent_runs": 64, "tokens_per_minute": 10**9, "tokens_per_day": 10**12}
+        auth = settings.auth.model_copy(update={"jwt_secret": AUTH_SECRET, "principals": {AUTH_SUB: LimitSettings(**limits)}})
+        settings = settings.model_copy(update={"auth": auth})
+        headers = {"Authorization": "Bearer " + mint_token(AUTH_SECRET, AUTH_SUB, ["reasoner"], 3600)}
+    os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses with these settings
+    ingress = "HAProxy" if settings.haproxy_ingress() else "Serve's proxy"
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": api_port})
+        serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")
+        direct = openai.OpenAI(base_url=sim_url, api_key="x", max_retries=0)
+        max_tokens = settings.reasoning.strategies["chain_of_thought"]["default_max_tokens"]
+        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30, headers=headers)
+
+        def call_direct(i: int) -> None:
+            direct.chat.completions.create(
+                model="simulated",
+                messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"What is {i} * 7?"}],
+                max_tokens=max_tokens,
+                temperature=0.0,
+            )
+
+        def call_serve(i: int) -> None:
+            body = {"jsonrpc": "2.0", "id": i, "method": "reasoning.execute", "params": {"query": f"What is {i} * 7?"}}
+            response = api.post("/rpc", json=body).json()
+            assert "result" in response, response
+
+        timed(lambda i: call_direct(i + 10_000), warmup)
+        timed(lambda i: call_serve(i + 10_000), warmup)
+        direct_ms: list[float] = []
+        serve_ms: list[float] = []
+        for block in range(0, requests, 50):  # interleaved: both see the same machine load
+            direct_ms += timed(lambda i, block=block: call_direct(block + i), min(50, requests - block))
+            serve_ms += timed(lambda i, block=block: call_serve(block + i), min(50, requests - block))
+        health_ms = timed(lambda _i: api.get("/healthz"), 100)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    d50, s50 = pct(direct_ms, 0.5), pct(serve_ms, 0.5)
+    print(f"path {path}: auth {'on' if path == 'auth' else 'off'}, ingress {ingress}; {requests} sequential CoT requests per side")
+    print(f"direct openai client -> simulator   p50 {d50:7.2f} ms   p95 {pct(direct_ms, 0.95):7.2f} ms")
+    print(f"reasoning.execute over HTTP          p50 {s50:7.2f} ms   p95 {pct(serve_ms, 0.95):7.2f} ms")
+    print(f"added p50 {s50 - d50:7.2f} ms   ratio p50 {s50 / d50:.2f}x   /healthz p50 {pct(health_ms, 0.5):.2f} ms")
+    print(f"target added < 8 ms p50: {'PASS' if s50 - d50 < 8 else 'FAIL'}")
+
+
 def wait_for(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -309,6 +362,12 @@ def main() -> None:
     parser.add_argument("--auth-only", action="store_true", help="Only the authentication and rate-limiting figures (over HTTP).")
     parser.add_argument("--auth-requests", type=int, default=600, help="Requests per method and mode for the auth figures.")
     parser.add_argument("--auth-in-process", action="store_true", help="The guard alone, in this process (no Ray, no HTTP).")
+    parser.add_argument(
+        "--path",
+        choices=("default", "auth"),
+        help="Only what a CoT request adds over a direct call on one path, paired in this run: `default` (auth off: "
+        "Serve's proxy) or `auth` (auth on, with limits: the HAProxy ingress `reasonray serve` uses then).",
+    )
     args = parser.parse_args()
     if args.tracing_only:
         tracing_overhead()
@@ -346,6 +405,10 @@ def main() -> None:
             figures = auth_http_overhead(settings, args.auth_requests)
             print(f"auth: {args.auth_requests} sequential requests per method and mode, blocks of 50 interleaved, simulated model")
             print_auth_http(figures)
+            return
+
+        if args.path is not None:
+            cot_path(settings, args.path, args.requests, args.warmup, sim_url, api_port)
             return
 
         by_default, by_request = resolution_overhead(settings)
@@ -389,8 +452,9 @@ def main() -> None:
         sim.terminate()
         sim.wait()
         try:
-            serve.shutdown()
-            ray.shutdown()
+            if ray.is_initialized():  # serve.shutdown would start a cluster to shut down
+                serve.shutdown()
+                ray.shutdown()
         except Exception:
             pass
 

@@ -157,7 +157,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
         if settings.haproxy_ingress():
             click.echo("  ingress    HAProxy ([server] fast_ingress)")
         elif settings.server.fast_ingress:
-            click.echo("  ingress    Serve's proxy: HAProxy ([server] fast_ingress) runs only with [auth] (docs/security.md#ports)")
+            click.echo("  ingress    Serve's proxy: HAProxy ([server] fast_ingress) needs [auth] on a host name (docs/security.md#ports)")
         if settings.auth.enabled:
             click.echo("  auth       ON: every endpoint but /healthz needs `Authorization: Bearer <token>` (reasonray token create)")
         else:

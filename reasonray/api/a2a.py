@@ -66,7 +66,8 @@ from reasonray.api.a2a_store import (
     TaskBoard,
     owner_of,
 )
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, RATE_LIMITED, UNAUTHENTICATED, Dispatcher, RpcError
+from reasonray.api.errors import a2a_refused, view_of
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, RpcError
 from reasonray.api.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
@@ -75,7 +76,6 @@ from reasonray.strategies.registry import Catalogue
 log = structlog.get_logger(__name__)
 
 A2A_PATH = "/a2a"
-REFUSALS = frozenset({UNAUTHENTICATED, FORBIDDEN, RATE_LIMITED})  # the guard refused before any run: the task is rejected
 EXAMPLES = {
     "chain_of_thought": "What is 17 * 23?",
     "bounded_context": "Prove that the sum of the first n odd numbers is n squared, step by step.",
@@ -313,7 +313,7 @@ class ReasoningExecutor(AgentExecutor):
         call outside `A2AServer.handle`, ends in a task that says why."""
         assert context.task_id and context.context_id
         holder = REFUSED.get()
-        if holder is not None and error["code"] in REFUSALS:
+        if holder is not None and a2a_refused(error):
             holder.update(error=error, task_id=context.task_id, owner=owner)
             raise Refused(error["message"])
         if context.current_task is None:
@@ -339,7 +339,7 @@ class ReasoningExecutor(AgentExecutor):
         message = say(_refusal(error))
         data = error.get("data") or {}
         message.metadata.update({"code": error["code"], **{camel: data[k] for k, camel in _REFUSAL_KEYS.items() if k in data}})
-        if error["code"] in REFUSALS:
+        if a2a_refused(error):
             await updater.reject(message)
         else:
             await updater.failed(message)
@@ -381,9 +381,6 @@ def auth_configured(settings: Any) -> bool:
     """Whether `[auth]` asks callers for a bearer token (read defensively: the section may not exist)."""
     auth = getattr(settings, "auth", None)
     return bool(auth is not None and getattr(auth, "enabled", False))
-
-
-REFUSAL_STATUS = {UNAUTHENTICATED: 401, FORBIDDEN: 403, RATE_LIMITED: 429}
 
 
 class A2AServer:
@@ -436,7 +433,7 @@ class A2AServer:
         request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
         return JSONResponse(
             {"jsonrpc": "2.0", "error": error, "id": request_id},
-            status_code=REFUSAL_STATUS[error["code"]],
+            status_code=view_of(error["code"]).http_status,
             headers=self.refusal_headers(error),
         )
 
@@ -468,7 +465,7 @@ class A2AServer:
                 response.headers["content-type"] = "application/json"  # what the HTTP+JSON binding names (A2A 11.1)
             return response
         error = await self._refused(holder)
-        status = REFUSAL_STATUS[error["code"]]
+        status = view_of(error["code"]).http_status
         reason = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}[status]
         body = {"error": {"code": status, "status": reason, "message": error["message"], "details": [error]}}
         return JSONResponse(body, status_code=status, headers=self.refusal_headers(error))

@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from reasonray.api.access import Access, Visible
 from reasonray.gateway.errors import (
     CircuitOpenError,
     LLMConfigError,
@@ -78,7 +79,7 @@ CODE_NAMES = {
 }
 
 VERBATIM_RESULTS = frozenset({"rpc.discover"})
-PROTOCOL_HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, METHOD_NOT_FOUND: 404, INVALID_PARAMS: 422, INTERNAL_ERROR: 500}
+PROTOCOL_HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, METHOD_NOT_FOUND: 404, INVALID_PARAMS: 400, INTERNAL_ERROR: 500}
 
 
 def provider_summary(exc: LLMError) -> str:
@@ -141,15 +142,19 @@ def error_for(exc: Exception) -> RpcError:
 
 @dataclass
 class Call:
-    """What a handler knows about the call it serves."""
+    """What a handler knows about the call it serves: its trace id, its method and that method's declared
+    access, and (set by the guard for a method that lists resources) what the caller may see of them."""
 
     trace_id: str
     method: str
+    access: Access | None = None
+    visible: Visible | None = None
 
 
 Handler = Callable[[Any, Call], Awaitable[Any]]
 Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]]
-"""Wraps every method call: checks the caller before `invoke()`, may filter its result (reasonray.api.tenancy)."""
+"""Wraps every method call: admits the caller by the method's declared access before `invoke()`
+(reasonray.api.tenancy)."""
 
 
 @dataclass
@@ -157,7 +162,10 @@ class Method:
     handler: Handler
     params: type[BaseModel]
     description: str
+    access: Access  # who may call it, what it touches, what it is charged against (reasonray.api.access)
     result: type[BaseModel] | None = None  # what it answers, as rpc.discover advertises it (reasonray.api.results)
+    stream: bool = False  # POST /rpc may answer it as SSE (`"stream": true` in its params)
+    mcp_tool: str | None = None  # the MCP tool it is served as, if any
 
 
 class Dispatcher:
@@ -175,10 +183,23 @@ class Dispatcher:
         self.guard: Guard | None = None
 
     def method(
-        self, name: str, params: type[BaseModel], description: str = "", *, result: type[BaseModel] | None = None
+        self,
+        name: str,
+        params: type[BaseModel],
+        description: str = "",
+        *,
+        access: Access,
+        result: type[BaseModel] | None = None,
+        stream: bool = False,
+        mcp_tool: str | None = None,
     ) -> Callable[[Handler], Handler]:
+        """Register a method; `access` is required: a method nobody declared access for cannot be served."""
+        if not isinstance(access, Access):
+            raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.access), not {access!r}")
+
         def register(handler: Handler) -> Handler:
-            self.methods[name] = Method(handler, params, description or (handler.__doc__ or "").strip(), result)
+            description_ = description or (handler.__doc__ or "").strip()
+            self.methods[name] = Method(handler, params, description_, access, result, stream, mcp_tool)
             return handler
 
         return register
@@ -267,7 +288,7 @@ class Dispatcher:
                 parsed = method.params.model_validate(params)
             except ValidationError as exc:
                 raise RpcError(INVALID_PARAMS, f"invalid params: {describe_errors(exc)}", {"errors": json_safe_errors(exc)}) from None
-            here = Call(trace_id=trace_id, method=name)
+            here = Call(trace_id=trace_id, method=name, access=method.access)
 
             def invoke() -> Awaitable[Any]:
                 if admitted is not None:

@@ -35,7 +35,7 @@ def rpc_asgi(rpc: Dispatcher) -> Starlette:
     async def endpoint(request: Request) -> Response:
         body = await request.body()
         trace_id = accept_trace_id(request.headers.get("x-trace-id"))
-        if (call := streaming_call(body)) is not None:
+        if (call := streaming_call(rpc, body)) is not None:
             trace_id = trace_id or new_trace_id()
             return EventSourceResponse(rpc_sse(rpc, call, trace_id), headers={"X-Trace-Id": trace_id})
         payload, trace_ids = await rpc.handle(body, trace_id)

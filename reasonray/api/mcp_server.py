@@ -24,8 +24,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from reasonray import __version__
-from reasonray.api.audit import audit_log_for
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal, TokenVerifier
+from reasonray.api.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier
 from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for
 from reasonray.api.openrpc import result_schema
 from reasonray.api.tenancy import Guard, install_guard
@@ -35,19 +34,6 @@ from reasonray.kernel.errors import UnauthenticatedError
 if TYPE_CHECKING:
     from reasonray.api.app import Application
 
-# tool name -> JSON-RPC method; a tool exists when the server has its method (memory tools need the bank)
-TOOLS: dict[str, str] = {
-    "reason": "reasoning.execute",
-    "solve_coding_task": "solve_coding_task",
-    "retrieve_memories": "retrieve_memories",
-    "get_memory_genealogy": "get_memory_genealogy",
-    "get_statistics": "get_statistics",
-    "session_create": "session.create",
-    "session_turn": "session.turn",
-    "session_resume": "session.resume",
-    "session_get": "session.get",
-    "session_close": "session.close",
-}
 STRATEGIES_URI = "reasonray://strategies"
 WORKSPACES_URI = "reasonray://memory/workspaces"
 MEMORY_TEMPLATE = "reasonray://memory/{workspace}/{memory_id}"
@@ -58,6 +44,8 @@ TOKEN_ENV = "REASONRAY_TOKEN"  # the stdio server's bearer token (or `reasonray 
 def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[], Principal | None] | None = None) -> Server:
     """The MCP server over `rpc`. Calls run as the request's principal (`CURRENT_PRINCIPAL`, which the HTTP
     auth gate sets), or as `principal()` when given: the stdio server's own verified caller."""
+    # a tool per method registered with `mcp_tool` (memory tools exist only where the server has a bank)
+    served = {m.mcp_tool: name for name, m in rpc.methods.items() if m.mcp_tool is not None}
     tools = [
         types.Tool(
             name=tool,
@@ -65,10 +53,9 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
             input_schema=fillable(rpc.methods[method].params.model_json_schema()),
             output_schema=result_schema(rpc.methods[method]),
         )
-        for tool, method in TOOLS.items()
-        if method in rpc.methods
+        for tool, method in served.items()
     ]
-    by_name = {t.name: TOOLS[t.name] for t in tools}
+    by_name = {t.name: served[t.name] for t in tools}
     has_memory = "memory.get" in rpc.methods
 
     async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -251,24 +238,13 @@ def local_guard(settings: Settings, application: Application) -> Guard:
     """The tenancy guard of an application served by this one process: ownership, budgets and audit in
     the configured store (PostgreSQL with `[store] url`, else files under the data directory)."""
     from reasonray.api.limits import LocalLimits, RateLimiter, TokenBudgets
-    from reasonray.api.tenancy import LocalOwners, agent_exists_via, agent_strategies_via, ownership_table
+    from reasonray.api.tenancy import LocalOwners, build_guard, ownership_table
     from reasonray.kernel.repositories import counters
 
-    auth, store, data_dir = settings.auth, settings.store.url, Path(settings.data_dir)
-    registry, service = application.registry, application.service
-
-    async def strategy_of(params: Any) -> str:
-        return (await service.resolve(params)).strategy
-
-    return Guard(
-        Policy(auth),
-        LocalOwners(ownership_table(store, data_dir)),
-        LocalLimits(RateLimiter(budgets=TokenBudgets(counters(store, data_dir)))),
-        agent_exists=lambda agent_id: agent_exists_via(registry.get_agent, agent_id),
-        strategy_of=strategy_of,
-        agent_strategies=lambda agent_id: agent_strategies_via(registry.get_agent, agent_id),
-        audit=audit_log_for(store, data_dir) if auth.audit else None,
-    )
+    store, data_dir = settings.store.url, Path(settings.data_dir)
+    owners = LocalOwners(ownership_table(store, data_dir))
+    limits = LocalLimits(RateLimiter(budgets=TokenBudgets(counters(store, data_dir))))
+    return build_guard(settings, application.registry, application.service, owners, limits)
 
 
 class StdioCaller:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
+from reasonray.api.access import EVERYONE, OPERATORS, REASONERS, Access, Resource, Visible
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.service import ExecuteParams, ReasoningService
 from reasonray.kernel.config import MemorySettings
@@ -136,6 +137,15 @@ def tests_verifier(tests: str, limits: SandboxLimits) -> Callable[[str], Awaitab
     return verify
 
 
+READ_WORKSPACE = Access(EVERYONE, (Resource("workspace", "workspace", personal=True),))
+
+
+def _only(workspaces: Any, seen: Visible) -> Any:
+    if isinstance(workspaces, dict):
+        return {k: v for k, v in workspaces.items() if seen.allows(k)}
+    return [w for w in workspaces if seen.allows(w.get("workspace") or w.get("name"))]
+
+
 def add_memory_methods(
     rpc: Dispatcher,
     memory: MemoryClient,
@@ -148,14 +158,19 @@ def add_memory_methods(
     def ws(name: str | None) -> str:
         return name or settings.default_workspace
 
-    @rpc.method("memory.retrieve", RetrieveParams, result=results.RetrieveResult)
+    @rpc.method("memory.retrieve", RetrieveParams, result=results.RetrieveResult, access=READ_WORKSPACE)
     async def retrieve(params: RetrieveParams, call: Call) -> dict[str, Any]:
         """Memories for a task, ranked by composite score (similarity, recency, error context)."""
         options = params.model_dump(exclude={"query", "workspace"})
         found = await memory.retrieve(params.query, ws(params.workspace), **options)
         return {"workspace": ws(params.workspace), "memories": found}
 
-    @rpc.method("memory.store", StoreParams, result=results.StoreResult)
+    @rpc.method(
+        "memory.store",
+        StoreParams,
+        result=results.StoreResult,
+        access=Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),)),
+    )
     async def store(params: StoreParams, call: Call) -> dict[str, Any]:
         """Store memory items (validated, parents checked) in one workspace; all or nothing."""
         items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
@@ -163,38 +178,47 @@ def add_memory_methods(
         stored = await memory.store_items(items, ws(params.workspace), keys)
         return {"workspace": ws(params.workspace), "stored": stored}
 
-    @rpc.method("memory.get", MemoryIdParams, result=results.MemoryResult)
+    @rpc.method("memory.get", MemoryIdParams, result=results.MemoryResult, access=READ_WORKSPACE)
     async def get(params: MemoryIdParams, call: Call) -> dict[str, Any]:
         """One memory by id."""
         return await memory.get(params.memory_id, ws(params.workspace))
 
-    @rpc.method("memory.genealogy", MemoryIdParams, result=results.GenealogyResult)
+    @rpc.method("memory.genealogy", MemoryIdParams, result=results.GenealogyResult, access=READ_WORKSPACE)
     async def genealogy(params: MemoryIdParams, call: Call) -> dict[str, Any]:
         """A memory's ancestors (root first) and the tree of memories derived from it."""
         return await memory.genealogy(params.memory_id, ws(params.workspace))
 
-    @rpc.method("memory.descendants", MemoryIdParams, result=results.DescendantsResult)
+    @rpc.method("memory.descendants", MemoryIdParams, result=results.DescendantsResult, access=READ_WORKSPACE)
     async def descendants(params: MemoryIdParams, call: Call) -> dict[str, Any]:
         """Every memory derived from this one, at any depth."""
         return {"memory_id": params.memory_id, "descendants": await memory.descendants(params.memory_id, ws(params.workspace))}
 
-    @rpc.method("memory.errors", ErrorsParams, result=results.MemoriesResult)
+    @rpc.method("memory.errors", ErrorsParams, result=results.MemoriesResult, access=READ_WORKSPACE)
     async def errors(params: ErrorsParams, call: Call) -> dict[str, Any]:
         """Memories with error context (lessons from failures), optionally of one error type or domain."""
         found = await memory.errors(ws(params.workspace), params.error_type, params.domain, params.limit)
         return {"workspace": ws(params.workspace), "memories": found}
 
-    @rpc.method("memory.traces", TracesParams, result=results.TracesResult)
+    @rpc.method("memory.traces", TracesParams, result=results.TracesResult, access=READ_WORKSPACE)
     async def traces(params: TracesParams, call: Call) -> dict[str, Any]:
         """The stored reasoning traces of a task: query, trajectory, outcome and item ids."""
         return {"task_id": params.task_id, "traces": await memory.traces(params.task_id, ws(params.workspace))}
 
-    @rpc.method("memory.list_workspaces", NoParams, result=results.WorkspacesResult)
+    @rpc.method("memory.list_workspaces", NoParams, result=results.WorkspacesResult, access=Access(EVERYONE, lists="workspace"))
     async def list_workspaces(params: NoParams, call: Call) -> dict[str, Any]:
         """Every workspace with its memory and trace counts."""
-        return {"default_workspace": settings.default_workspace, "workspaces": await memory.list_workspaces()}
+        workspaces = await memory.list_workspaces()
+        seen = call.visible if call is not None else None  # what the guard says the caller may see (None: all)
+        if seen is None:
+            return {"default_workspace": settings.default_workspace, "workspaces": workspaces}
+        return {"default_workspace": seen.default, "workspaces": _only(workspaces, seen)}
 
-    @rpc.method("memory.delete_workspace", DeleteWorkspaceParams, result=results.DeleteWorkspaceResult)
+    @rpc.method(
+        "memory.delete_workspace",
+        DeleteWorkspaceParams,
+        result=results.DeleteWorkspaceResult,
+        access=Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),)),
+    )
     async def delete_workspace(params: DeleteWorkspaceParams, call: Call) -> dict[str, Any]:
         """Delete a workspace with all its memories and traces (needs confirm: true)."""
         if not params.confirm:
@@ -210,18 +234,29 @@ def add_memory_methods(
             stats["llm_cache"] = await cache_stats()
         return stats
 
-    @rpc.method("stats.get", NoParams, result=results.StatsResult)
+    @rpc.method("stats.get", NoParams, result=results.StatsResult, access=Access(EVERYONE))
     async def stats_get(params: NoParams, call: Call) -> dict[str, Any]:
         """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency."""
         return await statistics()
 
-    @rpc.method("stats.reset", NoParams, result=results.StatsResult)
+    @rpc.method("stats.reset", NoParams, result=results.StatsResult, access=Access(OPERATORS))
     async def stats_reset(params: NoParams, call: Call) -> dict[str, Any]:
         """Zero the counters (for tests and benchmarks); stored memories are untouched."""
         return await memory.reset_stats()
 
     # -- the seed's tool names ------------------------------------------------------------------
-    @rpc.method("solve_coding_task", SolveCodingTaskParams, result=results.SolveCodingTaskResult)
+    @rpc.method(
+        "solve_coding_task",
+        SolveCodingTaskParams,
+        result=results.SolveCodingTaskResult,
+        access=Access(
+            REASONERS,
+            (Resource("workspace", "workspace", personal=True, claims=lambda p: bool(p.store_result)),),
+            strategy="matts",
+            limits="run",
+        ),
+        mcp_tool="solve_coding_task",
+    )
     async def solve_coding_task(params: SolveCodingTaskParams, call: Call) -> dict[str, Any]:
         """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
         base = {"base_strategy": "refine", "k": params.matts_k, "mode": params.matts_mode, "enabled": params.enable_matts}
@@ -256,7 +291,13 @@ def add_memory_methods(
             "trace_id": result.trace_id,
         }
 
-    @rpc.method("retrieve_memories", RetrieveMemoriesParams, result=results.RetrieveMemoriesResult)
+    @rpc.method(
+        "retrieve_memories",
+        RetrieveMemoriesParams,
+        result=results.RetrieveMemoriesResult,
+        access=READ_WORKSPACE,
+        mcp_tool="retrieve_memories",
+    )
     async def retrieve_memories(params: RetrieveMemoriesParams, call: Call) -> dict[str, Any]:
         """Alias of memory.retrieve with the seed's parameters."""
         found = await memory.retrieve(params.query, ws(params.workspace), top_k=params.n_results, domain=params.domain)
@@ -264,12 +305,14 @@ def add_memory_methods(
             found = [r for r in found if not r["warning"]]
         return {"query": params.query, "workspace": ws(params.workspace), "memories": found}
 
-    @rpc.method("get_memory_genealogy", GenealogyAliasParams, result=results.GenealogyResult)
+    @rpc.method(
+        "get_memory_genealogy", GenealogyAliasParams, result=results.GenealogyResult, access=READ_WORKSPACE, mcp_tool="get_memory_genealogy"
+    )
     async def get_memory_genealogy(params: GenealogyAliasParams, call: Call) -> dict[str, Any]:
         """Alias of memory.genealogy."""
         return await memory.genealogy(params.memory_id, ws(params.workspace))
 
-    @rpc.method("get_statistics", NoParams, result=results.StatsResult)
+    @rpc.method("get_statistics", NoParams, result=results.StatsResult, access=Access(EVERYONE), mcp_tool="get_statistics")
     async def get_statistics(params: NoParams, call: Call) -> dict[str, Any]:
         """Alias of stats.get."""
         return await statistics()

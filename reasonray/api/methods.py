@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
 from reasonray.api.a2a_remote import forward, remote_registration
+from reasonray.api.access import EVERYONE, REASONERS, RESOLVED, Access, Resource
 from reasonray.api.caps import check_text
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
@@ -22,7 +23,7 @@ from reasonray.api.registry import (
 )
 from reasonray.api.service import ExecuteParams, ExecuteResult, ReasoningService
 from reasonray.kernel.config import LimitSettings
-from reasonray.kernel.errors import InvalidParamsError, describe_errors
+from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, describe_errors
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics
 from reasonray.reasoner.session import SESSION_ID, Sessions, SessionSpec
@@ -94,6 +95,30 @@ class ResumeParams(SessionIdParams):
     tool_results: list[ToolResultParam] = Field(min_length=1, max_length=64, description="One result per pending client call.")
 
 
+def _uses_memory(params: ExecuteParams) -> bool:
+    return params.memory is not None and (params.memory.enabled or params.memory.learn)
+
+
+def _learns(params: ExecuteParams) -> bool:
+    return params.memory is not None and params.memory.learn
+
+
+def memory_search_for_admins(params: SessionSpec, sees_all: bool) -> None:
+    """The memory_search tool takes its workspace from the model, which no owner check sees: with
+    authentication on only admins get it (refused rather than leaked)."""
+    if "memory_search" in params.server_tools and not sees_all:
+        raise ForbiddenError("forbidden: the memory_search tool is for admins while authentication is on", {"tool": "memory_search"})
+
+
+EXECUTE_ACCESS = Access(
+    REASONERS,
+    (Resource("workspace", "memory.workspace", personal=True, applies=_uses_memory, claims=_learns),),
+    strategy=RESOLVED,
+    limits="run",
+)
+SESSION_RUN = Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run")
+
+
 def build_dispatcher(
     service: ReasoningService,
     registry: Registry,
@@ -108,14 +133,19 @@ def build_dispatcher(
     limits = limits or LimitSettings()
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
 
-    @rpc.method("reasoning.execute", ExecuteParams, result=ExecuteResult)
+    @rpc.method("reasoning.execute", ExecuteParams, result=ExecuteResult, access=EXECUTE_ACCESS, stream=True, mcp_tool="reason")
     async def execute(params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
         """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
         if params.agent_id is not None and (card := await registry.get_agent(params.agent_id)).get("a2a_card_url"):
             return await forward(card, params.query, params.strategy, call.trace_id)  # docs/interop.md
         return await service.execute(params, call.trace_id)
 
-    @rpc.method("reasoning.bounded_context", BoundedContextParams, result=results.BoundedContextResult)
+    @rpc.method(
+        "reasoning.bounded_context",
+        BoundedContextParams,
+        result=results.BoundedContextResult,
+        access=Access(REASONERS, strategy="bounded_context", limits="run"),
+    )
     async def bounded_context(params: BoundedContextParams, call: Call) -> dict[str, Any]:
         """Bounded-context reasoning with the seed's parameters and result shape."""
         config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
@@ -139,34 +169,49 @@ def build_dispatcher(
             "trace_id": result.trace_id,
         }
 
-    @rpc.method("reasoning.strategies", NoParams, result=results.StrategiesResult)
+    @rpc.method("reasoning.strategies", NoParams, result=results.StrategiesResult, access=Access(EVERYONE))
     async def strategies(params: NoParams, call: Call) -> dict[str, Any]:
         """The enabled strategies with their capabilities and config schemas, the default, and plugin failures."""
         return await registry.describe()
 
-    @rpc.method("agent.register", AgentRegistration, result=results.AgentRegisterResult)
+    @rpc.method(
+        "agent.register",
+        AgentRegistration,
+        result=results.AgentRegisterResult,
+        access=Access(REASONERS, (Resource("agent", "id", "claim"),)),
+    )
     async def agent_register(params: AgentRegistration, call: Call) -> dict[str, Any]:
         """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
         if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
             params = await remote_registration(params)
         return await registry.register_agent(params.model_dump(mode="json"), sorted(rpc.methods))
 
-    @rpc.method("agent.get", AgentIdParams, result=results.AgentResult)
+    @rpc.method("agent.get", AgentIdParams, result=results.AgentResult, access=Access(EVERYONE, (Resource("agent", "agent_id"),)))
     async def agent_get(params: AgentIdParams, call: Call) -> dict[str, Any]:
         """One registered AgentCard."""
         return await registry.get_agent(params.agent_id)
 
-    @rpc.method("agent.list", NoParams, result=results.AgentListResult)
+    def visible(agents: list[dict[str, Any]], call: Call | None) -> list[dict[str, Any]]:
+        """The cards the caller may see (the guard says which: `Call.visible`), every card without a guard."""
+        seen = call.visible if call is not None else None
+        return agents if seen is None else [a for a in agents if seen.allows(a["id"])]
+
+    @rpc.method("agent.list", NoParams, result=results.AgentListResult, access=Access(EVERYONE, lists="agent"))
     async def agent_list(params: NoParams, call: Call) -> dict[str, Any]:
         """Every registered AgentCard."""
-        return {"agents": await registry.list_agents()}
+        return {"agents": visible(await registry.list_agents(), call)}
 
-    @rpc.method("agent.discover", DiscoverParams, result=results.AgentDiscoverResult)
+    @rpc.method("agent.discover", DiscoverParams, result=results.AgentDiscoverResult, access=Access(EVERYONE, lists="agent"))
     async def agent_discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
         """The agents advertising all the given capabilities."""
-        return {"capabilities": params.capabilities, "agents": await registry.discover_agents(params.capabilities)}
+        return {"capabilities": params.capabilities, "agents": visible(await registry.discover_agents(params.capabilities), call)}
 
-    @rpc.method("agent.unregister", AgentIdParams, result=results.AgentUnregisterResult)
+    @rpc.method(
+        "agent.unregister",
+        AgentIdParams,
+        result=results.AgentUnregisterResult,
+        access=Access(REASONERS, (Resource("agent", "agent_id", "drop"),)),
+    )
     async def agent_unregister(params: AgentIdParams, call: Call) -> dict[str, Any]:
         """Remove an AgentCard; requests naming it fail from then on."""
         return {"unregistered": await registry.unregister_agent(params.agent_id)}
@@ -180,34 +225,52 @@ def build_dispatcher(
 
 
 def _session_methods(rpc: Dispatcher, sessions: Sessions, limits: LimitSettings) -> None:
-    @rpc.method("session.create", SessionSpec, result=results.SessionCreateResult)
+    @rpc.method(
+        "session.create",
+        SessionSpec,
+        result=results.SessionCreateResult,
+        access=Access(REASONERS, creates="session", checks=(memory_search_for_admins,)),
+        mcp_tool="session_create",
+    )
     async def session_create(params: SessionSpec, call: Call) -> dict[str, Any]:
         """Start a session with its mode(s), server tools by name, client tools as schemas and bootstrap text."""
         return await sessions.create(params)
 
-    @rpc.method("session.turn", TurnParams, result=results.TurnResult)
+    @rpc.method("session.turn", TurnParams, result=results.TurnResult, access=SESSION_RUN, mcp_tool="session_turn")
     async def session_turn(params: TurnParams, call: Call) -> dict[str, Any]:
         """A new turn: the final answer (exit mode 1) or pending client tool calls (exit mode 2), with the trace."""
         check_text("message", params.message, limits)
         return await sessions.turn(params.session_id, params.message, call.trace_id)
 
-    @rpc.method("session.resume", ResumeParams, result=results.TurnResult)
+    @rpc.method("session.resume", ResumeParams, result=results.TurnResult, access=SESSION_RUN, mcp_tool="session_resume")
     async def session_resume(params: ResumeParams, call: Call) -> dict[str, Any]:
         """Re-enter a turn with the results of its pending client tool calls."""
         results = [r.model_dump() for r in params.tool_results]
         return await sessions.resume(params.session_id, results, call.trace_id)
 
-    @rpc.method("session.get", SessionIdParams, result=results.SessionGetResult)
+    @rpc.method(
+        "session.get",
+        SessionIdParams,
+        result=results.SessionGetResult,
+        access=Access(EVERYONE, (Resource("session", "session_id"),)),
+        mcp_tool="session_get",
+    )
     async def session_get(params: SessionIdParams, call: Call) -> dict[str, Any]:
         """The session's status, mode, pending calls and last turn's trace."""
         return await sessions.get(params.session_id)
 
-    @rpc.method("session.close", SessionIdParams, result=results.SessionCloseResult)
+    @rpc.method(
+        "session.close",
+        SessionIdParams,
+        result=results.SessionCloseResult,
+        access=Access(REASONERS, (Resource("session", "session_id", "write"),)),
+        mcp_tool="session_close",
+    )
     async def session_close(params: SessionIdParams, call: Call) -> dict[str, Any]:
         """Close the session: later turns are refused; its state stays readable."""
         return await sessions.close(params.session_id)
 
-    @rpc.method("session.tools", NoParams, result=results.SessionToolsResult)
+    @rpc.method("session.tools", NoParams, result=results.SessionToolsResult, access=Access(EVERYONE))
     async def session_tools(params: NoParams, call: Call) -> dict[str, Any]:
         """The server tools sessions can use, with their schemas."""
         return {"server_tools": sessions.tools()}

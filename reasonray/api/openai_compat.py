@@ -30,18 +30,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reasonray.api.errors import openai_error
 from reasonray.api.jsonrpc import (
     BUDGET_EXCEEDED,
-    INTERNAL_ERROR,
     INVALID_PARAMS,
-    MAX_ITERATIONS,
-    MEMORY_UNAVAILABLE,
-    METHOD_NOT_FOUND,
-    MODEL_BEHAVIOR,
-    NOT_FOUND,
-    SESSION_STATE,
     STRATEGY_UNAVAILABLE,
-    TOOL_FAILED,
     Dispatcher,
     RpcError,
 )
@@ -251,35 +244,11 @@ class OpenAIError(Exception):
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code, **extra}}
 
 
-# JSON-RPC code -> (HTTP status, OpenAI error type); the codes of other issues included (docs/api.md)
-_STATUS: dict[int, tuple[int, str]] = {
-    INVALID_PARAMS: (400, "invalid_request_error"),
-    METHOD_NOT_FOUND: (404, "not_found_error"),
-    STRATEGY_UNAVAILABLE: (404, "invalid_request_error"),
-    BUDGET_EXCEEDED: (400, "invalid_request_error"),
-    NOT_FOUND: (404, "not_found_error"),
-    TOOL_FAILED: (400, "invalid_request_error"),
-    SESSION_STATE: (409, "invalid_request_error"),
-    MEMORY_UNAVAILABLE: (503, "server_error"),
-    MAX_ITERATIONS: (422, "invalid_request_error"),
-    MODEL_BEHAVIOR: (502, "server_error"),
-    INTERNAL_ERROR: (500, "server_error"),
-    -32001: (401, "authentication_error"),
-    -32003: (403, "permission_error"),
-    -32011: (503, "server_error"),
-    -32012: (429, "rate_limit_error"),
-    -32013: (502, "server_error"),
-    -32014: (409, "invalid_request_error"),
-    -32015: (400, "invalid_request_error"),  # a time budget ran out, like BUDGET_EXCEEDED
-}
-
-
 def error_from_rpc(error: dict[str, Any]) -> OpenAIError:
-    """A JSON-RPC error as OpenAI's: `code` is ReasonRay's error type; its JSON-RPC code and data ride along."""
-    status, type_ = _STATUS.get(error["code"], (500, "server_error"))
-    data = error.get("data") or {}
-    code = "model_not_found" if error["code"] == STRATEGY_UNAVAILABLE else data.get("error_type") or "reasonray_error"
-    return OpenAIError(status, error["message"], type_, code, reasonray={"code": error["code"], "data": data})
+    """A JSON-RPC error as OpenAI's, rendered from the one error table (`reasonray.api.errors`)."""
+    status, body = openai_error(error)
+    shown = body["error"]
+    return OpenAIError(status, shown["message"], shown["type"], shown["code"], reasonray=shown["reasonray"])
 
 
 def http_error(status: int, path: str, method: str, detail: Any = None) -> OpenAIError:

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from reasonray import __version__
+from reasonray.api.access import OPERATORS, Access
 from reasonray.api.jsonrpc import (
     CODE_NAMES,
     INTERNAL_ERROR,
@@ -28,7 +29,6 @@ from reasonray.api.jsonrpc import (
     error_classes,
 )
 from reasonray.api.results import OpenRpcDocument
-from reasonray.api.streaming import STREAM_METHODS
 
 OPENRPC_VERSION = "1.3.2"
 DISCOVER = "rpc.discover"
@@ -102,7 +102,7 @@ def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: 
             }
             for field, schema in params_schema.get("properties", {}).items()
         ]
-        if name in STREAM_METHODS:  # a transport option, not a model field: POST /rpc answers it as SSE
+        if method.stream:  # a transport option, not a model field: POST /rpc answers it as SSE
             params.append({"name": "stream", "required": False, "schema": {"type": "boolean", "default": False}, "description": STREAM_DOC})
         model = result_model(method)
         if model is None:  # every method documents its result: generated clients get real types, not `object`
@@ -133,7 +133,7 @@ def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: 
 def add_discover(rpc: Dispatcher) -> None:
     """Register `rpc.discover` (OpenRPC's service discovery method) on the dispatcher."""
 
-    @rpc.method(DISCOVER, DiscoverParams, result=OpenRpcDocument)
+    @rpc.method(DISCOVER, DiscoverParams, result=OpenRpcDocument, access=Access(OPERATORS))
     async def discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
         """The OpenRPC document of this API: every method with its params, result and errors."""
         return discover_document(rpc)

@@ -2,8 +2,9 @@
 
 Every method of the table names its result model (`Dispatcher.method(..., result=...)`); the OpenRPC
 document takes the result schemas from these models, and a unit test runs every method and checks
-its real result against the advertised schema, so the two cannot drift. Handlers keep returning
-plain dicts where the guard (reasonray.api.tenancy) reads or filters them. Nested records that
+its real result against the advertised schema, so the two cannot drift. Handlers that pass a store's
+records through (agent cards, memories, sessions) return them as plain dicts, checked against these
+models by that test; `reasoning.execute` answers its typed `ExecuteResult`. Nested records that
 already have a model (memory items, agent cards, run metrics) reuse it. Objects admit members the
 model does not list (servers may add some; clients ignore what they do not know); the listed ones
 are typed and the required ones always present.

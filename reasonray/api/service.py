@@ -10,6 +10,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -212,6 +213,8 @@ class ReasoningService:
         self.events = events or EventsSettings()
         self._last_sweep = float("-inf")
         self._background: set[asyncio.Task[Any]] = set()
+        # what happens after a run: each reads the one record of the run's end
+        self.run_end: list[RunEndConsumer] = [self._meter, self._charge, self._record_run, self._index]
 
     def resolve_strategy(self, name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
         """Another enabled strategy with its effective config, for strategies that compose others (MaTTS)."""
@@ -237,17 +240,36 @@ class ReasoningService:
         return resolution
 
     async def execute(self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None) -> ExecuteResult:
-        """Run the request's strategy (its events also go to the context's RUN_LISTENER, for streams)."""
+        """Run the request's strategy in four stages: resolve (strategy and config, within the caps), admit
+        (memory, budget, deadline, the run's recorder and context), run (memory retrieval, the strategy,
+        learning; under the deadline), settle (one `RunOutcome` handed to every run-end consumer, then the
+        answer). The run's events also go to the context's RUN_LISTENER, for streams."""
         resolution = await self.resolve(params)
+        plan = self._admit(params, resolution, trace_id)
+        try:
+            result = await self._run(plan, params, verifier)
+        except BaseException as exc:
+            status = self._failed(exc, plan.context, resolution.strategy)
+            error = exc if isinstance(exc, Exception) else None
+            degraded = self._degraded(exc, status)
+            outcome = plan.outcome("degraded" if degraded else status, error, getattr(exc, "data", None))
+            await self._settle(plan, outcome)
+            if degraded is None:
+                raise
+            # the strategy's best answer from a run that failed part-way
+            return self._answer(plan, params, plan.context.result(resolution.strategy, plan.context.progress["answer"]), degraded)
+        await self._settle(plan, plan.outcome("ok", None, result.metrics.strategy_specific))
+        return self._answer(plan, params, result, None)
+
+    def _admit(self, params: ExecuteParams, resolution: Resolution, trace_id: str) -> RunPlan:
+        """What the run may use: memory (refused when the server has none), the tightest budget and deadline,
+        its recorder (event log, trace, listener) and the strategy's context."""
         if self.log_queries:  # opt-in debug logging, personal data redacted
             log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
         memory = self._memory_params(params)
-        strategy = self.catalogue.entries[resolution.strategy].strategy
         self._sweep_events()
         path = event_log_path(self.data_dir, trace_id) if self.data_dir is not None else None
         recorder = _Teed(path, keep=params.include_trace, listener=RUN_LISTENER.get(), mode=self.events.record)
-        started = time.time()
-        end: RunEnd | None = None  # stays None when the run is cancelled
         # a run that learns keeps its replies (its trajectory); others keep no history in memory
         capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
         sink: EventSink = capture or recorder
@@ -270,79 +292,70 @@ class ReasoningService:
             resolve=self.resolve_strategy,
         )
         report = self.memory_loop.report(memory, trace_id) if self.memory_loop is not None else None
-        run = {
-            "reasonray.strategy": resolution.strategy,
-            "reasonray.trace_id": trace_id,
-            "reasonray.decided_by": resolution.strategy_decided_by,
+        return RunPlan(resolution, params.agent_id or "none", memory, report, recorder, capture, context, deadline, path, time.time())
+
+    async def _run(self, plan: RunPlan, params: ExecuteParams, verifier: Verifier | None) -> ReasoningResult:
+        """Memory retrieval, the strategy and learning, in the run's span and under its deadline."""
+        strategy_name, context, report, memory = plan.resolution.strategy, plan.context, plan.report, plan.memory
+        strategy = self.catalogue.entries[strategy_name].strategy
+        attributes = {
+            "reasonray.strategy": strategy_name,
+            "reasonray.trace_id": context.trace_id,
+            "reasonray.decided_by": plan.resolution.strategy_decided_by,
         }
-        agent = params.agent_id or "none"
-        degraded: dict[str, Any] | None = None
-        try:
-            with tracing.span(f"strategy {resolution.strategy}", run) as span:
-                try:
-                    async with asyncio.timeout(deadline) as limit:
-                        if memory is not None and memory.enabled and report is not None and self.memory_loop is not None:
-                            with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
-                                await self.memory_loop.retrieve(memory, report, context.llm, sink, params.query)
-                        result = await strategy.reason(params.query, context=context, config=resolution.config)
-                        if params.response_format is not None and params.response_format.type != "text":
-                            formatted = await conform(result.answer, params.response_format.as_openai(), context.llm, params.query)
-                            result.answer = formatted.content
-                            result.metrics = context.metrics(**{**result.metrics.strategy_specific, "response_format": formatted.how})
-                except TimeoutError as exc:
-                    if not limit.expired():
-                        raise
-                    raise self._carry_partial(
-                        DeadlineExceededError(
-                            f"the run passed its deadline of {deadline:g}s before answering; raise budget.deadline_s or ask for less work",
-                            {"deadline_s": deadline},
-                        ),
-                        exc.__cause__ or exc.__context__,
-                    ) from None
-                except asyncio.CancelledError as exc:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise  # the caller went away (or the service stops): nobody is left to answer
-                    # something under the run was cancelled (a Ray branch, a provider call): the caller gets a -32014
-                    raise self._carry_partial(
-                        RunCancelledError("the run was cancelled before it answered; retry the request"), exc
-                    ) from None
-                if report is not None:
-                    with tracing.span("memory.store", {"reasonray.workspace": report.workspace}):
-                        await self._learn(memory, report, context, capture, params.query, result, verifier)
-                    result.metrics = context.metrics(**result.metrics.strategy_specific)  # learning's calls count too
-                t = context.llm.tally
-                span.set({"gen_ai.usage.input_tokens": t.prompt_tokens, "gen_ai.usage.output_tokens": t.completion_tokens})
-        except BaseException as exc:
-            status = self._failed(exc, context, resolution.strategy)
-            end = self._run_end(context, resolution.strategy, error=exc if isinstance(exc, Exception) else None)
-            recorder(end)
-            self._record_run(context, ok=False)
-            self._meter(context, resolution.strategy, agent, getattr(exc, "data", None), exc if isinstance(exc, Exception) else None)
-            degraded = self._degraded(exc, status)
-            record_outcome(
-                self.metrics, resolution.strategy, agent, "degraded" if degraded else status, context.elapsed_ms(), context.llm.tally.calls
-            )
-            if degraded is None:
-                raise
-        else:
-            end = self._run_end(context, resolution.strategy)
-            recorder(end)
-            self._record_run(context, ok=True)
-            self._meter(context, resolution.strategy, agent, result.metrics.strategy_specific)
-            record_outcome(self.metrics, resolution.strategy, agent, "ok", context.elapsed_ms(), context.llm.tally.calls)
-        finally:
-            recorder.close()
-            if self.runs is not None and end is not None:
-                # finished even when the caller goes away; the index writes its file or row off the event loop
-                await asyncio.shield(self._index(context, end, started, path))
-        if degraded is not None:  # the strategy's best answer from a run that failed part-way
-            result = context.result(resolution.strategy, context.progress["answer"])
+        with tracing.span(f"strategy {strategy_name}", attributes) as span:
+            try:
+                async with asyncio.timeout(plan.deadline) as limit:
+                    if memory is not None and memory.enabled and report is not None and self.memory_loop is not None:
+                        with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
+                            await self.memory_loop.retrieve(memory, report, context.llm, context.emit, params.query)
+                    result = await strategy.reason(params.query, context=context, config=plan.resolution.config)
+                    if params.response_format is not None and params.response_format.type != "text":
+                        formatted = await conform(result.answer, params.response_format.as_openai(), context.llm, params.query)
+                        result.answer = formatted.content
+                        result.metrics = context.metrics(**{**result.metrics.strategy_specific, "response_format": formatted.how})
+            except TimeoutError as exc:
+                if not limit.expired():
+                    raise
+                raise self._carry_partial(
+                    DeadlineExceededError(
+                        f"the run passed its deadline of {plan.deadline:g}s before answering; raise budget.deadline_s or ask for less work",
+                        {"deadline_s": plan.deadline},
+                    ),
+                    exc.__cause__ or exc.__context__,
+                ) from None
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the caller went away (or the service stops): nobody is left to answer
+                # something under the run was cancelled (a Ray branch, a provider call): the caller gets a -32014
+                raise self._carry_partial(RunCancelledError("the run was cancelled before it answered; retry the request"), exc) from None
+            if report is not None:
+                with tracing.span("memory.store", {"reasonray.workspace": report.workspace}):
+                    await self._learn(memory, report, context, plan.capture, params.query, result, verifier)
+                result.metrics = context.metrics(**result.metrics.strategy_specific)  # learning's calls count too
+            t = context.llm.tally
+            span.set({"gen_ai.usage.input_tokens": t.prompt_tokens, "gen_ai.usage.output_tokens": t.completion_tokens})
+        return result
+
+    async def _settle(self, plan: RunPlan, outcome: RunOutcome) -> None:
+        """The run's record ends its event log, then goes to every run-end consumer (`run_end`: metrics, the
+        caller's token budget, the memory bank's statistics, the run index); finished even when the caller
+        goes away."""
+        plan.recorder(outcome.end)
+        plan.recorder.close()
+        for consume in self.run_end:
+            pending = consume(outcome)
+            if pending is not None:
+                await asyncio.shield(pending)
+
+    def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
+        report, memory = plan.report, plan.memory
         return ExecuteResult(
             **result.model_dump(exclude={"trace"}),
-            trace=recorder.as_trace() if params.include_trace else None,
-            trace_id=trace_id,
-            resolution=resolution,
+            trace=plan.recorder.as_trace() if params.include_trace else None,
+            trace_id=plan.context.trace_id,
+            resolution=plan.resolution,
             memory=report if memory is not None or (report is not None and report.passive) else None,
             degraded=degraded is not None,
             degraded_error=degraded,
@@ -421,30 +434,30 @@ class ReasoningService:
         elif self.memory_loop.settings.passive_learning:
             await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
 
-    def _meter(
-        self, context: StrategyContext, strategy: str, agent: str, specific: dict[str, Any] | None, error: Exception | None = None
-    ) -> None:
-        t = context.llm.tally
-        record_run(self.metrics, strategy, agent, t.prompt_tokens, t.completion_tokens, specific)
-        if strategy == "bounded_context":
-            status = type(error).__name__ if error is not None else "ok"
-            tokens = t.prompt_tokens + t.completion_tokens
-            record_bounded_context(self.metrics, status, context.elapsed_ms() / 1000, tokens, specific)
-        charge_tokens(t.prompt_tokens + t.completion_tokens)  # the caller's token budget pays what the run used
+    def _meter(self, outcome: RunOutcome) -> None:
+        """The run's tokens and outcome in the metrics (and a bounded-context run under its own names)."""
+        record_run(self.metrics, outcome.strategy, outcome.agent, outcome.prompt_tokens, outcome.completion_tokens, outcome.specific)
+        if outcome.strategy == "bounded_context":
+            status = type(outcome.error).__name__ if outcome.error is not None else "ok"
+            record_bounded_context(self.metrics, status, outcome.elapsed_ms / 1000, outcome.total_tokens, outcome.specific)
+        record_outcome(self.metrics, outcome.strategy, outcome.agent, outcome.status, outcome.elapsed_ms, outcome.calls)
 
-    def _record_run(self, context: StrategyContext, ok: bool) -> None:
+    @staticmethod
+    def _charge(outcome: RunOutcome) -> None:
+        charge_tokens(outcome.total_tokens)  # the caller's token budget pays what the run used
+
+    def _record_run(self, outcome: RunOutcome) -> None:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
         if self.memory is None:
             return
-        t = context.llm.tally
         tally = {
-            "calls": t.calls,
-            "cache_hits": t.cache_hits,
-            "retries": t.retries,
-            "prompt_tokens": t.prompt_tokens,
-            "completion_tokens": t.completion_tokens,
+            "calls": outcome.calls,
+            "cache_hits": outcome.cache_hits,
+            "retries": outcome.retries,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
         }
-        task = asyncio.ensure_future(self.memory.record_run(tally, ok))
+        task = asyncio.ensure_future(self.memory.record_run(tally, outcome.status == "ok"))
         self._background.add(task)
         task.add_done_callback(self._recorded)
 
@@ -453,36 +466,105 @@ class ReasoningService:
         if not task.cancelled() and task.exception() is not None:
             log.warning("memory.stats_not_recorded", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
 
-    async def _index(self, context: StrategyContext, end: RunEnd, started: float, path: Path | None) -> None:
-        """The run in the run index, with its event log; a failure to index is logged, never the caller's."""
+    def _index(self, outcome: RunOutcome) -> None:
+        """The run in the run index, with its event log, written while the answer goes out: the file index
+        fsyncs each record, which no caller should wait on; the write finishes even when the caller goes away."""
+        if self.runs is None:
+            return
+        task = asyncio.ensure_future(self._write_index(outcome))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_index(self, outcome: RunOutcome) -> None:
+        """A failure to index is logged, never the caller's."""
         assert self.runs is not None
-        t = context.llm.tally
+        end = outcome.end
         run = RunRecord(
             trace_id=end.trace_id,
             kind="execute",
             strategy=end.strategy,
             status=end.status,
-            prompt_tokens=t.prompt_tokens,
-            completion_tokens=t.completion_tokens,
-            started_at=datetime.fromtimestamp(started, UTC),
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            started_at=datetime.fromtimestamp(outcome.started, UTC),
             elapsed_ms=end.execution_time_ms,
             error=end.error,
         )
         try:
-            await self.runs.record(run, path)
+            await self.runs.record(run, outcome.event_log)
         except Exception as exc:
             log.warning("run.not_indexed", trace_id=end.trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
-    @staticmethod
-    def _run_end(context: StrategyContext, strategy: str, error: Exception | None = None) -> RunEnd:
-        t = context.llm.tally
-        return RunEnd(
-            trace_id=context.trace_id,
+
+RunEndConsumer = Callable[["RunOutcome"], Awaitable[None] | None]
+"""Receives the record of every run as it ends (ok, failed or degraded); an awaitable it returns is awaited."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run as it ended: what every run-end consumer reads (instead of each reading the LLM tally)."""
+
+    end: RunEnd  # the event that closes the run's event log
+    strategy: str
+    agent: str  # the agent the run acted as, or `none`
+    status: str  # ok, degraded, or the error's type
+    error: Exception | None
+    specific: dict[str, Any] | None  # the strategy's own metrics, or the error's data
+    prompt_tokens: int
+    completion_tokens: int
+    calls: int
+    cache_hits: int
+    retries: int
+    elapsed_ms: int
+    started: float  # epoch seconds
+    event_log: Path | None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class RunPlan:
+    """What the admit stage decided for one run, and the run's recorder and context."""
+
+    resolution: Resolution
+    agent: str
+    memory: MemoryParams | None
+    report: MemoryReport | None
+    recorder: _Teed
+    capture: TrajectoryCapture | None
+    context: StrategyContext
+    deadline: float | None
+    event_log: Path | None
+    started: float
+
+    def outcome(self, status: str, error: Exception | None, specific: dict[str, Any] | None) -> RunOutcome:
+        t, strategy = self.context.llm.tally, self.resolution.strategy
+        elapsed_ms = self.context.elapsed_ms()
+        end = RunEnd(
+            trace_id=self.context.trace_id,
             strategy=strategy,
             status="error" if error else "ok",
             total_tokens=t.prompt_tokens + t.completion_tokens,
-            execution_time_ms=context.elapsed_ms(),
+            execution_time_ms=elapsed_ms,
             error=type(error).__name__ if error else None,
+        )
+        return RunOutcome(
+            end,
+            strategy,
+            self.agent,
+            status,
+            error,
+            specific,
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.calls,
+            t.cache_hits,
+            t.retries,
+            elapsed_ms,
+            self.started,
+            self.event_log,
         )
 
 

@@ -22,7 +22,6 @@ from reasonray.api.service import RUN_LISTENER
 from reasonray.kernel.events import Event, to_dict
 from reasonray.kernel.tags import strip_thinking
 
-STREAM_METHODS = frozenset({"reasoning.execute"})
 _DONE = object()
 
 
@@ -82,16 +81,18 @@ async def stream_call(
             task.cancel()
 
 
-def streaming_call(body: bytes) -> dict[str, Any] | None:
-    """The call, without `stream`, when `body` is one well-formed JSON-RPC call asking for a streamed
-    `reasoning.execute` (anything else is answered by the dispatcher, malformed requests included)."""
+def streaming_call(rpc: Dispatcher, body: bytes) -> dict[str, Any] | None:
+    """The call, without `stream`, when `body` is one well-formed JSON-RPC call asking for a streamed answer
+    of a method registered with `stream=True` (anything else is answered by the dispatcher, malformed
+    requests included)."""
     if b'"stream"' not in body:  # the common case costs a substring search, not a second parse
         return None
     try:
         call = json.loads(body)
     except ValueError:
         return None
-    if not well_formed(call) or call["method"] not in STREAM_METHODS or not isinstance(call.get("params"), dict):
+    method = rpc.methods.get(call["method"]) if well_formed(call) else None
+    if method is None or not method.stream or not isinstance(call.get("params"), dict):
         return None
     params = dict(call["params"])
     if params.pop("stream", False) is not True:

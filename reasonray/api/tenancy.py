@@ -1,11 +1,13 @@
 """Tenancy: who owns which session, agent card and memory workspace, and the guard every method call passes.
 
-The guard (installed on the dispatcher with `install_guard`) runs around each call: the caller must
-be authenticated (`CURRENT_PRINCIPAL`), its roles must allow the method and the strategy, the
-session / card / workspace it names must be its own (or shared with it, for reads), its rate limits
-and token budgets must have room; then the call runs, the tokens it used are charged, what it
-created is claimed, lists are filtered to what the caller may see, and the call is audited.
-Another principal's resource and a resource that does not exist get the same ForbiddenError.
+The guard (built by `build_guard`, installed on the dispatcher with `install_guard`) runs around each
+call and reads only the method's declared `Access` (`reasonray.api.access`): the caller must be
+authenticated (`CURRENT_PRINCIPAL`), its roles must allow the method and the strategy, the session /
+card / workspace it names must be its own (or shared with it, for reads), its rate limits and token
+budgets must have room; a method that lists resources is handed what the caller may see; then the
+call runs, the tokens it used are charged, what it created is claimed, what it removed is released,
+and the call is audited. Another principal's resource and a resource that does not exist get the same
+ForbiddenError.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit
+from reasonray.api.a2a_remote import remote_strategy
+from reasonray.api.access import REASONERS, RESOLVED, Access, Kind, Resource, Visible
+from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit, audit_log_for
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
@@ -32,13 +36,12 @@ from reasonray.memory.items import WORKSPACE
 from reasonray.strategies.agents import STRATEGY_CAPABILITY
 
 if TYPE_CHECKING:
+    from reasonray.api.registry import Registry
+    from reasonray.api.service import ReasoningService
+    from reasonray.kernel.config import Settings
     from reasonray.kernel.pgstore import PgStore
 
 log = structlog.get_logger(__name__)
-
-RUN_METHODS = frozenset({"reasoning.execute", "reasoning.bounded_context", "solve_coding_task", "session.turn", "session.resume"})
-SESSION_METHODS = frozenset({"session.turn", "session.resume", "session.get", "session.close"})
-WORKSPACE_WRITES = frozenset({"memory.store", "memory.delete_workspace", "memory.share_workspace"})
 
 RUN_TOKENS: ContextVar[list[int] | None] = ContextVar("reasonray_run_tokens", default=None)
 """Tokens the current call's runs used, added by the reasoning service as each run ends (ok or not)."""
@@ -226,7 +229,8 @@ StrategyOf = Callable[[Any], Awaitable[str]]
 
 
 class Guard:
-    """Authorization, ownership, limits and audit around every method of a dispatcher (see the module docstring)."""
+    """Authorization, ownership, limits and audit around every method of a dispatcher, read from each method's
+    declared `Access` (see the module docstring and `reasonray.api.access`)."""
 
     def __init__(
         self,
@@ -249,7 +253,10 @@ class Guard:
 
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
         principal = CURRENT_PRINCIPAL.get()
-        target = _target(call.method, params)
+        access = call.access
+        if access is None:  # Dispatcher.method refuses such a method; a hand-made Call must not slip through
+            raise ForbiddenError(f"forbidden: {call.method} declares no access", {"method": call.method})
+        target = access.target(params)
         outcome, reason = "ok", None
         try:
             if principal is None:
@@ -259,10 +266,11 @@ class Guard:
                     f"forbidden: roles {list(principal.roles)} may not call {call.method}; ask an operator for a role that may",
                     {"method": call.method},
                 )
-            strategy = await self._admit(principal, call.method, params)
-            target = _target(call.method, params)  # an omitted workspace is now the caller's own
-            result = await self._limited(principal, call.method, strategy, invoke)
-            return await self._after(principal, call.method, params, result)
+            strategy = await self._admit(principal, call, access, params)
+            target = access.target(params)  # an omitted workspace is now the caller's own
+            result = await self._limited(principal, access, strategy, invoke)
+            await self._settle(principal, access, params, result)
+            return result
         except Exception as exc:
             error = error_for(exc)
             outcome, reason = error.data.get("error_type", "error"), error.message[:500]
@@ -280,14 +288,14 @@ class Guard:
                 )
             )
 
-    async def _limited(self, principal: Principal, method: str, strategy: str | None, invoke: Callable[[], Awaitable[Any]]) -> Any:
+    async def _limited(self, principal: Principal, access: Access, strategy: str | None, invoke: Callable[[], Awaitable[Any]]) -> Any:
         keyed = [(principal.sub, limited(self.policy.limits(principal)))]
         if strategy is not None and strategy in self.policy.strategy_limits:
             keyed.append((f"{principal.sub}|{strategy}", limited(self.policy.strategy_limits[strategy])))
         keyed = [(k, lim) for k, lim in keyed if lim]
         if not keyed:
             return await invoke()
-        run = method in RUN_METHODS
+        run = access.limits == "run"
         decision = await self.limits.admit(keyed, run=run)
         if not decision["ok"]:
             raise refusal_error(decision, principal.sub)
@@ -307,33 +315,56 @@ class Guard:
             RUN_TOKENS.reset(token)
             await self.limits.finish([k for k, _ in keyed], decision.get("run_id"), sum(spent) if spent else reported)
 
-    async def _admit(self, principal: Principal, method: str, params: BaseModel) -> str | None:
-        """Check (and where needed rewrite) what the call names; returns the strategy the call runs, if any."""
+    async def _admit(self, principal: Principal, call: Call, access: Access, params: BaseModel) -> str | None:
+        """Check (and where declared, fill in) what the call names; returns the strategy the call runs, if any."""
         sees_all = self.policy.sees_all(principal)
-        if method in SESSION_METHODS:
-            await self._require("session", params.session_id, principal, write=method != "session.get")  # type: ignore[attr-defined]
-            return None
-        if method == "session.create":
-            if "memory_search" in params.server_tools and not sees_all:  # type: ignore[attr-defined]
-                # the tool takes its workspace from the model, which no owner check sees: refuse rather than leak
-                raise ForbiddenError(
-                    "forbidden: the memory_search tool is for admins while authentication is on", {"tool": "memory_search"}
-                )
-            return None
-        if method in ("agent.register", "agent.get", "agent.unregister"):
-            agent_id = params.id if method == "agent.register" else params.agent_id  # type: ignore[attr-defined]
-            await self._agent(principal, agent_id, write=method != "agent.get", claim=method == "agent.register")
-            return None
-        workspace = self._workspace(principal, method, params)
-        if workspace is not None:
-            write = method in WORKSPACE_WRITES or _learns(method, params)
-            await self._require("workspace", workspace, principal, write=write, claim=method == "memory.store" or _learns(method, params))
-        strategy = None
-        if method in ("reasoning.execute", "reasoning.bounded_context", "solve_coding_task"):
-            strategy = await self._strategy(principal, method, params)
-        return strategy
+        for check in access.checks:
+            check(params, sees_all)
+        for resource in access.resources:
+            await self._resource(principal, resource, params, sees_all)
+        if access.lists is not None:
+            call.visible = await self._visible(principal, access.lists, sees_all)
+        return await self._strategy(principal, call.method, access.strategy, params) if access.strategy is not None else None
 
-    async def _strategy(self, principal: Principal, method: str, params: BaseModel) -> str:
+    async def _resource(self, principal: Principal, resource: Resource, params: BaseModel, sees_all: bool) -> None:
+        if resource.applies is not None and not resource.applies(params):
+            return
+        found = resource.holder_and_name(params)
+        if found is None:
+            return
+        holder, name = found
+        ident = getattr(holder, name)
+        if ident is None and resource.personal and not sees_all:
+            ident = personal_workspace(principal.sub)  # an omitted workspace is the caller's own, never the shared default
+            setattr(holder, name, ident)
+        if ident is None:
+            return
+        mode = resource.mode_for(params)
+        write, claim = mode != "read", mode == "claim"
+        if resource.kind == "agent":
+            await self._agent(principal, ident, write=write, claim=claim)
+        else:
+            await self._require(resource.kind, ident, principal, write=write, claim=claim)
+
+    async def _visible(self, principal: Principal, kind: Kind, sees_all: bool) -> Visible | None:
+        """What the caller may see of `kind`, for a method that lists them (None: everything, for admins)."""
+        if sees_all:
+            return None
+        readable = frozenset(await self.owners.readable(kind, principal.sub))
+        if kind == "workspace":
+            return Visible(readable, default=personal_workspace(principal.sub), unowned=False)
+        return Visible(readable, frozenset(await self.owners.owned(kind)))
+
+    async def _settle(self, principal: Principal, access: Access, params: BaseModel, result: Any) -> None:
+        """Record what the call created (claimed for the caller) and what it removed (released)."""
+        if access.creates is not None:
+            created = result[f"{access.creates}_id"] if isinstance(result, dict) else getattr(result, f"{access.creates}_id")
+            await self.owners.claim(access.creates, str(created), principal.sub)
+        for resource in access.resources:
+            if resource.mode == "drop" and (ident := resource.ident(params)) is not None:
+                await self.owners.drop(resource.kind, ident)
+
+    async def _strategy(self, principal: Principal, method: str, declared: str, params: BaseModel) -> str:
         agent_id = getattr(params, "agent_id", None)
         if principal.agent_id is not None:
             if agent_id not in (None, principal.agent_id):
@@ -342,11 +373,11 @@ class Guard:
                 params.agent_id = principal.agent_id
         elif agent_id is not None:
             await self._agent(principal, agent_id, write=False)
-        fixed = {"reasoning.bounded_context": "bounded_context", "solve_coding_task": "matts"}  # the strategies these methods run
-        strategy = fixed[method] if method in fixed else await self.strategy_of(params)
-        # reasoning.execute resolves through the agent's card; these methods name their strategy
-        # themselves, so the card's restrictions are checked here
-        if method in fixed and principal.agent_id is not None and strategy not in await self.agent_strategies(principal.agent_id):
+        fixed = declared != RESOLVED  # the method always runs this strategy
+        strategy = declared if fixed else await self.strategy_of(params)
+        # a resolved strategy goes through the agent's card; a method that names its strategy itself has the
+        # card's restrictions checked here
+        if fixed and principal.agent_id is not None and strategy not in await self.agent_strategies(principal.agent_id):
             raise ForbiddenError(
                 f"forbidden: {principal.sub!r} runs as agent {principal.agent_id!r}, whose card does not offer "
                 f"strategy {strategy!r} (which {method} runs)",
@@ -384,61 +415,6 @@ class Guard:
             return
         raise _not_yours(kind, ident)
 
-    def _workspace(self, principal: Principal, method: str, params: BaseModel) -> str | None:
-        """The workspace the call reads or writes; an omitted one becomes the caller's personal workspace."""
-        holder: Any = params.memory if method == "reasoning.execute" else params  # type: ignore[attr-defined]
-        if holder is None or not hasattr(holder, "workspace"):
-            return None
-        if method == "reasoning.execute" and not holder.enabled and not holder.learn:
-            return None
-        if holder.workspace is None and not self.policy.sees_all(principal):
-            holder.workspace = personal_workspace(principal.sub)
-        workspace: str | None = holder.workspace
-        return workspace
-
-    async def _after(self, principal: Principal, method: str, params: Any, result: Any) -> Any:
-        sees_all = self.policy.sees_all(principal)
-        if method == "session.create":
-            await self.owners.claim("session", result["session_id"], principal.sub)
-        elif method == "agent.unregister":
-            await self.owners.drop("agent", params.agent_id)
-        elif method == "memory.delete_workspace":
-            await self.owners.drop("workspace", params.workspace)
-        elif sees_all:
-            return result
-        elif method in ("agent.list", "agent.discover"):
-            mine = set(await self.owners.readable("agent", principal.sub))
-            others = await self.owners.owned("agent")
-            result = {**result, "agents": [a for a in result["agents"] if a["id"] in mine or a["id"] not in others]}
-        elif method == "memory.list_workspaces":
-            mine = set(await self.owners.readable("workspace", principal.sub))
-            result = {**result, "default_workspace": personal_workspace(principal.sub), "workspaces": _only(result["workspaces"], mine)}
-        return result
-
-
-def _target(method: str, params: Any) -> str | None:
-    """What the call names, for the audit log: `session:<id>`, `agent:<id>` or `workspace:<name>`."""
-    if getattr(params, "session_id", None):
-        return f"session:{params.session_id}"
-    if method == "agent.register":
-        return f"agent:{params.id}"
-    holder = getattr(params, "memory", None) if method == "reasoning.execute" else params
-    if workspace := getattr(holder, "workspace", None):
-        return f"workspace:{workspace}"
-    return f"agent:{params.agent_id}" if getattr(params, "agent_id", None) else None
-
-
-def _only(workspaces: Any, names: set[str]) -> Any:
-    if isinstance(workspaces, dict):
-        return {k: v for k, v in workspaces.items() if k in names}
-    return [w for w in workspaces if (w.get("workspace") or w.get("name")) in names]
-
-
-def _learns(method: str, params: Any) -> bool:
-    if method == "reasoning.execute":
-        return params.memory is not None and params.memory.learn
-    return method == "solve_coding_task" and bool(getattr(params, "store_result", False))
-
 
 def _not_yours(kind: str, ident: str) -> ForbiddenError:
     # the same words whether `ident` exists under another owner or not at all: nothing to probe with
@@ -466,13 +442,38 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
     if "memory.store" not in rpc.methods:
         return
 
-    @rpc.method("memory.share_workspace", ShareParams, result=ShareResult)
+    @rpc.method(
+        "memory.share_workspace", ShareParams, result=ShareResult, access=Access(REASONERS, (Resource("workspace", "workspace", "write"),))
+    )
     async def share_workspace(params: ShareParams, call: Call) -> dict[str, Any]:
         """Let named principals read one of your workspaces (read-only); replaces its reader list."""
         if await guard.owners.get("workspace", params.workspace) is None:
             raise InvalidParamsError(f"workspace {params.workspace!r} has no owner yet; store a memory in it first", {})
         await guard.owners.share("workspace", params.workspace, params.readers)
         return {"workspace": params.workspace, "readers": sorted(set(params.readers))}
+
+
+def build_guard(settings: Settings, registry: Registry, service: ReasoningService, owners: Owners, limits: Limits) -> Guard:
+    """The guard of an application, the same for every entry point (the Serve ingress, `reasonray mcp`,
+    benchmarks): the configured roles, ownership and limits where the caller keeps them (`owners`,
+    `limits`: in this process or on the cluster's actors), the audit log of the configured store."""
+
+    async def strategy_of(params: Any) -> str:
+        agent_id = getattr(params, "agent_id", None)
+        if agent_id is not None and (await registry.get_agent(agent_id)).get("a2a_card_url"):
+            return remote_strategy(agent_id)  # forwarded to a remote A2A agent: roles allow it as `a2a:<id>`
+        return (await service.resolve(params)).strategy
+
+    auth = settings.auth
+    return Guard(
+        Policy(auth),
+        owners,
+        limits,
+        agent_exists=lambda agent_id: agent_exists_via(registry.get_agent, agent_id),
+        strategy_of=strategy_of,
+        agent_strategies=lambda agent_id: agent_strategies_via(registry.get_agent, agent_id),
+        audit=audit_log_for(settings.store.url, settings.data_dir) if auth.audit else None,
+    )
 
 
 async def agent_strategies_via(get_agent: Callable[[str], Awaitable[Any]], agent_id: str) -> list[str]:

@@ -1,6 +1,8 @@
 """Errors ReasonRay raises on purpose, by whose fault they are: one tree under `ReasonRayError`. Each
-class carries its JSON-RPC `code`, the HTTP status the REST mirrors answer with, and the `error_type`
-clients see in `error.data`; the API derives its answers from them (`reasonray.api.jsonrpc.error_for`).
+class carries how every surface shows it: its JSON-RPC `code`, the `http_status` every HTTP surface answers
+with (REST mirrors, OpenAI, A2A, MCP), its `openai_type` (OpenAI's `error.type`), its `a2a_state` (what an
+A2A task becomes: `failed`, or `rejected` for a refusal before any run) and the `error_type` clients see in
+`error.data`. One renderer reads them for every surface (`reasonray.api.errors`).
 The gateway's errors (`reasonray.gateway.errors`), configuration, evaluation, tool-argument and
 simulator errors are branches of the same tree.
 
@@ -43,6 +45,8 @@ class ReasonRayError(Exception):
     code: int = -32603
     http_status: int = 500
     error_type: str = "internal"
+    openai_type: str = "server_error"
+    a2a_state: str = "failed"
 
     def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -57,7 +61,8 @@ class ReasonRayError(Exception):
 class InvalidParamsError(ReasonRayError):
     """The caller sent parameters that are missing, malformed or out of range."""
 
-    code, http_status, error_type = -32602, 422, "invalid_params"
+    code, http_status, error_type = -32602, 400, "invalid_params"
+    openai_type = "invalid_request_error"
 
 
 class CapExceededError(InvalidParamsError, ValueError):
@@ -68,13 +73,15 @@ class CapExceededError(InvalidParamsError, ValueError):
 class StrategyUnavailableError(ReasonRayError):
     """The strategy requested (or defaulted to) cannot serve this request; `data.available` lists those that can."""
 
-    code, http_status, error_type = -32002, 400, "strategy_unavailable"
+    code, http_status, error_type = -32002, 404, "strategy_unavailable"
+    openai_type = "invalid_request_error"
 
 
 class MaxIterationsError(ReasonRayError):
     """A strategy used all its iterations without an answer; `data` keeps the partial trace."""
 
     code, http_status, error_type = -32009, 422, "max_iterations"
+    openai_type = "invalid_request_error"
 
 
 class ModelBehaviorError(ReasonRayError):
@@ -87,18 +94,20 @@ class BudgetExceededError(ReasonRayError):
     """The request's cumulative token budget ran out."""
 
     code, http_status, error_type = -32004, 422, "budget_exceeded"
+    openai_type = "invalid_request_error"
 
 
 class NotFoundError(ReasonRayError):
     """The caller named something (an agent, a session, a memory) that does not exist; `data` says what is there."""
 
     code, http_status, error_type = -32005, 404, "not_found"
+    openai_type = "not_found_error"
 
 
 class ReentryError(InvalidParamsError):
     """`session.resume` results are missing, extra or mismatched; `data` names the call ids. Nothing changed."""
 
-    code, http_status, error_type = -32602, 422, "reentry_mismatch"
+    code, http_status, error_type = -32602, 400, "reentry_mismatch"
 
 
 class MaxLLMCallsError(MaxIterationsError):
@@ -127,6 +136,7 @@ class SessionStateError(ReasonRayError):
     """The session cannot take this request now (a turn while client results are pending, a closed session)."""
 
     code, http_status, error_type = -32007, 409, "session_state"
+    openai_type = "invalid_request_error"
 
 
 class MemoryUnavailableError(ReasonRayError):
@@ -139,6 +149,7 @@ class RunCancelledError(ReasonRayError):
     """The run was cancelled before it answered (the caller went away, the service is shutting down)."""
 
     code, http_status, error_type = -32014, 409, "cancelled"
+    openai_type = "invalid_request_error"
 
 
 class DeadlineExceededError(ReasonRayError):
@@ -148,24 +159,31 @@ class DeadlineExceededError(ReasonRayError):
     and a run that was too slow for its deadline should not be run again behind the caller's back."""
 
     code, http_status, error_type = -32015, 422, "deadline_exceeded"
+    openai_type = "invalid_request_error"
 
 
 class UnauthenticatedError(ReasonRayError):
     """The request carries no valid credentials; the message says what is missing or wrong (never which part of a signature)."""
 
     code, http_status, error_type = -32001, 401, "unauthenticated"
+    openai_type = "authentication_error"
+    a2a_state = "rejected"
 
 
 class ForbiddenError(ReasonRayError):
     """The caller is known but may not do this, or the thing named is not theirs (whether it exists is not said)."""
 
     code, http_status, error_type = -32003, 403, "forbidden"
+    openai_type = "permission_error"
+    a2a_state = "rejected"
 
 
 class RateLimitedError(ReasonRayError):
     """The caller's rate limit or token budget is used up for now; `data.retry_after_s` says when to try again."""
 
     code, http_status, error_type = -32012, 429, "rate_limited"
+    openai_type = "rate_limit_error"
+    a2a_state = "rejected"
 
 
 def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:

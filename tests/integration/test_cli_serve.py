@@ -121,7 +121,7 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         assert lines[0] == "391"
         assert any(line.startswith("metrics:") and '"simulated": true' in line for line in lines)
         assert any(line.startswith("trace_id: ") and len(line.split()[1]) == 32 for line in lines)
-        # auth is off, so no HAProxy ingress (ReasonRay runs it only behind a token):
+        # auth is off on 127.0.0.1: the HAProxy ingress, its listeners and the replica's HTTP port on loopback;
         # off loopback there is only the replica's own gRPC transport, which Ray binds on every interface
         # and which does not serve the HTTP API (docs/security.md#ports)
         exposed = exposed_listeners(proc.pid)

@@ -105,7 +105,7 @@ def test_strategy_caps_are_invalid_params_naming_the_key(api, strategy, config, 
     error = error_of(response)
     assert error["code"] == -32602 and f"[limits] {key}" in error["message"], error
     rest = api.post("/v1/reasoning/execute", json={"query": "What is 2 + 2?", "strategy": strategy, "strategy_config": config})
-    assert rest.status_code == 422 and rest.json()["error"]["code"] == -32602
+    assert rest.status_code == 400 and rest.json()["error"]["code"] == -32602
 
 
 def test_healthz_says_only_ok_or_degraded(api):

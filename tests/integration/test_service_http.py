@@ -110,7 +110,7 @@ def test_rest_mirrors_and_openapi(api):
     response = api.post("/v1/reasoning/execute", json={"query": "What is 10 / 4?"})
     assert response.status_code == 200 and response.json()["answer"] == "2.5"
     error = api.post("/v1/reasoning/execute", json={"query": "q", "strategy": "tree_of_light"})
-    assert error.status_code == 400 and error.json()["error"]["code"] == -32002
+    assert error.status_code == 404 and error.json()["error"]["code"] == -32002
     assert api.get("/v1/strategies").json()["default_strategy"] == "chain_of_thought"
     paths = api.get("/openapi.json").json()["paths"]
     assert {"/rpc", "/healthz", "/v1/reasoning/execute"} <= set(paths)

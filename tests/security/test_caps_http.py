@@ -182,7 +182,7 @@ def test_each_strategy_cap_is_invalid_params_naming_its_key(service, strategy, c
     assert error["code"] == -32602 and f"[limits] {key}" in error["message"], error
     assert error["data"]["cap"] == f"limits.{key}", error
     rest = service.rest(params)
-    assert rest.status_code == 422 and rest.json()["error"]["data"]["cap"] == f"limits.{key}", rest.text
+    assert rest.status_code == 400 and rest.json()["error"]["data"]["cap"] == f"limits.{key}", rest.text
     assert service.sim.app.state.model.stats.requests == before, "a refused request reached the model"
 
 

@@ -90,11 +90,15 @@ def test_serving_off_loopback_needs_authentication(tmp_path):
     require_auth_off_loopback("0.0.0.0", secured)
 
 
-def test_haproxy_fronts_the_api_only_with_fast_ingress_and_authentication(tmp_path):
+def test_haproxy_fronts_the_api_with_fast_ingress_unless_its_listeners_could_not_be_bound_without_auth(tmp_path):
     secret = f'[auth]\njwt_secret = "{"s" * 32}"\n'
-    assert not load_settings(write(tmp_path, ""), environ={}).haproxy_ingress()
+    assert load_settings(write(tmp_path, ""), environ={}).haproxy_ingress()  # 127.0.0.1: the faster ingress by default
     assert load_settings(write(tmp_path, secret), environ={}).haproxy_ingress()
+    # a host name: HAProxy's stats and metrics would listen on every interface, which needs a token
+    assert not load_settings(write(tmp_path, '[server]\nhost = "localhost"\n'), environ={}).haproxy_ingress()
+    assert load_settings(write(tmp_path, '[server]\nhost = "localhost"\n' + secret), environ={}).haproxy_ingress()
     assert not load_settings(write(tmp_path, "[server]\nfast_ingress = false\n" + secret), environ={}).haproxy_ingress()
+    assert not load_settings(write(tmp_path, "[server]\nfast_ingress = false\n"), environ={}).haproxy_ingress()
 
 
 @pytest.mark.parametrize(

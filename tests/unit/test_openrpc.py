@@ -9,6 +9,7 @@ import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
+from reasonray.api.access import EVERYONE, Access
 from reasonray.api.app import local_dispatcher
 from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.limits import LocalLimits
@@ -80,7 +81,7 @@ def test_every_method_advertises_a_real_result_schema(tmp_path):
 def test_a_method_without_a_result_model_is_refused():
     rpc = local_dispatcher(ReasoningSettings(), SimulatedLLM())
 
-    @rpc.method("test.untyped", NoParams)
+    @rpc.method("test.untyped", NoParams, access=Access(EVERYONE))
     async def untyped(params, call):
         return {}
 

@@ -22,13 +22,14 @@ def call(params: dict, id: object = 7) -> bytes:
 
 
 async def sent(rpc, body: bytes) -> list[dict]:
-    streamed = streaming_call(body)
+    streamed = streaming_call(rpc, body)
     assert streamed is not None
     return [item async for item in rpc_sse(rpc, streamed, "trace-sse-1")]
 
 
 def test_only_well_formed_single_calls_asking_for_a_stream_are_streamed():
-    assert streaming_call(call({"query": "q"})) == {"jsonrpc": "2.0", "id": 7, "method": "reasoning.execute", "params": {"query": "q"}}
+    rpc = local_dispatcher(REASONING, SimulatedLLM())
+    assert streaming_call(rpc, call({"query": "q"})) == {"jsonrpc": "2.0", "id": 7, "method": "reasoning.execute", "params": {"query": "q"}}
     not_streamed = [
         json.dumps({"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": "q", "stream": False}}),
         json.dumps({"jsonrpc": "1.0", "id": 1, "method": "reasoning.execute", "params": {"query": "q", "stream": True}}),
@@ -37,7 +38,7 @@ def test_only_well_formed_single_calls_asking_for_a_stream_are_streamed():
         json.dumps([{"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": "q", "stream": True}}]),
     ]
     for body in not_streamed:  # the dispatcher answers these (a -32600 for the malformed ones)
-        assert streaming_call(body.encode()) is None, body
+        assert streaming_call(rpc, body.encode()) is None, body
 
 
 async def test_the_events_then_the_response_with_the_calls_id():
