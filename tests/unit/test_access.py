@@ -23,7 +23,9 @@ def rpc(tmp_path):
 
     llm = SimulatedLLM()
     sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
-    rpc = local_dispatcher(ReasoningSettings(), llm, data_dir=tmp_path, sessions=sessions, memory=local_memory(make_bank(tmp_path / "bank")))
+    rpc = local_dispatcher(
+        ReasoningSettings(), llm, data_dir=tmp_path, sessions=sessions, memory=local_memory(make_bank(tmp_path / "bank"))
+    )
     install_guard(rpc, guard=_NoGuard())  # adds memory.share_workspace, as with authentication on
     return rpc
 
