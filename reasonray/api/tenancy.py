@@ -37,7 +37,6 @@ from reasonray.strategies.agents import STRATEGY_CAPABILITY
 
 if TYPE_CHECKING:
     from reasonray.api.registry import Registry
-    from reasonray.api.service import ReasoningService
     from reasonray.kernel.config import Settings
     from reasonray.kernel.pgstore import PgStore
 
@@ -453,7 +452,14 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
         return {"workspace": params.workspace, "readers": sorted(set(params.readers))}
 
 
-def build_guard(settings: Settings, registry: Registry, service: ReasoningService, owners: Owners, limits: Limits) -> Guard:
+class _Resolves(Protocol):
+    """What the guard needs of the reasoning service: which strategy a request would run (typed here, not
+    imported, because the service charges runs through this module)."""
+
+    async def resolve(self, params: Any) -> Any: ...
+
+
+def build_guard(settings: Settings, registry: Registry, service: _Resolves, owners: Owners, limits: Limits) -> Guard:
     """The guard of an application, the same for every entry point (the Serve ingress, `reasonray mcp`,
     benchmarks): the configured roles, ownership and limits where the caller keeps them (`owners`,
     `limits`: in this process or on the cluster's actors), the audit log of the configured store."""
