@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reasonray.api import results
 from reasonray.api.a2a_remote import forward, remote_registration
 from reasonray.api.caps import check_text
+from reasonray.api.egress import Egress
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
 from reasonray.api.openrpc import add_discover
@@ -103,16 +104,19 @@ def build_dispatcher(
     sandbox: SandboxLimits = SandboxLimits(),
     metrics: Metrics | None = None,
     limits: LimitSettings | None = None,
+    egress: Egress | None = None,
 ) -> Dispatcher:
     """The API over a service; memory.*, stats.* and the seed's aliases when the service has a memory bank."""
     limits = limits or LimitSettings()
+    egress = egress or Egress()  # no [egress] settings: remote agents are off
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
 
     @rpc.method("reasoning.execute", ExecuteParams, result=ExecuteResult)
     async def execute(params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
         """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
         if params.agent_id is not None and (card := await registry.get_agent(params.agent_id)).get("a2a_card_url"):
-            return await forward(card, params.query, params.strategy, call.trace_id)  # docs/interop.md
+            deadline_s = min((d for d in (service.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
+            return await forward(card, params.query, params.strategy, call.trace_id, egress, deadline_s=deadline_s)  # docs/interop.md
         return await service.execute(params, call.trace_id)
 
     @rpc.method("reasoning.bounded_context", BoundedContextParams, result=results.BoundedContextResult)
@@ -148,7 +152,7 @@ def build_dispatcher(
     async def agent_register(params: AgentRegistration, call: Call) -> dict[str, Any]:
         """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
         if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
-            params = await remote_registration(params)
+            params = await remote_registration(params, egress)
         return await registry.register_agent(params.model_dump(mode="json"), sorted(rpc.methods))
 
     @rpc.method("agent.get", AgentIdParams, result=results.AgentResult)
