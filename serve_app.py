@@ -52,12 +52,12 @@ from reasonray.api.streaming import rpc_sse, streaming_call
 from reasonray.api.tenancy import Guard, agent_exists_via, agent_strategies_via, install_guard
 from reasonray.api.tracing import in_request_trace, request_span
 from reasonray.gateway.factory import client_for
-from reasonray.gateway.simulator.server import free_port
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
 from reasonray.kernel.config import Settings, load_settings, require_auth_off_loopback
 from reasonray.kernel.errors import ForbiddenError, UnauthenticatedError
 from reasonray.kernel.logs import configure_logging
+from reasonray.kernel.ports import instance_ports
 from reasonray.memory.service import check_memory
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
@@ -88,6 +88,7 @@ class AuthGate:
     """
 
     verifier: TokenVerifier | None = None
+    policy: Policy | None = None  # with `verifier`: principals holding no configured role are refused here
     audit: AuditLog = NoAudit()  # refusals here are audited too (docs/security.md, Audit log)
 
     def __init__(self, app: Any) -> None:
@@ -111,6 +112,23 @@ class AuthGate:
                 AuthGate.audit, method=f"{scope['method']} {path}", outcome="unauthenticated", reason=exc.message, trace_id=trace_id
             )
             return await _unauthenticated(exc, path, trace_id)(scope, receive, send)
+        if AuthGate.policy is not None and not AuthGate.policy.known(principal):
+            # a valid signature with no role this server knows (a token minted for another service, a
+            # role since removed): it gets what an anonymous caller gets, not the docs, metrics or MCP
+            forbidden = ForbiddenError(
+                f"forbidden: roles {list(principal.roles)} are not configured on this server; "
+                "only the public routes (/healthz) answer (docs/security.md#roles)"
+            )
+            trace_id = new_trace_id()
+            await audit_refusal(
+                AuthGate.audit,
+                method=f"{scope['method']} {path}",
+                outcome="forbidden",
+                reason=forbidden.message,
+                trace_id=trace_id,
+                principal=principal.sub,
+            )
+            return await _refusal(forbidden, path, trace_id, 403)(scope, receive, send)
         token = CURRENT_PRINCIPAL.set(principal)
         try:
             await self.app(scope, receive, send)
@@ -123,6 +141,10 @@ JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error res
 
 
 def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Response:
+    return _refusal(exc, path, trace_id, 401)
+
+
+def _refusal(exc: UnauthenticatedError | ForbiddenError, path: str, trace_id: str, status: int) -> Response:
     error = error_for(exc)
     error.data["trace_id"] = trace_id
     payload: dict[str, Any] = {"error": error.body()}
@@ -130,8 +152,9 @@ def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Res
         payload = error_response(None, error)
     elif path in OPENAI_PATHS:
         payload = error_from_rpc(error.body()).body
-    challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
-    return JSONResponse(payload, status_code=401, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
+    kind = "invalid_token" if status == 401 else "insufficient_scope"
+    challenge = f'Bearer realm="reasonray", error="{kind}", error_description="' + error.message.replace('"', "'") + '"'
+    return JSONResponse(payload, status_code=status, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
 
 
 def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
@@ -239,6 +262,7 @@ class ReasonRayIngress:
         """Authentication on: tokens verified at the gate, every method behind the tenancy guard."""
         auth = self.settings.auth
         AuthGate.verifier = TokenVerifier(auth)
+        AuthGate.policy = Policy(auth)
 
         async def strategy_of(params: Any) -> str:
             agent_id = getattr(params, "agent_id", None)
@@ -418,19 +442,15 @@ def ray_environment(settings: Settings) -> dict[str, str]:
 
     Fan-out branches run on branch-runner actors started at deploy time (actors/fanout.py); other
     zero-CPU work would find only as many idle worker processes as there are free CPUs and start new
-    ones (about 1.2 s each): `[server] warm_workers` raises that soft limit. The HAProxy ingress always opens a stats and a
-    metrics listener; they get free ports here so that two clusters on one machine never collide.
+    ones (about 1.2 s each): `[server] warm_workers` raises that soft limit. The HAProxy ingress opens a stats and a
+    metrics listener, lists a fallback proxy and gives replicas ports of their own: all get free ports here, so
+    that two instances on one machine never answer for each other.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
     if not settings.haproxy_ingress():  # without auth, HAProxy would open the API on every interface
         return env
-    env = {
-        **env,
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-    }
+    # its listeners, the fallback proxy and the replicas' ports: this instance's own (reasonray.kernel.ports)
+    env = {**env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", **instance_ports()}
     wrapper = haproxy_binding(settings.server.host)
     if wrapper is not None:
         env["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper

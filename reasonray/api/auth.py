@@ -37,6 +37,10 @@ class Principal:
     claims: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+REMOTE_AGENTS = "agent.register_remote"
+"""The right, matched against a role's `methods` like a method name, to register a remote A2A agent
+(`agent.register` with `a2a_card_url`): the service then calls a URL of the caller's choosing."""
+
 CURRENT_PRINCIPAL: ContextVar[Principal | None] = ContextVar("reasonray_principal", default=None)
 """The caller of the request being served; None when authentication is off (or not yet checked)."""
 
@@ -175,6 +179,10 @@ class Policy:
 
     def may_run(self, principal: Principal, strategy: str) -> bool:
         return self._grants(principal.roles, "strategies", strategy)
+
+    def known(self, principal: Principal) -> bool:
+        """Whether the principal holds at least one configured role (else it gets the public routes only)."""
+        return any(r in self.roles for r in principal.roles)
 
     def sees_all(self, principal: Principal) -> bool:
         return any(self.roles[r].all_owners for r in principal.roles if r in self.roles)

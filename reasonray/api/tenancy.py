@@ -23,7 +23,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.auth import CURRENT_PRINCIPAL, REMOTE_AGENTS, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.limits import Limits, limited, refusal_error
 from reasonray.api.results import ShareResult
@@ -320,6 +320,12 @@ class Guard:
                     "forbidden: the memory_search tool is for admins while authentication is on", {"tool": "memory_search"}
                 )
             return None
+        if method == "agent.register" and params.a2a_card_url is not None and not self.policy.may_call(principal, REMOTE_AGENTS):  # type: ignore[attr-defined]
+            raise ForbiddenError(
+                f"forbidden: roles {list(principal.roles)} may not register a remote A2A agent (a2a_card_url): the service "
+                f"would call it on callers' behalf; an operator may ({REMOTE_AGENTS!r})",
+                {"method": REMOTE_AGENTS},
+            )
         if method in ("agent.register", "agent.get", "agent.unregister"):
             agent_id = params.id if method == "agent.register" else params.agent_id  # type: ignore[attr-defined]
             await self._agent(principal, agent_id, write=method != "agent.get", claim=method == "agent.register")
