@@ -38,7 +38,7 @@ from reasonray.api.a2a_remote import remote_strategy
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import AuditLog, NoAudit, audit_log_for, audit_refusal
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier
+from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, principal_trace_id
 from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for, error_response
 from reasonray.api.mcp_server import McpEndpoint
@@ -51,6 +51,7 @@ from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
 from reasonray.api.tenancy import Guard, agent_exists_via, agent_strategies_via, install_guard
 from reasonray.api.tracing import in_request_trace, request_span
+from reasonray.gateway.cache import CACHE_SCOPE
 from reasonray.gateway.factory import client_for
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
@@ -130,9 +131,11 @@ class AuthGate:
             )
             return await _refusal(forbidden, path, trace_id, 403)(scope, receive, send)
         token = CURRENT_PRINCIPAL.set(principal)
+        cache_scope = CACHE_SCOPE.set(principal.sub)  # one principal's cache hits tell nothing of another's prompts
         try:
             await self.app(scope, receive, send)
         finally:
+            CACHE_SCOPE.reset(cache_scope)
             CURRENT_PRINCIPAL.reset(token)
 
 
@@ -314,7 +317,7 @@ class ReasonRayIngress:
     async def chat_completions(self, request: Request) -> Response:
         # the caller's traceparent decides the trace id, else a well-formed X-Trace-Id, else a new one
         with request_span("/v1/chat/completions", request.headers) as traced:
-            trace_id = traced or accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
+            trace_id = traced or principal_trace_id(accept_trace_id(request.headers.get("x-trace-id"))) or new_trace_id()
             reply = await respond(self.openai, await request.body(), trace_id)
             if isinstance(reply, Reply):
                 return openai_response(reply.status, reply.body, {"X-Trace-Id": trace_id})

@@ -11,6 +11,7 @@ when a token names an unknown `kid`, so rotation needs no restart). Claims: `sub
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import time
 from contextvars import ContextVar
@@ -43,6 +44,17 @@ REMOTE_AGENTS = "agent.register_remote"
 
 CURRENT_PRINCIPAL: ContextVar[Principal | None] = ContextVar("reasonray_principal", default=None)
 """The caller of the request being served; None when authentication is off (or not yet checked)."""
+
+
+def principal_trace_id(given: str | None) -> str | None:
+    """A trace id the caller chose (X-Trace-Id, traceparent), made the caller's own when it is authenticated:
+    suffixed with a digest of its `sub`, so that no principal can name (and append to, or overwrite) the
+    event log and run record of another principal's trace. Unchanged with authentication off."""
+    principal = CURRENT_PRINCIPAL.get()
+    if given is None or principal is None:
+        return given
+    digest = hashlib.sha256(principal.sub.encode()).hexdigest()[:12]
+    return f"{given[:100]}.u{digest}"
 
 
 def mint_token(

@@ -57,6 +57,7 @@ def personal_workspace(sub: str) -> str:
 
 
 PERSONAL_WORKSPACE = re.compile(r"p-[0-9a-f]{24}")
+RESERVED_WORKSPACES = frozenset({"default", "shared", "public", "global"})  # an admin's to fill; nobody claims them
 
 
 class OwnerRecord(TypedDict):
@@ -384,6 +385,11 @@ class Guard:
                 raise _not_yours(kind, ident)  # another principal's personal workspace: nobody else may claim it
             if not claim:
                 return  # your own personal workspace, still empty: it is yours before you store anything in it
+        if record is None and claim and kind == "workspace" and ident in RESERVED_WORKSPACES:
+            # first come, first served would let one principal take the name every client defaults to
+            raise ForbiddenError(
+                f"forbidden: workspace {ident!r} is reserved; store in your own (omit workspace) or another name", {kind: ident}
+            )
         if record is None and claim and await self.owners.claim(kind, ident, principal.sub):
             return
         if record is not None and (record["owner"] == principal.sub or (not write and principal.sub in record["readers"])):

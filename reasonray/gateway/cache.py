@@ -1,7 +1,7 @@
 """LLM response cache: the key, the LRU + TTL policy, and the wrapper that consults a store.
 
 The key hashes everything that changes the output (model, messages, tools, max_tokens, stop,
-temperature, seed, n). Sampled calls (temperature > 0 without a seed) are never served from the
+temperature, seed, n), and whose calls they are when authentication is on (`CACHE_SCOPE`). Sampled calls (temperature > 0 without a seed) are never served from the
 cache, so parallel branches stay diverse. The store is pluggable: an in-process one here, the
 shared Ray actor in `actors/llm_cache.py`.
 """
@@ -12,15 +12,34 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Protocol
 
 import msgspec
 
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 
+CACHE_SCOPE: ContextVar[str | None] = ContextVar("reasonray_cache_scope", default=None)
+"""Whose cache entries the current calls see: the authenticated caller (set where the request is
+authenticated, and carried to fan-out branches), so that a cache hit never tells one principal what
+another one asked. None (authentication off): one shared cache."""
 
-def cache_key(model: str, request: LLMRequest) -> str:
-    payload = msgspec.json.encode({"model": model, "request": request}, order="sorted")
+
+def cache_scope() -> str | None:
+    return CACHE_SCOPE.get()
+
+
+def scope_cache(scope: str | None) -> None:
+    """Make `scope` the current task's cache scope (a function, unlike the ContextVar, travels with code
+    that Ray pickles by value, such as an actor class's methods)."""
+    CACHE_SCOPE.set(scope)
+
+
+def cache_key(model: str, request: LLMRequest, scope: str | None = None) -> str:
+    document: dict[str, object] = {"model": model, "request": request}
+    if scope is not None:
+        document["scope"] = scope
+    payload = msgspec.json.encode(document, order="sorted")
     return hashlib.sha256(payload).hexdigest()
 
 
@@ -113,7 +132,7 @@ class CachingLLM:
         if request.sampled:
             return await self.inner.complete(request)
         started = time.perf_counter()
-        key = cache_key(self.model, request)
+        key = cache_key(self.model, request, CACHE_SCOPE.get())
         hit = await self.store.get(key)
         if hit is not None:
             cached = _decoder.decode(hit)
