@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit
 from reasonray.api.auth import CURRENT_PRINCIPAL, REMOTE_AGENTS, Policy, Principal
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
-from reasonray.api.limits import Limits, limited, refusal_error
+from reasonray.api.limits import Limits, limited, own_statistics, refusal_error
 from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
@@ -422,6 +422,8 @@ class Guard:
             mine = set(await self.owners.readable("agent", principal.sub))
             others = await self.owners.owned("agent")
             result = {**result, "agents": [a for a in result["agents"] if a["id"] in mine or a["id"] not in others]}
+        elif method in ("stats.get", "get_statistics"):  # its own activity, not the server's
+            result = own_statistics(result, await self.limits.usage(principal.sub))
         elif method == "memory.list_workspaces":
             mine = set(await self.owners.readable("workspace", principal.sub))
             result = {**result, "default_workspace": personal_workspace(principal.sub), "workspaces": _only(result["workspaces"], mine)}

@@ -54,3 +54,19 @@ async def test_reserved_workspace_names_are_nobodys_to_claim(tmp_path):
         refused = await call(rpc, BOB, "memory.store", {"workspace": name, "items": [item]})
         assert refused["error"]["code"] == -32003 and "reserved" in refused["error"]["message"], refused
     assert "result" in await call(rpc, ALICE, "memory.store", {"workspace": "alices", "items": [item]})
+
+
+async def test_stats_show_a_non_admin_its_own_activity_only(tmp_path):
+    from tests.unit.test_tenancy import ADMIN, READER
+
+    rpc, _ = api(tmp_path, memory=True)
+    for _ in range(3):
+        assert "result" in await call(rpc, ALICE, "reasoning.execute", {"query": "2 + 2?"})
+    server = (await call(rpc, ADMIN, "stats.get", {}))["result"]
+    assert server.get("scope", "server") == "server" and server["runs"]["total"] >= 3
+    for who in (BOB, READER):
+        own = (await call(rpc, who, "stats.get", {}))["result"]
+        assert own["scope"] == "principal" and own["runs"]["total"] == 0 and own["llm"]["calls"] == 0, own
+        assert own["usage"]["tokens_today"] == 0 and own["usage"]["runs_in_flight"] == 0
+    alices = (await call(rpc, ALICE, "get_statistics", {}))["result"]
+    assert alices["scope"] == "principal" and alices["usage"]["tokens_today"] > 0 and alices["usage"]["requests_last_minute"] >= 3
