@@ -245,5 +245,10 @@ def test_nan_and_infinity_are_a_4xx_on_every_surface(untrusted, path, body):
 
 def test_the_shipped_reasoner_limit_on_requests_per_minute_holds(untrusted):
     client, _ = untrusted
-    statuses = [rpc(client, "hasty", "reasoning.strategies", {}).status_code for _ in range(125)]
-    assert statuses[:120] == [200] * 120 and statuses[120:] == [429] * 5
+    responses = [rpc(client, "hasty", "reasoning.strategies", {}) for _ in range(130)]
+    statuses = [r.status_code for r in responses]
+    # the replica leases a few request permits at a time (docs/security.md), so the refusals may start a
+    # little before the 120th call; never later
+    assert statuses[:100] == [200] * 100 and statuses.count(200) <= 120 and statuses[-10:] == [429] * 10, statuses
+    refused = responses[-1]
+    assert refused.json()["error"]["data"]["limit_name"] == "requests_per_minute" and int(refused.headers["Retry-After"]) >= 1
