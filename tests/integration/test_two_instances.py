@@ -88,6 +88,7 @@ def test_a_port_of_this_instance_held_by_another_process_stops_the_start_naming_
 
 
 @pytest.mark.slow  # two services with Ray clusters and HAProxy of their own (several minutes on 2 busy cores)
+@pytest.mark.timeout(900)
 def test_two_instances_on_one_machine_each_answer_only_for_themselves():
     secrets = ["first-instance-secret-" + "a" * 32, "second-instance-secret-" + "b" * 32]
     ports = [free_port(), free_port()]
