@@ -44,3 +44,16 @@ def test_a_block_is_found_around_held_ports(monkeypatch):
     assert not taken & set(range(start, start + 40))
     with pytest.raises(PortCollisionError, match="no 64 consecutive free ports"):
         free_block(size=64, rng=random.Random(7))
+
+
+def test_the_haproxy_ingress_gets_the_instances_own_ports_and_serves_proxy_keeps_its_port():
+    from reasonray.kernel.config import Settings
+    from reasonray.serve_app import ray_environment
+
+    secured = ray_environment(Settings(auth={"jwt_secret": "s" * 32}))
+    assert secured["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE, *ports.REPLICA_GRPC_RANGE} <= set(secured)
+    assert secured[ports.FALLBACK_HTTP] != "8500" and int(secured[ports.REPLICA_HTTP_RANGE[0]]) != 30000
+    check_instance_ports(secured)
+    plain = ray_environment(Settings())  # auth off: Serve's own proxy, on [server] port; nothing of HAProxy's
+    assert not {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE} & set(plain)
