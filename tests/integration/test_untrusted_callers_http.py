@@ -147,8 +147,9 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
 
     def attack(i: int) -> None:
         # the attacker gives up after 15 s and goes away (its connection closes)
-        try:
-            response = rpc(client, "mallory", "reasoning.execute", {"query": f"hold {i}", "agent_id": "tarpit"}, "operator", timeout=15)
+        try:  # a connection of its own per call, as a flooding script opens them
+            with httpx.Client(base_url=client.base_url) as own:
+                response = rpc(own, "mallory", "reasoning.execute", {"query": f"hold {i}", "agent_id": "tarpit"}, "operator", timeout=15)
             outcomes.append(response.status_code if "error" not in response.json() else response.json()["error"]["code"])
         except httpx.TimeoutException:
             outcomes.append("timeout")
