@@ -40,7 +40,7 @@ from reasonray.api.a2a import A2AServer, auth_configured, card_headers, card_jso
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
 from reasonray.api.audit import AuditLog, NoAudit, audit_refusal
-from reasonray.api.auth import CURRENT_PRINCIPAL, TokenVerifier
+from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, principal_trace_id
 from reasonray.api.errors import error_headers, openai_error, rest_error, view_of
 from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for, error_response
@@ -55,13 +55,14 @@ from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.streaming import rpc_sse, streaming_call
 from reasonray.api.tenancy import build_guard, install_guard
 from reasonray.api.tracing import in_request_trace, request_span
+from reasonray.gateway.cache import CACHE_SCOPE
 from reasonray.gateway.factory import client_for
-from reasonray.gateway.simulator.server import free_port
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
 from reasonray.kernel.config import Settings, load_settings, require_auth_off_loopback
 from reasonray.kernel.errors import ForbiddenError, UnauthenticatedError
 from reasonray.kernel.logs import configure_logging
+from reasonray.kernel.ports import instance_ports
 from reasonray.memory.service import check_memory
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
@@ -89,6 +90,7 @@ class AuthGate:
     """
 
     verifier: TokenVerifier | None = None
+    policy: Policy | None = None  # with `verifier`: principals holding no configured role are refused here
     audit: AuditLog = NoAudit()  # refusals here are audited too (docs/security.md, Audit log)
 
     def __init__(self, app: Any) -> None:
@@ -112,10 +114,29 @@ class AuthGate:
                 AuthGate.audit, method=f"{scope['method']} {path}", outcome="unauthenticated", reason=exc.message, trace_id=trace_id
             )
             return await _unauthenticated(exc, path, trace_id)(scope, receive, send)
+        if AuthGate.policy is not None and not AuthGate.policy.known(principal):
+            # a valid signature with no role this server knows (a token minted for another service, a
+            # role since removed): it gets what an anonymous caller gets, not the docs, metrics or MCP
+            forbidden = ForbiddenError(
+                f"forbidden: roles {list(principal.roles)} are not configured on this server; "
+                "only the public routes (/healthz) answer (docs/security.md#roles)"
+            )
+            trace_id = new_trace_id()
+            await audit_refusal(
+                AuthGate.audit,
+                method=f"{scope['method']} {path}",
+                outcome="forbidden",
+                reason=forbidden.message,
+                trace_id=trace_id,
+                principal=principal.sub,
+            )
+            return await _refusal(forbidden, path, trace_id, 403)(scope, receive, send)
         token = CURRENT_PRINCIPAL.set(principal)
+        cache_scope = CACHE_SCOPE.set(principal.sub)  # one principal's cache hits tell nothing of another's prompts
         try:
             await self.app(scope, receive, send)
         finally:
+            CACHE_SCOPE.reset(cache_scope)
             CURRENT_PRINCIPAL.reset(token)
 
 
@@ -144,6 +165,10 @@ JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error res
 
 
 def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Response:
+    return _refusal(exc, path, trace_id, 401)
+
+
+def _refusal(exc: UnauthenticatedError | ForbiddenError, path: str, trace_id: str, status: int) -> Response:
     error = error_for(exc)
     error.data["trace_id"] = trace_id
     payload: dict[str, Any] = {"error": error.body()}
@@ -151,10 +176,9 @@ def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Res
         payload = error_response(None, error)
     elif path in OPENAI_PATHS or path.startswith("/v1/models/"):
         payload = openai_error(error.body())[1]
-    challenge = 'Bearer realm="reasonray", error="invalid_token", error_description="' + error.message.replace('"', "'") + '"'
-    return JSONResponse(
-        payload, status_code=view_of(error.code).http_status, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id}
-    )
+    kind = "invalid_token" if status == 401 else "insufficient_scope"
+    challenge = f'Bearer realm="reasonray", error="{kind}", error_description="' + error.message.replace('"', "'") + '"'
+    return JSONResponse(payload, status_code=status, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
 
 
 def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
@@ -272,6 +296,7 @@ class ReasonRayIngress:
         """Authentication on: tokens verified at the gate, every method behind the one guard (`build_guard`),
         its ownership records and limits on the cluster's shared actors."""
         AuthGate.verifier = TokenVerifier(self.settings.auth)
+        AuthGate.policy = Policy(self.settings.auth)
         # both follow this deployment's store and data directory, and keep their records there
         owners = RayOwners(owners_actor(app_name, self.settings.store.url, self.settings.data_dir))
         limits = RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir))
@@ -310,7 +335,7 @@ class ReasonRayIngress:
     async def chat_completions(self, request: Request) -> Response:
         # the caller's traceparent decides the trace id, else a well-formed X-Trace-Id, else a new one
         with request_span("/v1/chat/completions", request.headers) as traced:
-            trace_id = traced or accept_trace_id(request.headers.get("x-trace-id")) or new_trace_id()
+            trace_id = traced or principal_trace_id(accept_trace_id(request.headers.get("x-trace-id"))) or new_trace_id()
             reply = await respond(self.openai, await request.body(), trace_id)
             if isinstance(reply, Reply):
                 return openai_response(reply.status, reply.body, {"X-Trace-Id": trace_id})
@@ -460,19 +485,15 @@ def ray_environment(settings: Settings) -> dict[str, str]:
 
     Fan-out branches run on branch-runner actors started at deploy time (actors/fanout.py); other
     zero-CPU work would find only as many idle worker processes as there are free CPUs and start new
-    ones (about 1.2 s each): `[server] warm_workers` raises that soft limit. The HAProxy ingress always opens a stats and a
-    metrics listener; they get free ports here so that two clusters on one machine never collide.
+    ones (about 1.2 s each): `[server] warm_workers` raises that soft limit. The HAProxy ingress opens a stats and a
+    metrics listener, lists a fallback proxy and gives replicas ports of their own: all get free ports here, so
+    that two instances on one machine never answer for each other.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
     if not settings.haproxy_ingress():  # fast_ingress off, or no auth on a host its listeners cannot be bound to
         return env
-    env = {
-        **env,
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
-    }
+    # its listeners, the fallback proxy and the replicas' ports: this instance's own (reasonray.kernel.ports)
+    env = {**env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", **instance_ports()}
     wrapper = haproxy_binding(settings.server.host)
     if wrapper is not None:
         env["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper

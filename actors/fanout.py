@@ -38,6 +38,7 @@ import structlog
 from reasonray.actors import NAMESPACE, unwrap
 from reasonray.actors.lifecycle import private_files
 from reasonray.actors.ray_compat import actor_id_of
+from reasonray.gateway.cache import cache_scope, scope_cache
 from reasonray.gateway.observed import ObservedLLM
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import counter_for_model
@@ -145,7 +146,9 @@ class BranchRunner:
         options: dict[str, Any],
         carrier: dict[str, str] | None = None,
         name: str = "",
+        cache_scope: str | None = None,
     ) -> tuple[T, list[Event], Tally, dict[str, Any]]:
+        scope_cache(cache_scope)  # the caller's cache entries only (this call runs in its own task)
         started = time.perf_counter()
         events: list[Event] = []
         llm = ObservedLLM(self._llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
@@ -280,7 +283,7 @@ class RayFanout:
             refs = [
                 pool.runners[r]
                 .run.options(name=f"{label}[{i}]")
-                .remote(pool.spec, branch, context.trace_id, strategy, options, carrier, f"{label}[{i}]")
+                .remote(pool.spec, branch, context.trace_id, strategy, options, carrier, f"{label}[{i}]", cache_scope())
                 for i, (r, branch) in enumerate(zip(placed, branches, strict=True))
             ]
             try:

@@ -176,6 +176,9 @@ class RayLimits:
         self._background: set[asyncio.Future[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
 
+    async def usage(self, key: str) -> dict[str, int]:
+        return await unwrap(self.handle.usage.remote(key))  # type: ignore[no-any-return]
+
     async def admit(self, keyed: KeyedLimits, *, run: bool) -> dict[str, Any]:
         permit = await self._permit(keyed)
         if not run or not permit["ok"]:

@@ -17,6 +17,7 @@ from reasonray.evals.run import main as eval_command
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.kernel.config import ConfigError, Settings, is_loopback_host, load_settings, require_auth_off_loopback
 from reasonray.kernel.errors import error_type_of
+from reasonray.kernel.ports import PortCollisionError, check_instance_ports
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -138,6 +139,12 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     if address == "local":
         for name, value in ray_environment(settings).items():
             os.environ.setdefault(name, value)
+        try:  # a port set in the environment that another process holds: that process would answer for us
+            check_instance_ports(os.environ)
+        except PortCollisionError as exc:
+            if simulator:
+                simulator.stop()
+            _fail(str(exc), error_type="config_error")
         own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
     context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
     stop = threading.Event()

@@ -66,6 +66,7 @@ from reasonray.api.a2a_store import (
     TaskBoard,
     owner_of,
 )
+from reasonray.api.auth import principal_trace_id
 from reasonray.api.errors import a2a_refused, view_of
 from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, RpcError
 from reasonray.api.streaming import CallResult, stream_call
@@ -201,7 +202,8 @@ class ReasoningExecutor(AgentExecutor):
         choice = _choice(context)
         strategy = choice.strategy
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
-        trace_id = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id() or uuid.uuid4().hex
+        given = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id()
+        trace_id = principal_trace_id(given) or uuid.uuid4().hex  # a caller's chosen trace id is its own
         owner = owner_of(context.call_context)
         text = context.get_user_input()
         params: dict[str, Any]

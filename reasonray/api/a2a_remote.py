@@ -5,6 +5,8 @@ reached with the official a2a-sdk client.
   card is fetched and validated with the SDK's card resolver (it must offer a JSON-RPC interface and at
   least one skill); its skills are advertised as capabilities `a2a.skill.<id>`, so `agent.discover` finds
   it by them. A remote agent advertises no local strategies.
+- Every connection passes the egress policy (`reasonray.api.egress`, `[egress]`): allowed host:port only, no
+  internal address unless named, bounded in time and in calls in flight per caller and per destination.
 - `forward`: `reasoning.execute` naming a remote agent (`agent_id`, also from an A2A message's metadata)
   sends the query to that agent as one A2A message (the request's `strategy`, else the agent's default,
   as the skill in the message metadata) and answers with its reply, in the shape of a local run's result.
@@ -12,6 +14,7 @@ reached with the official a2a-sdk client.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -27,6 +30,9 @@ from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 from pydantic import ValidationError
 
+from reasonray.api.audit import ANONYMOUS
+from reasonray.api.auth import CURRENT_PRINCIPAL
+from reasonray.api.egress import Egress
 from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
 from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, AgentRegistration
 
@@ -39,47 +45,61 @@ class RemoteAgentError(ReasonRayError):
     code, http_status, error_type = -32013, 502, "remote_agent_failed"
 
 
-CARD_TIMEOUT_S = 10.0  # fetching a card at registration
-CALL_TIMEOUT_S = 300.0  # one forwarded message, answered
+def _caller() -> str:
+    principal = CURRENT_PRINCIPAL.get()
+    return principal.sub if principal is not None else ANONYMOUS
 
 
-async def fetch_card(url: str, http: httpx.AsyncClient | None = None) -> A2ACard:
-    """The A2A card at `url`, validated by the SDK's resolver; InvalidParamsError saying what is wrong."""
+async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = None) -> A2ACard:
+    """The A2A card at `url`, validated by the SDK's resolver; EgressRefusedError when the policy does not
+    let the service go there, InvalidParamsError when no usable card came back (without saying what answered)."""
+    egress.policy.check_url(url)  # before any connection
     parts = urlsplit(url)
     base, path = f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
+    timeout_s = egress.settings.card_timeout_s
+    card: A2ACard | None = None
     try:
-        if http is not None:
-            card = await A2ACardResolver(http, base, agent_card_path=path).get_agent_card()
-        else:
-            async with httpx.AsyncClient(timeout=CARD_TIMEOUT_S) as own:
-                card = await A2ACardResolver(own, base, agent_card_path=path).get_agent_card()
-    except (A2AError, httpx.HTTPError, ValidationError, ValueError) as exc:
+        async with asyncio.timeout(timeout_s):
+            if http is not None:
+                card = await A2ACardResolver(http, base, agent_card_path=path).get_agent_card()
+            else:
+                async with egress.client(timeout_s) as own:
+                    card = await A2ACardResolver(own, base, agent_card_path=path).get_agent_card()
+    except (A2AError, httpx.HTTPError, ValidationError, ValueError, TimeoutError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    else:
+        assert card is not None
+        problem = "; ".join(
+            ([] if any(i.protocol_binding == "JSONRPC" for i in card.supported_interfaces) else ["no JSONRPC interface"])
+            + ([] if card.skills else ["no skills"])
+        )
+    if problem:
+        # the caller learns that no usable card came, not why: a closed port, a timeout, a status, a page
+        # that is not a card would otherwise tell it what listens where (the operator's log has it)
+        log.warning("agent.card_unusable", url=url, error=problem[:500])
         raise InvalidParamsError(
-            f"a2a_card_url {url!r}: no valid A2A agent card there ({type(exc).__name__}: {str(exc)[:300]}); "
-            "give the URL of a running agent's card (…/.well-known/agent-card.json)",
+            f"a2a_card_url {url!r}: no valid A2A agent card could be fetched there within {timeout_s:g} s "
+            "(one offering a JSONRPC interface and at least one skill); give the URL of a running agent's card "
+            "(…/.well-known/agent-card.json)",
             {"a2a_card_url": url},
-        ) from None
-    problems = []
-    if not any(i.protocol_binding == "JSONRPC" for i in card.supported_interfaces):
-        problems.append("it offers no JSONRPC interface (supported_interfaces)")
-    if not card.skills:
-        problems.append("it advertises no skills")
-    if problems:
-        raise InvalidParamsError(f"a2a_card_url {url!r}: the agent card cannot be used: {'; '.join(problems)}", {"a2a_card_url": url})
+        )
+    assert card is not None
     return card
 
 
-async def remote_registration(registration: AgentRegistration, http: httpx.AsyncClient | None = None) -> AgentRegistration:
+async def remote_registration(registration: AgentRegistration, egress: Egress, http: httpx.AsyncClient | None = None) -> AgentRegistration:
     """A remote agent's registration with its card's skills as `a2a.skill.<id>` capabilities (kept with the
     caller's free-form labels); the description defaults to the card's."""
     assert registration.a2a_card_url is not None
-    card = await fetch_card(registration.a2a_card_url, http)
     if wrong := [c for c in registration.capabilities if c.startswith(STRATEGY_CAPABILITY)]:
         raise InvalidParamsError(
             f"agent {registration.id!r} is a remote A2A agent: it advertises its card's skills, not local strategies ({wrong}); "
             "drop the reasoning.strategy.* capabilities",
             {"capabilities": wrong},
         )
+    host, port = egress.policy.check_url(registration.a2a_card_url)
+    async with egress.gate.slot(f"{host}:{port}", _caller()):
+        card = await fetch_card(registration.a2a_card_url, egress, http)
     skills = [REMOTE_SKILL + s.id for s in card.skills]
     labels = [c for c in registration.capabilities if not c.startswith(REMOTE_SKILL)]
     log.info("agent.remote_card", agent_id=registration.id, url=registration.a2a_card_url, skills=[s.id for s in card.skills])
@@ -89,31 +109,33 @@ async def remote_registration(registration: AgentRegistration, http: httpx.Async
 
 
 async def forward(
-    agent: dict[str, Any], query: str, skill: str | None, trace_id: str, http: httpx.AsyncClient | None = None
+    agent: dict[str, Any],
+    query: str,
+    skill: str | None,
+    trace_id: str,
+    egress: Egress,
+    *,
+    deadline_s: float | None = None,
+    http: httpx.AsyncClient | None = None,
 ) -> dict[str, Any]:
     """Send `query` to the remote agent `agent` (a registered card) as one A2A message; its answer as a
-    `reasoning.execute` result (`strategy_used` is `a2a:<agent id>`; token counts are the remote's business: 0)."""
+    `reasoning.execute` result (`strategy_used` is `a2a:<agent id>`; token counts are the remote's business: 0).
+
+    The call holds one of the caller's and one of the destination's outbound slots, ends by the
+    earlier of `[egress] call_timeout_s` and the request's `deadline_s`, and is cancelled with the
+    request (a caller that goes away leaves no connection behind)."""
     skill = skill or agent.get("default_strategy")
     started = time.perf_counter()
-    owned = http is None
-    http = http or httpx.AsyncClient(timeout=CALL_TIMEOUT_S)
+    limit_s = min(d for d in (egress.settings.call_timeout_s, deadline_s) if d is not None)
+    host, port = egress.policy.check_url(agent["a2a_card_url"])
     try:
-        card = await fetch_card(agent["a2a_card_url"], http)
-        client = await create_client(card, ClientConfig(httpx_client=http, streaming=False))
-        message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
-        if skill:
-            message.metadata.update({"skill": skill})
-        message.metadata.update({"traceId": trace_id})
-        replies = [r async for r in client.send_message(SendMessageRequest(message=message))]
-    except InvalidParamsError as exc:
-        raise RemoteAgentError(f"remote agent {agent['id']!r} is unreachable: {exc.message}", {"agent_id": agent["id"]}) from None
-    except (A2AError, A2AClientError, httpx.HTTPError) as exc:
+        async with egress.gate.slot(f"{host}:{port}", _caller()), asyncio.timeout(limit_s):
+            replies = await _send(agent, query, skill, trace_id, egress, http, limit_s)
+    except TimeoutError:
         raise RemoteAgentError(
-            f"remote agent {agent['id']!r} did not answer: {type(exc).__name__}: {str(exc)[:300]}", {"agent_id": agent["id"]}
+            f"remote agent {agent['id']!r} did not answer within {limit_s:g} s ([egress] call_timeout_s or budget.deadline_s)",
+            {"agent_id": agent["id"]},
         ) from None
-    finally:
-        if owned:
-            await http.aclose()
     answer, remote = _answer(agent["id"], replies)
     took = round((time.perf_counter() - started) * 1000)
     used = remote_strategy(agent["id"])
@@ -145,6 +167,33 @@ async def forward(
         "degraded": False,
         "degraded_error": None,
     }
+
+
+async def _send(
+    agent: dict[str, Any], query: str, skill: str | None, trace_id: str, egress: Egress, http: httpx.AsyncClient | None, limit_s: float
+) -> list[Any]:
+    owned = http is None
+    http = http or egress.client(limit_s)
+    try:
+        card = await fetch_card(agent["a2a_card_url"], egress, http)
+        client = await create_client(card, ClientConfig(httpx_client=http, streaming=False))
+        message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
+        if skill:
+            message.metadata.update({"skill": skill})
+        message.metadata.update({"traceId": trace_id})
+        return [r async for r in client.send_message(SendMessageRequest(message=message))]
+    except InvalidParamsError:
+        raise RemoteAgentError(
+            f"remote agent {agent['id']!r} is unreachable: its card could not be fetched", {"agent_id": agent["id"]}
+        ) from None
+    except (A2AError, A2AClientError, httpx.HTTPError) as exc:
+        log.warning("agent.remote_failed", agent_id=agent["id"], trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:500])
+        raise RemoteAgentError(
+            f"remote agent {agent['id']!r} gave no usable answer (the server log has the detail)", {"agent_id": agent["id"]}
+        ) from None
+    finally:
+        if owned:
+            await http.aclose()
 
 
 def remote_strategy(agent_id: str) -> str:

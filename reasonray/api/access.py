@@ -88,6 +88,10 @@ class Access:
     creates: Kind | None = None
     lists: Kind | None = None
     checks: tuple[Check, ...] = ()
+    right: Callable[[Any], str | None] | None = None
+    """A further right the params ask for (e.g. `agent.register_remote` for a card URL), checked against the caller's roles."""
+    own_usage: bool = False
+    """The caller sees its own activity only: the guard hands a non-admin handler its usage (`Call.usage`)."""
 
     def target(self, params: Any) -> str | None:
         """What the call names, for the audit log: `<kind>:<id>` of its first resource that is named."""

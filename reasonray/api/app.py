@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonray.api.egress import Egress
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
 from reasonray.api.registry import LocalRegistry, Registry, RegistryService, agent_lookup
@@ -134,6 +135,7 @@ def build_application(
         sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
         metrics=parts.metrics,
         limits=settings.limits,
+        egress=Egress(settings.egress),
     )
     return Application(settings, llm, service, registry, dispatcher, parts.metrics, sessions, client, resilient)
 

@@ -11,6 +11,7 @@ when a token names an unknown `kid`, so rotation needs no restart). Claims: `sub
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import time
 from contextvars import ContextVar
@@ -37,8 +38,23 @@ class Principal:
     claims: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+REMOTE_AGENTS = "agent.register_remote"
+"""The right, matched against a role's `methods` like a method name, to register a remote A2A agent
+(`agent.register` with `a2a_card_url`): the service then calls a URL of the caller's choosing."""
+
 CURRENT_PRINCIPAL: ContextVar[Principal | None] = ContextVar("reasonray_principal", default=None)
 """The caller of the request being served; None when authentication is off (or not yet checked)."""
+
+
+def principal_trace_id(given: str | None) -> str | None:
+    """A trace id the caller chose (X-Trace-Id, traceparent), made the caller's own when it is authenticated:
+    suffixed with a digest of its `sub`, so that no principal can name (and append to, or overwrite) the
+    event log and run record of another principal's trace. Unchanged with authentication off."""
+    principal = CURRENT_PRINCIPAL.get()
+    if given is None or principal is None:
+        return given
+    digest = hashlib.sha256(principal.sub.encode()).hexdigest()[:12]
+    return f"{given[:100]}.u{digest}"
 
 
 def mint_token(
@@ -175,6 +191,10 @@ class Policy:
 
     def may_run(self, principal: Principal, strategy: str) -> bool:
         return self._grants(principal.roles, "strategies", strategy)
+
+    def known(self, principal: Principal) -> bool:
+        """Whether the principal holds at least one configured role (else it gets the public routes only)."""
+        return any(r in self.roles for r in principal.roles)
 
     def sees_all(self, principal: Principal) -> bool:
         return any(self.roles[r].all_owners for r in principal.roles if r in self.roles)

@@ -9,8 +9,8 @@ An ASGI middleware, so it holds for every route (`/rpc`, the REST mirrors, healt
   cors_origins` lists the origin (CORS is off by default).
 - A POST must say its `Content-Length` (411) and it must not exceed `[limits] max_body_bytes` (413);
   the body is read up to that and no further.
-- A JSON body must nest no deeper than `[limits] max_json_depth` and hold no lone surrogates in its
-  strings (they cannot be encoded in an answer): 400 with a JSON-RPC -32600 error, before any call
+- A JSON body must nest no deeper than `[limits] max_json_depth`, hold no lone surrogates in its
+  strings and no NaN, Infinity or number beyond a float's range (none can be encoded in an answer): 400 with a JSON-RPC -32600 error, before any call
   in it runs. A body that is not JSON passes to the route, which answers it (-32700 on /rpc).
 
 Every refusal is a JSON body in the JSON-RPC error shape whose message names the rule and the
@@ -20,6 +20,7 @@ config key.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +90,11 @@ def check_body(body: bytes, settings: GuardSettings) -> None:
     if not body.strip():
         return
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+    except NotFinite as exc:
+        raise Refusal(
+            400, INVALID_REQUEST, f"the JSON holds {exc}, which JSON (RFC 8259) does not allow and no answer can echo; send a finite number"
+        ) from None
     except RecursionError:
         payload, depth_error = None, True
     except ValueError:  # not JSON: the route answers that itself (JSON-RPC -32700, the REST mirrors 422)
@@ -103,6 +108,21 @@ def check_body(body: bytes, settings: GuardSettings) -> None:
         )
     if where is not None:
         raise Refusal(400, INVALID_REQUEST, f"a string at {where} holds a lone surrogate (not valid Unicode)")
+
+
+class NotFinite(ValueError):
+    """NaN, Infinity or a number too large for a float in a JSON body."""
+
+
+def _no_constant(name: str) -> Any:
+    raise NotFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise NotFinite(f"{text[:40]} (beyond a float's range)")
+    return value
 
 
 def _walk(value: Any) -> tuple[int, str | None]:

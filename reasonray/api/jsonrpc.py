@@ -149,6 +149,8 @@ class Call:
     method: str
     access: Access | None = None
     visible: Visible | None = None
+    usage: dict[str, int] | None = None
+    """For a method declared `own_usage`: the caller's own activity, set when it may not see the server's."""
 
 
 Handler = Callable[[Any, Call], Awaitable[Any]]

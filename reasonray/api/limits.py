@@ -276,6 +276,8 @@ class Limits(Protocol):
 
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None: ...
 
+    async def usage(self, key: str) -> dict[str, int]: ...
+
 
 class LocalLimits:
     """A `RateLimiter` in this process."""
@@ -289,7 +291,38 @@ class LocalLimits:
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         self.limiter.finish(keys, run_id, tokens)
 
+    async def usage(self, key: str) -> dict[str, int]:
+        return self.limiter.usage(key)
+
 
 def limited(limits: LimitSettings) -> dict[str, Any]:
     """The configured limits only (None means unlimited and is left out)."""
     return limits.model_dump(exclude_none=True)
+
+
+def own_statistics(server: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
+    """`stats.get` as a principal that does not see every principal's data gets it: its own usage (requests
+    this minute, runs in flight, tokens this minute and today), the server-wide counters withheld (zero),
+    so that nobody learns from them what the others ran."""
+    zero_latency = {"count": 0, "mean_ms": None, "p50_ms": None, "p95_ms": None, "total_ms": 0.0}
+    return {
+        **{k: server[k] for k in ("since", "embedder", "trace_id") if k in server},
+        "scope": "principal",
+        "usage": usage,
+        "traces": {"total": 0, "success": 0, "failure": 0, "success_rate": None, "failure_rate": None},
+        "items_stored": 0,
+        "passive_learning": {},
+        "runs": {"total": 0, "errors": 0},
+        "llm": {
+            "calls": 0,
+            "cache_hits": 0,
+            "retries": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "api_calls": 0,
+            "cache_hit_rate": None,
+        },
+        "retrieval": zero_latency,
+        "embedding": zero_latency,
+        "llm_cache": None,
+    }

@@ -17,6 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from reasonray.api import results
 from reasonray.api.access import EVERYONE, OPERATORS, REASONERS, Access, Resource, Visible
 from reasonray.api.jsonrpc import Call, Dispatcher
+from reasonray.api.limits import own_statistics
 from reasonray.api.service import ExecuteParams, ReasoningService
 from reasonray.kernel.config import MemorySettings
 from reasonray.kernel.errors import InvalidParamsError, describe_errors
@@ -234,10 +235,12 @@ def add_memory_methods(
             stats["llm_cache"] = await cache_stats()
         return stats
 
-    @rpc.method("stats.get", NoParams, result=results.StatsResult, access=Access(EVERYONE))
+    @rpc.method("stats.get", NoParams, result=results.StatsResult, access=Access(EVERYONE, own_usage=True))
     async def stats_get(params: NoParams, call: Call) -> dict[str, Any]:
-        """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency."""
-        return await statistics()
+        """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency (a caller who
+        may not see every principal's data gets its own usage instead)."""
+        stats = await statistics()
+        return own_statistics(stats, call.usage) if call.usage is not None else stats
 
     @rpc.method("stats.reset", NoParams, result=results.StatsResult, access=Access(OPERATORS))
     async def stats_reset(params: NoParams, call: Call) -> dict[str, Any]:
@@ -312,7 +315,8 @@ def add_memory_methods(
         """Alias of memory.genealogy."""
         return await memory.genealogy(params.memory_id, ws(params.workspace))
 
-    @rpc.method("get_statistics", NoParams, result=results.StatsResult, access=Access(EVERYONE), mcp_tool="get_statistics")
+    @rpc.method("get_statistics", NoParams, result=results.StatsResult, access=Access(EVERYONE, own_usage=True), mcp_tool="get_statistics")
     async def get_statistics(params: NoParams, call: Call) -> dict[str, Any]:
         """Alias of stats.get."""
-        return await statistics()
+        stats = await statistics()
+        return own_statistics(stats, call.usage) if call.usage is not None else stats

@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reasonray.api import results
 from reasonray.api.a2a_remote import forward, remote_registration
 from reasonray.api.access import EVERYONE, REASONERS, RESOLVED, Access, Resource
+from reasonray.api.auth import REMOTE_AGENTS
 from reasonray.api.caps import check_text
+from reasonray.api.egress import Egress
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
 from reasonray.api.openrpc import add_discover
@@ -128,16 +130,19 @@ def build_dispatcher(
     sandbox: SandboxLimits = SandboxLimits(),
     metrics: Metrics | None = None,
     limits: LimitSettings | None = None,
+    egress: Egress | None = None,
 ) -> Dispatcher:
     """The API over a service; memory.*, stats.* and the seed's aliases when the service has a memory bank."""
     limits = limits or LimitSettings()
+    egress = egress or Egress()  # no [egress] settings: remote agents are off
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
 
     @rpc.method("reasoning.execute", ExecuteParams, result=ExecuteResult, access=EXECUTE_ACCESS, stream=True, mcp_tool="reason")
     async def execute(params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
         """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
         if params.agent_id is not None and (card := await registry.get_agent(params.agent_id)).get("a2a_card_url"):
-            return await forward(card, params.query, params.strategy, call.trace_id)  # docs/interop.md
+            deadline_s = min((d for d in (service.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
+            return await forward(card, params.query, params.strategy, call.trace_id, egress, deadline_s=deadline_s)  # docs/interop.md
         return await service.execute(params, call.trace_id)
 
     @rpc.method(
@@ -178,12 +183,17 @@ def build_dispatcher(
         "agent.register",
         AgentRegistration,
         result=results.AgentRegisterResult,
-        access=Access(REASONERS, (Resource("agent", "id", "claim"),)),
+        access=Access(
+            REASONERS,
+            (Resource("agent", "id", "claim"),),
+            # the service would call a remote agent on callers' behalf: an operator's right, not every reasoner's
+            right=lambda params: REMOTE_AGENTS if params.a2a_card_url is not None else None,
+        ),
     )
     async def agent_register(params: AgentRegistration, call: Call) -> dict[str, Any]:
         """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
         if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
-            params = await remote_registration(params)
+            params = await remote_registration(params, egress)
         return await registry.register_agent(params.model_dump(mode="json"), sorted(rpc.methods))
 
     @rpc.method("agent.get", AgentIdParams, result=results.AgentResult, access=Access(EVERYONE, (Resource("agent", "agent_id"),)))

@@ -273,6 +273,14 @@ class StatsResult(Result):
     embedding: Latency
     embedder: str = Field(description="The embedding model's name.")
     llm_cache: dict[str, Any] | None = Field(None, description="The shared LLM response cache's counters, when the server has one.")
+    scope: str = Field(
+        "server",
+        description="server: every principal's activity (admins, or authentication off); principal: the caller's own "
+        "`usage`, the server-wide counters withheld (zero).",
+    )
+    usage: dict[str, int] | None = Field(
+        None, description="With scope principal: requests_last_minute, runs_in_flight, tokens_this_minute, tokens_today."
+    )
 
 
 class MattsSummary(BaseModel):

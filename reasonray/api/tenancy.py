@@ -59,6 +59,7 @@ def personal_workspace(sub: str) -> str:
 
 
 PERSONAL_WORKSPACE = re.compile(r"p-[0-9a-f]{24}")
+RESERVED_WORKSPACES = frozenset({"default", "shared", "public", "global"})  # an admin's to fill; nobody claims them
 
 
 class OwnerRecord(TypedDict):
@@ -317,12 +318,16 @@ class Guard:
     async def _admit(self, principal: Principal, call: Call, access: Access, params: BaseModel) -> str | None:
         """Check (and where declared, fill in) what the call names; returns the strategy the call runs, if any."""
         sees_all = self.policy.sees_all(principal)
+        if access.right is not None and (right := access.right(params)) is not None and not self.policy.may_call(principal, right):
+            raise ForbiddenError(f"forbidden: roles {list(principal.roles)} may not do this: it needs {right!r}", {"method": right})
         for check in access.checks:
             check(params, sees_all)
         for resource in access.resources:
             await self._resource(principal, resource, params, sees_all)
         if access.lists is not None:
             call.visible = await self._visible(principal, access.lists, sees_all)
+        if access.own_usage and not sees_all:
+            call.usage = await self.limits.usage(principal.sub)
         return await self._strategy(principal, call.method, access.strategy, params) if access.strategy is not None else None
 
     async def _resource(self, principal: Principal, resource: Resource, params: BaseModel, sees_all: bool) -> None:
@@ -408,6 +413,11 @@ class Guard:
                 raise _not_yours(kind, ident)  # another principal's personal workspace: nobody else may claim it
             if not claim:
                 return  # your own personal workspace, still empty: it is yours before you store anything in it
+        if record is None and claim and kind == "workspace" and ident in RESERVED_WORKSPACES:
+            # first come, first served would let one principal take the name every client defaults to
+            raise ForbiddenError(
+                f"forbidden: workspace {ident!r} is reserved; store in your own (omit workspace) or another name", {kind: ident}
+            )
         if record is None and claim and await self.owners.claim(kind, ident, principal.sub):
             return
         if record is not None and (record["owner"] == principal.sub or (not write and principal.sub in record["readers"])):
@@ -468,7 +478,7 @@ def build_guard(settings: Settings, registry: Registry, service: _Resolves, owne
         agent_id = getattr(params, "agent_id", None)
         if agent_id is not None and (await registry.get_agent(agent_id)).get("a2a_card_url"):
             return remote_strategy(agent_id)  # forwarded to a remote A2A agent: roles allow it as `a2a:<id>`
-        return (await service.resolve(params)).strategy
+        return str((await service.resolve(params)).strategy)
 
     auth = settings.auth
     return Guard(

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
+from reasonray.api.auth import principal_trace_id
 from reasonray.api.methods import accept_trace_id
 from reasonray.kernel import tracing
 
@@ -20,7 +21,8 @@ def request_span(route: str, headers: Mapping[str, str]) -> Iterator[str | None]
     So ReasonRay's trace id, its event log and the tracing backend name the same trace."""
     attributes = {"http.request.method": "POST", "http.route": route}
     with tracing.span(route, attributes, kind="server", parent=headers) as span:
-        trace_id = tracing.trace_id_from(headers.get("traceparent")) or accept_trace_id(headers.get("x-trace-id")) or span.trace_id
+        given = tracing.trace_id_from(headers.get("traceparent")) or accept_trace_id(headers.get("x-trace-id"))
+        trace_id = principal_trace_id(given) or span.trace_id  # a caller's chosen id is its own (docs/security.md)
         span.set({"reasonray.trace_id": trace_id})
         yield trace_id
 

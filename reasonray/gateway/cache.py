@@ -1,7 +1,8 @@
 """LLM response cache: the key, the LRU + TTL policy, and the wrapper that consults a store.
 
 The key hashes everything that changes the output (model, messages, tools, max_tokens, stop,
-temperature, seed, n) and what answers it (the endpoint and the fingerprint of the model it serves). Sampled calls (temperature > 0 without a seed) are never served from the
+temperature, seed, n), what answers it (the endpoint and the fingerprint of the model it serves), and whose calls
+they are when authentication is on (`CACHE_SCOPE`). Sampled calls (temperature > 0 without a seed) are never served from the
 cache, so parallel branches stay diverse. The store is pluggable: an in-process one here, the
 shared Ray actor in `actors/llm_cache.py`.
 """
@@ -12,6 +13,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Protocol
 
 import msgspec
@@ -20,13 +22,31 @@ from reasonray.gateway.capabilities import Capabilities, capabilities_of, endpoi
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 from reasonray.gateway.tokens import TokenCounter, counter_of
 
+CACHE_SCOPE: ContextVar[str | None] = ContextVar("reasonray_cache_scope", default=None)
+"""Whose cache entries the current calls see: the authenticated caller (set where the request is
+authenticated, and carried to fan-out branches), so that a cache hit never tells one principal what
+another one asked. None (authentication off): one shared cache."""
 
-def cache_key(model: str, request: LLMRequest, backend: str = "") -> str:
+
+def cache_scope() -> str | None:
+    return CACHE_SCOPE.get()
+
+
+def scope_cache(scope: str | None) -> None:
+    """Make `scope` the current task's cache scope (a function, unlike the ContextVar, travels with code
+    that Ray pickles by value, such as an actor class's methods)."""
+    CACHE_SCOPE.set(scope)
+
+
+def cache_key(model: str, request: LLMRequest, backend: str = "", scope: str | None = None) -> str:
     """The key of a request's answer. `backend` names what answers (endpoint, model name, the server's fingerprint
-    of the model behind it), so another model behind the same name and URL is never served this one's answers."""
+    of the model behind it), so another model behind the same name and URL is never served this one's answers;
+    `scope` is whose calls they are, so one principal's hit never tells what another asked."""
     fields: dict[str, object] = {"model": model, "request": request}
     if backend:
         fields["backend"] = backend
+    if scope is not None:
+        fields["scope"] = scope
     payload = msgspec.json.encode(fields, order="sorted")
     return hashlib.sha256(payload).hexdigest()
 
@@ -133,7 +153,7 @@ class CachingLLM:
         client = endpoint_client(self.inner)
         if client is not None:
             await client.discover()  # the fingerprint of what answers now is part of the key
-        key = cache_key(self.model, request, client.backend if client is not None else "")
+        key = cache_key(self.model, request, client.backend if client is not None else "", CACHE_SCOPE.get())
         hit = await self.store.get(key)
         if hit is not None:
             cached = _decoder.decode(hit)

@@ -66,11 +66,18 @@ _REASON = [
     "solve_coding_task",
 ]
 
+# Sized for one small team on one replica (docs/security.md#default-limits): a person working through a
+# client or a notebook stays far below them; a token holder scripting a flood, or a leaked token, is
+# stopped within a minute at a cost an operator can see coming. Roles in config.toml replace these.
+TEAM_READER_LIMITS = LimitSettings(requests_per_minute=120)
+TEAM_REASONER_LIMITS = LimitSettings(requests_per_minute=120, concurrent_runs=4, tokens_per_minute=200_000, tokens_per_day=5_000_000)
+TEAM_OPERATOR_LIMITS = LimitSettings(requests_per_minute=600, concurrent_runs=16, tokens_per_minute=1_000_000, tokens_per_day=20_000_000)
+
 DEFAULT_ROLES: dict[str, RoleSettings] = {
-    "reader": RoleSettings(methods=_READ, strategies=[]),
-    "reasoner": RoleSettings(methods=_REASON, strategies=["*"]),
-    "operator": RoleSettings(methods=["*"], strategies=["*"]),
-    "admin": RoleSettings(methods=["*"], strategies=["*"], all_owners=True),
+    "reader": RoleSettings(methods=_READ, strategies=[], limits=TEAM_READER_LIMITS),
+    "reasoner": RoleSettings(methods=_REASON, strategies=["*"], limits=TEAM_REASONER_LIMITS),
+    "operator": RoleSettings(methods=["*"], strategies=["*"], limits=TEAM_OPERATOR_LIMITS),
+    "admin": RoleSettings(methods=["*"], strategies=["*"], all_owners=True, limits=TEAM_OPERATOR_LIMITS),
 }
 
 

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from reasonray.kernel.auth_settings import AuthSettings
+from reasonray.kernel.egress_settings import EgressSettings
 from reasonray.kernel.errors import ReasonRayError
 
 ENV_PREFIX = "REASONRAY_"
@@ -452,6 +453,7 @@ class Settings(_Section):
     logging: LoggingSettings = LoggingSettings()
     store: StoreSettings = StoreSettings()
     auth: AuthSettings = AuthSettings()
+    egress: EgressSettings = EgressSettings()
 
     def resolved_provider(self, environ: Mapping[str, str] | None = None) -> Literal["openai", "simulated"]:
         env = os.environ if environ is None else environ

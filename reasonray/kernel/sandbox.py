@@ -121,7 +121,9 @@ def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
         for parent in parents:
             cmd += ["--perms", "0755", "--dir", parent]
         cmd += ["--ro-bind", prefix, prefix]
-    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    # /dev read-only: its /dev/shm is a tmpfs outside the scratch size cap, and on the unprivileged path the
+    # sandbox uid owns it (as root it is root's, closed to the sandbox uid): writes there would fill memory
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
     cmd += ["--perms", "1777", "--size", str(limits.scratch_mb * 1024 * 1024), "--tmpfs", "/tmp"]
     cmd += ["--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     cmd += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]

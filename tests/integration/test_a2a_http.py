@@ -175,7 +175,9 @@ def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_fi
 @pytest.fixture(scope="module")
 def two_replicas(serve_base, simulator):
     retry = {"retry": {"max_attempts": 10, "deadline_s": 60}}  # the test's hanging run keeps going that long
-    with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}, llm=retry) as (client, _):
+    # the session's main application is the remote agent of the last test: its host:port is on the egress list
+    egress = {"allow_hosts": [f"127.0.0.1:{httpx.URL(serve_base).port}"]}
+    with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}, llm=retry, egress=egress) as (client, _):
         yield str(client.base_url).rstrip("/")
 
 

@@ -2,10 +2,12 @@
 (bubblewrap, uid 64999, prlimit) and must FAIL, with the failure visible in what the code printed.
 
 Every case runs whatever uid the suite runs as (root: setpriv drops to 64999 on the host; otherwise a
-user namespace maps the service's uid to 64999); the last one also runs the unprivileged path from root."""
+user namespace maps the service's uid to 64999); tests/security/test_sandbox_unprivileged.py runs them all again as an
+unprivileged user when the suite runs as root."""
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from unittest import mock
@@ -171,3 +173,21 @@ async def test_sockets_reach_nothing(code):
 async def test_memory_is_capped():
     result = await run("x = bytearray(1024**3)", memory_mb=128)
     assert not result.ok and "MemoryError" in result.stderr
+
+
+async def test_a_service_listening_on_the_hosts_loopback_is_out_of_reach():
+    # a refused connection to a port where nothing listens proves nothing: here something does listen, so
+    # only a network namespace of the sandbox's own keeps the code from it
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('REACHED')\n"
+            "except OSError as e:\n    print('BLOCKED', type(e).__name__)\n"
+            "print('INTERFACES', sorted(name for _, name in socket.if_nameindex()))\n"
+        )
+        result = await run(code)
+    assert "BLOCKED" in result.stdout and "REACHED" not in result.stdout, (result.stdout, result.stderr)
+    assert "INTERFACES ['lo']" in result.stdout, result.stdout  # the host's interfaces are not there

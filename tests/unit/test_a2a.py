@@ -487,25 +487,30 @@ class RemoteAgent:
 
 async def test_a_remote_agent_registers_by_its_card_url_advertises_its_skills_and_answers_forwarded_runs(tmp_path):
     from reasonray.api.a2a_remote import forward, remote_registration
+    from reasonray.api.egress import Egress
+    from reasonray.kernel.egress_settings import EgressSettings
     from reasonray.kernel.errors import InvalidParamsError
     from reasonray.strategies.agents import AgentRegistration
 
     remote = RemoteAgent(tmp_path)
+    egress = Egress(EgressSettings(allow_hosts=["remote.test:80"]))
     try:
         asked = AgentRegistration(
             id="far", name="Far away", capabilities=["remote"], a2a_card_url="http://remote.test/.well-known/agent-card.json"
         )
-        registered = await remote_registration(asked, remote.http)
+        registered = await remote_registration(asked, egress, remote.http)
         assert registered.capabilities == ["a2a.skill.chain_of_thought", "remote"] and registered.remote_skills == ["chain_of_thought"]
         assert registered.description.startswith("LLM reasoning on Ray")  # the card's, as none was given
-        result = await forward(registered.model_dump(), "What is 6 * 7?", "chain_of_thought", "trace-x", remote.http)
+        result = await forward(registered.model_dump(), "What is 6 * 7?", "chain_of_thought", "trace-x", egress, http=remote.http)
         assert result["answer"] == "remote says 42" and result["strategy_used"] == "a2a:far"
         assert result["metrics"]["strategy_specific"]["remote"]["state"] == "TASK_STATE_COMPLETED"
         assert remote.llm.requests  # the remote agent's model answered
         with pytest.raises(InvalidParamsError, match="no valid A2A agent card"):
-            await remote_registration(asked.model_copy(update={"a2a_card_url": "http://remote.test/nothing.json"}), remote.http)
+            await remote_registration(asked.model_copy(update={"a2a_card_url": "http://remote.test/nothing.json"}), egress, remote.http)
         with pytest.raises(InvalidParamsError, match="not local strategies"):
-            await remote_registration(asked.model_copy(update={"capabilities": ["reasoning.strategy.chain_of_thought"]}), remote.http)
+            await remote_registration(
+                asked.model_copy(update={"capabilities": ["reasoning.strategy.chain_of_thought"]}), egress, remote.http
+            )
     finally:
         await remote.http.aclose()
 

@@ -1,0 +1,255 @@
+"""Untrusted callers over HTTP with authentication on and the shipped roles (their default limits): the
+attacks of a token holder, each against the defence that stops it.
+
+- A tarpit: a remote A2A agent whose endpoint takes the message and never answers, flooded by one
+  reasoner. /healthz and another principal stay at their idle latency during the flood and after it,
+  and the connections to the tarpit close when the attacker goes away.
+- Egress: remote agents are an operator's to register, only at listed host:ports, never at an internal
+  address the list does not name; the refusals do not tell what answered.
+- A token whose roles this server does not know gets the public routes and nothing else.
+- NaN and Infinity are a 4xx on every surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from reasonray.api.auth import mint_token
+from tests.integration.conftest import own_app
+
+pytestmark = pytest.mark.integration
+
+SECRET = "untrusted-callers-secret-" + "x" * 32
+CARD_PATH = "/.well-known/agent-card.json"
+
+
+def bearer(sub: str, *roles: str) -> dict[str, str]:
+    return {"Authorization": "Bearer " + mint_token(SECRET, sub, list(roles or ["reasoner"]), 900)}
+
+
+class Tarpit:
+    """A remote A2A agent on 127.0.0.1: its card answers, its endpoint takes the message and never replies."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.connections = 0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    def card(self) -> bytes:
+        return json.dumps(
+            {
+                "name": "tarpit",
+                "description": "never answers",
+                "version": "1",
+                "supportedInterfaces": [
+                    {"url": f"http://127.0.0.1:{self.port}/a2a", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+                ],
+                "capabilities": {},
+                "defaultInputModes": ["text/plain"],
+                "defaultOutputModes": ["text/plain"],
+                "skills": [{"id": "anything", "name": "anything", "description": "d", "tags": ["t"]}],
+            }
+        ).encode()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open += 1
+        try:
+            while True:  # keep-alive: several requests may come on one connection
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                length = next((int(v) for k, _, v in (f.partition(":") for f in head.split("\r\n")) if k.lower() == "content-length"), 0)
+                if length:
+                    await reader.readexactly(length)
+                if not head.startswith(f"GET {CARD_PATH}"):
+                    await reader.read()  # the tarpit: hold on until the caller closes
+                    return
+                body = self.card()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture(scope="module")
+def tarpit():
+    pit = Tarpit()
+    yield pit
+    pit.stop()
+
+
+@pytest.fixture(scope="module")
+def untrusted(serve_base, simulator, tarpit):
+    # the shipped roles, unchanged: their default limits are part of what is tested
+    changes = {"auth": {"jwt_secret": SECRET}, "egress": {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 120}}
+    with own_app(serve_base, simulator.url, "untrusted", **changes) as (client, settings):
+        yield client, settings
+
+
+def rpc(client: httpx.Client, sub: str, method: str, params: dict, *roles: str, timeout: float = 60) -> httpx.Response:
+    body = {"jsonrpc": "2.0", "method": method, "params": params, "id": 1}
+    return client.post("/rpc", json=body, headers=bearer(sub, *roles), timeout=timeout)
+
+
+def latencies(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency(untrusted, tarpit, serve_base):
+    client, _ = untrusted
+    card = {"id": "tarpit", "name": "Tarpit", "capabilities": ["remote"], "a2a_card_url": f"http://127.0.0.1:{tarpit.port}{CARD_PATH}"}
+    refused = rpc(client, "rob", "agent.register", card).json()
+    assert refused["error"]["code"] == -32003 and "agent.register_remote" in refused["error"]["message"]  # not a reasoner's right
+    # the attacker holds the operator role (its limits are the most generous shipped): it registers the tarpit itself
+    assert "result" in rpc(client, "mallory", "agent.register", card, "operator").json()
+    assert tarpit.open == 0
+
+    def health() -> None:
+        assert client.get("/healthz", timeout=30).status_code == 200
+
+    def bobs_call() -> None:
+        response = rpc(client, "bob", "reasoning.execute", {"query": "What is 2 + 2?", "strategy": "chain_of_thought"}, timeout=30)
+        assert "result" in response.json(), response.text
+
+    health(), bobs_call()  # warm
+    idle_health, idle_bob = latencies(health, 15), latencies(bobs_call, 5)
+
+    outcomes: list[int | str] = []
+
+    def attack(i: int) -> None:
+        # the attacker gives up after 15 s and goes away (its connection closes)
+        try:  # a connection of its own per call, as a flooding script opens them
+            with httpx.Client(base_url=client.base_url) as own:
+                response = rpc(own, "mallory", "reasoning.execute", {"query": f"hold {i}", "agent_id": "tarpit"}, "operator", timeout=15)
+            outcomes.append(response.status_code if "error" not in response.json() else response.json()["error"]["code"])
+        except httpx.TimeoutException:
+            outcomes.append("timeout")
+
+    with ThreadPoolExecutor(150) as pool:
+        flood = [pool.submit(attack, i) for i in range(150)]
+        time.sleep(3.0)
+        during_health, during_bob = latencies(health, 15), latencies(bobs_call, 5)
+        held_during = tarpit.open
+        for f in flood:
+            f.result()
+    after_end = time.monotonic()
+    while tarpit.open and time.monotonic() - after_end < 5:
+        time.sleep(0.1)
+    released_s = time.monotonic() - after_end
+    after_health, after_bob = latencies(health, 15), latencies(bobs_call, 5)
+
+    report = {
+        "idle_health_p50_ms": round(statistics.median(idle_health) * 1000, 1),
+        "during_health_p50_ms": round(statistics.median(during_health) * 1000, 1),
+        "during_health_max_ms": round(max(during_health) * 1000, 1),
+        "after_health_p50_ms": round(statistics.median(after_health) * 1000, 1),
+        "idle_bob_p50_ms": round(statistics.median(idle_bob) * 1000, 1),
+        "during_bob_p50_ms": round(statistics.median(during_bob) * 1000, 1),
+        "after_bob_p50_ms": round(statistics.median(after_bob) * 1000, 1),
+        "tarpit_connections_during": held_during,
+        "tarpit_connections_released_after_s": round(released_s, 2),
+        "attacker_outcomes": {str(k): outcomes.count(k) for k in set(outcomes)},
+    }
+    print("TARPIT", json.dumps(report))
+    # mallory holds no more than her remote calls in flight ([egress] max_per_principal, 4) at the tarpit
+    assert 1 <= held_during <= 4, report
+    assert outcomes.count("timeout") <= 4 and outcomes.count(-32012) >= 140, report  # the rest refused at once: 429
+    assert tarpit.open == 0 and released_s < 5, report  # the attacker gone, nothing is left behind
+    # health and bob: at their idle latency (generous factors: the machine is shared and noisy)
+    assert statistics.median(during_health) < max(5 * statistics.median(idle_health), 0.25), report
+    assert statistics.median(during_bob) < max(5 * statistics.median(idle_bob), 1.0), report
+    assert statistics.median(after_health) < max(5 * statistics.median(idle_health), 0.25), report
+    assert statistics.median(after_bob) < max(5 * statistics.median(idle_bob), 1.0), report
+    # and mallory's run slots came back (nothing held for the 120 s timeout): a refusal now can only be
+    # her requests-per-minute window, which the flood filled
+    again = rpc(client, "mallory", "reasoning.execute", {"query": "2 + 2?", "strategy": "chain_of_thought"}, "operator")
+    assert again.status_code == 200 or again.json()["error"]["data"]["limit_name"] == "requests_per_minute", again.text
+
+
+def test_egress_refusals_over_http_do_not_tell_what_answered(untrusted, tarpit, serve_base):
+    client, _ = untrusted
+    api_port = httpx.URL(serve_base).port
+    refused_urls = [
+        f"http://127.0.0.1:{api_port}/untrusted/openapi.json",  # the API itself
+        "http://127.0.0.1:8265/api/version",  # the Ray dashboard
+        "http://169.254.169.254/latest/meta-data/",  # cloud metadata
+        f"http://localhost:{tarpit.port}{CARD_PATH}",  # the listed port under a name the list does not give
+        f"http://[::1]:{tarpit.port}{CARD_PATH}",
+    ]
+    for url in refused_urls:
+        body = rpc(client, "ops", "agent.register", {"id": "probe", "name": "P", "capabilities": ["x"], "a2a_card_url": url}, "operator")
+        error = body.json()["error"]
+        assert error["code"] == -32003 and error["data"]["error_type"] == "egress_refused", (url, error)
+        assert body.status_code == 200  # JSON-RPC: the error is in the body
+    assert tarpit.connections == tarpit.connections  # nothing above connected anywhere (checked per URL in tests/security)
+
+
+def test_a_token_with_no_known_role_gets_the_public_routes_only(untrusted):
+    client, _ = untrusted
+    stranger = bearer("eve", "superuser")
+    for method, path in [("GET", "/metrics"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/mcp"), ("POST", "/rpc")]:
+        response = client.request(method, path, headers=stranger, json={"jsonrpc": "2.0", "method": "reasoning.strategies", "id": 1})
+        assert response.status_code == 403, (path, response.status_code, response.text[:200])
+        assert 'error="insufficient_scope"' in response.headers["WWW-Authenticate"]
+    assert client.get("/healthz", headers=stranger).status_code == 200
+    reader = bearer("rita", "reader")
+    assert client.get("/openapi.json", headers=reader).status_code == 200  # a known role: the docs are there
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/rpc", '{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": NaN}, "id": 1}'),
+        ("/v1/reasoning/execute", '{"query": NaN}'),
+        ("/v1/reasoning/execute", '{"query": "x", "strategy_config": {"temperature": Infinity}}'),
+        ("/v1/chat/completions", '{"model": "chain_of_thought", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'),
+        ("/mcp", '{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "x", "arguments": {"a": -Infinity}}, "id": 1}'),
+        ("/a2a", '{"jsonrpc": "2.0", "method": "SendMessage", "params": {"x": 1e999}, "id": 1}'),
+    ],
+)
+def test_nan_and_infinity_are_a_4xx_on_every_surface(untrusted, path, body):
+    client, _ = untrusted
+    headers = {**bearer("bob"), "Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    response = client.post(path, content=body, headers=headers)
+    assert 400 <= response.status_code < 500, (path, response.status_code, response.text[:300])
+    assert "finite number" in response.text
+
+
+def test_the_shipped_reasoner_limit_on_requests_per_minute_holds(untrusted):
+    client, _ = untrusted
+    responses = [rpc(client, "hasty", "reasoning.strategies", {}) for _ in range(130)]
+    statuses = [r.status_code for r in responses]
+    # the replica leases a few request permits at a time (docs/security.md), so the refusals may start a
+    # little before the 120th call; never later
+    assert statuses[:100] == [200] * 100 and statuses.count(200) <= 120 and statuses[-10:] == [429] * 10, statuses
+    refused = responses[-1]
+    assert refused.json()["error"]["data"]["limit_name"] == "requests_per_minute" and int(refused.headers["Retry-After"]) >= 1

@@ -1,0 +1,72 @@
+"""The small things one principal could learn of another: cached prompts, trace ids, reserved names."""
+
+from __future__ import annotations
+
+import re
+
+from reasonray.api.auth import CURRENT_PRINCIPAL, Principal, principal_trace_id
+from reasonray.gateway.cache import CACHE_SCOPE, CachingLLM, LocalCacheStore, LRUTTLCache
+from reasonray.gateway.protocol import LLMRequest, Message
+from reasonray.gateway.testing import FunctionLLM
+from tests.unit.test_tenancy import ALICE, BOB, api, call
+
+
+async def test_one_principals_cache_entries_are_not_another_ones_hits():
+    model = FunctionLLM(lambda request: "<answer>4</answer>")
+    cached = CachingLLM(model, LocalCacheStore(LRUTTLCache(max_entries=10, ttl_s=60)))
+    request = LLMRequest(messages=(Message(role="user", content="alice's exact prompt"),))
+    for who in ("alice", "bob", "alice"):
+        token = CACHE_SCOPE.set(who)
+        try:
+            completion = await cached.complete(request)
+        finally:
+            CACHE_SCOPE.reset(token)
+        hit = completion.cached
+        assert hit is (who == "alice" and len(model.requests) == 2), who
+    assert len(model.requests) == 2  # alice once, bob once: bob's first call was no hit on alice's entry
+
+
+def test_a_chosen_trace_id_is_made_the_callers_own():
+    assert principal_trace_id("abcdef123456") == "abcdef123456"  # authentication off: unchanged
+    ids = {}
+    for sub in ("alice", "mallory"):
+        token = CURRENT_PRINCIPAL.set(Principal(sub, ("reasoner",)))
+        try:
+            ids[sub] = principal_trace_id("abcdef123456")
+            assert principal_trace_id(None) is None
+            assert principal_trace_id("x" * 128) and len(principal_trace_id("x" * 128) or "") <= 128
+        finally:
+            CURRENT_PRINCIPAL.reset(token)
+    assert ids["alice"] != ids["mallory"] and all(i.startswith("abcdef123456.u") for i in ids.values())
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]{8,128}", i) for i in ids.values())
+    # mallory naming alice's derived id still gets one of her own
+    token = CURRENT_PRINCIPAL.set(Principal("mallory", ("reasoner",)))
+    try:
+        assert principal_trace_id(ids["alice"]) != ids["alice"]
+    finally:
+        CURRENT_PRINCIPAL.reset(token)
+
+
+async def test_reserved_workspace_names_are_nobodys_to_claim(tmp_path):
+    rpc, _ = api(tmp_path, memory=True)
+    item = {"title": "t", "description": "d", "content": "c"}
+    for name in ("default", "shared"):
+        refused = await call(rpc, BOB, "memory.store", {"workspace": name, "items": [item]})
+        assert refused["error"]["code"] == -32003 and "reserved" in refused["error"]["message"], refused
+    assert "result" in await call(rpc, ALICE, "memory.store", {"workspace": "alices", "items": [item]})
+
+
+async def test_stats_show_a_non_admin_its_own_activity_only(tmp_path):
+    from tests.unit.test_tenancy import ADMIN, READER
+
+    rpc, _ = api(tmp_path, memory=True)
+    for _ in range(3):
+        assert "result" in await call(rpc, ALICE, "reasoning.execute", {"query": "2 + 2?"})
+    server = (await call(rpc, ADMIN, "stats.get", {}))["result"]
+    assert server.get("scope", "server") == "server" and server["runs"]["total"] >= 3
+    for who in (BOB, READER):
+        own = (await call(rpc, who, "stats.get", {}))["result"]
+        assert own["scope"] == "principal" and own["runs"]["total"] == 0 and own["llm"]["calls"] == 0, own
+        assert own["usage"]["tokens_today"] == 0 and own["usage"]["runs_in_flight"] == 0
+    alices = (await call(rpc, ALICE, "get_statistics", {}))["result"]
+    assert alices["scope"] == "principal" and alices["usage"]["tokens_today"] > 0 and alices["usage"]["requests_last_minute"] >= 3

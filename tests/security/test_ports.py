@@ -1,0 +1,59 @@
+"""Each instance's internal ports are its own: chosen free, and a held one stops the start naming its variable."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from reasonray.kernel import ports
+from reasonray.kernel.ports import PortCollisionError, check_instance_ports, free_block, instance_ports, port_free
+
+
+def test_two_instances_get_disjoint_free_ports_none_of_them_serves_defaults():
+    first, second = instance_ports(), instance_ports()
+    assert first[ports.FALLBACK_HTTP] != "8500" and first[ports.REPLICA_HTTP_RANGE[0]] != "30000"
+    single = {first[n] for n in ports.SINGLE_PORTS} | {second[n] for n in ports.SINGLE_PORTS}
+    assert len(single) == 2 * len(ports.SINGLE_PORTS)  # no listener shared
+    for env in (first, second):
+        low, high = int(env[ports.REPLICA_HTTP_RANGE[0]]), int(env[ports.REPLICA_HTTP_RANGE[1]])
+        assert high - low == ports.REPLICA_PORTS and high <= ports.BLOCK_HIGH  # below the ephemeral range
+        assert all(port_free(p) for p in range(low, high))
+        check_instance_ports(env)  # nothing held: starts
+
+
+def test_a_port_held_by_another_process_even_with_so_reuseport_stops_the_start_naming_the_variable():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as Serve's proxies bind
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = holder.getsockname()[1]
+        assert not port_free(held)
+        with pytest.raises(PortCollisionError, match=rf"{ports.FALLBACK_HTTP}={held}.*answer this instance's callers"):
+            check_instance_ports({**instance_ports(), ports.FALLBACK_HTTP: str(held)})
+        env = {ports.REPLICA_HTTP_RANGE[0]: str(held - 3), ports.REPLICA_HTTP_RANGE[1]: str(held + 3)}
+        with pytest.raises(PortCollisionError, match=rf"1 in use, first {held}"):
+            check_instance_ports(env)
+
+
+def test_a_block_is_found_around_held_ports(monkeypatch):
+    taken = set(range(ports.BLOCK_LOW, ports.BLOCK_HIGH, 50))  # one port in every 50 is held
+    monkeypatch.setattr(ports, "port_free", lambda port, host="0.0.0.0": port not in taken)
+    start = free_block(size=40, rng=random.Random(7))
+    assert not taken & set(range(start, start + 40))
+    with pytest.raises(PortCollisionError, match="no 64 consecutive free ports"):
+        free_block(size=64, rng=random.Random(7))
+
+
+def test_the_haproxy_ingress_gets_the_instances_own_ports_and_serves_proxy_keeps_its_port():
+    from reasonray.kernel.config import Settings
+    from reasonray.serve_app import ray_environment
+
+    secured = ray_environment(Settings(auth={"jwt_secret": "s" * 32}))
+    assert secured["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE, *ports.REPLICA_GRPC_RANGE} <= set(secured)
+    assert secured[ports.FALLBACK_HTTP] != "8500" and int(secured[ports.REPLICA_HTTP_RANGE[0]]) != 30000
+    check_instance_ports(secured)
+    plain = ray_environment(Settings())  # auth off: Serve's own proxy, on [server] port; nothing of HAProxy's
+    assert not {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE} & set(plain)
