@@ -2,15 +2,18 @@
 # Run a pytest suite and make "no tests ran" (pytest exit 5) loud: it never passes silently.
 #   scripts/test.sh            unit + integration (everything not marked slow)
 #   scripts/test.sh slow       the slow suite
+#   scripts/test.sh real       the real-model suite (make setup-real first)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-default}
 shift || true
 case "$suite" in
     # the default run has a 15-minute budget (docs/testing.md): it ends with its 25 slowest steps
-    default) marker="not slow"; extra=(--cov --cov-report=term --durations=25) ;;
-    slow) marker="slow"; extra=() ;;
-    *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;
+    default) marker="not slow and not real"; extra=(--cov --cov-report=term --durations=25) ;;
+    slow) marker="slow and not real"; extra=() ;;
+    # a model that runs one request at a time: the suite's own timeouts, not the default 300 s per test
+    real) marker="real"; extra=(--durations=25 -p no:cacheprovider tests/real) ;;
+    *) echo "unknown suite '$suite' (use: default, slow, real)" >&2; exit 2 ;;
 esac
 
 .venv/bin/python -m pytest -m "$marker" "${extra[@]}" "$@"
