@@ -211,7 +211,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
         ax.errorbar(
             row.tokens_per_example,
             row.accuracy * 100,
-            yerr=[[(row.accuracy - row.ci_low) * 100], [(row.ci_high - row.accuracy) * 100]],
+            yerr=_error_bars(row),
             fmt="o",
             capsize=4,
             label=row.group,
@@ -253,7 +253,7 @@ def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
         ax.errorbar(
             row.tokens_per_example,
             row.accuracy * 100,
-            yerr=[[(row.accuracy - row.ci_low) * 100], [(row.ci_high - row.accuracy) * 100]],
+            yerr=_error_bars(row),
             fmt="o" if on_front else "s",
             markersize=8 if on_front else 6,
             capsize=4,
@@ -287,3 +287,8 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     accuracy, latency, pareto = plot(report, out)
     paths.update(accuracy_plot=accuracy, latency_plot=latency, pareto_plot=pareto)
     return paths
+
+
+def _error_bars(row: Row) -> list[list[float]]:
+    """The interval around the accuracy, in points; clipped at 0 where rounding puts a bound a hair past it."""
+    return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]

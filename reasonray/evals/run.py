@@ -65,6 +65,7 @@ class EvalOptions:
     progress: bool = True
     url: str | None = None  # a running service: examples go over HTTP (reasoning.execute), not through a stack of our own
     timeout_s: float = 900.0  # over HTTP: the longest wait for one example
+    client: Any = None  # a reasonray.AsyncClient to run the examples through (a service's, or in_process_client's)
 
 
 def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
@@ -90,10 +91,10 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
     cells = build_grid(catalogue, options.strategies, parse_configs(options.configs), options.seeds)
     if not 0.0 <= options.sim_skill <= 1.0:
         raise EvalError(f"--sim-skill must be between 0 and 1, got {options.sim_skill}")
-    if options.url is not None:
+    if options.url is not None or options.client is not None:
         if options.memory:
             raise EvalError("--memory learns through the scorer in this process; it cannot run against --url (leave out one of them)")
-        if not options.url.startswith(("http://", "https://")):
+        if options.url is not None and not options.url.startswith(("http://", "https://")):
             raise EvalError(f"--url {options.url!r} is not an http(s) URL of a running service, e.g. http://127.0.0.1:8000")
     return settings, dataset, cells
 
@@ -177,7 +178,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     app_name = "eval-" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:10]
     simulator: SimulatedEndpoint | None = None
     cluster: dict[str, Any] = {"ray": False}
-    if options.url is not None:
+    if options.url is not None or options.client is not None:
         return await _run_over_http(options, settings, dataset, cells, results, todo, echo)
     try:
         if options.use_ray:
@@ -233,27 +234,26 @@ async def _run_over_http(
     todo: int,
     echo: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Every example through the service at `options.url`: its model, its settings, its whole stack."""
+    """Every example through the service at `options.url` (or `options.client`): its model, its settings,
+    its whole stack."""
     from reasonray.client import AsyncClient
 
-    echo(f"evaluating through the service at {options.url}")
+    client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
+    where = options.url or str(client.http.base_url)
+    echo(f"evaluating through the service at {where}")
     progress = _progress(todo, options.progress)
     started = time.perf_counter()
-    async with AsyncClient(options.url, timeout=options.timeout_s) as client:
-        try:
-            ran = await run_grid(
-                HttpEngine(client),
-                dataset.examples,
-                cells,
-                results,
-                concurrency=options.concurrency,
-                on_record=lambda r: _tick(progress, r),
-            )
-        finally:
-            progress.close()
+    try:
+        ran = await run_grid(
+            HttpEngine(client), dataset.examples, cells, results, concurrency=options.concurrency, on_record=lambda r: _tick(progress, r)
+        )
+    finally:
+        progress.close()
+        if options.client is None:
+            await client.aclose()
     grid_s = time.perf_counter() - started
     echo(f"ran {ran} examples in {grid_s:.1f} s")
-    return _finish(options, settings, dataset, cells, results, {"ray": False, "url": options.url}, ran, grid_s)
+    return _finish(options, settings, dataset, cells, results, {"ray": False, "url": where}, ran, grid_s)
 
 
 def _finish(
@@ -267,7 +267,7 @@ def _finish(
     grid_s: float,
 ) -> dict[str, Any]:
     records = results.select(dataset.examples, cells)
-    if options.url is not None:  # the service's model, as its results name it
+    if options.url is not None or options.client is not None:  # the service's model, as its results name it
         models = sorted({r.model for r in records if r.model})
         model = ", ".join(models) or "unknown"
         simulated = any(r.simulated for r in records)
@@ -284,7 +284,7 @@ def _finish(
             "offset": options.offset,
         },
         "model": model,
-        "simulator_skill": options.sim_skill if simulated and options.url is None else None,
+        "simulator_skill": options.sim_skill if simulated and options.url is None and options.client is None else None,
         "seeds": options.seeds,
         "memory": options.memory,
         "cluster": cluster,

@@ -144,3 +144,56 @@ def test_the_shipped_arithmetic_set():
         assert int(example.reference) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
     assert len({e.query for e in dataset.examples}) == 60
     assert math.isclose(sum(e.query.count("+") for e in dataset.examples), 30)
+
+
+async def test_an_evaluation_through_a_client_records_what_the_service_answered(tmp_path):
+    """`reasonray eval --url` and the notebook drive the run through reasonray's client: here an in-process one
+    over an application on the simulated model, which does the arithmetic itself (so every record is
+    correct); a strategy the service does not serve is a classified error record."""
+    from reasonray.api.app import build_application
+    from reasonray.api.local_http import in_process_client
+    from reasonray.evals.run import EvalOptions, run_async
+    from reasonray.gateway.simulator.engine import SimulatedModel
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+    from reasonray.gateway.tokens import counter_for_model
+    from reasonray.kernel.config import Settings
+
+    model = SimulatedModel(counter_for_model("simulated"))  # it works out "What is A + B?" itself
+    settings = Settings.model_validate(
+        {"reasoning": {"enabled_strategies": ["chain_of_thought", "self_consistency"], "default_strategy": "chain_of_thought"}}
+    )
+    app = build_application(settings, llm=SimulatedLLM(model), data_dir=None)
+    async with in_process_client(app.dispatcher) as rr:
+        options = EvalOptions(
+            dataset=SAMPLES / "arithmetic.jsonl",
+            strategies=["chain_of_thought", "self_consistency", "refine"],
+            configs=['self_consistency:three={"samples": 3}'],
+            limit=4,
+            out=tmp_path / "run",
+            client=rr,
+            concurrency=2,
+            progress=False,
+        )
+        report = await run_async(options)
+    rows = {row["group"]: row for row in report["rows"]}
+    assert rows["chain_of_thought/default"]["correct"] == 4 and rows["self_consistency/three"]["correct"] == 4
+    assert rows["self_consistency/three"]["llm_calls_per_example"] == 3
+    assert rows["refine/default"]["errors"] == 4  # not enabled on that service: strategy_unavailable
+    records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    refused = [r for r in records if r["strategy"] == "refine"]
+    assert {(r["status"], r["error_code"], r["error_type"]) for r in refused} == {("error", -32002, "strategy_unavailable")}
+    assert all(r["trace_id"] for r in records)
+    assert report["simulated"] is True and report["model"] == "simulated"
+    pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
+    assert ("chain_of_thought/default", "self_consistency/three") in pairs
+    assert (tmp_path / "run" / "pareto.png").exists()
+
+
+def test_an_evaluation_url_must_be_http_and_not_memory_aware(tmp_path):
+    from reasonray.evals.run import EvalError, EvalOptions, prepare
+
+    base = {"dataset": SAMPLES / "arithmetic.jsonl", "strategies": ["chain_of_thought"], "out": tmp_path}
+    with pytest.raises(EvalError, match="not an http"):
+        prepare(EvalOptions(**base, url="127.0.0.1:8000"))
+    with pytest.raises(EvalError, match="--memory"):
+        prepare(EvalOptions(**base, url="http://127.0.0.1:8000", memory=True))
