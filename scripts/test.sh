@@ -12,7 +12,7 @@ case "$suite" in
     default) marker="not slow and not real"; extra=(--cov --cov-report=term --durations=25) ;;
     slow) marker="slow and not real"; extra=() ;;
     # a model that runs one request at a time: the suite's own timeouts, not the default 300 s per test
-    real) marker="real"; extra=(--durations=25 -p no:cacheprovider tests/real) ;;
+    real) marker="real"; extra=(--durations=25 --timeout=1800 -p no:cacheprovider tests/real) ;;
     *) echo "unknown suite '$suite' (use: default, slow, real)" >&2; exit 2 ;;
 esac
 

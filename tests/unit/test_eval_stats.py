@@ -142,6 +142,7 @@ def test_the_shipped_arithmetic_set():
     for example in dataset.examples:
         a, op, b = example.query.removeprefix("What is ").removesuffix("?").split()
         assert int(example.reference) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+        assert 1 <= int(a) <= 9 and 1 <= int(b) <= 9
     assert len({e.query for e in dataset.examples}) == 60
     assert math.isclose(sum(e.query.count("+") for e in dataset.examples), 30)
 
