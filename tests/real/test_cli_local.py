@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,8 @@ def test_serve_llm_local_starts_answers_with_and_stops_the_model_server():
     data_dir = tempfile.mkdtemp(prefix="reasonray-local-")
     log = Path(data_dir) / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REASONRAY_", "OPENAI_", "RAY_ADDRESS"))}
-    env.update(PYTHONPATH=str(REPO), REASONRAY_DATA_DIR=data_dir, REASONRAY_LLM__CACHE__ENABLED="false")
+    # unbuffered: the banner is read from the log file as soon as the API answers
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", REASONRAY_DATA_DIR=data_dir, REASONRAY_LLM__CACHE__ENABLED="false")
     with log.open("wb") as out:
         process = subprocess.Popen(
             [
@@ -48,8 +50,10 @@ def test_serve_llm_local_starts_answers_with_and_stops_the_model_server():
         )
     try:
         wait_until_serving(process, port, 300, lambda: log.read_text(errors="replace")[-5000:])
-        banner = log.read_text(errors="replace")
-        found = re.search(r"local model\s+(http://127\.0\.0\.1:(\d+)/v1)\s+\(llama\.cpp, pid (\d+)\)", banner)
+        pattern = re.compile(r"local model\s+(http://127\.0\.0\.1:(\d+)/v1)\s+\(llama\.cpp, pid (\d+)\)")
+        deadline = time.monotonic() + 60  # the banner follows the API's start
+        while not (found := pattern.search(banner := log.read_text(errors="replace"))) and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert found, banner
         model_url, model_pid = found.group(1), int(found.group(3))
         assert "answering with smollm2 at " + model_url in banner, banner
