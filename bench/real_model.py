@@ -107,7 +107,7 @@ async def run_side(level: int, requests: int, one: Callable[[int], Awaitable[int
         async with slots:
             started = time.perf_counter()
             try:
-                side.completion_tokens += await one(i)
+                tokens = await one(i)
             except ReasonRayError as exc:
                 kind = str(exc.data.get("error_type") or exc.code)
                 side.errors[kind] = side.errors.get(kind, 0) + 1
@@ -116,6 +116,8 @@ async def run_side(level: int, requests: int, one: Callable[[int], Awaitable[int
             except httpx.HTTPError as exc:
                 side.errors[type(exc).__name__] = side.errors.get(type(exc).__name__, 0) + 1
                 return
+            else:
+                side.completion_tokens += tokens
             side.latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
