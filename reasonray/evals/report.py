@@ -185,8 +185,8 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for c in report["comparisons"]:
             lines.append(
-                f"| {c['a']} | {c['b']} | {c['paired']} | {c['both']} | {c['only_a']} | {c['only_b']} | {c['mcnemar_p']:.3g} | "
-                f"{c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}) | {c['bootstrap_p']:.3g} |"
+                f"| {c['a']} | {c['b']} | {c['paired']} | {c['both']} | {c['only_a']} | {c['only_b']} | {_p(c['mcnemar_p'])} | "
+                f"{c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}) | {_p(c['bootstrap_p'])} |"
             )
     if report.get("pareto_front"):
         lines += ["", f"Cost-accuracy Pareto front (tokens per example against accuracy): {', '.join(report['pareto_front'])}."]
@@ -292,3 +292,8 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
 def _error_bars(row: Row) -> list[list[float]]:
     """The interval around the accuracy, in points; clipped at 0 where rounding puts a bound a hair past it."""
     return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]
+
+
+def _p(value: float) -> str:
+    """A p-value as the report rounds it (6 decimals): below that it is shown as a bound, not as 0."""
+    return "<1e-6" if value < 1e-6 else f"{value:.3g}"
