@@ -8,7 +8,7 @@ export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
 endif
 export RAY_AUTH_MODE ?= token
 
-.PHONY: help setup setup-slow lint serve test test-slow bench bench-peers eval
+.PHONY: help setup setup-slow lint serve test test-slow bench bench-peers eval setup-real test-real bench-real
 
 help:
 	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
@@ -17,6 +17,9 @@ help:
 	@echo "make test-slow  the slow suite"
 	@echo "make bench      the benchmarks under bench/"
 	@echo "make bench-peers [ARGS=--quick]   ReasonRay side by side with optillm and DSPy (installed in .venv-peers)"
+	@echo "make setup-real the real model: llama.cpp's server and SmolLM2-135M (builds llama.cpp once, ~10 min)"
+	@echo "make test-real  the real-model suite against SmolLM2-135M on llama.cpp (about 20 minutes)"
+	@echo "make bench-real ReasonRay against direct calls to the same llama.cpp server"
 	@echo "make eval ARGS=\"--dataset F --strategies A,B --out DIR\"   a batch evaluation (docs/evaluation.md)"
 
 setup:
@@ -66,3 +69,13 @@ bench-peers: setup .venv-peers/.installed
 
 eval: setup
 	.venv/bin/python -m reasonray.evals.run $(ARGS)
+
+# The real model (docs/real-model.md): llama.cpp's OpenAI-compatible server and SmolLM2-135M-Instruct.
+setup-real: setup
+	@scripts/setup-real.sh
+
+test-real: setup-real
+	scripts/test.sh real $(ARGS)
+
+bench-real: setup-real
+	.venv/bin/python bench/real_model.py $(ARGS)

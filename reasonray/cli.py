@@ -68,9 +68,10 @@ def main() -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml to use.")
 @click.option(
     "--llm",
-    type=click.Choice(["auto", "simulated", "openai"]),
+    type=click.Choice(["auto", "simulated", "openai", "local"]),
     default=None,
-    help="Model provider; default from [llm] provider (auto: simulated unless an endpoint or key is set).",
+    help="Model provider; default from [llm] provider (auto: simulated unless an endpoint or key is set). "
+    "local: start llama.cpp's server with [llm.local]'s model (make setup-real) and answer with it.",
 )
 @click.option("--host", default=None, help="Address the API binds (default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="API port (default 8000).")
@@ -85,7 +86,8 @@ def main() -> None:
 @click.option("--dashboard-port", type=int, default=8265, show_default=True, help="Port of the Ray dashboard (a cluster we start).")
 def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_port) -> None:
     """Run the Serve API on a Ray cluster until Ctrl-C."""
-    settings = _load(config_path, {"llm.provider": llm, "server.host": host, "server.port": port})
+    local = llm == "local"
+    settings = _load(config_path, {"llm.provider": None if local else llm, "server.host": host, "server.port": port})
     if address == "local" and is_loopback_host(settings.server.host):
         # A loopback API gets a loopback node: Ray binds its own ports (GCS, raylet, workers, the
         # metrics export, the dashboard agent) on the node address, and ray.init turns
@@ -106,7 +108,10 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     if address == "local" and (busy := _port_in_use(settings.server.host, settings.server.port)):
         _fail(busy, error_type="config_error")
     simulator = None
-    if settings.resolved_provider() == "simulated" and not settings.llm.base_url:
+    local_model = None
+    if local:
+        local_model, settings = _start_local_model(settings)
+    elif settings.resolved_provider() == "simulated" and not settings.llm.base_url:
         s = settings.llm.simulator
         simulator = SimulatorServer(
             SimulatorSettings(
@@ -131,6 +136,8 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     except (ConfigError, LLMConfigError) as exc:
         if simulator:
             simulator.stop()
+        if local_model:
+            local_model.stop()
         _fail(str(exc), error_type=error_type_of(exc))
 
     # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
@@ -146,7 +153,13 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
                 simulator.stop()
             _fail(str(exc), error_type="config_error")
         own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
-    context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
+    try:
+        context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
+    except BaseException:
+        for child in (simulator, local_model):
+            if child:
+                child.stop()
+        raise
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -184,6 +197,8 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
             )
         if simulator:
             click.echo(f"  simulated model  {simulator.url}")
+        if local_model:
+            click.echo(f"  local model  {local_model.url}  (llama.cpp, pid {local_model.process.pid if local_model.process else '?'})")
         click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')
         stop.wait()
     finally:
@@ -192,6 +207,27 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
         ray.shutdown()
         if simulator:
             simulator.stop()
+        if local_model:
+            local_model.stop()
+
+
+def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
+    """Start [llm.local]'s model server and point [llm] at it: keyless, its alias as the model name."""
+    from reasonray.gateway.local_model import LocalModelServer
+
+    click.echo("starting the local model server (llama.cpp)...")
+    try:
+        server = LocalModelServer(settings.llm.local).start()
+    except LLMConfigError as exc:
+        _fail(str(exc), error_type=error_type_of(exc))
+    update = {
+        "provider": "openai",
+        "base_url": server.url,
+        "model": server.model,
+        "api_key_required": False,
+        "provider_reason": f"openai: `--llm local` started llama.cpp's server at {server.url} ([llm.local])",
+    }
+    return server, settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
 
 
 @main.command()

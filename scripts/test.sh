@@ -2,6 +2,7 @@
 # Run a pytest suite and make "no tests ran" (pytest exit 5) loud: it never passes silently.
 #   scripts/test.sh            unit + integration (everything not marked slow), on two workers
 #   scripts/test.sh slow       the slow suite
+#   scripts/test.sh real       the real-model suite (make setup-real first)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 suite=${1:-default}
@@ -10,9 +11,11 @@ case "$suite" in
     # the default run has an 11-minute budget (docs/testing.md): it ends with its 25 slowest steps. Two
     # pytest-xdist workers: the tests on the session's Ray stack keep one of them, in order, while the
     # other runs everything else beside them (the groups: tests/conftest.py, `worker_group`)
-    default) marker="not slow"; extra=(--cov --cov-report=term --durations=25 -n 2 --dist loadgroup) ;;
-    slow) marker="slow"; extra=() ;;
-    *) echo "unknown suite '$suite' (use: default, slow)" >&2; exit 2 ;;
+    default) marker="not slow and not real"; extra=(--cov --cov-report=term --durations=25 -n 2 --dist loadgroup) ;;
+    slow) marker="slow and not real"; extra=() ;;
+    # a model that runs one request at a time: the suite's own timeouts, not the default 300 s per test
+    real) marker="real"; extra=(--durations=25 --timeout=1800 -p no:cacheprovider tests/real) ;;
+    *) echo "unknown suite '$suite' (use: default, slow, real)" >&2; exit 2 ;;
 esac
 
 .venv/bin/python -m pytest -m "$marker" "${extra[@]}" "$@"

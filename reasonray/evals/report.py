@@ -1,5 +1,7 @@
 """The report of a run: accuracy with Wilson 95% intervals, tokens, estimated cost, latency p50/p95,
-cache hit rate per strategy and config (seeds pooled, and per seed), as Markdown, JSON and PNG plots."""
+cache hit rate per strategy and config (seeds pooled, and per seed), paired comparisons between them
+(exact McNemar, paired bootstrap: evals/compare.py) and the cost-accuracy Pareto front, as Markdown,
+JSON and PNG plots."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from reasonray.evals.compare import compare, pareto_front
 from reasonray.evals.grid import Cell
 from reasonray.evals.runner import Record
 
@@ -110,6 +113,12 @@ def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any],
     ]
     per_seed = [summarise(c.key, c.strategy, c.config_name, by_cell.get(c.key, []), prices) for c in cells]
     simulated = any(r.simulated for r in records)
+    outcomes = {
+        group: {(r.example_id, r.seed): r.correct for c in members for r in by_cell.get(c.key, [])} for group, members in groups.items()
+    }
+    names = [g for g in groups if outcomes[g]]
+    comparisons = [asdict(compare(a, outcomes[a], b, outcomes[b])) for i, a in enumerate(names) for b in names[i + 1 :]]
+    front = pareto_front([(r.tokens_per_example, r.accuracy) for r in rows])
     return {
         **meta,
         "simulated": simulated,
@@ -117,6 +126,8 @@ def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any],
         "records": len(records),
         "rows": [_public(r) for r in rows],
         "per_seed": [_public(r) for r in per_seed],
+        "comparisons": [{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()} for c in comparisons],
+        "pareto_front": [rows[i].group for i in front],
         "_rows": rows,
     }
 
@@ -160,12 +171,32 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['group']} | {row['examples']} | {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%}) | {row['tokens_per_example']:.0f} |"
             )
-    lines += ["", "Plots: `accuracy_vs_tokens.png`, `latency.png`. Every example: `results.jsonl`.", ""]
+    if report.get("comparisons"):
+        lines += [
+            "",
+            "## Paired comparisons",
+            "",
+            "Same examples (and seeds), strategy A against strategy B: how many each got right alone, the exact McNemar "
+            "p-value on those discordant examples, and the accuracy difference A - B with its 95% paired-bootstrap interval "
+            "(10,000 resamples) and p-value. A failed example counts as wrong.",
+            "",
+            "| A | B | paired | both right | A only | B only | McNemar p | A - B (95% CI) | bootstrap p |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in report["comparisons"]:
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['paired']} | {c['both']} | {c['only_a']} | {c['only_b']} | {_p(c['mcnemar_p'])} | "
+                f"{c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}) | {_p(c['bootstrap_p'])} |"
+            )
+    if report.get("pareto_front"):
+        lines += ["", f"Cost-accuracy Pareto front (tokens per example against accuracy): {', '.join(report['pareto_front'])}."]
+    lines += ["", "Plots: `accuracy_vs_tokens.png`, `pareto.png`, `latency.png`. Every example: `results.jsonl`.", ""]
     return "\n".join(lines)
 
 
 def plot(report: dict[str, Any], out: Path) -> list[Path]:
-    """accuracy_vs_tokens.png (with the 95% intervals) and latency.png (distributions per row)."""
+    """accuracy_vs_tokens.png (with the 95% intervals), latency.png (distributions per row) and pareto.png
+    (the cost-accuracy front)."""
     from matplotlib.figure import (
         Figure,  # no pyplot: the caller's backend (a notebook's) stays as it is
     )
@@ -180,7 +211,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
         ax.errorbar(
             row.tokens_per_example,
             row.accuracy * 100,
-            yerr=[[(row.accuracy - row.ci_low) * 100], [(row.ci_high - row.accuracy) * 100]],
+            yerr=_error_bars(row),
             fmt="o",
             capsize=4,
             label=row.group,
@@ -204,7 +235,47 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(paths[1], dpi=110)
+    paths.append(pareto_plot(rows, out / "pareto.png", tag))
     return paths
+
+
+def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
+    """Accuracy (95% Wilson interval) against tokens per example, the non-dominated rows joined by the
+    front's staircase: a row off the front is beaten by one that costs no more and is no less accurate."""
+    from matplotlib.figure import Figure
+
+    points = [(row.tokens_per_example, row.accuracy) for row in rows]
+    front = pareto_front(points)
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.subplots()
+    for i, row in enumerate(rows):
+        on_front = i in front
+        ax.errorbar(
+            row.tokens_per_example,
+            row.accuracy * 100,
+            yerr=_error_bars(row),
+            fmt="o" if on_front else "s",
+            markersize=8 if on_front else 6,
+            capsize=4,
+            alpha=1.0 if on_front else 0.55,
+            label=f"{row.group}{' (front)' if on_front else ''}",
+        )
+    if front:
+        xs = [points[i][0] for i in front]
+        ys = [points[i][1] * 100 for i in front]
+        ax.step(xs, ys, where="post", color="black", linewidth=1, linestyle="--", label="Pareto front")
+    logarithmic = all(x > 0 for x, _ in points)  # costs spread over orders of magnitude (1 call to dozens)
+    if logarithmic:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"tokens per example{' (log scale)' if logarithmic else ''}: the cost")
+    ax.set_ylabel("accuracy (%), 95% Wilson CI")
+    ax.set_ylim(-5, 105)
+    ax.set_title(f"Cost against accuracy{tag}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
@@ -213,6 +284,16 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     paths["markdown"].write_text(markdown(report), encoding="utf-8")
     public = {k: v for k, v in report.items() if not k.startswith("_")}
     paths["json"].write_text(json.dumps(public, indent=2), encoding="utf-8")
-    accuracy, latency = plot(report, out)
-    paths.update(accuracy_plot=accuracy, latency_plot=latency)
+    accuracy, latency, pareto = plot(report, out)
+    paths.update(accuracy_plot=accuracy, latency_plot=latency, pareto_plot=pareto)
     return paths
+
+
+def _error_bars(row: Row) -> list[list[float]]:
+    """The interval around the accuracy, in points; clipped at 0 where rounding puts a bound a hair past it."""
+    return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]
+
+
+def _p(value: float) -> str:
+    """A p-value as the report rounds it (6 decimals): below that it is shown as a bound, not as 0."""
+    return "<1e-6" if value < 1e-6 else f"{value:.3g}"

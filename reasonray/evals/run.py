@@ -28,7 +28,7 @@ import httpx
 from reasonray.evals.datasets import Dataset, DatasetError, load_dataset
 from reasonray.evals.grid import Cell, GridError, build_grid, parse_configs
 from reasonray.evals.report import Prices, build_report, write_report
-from reasonray.evals.runner import InProcessEngine, Record, ResultLog, pending, run_grid
+from reasonray.evals.runner import HttpEngine, InProcessEngine, Record, ResultLog, pending, run_grid
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.kernel.config import (
     ConfigError,
@@ -63,6 +63,9 @@ class EvalOptions:
     prices: Prices = field(default_factory=Prices)
     cache: bool | None = None  # None: [llm.cache] enabled
     progress: bool = True
+    url: str | None = None  # a running service: examples go over HTTP (reasoning.execute), not through a stack of our own
+    timeout_s: float = 900.0  # over HTTP: the longest wait for one example
+    client: Any = None  # a reasonray.AsyncClient to run the examples through (a service's, or in_process_client's)
 
 
 def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
@@ -88,6 +91,11 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
     cells = build_grid(catalogue, options.strategies, parse_configs(options.configs), options.seeds)
     if not 0.0 <= options.sim_skill <= 1.0:
         raise EvalError(f"--sim-skill must be between 0 and 1, got {options.sim_skill}")
+    if options.url is not None or options.client is not None:
+        if options.memory:
+            raise EvalError("--memory learns through the scorer in this process; it cannot run against --url (leave out one of them)")
+        if options.url is not None and not options.url.startswith(("http://", "https://")):
+            raise EvalError(f"--url {options.url!r} is not an http(s) URL of a running service, e.g. http://127.0.0.1:8000")
     return settings, dataset, cells
 
 
@@ -170,6 +178,8 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     app_name = "eval-" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:10]
     simulator: SimulatedEndpoint | None = None
     cluster: dict[str, Any] = {"ray": False}
+    if options.url is not None or options.client is not None:
+        return await _run_over_http(options, settings, dataset, cells, results, todo, echo)
     try:
         if options.use_ray:
             ray_started, cluster = _connect(options.address, settings)
@@ -212,7 +222,58 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
                 release(app_name)
             if ray_started:
                 ray.shutdown()
+    return _finish(options, settings, dataset, cells, results, cluster, ran, grid_s)
+
+
+async def _run_over_http(
+    options: EvalOptions,
+    settings: Settings,
+    dataset: Dataset,
+    cells: list[Cell],
+    results: ResultLog,
+    todo: int,
+    echo: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every example through the service at `options.url` (or `options.client`): its model, its settings,
+    its whole stack."""
+    from reasonray.client import AsyncClient
+
+    client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
+    where = options.url or str(client.http.base_url)
+    echo(f"evaluating through the service at {where}")
+    progress = _progress(todo, options.progress)
+    started = time.perf_counter()
+    try:
+        ran = await run_grid(
+            HttpEngine(client), dataset.examples, cells, results, concurrency=options.concurrency, on_record=lambda r: _tick(progress, r)
+        )
+    finally:
+        progress.close()
+        if options.client is None:
+            await client.aclose()
+    grid_s = time.perf_counter() - started
+    echo(f"ran {ran} examples in {grid_s:.1f} s")
+    return _finish(options, settings, dataset, cells, results, {"ray": False, "url": where}, ran, grid_s)
+
+
+def _finish(
+    options: EvalOptions,
+    settings: Settings,
+    dataset: Dataset,
+    cells: list[Cell],
+    results: ResultLog,
+    cluster: dict[str, Any],
+    ran: int,
+    grid_s: float,
+) -> dict[str, Any]:
     records = results.select(dataset.examples, cells)
+    if options.url is not None or options.client is not None:  # the service's model, as its results name it
+        models = sorted({r.model for r in records if r.model})
+        model = ", ".join(models) or "unknown"
+        simulated = any(r.simulated for r in records)
+    else:
+        simulated = settings.resolved_provider() == "simulated"
+        model = "simulated" if simulated else settings.llm.model
     meta = {
         "dataset": {
             "path": str(dataset.path.resolve()),
@@ -222,8 +283,8 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
             "digest": dataset.digest,
             "offset": options.offset,
         },
-        "model": "simulated" if settings.resolved_provider() == "simulated" else settings.llm.model,
-        "simulator_skill": options.sim_skill if settings.resolved_provider() == "simulated" else None,
+        "model": model,
+        "simulator_skill": options.sim_skill if simulated and options.url is None and options.client is None else None,
         "seeds": options.seeds,
         "memory": options.memory,
         "cluster": cluster,
@@ -235,7 +296,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     report["failed"] = [
         {"example_id": r.example_id, "error_type": r.error_type, "trace_id": r.trace_id} for r in records if r.status == "error"
     ]
-    paths = write_report(report, out)
+    paths = write_report(report, options.out)
     report["paths"] = {k: str(v) for k, v in paths.items()}
     return report
 
@@ -336,6 +397,13 @@ def _int_list(value: str) -> list[int]:
     help="Memory-aware: each cell streams the examples in order, retrieving and learning as it goes.",
 )
 @click.option("--ray/--no-ray", "use_ray", default=True, show_default=True, help="Examples as Ray tasks, or in this process.")
+@click.option(
+    "--url",
+    default=None,
+    help="Evaluate through the running service at this URL (reasoning.execute over HTTP, its model and settings) instead of "
+    "a stack of the run's own; --ray, --config-file and --sim-skill then do not apply.",
+)
+@click.option("--timeout", "timeout_s", type=float, default=900.0, show_default=True, help="With --url: seconds to wait for one example.")
 @click.option("--address", default=None, help="Ray cluster to join (default: the job's, else a new local one).")
 @click.option("--config-file", "config_path", default=None, help="config.toml to use (default: the repository's).")
 @click.option(
@@ -363,6 +431,8 @@ def main(
     concurrency,
     memory,
     use_ray,
+    url,
+    timeout_s,
     address,
     config_path,
     sim_skill,
@@ -384,7 +454,9 @@ def main(
         offset=offset,
         concurrency=concurrency,
         memory=memory,
-        use_ray=use_ray,
+        use_ray=use_ray and url is None,
+        url=url,
+        timeout_s=timeout_s,
         address=address,
         config_path=config_path,
         sim_skill=sim_skill,

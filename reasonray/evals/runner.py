@@ -2,7 +2,7 @@
 appended to `results.jsonl` as it finishes.
 
 Ray-free: an `Engine` runs one (example, cell) and returns its `Record`; `InProcessEngine` runs it
-here, `evals.distributed.RayEngine` as a Ray task. `run_grid` schedules with bounded concurrency:
+here, `evals.distributed.RayEngine` as a Ray task, `HttpEngine` through a running service over HTTP. `run_grid` schedules with bounded concurrency:
 examples of plain cells in any order, those of memory-aware cells in dataset order, one after the
 other (a stream: each example retrieves what the earlier ones taught, then learns, never seeing
 its own memories). A failed example is a record with its error, and the run goes on. A rerun
@@ -161,6 +161,60 @@ class InProcessEngine:
 
     async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
         return await evaluate(self.service, example, cell, memory=memory)
+
+
+class HttpEngine:
+    """Runs examples through a running service over HTTP (`reasoning.execute`, JSON-RPC), with
+    `reasonray.AsyncClient`: the whole stack the service's users reach, its model and its settings."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client  # a reasonray.AsyncClient
+
+    async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
+        from reasonray.client import ReasonRayError
+
+        if memory:
+            raise ValueError("a memory-aware evaluation runs in this process or as Ray tasks, not over HTTP")
+        base = {
+            "example_id": example.id,
+            "strategy": cell.strategy,
+            "config_name": cell.config_name,
+            "seed": cell.seed,
+            "reference": example.reference if example.kind == "gsm8k" else "",
+        }
+        started = time.perf_counter()
+        try:
+            result = await self.client.execute(example.query, strategy=cell.strategy, strategy_config=cell.config or None)
+        except ReasonRayError as exc:
+            return Record(
+                **base,
+                status="error",
+                latency_ms=_ms(started),
+                error=f"{exc.code}: {exc.message}"[:1000],
+                error_code=exc.code,
+                error_type=exc.data.get("error_type"),
+                trace_id=exc.trace_id or "",
+            )
+        latency = _ms(started)
+        scored = await score(result["answer"], example)
+        m = result["metrics"]
+        return Record(
+            **base,
+            status="ok",
+            correct=scored.correct,
+            answer=result["answer"][:ANSWER_CHARS],
+            extracted=(scored.extracted or "")[:ANSWER_CHARS] or None,
+            detail=scored.detail,
+            prompt_tokens=m["prompt_tokens"],
+            completion_tokens=m["completion_tokens"],
+            llm_calls=m["llm_calls"],
+            cache_hits=m["cache_hits"],
+            retries=m["retries"],
+            latency_ms=latency,
+            model=m["model"],
+            simulated=m["simulated"],
+            trace_id=result["trace_id"],
+        )
 
 
 class ResultLog:

