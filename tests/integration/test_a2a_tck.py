@@ -2,7 +2,8 @@
 HTTP+JSON at the URL the agent card advertises (docs/interop.md).
 
 The TCK is installed from its source at test time into a virtual environment of its own (its code is never
-part of this repository): `A2A_TCK_SOURCE` names a git checkout or URL (default: GitHub). The run must
+part of this repository): `A2A_TCK_SOURCE` names a local git checkout of it (no test reaches the network: fetch
+the repository once, then point the variable at it; without it the test fails saying so). The run must
 pass every MUST test except those written for the TCK's own scripted agent (`SCRIPTED`), which answer
 fixed texts, files and data to messages whose ids name a scenario; a reasoning agent answers by reasoning.
 """
@@ -20,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SOURCE = os.environ.get("A2A_TCK_SOURCE", "https://github.com/a2aproject/a2a-tck")
+SOURCE = os.environ.get("A2A_TCK_SOURCE", "")
 BRANCH = "1.0-dev"
 SCRIPTED = {
     # the TCK's reference agent answers "Generated text content", a file, a file URL, a data part, or a bare
@@ -37,6 +38,8 @@ SCRIPTED = {
 @pytest.fixture(scope="module")
 def tck(tmp_path_factory) -> Path:
     """A checkout of the TCK with its own virtual environment (`.venv`), installed from source."""
+    if not SOURCE or not Path(SOURCE).is_dir():
+        pytest.fail(f"A2A_TCK_SOURCE={SOURCE!r}: set it to a local git checkout of a2aproject/a2a-tck (branch {BRANCH})")
     root = tmp_path_factory.mktemp("a2a-tck") / "tck"
     subprocess.run(["git", "clone", "-q", "--depth", "1", "-b", BRANCH, SOURCE, str(root)], check=True, timeout=300)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True, timeout=120)
