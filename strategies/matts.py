@@ -43,6 +43,7 @@ from reasonray.strategies.base import (
     StrategyConfig,
     StrategyContext,
 )
+from reasonray.strategies.context_fit import fitted
 from reasonray.strategies.output import ANSWER, VOTE, shaped, structured
 from reasonray.strategies.refine import evaluate
 
@@ -278,15 +279,18 @@ class Matts(Strategy):
         for _ in range(k - 1):
             last = attempts[-1]
             enforced = structured(context)
-            request = LLMRequest(
-                messages=(
-                    system(REEXAMINE_PROMPT),
-                    user(REEXAMINE_TEMPLATE.format(query=query, solution=strip_thinking(last["text"]), answer=last["answer"])),
-                ),
-                max_tokens=4096,
-                temperature=0.0,
-            )
-            completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+
+            def build(parts: tuple[str, ...], enforced: bool = enforced) -> LLMRequest:
+                solution, answer = parts
+                request = LLMRequest(
+                    messages=(system(REEXAMINE_PROMPT), user(REEXAMINE_TEMPLATE.format(query=query, solution=solution, answer=answer))),
+                    max_tokens=4096,
+                    temperature=0.0,
+                )
+                return shaped(request, ANSWER, enforced)
+
+            # an attempt that rambled to the context's end is shown cut (head and tail), so the re-examination fits
+            completion = await context.llm.complete(fitted(context, build, (strip_thinking(last["text"]), last["answer"])))
             found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
             attempts.append({"answer": found.answer if found else "", "text": completion.text, "found_by": found.found_by if found else ""})
             self._note_progress(context, k, attempts)
@@ -304,17 +308,23 @@ class Matts(Strategy):
 
     async def _contrast(self, query: str, attempts: list[dict[str, str]], cfg: MattsConfig, context: StrategyContext) -> tuple[int, str]:
         """The attempt one comparing call picks; the majority answer when its reply names no candidate."""
-        shown = "\n\n".join(
-            CANDIDATE.format(number=i, solution=strip_thinking(a["text"]), answer=a["answer"]) for i, a in enumerate(attempts, 1)
-        )
         enforced = structured(context)
-        request = LLMRequest(
-            messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
-            max_tokens=cfg.judge_max_tokens,
-            temperature=0.0,
-            purpose="choose",
-        )
-        completion = await context.llm.complete(shaped(request, VOTE, enforced))
+
+        def build(parts: tuple[str, ...]) -> LLMRequest:
+            shown = "\n\n".join(
+                CANDIDATE.format(number=i, solution=parts[2 * i - 2], answer=parts[2 * i - 1]) for i in range(1, len(attempts) + 1)
+            )
+            request = LLMRequest(
+                messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
+                max_tokens=cfg.judge_max_tokens,
+                temperature=0.0,
+                purpose="choose",
+            )
+            return shaped(request, VOTE, enforced)
+
+        # the candidates share the context: each one that would not fit its share is shown cut (head and tail)
+        parts = tuple(piece for a in attempts for piece in (strip_thinking(a["text"]), a["answer"]))
+        completion = await context.llm.complete(fitted(context, build, parts))
         chosen = find_choice(completion.text, len(attempts), structured=enforced)
         if chosen is None:
             return pick(attempts, [None] * len(attempts)), "majority"
