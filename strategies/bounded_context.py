@@ -10,7 +10,8 @@ The bound holds by the model's own count: every cut uses the context's token cou
 `max_tokens` is what is left of `chunk_size` after the prompt as the server will count it. Until the
 server has reported a prompt's size, that is the counter's count x 1.15 plus a margin for the chat
 template's framing; after, the ratio of the server's count to ours on the largest prompt of the run so
-far, plus that margin (which covers the framing's constant part). `iterations[].tokens` are the server's usage.
+far (raised to the largest ratio seen on a reply's text, since carryovers are cut from replies), plus that
+margin (which covers the framing's constant part). `iterations[].tokens` are the server's usage.
 
 A chunk answers with `<answer>`; a model that ignores the tag answers with a chunk that stops (not
 cut by `max_tokens`) on a last line stating it ("The answer is: 76", "#### 76"). The final-answer
@@ -70,6 +71,7 @@ STOP_SEQUENCES = ("</answer>", "<continue>")
 MIN_GENERATION_TOKENS = 256
 FINAL_ANSWER_TOKENS = 512
 UNCALIBRATED_RATIO = 1.15  # before the server has counted a prompt: real tokenizers ran 5-14% above cl100k
+MIN_CALIBRATION_TOKENS = 32  # a reply shorter than this (in our count) says little about the ratio between tokenizers
 PROMPT_MARGIN = 16  # chat-template framing a counter does not see (ChatML: a token or two per message)
 
 
@@ -131,13 +133,25 @@ class RunState:
     """The server's prompt count over ours, measured on the largest prompt of the run so far (where a
     constant difference, the template's framing, weighs least); UNCALIBRATED_RATIO before any."""
     calibrated_on: int = 0  # our count of the prompt the ratio was measured on
+    text_ratio: float = 1.0
+    """The largest ratio of the server's count to ours seen on a reply's text: the carryover is cut from replies,
+    so a prompt made mostly of one is counted at least at this ratio, whatever the first (short) prompt showed."""
 
     def calibrate(self, counted: int, served: int) -> None:
         """Learn from a prompt the server counted (`served` tokens) that our counter made `counted`."""
         if counted <= 0 or served <= 0:  # a server that reports no usage teaches nothing
             return
         if counted >= self.calibrated_on:
-            self.prompt_ratio, self.calibrated_on = max(served / counted, 1.0), counted
+            self.calibrated_on = counted
+            self.prompt_ratio = max(served / counted, self.text_ratio, 1.0)
+
+    def calibrate_text(self, counted: int, served: int) -> None:
+        """Learn from a reply the server counted (`served` completion tokens) that our counter made `counted`."""
+        if counted < MIN_CALIBRATION_TOKENS or served <= 0:  # a few tokens say little about a ratio
+            return
+        self.text_ratio = max(self.text_ratio, served / counted)
+        if self.calibrated_on:  # the prompt's ratio holds until a prompt has been served, then rises to this
+            self.prompt_ratio = max(self.prompt_ratio, self.text_ratio)
 
 
 class BoundedContext(Strategy):
@@ -215,6 +229,7 @@ class BoundedContext(Strategy):
             LLMRequest(messages=messages, max_tokens=room, stop=STOP_SEQUENCES, temperature=cfg.temperature, seed=cfg.seed)
         )
         state.calibrate(count_messages(context.tokens, messages), completion.usage.prompt_tokens)
+        state.calibrate_text(context.tokens.count(completion.text), completion.usage.completion_tokens)
         answer, found_by = chunk_answer(completion.text, completion.finish_reason)
         stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
         chunk = Chunk(completion.text, completion.usage.prompt_tokens, completion.usage.completion_tokens, answer, stop, found_by)

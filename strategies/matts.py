@@ -14,7 +14,9 @@ along with the attempts: as soon as two finished attempts disagree, each finishe
 (a branch of its own) while the others still run, so a run that must judge pays about one judge call
 after its slowest attempt, and one whose attempts agree pays none. A judge reply with no readable
 score is unscored: it never beats a scored attempt, and when no attempt is scored the majority
-answer wins (ties to the earlier attempt). Every attempt is reported as a trajectory, so a
+answer wins (ties to the earlier attempt). An attempt cut by max_tokens whose answer is only its last number or
+its whole text stated none: it is degenerate, chosen (by judge or contrast) only when every attempt is. A prompt
+quoting attempts is fitted to the model's context (`context_fit`). Every attempt is reported as a trajectory, so a
 memory-aware run learns by self-contrast across all k (at most 5 items). With k = 1 or
 `enabled = false` it is a single run of the base strategy.
 """
@@ -43,6 +45,7 @@ from reasonray.strategies.base import (
     StrategyConfig,
     StrategyContext,
 )
+from reasonray.strategies.context_fit import fitted
 from reasonray.strategies.output import ANSWER, VOTE, shaped, structured
 from reasonray.strategies.refine import evaluate
 
@@ -61,6 +64,7 @@ SELECT_PROMPT = (
 REEXAMINE_TEMPLATE = "Problem:\n{query}\n\nPrevious attempt:\n{solution}\nAnswer: {answer}"
 CANDIDATE = "Candidate {number}:\n{solution}\nAnswer: {answer}"
 SELECT_TEMPLATE = "Problem:\n{query}\n\n{candidates}"
+WEAK = ("final_number", "whole_text")  # found in a reply that stated no answer
 
 
 class MattsConfig(StrategyConfig):
@@ -93,18 +97,25 @@ class _Recording:
         return completion
 
 
-async def attempt(strategy: ReasoningStrategy, query: str, config: dict[str, Any], context: StrategyContext) -> dict[str, str]:
+async def attempt(strategy: ReasoningStrategy, query: str, config: dict[str, Any], context: StrategyContext) -> dict[str, Any]:
     """One run of the base strategy: its answer, the text of its LLM replies and how its answer was found."""
     recording = _Recording(context.llm)
     # its own trajectories and progress: the base strategy's partial shape is not matts' (the attempts are)
     own = dataclasses.replace(context, llm=recording, trajectories=[], progress={})
     result = await strategy.reason(query, context=own, config=config)
-    found_by = result.metrics.strategy_specific.get("found_by")
+    specific = result.metrics.strategy_specific
+    found_by = specific.get("found_by") if isinstance(specific.get("found_by"), str) else ""
     return {
         "answer": result.answer,
         "text": "\n\n".join(recording.replies) or result.answer,
-        "found_by": found_by if isinstance(found_by, str) else "",
+        "found_by": found_by,
+        "degenerate": degenerate(found_by, specific.get("truncated") is True),
     }
+
+
+def degenerate(found_by: str, truncated: bool) -> bool:
+    """A reply cut by max_tokens whose answer is only its last number or its whole text: it never stated one."""
+    return truncated and found_by in WEAK
 
 
 async def score(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> float | None:
@@ -113,20 +124,27 @@ async def score(query: str, text: str, answer: str, max_tokens: int, context: St
     return value
 
 
-def agree(attempts: list[dict[str, str]]) -> bool:
+def agree(attempts: list[dict[str, Any]]) -> bool:
     """Every attempt gave the same (normalized, non-empty) answer: there is nothing to choose between."""
     answers = {normalize_answer(a["answer"]) for a in attempts}
     return len(answers) == 1 and "" not in answers
 
 
-def pick(attempts: list[dict[str, str]], scores: list[float | None]) -> int:
-    """The chosen attempt: one with an answer before one without, scored before unscored, the higher score,
-    then the answer more attempts share, then the earlier attempt."""
+def pick(attempts: list[dict[str, Any]], scores: list[float | None]) -> int:
+    """The chosen attempt: one with an answer before one without, a stated answer before a degenerate one (see
+    `degenerate`), scored before unscored, the higher score, then the answer more attempts share, then the earlier attempt."""
     counts = Counter(normalize_answer(a["answer"]) for a in attempts)
 
-    def rank(i: int) -> tuple[bool, bool, float, int, int]:
+    def rank(i: int) -> tuple[bool, bool, bool, float, int, int]:
         answer = attempts[i]["answer"]
-        return bool(answer.strip()), scores[i] is not None, scores[i] or 0.0, counts[normalize_answer(answer)], -i
+        return (
+            bool(answer.strip()),
+            not attempts[i].get("degenerate", False),
+            scores[i] is not None,
+            scores[i] or 0.0,
+            counts[normalize_answer(answer)],
+            -i,
+        )
 
     return max(range(len(attempts)), key=rank)
 
@@ -198,12 +216,12 @@ class Matts(Strategy):
         k: int,
         context: StrategyContext,
         judges: dict[int, asyncio.Task[float | None]] | None,
-    ) -> list[dict[str, str]]:
+    ) -> list[dict[str, Any]]:
         """k attempts at once. With `judges`, judging starts as soon as two finished attempts disagree: each
         finished attempt (and each one finishing later) gets its judge while the slower attempts still run."""
-        settled: dict[int, dict[str, str] | Failed] = {}
+        settled: dict[int, dict[str, Any] | Failed] = {}
 
-        def arrived(index: int, outcome: dict[str, str] | Failed) -> None:
+        def arrived(index: int, outcome: dict[str, Any] | Failed) -> None:
             settled[index] = outcome
             finished = {i: o for i, o in sorted(settled.items()) if not isinstance(o, Failed)}
             self._note_progress(context, k, list(finished.values()))
@@ -224,7 +242,7 @@ class Matts(Strategy):
             raise failed[0]
         return [o for o in outcomes if not isinstance(o, Failed)]
 
-    def _judge(self, query: str, a: dict[str, str], cfg: MattsConfig, context: StrategyContext) -> asyncio.Task[float | None]:
+    def _judge(self, query: str, a: dict[str, Any], cfg: MattsConfig, context: StrategyContext) -> asyncio.Task[float | None]:
         """One attempt's judge call, started now as a branch of its own."""
 
         async def judged() -> float | None:
@@ -240,7 +258,7 @@ class Matts(Strategy):
     async def _judged(
         self,
         query: str,
-        attempts: list[dict[str, str]],
+        attempts: list[dict[str, Any]],
         cfg: MattsConfig,
         context: StrategyContext,
         judges: dict[int, asyncio.Task[float | None]],
@@ -272,28 +290,39 @@ class Matts(Strategy):
 
     async def _sequential(
         self, base: ReasoningStrategy, config: dict[str, Any], query: str, k: int, context: StrategyContext
-    ) -> list[dict[str, str]]:
+    ) -> list[dict[str, Any]]:
         attempts = [await attempt(base, query, config, context)]
         self._note_progress(context, k, attempts)
         for _ in range(k - 1):
             last = attempts[-1]
             enforced = structured(context)
-            request = LLMRequest(
-                messages=(
-                    system(REEXAMINE_PROMPT),
-                    user(REEXAMINE_TEMPLATE.format(query=query, solution=strip_thinking(last["text"]), answer=last["answer"])),
-                ),
-                max_tokens=4096,
-                temperature=0.0,
-            )
-            completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+
+            def build(parts: tuple[str, ...], enforced: bool = enforced) -> LLMRequest:
+                solution, answer = parts
+                request = LLMRequest(
+                    messages=(system(REEXAMINE_PROMPT), user(REEXAMINE_TEMPLATE.format(query=query, solution=solution, answer=answer))),
+                    max_tokens=4096,
+                    temperature=0.0,
+                )
+                return shaped(request, ANSWER, enforced)
+
+            # an attempt that rambled to the context's end is shown cut (head and tail), so the re-examination fits
+            completion = await context.llm.complete(fitted(context, build, (strip_thinking(last["text"]), last["answer"])))
             found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
-            attempts.append({"answer": found.answer if found else "", "text": completion.text, "found_by": found.found_by if found else ""})
+            found_by = found.found_by if found else ""
+            attempts.append(
+                {
+                    "answer": found.answer if found else "",
+                    "text": completion.text,
+                    "found_by": found_by,
+                    "degenerate": degenerate(found_by, completion.finish_reason == "length"),
+                }
+            )
             self._note_progress(context, k, attempts)
         return attempts
 
     @staticmethod
-    def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, str]]) -> None:
+    def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, Any]]) -> None:
         """The branches finished so far (their answers), for `error.data.partial` should a later call fail."""
         context.progress.update(
             k=k,
@@ -302,20 +331,26 @@ class Matts(Strategy):
             answer=attempts[0]["answer"] if attempts else None,  # unjudged: the first finished branch
         )
 
-    async def _contrast(self, query: str, attempts: list[dict[str, str]], cfg: MattsConfig, context: StrategyContext) -> tuple[int, str]:
+    async def _contrast(self, query: str, attempts: list[dict[str, Any]], cfg: MattsConfig, context: StrategyContext) -> tuple[int, str]:
         """The attempt one comparing call picks; the majority answer when its reply names no candidate."""
-        shown = "\n\n".join(
-            CANDIDATE.format(number=i, solution=strip_thinking(a["text"]), answer=a["answer"]) for i, a in enumerate(attempts, 1)
-        )
         enforced = structured(context)
-        request = LLMRequest(
-            messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
-            max_tokens=cfg.judge_max_tokens,
-            temperature=0.0,
-            purpose="choose",
-        )
-        completion = await context.llm.complete(shaped(request, VOTE, enforced))
+
+        def build(parts: tuple[str, ...]) -> LLMRequest:
+            shown = "\n\n".join(
+                CANDIDATE.format(number=i, solution=parts[2 * i - 2], answer=parts[2 * i - 1]) for i in range(1, len(attempts) + 1)
+            )
+            request = LLMRequest(
+                messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
+                max_tokens=cfg.judge_max_tokens,
+                temperature=0.0,
+                purpose="choose",
+            )
+            return shaped(request, VOTE, enforced)
+
+        # the candidates share the context: each one that would not fit its share is shown cut (head and tail)
+        parts = tuple(piece for a in attempts for piece in (strip_thinking(a["text"]), a["answer"]))
+        completion = await context.llm.complete(fitted(context, build, parts))
         chosen = find_choice(completion.text, len(attempts), structured=enforced)
-        if chosen is None:
-            return pick(attempts, [None] * len(attempts)), "majority"
+        if chosen is None or (attempts[chosen]["degenerate"] and not all(a["degenerate"] for a in attempts)):
+            return pick(attempts, [None] * len(attempts)), "majority"  # no choice, or a ramble chosen over a stated answer
         return chosen, "contrast"

@@ -37,6 +37,7 @@ from reasonray.strategies.base import (
     StrategyContext,
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
+from reasonray.strategies.context_fit import fitted
 from reasonray.strategies.output import ANSWER, CRITIQUE, note_found_by, shaped, structured
 
 EVALUATE_PROMPT = (
@@ -74,13 +75,19 @@ class RefineConfig(StrategyConfig):
 async def evaluate(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> tuple[float | None, str]:
     """A 0-1 score (None: unscored) and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
     enforced = structured(context)
-    request = LLMRequest(
-        messages=(system(EVALUATE_PROMPT), user(EVALUATE_TEMPLATE.format(query=query, solution=strip_thinking(text), answer=answer))),
-        max_tokens=max_tokens,
-        temperature=0.0,
-        purpose="critique",
-    )
-    completion = await context.llm.complete(shaped(request, CRITIQUE, enforced))
+
+    def build(parts: tuple[str, ...]) -> LLMRequest:
+        solution, shown = parts
+        request = LLMRequest(
+            messages=(system(EVALUATE_PROMPT), user(EVALUATE_TEMPLATE.format(query=query, solution=solution, answer=shown))),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            purpose="critique",
+        )
+        return shaped(request, CRITIQUE, enforced)
+
+    # an attempt that rambled to the context's end is shown cut (head and tail), so the review fits the context
+    completion = await context.llm.complete(fitted(context, build, (strip_thinking(text), answer)))
     return find_score(completion.text, structured=enforced), find_feedback(completion.text, structured=enforced)
 
 
@@ -116,31 +123,10 @@ class Refine(Strategy):
         context.progress.update(iterations=0, last_draft=None, last_answer=None, last_score=None, last_critique=None, answer=None)
         stop = "max_iterations"
         for iteration in range(1, cfg.max_iterations + 1):
-            if attempts:
-                last = attempts[-1]
-                messages = (
-                    system(REFINE_PROMPT),
-                    user(
-                        REFINE_TEMPLATE.format(
-                            query=query,
-                            solution=strip_thinking(last["text"]),
-                            answer=last["answer"],
-                            score=UNSCORED if last["score"] is None else last["score"],
-                            feedback=last["feedback"] or NO_FEEDBACK,
-                        )
-                    ),
-                )
-            else:
-                messages = (system(SYSTEM_PROMPT), user(query))
             before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
             enforced = structured(context)
-            request = LLMRequest(
-                messages=messages,
-                max_tokens=cfg.max_tokens,
-                temperature=cfg.refine_temperature if attempts else cfg.temperature,
-                seed=None if cfg.seed is None else cfg.seed + iteration - 1,
-            )
-            completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+            request = self._attempt_request(query, attempts, iteration, cfg, context, enforced)
+            completion = await context.llm.complete(request)
             text = completion.text
             found = find_answer(text, numeric=numeric_question(query), structured=enforced)
             answer = found.answer if found is not None else ""
@@ -223,6 +209,34 @@ class Refine(Strategy):
             found_by=best["found_by"],
             unscored=sum(a["score"] is None for a in attempts),
         )
+
+    @staticmethod
+    def _attempt_request(
+        query: str, attempts: list[dict[str, Any]], iteration: int, cfg: RefineConfig, context: StrategyContext, enforced: bool
+    ) -> LLMRequest:
+        """The first attempt's request, or a re-examination of the last attempt in the light of its review, the
+        attempt and the review cut (head and tail) where the whole would not fit the model's context."""
+        last = attempts[-1] if attempts else None
+
+        def build(parts: tuple[str, ...]) -> LLMRequest:
+            if last is None:
+                messages = (system(SYSTEM_PROMPT), user(query))
+            else:
+                solution, answer, feedback = parts
+                score = UNSCORED if last["score"] is None else last["score"]
+                content = REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
+                messages = (system(REFINE_PROMPT), user(content))
+            request = LLMRequest(
+                messages=messages,
+                max_tokens=cfg.max_tokens,
+                temperature=cfg.refine_temperature if attempts else cfg.temperature,
+                seed=None if cfg.seed is None else cfg.seed + iteration - 1,
+            )
+            return shaped(request, ANSWER, enforced)
+
+        if last is None:
+            return build(())
+        return fitted(context, build, (strip_thinking(last["text"]), last["answer"], last["feedback"] or NO_FEEDBACK))
 
     def _iteration_end(self, context: StrategyContext, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
         t = context.llm.tally

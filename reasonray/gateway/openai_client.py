@@ -390,9 +390,27 @@ class OpenAILLM:
         finally:
             self.limiter.release(ticket)
         completion = msgspec.structs.replace(completion, latency_ms=(time.perf_counter() - started) * 1000)
+        if reported:
+            self._learn_context(params.get(self._max_tokens_param), completion)
         if reported and not request.tools:
             self._observe(request.messages, completion)
         return completion
+
+    def _learn_context(self, max_tokens: int | None, completion: Completion) -> None:
+        """A reply cut by length before its `max_tokens` ran out met the end of the model's context (llama-cpp-python
+        caps generation there and advertises no context length): prompt and reply then fill it, and the next calls,
+        and the strategies that fit their prompts to `capabilities.context_length`, are fitted to it."""
+        if self.context_length is not None and self._learned_context is None:
+            return  # configured or advertised: what the server says of itself wins
+        if max_tokens is None or len(completion.choices) != 1 or completion.choices[0].finish_reason != "length":
+            return
+        usage = completion.usage
+        if usage.prompt_tokens <= 0 or not 0 < usage.completion_tokens < max_tokens:
+            return
+        filled = usage.prompt_tokens + usage.completion_tokens
+        if self._learned_context is None or filled < self._learned_context:
+            self._learned_context = filled
+            log.info("llm.context_length.learned", base_url=self.base_url, context_length=filled, source="length stop below max_tokens")
 
     @property
     def _framing_unknown(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reasonray.gateway.observed import ObservedLLM
-from reasonray.gateway.tokens import counter_for_model
+from reasonray.gateway.tokens import counter_of
 from reasonray.kernel.events import EventRecorder
 from reasonray.strategies.base import StrategyContext
 
@@ -14,7 +14,7 @@ def context_for(llm, *, strategy: str = "test", path: Path | None = None, keep: 
     recorder = EventRecorder(path, keep=keep)
     context = StrategyContext(
         llm=ObservedLLM(llm, recorder, trace_id="trace-test", strategy=strategy),
-        tokens=counter_for_model(llm.model),
+        tokens=counter_of(llm),  # the stack's own counter (the model's tokens when it has them), as the service takes it
         emit=recorder,
         trace_id="trace-test",
     )
