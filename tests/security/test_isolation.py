@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from reasonray.api.auth import CURRENT_PRINCIPAL, Principal, principal_trace_id
+from reasonray.api.methods import RESERVED_AGENT_IDS
 from reasonray.gateway.cache import CACHE_SCOPE, CachingLLM, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.protocol import LLMRequest, Message
 from reasonray.gateway.testing import FunctionLLM
@@ -54,6 +55,25 @@ async def test_reserved_workspace_names_are_nobodys_to_claim(tmp_path):
         refused = await call(rpc, BOB, "memory.store", {"workspace": name, "items": [item]})
         assert refused["error"]["code"] == -32003 and "reserved" in refused["error"]["message"], refused
     assert "result" in await call(rpc, ALICE, "memory.store", {"workspace": "alices", "items": [item]})
+
+
+async def test_reserved_agent_ids_are_refused_and_an_owned_id_is_nobody_elses_to_claim(tmp_path):
+    from tests.unit.test_tenancy import ADMIN, CARD
+
+    rpc, _ = api(tmp_path)
+    for ident in ("default", "system", "reasonray"):
+        refused = await call(rpc, BOB, "agent.register", {**CARD, "id": ident})
+        assert refused["error"]["code"] == -32602, refused
+        assert repr(ident) in refused["error"]["message"] and "reserved ids: admin, default, global" in refused["error"]["message"]
+        assert refused["error"]["data"]["reserved"] == sorted(RESERVED_AGENT_IDS)
+        assert (await call(rpc, BOB, "agent.get", {"agent_id": ident}))["error"]["code"] == -32003  # nothing was registered
+    assert "result" in await call(rpc, ADMIN, "agent.register", {**CARD, "id": "default"})  # an admin's to fill
+
+    assert "result" in await call(rpc, ALICE, "agent.register", CARD)
+    taken = await call(rpc, BOB, "agent.register", {**CARD, "name": "Hijacked"})
+    assert taken["error"]["code"] == -32003 and "no agent 'planner' that you may use" in taken["error"]["message"]
+    assert (await call(rpc, ALICE, "agent.get", {"agent_id": "planner"}))["result"]["name"] == "Planner"  # still Alice's card
+    assert "result" in await call(rpc, ALICE, "agent.register", {**CARD, "name": "Planner 2"})  # its owner may replace it
 
 
 async def test_stats_show_a_non_admin_its_own_activity_only(tmp_path):
