@@ -90,3 +90,44 @@ async def test_stats_show_a_non_admin_its_own_activity_only(tmp_path):
         assert own["usage"]["tokens_today"] == 0 and own["usage"]["runs_in_flight"] == 0
     alices = (await call(rpc, ALICE, "get_statistics", {}))["result"]
     assert alices["scope"] == "principal" and alices["usage"]["tokens_today"] > 0 and alices["usage"]["requests_last_minute"] >= 3
+
+
+async def test_session_turns_on_a_host_use_the_callers_cache_scope(tmp_path):
+    """A session turn runs on a session host, in another process: the caller's scope travels with the call."""
+    import asyncio
+    import contextvars
+
+    from reasonray.actors.session import RaySessions, SessionHost, SessionHostClient
+    from reasonray.reasoner.builtin_tools import builtin_toolbox
+    from reasonray.reasoner.hosting import LiveSessions
+    from reasonray.reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec
+
+    model = FunctionLLM(lambda request: "<answer>4</answer>")
+    cached = CachingLLM(model, LocalCacheStore(LRUTTLCache(max_entries=10, ttl_s=60)))
+    pipeline = SessionPipeline(FileSessionRepository(tmp_path / "sessions"), cached, builtin_toolbox(), data_dir=tmp_path)
+    host = object.__new__(SessionHost.__ray_metadata__.modified_class)  # the actor's own code, without Ray
+    host.pipeline, host.live, host._sweeper = pipeline, LiveSessions(8, 60.0), None
+
+    class Method:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def remote(self, *args):
+            # as in a Ray actor: a task of its own, with none of the caller's context variables
+            return asyncio.get_running_loop().create_task(getattr(host, self.name)(*args), context=contextvars.Context())
+
+    class Handle:
+        turn, resume = Method("turn"), Method("resume")
+
+    sessions = RaySessions([SessionHostClient("host-0", "fp", None, Handle())], pipeline)
+    answers = []
+    for who in ("alice", "bob", "alice"):
+        session_id = (await sessions.create(SessionSpec()))["session_id"]
+        token = CACHE_SCOPE.set(who)
+        try:
+            answers.append(await sessions.turn(session_id, "alice's exact question", "t" * 32))
+        finally:
+            CACHE_SCOPE.reset(token)
+    host._sweeper.cancel()
+    assert [a["answer"] for a in answers] == ["4", "4", "4"]
+    assert len(model.requests) == 2  # alice's first turn and bob's: bob's was no hit on alice's entry; alice's second was
