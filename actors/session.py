@@ -37,6 +37,7 @@ from reasonray.actors.lifecycle import (
     retire_extra,
 )
 from reasonray.actors.memory import RayMemory
+from reasonray.gateway.cache import cache_scope, scope_cache
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import OverloadedError
 from reasonray.kernel.repositories import run_index
@@ -97,11 +98,15 @@ class SessionHost(Fingerprinted):
         self.live = LiveSessions(s.max_live_per_host, s.idle_timeout_s, RETRY_AFTER_S)
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str) -> dict[str, Any]:
+    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str, cache_scope: str | None = None) -> dict[str, Any]:
+        scope_cache(cache_scope)  # the caller's cache entries only, as in the replica (this call runs in its own task)
         async with self._using(session_id):
             return (await self.pipeline.turn(session_id, message, trace_id, request_id)).model_dump(mode="json")
 
-    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str) -> dict[str, Any]:
+    async def resume(
+        self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str, cache_scope: str | None = None
+    ) -> dict[str, Any]:
+        scope_cache(cache_scope)
         async with self._using(session_id):
             return (await self.pipeline.resume(session_id, submitted(results), trace_id, request_id)).model_dump(mode="json")
 
@@ -150,11 +155,13 @@ class SessionHostClient:
     def forget(self) -> None:
         self._handle = None
 
-    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str) -> dict[str, Any]:
-        return await unwrap(self.handle.turn.remote(session_id, message, trace_id, request_id))
+    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str, cache_scope: str | None = None) -> dict[str, Any]:
+        return await unwrap(self.handle.turn.remote(session_id, message, trace_id, request_id, cache_scope))
 
-    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str) -> dict[str, Any]:
-        return await unwrap(self.handle.resume.remote(session_id, results, trace_id, request_id))
+    async def resume(
+        self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str, cache_scope: str | None = None
+    ) -> dict[str, Any]:
+        return await unwrap(self.handle.resume.remote(session_id, results, trace_id, request_id, cache_scope))
 
     async def close(self, session_id: str) -> dict[str, Any]:
         return await unwrap(self.handle.close.remote(session_id))
@@ -203,12 +210,14 @@ class RaySessions:
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
         request_id = uuid.uuid4().hex  # the same for every retry of this call
-        return await self._on_host(session_id, lambda host: host.turn(session_id, message, trace_id, request_id))
+        scope = cache_scope()  # the caller's, set where the request was authenticated: the host's LLM calls use it
+        return await self._on_host(session_id, lambda host: host.turn(session_id, message, trace_id, request_id, scope))
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)
         request_id = uuid.uuid4().hex
-        return await self._on_host(session_id, lambda host: host.resume(session_id, results, trace_id, request_id))
+        scope = cache_scope()
+        return await self._on_host(session_id, lambda host: host.resume(session_id, results, trace_id, request_id, scope))
 
     async def get(self, session_id: str) -> dict[str, Any]:
         return await self.pipeline.get(session_id)

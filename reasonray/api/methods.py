@@ -112,6 +112,20 @@ def memory_search_for_admins(params: SessionSpec, sees_all: bool) -> None:
         raise ForbiddenError("forbidden: the memory_search tool is for admins while authentication is on", {"tool": "memory_search"})
 
 
+# agent ids a client may take for the server's own (as the reserved workspaces are): an admin's to register,
+# nobody else's to claim first
+RESERVED_AGENT_IDS = frozenset({"default", "shared", "public", "global", "system", "admin", "reasonray"})
+
+
+def reserved_agent_ids_for_admins(params: AgentRegistration, sees_all: bool) -> None:
+    """With authentication on a card id is its first registrant's: a reserved one is left to admins."""
+    if params.id in RESERVED_AGENT_IDS and not sees_all:
+        raise InvalidParamsError(
+            f"agent id {params.id!r} is reserved (reserved ids: {', '.join(sorted(RESERVED_AGENT_IDS))}); register under another id",
+            {"id": params.id, "reserved": sorted(RESERVED_AGENT_IDS)},
+        )
+
+
 EXECUTE_ACCESS = Access(
     REASONERS,
     (Resource("workspace", "memory.workspace", personal=True, applies=_uses_memory, claims=_learns),),
@@ -186,6 +200,7 @@ def build_dispatcher(
         access=Access(
             REASONERS,
             (Resource("agent", "id", "claim"),),
+            checks=(reserved_agent_ids_for_admins,),
             # the service would call a remote agent on callers' behalf: an operator's right, not every reasoner's
             right=lambda params: REMOTE_AGENTS if params.a2a_card_url is not None else None,
         ),

@@ -253,3 +253,16 @@ def test_the_shipped_reasoner_limit_on_requests_per_minute_holds(untrusted):
     assert statuses[:100] == [200] * 100 and statuses.count(200) <= 120 and statuses[-10:] == [429] * 10, statuses
     refused = responses[-1]
     assert refused.json()["error"]["data"]["limit_name"] == "requests_per_minute" and int(refused.headers["Retry-After"]) >= 1
+
+
+def test_reserved_agent_ids_are_refused_and_a_registered_id_is_its_owners(untrusted):
+    client, _ = untrusted
+    card = {"id": "system", "name": "S", "capabilities": ["reasoning.strategy.chain_of_thought"]}
+    reserved = rpc(client, "sam", "agent.register", card, "reasoner").json()
+    assert reserved["error"]["code"] == -32602 and "'system' is reserved" in reserved["error"]["message"], reserved
+    assert "system" in reserved["error"]["data"]["reserved"]
+    mine = {**card, "id": "sams-planner"}
+    assert "result" in rpc(client, "sam", "agent.register", mine, "reasoner").json()
+    taken = rpc(client, "tom", "agent.register", {**mine, "name": "Hijacked"}, "reasoner").json()
+    assert taken["error"]["code"] == -32003, taken
+    assert rpc(client, "sam", "agent.get", {"agent_id": "sams-planner"}, "reasoner").json()["result"]["name"] == "S"
