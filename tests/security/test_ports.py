@@ -55,5 +55,8 @@ def test_the_haproxy_ingress_gets_the_instances_own_ports_and_serves_proxy_keeps
     assert {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE, *ports.REPLICA_GRPC_RANGE} <= set(secured)
     assert secured[ports.FALLBACK_HTTP] != "8500" and int(secured[ports.REPLICA_HTTP_RANGE[0]]) != 30000
     check_instance_ports(secured)
-    plain = ray_environment(Settings())  # auth off: Serve's own proxy, on [server] port; nothing of HAProxy's
+    default = ray_environment(Settings())  # auth off on a loopback address: HAProxy too, on this instance's own ports
+    assert default["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and default[ports.FALLBACK_HTTP] != "8500"
+    check_instance_ports(default)
+    plain = ray_environment(Settings(server={"fast_ingress": False}))  # Serve's own proxy, on [server] port; nothing of HAProxy's
     assert not {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE} & set(plain)
