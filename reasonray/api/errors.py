@@ -77,8 +77,14 @@ def error_headers(error: dict[str, Any]) -> dict[str, str]:
 
 
 def rest_error(error: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """A REST mirror's answer to an error object: status, body `{"error": {code, message, data}}`, headers."""
-    return view_of(error["code"]).http_status, {"error": error}, error_headers(error)
+    """A REST mirror's answer to an error object: status, body `{"error": {code, message, data, type, param}}`,
+    headers. The REST mirrors live under /v1, where clients read OpenAI's error fields: `type` and `param` (the
+    first invalid field, if any) ride beside the JSON-RPC code, message and data."""
+    view = view_of(error["code"])
+    errors = (error.get("data") or {}).get("errors")
+    first = errors[0] if isinstance(errors, list) and errors and isinstance(errors[0], dict) else {}
+    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    return view.http_status, {"error": {**error, "type": view.openai_type, "param": param}}, error_headers(error)
 
 
 def openai_error(error: dict[str, Any]) -> tuple[int, dict[str, Any]]:
