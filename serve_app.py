@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -242,8 +243,24 @@ class ReasonRayIngress:
             )
         )
         tracing.set_content(tracing.content_from(self.settings))  # prompt text in spans only with [events] record = "full"
-        # the application's named actors follow these settings: kept when built from them, replaced when not
-        handle = registry_actor(app_name, self.settings.reasoning, self.settings.data_dir, self.settings.store.url)
+        spec = LLMSpec(self.settings.model_dump_json(), app_name)
+        self.pool = BranchPool(app_name, spec, self.settings.fanout)
+        # the application's named actors follow these settings: kept when built from them, replaced when not.
+        # Each start is a process importing the package (seconds on a small node): they start side by side
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="deploy") as starting:
+            registry_started = starting.submit(
+                registry_actor, app_name, self.settings.reasoning, self.settings.data_dir, self.settings.store.url
+            )
+            cache_started = starting.submit(ensure_cache_actor, app_name, self.settings.llm.cache)
+            board_started = starting.submit(task_board, app_name)  # running A2A tasks, shared by the replicas
+            hosts_started = starting.submit(session_hosts, app_name, self.settings, spec)
+            pool_started = starting.submit(self.pool.start)  # the first request finds the branch runners warm
+            tenancy_started = starting.submit(self._tenancy_actors, app_name) if self.settings.auth.enabled else None
+            starting.submit(retire_stale_memory, app_name, self.settings).result()
+            handle, board, hosts = registry_started.result(), board_started.result(), hosts_started.result()
+            cache = RayCacheStore(cache_started.result())
+            pool_started.result()
+            tenancy = tenancy_started.result() if tenancy_started is not None else None
         snapshot = ray.get(handle.snapshot.remote())
         self.registry = RayRegistry(handle)
         reasoning = self.settings.reasoning.model_copy(
@@ -251,18 +268,13 @@ class ReasonRayIngress:
         )
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
         self.metrics = ray_metrics(self.settings.reasoning.performance.enable_metrics)
-        spec = LLMSpec(self.settings.model_dump_json(), app_name)
-        retire_stale_memory(app_name, self.settings)
-        cache = RayCacheStore(ensure_cache_actor(app_name, self.settings.llm.cache))
-        self.pool = BranchPool(app_name, spec, self.settings.fanout)
-        self.pool.start()  # at deploy time: the first request finds the branch runners warm
         backends = Backends(
             registry=self.registry,
             catalogue=catalogue,
             cache=cache,
             memory=RayMemory(app_name, self.settings) if self.settings.memory.enabled else None,
             fanout=RayFanout(self.pool),
-            sessions=lambda llm: RaySessions(session_hosts(app_name, self.settings, spec), session_pipeline(self.settings, llm, app_name)),
+            sessions=lambda llm: RaySessions(hosts, session_pipeline(self.settings, llm, app_name)),
             metrics=self.metrics,
             cache_stats=cache.stats,
         )
@@ -281,25 +293,27 @@ class ReasonRayIngress:
             a2a_tasks,
             __version__,
             bearer=auth_configured(self.settings),
-            board=task_board(app_name),  # running tasks, shared by the replicas: cancel and resubscribe from any
+            board=board,  # running tasks, shared by the replicas: cancel and resubscribe from any
             refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
         )
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.card_modified = time.time()  # the agent card's Last-Modified: it changes only with a new deployment
-        if self.settings.auth.enabled:
-            self._guard(app_name)
+        if tenancy is not None:
+            self._guard(*tenancy)
         self._session_gauge: asyncio.Task | None = None
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
 
-    def _guard(self, app_name: str) -> None:
-        """Authentication on: tokens verified at the gate, every method behind the one guard (`build_guard`),
-        its ownership records and limits on the cluster's shared actors."""
+    def _tenancy_actors(self, app_name: str) -> tuple[RayOwners, RayLimits]:
+        """The ownership records and limits of an application with authentication, on the cluster's shared
+        actors; both follow this deployment's store and data directory, and keep their records there."""
+        owners = RayOwners(owners_actor(app_name, self.settings.store.url, self.settings.data_dir))
+        return owners, RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir))
+
+    def _guard(self, owners: RayOwners, limits: RayLimits) -> None:
+        """Authentication on: tokens verified at the gate, every method behind the one guard (`build_guard`)."""
         AuthGate.verifier = TokenVerifier(self.settings.auth)
         AuthGate.policy = Policy(self.settings.auth)
-        # both follow this deployment's store and data directory, and keep their records there
-        owners = RayOwners(owners_actor(app_name, self.settings.store.url, self.settings.data_dir))
-        limits = RayLimits(limiter_actor(app_name, self.settings.store.url, self.settings.data_dir))
         guard = build_guard(self.settings, self.registry, self.service, owners, limits)
         AuthGate.audit = guard.audit  # one writer for refusals at the gate and for every call the guard sees
         install_guard(self.rpc, guard)
@@ -494,6 +508,9 @@ def ray_environment(settings: Settings) -> dict[str, str]:
         return env
     # its listeners, the fallback proxy and the replicas' ports: this instance's own (reasonray.kernel.ports)
     env = {**env, "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", **instance_ports()}
+    # Serve holds a stopping replica behind HAProxy open for this long (30 s by default, meant for a cloud load
+    # balancer's deregistration): every redeploy, scale-down or app deletion waited that out with nothing in flight
+    env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = f"{settings.server.drain_s:g}"
     wrapper = haproxy_binding(settings.server.host)
     if wrapper is not None:
         env["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper

@@ -310,6 +310,14 @@ class ServerSettings(_Section):
         "time. Used with [auth], and without it when [server] host is an IPv4 address (its stats and metrics "
         "listeners then bind that address; docs/security.md#ports).",
     )
+    drain_s: float = Field(
+        2.0,
+        ge=0,
+        le=600,
+        description="How long a replica behind the HAProxy ingress keeps answering after it is told to stop, so the "
+        "HAProxy in front (reloaded by Serve's controller within about a second) stops sending it requests first; "
+        "requests in flight still finish. Raise it to the deregistration delay of a load balancer placed before HAProxy.",
+    )
     allowed_hosts: list[str] = Field(
         ["localhost", "127.0.0.1", "::1"],
         description="Host header values the API answers (DNS-rebinding defence); add the names it is reached by, '*' for any.",

@@ -178,6 +178,14 @@ def two_replicas(serve_base, simulator):
     # the session's main application is the remote agent of the last test: its host:port is on the egress list
     egress = {"allow_hosts": [f"127.0.0.1:{httpx.URL(serve_base).port}"]}
     with own_app(serve_base, simulator.url, "a2a-two", server={"num_replicas": 2}, llm=retry, egress=egress) as (client, _):
+        # Serve reports both replicas running before the ingress has been reloaded with the second one:
+        # the tests below need each to be reachable, so wait until both have answered
+        seen: set[str] = set()
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            seen.add(client.post("/a2a", json=call("GetTask", {"id": "none"})).headers["X-Served-By"])
+            time.sleep(0.05)
+        assert len(seen) == 2, f"only replica {seen} answered within a minute"
         yield str(client.base_url).rstrip("/")
 
 

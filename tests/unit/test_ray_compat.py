@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 
 import pytest
 import ray
@@ -33,9 +35,16 @@ def test_the_serve_client_exposes_its_http_options_with_host_and_port():
 
 
 def test_without_ray_there_is_no_serve_instance_and_ray_is_not_started():
-    assert not ray.is_initialized()
-    assert ray_compat.serve_http() is None
-    assert not ray.is_initialized()  # Serve's own lookup would have called ray.init()
+    # in a process of its own: the test session may already hold the integration suite's cluster
+    probe = (
+        "import ray\n"
+        "from reasonray.actors import ray_compat\n"
+        "assert not ray.is_initialized()\n"
+        "assert ray_compat.serve_http() is None\n"
+        "assert not ray.is_initialized(), 'the lookup started Ray'\n"  # Serve's own lookup would have called ray.init()
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 class _HandleWithoutCluster(ActorHandle):
