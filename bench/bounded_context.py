@@ -7,7 +7,7 @@
    docs/strategies/bounded_context.md for the same parameters (must agree within 2%).
 2. Memory: peak Python memory of the strategy at 5 and at 50 iterations (growth must stay under 5%).
 3. Latency: wall time with the simulator's latency model, against one growing context (target < 10%).
-Targets (issue 3): savings >= 50% above 10K tokens and >= 75% at 96K.
+Targets: savings >= 50% above 10K tokens and >= 75% at 96K.
 """
 
 from __future__ import annotations

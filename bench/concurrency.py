@@ -6,7 +6,7 @@ JSON-RPC over HTTP from here. Every ratio is against a baseline measured in the 
     python bench/concurrency.py --quick    # fewer requests per workload (about 2 minutes)
     python bench/concurrency.py --only sc16 --server-root ../main   # one workload, another checkout's service
 
-Workloads (issue 15): the model's ceiling (direct calls at 64 and 320 in flight); chain_of_thought at
+Workloads: the model's ceiling (direct calls at 64 and 320 in flight); chain_of_thought at
 64 concurrent; self_consistency (5 samples) at 1, 16 and 64; tree_of_thought and MaTTS k=5 at 16; the
 first MaTTS after deploy against warm ones; 1,000 CoT requests at 32 concurrent with 10% injected
 429/500 faults; then bench/sessions.py (1,000 sessions, memory per session, a host killed mid-load).

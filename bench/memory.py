@@ -11,7 +11,7 @@ directory. For each size, the same query embeddings go to:
   re-ranking (similarity, recency, error context) and grouping by task.
 
 Query embedding time is measured separately (it is the same for both and independent of the size).
-Targets (issue 4): bank p50 under 1.5x raw Chroma, and under 25 ms at 100K items.
+Targets: bank p50 under 1.5x raw Chroma, and under 25 ms at 100K items.
 """
 
 from __future__ import annotations

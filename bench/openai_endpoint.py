@@ -6,7 +6,7 @@
 
     .venv/bin/python bench/openai_endpoint.py [--requests 200] [--streams 30]
 
-Targets (issue 20): the first progress chunk under 100 ms after the first model reply; added p50 under 2 ms.
+Targets: the first progress chunk under 100 ms after the first model reply; added p50 under 2 ms.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ over HTTP in interleaved blocks with the same requests.
     .venv/bin/python bench/overhead.py --path default      # CoT over Serve's proxy (auth off), paired with direct calls
     .venv/bin/python bench/overhead.py --path auth         # CoT with auth on (HAProxy ingress), paired with direct calls
 
-Targets (issue 2): resolution under 1 ms p50; added latency through Serve under 15 ms p50.
-Target (issue 19): authentication + rate limiting under 1 ms p50 per request.
+Targets: resolution under 1 ms p50; added latency through Serve under 15 ms p50.
+Target: authentication + rate limiting under 1 ms p50 per request.
 Target: a CoT request adds under 8 ms p50 over a direct call, on both paths.
 """
 

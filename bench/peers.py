@@ -25,7 +25,7 @@ run, divided by its requests: warm-up calls are outside the count, nothing else 
 meanwhile. Accuracy: the answer (ReasonRay's `answer`, the last `<answer>` of optillm's reply, DSPy's
 `answer` field) equals the product asked for.
 
-Target (issue 15): ReasonRay's req/s at 64 concurrent at least the fastest peer's, on both workloads.
+Target: ReasonRay's req/s at 64 concurrent at least the fastest peer's, on both workloads.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 3. N more sessions, one turn each, with one session host SIGKILLed when half the turns are done: every
    session must end with exactly one turn (none lost, none run twice), and every call must answer.
 
-Targets (issue 15): turn p50 <= 1.5x the chain_of_thought p50; <= 500 MiB per 1,000 live sessions; nothing lost.
+Targets: turn p50 <= 1.5x the chain_of_thought p50; <= 500 MiB per 1,000 live sessions; nothing lost.
 """
 
 from __future__ import annotations

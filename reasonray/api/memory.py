@@ -1,4 +1,4 @@
-"""The memory and statistics methods of the JSON-RPC API, and the seed's tool names as aliases.
+"""The memory and statistics methods of the JSON-RPC API, and the ReasoningBank MCP tool names as aliases.
 
 `memory.*` and `stats.*` reach the memory bank through a `MemoryClient` (the actor behind Serve,
 the bank itself in-process). `solve_coding_task`, `retrieve_memories`, `get_memory_genealogy` and
@@ -94,7 +94,7 @@ class NoParams(_Params):
 
 
 class SolveCodingTaskParams(_Params):
-    """The seed's `solve_coding_task` tool."""
+    """The ReasoningBank MCP server's `solve_coding_task` tool, with its parameters."""
 
     task: str = Field(min_length=1, description="The coding task (at most `[limits] max_query_chars` characters).")
     use_memory: bool = Field(True, description="Retrieve memories into the prompts.")
@@ -108,7 +108,7 @@ class SolveCodingTaskParams(_Params):
 
 
 class RetrieveMemoriesParams(_Params):
-    """The seed's `retrieve_memories` tool."""
+    """The ReasoningBank MCP server's `retrieve_memories` tool, with its parameters."""
 
     query: str = Field(min_length=1, max_length=20_000)
     n_results: int = Field(1, ge=1, le=20, description="Past tasks whose memories are returned.")
@@ -247,7 +247,7 @@ def add_memory_methods(
         """Zero the counters (for tests and benchmarks); stored memories are untouched."""
         return await memory.reset_stats()
 
-    # -- the seed's tool names ------------------------------------------------------------------
+    # -- the ReasoningBank MCP tool names, kept as aliases ---------------------------------------
     @rpc.method(
         "solve_coding_task",
         SolveCodingTaskParams,
@@ -302,7 +302,7 @@ def add_memory_methods(
         mcp_tool="retrieve_memories",
     )
     async def retrieve_memories(params: RetrieveMemoriesParams, call: Call) -> dict[str, Any]:
-        """Alias of memory.retrieve with the seed's parameters."""
+        """Alias of memory.retrieve with the ReasoningBank tool's parameters (`n_results`, `include_errors`)."""
         found = await memory.retrieve(params.query, ws(params.workspace), top_k=params.n_results, domain=params.domain)
         if not params.include_errors:
             found = [r for r in found if not r["warning"]]

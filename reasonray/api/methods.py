@@ -146,7 +146,7 @@ def build_dispatcher(
     limits: LimitSettings | None = None,
     egress: Egress | None = None,
 ) -> Dispatcher:
-    """The API over a service; memory.*, stats.* and the seed's aliases when the service has a memory bank."""
+    """The API over a service; memory.*, stats.* and the ReasoningBank MCP tool aliases when the service has a memory bank."""
     limits = limits or LimitSettings()
     egress = egress or Egress()  # no [egress] settings: remote agents are off
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
@@ -166,7 +166,7 @@ def build_dispatcher(
         access=Access(REASONERS, strategy="bounded_context", limits="run"),
     )
     async def bounded_context(params: BoundedContextParams, call: Call) -> dict[str, Any]:
-        """Bounded-context reasoning with the seed's parameters and result shape."""
+        """Bounded-context reasoning with its settings as flat parameters, answered with per-iteration results and savings."""
         config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
         try:  # ExecuteParams cleans the query further (found by tests/security fuzzing: a query of " ")
             execute_params = ExecuteParams(

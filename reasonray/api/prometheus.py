@@ -4,7 +4,7 @@ Ray exports each process's `ray.util.metrics` on its node's metrics endpoint, wi
 and per-process tags (`WorkerId`, `NodeAddress`, `SessionName`, `Component`...). This module merges
 the pages scraped from every node into cluster totals under our own names: the `ray_` prefix goes
 (`ray_reasoning_bounded_context_requests_total` is served as `reasoning_bounded_context_requests_total`,
-as the blueprint spells it), Ray's CamelCase tags go, counters and histograms are summed across
+the name docs/operations.md gives), Ray's CamelCase tags go, counters and histograms are summed across
 processes and nodes, gauges take the largest value (each process reports the same gauge), and
 the `otel_scope_*` labels Ray's OpenTelemetry export adds go (one scope, ours, on every series).
 Histogram buckets come in numeric order. The page is Prometheus text, or OpenMetrics when the

@@ -42,7 +42,7 @@ class BoundedIteration(BaseModel):
 
 
 class BoundedContextResult(Result):
-    """reasoning.bounded_context: the seed's result shape."""
+    """reasoning.bounded_context: the answer, one entry per iteration, the token total and the compute saved."""
 
     answer: str = Field(description="The final answer, reasoning tags stripped.")
     iterations: list[BoundedIteration] = Field(description="One entry per iteration.")

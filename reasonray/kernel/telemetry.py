@@ -173,7 +173,7 @@ def record_run(
 
 
 def record_bounded_context(metrics: Metrics, status: str, seconds: float, tokens: int, specific: dict[str, Any] | None) -> None:
-    """A bounded-context run under the blueprint's names (status `ok` or the error's type)."""
+    """A bounded-context run under the `reasoning_bounded_context_*` names (status `ok` or the error's type)."""
     metrics.record("reasoning_bounded_context_requests", status=status)
     metrics.record("reasoning_bounded_context_duration_seconds", seconds)
     metrics.record("reasoning_bounded_context_tokens", tokens)

@@ -1,4 +1,4 @@
-"""Issue 6 through the running service: AgentCards over JSON-RPC, the agent level of configuration,
+"""Agents through the running service: AgentCards over JSON-RPC, the agent level of configuration,
 tree-of-thought branches as Ray tasks, self-consistency, the plugin strategy, and cards that outlive
 a restart of the service."""
 

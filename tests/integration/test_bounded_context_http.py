@@ -1,5 +1,5 @@
 """bounded_context through the running service: both carryover modes, the max-iterations way out,
-the seed's `reasoning.bounded_context` method, and the per-run event log on disk."""
+the dedicated `reasoning.bounded_context` method, and the per-run event log on disk."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18's table, run again through HTTP: the simulated model fails every call of the request
+"""Every strategy's answer to a failing provider (tests/unit/test_failures.py), run again through HTTP: the simulated model fails every call of the request
 (`[[sim fault=500 times=50]]`); each strategy answers a classified provider error (-32013) with its
 partial result and no internal URL, tree_of_thought included (its branches run as Ray tasks)."""
 

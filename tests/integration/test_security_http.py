@@ -1,5 +1,5 @@
 """Hostile requests through the running service (Ray Serve over HTTP, the simulated model): each case
-issue 17 reproduced now fails safely, with a JSON body naming what was wrong and no 5xx. (It lives
+fails safely, with a JSON body naming what was wrong and no 5xx. (It lives
 here for the session-wide cluster fixtures; the sandbox escapes and the fuzzing are in tests/security/.)"""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_schemathesis_finds_no_5xx_from_the_openapi_schema(api):
 
 
 def test_the_python_tool_of_a_session_runs_isolated_over_http(api):
-    # the escape issue 17 ran over HTTP: defeat the audit hook, run `id`, read the parent's environ, open a socket
+    # the escape once run over HTTP: defeat the audit hook, run `id`, read the parent's environ, open a socket
     code = (
         "import __main__; __main__._BLOCKED = ()\n"
         "import os, socket, subprocess\n"

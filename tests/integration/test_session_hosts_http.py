@@ -1,4 +1,4 @@
-"""Issue 15 through the running service: many sessions share a few session-host processes, killing a host
+"""Session hosts through the running service: many sessions share a few session-host processes, killing a host
 mid-conversation loses nothing and runs no turn twice, a full host answers -32011 overloaded, and a
 redeploy with other settings replaces the application's named actors (memories, sessions and their
 ownership records land in the new data directory)."""

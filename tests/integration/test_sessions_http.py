@@ -1,4 +1,4 @@
-"""Issue 5 through the running service: sessions over HTTP on session hosts, a client-tool hand-off that
+"""Sessions through the running service: over HTTP on session hosts, a client-tool hand-off that
 survives the session's host being killed and the service being restarted, idle sessions dropped from
 memory, isolation, and ReAct."""
 

@@ -1,4 +1,4 @@
-"""Issue 17's caps, retention, status codes, file modes and leaks, each through HTTP against one deployed
+"""The service's caps, retention, status codes, file modes and leaks, each through HTTP against one deployed
 application (Ray Serve, the simulated model, authentication on so the audit log and the 401/403/429
 paths exist): every refusal is a JSON error naming what was wrong, never a 5xx the client caused."""
 

@@ -1,5 +1,5 @@
 """Errors raised in a Ray fan-out branch travel back by pickle: each must arrive as itself, or the
-API answers "internal error" (issue 17: a provider failure inside tree_of_thought did)."""
+API answers "internal error" (as a provider failure inside tree_of_thought once did)."""
 
 import pickle
 

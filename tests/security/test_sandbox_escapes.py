@@ -1,4 +1,5 @@
-"""The python sandbox against the escapes issue 17 found: each attempt runs in the real sandbox
+"""The python sandbox against escapes that once worked (audit-hook tampering, reading the parent's
+environment, sockets, fork bombs, output floods...): each attempt runs in the real sandbox
 (bubblewrap, uid 64999, prlimit) and must FAIL, with the failure visible in what the code printed.
 
 Every case runs whatever uid the suite runs as (root: setpriv drops to 64999 on the host; otherwise a

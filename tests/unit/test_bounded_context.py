@@ -1,4 +1,5 @@
-"""bounded_context: every edge case of seed 001, both carryover modes, limits, metrics, events."""
+"""bounded_context: its edge cases (an answer in the first chunk, no stop sequence, iterations running out,
+failed summaries, carryovers that no longer fit), both carryover modes, limits, metrics, events."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Token budgets (seed 003, requirement 14): estimate before each call, head-and-tail truncation with a
+"""Token budgets: estimate before each call, head-and-tail truncation with a
 warning, capped output, and a cumulative per-request budget that fails clearly."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Honest exit codes (`reasonray ask`, `reasonray eval`), the provider's reason, and private event logs
-with retention (issue 18)."""
+with retention."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""docs/api.md's promises, each checked across every method and strategy it speaks of (issue 18):
+"""docs/api.md's promises, each checked across every method and strategy it speaks of:
 every response carries its trace id (results, errors, batch answers); every code in the error table is
 one the API gives, and each is produced here through the dispatcher."""
 
@@ -214,7 +214,7 @@ async def test_every_session_method_carries_its_trace_id(tmp_path):
 
 def full_dispatcher(tmp_path: Path):
     """Every method the service can serve: the reasoning and agent methods, sessions, and a real memory bank
-    (embedded Chroma in tmp_path) behind memory.*, stats.* and the seed's tools."""
+    (embedded Chroma in tmp_path) behind memory.*, stats.* and the ReasoningBank tool aliases."""
     from reasonray.gateway.simulator.inprocess import SimulatedLLM
     from reasonray.kernel.config import load_settings
     from reasonray.reasoner.builtin_tools import builtin_toolbox
@@ -268,7 +268,7 @@ def calls_with_results(session_id: str, memory_id: str) -> list[tuple[str, dict]
 
 async def test_every_method_of_the_method_tables_carries_its_trace_id_in_results_and_errors(tmp_path):
     """docs/api.md: every response to a call carries its trace id (results and errors), for every method the
-    tables list (reasoning, agents, sessions, memory, statistics, the seed's tools), each answered here."""
+    tables list (reasoning, agents, sessions, memory, statistics, the ReasoningBank tool aliases), each answered here."""
     rpc = full_dispatcher(tmp_path)
     served = set(rpc.methods) - jsonrpc.VERBATIM_RESULTS
     documented = {m for m in re.findall(r"`([a-z_]+(?:\.[a-z_]+)*)`", API) if m in served}

@@ -1,5 +1,5 @@
 """Every strategy x every failure kind: the code and error_type, the partial result's shape, the strategy
-in the metrics, and no internal URL in the answer (issue 18). The model is a strict FunctionLLM that
+in the metrics, and no internal URL in the answer. The model is a strict FunctionLLM that
 answers `k` calls and then fails the way the kind says, behind the real retries and breaker: a provider
 error, a hang past the deadline, a cancellation, a reply the strategy cannot use (invalid output) or a
 tool call that fails (react, the strategy with tools)."""

@@ -1,5 +1,5 @@
 """The learning loop: judge, success and failure extraction, self-contrast, passive learning, and
-memory-aware runs through the API in-process (seed 003, requirements 1, 4, 9; the paper's method)."""
+memory-aware runs through the API in-process (the ReasoningBank paper's method, arXiv 2509.25140)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def server(tmp_path):
 async def test_tools_are_the_methods_with_their_pydantic_schemas_and_results(tmp_path):
     async with Client(server(tmp_path)) as mcp:
         tools = {t.name: t for t in (await mcp.list_tools()).tools}
-        # no memory bank here: the seed's memory tools are not offered
+        # no memory bank here: the ReasoningBank memory tools are not offered
         assert set(tools) == {"reason", "session_create", "session_turn", "session_resume", "session_get", "session_close"}
         assert tools["reason"].input_schema == fillable(ExecuteParams.model_json_schema())
         result = await mcp.call_tool("reason", {"query": "What is 17 * 23?"})

@@ -1,4 +1,4 @@
-"""memory.*, stats.* and the seed's aliases, in-process: parameters, answers and error codes."""
+"""memory.*, stats.* and the ReasoningBank MCP tool aliases, in-process: parameters, answers and error codes."""
 
 from __future__ import annotations
 

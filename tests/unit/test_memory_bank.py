@@ -1,5 +1,5 @@
 """The memory schema, the Chroma store and the ReasoningBank: storage, composite retrieval,
-genealogy, workspaces, error-context queries, statistics (seed 003, requirements 1, 4, 8, 10, 11, 13, 15)."""
+genealogy, workspaces, error-context queries, statistics."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def item(title: str = "Work step by step", **fields) -> MemoryItem:
     return MemoryItem(title=title, description="Break the problem into steps.", content="Compute each step exactly.", **fields)
 
 
-# -- the schema (requirement 15) ------------------------------------------------------------------
+# -- the schema -----------------------------------------------------------------------------------
 def test_memory_item_has_uuid_and_timezone_aware_time_and_round_trips_through_json():
     a = item(pattern_tags=["arithmetic"], difficulty_level="easy", domain_category="math", error_context=ERROR)
     assert isinstance(a.id, uuid.UUID) and a.created_at.tzinfo is not None
@@ -72,7 +72,7 @@ def test_format_for_prompt_flags_failures_as_warnings():
     assert "decide whether it applies" in block and format_memory_block([]) == ""
 
 
-# -- scoring (requirement 13) ---------------------------------------------------------------------
+# -- scoring --------------------------------------------------------------------------------------
 def test_similarity_is_cosine_and_recency_halves_at_the_half_life():
     assert similarity_from_cosine_distance(0.0) == 1.0
     assert similarity_from_cosine_distance(1.0) == 0.0  # orthogonal
@@ -102,7 +102,7 @@ def test_composite_weights_each_component_and_stays_in_range():
         ScoreWeights(similarity=0, recency=0, error_context=0)
 
 
-# -- storage and retrieval (requirements 1, 4, 13) ------------------------------------------------
+# -- storage and retrieval ------------------------------------------------------------------------
 def entry(task_id: str, query: str, *items: MemoryItem, outcome="success") -> MemoryEntry:
     return MemoryEntry(
         task_id=task_id, query=query, trajectory=f"reasoning about {query}", outcome=outcome, judged_by="verifier", items=list(items)
@@ -209,7 +209,7 @@ def test_writes_are_idempotent_by_id(tmp_path):
     assert bank.store.count("w") == (1, 0)
 
 
-# -- genealogy (requirement 8) --------------------------------------------------------------------
+# -- genealogy ------------------------------------------------------------------------------------
 def test_genealogy_records_parents_stages_ancestry_and_every_descendant(tmp_path):
     bank = make_bank(tmp_path)
     root = item("Root")
@@ -242,7 +242,7 @@ def test_a_parent_must_exist_in_the_same_workspace(tmp_path):
         bank.get("not-a-uuid", workspace="w")
 
 
-# -- workspaces (requirement 10) ------------------------------------------------------------------
+# -- workspaces -----------------------------------------------------------------------------------
 def test_workspaces_are_isolated_listed_and_deleted_whole(tmp_path):
     bank = make_bank(tmp_path)
     query = "sort the list of numbers in ascending order"
@@ -262,7 +262,7 @@ def test_workspaces_are_isolated_listed_and_deleted_whole(tmp_path):
         bank.delete_workspace("team-b")
 
 
-# -- statistics (requirement 11) ------------------------------------------------------------------
+# -- statistics -----------------------------------------------------------------------------------
 def test_statistics_count_traces_runs_cache_hits_and_latencies_and_reset(tmp_path):
     bank = make_bank(tmp_path)
     bank.store_entry(entry("s", "task one", item()), workspace="w")

@@ -1,4 +1,4 @@
-"""Think-evaluate-refine and MaTTS (seed 003, requirements 2 and 3)."""
+"""Think-evaluate-refine and MaTTS, memory-aware test-time scaling (the ReasoningBank paper, arXiv 2509.25140)."""
 
 from __future__ import annotations
 

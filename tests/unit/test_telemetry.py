@@ -35,7 +35,7 @@ def ask(text: str, **kw) -> LLMRequest:
 
 def test_the_catalogue_is_valid_for_ray_and_prometheus():
     for spec in CATALOGUE:
-        assert re.fullmatch(r"(reasonray|reasoning_bounded_context)_[a-z0-9_]+", spec.name), spec.name  # ours, or the blueprint's
+        assert re.fullmatch(r"(reasonray|reasoning_bounded_context)_[a-z0-9_]+", spec.name), spec.name  # ours, or bounded context's own
         assert not spec.name.endswith("_total"), "Ray adds _total to counters"
         if spec.kind == "histogram":
             assert spec.boundaries and all(b > 0 for b in spec.boundaries), spec.name  # Ray refuses 0
@@ -151,7 +151,7 @@ async def test_the_api_counts_requests_by_method_strategy_and_status_and_runs_by
 
 
 async def test_a_run_made_as_an_agent_tags_its_tokens_calls_runs_and_latency_with_the_agent(tmp_path):
-    """Issue 18: runs, tokens, calls and latency name the strategy and the agent (or `none`), failed runs too."""
+    """Runs, tokens, calls and latency name the strategy and the agent (or `none`), failed runs too."""
     metrics = RecordingMetrics()
     settings = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
     rpc = local_dispatcher(settings, SimulatedLLM(), metrics=metrics, data_dir=tmp_path)
