@@ -57,25 +57,32 @@ def pg_url(postgres) -> str:
 
 
 # How the default run (`scripts/test.sh default`: pytest-xdist, `-n 2 --dist loadgroup`) shares two workers.
-# Each group below runs on one worker, in collection order:
-# - "stack": the tests on the session's Ray cluster, Serve and main application (tests/integration/conftest.py,
-#   and tests/security/conftest.py's `serve_url`), so one process owns them as in a serial run;
-# - "own-cluster": the modules that start a Ray cluster of their own (`ray start`, `reasonray serve`, the
-#   container entrypoint), one after the other on the other worker, so at most two clusters run at once;
-# everything else (unit tests, lint, notebooks, the in-process security tests) fills the second worker around them.
-# The groups are read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
+# "stack", the tests on a Ray cluster, run on one worker, in collection order, as in a serial run: the ones on
+# the session's cluster, Serve and main application (tests/integration/conftest.py, and tests/security/conftest.py's
+# `serve_url`), then the modules that start a cluster of their own (`ray start`, `reasonray serve`, the container
+# entrypoint: OWN_CLUSTER, collected last). Everything else (unit tests, lint, notebooks, the in-process security
+# tests) runs on the other worker. Two clusters never start at once: on two cores a second cluster starting beside
+# the busy stack left its raylet unregistered past Ray's fixed 30 s, and its dashboard not up in 90 s.
+# The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
 # under pytest 9.
 OWN_CLUSTER = {f"tests/integration/{name}" for name in ("test_cli_serve.py", "test_entrypoint.py", "test_cluster_commands.py")}
 STACK_ELSEWHERE = {"tests/security/test_caps_http.py"}
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def worker_group(nodeid: str) -> str | None:
-    module = nodeid.split("::", 1)[0]
-    if module in OWN_CLUSTER:
-        return "own-cluster"
+    module = module_of(nodeid)
     if module.startswith("tests/integration/") or module in STACK_ELSEWHERE:
         return "stack"
     return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules with a cluster of their own after those on the session's cluster (a serial run too)."""
+    items.sort(key=lambda item: module_of(item.nodeid) in OWN_CLUSTER)  # stable: each part keeps its order
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -83,6 +90,9 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    # the stack group gets the first worker, the rest the other one (not the largest scopes first)
+    config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):
         """xdist's scope scheduling with `worker_group` as the scope; a test outside the groups is its own scope."""

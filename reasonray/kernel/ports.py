@@ -26,8 +26,10 @@ HAPROXY_METRICS = "RAY_SERVE_HAPROXY_METRICS_PORT"
 SINGLE_PORTS = (FALLBACK_HTTP, FALLBACK_GRPC, HAPROXY_STATS, HAPROXY_METRICS)
 
 REPLICA_PORTS = 64  # a block per instance: replicas, and ports Serve quarantines while a replica restarts
-# below Linux's ephemeral range (32768-60999), where outgoing connections would take ports of the block
-BLOCK_LOW, BLOCK_HIGH = 10_000, 32_000
+# Every listener is chosen between Ray's worker ports (10002-19999 by default: its workers bind them) and
+# Linux's ephemeral range (32768-60999: a port chosen free there can be taken by an outgoing connection,
+# a database client's or Ray's own, before Serve binds it)
+BLOCK_LOW, BLOCK_HIGH = 20_000, 32_000
 
 
 class PortCollisionError(ReasonRayError):
@@ -48,12 +50,6 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
     return True
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("0.0.0.0", 0))
-        return int(probe.getsockname()[1])
-
-
 def free_block(size: int = REPLICA_PORTS, rng: random.Random | None = None, attempts: int = 200) -> int:
     """The first port of `size` consecutive ports that are all free now, at a random place in the block range."""
     rng = rng or random.SystemRandom()
@@ -67,7 +63,8 @@ def free_block(size: int = REPLICA_PORTS, rng: random.Random | None = None, atte
 def instance_ports() -> dict[str, str]:
     """Ray Serve's internal ports for a new instance, all free now (the environment Ray reads them from)."""
     http_block, grpc_block = free_block(), free_block()
-    env = {name: str(free_port()) for name in SINGLE_PORTS}
+    singles = free_block(len(SINGLE_PORTS))
+    env = {name: str(singles + i) for i, name in enumerate(SINGLE_PORTS)}
     env |= {REPLICA_HTTP_RANGE[0]: str(http_block), REPLICA_HTTP_RANGE[1]: str(http_block + REPLICA_PORTS)}
     env |= {REPLICA_GRPC_RANGE[0]: str(grpc_block), REPLICA_GRPC_RANGE[1]: str(grpc_block + REPLICA_PORTS)}
     return env

@@ -22,6 +22,7 @@ import yaml
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings
+from reasonray.kernel.ports import free_block
 from reasonray.serve_app import ray_environment
 from tests.integration.conftest import kill_tree, result_of, rpc
 
@@ -33,30 +34,34 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def dashboard_cluster(tmp_path_factory):
     assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
-    dashboard = free_port()
+    # the cluster's listeners below the ephemeral range: a port found free there can be taken by another
+    # process's outgoing connection before `ray start` binds it
+    first = free_block(5)
+    gcs, dashboard, client, agent, metrics = range(first, first + 5)
     # the environment `reasonray serve` gives a cluster, with ingress ports of its own: this process's
     # environment carries the first cluster's HAProxy stats and metrics ports, which are taken
     env = {**os.environ, **ray_environment(Settings()), "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
     temp = tmp_path_factory.mktemp("ray")
+    log = temp / "ray-start.log"  # what `ray start` said, for a failure's message
     head = subprocess.Popen(
         [
             str(BIN / "ray"),
             "start",
             "--head",
             "--block",
-            f"--port={free_port()}",
+            f"--port={gcs}",
             f"--dashboard-port={dashboard}",
             "--dashboard-host=127.0.0.1",
             "--num-cpus=2",
-            f"--ray-client-server-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            f"--ray-client-server-port={client}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--metrics-export-port={metrics}",
             f"--temp-dir={temp}",
             "--disable-usage-stats",
         ],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
@@ -68,8 +73,8 @@ def dashboard_cluster(tmp_path_factory):
                     break
             except httpx.HTTPError:
                 pass
-            assert head.poll() is None, "ray start --head exited"
-            assert time.monotonic() < deadline, "the Ray dashboard did not come up in 90 s"
+            assert head.poll() is None, f"ray start --head exited:\n{log.read_text(errors='replace')[-3000:]}"
+            assert time.monotonic() < deadline, f"the Ray dashboard did not come up in 90 s:\n{log.read_text(errors='replace')[-3000:]}"
             time.sleep(1)
         yield address, env
     finally:

@@ -143,10 +143,10 @@ async def test_a_grandchild_holding_the_pipe_dies_with_the_timeout():
         "time.sleep(300)\n"
     )
     started = time.monotonic()
-    result = await run(code, timeout_s=1.0)
+    result = await run(code, timeout_s=3.0)  # time for the interpreter to start and spawn on a busy machine
     elapsed = time.monotonic() - started
     assert result.timed_out and result.exit_code is None and "spawned" in result.stdout
-    assert elapsed < 5, f"the run waited {elapsed:.1f} s on a pipe a grandchild held"
+    assert elapsed < 10, f"the run waited {elapsed:.1f} s on a pipe a grandchild held"
 
 
 async def test_a_flood_of_output_is_cut_while_read():

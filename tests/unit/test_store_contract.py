@@ -255,8 +255,15 @@ async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
         state = await repo.load(sid)  # retried until the server is back
     finally:
         restarted.join()
-    assert state is not None and state.session_id == sid and time.monotonic() - started < 30
-    assert "before" in cards.all()  # its broken connection is replaced as well
+    try:
+        assert state is not None and state.session_id == sid and time.monotonic() - started < 30
+        assert "before" in cards.all()  # its broken connection is replaced as well
+    finally:
+        # the pool of this test's event loop, closed with the test: left to the loop's closing, a worker of the
+        # pool that reconnected through the restart once kept the loop from closing
+        from reasonray.kernel.pgstore import pg_store
+
+        await pg_store(postgres.url).aclose()
 
 
 def test_an_unreachable_database_is_a_config_error_naming_it(tmp_path):
