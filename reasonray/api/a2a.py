@@ -175,6 +175,13 @@ def _refusal(error: dict[str, Any]) -> str:
     return f"{error['message']} (code {error['code']})"[:2000]
 
 
+def _context_of(context: RequestContext) -> str:
+    """The context of the message's task: a message continuing a task by its id alone is given a fresh
+    context id by the SDK, and the task's events must carry the task's own."""
+    assert context.context_id
+    return context.current_task.context_id if context.current_task is not None else context.context_id
+
+
 REFUSED: ContextVar[dict[str, Any] | None] = ContextVar("reasonray_a2a_refused", default=None)
 """Set by `A2AServer.handle` around one request: where the executor leaves a refusal (the guard said no before
 any run), so the request is answered with the HTTP status and JSON-RPC error instead of a task."""
@@ -203,7 +210,7 @@ class ReasoningExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
-        task_id, context_id = context.task_id, context.context_id
+        task_id, context_id = context.task_id, _context_of(context)
         choice = _choice(context)
         strategy = choice.strategy
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
@@ -270,7 +277,7 @@ class ReasoningExecutor(AgentExecutor):
                 history=[context.message] if context.message else [],
             )
             await event_queue.enqueue_event(task)
-        return TaskUpdater(event_queue, context.task_id, context.context_id)
+        return TaskUpdater(event_queue, context.task_id, _context_of(context))
 
     async def _unless_cancelled_elsewhere(self, work: Coroutine[Any, Any, T], task_id: str) -> asyncio.Future[T] | None:
         """Runs `work` while watching the board for a cancel sent to another replica: its finished future, or
@@ -379,7 +386,7 @@ class ReasoningExecutor(AgentExecutor):
         updater = await self._task_updater(context, event_queue)
 
         def say(line: str) -> a2a_pb2.Message:
-            return new_text_message(line, context_id=context.context_id, task_id=context.task_id)
+            return new_text_message(line, context_id=_context_of(context), task_id=context.task_id)
 
         await self._not_answered(updater, say, error, context.task_id)
 
