@@ -39,6 +39,10 @@ class File:
     raw: bytes | None = None
     url: str | None = None
 
+    def __post_init__(self) -> None:
+        if (self.raw is None) == (self.url is None):
+            raise ValueError(f"file part {self.filename!r}: give its bytes (raw) or its url, not both or neither")
+
 
 @dataclass(frozen=True)
 class Data:

@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from reasonray.api.a2a import A2AServer
-from reasonray.api.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, Script, Status, Wait, scenario_for
+from reasonray.api.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
 from reasonray.api.a2a_store import FileRepository, PrincipalUser
 from reasonray.api.app import local_dispatcher
 from reasonray.gateway.testing import ScriptedLLM
@@ -128,6 +128,8 @@ def test_the_table_holds_every_scenario_of_the_feature_files_and_the_longest_pre
     assert scenario_for("x-tck-artifact-text") is None  # a prefix, not a substring
     resubscribe = SCENARIOS["test-resubscribe-message-id"]
     assert resubscribe == Script((Status("working"), Wait(RESUBSCRIBE_WAIT_S), Status("completed"))) and RESUBSCRIBE_WAIT_S >= 4.0
+    with pytest.raises(ValueError, match="raw\\) or its url"):
+        File("output.txt", "text/plain")  # a file part says where its bytes are
 
 
 def test_the_mode_is_off_unless_configured():
