@@ -294,6 +294,7 @@ class ReasonRayIngress:
             bearer=auth_configured(self.settings),
             board=RayTaskBoard(app_name),  # running tasks, shared by the replicas: cancel and resubscribe from any
             refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
+            conformance_scenarios=self.settings.a2a.conformance_scenarios,  # the A2A TCK's scripted replies (off by default)
         )
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.card_modified = time.time()  # the agent card's Last-Modified: it changes only with a new deployment

@@ -13,6 +13,8 @@
   task board (`reasonray.api.a2a_store.TaskBoard`), which the running replica watches.
 - Tasks and each context's session binding live in the sessions' store, owned by the caller
   (`reasonray.api.a2a_store`).
+- With `[a2a] conformance_scenarios` on (a conformance run only), a message whose id names one of the A2A
+  TCK's scenarios gets that scenario's scripted events instead of reasoning (`reasonray.api.a2a_scenarios`).
 
 Transport-free: the Serve ingress forwards `/a2a` and the card route to what is built here.
 """
@@ -23,10 +25,10 @@ import asyncio
 import hashlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
 from email.utils import formatdate
-from typing import Any
+from typing import Any, TypeVar, assert_never
 
 import structlog
 from a2a.helpers.proto_helpers import new_text_message, new_text_part
@@ -56,6 +58,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 
+from reasonray.api.a2a_scenarios import Reply, Scenario, Script, play, scenario_for
 from reasonray.api.a2a_store import (
     Board,
     BoardEventStream,
@@ -68,13 +71,14 @@ from reasonray.api.a2a_store import (
 )
 from reasonray.api.auth import principal_trace_id
 from reasonray.api.errors import a2a_refused, view_of
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, RpcError
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Call, Dispatcher, RpcError, error_for
 from reasonray.api.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
 from reasonray.strategies.registry import Catalogue
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 A2A_PATH = "/a2a"
 EXAMPLES = {
@@ -171,6 +175,13 @@ def _refusal(error: dict[str, Any]) -> str:
     return f"{error['message']} (code {error['code']})"[:2000]
 
 
+def _context_of(context: RequestContext) -> str:
+    """The context of the message's task: a message continuing a task by its id alone is given a fresh
+    context id by the SDK, and the task's events must carry the task's own."""
+    assert context.context_id
+    return context.current_task.context_id if context.current_task is not None else context.context_id
+
+
 REFUSED: ContextVar[dict[str, Any] | None] = ContextVar("reasonray_a2a_refused", default=None)
 """Set by `A2AServer.handle` around one request: where the executor leaves a refusal (the guard said no before
 any run), so the request is answered with the HTTP status and JSON-RPC error instead of a task."""
@@ -187,18 +198,19 @@ class ReasoningExecutor(AgentExecutor):
     turn of the context's ReasonRay session (`session.create` on the context's first message, `session.turn`
     after). Progress goes out as status updates, the answer as an artifact. A refusal answers the request with
     HTTP 401/403/429 and no task. While a task runs, its replica watches the board for a cancel sent to any
-    replica."""
+    replica. With `conformance_scenarios`, a message whose id names a TCK scenario plays that scenario instead."""
 
     WATCH_S = 0.5  # how often a running task looks for a cancel sent to another replica
 
-    def __init__(self, rpc: Dispatcher, contexts: ContextSessions, board: Board) -> None:
+    def __init__(self, rpc: Dispatcher, contexts: ContextSessions, board: Board, *, conformance_scenarios: bool = False) -> None:
         self.rpc = rpc
         self.contexts = contexts
         self.board = board
+        self.conformance_scenarios = conformance_scenarios  # `[a2a] conformance_scenarios`: the TCK's scripted replies
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
-        task_id, context_id = context.task_id, context.context_id
+        task_id, context_id = context.task_id, _context_of(context)
         choice = _choice(context)
         strategy = choice.strategy
         headers = context.call_context.state.get("headers", {}) if context.call_context else {}
@@ -206,6 +218,9 @@ class ReasoningExecutor(AgentExecutor):
         trace_id = principal_trace_id(given) or uuid.uuid4().hex  # a caller's chosen trace id is its own
         owner = owner_of(context.call_context)
         text = context.get_user_input()
+        scenario = scenario_for(context.message.message_id) if self.conformance_scenarios else None
+        if scenario is not None:
+            return await self._scripted(context, event_queue, scenario, text, trace_id, owner)
         params: dict[str, Any]
         if strategy is None and choice.agent_id is None:
             session_id = await self._session(owner, context_id, choice.session, trace_id)
@@ -222,56 +237,106 @@ class ReasoningExecutor(AgentExecutor):
         except RpcError as error:
             await items.aclose()
             return await self._unanswered(context, event_queue, error.body(), owner)
-        spawned: list[asyncio.Future[Any]] = []
-        try:
-            task = context.current_task or Task(
-                id=task_id,
-                context_id=context_id,
+        updater = await self._task_updater(context, event_queue)
+
+        def say(line: str) -> a2a_pb2.Message:
+            return new_text_message(line, context_id=context_id, task_id=task_id)
+
+        doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
+        await updater.start_work(say(f"{doing} (trace {trace_id})"))
+        run = await self._unless_cancelled_elsewhere(self._follow(items, updater, say), task_id)
+        if run is None:  # the SDK ends the task
+            await items.aclose()
+            await updater.cancel()
+            return
+        response = run.result()
+        if "error" in response:
+            return await self._not_answered(updater, say, response["error"], task_id)
+        result = response["result"]
+        if method == "session.turn" and result.get("status") != "completed":
+            tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
+            return await self._not_answered(updater, say, tools, task_id)
+        # camelCase keys: A2A's JSON serialization rule holds for metadata too
+        metadata: dict[str, Any] = {"traceId": trace_id}
+        if method == "session.turn":
+            metadata |= {"sessionId": result["session_id"], "turn": result["turn"], "totalTokens": result["usage"]["total_tokens"]}
+        else:
+            metadata |= {"strategyUsed": result["strategy_used"], "totalTokens": result["metrics"]["total_tokens"]}
+        await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
+        await updater.complete()
+
+    @staticmethod
+    async def _task_updater(context: RequestContext, event_queue: EventQueue) -> TaskUpdater:
+        """The updater of the message's task, the task enqueued first (submitted) when the message starts one."""
+        assert context.task_id and context.context_id
+        if context.current_task is None:
+            task = Task(
+                id=context.task_id,
+                context_id=context.context_id,
                 status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[context.message],
+                history=[context.message] if context.message else [],
             )
-            if context.current_task is None:
-                await event_queue.enqueue_event(task)
-            updater = TaskUpdater(event_queue, task_id, context_id)
+            await event_queue.enqueue_event(task)
+        return TaskUpdater(event_queue, context.task_id, _context_of(context))
 
-            def say(line: str) -> a2a_pb2.Message:
-                return new_text_message(line, context_id=context_id, task_id=task_id)
-
-            doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
-            await updater.start_work(say(f"{doing} (trace {trace_id})"))
-            run = asyncio.ensure_future(self._follow(items, updater, say))
-            watch = asyncio.ensure_future(self._watch(task_id))
-            spawned += [run, watch]
-            try:
-                await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                watch.cancel()
-            if not run.done():  # cancelled from another replica: stop the run, then say so (the SDK ends the task)
-                run.cancel()
-                await asyncio.gather(run, return_exceptions=True)
-                await items.aclose()
-                log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
-                await updater.cancel()
-                return
-            response = run.result()
-            if "error" in response:
-                return await self._not_answered(updater, say, response["error"], task_id)
-            result = response["result"]
-            if method == "session.turn" and result.get("status") != "completed":
-                tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
-                return await self._not_answered(updater, say, tools, task_id)
-            # camelCase keys: A2A's JSON serialization rule holds for metadata too
-            metadata: dict[str, Any] = {"traceId": trace_id}
-            if method == "session.turn":
-                metadata |= {"sessionId": result["session_id"], "turn": result["turn"], "totalTokens": result["usage"]["total_tokens"]}
-            else:
-                metadata |= {"strategyUsed": result["strategy_used"], "totalTokens": result["metrics"]["total_tokens"]}
-            await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
-            await updater.complete()
-        except asyncio.CancelledError:  # the SDK cancelled the task here (CancelTask on this replica): the run stops too
-            for future in spawned:
-                future.cancel()
+    async def _unless_cancelled_elsewhere(self, work: Coroutine[Any, Any, T], task_id: str) -> asyncio.Future[T] | None:
+        """Runs `work` while watching the board for a cancel sent to another replica: its finished future, or
+        None when the task was cancelled there (`work` stopped). Cancelled here (CancelTask on this replica, by
+        the SDK), `work` stops too."""
+        run = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(self._watch(task_id))
+        try:
+            await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            run.cancel()
             raise
+        finally:
+            watch.cancel()
+        if run.done():
+            return run
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
+        return None
+
+    async def _scripted(
+        self, context: RequestContext, event_queue: EventQueue, scenario: Scenario, text: str, trace_id: str, owner: str | None
+    ) -> None:
+        """A conformance scenario (`[a2a] conformance_scenarios`) in place of reasoning: admitted by the guard as the
+        run it stands in for, then played into the task (or answered as a direct Message); its task is stored,
+        owned, listed and cancelled like any other."""
+        assert context.message is not None and context.task_id
+        refusal = await self._admitted_as_run(text, trace_id)
+        if refusal is not None:
+            return await self._unanswered(context, event_queue, refusal, owner)
+        log.info("a2a.scenario", task_id=context.task_id, message_id=context.message.message_id)
+        match scenario:
+            case Reply(reply):
+                await event_queue.enqueue_event(new_text_message(reply, context_id=context.context_id))
+            case Script():
+                updater = await self._task_updater(context, event_queue)
+                if await self._unless_cancelled_elsewhere(play(scenario, updater), context.task_id) is None:
+                    await updater.cancel()
+            case _:
+                assert_never(scenario)
+
+    async def _admitted_as_run(self, text: str, trace_id: str) -> dict[str, Any] | None:
+        """What the guard says to a `reasoning.execute` run of `text` by this caller, without running it: None
+        when it lets it through (or no guard is installed), else the JSON-RPC error of its refusal. Its roles,
+        rate limits and audit record apply to a scenario as to the run the message would otherwise start."""
+        if self.rpc.guard is None:
+            return None
+        method = self.rpc.methods["reasoning.execute"]
+        call = Call(trace_id=trace_id, method="reasoning.execute", access=method.access)
+
+        async def nothing_to_run() -> dict[str, Any]:
+            return {}
+
+        try:
+            await self.rpc.guard(call, method.params.model_construct(query=text), nothing_to_run)
+        except Exception as exc:
+            return error_for(exc).body()
+        return None
 
     async def _session(self, owner: str | None, context_id: str, spec: dict[str, Any] | None, trace_id: str) -> str | dict[str, Any]:
         """The session the context continues, created (owned by the caller) for its first message; or the
@@ -318,18 +383,10 @@ class ReasoningExecutor(AgentExecutor):
         if holder is not None and a2a_refused(error):
             holder.update(error=error, task_id=context.task_id, owner=owner)
             raise Refused(error["message"])
-        if context.current_task is None:
-            task = Task(
-                id=context.task_id,
-                context_id=context.context_id,
-                status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[context.message] if context.message else [],
-            )
-            await event_queue.enqueue_event(task)
-        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        updater = await self._task_updater(context, event_queue)
 
         def say(line: str) -> a2a_pb2.Message:
-            return new_text_message(line, context_id=context.context_id, task_id=context.task_id)
+            return new_text_message(line, context_id=_context_of(context), task_id=context.task_id)
 
         await self._not_answered(updater, say, error, context.task_id)
 
@@ -389,7 +446,9 @@ class A2AServer:
     """The a2a-sdk request handler and JSON-RPC route, running tasks through the ingress's dispatcher `rpc` (and
     so through its guard when authentication is on), keeping them in `repo` and, while they run, on `board`
     (shared by every replica: a cancel or a resubscription reaches a task from any replica), for the ingress to
-    mount. `refusal_headers` gives a refusal's extra HTTP headers (Retry-After and X-RateLimit-* for 429)."""
+    mount. `refusal_headers` gives a refusal's extra HTTP headers (Retry-After and X-RateLimit-* for 429).
+    `conformance_scenarios` (`[a2a] conformance_scenarios`, off by default) answers the A2A TCK's scenario
+    message ids with their scripted events (`reasonray.api.a2a_scenarios`) instead of reasoning."""
 
     def __init__(
         self,
@@ -401,6 +460,7 @@ class A2AServer:
         bearer: bool = False,
         board: Board | None = None,
         refusal_headers: Callable[[dict[str, Any]], dict[str, str]] = lambda error: {},
+        conformance_scenarios: bool = False,
     ) -> None:
         self.catalogue = catalogue
         self.version = version
@@ -409,7 +469,7 @@ class A2AServer:
         self.store = SharedTaskStore(repo, self.board)
         self.refusal_headers = refusal_headers
         self.handler = DefaultRequestHandler(
-            agent_executor=ReasoningExecutor(rpc, ContextSessions(repo), self.board),
+            agent_executor=ReasoningExecutor(rpc, ContextSessions(repo), self.board, conformance_scenarios=conformance_scenarios),
             task_store=self.store,
             agent_card=self.card(""),
             event_stream=BoardEventStream(self.board),

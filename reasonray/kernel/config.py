@@ -470,6 +470,14 @@ class StoreSettings(_Section):
     )
 
 
+class A2ASettings(_Section):
+    conformance_scenarios: bool = Field(
+        False,
+        description="Answer the A2A TCK's scripted scenarios (messages whose messageId starts with a scenario's prefix, "
+        "e.g. tck-artifact-text) with their fixed events instead of reasoning; for conformance runs only, never in production.",
+    )
+
+
 class Settings(_Section):
     data_dir: Path = Field(Path(".reasonray"), description="Where ReasonRay keeps its data (event logs, memory, sessions).")
     server: ServerSettings = ServerSettings()
@@ -485,6 +493,7 @@ class Settings(_Section):
     store: StoreSettings = StoreSettings()
     auth: AuthSettings = AuthSettings()
     egress: EgressSettings = EgressSettings()
+    a2a: A2ASettings = A2ASettings()
 
     def resolved_provider(self, environ: Mapping[str, str] | None = None) -> Literal["openai", "simulated"]:
         env = os.environ if environ is None else environ

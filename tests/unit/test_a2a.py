@@ -125,7 +125,7 @@ class Agent:
     """The A2A route over a guarded dispatcher; `Authorization: Bearer <name>` stands for a verified token.
     Two agents built with one `board` (and data directory) are two replicas of one service."""
 
-    def __init__(self, tmp_path, board: TaskBoard | None = None, **auth) -> None:
+    def __init__(self, tmp_path, board: TaskBoard | None = None, *, conformance_scenarios: bool = False, **auth) -> None:
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "tree_of_thought"], default_strategy="chain_of_thought")
         self.prompts: list[str] = []
         self.llm = HangingLLM(self._reply)
@@ -157,7 +157,16 @@ class Agent:
         install_guard(self.rpc, guard)
         self.repo = FileRepository(tmp_path / "sessions")
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
-        self.server = A2AServer(self.rpc, catalogue, self.repo, "0.1.0", bearer=True, board=board, refusal_headers=rate_limit_headers)
+        self.server = A2AServer(
+            self.rpc,
+            catalogue,
+            self.repo,
+            "0.1.0",
+            bearer=True,
+            board=board,
+            refusal_headers=rate_limit_headers,
+            conformance_scenarios=conformance_scenarios,
+        )
         self.app = Starlette(routes=[Route("/a2a", self.server.handle, methods=["POST"])])
 
     def _reply(self, request) -> str:
