@@ -28,7 +28,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reasonray import __version__
-from reasonray.actors.a2a_board import RayTaskBoard
+from reasonray.actors.a2a_board import task_board
 from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
 from reasonray.actors.llm_cache import RayCacheStore, ensure_cache_actor
 from reasonray.actors.memory import RayMemory, retire_stale_memory
@@ -252,11 +252,12 @@ class ReasonRayIngress:
                 registry_actor, app_name, self.settings.reasoning, self.settings.data_dir, self.settings.store.url
             )
             cache_started = starting.submit(ensure_cache_actor, app_name, self.settings.llm.cache)
+            board_started = starting.submit(task_board, app_name)  # running A2A tasks, shared by the replicas
             hosts_started = starting.submit(session_hosts, app_name, self.settings, spec)
             pool_started = starting.submit(self.pool.start)  # the first request finds the branch runners warm
             tenancy_started = starting.submit(self._tenancy_actors, app_name) if self.settings.auth.enabled else None
             starting.submit(retire_stale_memory, app_name, self.settings).result()
-            handle, hosts = registry_started.result(), hosts_started.result()
+            handle, board, hosts = registry_started.result(), board_started.result(), hosts_started.result()
             cache = RayCacheStore(cache_started.result())
             pool_started.result()
             tenancy = tenancy_started.result() if tenancy_started is not None else None
@@ -292,7 +293,7 @@ class ReasonRayIngress:
             a2a_tasks,
             __version__,
             bearer=auth_configured(self.settings),
-            board=RayTaskBoard(app_name),  # running tasks, shared by the replicas: cancel and resubscribe from any
+            board=board,  # running tasks, shared by the replicas: cancel and resubscribe from any
             refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
             conformance_scenarios=self.settings.a2a.conformance_scenarios,  # the A2A TCK's scripted replies (off by default)
         )

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint
+from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
 from reasonray.api.a2a_store import TaskBoard
 from reasonray.kernel.errors import RunCancelledError
 
@@ -57,18 +57,10 @@ async def _call(method: Any, *args: Any) -> Any:
 
 
 class RayTaskBoard:
-    """`reasonray.api.a2a_store.Board` over the application's board actor, started by the first A2A task of
-    any replica (an application that never serves A2A never starts it); the others find it by name."""
+    """`reasonray.api.a2a_store.Board` over the application's board actor."""
 
-    def __init__(self, app_name: str) -> None:
-        self.name = f"{app_name}-a2a-board"
-        self._handle: Any = None
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:
-            self._handle = actor_for(TaskBoardActor, self.name, fingerprint("a2a-board", 1))
-        return self._handle
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
 
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
         return int(await _call(self.handle.commit, task_id, owner, prev_version, state, doc))
@@ -90,3 +82,8 @@ class RayTaskBoard:
     async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
         found = await _call(self.handle.events, task_id, cursor, wait_s)
         return (list(found[0]), int(found[1])) if found is not None else None
+
+
+def task_board(app_name: str) -> RayTaskBoard:
+    """Deploy time: the application's board (one per application, whatever its settings)."""
+    return RayTaskBoard(ensure_actor(TaskBoardActor, f"{app_name}-a2a-board", fingerprint("a2a-board", 1)))

@@ -36,8 +36,8 @@ def dashboard_cluster(tmp_path_factory):
     assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
     # the cluster's listeners below the ephemeral range: a port found free there can be taken by another
     # process's outgoing connection before `ray start` binds it
-    first = free_block(5)
-    gcs, dashboard, client, agent, metrics = range(first, first + 5)
+    first = free_block(4)
+    gcs, dashboard, agent, metrics = range(first, first + 4)
     # the environment `reasonray serve` gives a cluster, with ingress ports of its own: this process's
     # environment carries the first cluster's HAProxy stats and metrics ports, which are taken
     env = {**os.environ, **ray_environment(Settings()), "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
@@ -53,7 +53,7 @@ def dashboard_cluster(tmp_path_factory):
             f"--dashboard-port={dashboard}",
             "--dashboard-host=127.0.0.1",
             "--num-cpus=2",
-            f"--ray-client-server-port={client}",
+            "--ray-client-server-port=0",  # no Ray Client server: it gave up on a node slow to register (30 s)
             f"--dashboard-agent-listen-port={agent}",
             f"--metrics-export-port={metrics}",
             f"--temp-dir={temp}",
@@ -66,7 +66,7 @@ def dashboard_cluster(tmp_path_factory):
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # its dashboard starts nine processes: a minute on a busy machine
         while True:
             try:  # 401: up, and asking for the cluster's token, which `ray job submit` sends
                 if httpx.get(f"{address}/api/version", timeout=2).status_code in (200, 401):
@@ -74,7 +74,7 @@ def dashboard_cluster(tmp_path_factory):
             except httpx.HTTPError:
                 pass
             assert head.poll() is None, f"ray start --head exited:\n{log.read_text(errors='replace')[-3000:]}"
-            assert time.monotonic() < deadline, f"the Ray dashboard did not come up in 90 s:\n{log.read_text(errors='replace')[-3000:]}"
+            assert time.monotonic() < deadline, f"the Ray dashboard did not come up in 240 s:\n{log.read_text(errors='replace')[-3000:]}"
             time.sleep(1)
         yield address, env
     finally:
@@ -90,6 +90,7 @@ def submit(address: str, env: dict[str, str], *args: str, runtime_env: dict | No
     )
 
 
+@pytest.mark.timeout(900)  # the cluster's start (up to 4 minutes on a busy machine) counts too
 def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_plots(dashboard_cluster, tmp_path):
     address, env = dashboard_cluster
     out = tmp_path / "gsm8k"
