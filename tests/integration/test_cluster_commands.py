@@ -36,8 +36,8 @@ def dashboard_cluster(tmp_path_factory):
     assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
     # the cluster's listeners below the ephemeral range: a port found free there can be taken by another
     # process's outgoing connection before `ray start` binds it
-    first = free_block(4)
-    gcs, dashboard, agent, metrics = range(first, first + 4)
+    first = free_block(5)
+    gcs, dashboard, client, agent, metrics = range(first, first + 5)
     # the environment `reasonray serve` gives a cluster, with ingress ports of its own: this process's
     # environment carries the first cluster's HAProxy stats and metrics ports, which are taken
     env = {**os.environ, **ray_environment(Settings()), "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
@@ -53,7 +53,7 @@ def dashboard_cluster(tmp_path_factory):
             f"--dashboard-port={dashboard}",
             "--dashboard-host=127.0.0.1",
             "--num-cpus=2",
-            "--ray-client-server-port=0",  # no Ray Client server: it gave up on a node slow to register (30 s)
+            f"--ray-client-server-port={client}",
             f"--dashboard-agent-listen-port={agent}",
             f"--metrics-export-port={metrics}",
             f"--temp-dir={temp}",
