@@ -56,7 +56,7 @@ def pg_url(postgres) -> str:
     return postgres.fresh_database()
 
 
-# How the default run (`scripts/test.sh default`: pytest-xdist, `-n 2 --dist loadgroup`) shares two workers.
+# How a run on two workers (`scripts/test.sh default -n 2 --dist loadgroup`, pytest-xdist) shares them.
 # "stack", the tests on a Ray cluster, run on one worker, in collection order, as in a serial run: the ones on
 # the session's cluster, Serve and main application (tests/integration/conftest.py, and tests/security/conftest.py's
 # `serve_url`), then the modules that start a cluster of their own (`ray start`, `reasonray serve`, the container

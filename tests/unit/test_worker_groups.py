@@ -1,4 +1,4 @@
-"""The default run's two workers (tests/conftest.py, docs/testing.md): the tests on a Ray cluster keep one
+"""A run on two workers (tests/conftest.py, docs/testing.md): the tests on a Ray cluster keep one
 worker, those on the session's cluster first and the modules with a cluster of their own after them; everything
 else runs on the other worker."""
 
