@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run a pytest suite and make "no tests ran" (pytest exit 5) loud: it never passes silently.
-#   scripts/test.sh            unit + integration (everything not marked slow), in one process (-n 2 --dist loadgroup: two workers)
+#   scripts/test.sh            unit + integration (everything not marked slow), on two workers (tests/conftest.py)
 #   scripts/test.sh slow       the slow suite
 #   scripts/test.sh real       the real-model suite (make setup-real first)
 set -uo pipefail
@@ -8,10 +8,9 @@ cd "$(dirname "$0")/.."
 suite=${1:-default}
 shift || true
 case "$suite" in
-    # the default run ends with its 25 slowest steps (docs/testing.md). It runs in one process: on two workers
-    # (`-n 2 --dist loadgroup`, the groups in tests/conftest.py) the eval-job test's `ray start --head` lost
-    # its Ray Client server, which waits a fixed 30 s for a node that took a minute to start on the busy machine
-    default) marker="not slow and not real"; extra=(--cov --cov-report=term --durations=25) ;;
+    # the default run ends with its 25 slowest steps (docs/testing.md). Two workers: the tests on Ray clusters on
+    # one, in order, everything else on the other (`worker_group` in tests/conftest.py)
+    default) marker="not slow and not real"; extra=(-n 2 --dist loadgroup --cov --cov-report=term --durations=25) ;;
     slow) marker="slow and not real"; extra=() ;;
     # a model that runs one request at a time: the suite's own timeouts, not the default 300 s per test
     real) marker="real"; extra=(--durations=25 --timeout=1800 -p no:cacheprovider tests/real) ;;

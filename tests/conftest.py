@@ -56,33 +56,26 @@ def pg_url(postgres) -> str:
     return postgres.fresh_database()
 
 
-# How a run on two workers (`scripts/test.sh default -n 2 --dist loadgroup`, pytest-xdist) shares them.
-# "stack", the tests on a Ray cluster, run on one worker, in collection order, as in a serial run: the ones on
-# the session's cluster, Serve and main application (tests/integration/conftest.py, and tests/security/conftest.py's
-# `serve_url`), then the modules that start a cluster of their own (`ray start`, `reasonray serve`, the container
-# entrypoint: OWN_CLUSTER, collected last). Everything else (unit tests, lint, notebooks, the in-process security
+# How a run on two workers (`scripts/test.sh default`: `-n 2 --dist loadgroup`, pytest-xdist) shares them.
+# "stack", the tests on a Ray cluster, run on one worker, in collection order: first tests/integration, on the
+# cluster, Serve instance and main application its conftest starts for the folder (package-scoped: they stop after
+# its last test), then tests/cluster, whose modules start clusters of their own (`ray start`, `reasonray serve`,
+# the container entrypoint), one at a time. Everything else (unit tests, lint, notebooks, the in-process security
 # tests) runs on the other worker. Two clusters never start at once: on two cores a second cluster starting beside
 # the busy stack left its raylet unregistered past Ray's fixed 30 s, and its dashboard not up in 90 s.
 # The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
 # under pytest 9.
-OWN_CLUSTER = {f"tests/integration/{name}" for name in ("test_cli_serve.py", "test_entrypoint.py", "test_cluster_commands.py")}
-STACK_ELSEWHERE = {"tests/security/test_caps_http.py"}
-
-
-def module_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
+STACK_FOLDERS = ("tests/integration/", "tests/cluster/")
+OWN_CLUSTER = "tests/cluster/"
 
 
 def worker_group(nodeid: str) -> str | None:
-    module = module_of(nodeid)
-    if module.startswith("tests/integration/") or module in STACK_ELSEWHERE:
-        return "stack"
-    return None
+    return "stack" if nodeid.startswith(STACK_FOLDERS) else None
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules with a cluster of their own after those on the session's cluster (a serial run too)."""
-    items.sort(key=lambda item: module_of(item.nodeid) in OWN_CLUSTER)  # stable: each part keeps its order
+    """The modules with a cluster of their own after the rest (in a serial run too)."""
+    items.sort(key=lambda item: item.nodeid.startswith(OWN_CLUSTER))  # stable: each part keeps its order
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

@@ -1,4 +1,6 @@
-"""One local Ray cluster, one Serve instance and simulated models for the whole integration session."""
+"""One local Ray cluster, one Serve instance, one simulated model and one main application for every test in
+this folder. They are package-scoped: they stop when the folder's last test ends, before the modules of
+tests/cluster start Ray clusters of their own (two clusters side by side on two cores starve each other)."""
 
 from __future__ import annotations
 
@@ -59,14 +61,14 @@ def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
     return Settings.model_validate(deep_merge(deep_merge(base, fast), changes)).model_dump(mode="json")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def simulator():
     server = SimulatorServer(SimulatorSettings(port=0, hang_s=10)).start()
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster():
     import ray
 
@@ -87,7 +89,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serve_base(ray_cluster):
     from ray import serve
 
@@ -135,7 +137,7 @@ def _undeploy_the_modules_apps():
             undeploy(name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api(serve_base, simulator):
     """The main application at /, as `reasonray serve` deploys it."""
     deploy(settings_for(simulator.url), "reasonray", "/")

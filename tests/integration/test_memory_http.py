@@ -34,11 +34,21 @@ def system_prompt(trace: list[dict]) -> str:
     return next(e for e in trace if e["type"] == "LLM_INVOCATION")["messages"][0]["content"]
 
 
-def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_it_after_a_restart(serve_base, simulator):
-    """The default embedder (all-MiniLM-L6-v2 via sentence-transformers, offline) in the memory bank actor."""
+EMBEDDERS = [
+    # the simulator's /v1/embeddings; the default embedder runs in-process in docs/memory.md's example (tests/unit/test_docs.py)
+    pytest.param("openai", "openai:simulated", id="openai"),  # a simulated provider names its embeddings model "simulated"
+    # all-MiniLM-L6-v2 via sentence-transformers, offline, in the memory bank actor: it imports torch (about a minute here)
+    pytest.param("sentence_transformers", "sentence-transformers:all-MiniLM-L6-v2", id="sentence_transformers", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("embedding", "embedder"), EMBEDDERS)
+def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_it_after_a_restart(
+    serve_base, simulator, embedding, embedder
+):
     from ray import serve
 
-    with own_app(serve_base, simulator.url, "mem-e2e", memory={"embedding": "sentence_transformers"}) as (client, settings):
+    with own_app(serve_base, simulator.url, "mem-e2e", memory={"embedding": embedding}) as (client, settings):
         a = result_of(
             rpc(
                 client,
@@ -57,7 +67,7 @@ def test_a_memory_aware_run_learns_into_chroma_on_disk_and_a_similar_task_uses_i
         assert b["answer"] == "408"
 
         stats = result_of(rpc(client, "stats.get"))
-        assert stats["embedder"] == "sentence-transformers:all-MiniLM-L6-v2" and stats["traces"]["failure"] == 1
+        assert stats["embedder"] == embedder and stats["traces"]["failure"] == 1
         assert stats["embedding"]["count"] >= 2 and stats["retrieval"]["count"] == 2 and "hit_rate" in stats["llm_cache"]
         # runs reach the bank in batches (one actor call per half second); stats.get sends what is pending first
         assert stats["runs"] == {"total": 2, "errors": 0}

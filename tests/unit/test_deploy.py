@@ -1,5 +1,5 @@
 """The container and Kubernetes artefacts: Dockerfile, deploy/compose.yaml, deploy/k8s/rayservice.yaml, and
-the entrypoint's fail-fast checks (run directly; its SIGTERM drain is tests/integration/test_entrypoint.py).
+the entrypoint's fail-fast checks (run directly; its SIGTERM drain is tests/cluster/test_entrypoint.py).
 
 No Docker engine or Kubernetes API server is at hand (tests/integration/test_image_build.py builds the image
 with buildah). The compose file is checked against the subset written out below, which names every field this

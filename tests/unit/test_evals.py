@@ -1,6 +1,6 @@
 """Batch evaluation: datasets, scorers, the grid, the runner (resume, failures, memory streams), the report.
 
-Runs in-process against the simulated model; the Ray job path is tests/integration/test_cluster_commands.py.
+Runs in-process against the simulated model; the Ray job path is tests/cluster/test_cluster_commands.py.
 """
 
 from __future__ import annotations

@@ -23,8 +23,6 @@ from reasonray.api.auth import mint_token
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.integration.conftest import deploy, settings_for, undeploy
 
-pytestmark = pytest.mark.integration
-
 APP = "sec-http"
 SECRET = "security-http-secret-" + "s" * 32
 HISTORY_CAP = 4
@@ -85,7 +83,7 @@ def plant(path: Path, age_days: float) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(serve_url: str) -> Iterator[Service]:
+def service(serve_base: str) -> Iterator[Service]:
     counter = {"now": 0, "max": 0}
     sim = SimulatorServer(SimulatorSettings(port=0, hang_s=2))
     sim.app.add_middleware(InFlight, counter=counter)
@@ -125,7 +123,7 @@ def service(serve_url: str) -> Iterator[Service]:
     )
     deploy(settings, APP, f"/{APP}")
     try:
-        with httpx.Client(base_url=f"{serve_url}/{APP}", timeout=120) as client:
+        with httpx.Client(base_url=f"{serve_base}/{APP}", timeout=120) as client:
             yield Service(client, data_dir, sim, counter, planted)
     finally:
         undeploy(APP)
