@@ -56,21 +56,30 @@ def pg_url(postgres) -> str:
     return postgres.fresh_database()
 
 
-# How a run on two workers (`scripts/test.sh default`: `-n 2 --dist loadgroup`, pytest-xdist) shares them.
-# "stack", the tests on a Ray cluster, run on one worker, in collection order: first tests/integration, on the
-# cluster, Serve instance and main application its conftest starts for the folder (package-scoped: they stop after
-# its last test), then tests/cluster, whose modules start clusters of their own (`ray start`, `reasonray serve`,
-# the container entrypoint), one at a time. Everything else (unit tests, lint, notebooks, the in-process security
-# tests) runs on the other worker. Two clusters never start at once: on two cores a second cluster starting beside
-# the busy stack left its raylet unregistered past Ray's fixed 30 s, and its dashboard not up in 90 s.
+# How a run on two workers (`scripts/test.sh default`: `-n 2 --dist loadgroup`, pytest-xdist) shares them. The
+# integration tests run in two groups, "stack" and "stack2", each on one worker and in collection order; each group
+# gets the cluster, Serve instance and main application tests/integration/conftest.py starts (package-scoped: a
+# worker's cluster stops after its last integration test). "cluster", the modules of tests/cluster that start Ray
+# clusters of their own (`ray start`, `reasonray serve`, the container entrypoint), runs one module after the
+# other, collected last. Everything else (unit tests, lint, notebooks, the in-process security tests) is spread
+# over whichever worker is free. The split balances the two workers (docs/testing.md has the figures): the groups
+# hold about 9 and 5 minutes of tests, the rest about 9.
 # The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
 # under pytest 9.
-STACK_FOLDERS = ("tests/integration/", "tests/cluster/")
+SECOND_STACK = {
+    f"tests/integration/{name}.py"
+    for name in ("test_a2a_http", "test_memory_http", "test_clients_http", "test_tracing_http", "test_bounded_context_http")
+}
 OWN_CLUSTER = "tests/cluster/"
 
 
 def worker_group(nodeid: str) -> str | None:
-    return "stack" if nodeid.startswith(STACK_FOLDERS) else None
+    module = nodeid.split("::", 1)[0]
+    if module.startswith(OWN_CLUSTER):
+        return "cluster"
+    if module.startswith("tests/integration/"):
+        return "stack2" if module in SECOND_STACK else "stack"
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -84,13 +93,14 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # the stack group gets the first worker, the rest the other one (not the largest scopes first)
+    # scopes in collection order (not the largest first): the two stacks start at once, one on each worker, and
+    # the own-cluster modules come last
     config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):
-        """xdist's scope scheduling with `worker_group` as the scope; a test outside the groups is its own scope."""
+        """xdist's scope scheduling with `worker_group` as the scope; a module outside the groups is its own scope."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return worker_group(nodeid) or nodeid
+            return worker_group(nodeid) or nodeid.split("::", 1)[0]
 
     return GroupScheduling(config, log)

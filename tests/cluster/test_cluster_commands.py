@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +34,7 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def dashboard_cluster(tmp_path_factory):
+def dashboard_cluster():
     assert GSM8K.is_file(), f"{GSM8K} is missing: the evaluation tests need the shared GSM8K file beside this checkout"
     # the cluster's listeners below the ephemeral range: a port found free there can be taken by another
     # process's outgoing connection before `ray start` binds it
@@ -41,7 +43,9 @@ def dashboard_cluster(tmp_path_factory):
     # the environment `reasonray serve` gives a cluster, with ingress ports of its own: this process's
     # environment carries the first cluster's HAProxy stats and metrics ports, which are taken
     env = {**os.environ, **ray_environment(Settings()), "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_AUTH_MODE": "token"}
-    temp = tmp_path_factory.mktemp("ray")
+    # a short path: Ray's session sockets live under it, and an AF_UNIX path over 107 bytes fails the dashboard's
+    # modules (pytest's own temporary folders run long under a worker: /tmp/pytest-of-root/pytest-3/popen-gw0/...)
+    temp = Path(tempfile.mkdtemp(prefix="rr-ray-", dir="/tmp"))
     log = temp / "ray-start.log"  # what `ray start` said, for a failure's message
     head = subprocess.Popen(
         [
@@ -79,6 +83,7 @@ def dashboard_cluster(tmp_path_factory):
         yield address, env
     finally:
         kill_tree(head)  # a throwaway cluster: nothing of it needs a graceful stop (SIGTERM took 30 s)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def submit(address: str, env: dict[str, str], *args: str, runtime_env: dict | None = None) -> subprocess.CompletedProcess:

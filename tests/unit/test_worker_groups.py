@@ -1,19 +1,20 @@
-"""A run on two workers (tests/conftest.py, docs/testing.md): the tests on a Ray cluster keep one worker, those on
-the integration folder's cluster first and the modules with a cluster of their own after them; everything else runs
-on the other worker."""
+"""A run on two workers (tests/conftest.py, docs/testing.md): the integration tests in two groups, each on one
+worker and its own cluster, the modules with a cluster of their own in a third, last; everything else wherever a
+worker is free."""
 
 from __future__ import annotations
 
 import re
 
-from tests.conftest import OWN_CLUSTER, worker_group
+from tests.conftest import OWN_CLUSTER, SECOND_STACK, worker_group
 from tests.docs_examples import REPO
 
 
-def test_the_stack_and_the_own_clusters_share_one_group_and_the_rest_none():
+def test_the_integration_tests_form_two_groups_the_own_clusters_a_third_and_the_rest_none():
     assert worker_group("tests/integration/test_service_http.py::test_rest_mirrors_and_openapi") == "stack"
     assert worker_group("tests/integration/test_caps_http.py::test_a_provider_failure_is_summarised_without_its_url") == "stack"
-    assert worker_group("tests/cluster/test_cli_serve.py::test_serve_with_a_bad_config_reports_the_key") == "stack"
+    assert worker_group("tests/integration/test_a2a_http.py::test_card") == "stack2"
+    assert worker_group("tests/cluster/test_cli_serve.py::test_serve_with_a_bad_config_reports_the_key") == "cluster"
     assert worker_group("tests/unit/test_tags.py::test_strip_handles_nested_blocks") is None
     assert worker_group("tests/security/test_caps.py::test_anything") is None
     assert worker_group("tests/notebooks/test_notebooks.py::test_the_three_research_notebooks_exist") is None
@@ -24,6 +25,11 @@ def test_the_modules_with_a_cluster_of_their_own_are_collected_after_the_rest(re
     own = [i for i, module in enumerate(order) if module.startswith(OWN_CLUSTER)]
     if own:  # collected in this run (a run of the unit tests alone has none)
         assert own == list(range(len(order) - len(own), len(order))), "an own-cluster module runs before another test"
+
+
+def test_every_module_of_the_second_stack_exists():
+    for module in SECOND_STACK:
+        assert (REPO / module).is_file(), f"{module} is gone: drop it from SECOND_STACK in tests/conftest.py"
 
 
 def test_no_module_outside_the_stack_folders_starts_ray_or_serve():
