@@ -3,7 +3,7 @@
 `RateLimiter` keeps, per key (a principal, or a principal and a strategy), a rolling window of
 requests and the runs in flight in memory, and charges tokens to `TokenBudgets`: fixed windows (the
 current minute, the current UTC day) in a `Counters` repository, which is the data directory's
-`counters.json` or the cluster store's `counters` table when the application has one, so budgets
+`counters.sqlite3` or the cluster store's `counters` table when the application has one, so budgets
 outlive the limiter and are shared with every limiter on the same store. The Serve replicas share
 one limiter in a Ray actor (`reasonray.actors.tenancy`); `LocalLimits` is the same API in this
 process for tests and scripts.

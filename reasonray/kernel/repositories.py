@@ -1,7 +1,7 @@
 """Repositories for the data the kernel owns: the run index, the audit log and counters.
 
 Each is a small Protocol with two implementations: files under the data directory (the zero-setup
-default for one machine) and PostgreSQL (`[store] url`, `reasonray.kernel.pgstore`), which every
+default for one machine; the counters in one SQLite file there) and PostgreSQL (`[store] url`, `reasonray.kernel.pgstore`), which every
 node and replica of a cluster shares. `run_index`, `audit_log` and `counters` pick one from the
 settings. The run index and the audit log are async (their callers, the reasoning service, the
 session pipeline and the API guard, are); counters are synchronous, because the limiter that owns
@@ -12,12 +12,11 @@ them is a sync actor whose calls must not interleave. Sessions and agent cards h
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
+import sqlite3
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -153,38 +152,69 @@ def window_start(window_s: int | None, now: float | None) -> int:
     return int(t // window_s) * window_s
 
 
-class FileCounters:
-    """`<data_dir>/counters.json` under an exclusive lock: processes of one machine share it."""
+class SqliteCounters:
+    """`<data_dir>/counters.sqlite3`: the processes of one machine share it, and SQLite's own locking makes each
+    addition one atomic statement (no lock file, no rewrite of every counter per charge)."""
+
+    PRUNE_EVERY_S = 60.0  # ended windows are deleted at most this often
 
     def __init__(self, data_dir: Path) -> None:
-        self.path = Path(data_dir) / "counters.json"
+        self.path = Path(data_dir) / "counters.sqlite3"
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # one connection, shared by the caller's threads
+        self._pruned_at = 0.0
 
-    @contextmanager
-    def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            data = json.loads(self.path.read_bytes()) if self.path.exists() else {}
-            yield data
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists()
+            # autocommit: each statement is its own transaction; a writer waits up to 30 s for another's lock
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
+            db.execute("PRAGMA synchronous=NORMAL")  # durable at each WAL checkpoint; a crash loses at most the last charges
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS counters "
+                "(key TEXT PRIMARY KEY, window_start INTEGER NOT NULL, value INTEGER NOT NULL, expires REAL NOT NULL)"
+            )
+            if fresh:
+                os.chmod(self.path, 0o600)
+                self._import_json(db)
+            self._db = db
+        return self._db
+
+    def _import_json(self, db: sqlite3.Connection) -> None:
+        """Counters an earlier version kept in `counters.json` carry over once (budgets mid-window stay charged)."""
+        old = self.path.with_name("counters.json")
+        if not old.exists():
+            return
+        rows = [(k, v["window_start"], v["value"], v.get("expires", time.time() + 10**9)) for k, v in json.loads(old.read_bytes()).items()]
+        db.executemany("INSERT OR IGNORE INTO counters VALUES (?, ?, ?, ?)", rows)
+        old.unlink()
+        old.with_suffix(".lock").unlink(missing_ok=True)
 
     def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
         start = window_start(window_s, now)
         t = time.time() if now is None else now
-        with self._locked() as data:
-            slot = data.get(key)
-            value = (slot["value"] if slot and slot["window_start"] == start else 0) + amount
-            data[key] = {"window_start": start, "value": value}
-            # drop windows that have ended, so the file holds only live counters
-            live = {k: v for k, v in data.items() if k == key or v.get("expires", t + 1) > t}
-            live[key]["expires"] = start + window_s if window_s else t + 10**9
-            write_atomic(self.path, json.dumps(live).encode())
-        return value
+        expires = start + window_s if window_s else t + 10**9
+        with self._lock:
+            db = self._connect()
+            # the SET expressions read the row as it was: another window's value starts again from this amount
+            (value,) = db.execute(
+                "INSERT INTO counters VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
+                "value = CASE WHEN window_start = excluded.window_start THEN value + excluded.value ELSE excluded.value END, "
+                "window_start = excluded.window_start, expires = excluded.expires RETURNING value",
+                (key, start, amount, expires),
+            ).fetchone()
+            if t - self._pruned_at >= self.PRUNE_EVERY_S or t < self._pruned_at:
+                db.execute("DELETE FROM counters WHERE expires <= ?", (t,))
+                self._pruned_at = t
+        return int(value)
 
     def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
         start = window_start(window_s, now)
-        with self._locked() as data:
-            slot = data.get(key)
-        return slot["value"] if slot and slot["window_start"] == start else 0
+        with self._lock:
+            row = self._connect().execute("SELECT value FROM counters WHERE key = ? AND window_start = ?", (key, start)).fetchone()
+        return int(row[0]) if row else 0
 
 
 class PgCounters:
@@ -220,4 +250,4 @@ def audit_log(store_url: str | None, data_dir: Path) -> AuditLog:
 
 def counters(store_url: str | None, data_dir: Path) -> Counters:
     store = _store(store_url)
-    return PgCounters(store) if store is not None else FileCounters(data_dir)
+    return PgCounters(store) if store is not None else SqliteCounters(data_dir)

@@ -320,3 +320,46 @@ def test_an_event_log_directory_removed_after_use_is_made_again(tmp_path):
     recorder(RunEnd(trace_id="trace-b", strategy="chain_of_thought", status="ok", total_tokens=1, execution_time_ms=1))
     recorder.close()
     assert second.exists() and not first.exists()
+
+
+# -- files only: the counters' SQLite file ----------------------------------------------------------------------
+
+
+def _charge_from_another_process(data_dir: str, times: int) -> None:
+    c = counters(None, Path(data_dir))
+    for _ in range(times):
+        c.add("tokens:alice", 1, window_s=86_400)
+
+
+def test_counters_from_many_processes_lose_no_charge(tmp_path):
+    """Replicas and the limiter actor of one machine charge the same file at once: every addition counts."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_charge_from_another_process, args=(str(tmp_path), 200)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    assert counters(None, tmp_path).get("tokens:alice", window_s=86_400) == 800
+    assert (tmp_path / "counters.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+def test_counters_of_an_earlier_json_file_carry_over_once_and_ended_windows_are_pruned(tmp_path):
+    import json
+
+    now = time.time() // 60 * 60 + 1
+    old = {
+        "tokens:alice": {"window_start": 0, "value": 750, "expires": now + 10**9},
+        "rate:bob": {"window_start": int(now - 1), "value": 3, "expires": now + 59},
+    }
+    (tmp_path / "counters.json").write_text(json.dumps(old))
+    c = counters(None, tmp_path)
+    assert c.add("tokens:alice", 50) == 800 and c.get("rate:bob", window_s=60, now=now) == 3
+    assert not (tmp_path / "counters.json").exists()  # imported once, then gone
+    c.add("rate:carol", 1, window_s=60, now=now + 3600)  # an hour later: the ended windows go
+    import sqlite3
+
+    keys = {row[0] for row in sqlite3.connect(tmp_path / "counters.sqlite3").execute("SELECT key FROM counters")}
+    assert keys == {"tokens:alice", "rate:carol"}
