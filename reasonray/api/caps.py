@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reasonray.kernel.config import LimitSettings
+from reasonray.kernel.config import CapSettings
 from reasonray.kernel.errors import InvalidParamsError
 
 # strategy config key -> the [limits] key capping it
@@ -32,12 +32,12 @@ def cap_error(what: str, value: int, key: str, cap: int) -> InvalidParamsError:
     )
 
 
-def check_text(what: str, text: str, limits: LimitSettings) -> None:
+def check_text(what: str, text: str, limits: CapSettings) -> None:
     if len(text) > limits.max_query_chars:
         raise cap_error(f"{what} length", len(text), "max_query_chars", limits.max_query_chars)
 
 
-def check_strategy_config(strategy: str, config: dict[str, Any], limits: LimitSettings) -> None:
+def check_strategy_config(strategy: str, config: dict[str, Any], limits: CapSettings) -> None:
     """Raise for the first parameter above its cap; MaTTS is checked on k x its base strategy's work too."""
     for name, value in config.items():
         if not isinstance(value, int) or isinstance(value, bool):

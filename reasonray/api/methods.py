@@ -24,7 +24,7 @@ from reasonray.api.registry import (
     Registry,
 )
 from reasonray.api.service import ExecuteParams, ExecuteResult, ReasoningService
-from reasonray.kernel.config import LimitSettings
+from reasonray.kernel.config import CapSettings
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, describe_errors
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics
@@ -143,11 +143,11 @@ def build_dispatcher(
     cache_stats: CacheStats | None = None,
     sandbox: SandboxLimits = SandboxLimits(),
     metrics: Metrics | None = None,
-    limits: LimitSettings | None = None,
+    limits: CapSettings | None = None,
     egress: Egress | None = None,
 ) -> Dispatcher:
     """The API over a service; memory.*, stats.* and the ReasoningBank MCP tool aliases when the service has a memory bank."""
-    limits = limits or LimitSettings()
+    limits = limits or CapSettings()
     egress = egress or Egress()  # no [egress] settings: remote agents are off
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
 
@@ -249,7 +249,7 @@ def build_dispatcher(
     return rpc
 
 
-def _session_methods(rpc: Dispatcher, sessions: Sessions, limits: LimitSettings) -> None:
+def _session_methods(rpc: Dispatcher, sessions: Sessions, limits: CapSettings) -> None:
     @rpc.method(
         "session.create",
         SessionSpec,

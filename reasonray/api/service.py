@@ -26,7 +26,7 @@ from reasonray.gateway.observed import ObservedLLM, Sampling
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel import tracing
-from reasonray.kernel.config import BudgetSettings, EventsSettings, LimitSettings, MemorySettings
+from reasonray.kernel.config import BudgetSettings, CapSettings, EventsSettings, MemorySettings
 from reasonray.kernel.errors import (
     DeadlineExceededError,
     InvalidParamsError,
@@ -191,11 +191,11 @@ class ReasoningService:
         runs: RunIndex | None = None,
         degraded_answers: bool = False,
         events: EventsSettings | None = None,
-        limits: LimitSettings | None = None,
+        limits: CapSettings | None = None,
     ) -> None:
         self.runs = runs  # every run indexed with its event log (reasonray.kernel.repositories); None: not indexed
         self.catalogue = catalogue
-        self.limits = limits or LimitSettings()
+        self.limits = limits or CapSettings()
         self.llm = llm
         self.tokens = tokens
         self.fanout = fanout

@@ -427,8 +427,9 @@ class EventsSettings(_Section):
     sweep_interval_s: float = Field(3600.0, gt=0, description="How often the service enforces the two limits above.")
 
 
-class LimitSettings(_Section):
-    """Caps on what one request may ask for (docs/security.md); each violation is a -32602 naming its key."""
+class CapSettings(_Section):
+    """`[limits]`: caps on what one request may ask for (docs/security.md#caps); each violation is a -32602 naming
+    its key. What one principal may spend over time (rates, runs, tokens) is `auth_settings.LimitSettings`."""
 
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest HTTP request body (413 above it).")
     max_json_depth: int = Field(32, ge=4, le=500, description="Deepest nesting of a JSON body.")
@@ -488,7 +489,7 @@ class Settings(_Section):
     memory: MemorySettings = MemorySettings()
     budget: BudgetSettings = BudgetSettings()
     events: EventsSettings = EventsSettings()
-    limits: LimitSettings = LimitSettings()
+    limits: CapSettings = CapSettings()
     logging: LoggingSettings = LoggingSettings()
     store: StoreSettings = StoreSettings()
     auth: AuthSettings = AuthSettings()

@@ -13,7 +13,7 @@ from reasonray.api.caps import check_strategy_config
 from reasonray.api.guard import GuardSettings, Refusal, check_body, check_host, check_post_headers
 from reasonray.gateway.arithmetic import evaluate
 from reasonray.gateway.testing import FunctionLLM
-from reasonray.kernel.config import LimitSettings, ReasoningSettings, Settings
+from reasonray.kernel.config import CapSettings, ReasoningSettings, Settings
 from reasonray.kernel.errors import InvalidParamsError
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import FileSessionRepository
@@ -67,12 +67,12 @@ def test_the_calculator_bounds_results_before_computing():
 )
 def test_strategy_caps_name_their_key(strategy, config, key):
     with pytest.raises(InvalidParamsError, match=rf"\[limits\] {key}") as caught:
-        check_strategy_config(strategy, config, LimitSettings())
+        check_strategy_config(strategy, config, CapSettings())
     assert caught.value.data["cap"] == f"limits.{key}"
 
 
 def test_within_the_caps_nothing_is_refused():
-    check_strategy_config("matts", {"k": 3, "base_strategy": "refine", "base_config": {"max_iterations": 10}}, LimitSettings())
+    check_strategy_config("matts", {"k": 3, "base_strategy": "refine", "base_config": {"max_iterations": 10}}, CapSettings())
 
 
 def test_the_front_door_rules():
@@ -104,7 +104,7 @@ def test_the_front_door_rules():
 
 
 def test_the_calculator_cap_is_the_configured_one():
-    assert LimitSettings().max_calculator_digits == 10_000
+    assert CapSettings().max_calculator_digits == 10_000
     with pytest.raises(ValueError, match=r"cap is 30 \(\[limits\] max_calculator_digits"):
         evaluate("10 ** 40", max_result_digits=30)
     small = builtin_toolbox(max_calculator_digits=30).select(["calculator"])[0]
@@ -128,7 +128,7 @@ def test_the_configured_query_cap_is_the_one_enforced(method, cap, tmp_path):
         reasoning=ReasoningSettings(
             enabled_strategies=["chain_of_thought", "bounded_context", "refine", "matts"], default_strategy="chain_of_thought"
         ),
-        limits=LimitSettings(max_query_chars=cap),
+        limits=CapSettings(max_query_chars=cap),
     )
     app = build_application(
         settings,
