@@ -2,8 +2,8 @@
 board every replica shares while tasks run.
 
 The store is the one sessions use (`[store] url`): PostgreSQL (tables `a2a_tasks` and
-`a2a_conversations`, `reasonray/kernel/migrations/0002.a2a.sql`) on a cluster, else files under
-`<data_dir>/sessions/a2a/`. Every task and context records its owner, the caller's `sub` (none
+`a2a_conversations`, `reasonray/kernel/migrations/0002.a2a.sql`) on a cluster, else tables of the same
+names in SQLite, `<data_dir>/sessions/a2a/a2a.sqlite3`. Every task and context records its owner, the caller's `sub` (none
 while authentication is off), and every read names the owner: another principal's task reads, lists
 and cancels exactly like a task that does not exist. A context is bound to one ReasonRay session per
 owner, so a stranger naming someone's `context_id` starts a session of its own (docs/interop.md).
@@ -16,14 +16,14 @@ stream, so a cancel or a resubscription reaches a task running on another replic
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import json
+import sqlite3
+import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from a2a.auth.user import UnauthenticatedUser, User
@@ -42,15 +42,16 @@ from starlette.requests import Request
 
 from reasonray.api.auth import CURRENT_PRINCIPAL
 from reasonray.kernel.errors import SessionStateError
-from reasonray.kernel.storage import write_atomic
 
 log = structlog.get_logger(__name__)
+
+_T = TypeVar("_T")
 
 SAVE_ATTEMPTS = 5  # a context bound by a concurrent message of the same context: reload and look again
 
 
 class Repository(Protocol):
-    """Owned A2A records as JSON; `reasonray.kernel.pgstore.PgStore` and `FileRepository` implement it."""
+    """Owned A2A records as JSON; `reasonray.kernel.pgstore.PgStore` and `SqliteRepository` implement it."""
 
     async def save_a2a_task(
         self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
@@ -78,21 +79,81 @@ class Repository(Protocol):
     ) -> bool: ...
 
 
-class FileRepository:
-    """One JSON file per task (`tasks/`) and per conversation (`contexts/`) under `<sessions>/a2a/`, replaced
-    atomically; writes that check an owner or a version hold one lock file (the processes of one machine).
-    The file work runs in a thread (`_Files`), off the event loop, as it may wait for that lock."""
+class SqliteRepository:
+    """`<sessions>/a2a/a2a.sqlite3`: one table of tasks and one of conversations, shared by the processes of one
+    machine. Each write that checks an owner or a version is one statement, so SQLite's own locking makes it
+    atomic; listing filters, orders and pages in SQL instead of reading every task. The work runs in a thread,
+    off the event loop, as a write may wait for another process's. Records that an earlier version kept as
+    JSON files (`tasks/`, `contexts/` beside it) are imported once, when the database is made."""
+
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS a2a_tasks (task_id TEXT PRIMARY KEY, owner TEXT, context_id TEXT NOT NULL, "
+        "state INTEGER NOT NULL, status_ns INTEGER NOT NULL, task TEXT NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS a2a_tasks_by_owner ON a2a_tasks (owner, status_ns DESC, task_id DESC)",
+        "CREATE TABLE IF NOT EXISTS a2a_conversations (conversation_id TEXT PRIMARY KEY, owner TEXT, "
+        "context_id TEXT NOT NULL, version INTEGER NOT NULL, exchanges TEXT NOT NULL)",
+    )
 
     def __init__(self, sessions_dir: Path) -> None:
-        self.files = _Files(sessions_dir)
+        self.root = Path(sessions_dir) / "a2a"
+        self.path = self.root / "a2a.sqlite3"
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # one connection, used from the event loop's worker threads
+
+    def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._lock:
+            if self._db is None:
+                self._db = self._open()
+            return work(self._db)
+
+    def _open(self) -> sqlite3.Connection:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fresh = not self.path.exists()
+        # autocommit: each statement is its own transaction; a writer waits up to 30 s for another process's lock
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")  # readers never wait for a writer
+        for statement in self.SCHEMA:
+            db.execute(statement)
+        if fresh:
+            self.path.chmod(0o600)
+            self._import_files(db)
+        return db
+
+    def _import_files(self, db: sqlite3.Connection) -> None:
+        for path in sorted((self.root / "tasks").glob("*.json")):
+            d = json.loads(path.read_bytes())
+            db.execute(
+                "INSERT OR IGNORE INTO a2a_tasks VALUES (?, ?, ?, ?, ?, ?)",
+                (d["task"]["id"], d["owner"], d["context_id"], d["state"], d["status_ns"], json.dumps(d["task"])),
+            )
+        for path in sorted((self.root / "contexts").glob("*.json")):
+            d = json.loads(path.read_bytes())
+            db.execute(
+                "INSERT OR IGNORE INTO a2a_conversations VALUES (?, ?, ?, ?, ?)",
+                (d.get("conversation_id", path.stem), d["owner"], d["context_id"], d["version"], json.dumps(d["exchanges"])),
+            )
 
     async def save_a2a_task(
         self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
     ) -> bool:
-        return await asyncio.to_thread(self.files.save_a2a_task, task_id, owner, context_id, state, status_ns, task)
+        # another owner's task stays as it was: the update's WHERE fails and nothing is returned
+        row = (task_id, owner, context_id, state, status_ns, json.dumps(task))
+        saved = await asyncio.to_thread(
+            self._run,
+            lambda db: db.execute(
+                "INSERT INTO a2a_tasks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
+                "context_id = excluded.context_id, state = excluded.state, status_ns = excluded.status_ns, task = excluded.task "
+                "WHERE a2a_tasks.owner IS excluded.owner RETURNING task_id",
+                row,
+            ).fetchone(),
+        )
+        return saved is not None
 
     async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None:
-        return await asyncio.to_thread(self.files.a2a_task, task_id, owner)
+        row = await asyncio.to_thread(
+            self._run, lambda db: db.execute("SELECT task FROM a2a_tasks WHERE task_id = ? AND owner IS ?", (task_id, owner)).fetchone()
+        )
+        return json.loads(row[0]) if row is not None else None
 
     async def a2a_tasks(
         self,
@@ -104,121 +165,61 @@ class FileRepository:
         after: tuple[int, str] | None,
         limit: int,
     ) -> tuple[list[dict[str, Any]], int]:
-        return await asyncio.to_thread(
-            self.files.a2a_tasks, owner, context_id=context_id, state=state, since_ns=since_ns, after=after, limit=limit
-        )
+        where = "owner IS ? AND (? IS NULL OR context_id = ?) AND (? IS NULL OR state = ?) AND (? IS NULL OR status_ns >= ?)"
+        args: tuple[Any, ...] = (owner, context_id, context_id, state, state, since_ns, since_ns)
+
+        def page(db: sqlite3.Connection) -> tuple[list[str], int]:
+            (total,) = db.execute(f"SELECT count(*) FROM a2a_tasks WHERE {where}", args).fetchone()
+            cursor = "" if after is None else " AND (status_ns, task_id) < (?, ?)"
+            rows = db.execute(
+                f"SELECT task FROM a2a_tasks WHERE {where}{cursor} ORDER BY status_ns DESC, task_id DESC LIMIT ?",
+                (*args, *(after or ()), limit),
+            ).fetchall()
+            return [r[0] for r in rows], int(total)
+
+        tasks, total = await asyncio.to_thread(self._run, page)
+        return [json.loads(t) for t in tasks], total
 
     async def delete_a2a_task(self, task_id: str, owner: str | None) -> None:
-        await asyncio.to_thread(self.files.delete_a2a_task, task_id, owner)
+        await asyncio.to_thread(
+            self._run, lambda db: db.execute("DELETE FROM a2a_tasks WHERE task_id = ? AND owner IS ?", (task_id, owner))
+        )
 
     async def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None:
-        return await asyncio.to_thread(self.files.load_a2a_conversation, conversation_id)
+        row = await asyncio.to_thread(
+            self._run,
+            lambda db: db.execute(
+                "SELECT exchanges, version FROM a2a_conversations WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone(),
+        )
+        return (json.loads(row[0]), int(row[1])) if row is not None else None
 
     async def save_a2a_conversation(
         self, conversation_id: str, owner: str | None, context_id: str, exchanges: list[dict[str, Any]], version: int
     ) -> bool:
-        return await asyncio.to_thread(self.files.save_a2a_conversation, conversation_id, owner, context_id, exchanges, version)
+        """Saved only over the version it was loaded at (0: none stored yet); the stored version is then one more."""
+        text = json.dumps(exchanges)
 
+        def save(db: sqlite3.Connection) -> bool:
+            if version == 0:
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO a2a_conversations VALUES (?, ?, ?, 1, ?)", (conversation_id, owner, context_id, text)
+                )
+            else:
+                cursor = db.execute(
+                    "UPDATE a2a_conversations SET owner = ?, context_id = ?, exchanges = ?, version = version + 1 "
+                    "WHERE conversation_id = ? AND version = ?",
+                    (owner, context_id, text, conversation_id, version),
+                )
+            return cursor.rowcount == 1
 
-class _Files:
-    """`FileRepository`'s synchronous file work."""
-
-    def __init__(self, sessions_dir: Path) -> None:
-        self.root = Path(sessions_dir) / "a2a"
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
-
-    def _task_path(self, task_id: str) -> Path:
-        return self.root / "tasks" / f"{_file_name(task_id)}.json"
-
-    def _read(self, path: Path) -> dict[str, Any] | None:
-        try:
-            doc: dict[str, Any] = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            return None
-        return doc
-
-    def save_a2a_task(self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]) -> bool:
-        path = self._task_path(task_id)
-        with self._locked():
-            stored = self._read(path)
-            if stored is not None and stored["owner"] != owner:
-                return False
-            doc = {"owner": owner, "context_id": context_id, "state": state, "status_ns": status_ns, "task": task}
-            write_atomic(path, json.dumps(doc).encode())
-        return True
-
-    def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None:
-        doc = self._read(self._task_path(task_id))
-        return doc["task"] if doc is not None and doc["owner"] == owner else None
-
-    def a2a_tasks(
-        self,
-        owner: str | None,
-        *,
-        context_id: str | None,
-        state: int | None,
-        since_ns: int | None,
-        after: tuple[int, str] | None,
-        limit: int,
-    ) -> tuple[list[dict[str, Any]], int]:
-        folder = self.root / "tasks"
-        docs = [d for p in (folder.glob("*.json") if folder.is_dir() else []) if (d := self._read(p)) is not None]
-        docs = [
-            d
-            for d in docs
-            if d["owner"] == owner
-            and (context_id is None or d["context_id"] == context_id)
-            and (state is None or d["state"] == state)
-            and (since_ns is None or d["status_ns"] >= since_ns)
-        ]
-        docs.sort(key=lambda d: (d["status_ns"], d["task"]["id"]), reverse=True)
-        page = [d for d in docs if after is None or (d["status_ns"], d["task"]["id"]) < after][:limit]
-        return [d["task"] for d in page], len(docs)
-
-    def delete_a2a_task(self, task_id: str, owner: str | None) -> None:
-        path = self._task_path(task_id)
-        with self._locked():
-            stored = self._read(path)
-            if stored is not None and stored["owner"] == owner:
-                path.unlink()
-
-    def _conversation_path(self, conversation_id: str) -> Path:
-        return self.root / "contexts" / f"{_file_name(conversation_id)}.json"
-
-    def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None:
-        doc = self._read(self._conversation_path(conversation_id))
-        return (doc["exchanges"], doc["version"]) if doc is not None else None
-
-    def save_a2a_conversation(
-        self, conversation_id: str, owner: str | None, context_id: str, exchanges: list[dict[str, Any]], version: int
-    ) -> bool:
-        path = self._conversation_path(conversation_id)
-        with self._locked():
-            stored = self._read(path)
-            if (stored["version"] if stored is not None else 0) != version:
-                return False
-            doc = {"owner": owner, "context_id": context_id, "version": version + 1, "exchanges": exchanges}
-            write_atomic(path, json.dumps(doc).encode())
-        return True
-
-
-def _file_name(ident: str) -> str:
-    """A file name for any id: readable when the id is tame, a digest otherwise (no path tricks, no collisions)."""
-    if ident and len(ident) <= 128 and all(c.isalnum() or c in "-_" for c in ident):
-        return ident
-    return "h-" + hashlib.sha256(ident.encode()).hexdigest()
+        return await asyncio.to_thread(self._run, save)
 
 
 def repository(store_url: str | None, sessions_dir: Path) -> Repository:
-    """PostgreSQL when a store URL is configured (as for sessions), else files beside the sessions."""
+    """PostgreSQL when a store URL is configured (as for sessions), else SQLite beside the sessions."""
     if store_url is None:
-        return FileRepository(sessions_dir)
+        return SqliteRepository(sessions_dir)
     from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
 
     return pg_store(store_url)

@@ -19,6 +19,7 @@ from a2a.utils.errors import TaskNotFoundError
 from google.protobuf import json_format
 
 from reasonray.api.auth import mint_token
+from tests.a2a_rows import stored_rows
 from tests.integration.conftest import DATA_DIR, own_app, result_of, rpc
 
 
@@ -168,8 +169,8 @@ def test_a_context_continues_one_reasonray_session_whose_second_turn_sees_the_fi
     contents = [m.get("content") or "" for m in calls[0]["messages"]]
     assert "What is 6 * 7?" in contents and any("42" in c for c in contents) and contents[-1] == "What is 2 + 3?"
     # the tasks and the context's binding to its session live beside the sessions, in the data directory
-    assert len(list((data_dir / "sessions" / "a2a" / "tasks").glob("*.json"))) >= 2
-    assert len(list((data_dir / "sessions" / "a2a" / "contexts").glob("*.json"))) >= 1
+    assert stored_rows(data_dir / "sessions", "a2a_tasks") >= 2
+    assert stored_rows(data_dir / "sessions", "a2a_conversations") >= 1
 
 
 @pytest.fixture(scope="module")

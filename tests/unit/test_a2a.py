@@ -38,9 +38,9 @@ from reasonray.api.a2a_store import (
     CONFLICT,
     NOT_YOURS,
     ContextSessions,
-    FileRepository,
     OwnedTaskStore,
     PrincipalUser,
+    SqliteRepository,
     TaskBoard,
     repository,
 )
@@ -55,6 +55,7 @@ from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
+from tests.a2a_rows import stored_rows
 
 CATALOGUE = {
     "default_strategy": "chain_of_thought",
@@ -155,7 +156,7 @@ class Agent:
             audit=JsonlAuditLog(self.audit_path),
         )
         install_guard(self.rpc, guard)
-        self.repo = FileRepository(tmp_path / "sessions")
+        self.repo = SqliteRepository(tmp_path / "sessions")
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
         self.server = A2AServer(
             self.rpc,
@@ -243,7 +244,7 @@ async def test_a_refused_call_is_an_http_403_with_the_json_rpc_error_and_leaves_
     assert answer.status_code == 403 and "may not run strategy 'tree_of_thought'" in answer.json()["error"]["message"]
     assert agent.llm.requests == []  # refused before the first model call
     assert (await carol.list_tasks(ListTasksRequest())).tasks == []  # and no task was left behind
-    assert not list((tmp_path / "sessions" / "a2a" / "tasks").glob("*.json"))
+    assert stored_rows(tmp_path / "sessions", "a2a_tasks") == 0
     allowed = await send(carol, message("What is 6 * 7?", strategy="chain_of_thought"))
     assert allowed.status.state == TaskState.TASK_STATE_COMPLETED and allowed.artifacts[0].parts[0].text == "42"
     records = [json.loads(line) for line in agent.audit_path.read_text().splitlines()]
@@ -481,7 +482,9 @@ class RemoteAgent:
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
         self.llm = FunctionLLM(lambda request: "<answer>remote says 42</answer>")
         rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path / "remote")
-        self.server = A2AServer(rpc, build_catalogue(StrategyRegistry().discover(), reasoning), FileRepository(tmp_path / "remote"), "9.9")
+        self.server = A2AServer(
+            rpc, build_catalogue(StrategyRegistry().discover(), reasoning), SqliteRepository(tmp_path / "remote"), "9.9"
+        )
 
         async def card(request):
             from starlette.responses import JSONResponse

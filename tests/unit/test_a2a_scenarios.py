@@ -28,13 +28,14 @@ from starlette.routing import Route
 
 from reasonray.api.a2a import A2AServer
 from reasonray.api.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
-from reasonray.api.a2a_store import FileRepository, PrincipalUser
+from reasonray.api.a2a_store import PrincipalUser, SqliteRepository
 from reasonray.api.app import local_dispatcher
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
+from tests.a2a_rows import stored_rows
 from tests.unit.test_a2a import Agent
 
 BINDINGS = ["jsonrpc", "http_json"]
@@ -71,7 +72,7 @@ class Conformance:
         )
         rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path, sessions=sessions)
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
-        self.server = A2AServer(rpc, catalogue, FileRepository(tmp_path / "sessions"), "0.1.0", conformance_scenarios=on)
+        self.server = A2AServer(rpc, catalogue, SqliteRepository(tmp_path / "sessions"), "0.1.0", conformance_scenarios=on)
         app = Starlette(
             routes=[
                 Route("/a2a", self.server.handle, methods=["POST"]),
@@ -309,7 +310,7 @@ async def _guarded(agent: Agent, tmp_path, http_clients: list[httpx.AsyncClient]
     assert refused.status_code == 403 and refused.json()["error"]["code"] == -32003  # a reader may not run reasoning
     nobody = await agent.http("nobody", http_clients).post("/a2a", json=body | {"params": {"message": asked}})
     assert nobody.status_code == 401
-    assert not list((tmp_path / "sessions" / "a2a" / "tasks").glob("*.json"))  # refused: no task
+    assert stored_rows(tmp_path / "sessions", "a2a_tasks") == 0  # refused: no task
     answered = await agent.http("alice", http_clients).post("/a2a", json=body | {"params": {"message": asked}})
     task = answered.json()["result"]["task"]
     assert task["artifacts"][0]["parts"] == [{"text": "Generated text content"}]

