@@ -29,7 +29,7 @@ def test_interop_examples_print_what_the_page_shows(api, capsys):
     for block in code:
         if "/metrics" in block:  # Ray exports what the examples above recorded every second here (conftest)
             deadline = time.monotonic() + 90
-            while "reasonray_requests_total" not in httpx.get(f"{base}/metrics").text:
+            while "reasonray_requests_total" not in httpx.get(f"{base}/metrics", timeout=60).text:
                 assert time.monotonic() < deadline, "no reasonray_requests_total in /metrics after 90 s"
                 time.sleep(0.5)
         exec(compile(block.replace(DOC_URL, base), "docs/interop.md", "exec"), {"__name__": "docs_example"})

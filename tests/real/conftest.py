@@ -48,6 +48,14 @@ def model_section(**changes: Any) -> LocalModelSection:
 @pytest.fixture(scope="session")
 def llama() -> Iterator[LocalModelServer]:
     with LocalModelServer(model_section()) as server:
+        # a server that starts but cannot generate (a build its CPU refuses) would turn every run into a classified
+        # provider error, which most tests accept: it must fail the suite here instead
+        reply = httpx.post(
+            f"{server.url}/chat/completions",
+            json={"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4},
+            timeout=120,
+        )
+        assert reply.status_code == 200 and reply.json()["choices"], f"the model server cannot generate: {server.log_tail()}"
         yield server
 
 
@@ -131,6 +139,10 @@ def _model_server_idle(request):
     otherwise be counted against this one, and hold the server's one slot."""
     if "recorder" in request.fixturenames:
         request.getfixturevalue("recorder").wait_idle(IDLE_TIMEOUT_S)
+    yield
+    if "llama" in request.fixturenames:  # a server that died mid-test fails that test, not only the next ones
+        server = request.getfixturevalue("llama")
+        assert server.process is not None and server.process.poll() is None, f"the model server died: {server.log_tail()}"
 
 
 @dataclass
