@@ -611,6 +611,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     return ReasonRayIngress.options(
         **replicas,
         max_ongoing_requests=settings.reasoning.performance.max_concurrent_requests,
+        # a stopping replica answers what it holds before it exits (it waits only while requests are in flight)
+        graceful_shutdown_timeout_s=settings.server.shutdown_timeout_s,
         # a bounded queue: beyond it Serve's proxy answers 503 with Retry-After instead of queueing forever
         max_queued_requests=settings.fanout.max_queued_requests,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=max(1, math.ceil(settings.fanout.retry_after_s))),

@@ -203,6 +203,12 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
         stop.wait()
     finally:
         click.echo("stopping...")
+        # Deleting the application first lets its replicas answer the requests in flight through a proxy that is
+        # still up ([server] shutdown_timeout_s); serve.shutdown() alone kills the proxies with those requests.
+        try:
+            ray_serve.delete("reasonray")
+        except Exception as exc:  # a cluster already gone: nothing left to drain
+            click.echo(f"  could not drain the application ({type(exc).__name__}: {exc})", err=True)
         ray_serve.shutdown()
         ray.shutdown()
         if simulator:

@@ -318,6 +318,14 @@ class ServerSettings(_Section):
         "HAProxy in front (reloaded by Serve's controller within about a second) stops sending it requests first; "
         "requests in flight still finish. Raise it to the deregistration delay of a load balancer placed before HAProxy.",
     )
+    shutdown_timeout_s: float = Field(
+        45.0,
+        gt=0,
+        le=3600,
+        description="How long stopping the service (SIGTERM, Ctrl-C, a redeploy) waits for the requests in flight to "
+        "finish and answer; a session turn saves its session as it ends. Keep it under the grace period of what "
+        "stops the process (compose's stop_grace_period, Kubernetes' terminationGracePeriodSeconds).",
+    )
     allowed_hosts: list[str] = Field(
         ["localhost", "127.0.0.1", "::1"],
         description="Host header values the API answers (DNS-rebinding defence); add the names it is reached by, '*' for any.",

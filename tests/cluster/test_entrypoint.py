@@ -105,6 +105,7 @@ def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(pg_url, gated_m
         assert gate.arrived.wait(60), "the turn's model call never arrived"
         proc.send_signal(signal.SIGTERM)  # the entrypoint exec'd reasonray serve: the signal reaches it
         assert stopping.wait(60), "SIGTERM did not stop the service:\n" + "".join(output)
+        time.sleep(5)  # the service is well into stopping (a proxy killed at once would have dropped the turn by now)
         gate.release.set()
         turn.join(120)
         assert answer.get("result", {}).get("status") == "completed", answer
