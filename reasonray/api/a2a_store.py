@@ -19,7 +19,6 @@ import asyncio
 import hashlib
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -42,6 +41,7 @@ from starlette.requests import Request
 
 from reasonray.api.auth import CURRENT_PRINCIPAL
 from reasonray.kernel.errors import SessionStateError
+from reasonray.kernel.storage import LocalDatabase
 
 log = structlog.get_logger(__name__)
 
@@ -97,27 +97,10 @@ class SqliteRepository:
     def __init__(self, sessions_dir: Path) -> None:
         self.root = Path(sessions_dir) / "a2a"
         self.path = self.root / "a2a.sqlite3"
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()  # one connection, used from the event loop's worker threads
+        self._db = LocalDatabase(self.path, self.SCHEMA, on_create=self._import_files)
 
     def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        with self._lock:
-            if self._db is None:
-                self._db = self._open()
-            return work(self._db)
-
-    def _open(self) -> sqlite3.Connection:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fresh = not self.path.exists()
-        # autocommit: each statement is its own transaction; a writer waits up to 30 s for another process's lock
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")  # readers never wait for a writer
-        for statement in self.SCHEMA:
-            db.execute(statement)
-        if fresh:
-            self.path.chmod(0o600)
-            self._import_files(db)
-        return db
+        return self._db.run(work)
 
     def _import_files(self, db: sqlite3.Connection) -> None:
         for path in sorted((self.root / "tasks").glob("*.json")):

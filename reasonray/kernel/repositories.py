@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import AwareDatetime, BaseModel, Field
 
 from reasonray.kernel.events import read_event_log
-from reasonray.kernel.storage import write_atomic
+from reasonray.kernel.storage import LocalDatabase, write_atomic
 
 if TYPE_CHECKING:
     from reasonray.kernel.pgstore import PgStore
@@ -160,27 +159,13 @@ class SqliteCounters:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / "counters.sqlite3"
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()  # one connection, shared by the caller's threads
+        schema = (
+            "CREATE TABLE IF NOT EXISTS counters "
+            "(key TEXT PRIMARY KEY, window_start INTEGER NOT NULL, value INTEGER NOT NULL, expires REAL NOT NULL)",
+        )
+        # synchronous=NORMAL: durable at each WAL checkpoint; a power loss forgets at most the last charges
+        self._db = LocalDatabase(self.path, schema, on_create=self._import_json, synchronous="NORMAL")
         self._pruned_at = 0.0
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not self.path.exists()
-            # autocommit: each statement is its own transaction; a writer waits up to 30 s for another's lock
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
-            db.execute("PRAGMA synchronous=NORMAL")  # durable at each WAL checkpoint; a crash loses at most the last charges
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS counters "
-                "(key TEXT PRIMARY KEY, window_start INTEGER NOT NULL, value INTEGER NOT NULL, expires REAL NOT NULL)"
-            )
-            if fresh:
-                os.chmod(self.path, 0o600)
-                self._import_json(db)
-            self._db = db
-        return self._db
 
     def _import_json(self, db: sqlite3.Connection) -> None:
         """Counters an earlier version kept in `counters.json` carry over once (budgets mid-window stay charged)."""
@@ -196,8 +181,8 @@ class SqliteCounters:
         start = window_start(window_s, now)
         t = time.time() if now is None else now
         expires = start + window_s if window_s else t + 10**9
-        with self._lock:
-            db = self._connect()
+
+        def charge(db: sqlite3.Connection) -> int:
             # the SET expressions read the row as it was: another window's value starts again from this amount
             (value,) = db.execute(
                 "INSERT INTO counters VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET "
@@ -208,12 +193,14 @@ class SqliteCounters:
             if t - self._pruned_at >= self.PRUNE_EVERY_S or t < self._pruned_at:
                 db.execute("DELETE FROM counters WHERE expires <= ?", (t,))
                 self._pruned_at = t
-        return int(value)
+            return int(value)
+
+        return self._db.run(charge)
 
     def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
         start = window_start(window_s, now)
-        with self._lock:
-            row = self._connect().execute("SELECT value FROM counters WHERE key = ? AND window_start = ?", (key, start)).fetchone()
+        query = "SELECT value FROM counters WHERE key = ? AND window_start = ?"
+        row = self._db.run(lambda db: db.execute(query, (key, start)).fetchone())
         return int(row[0]) if row else 0
 
 

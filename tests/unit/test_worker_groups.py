@@ -9,6 +9,9 @@ import re
 from tests.conftest import OWN_CLUSTER, SECOND_STACK, worker_group
 from tests.docs_examples import REPO
 
+# checked by hand: test_ray_compat starts no cluster (it asserts, in a subprocess, that importing the api starts none)
+ALLOWED = {"test_ray_compat.py", "test_worker_groups.py"}
+
 
 def test_the_integration_tests_form_two_groups_the_own_clusters_a_third_and_the_rest_none():
     assert worker_group("tests/integration/test_service_http.py::test_rest_mirrors_and_openapi") == "stack"
@@ -42,10 +45,6 @@ def test_no_module_outside_the_stack_folders_starts_ray_or_serve():
         if starts.search(path.read_text()) and path.name not in ALLOWED
     }
     assert not found, f"move {sorted(found)} to tests/integration (or tests/cluster if it starts its own cluster)"
-
-
-# checked by hand: test_ray_compat starts no cluster (it asserts, in a subprocess, that importing the api starts none)
-ALLOWED = {"test_ray_compat.py", "test_worker_groups.py"}
 
 
 def test_xdist_still_schedules_by_the_scope_the_groups_replace():
