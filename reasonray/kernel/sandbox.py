@@ -4,7 +4,9 @@ Code from a model or a caller (the `python` tool, react, `solve_coding_task`, th
 runs as uid/gid 64999 (an unused uid of its own) under `bwrap --unshare-all` (no network, its own pid, ipc, uts and cgroup
 namespaces), sees only read-only binds of `/usr` and the interpreter's prefix, a fresh tmpfs at
 `/tmp` (its working directory, size-capped) and nothing else: no data directory, no home, no
-service environment (`--clearenv`, three variables set). `prlimit` caps address space, CPU seconds,
+service environment (`--clearenv`, three variables set). `prlimit` caps address space, CPU seconds (the
+time budget, `timeout_s`: a loaded machine does not fail code that would finish; a program that sleeps or
+blocks is stopped after three times that in wall time),
 file size, open files and core dumps before `bwrap` starts, and processes (before, as root; inside
 the user namespace, for an unprivileged service). The whole tree is its own
 session and process group: on timeout the group is killed with `os.killpg`, and because the code is
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -42,10 +45,13 @@ NPROC_PRELUDE = "import resource; resource.setrlimit(resource.RLIMIT_NPROC, ({n}
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 # bytes of output read per chunk; the cap is enforced as chunks arrive, the rest is drained unread
 CHUNK = 65536
+WALL_FACTOR = 3  # wall time allowed per second of the CPU budget (SandboxLimits.timeout_s)
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
+    # The code's time budget is CPU time (RLIMIT_CPU): a busy machine does not fail code that would finish. A
+    # program that sleeps or blocks is stopped after WALL_FACTOR times the budget in wall time.
     timeout_s: float = 5.0
     memory_mb: int = 256
     max_output_chars: int = 4000
@@ -53,6 +59,10 @@ class SandboxLimits:
     max_file_mb: int = 16  # RLIMIT_FSIZE: largest file the code may write (in its tmpfs)
     scratch_mb: int = 32  # size of the tmpfs at /tmp, the only writable place
     max_open_files: int = 64  # RLIMIT_NOFILE
+
+    @property
+    def wall_s(self) -> float:
+        return self.timeout_s * WALL_FACTOR
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
         )
     rlimits = [
         f"--as={limits.memory_mb * 1024 * 1024}",
-        f"--cpu={max(1, int(limits.timeout_s) + 1)}",
+        f"--cpu={max(1, math.ceil(limits.timeout_s))}",
         f"--fsize={limits.max_file_mb * 1024 * 1024}",
         f"--nofile={limits.max_open_files}",
         "--core=0",
@@ -155,8 +165,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunR
     readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr), _feed(proc.stdin, code.encode()))
     timed_out = False
     try:
-        await asyncio.wait_for(asyncio.shield(readers), timeout=limits.timeout_s)
-        await asyncio.wait_for(proc.wait(), timeout=limits.timeout_s)
+        await asyncio.wait_for(asyncio.shield(readers), timeout=limits.wall_s)
+        await asyncio.wait_for(proc.wait(), timeout=limits.wall_s)
     except TimeoutError:
         timed_out = True
     finally:
@@ -173,6 +183,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunR
         raise SandboxUnavailableError(f"the python sandbox could not start: {err.text().strip()[:300]}")
     stdout, cut_out = _truncate(out, limits.max_output_chars)
     stderr, cut_err = _truncate(err, limits.max_output_chars)
+    # RLIMIT_CPU's hard limit ends the code with SIGKILL (bwrap passes it on as 128 + 9): its time budget is spent
+    timed_out = timed_out or proc.returncode in (128 + signal.SIGKILL, -signal.SIGKILL)
     return RunResult(stdout, stderr, None if timed_out else proc.returncode, timed_out, cut_out or cut_err)
 
 

@@ -31,7 +31,7 @@ def python_tool(limits: SandboxLimits) -> ServerTool:
         """Run a Python program in a sandbox (no network, no files of the host, limited time, memory and processes) and return its output."""
         result = await run_python(code, limits)
         if result.timed_out:
-            raise TimeoutError(f"the program ran longer than {limits.timeout_s} s")
+            raise TimeoutError(f"the program used up its time: {limits.timeout_s:g} s of CPU, {limits.wall_s:g} s in all")
         if result.exit_code != 0:
             raise RuntimeError(f"the program failed (exit {result.exit_code}): {result.stderr.strip()[-1500:]}")
         return result.stdout
