@@ -19,6 +19,7 @@ config key.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -179,15 +180,13 @@ class HttpGuard:
                 return
             if scope["method"] == "POST":
                 length = check_post_headers(headers, settings, _app_path(scope))
-                body = await _read(receive, length, settings)
+                body: bytes | None = await _read(receive, length, settings)
                 check_body(body, settings)
-                receive = _replay(body, receive)
+            else:
+                body = None
         except Refusal as refusal:
             error = {"jsonrpc": "2.0", "error": {"code": refusal.code, "message": refusal.message}, "id": None}
             await _respond(send, refusal.status, error, _cors_headers(origin) if cors else [])
-            return
-        if not cors:
-            await self.app(scope, receive, send)
             return
 
         async def send_with_cors(message: Message) -> None:
@@ -195,7 +194,11 @@ class HttpGuard:
                 message["headers"] = [*message.get("headers", []), *_cors_headers(origin)]
             await send(message)
 
-        await self.app(scope, receive, send_with_cors)
+        answer = send_with_cors if cors else send
+        if body is None:
+            await self.app(scope, receive, answer)
+        else:
+            await _until_disconnect(lambda replayed: self.app(scope, replayed, answer), body, receive)
 
 
 def _app_path(scope: Scope) -> str:
@@ -221,19 +224,40 @@ async def _read(receive: Receive, length: int, settings: GuardSettings) -> bytes
             return b"".join(chunks)
 
 
-def _replay(body: bytes, upstream: Receive) -> Receive:
-    """The body already read, then the connection's own messages: a streaming response (SSE) listens
-    for `http.disconnect`, which must come only when the client really leaves."""
-    sent = False
+async def _until_disconnect(run: Callable[[Receive], Awaitable[None]], body: bytes, upstream: Receive) -> None:
+    """Run the route with the body already read, and cancel it when the client goes away: a caller that leaves
+    leaves no work behind (a remote agent's call, a model's generation, a slot of its limits). The connection's
+    other messages come from the watch here, so a streaming response that listens for `http.disconnect`
+    (SSE) still gets it, when the client really leaves."""
+    gone = asyncio.Event()
+    replayed = False
 
     async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
+        nonlocal replayed
+        if not replayed:
+            replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
-        return await upstream()
+        await gone.wait()
+        return {"type": "http.disconnect"}
 
-    return receive
+    route = asyncio.ensure_future(run(receive))
+
+    async def watch() -> None:
+        while True:
+            message = await upstream()
+            if message["type"] == "http.disconnect":
+                gone.set()
+                route.cancel()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await route
+    except asyncio.CancelledError:
+        if not gone.is_set():  # cancelled from outside (the server stopping): not ours to swallow
+            raise
+    finally:
+        watcher.cancel()
 
 
 def _cors_headers(origin: str | None, preflight: bool = False) -> list[tuple[bytes, bytes]]:

@@ -105,14 +105,20 @@ def tarpit():
 @pytest.fixture(scope="module")
 def untrusted(serve_base, simulator, tarpit):
     # the shipped roles, unchanged: their default limits are part of what is tested
-    changes = {"auth": {"jwt_secret": SECRET}, "egress": {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 20}}
+    changes = {"auth": {"jwt_secret": SECRET}, "egress": {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 90}}
     with own_app(serve_base, simulator.url, "untrusted", **changes) as (client, settings):
         yield client, settings
 
 
-def rpc(client: httpx.Client, sub: str, method: str, params: dict, *roles: str, timeout: float = 60) -> httpx.Response:
+def rpc(
+    client: httpx.Client, sub: str, method: str, params: dict, *roles: str, timeout: float = 60, headers: dict | None = None
+) -> httpx.Response:
     body = {"jsonrpc": "2.0", "method": method, "params": params, "id": 1}
-    return client.post("/rpc", json=body, headers=bearer(sub, *roles), timeout=timeout)
+    return client.post("/rpc", json=body, headers={**bearer(sub, *roles), **(headers or {})}, timeout=timeout)
+
+
+# Ray Serve stops watching a request for its caller's disconnect when the caller asks it to with this header
+HOLD_ON_DISCONNECT = {"x-request-disconnect-disabled": "?1"}
 
 
 def latencies(fn, n: int) -> list[float]:
@@ -149,7 +155,10 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
         # the attacker gives up after 15 s and goes away (its connection closes)
         try:  # a connection of its own per call, as a flooding script opens them
             with httpx.Client(base_url=client.base_url) as own:
-                response = rpc(own, "mallory", "reasoning.execute", {"query": f"hold {i}", "agent_id": "tarpit"}, "operator", timeout=15)
+                params = {"query": f"hold {i}", "agent_id": "tarpit"}
+                # half of them ask Serve not to watch for their disconnect: the service must cancel them anyway
+                headers = HOLD_ON_DISCONNECT if i % 2 else None
+                response = rpc(own, "mallory", "reasoning.execute", params, "operator", timeout=15, headers=headers)
             outcomes.append(response.status_code if "error" not in response.json() else response.json()["error"]["code"])
         except httpx.TimeoutException:
             outcomes.append("timeout")
@@ -162,8 +171,8 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
         for f in flood:
             f.result()
     after_end = time.monotonic()
-    # through Serve's proxy a caller that leaves cancels its call at once; the HAProxy ingress does not pass the
-    # disconnect on, so there the call ends at [egress] call_timeout_s (20 s here): either way nothing outlives it
+    # a caller that leaves cancels its call (the front door watches for the disconnect, behind HAProxy as behind
+    # Serve's proxy), long before [egress] call_timeout_s (90 s here) would end it
     while tarpit.open and time.monotonic() - after_end < 25:
         time.sleep(0.1)
     released_s = time.monotonic() - after_end
@@ -185,13 +194,13 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
     # mallory holds no more than her remote calls in flight ([egress] max_per_principal, 4) at the tarpit
     assert 1 <= held_during <= 4, report
     assert outcomes.count("timeout") <= 4 and outcomes.count(-32012) >= 140, report  # the rest refused at once: 429
-    assert tarpit.open == 0 and released_s < 25, report  # the attacker gone, nothing is left behind
+    assert tarpit.open == 0 and released_s < 5, report  # the attacker gone, nothing is left behind
     # health and bob: at their idle latency (generous factors: the machine is shared and noisy)
     assert statistics.median(during_health) < max(5 * statistics.median(idle_health), 0.25), report
     assert statistics.median(during_bob) < max(5 * statistics.median(idle_bob), 1.0), report
     assert statistics.median(after_health) < max(5 * statistics.median(idle_health), 0.25), report
     assert statistics.median(after_bob) < max(5 * statistics.median(idle_bob), 1.0), report
-    # and mallory's run slots came back (nothing held for the 120 s timeout): a refusal now can only be
+    # and mallory's run slots came back (nothing held for the 90 s timeout): a refusal now can only be
     # her requests-per-minute window, which the flood filled
     again = rpc(client, "mallory", "reasoning.execute", {"query": "2 + 2?", "strategy": "chain_of_thought"}, "operator")
     assert again.status_code == 200 or again.json()["error"]["data"]["limit_name"] == "requests_per_minute", again.text
@@ -207,12 +216,14 @@ def test_egress_refusals_over_http_do_not_tell_what_answered(untrusted, tarpit, 
         f"http://localhost:{tarpit.port}{CARD_PATH}",  # the listed port under a name the list does not give
         f"http://[::1]:{tarpit.port}{CARD_PATH}",
     ]
+    connections = tarpit.connections
     for url in refused_urls:
         body = rpc(client, "ops", "agent.register", {"id": "probe", "name": "P", "capabilities": ["x"], "a2a_card_url": url}, "operator")
         error = body.json()["error"]
         assert error["code"] == -32003 and error["data"]["error_type"] == "egress_refused", (url, error)
         assert body.status_code == 200  # JSON-RPC: the error is in the body
-    assert tarpit.connections == tarpit.connections  # nothing above connected anywhere (checked per URL in tests/security)
+    # the listed port under another name reached nothing either (the other URLs: per URL in tests/security)
+    assert tarpit.connections == connections
 
 
 def test_a_token_with_no_known_role_gets_the_public_routes_only(untrusted):
