@@ -16,13 +16,14 @@ have() { .venv/bin/python -c "import importlib.util as u, sys; sys.exit(0 if all
 
 # The installed build generates a token with the bundled model: a build for another CPU (or one whose native code
 # this machine's hypervisor refuses, such as AMX tiles) dies of SIGILL at the first generation, not at import.
-runs() {
-    timeout 120 .venv/bin/python - <<'PY' >/dev/null 2>&1
+runs() {  # in a subshell of its own, so that bash's "Illegal instruction" report of a dead build goes nowhere
+    (timeout 120 .venv/bin/python - <<'PY'
 from llama_cpp import Llama
 from reasonray.gateway.local_model import bundled_model
 llm = Llama(model_path=str(bundled_model()), n_ctx=256, n_threads=2, verbose=False)
 llm.create_completion("1 + 1 =", max_tokens=2)
 PY
+    exit $?) >/dev/null 2>&1  # `exit` keeps bash from exec'ing timeout in place of the subshell
 }
 
 # llama.cpp builds for the CPU it is built on by default (-march=native): on this kind of machine that emitted
