@@ -62,13 +62,20 @@ def pg_url(postgres) -> str:
 # worker's cluster stops after its last integration test). "cluster", the modules of tests/cluster that start Ray
 # clusters of their own (`ray start`, `reasonray serve`, the container entrypoint), runs one module after the
 # other, collected last. Everything else (unit tests, lint, notebooks, the in-process security tests) is spread
-# over whichever worker is free. The split balances the two workers (docs/testing.md has the figures): the groups
-# hold about 9 and 5 minutes of tests, the rest about 9.
+# over whichever worker is free. The split balances the two workers (docs/testing.md has the figures): in a loaded
+# run the groups held about 760 and 780 s of tests, the rest (unit, lint, notebooks, clusters) about 570.
 # The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
 # under pytest 9.
 SECOND_STACK = {
     f"tests/integration/{name}.py"
-    for name in ("test_a2a_http", "test_memory_http", "test_clients_http", "test_tracing_http", "test_bounded_context_http")
+    for name in (
+        "test_a2a_http",
+        "test_memory_http",
+        "test_clients_http",
+        "test_tracing_http",
+        "test_bounded_context_http",
+        "test_session_hosts_http",
+    )
 }
 OWN_CLUSTER = "tests/cluster/"
 
