@@ -173,6 +173,7 @@ class HttpGuard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         origin = headers.get("origin")
         cors = origin is not None and (origin in settings.cors_origins or "*" in settings.cors_origins)
+        body: bytes | None = None  # a POST's, read here in full
         try:
             check_host(headers, settings)
             if scope["method"] == "OPTIONS" and cors:
@@ -180,10 +181,8 @@ class HttpGuard:
                 return
             if scope["method"] == "POST":
                 length = check_post_headers(headers, settings, _app_path(scope))
-                body: bytes | None = await _read(receive, length, settings)
+                body = await _read(receive, length, settings)
                 check_body(body, settings)
-            else:
-                body = None
         except Refusal as refusal:
             error = {"jsonrpc": "2.0", "error": {"code": refusal.code, "message": refusal.message}, "id": None}
             await _respond(send, refusal.status, error, _cors_headers(origin) if cors else [])
