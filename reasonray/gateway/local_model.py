@@ -100,6 +100,10 @@ class LocalModelServer:
             s.host,
             "--port",
             str(self.port),
+            # by default the server cuts a running stream short when another request arrives (no usage, no finish
+            # reason): fan-out branches and sessions in other processes call it at once, and each must finish
+            "--interrupt_requests",
+            "False",
         ]
         if s.chat_format:
             argv += ["--chat_format", s.chat_format]

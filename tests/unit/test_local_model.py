@@ -70,6 +70,7 @@ def test_starts_waits_until_it_answers_and_stops(stand_in):
         '"--n_threads", "1"',
         '"--n_threads_batch", "1"',
         '"--chat_format", "chatml"',
+        '"--interrupt_requests", "False"',  # another caller's request must not cut a running stream short
     ):
         assert flag in given
     with pytest.raises(httpx.HTTPError):
