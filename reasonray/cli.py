@@ -219,7 +219,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
 
 def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
     """Start [llm.local]'s model server and point [llm] at it: keyless, its alias as the model name."""
-    from reasonray.gateway.local_model import LocalModelServer
+    from reasonray.gateway.local_model import LocalModelServer, model_path
 
     click.echo("starting the local model server (llama.cpp)...")
     try:
@@ -233,6 +233,9 @@ def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
         "api_key_required": False,
         "provider_reason": f"openai: `--llm local` started llama.cpp's server at {server.url} ([llm.local])",
     }
+    # its model file is here: prompts count as the server counts them (its own template; a --chat_format is another)
+    if settings.llm.tokenizer == "auto" and not settings.llm.local.chat_format:
+        update["tokenizer"] = str(model_path(settings.llm.local))
     return server, settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
 
 

@@ -9,7 +9,11 @@ A `ModelTokenCounter` counts with the best source it has, in this order:
 - otherwise tiktoken's count scaled by what the server reports: the largest recent ratio of its token counts to
   ours (prompt and completion usage, tokenize answers), plus a safety margin, so an estimate errs on the high side.
 
-Both also learn the chat framing the server adds around messages (ChatML markers, a system prompt the chat
+A chat request's prompt is counted exactly when the model's GGUF file is at hand and the server formats with the
+template it carries (llama-cpp-python's server without `--chat_format`): `count_chat` renders that Jinja template
+with the messages and tools and tokenizes the result as the server does. This matters because llama-cpp-python
+reports no usage in a stream, and ReasonRay streams to it: the prompt count charged is this one. Otherwise the
+counter learns the chat framing the server adds around messages (ChatML markers, a system prompt the chat
 template injects) from the prompt usage it reports, and `count_messages` adds it. `head` and `tail` cut by
 the same count: `count(head(text, n)) <= n` always holds.
 """
@@ -20,7 +24,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +32,7 @@ import httpx
 import structlog
 
 from reasonray.gateway.protocol import Message
-from reasonray.gateway.tokens import TokenCounter, count_messages
+from reasonray.gateway.tokens import TokenCounter, count_messages, openai_message
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +67,38 @@ class GGUFVocab:
             raise RuntimeError(f"counting with {path} needs llama-cpp-python (pip install llama-cpp-python)") from exc
         self.name = f"gguf:{Path(path).name}"
         self._llama = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        self._template: Any = None  # the chat template llama-cpp-python's server renders prompts with (see count_chat)
+        self._template_loaded = False
+
+    def count_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int | None:
+        """A chat request's prompt tokens as llama-cpp-python's server counts them when it serves this file with its
+        own template (no `--chat_format`): the GGUF's Jinja template rendered with the messages and tools, tokenized
+        with special tokens and no added BOS (the template writes its own). None when the server would format the
+        prompt otherwise (a template it recognises as a built-in format, or none in the file)."""
+        template = self._chat_template()
+        if template is None:
+            return None
+        prompt = template(messages=messages, tools=tools or None).prompt
+        return len(self._llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
+
+    def _chat_template(self) -> Any:
+        if not self._template_loaded:
+            self._template_loaded = True
+            from llama_cpp import llama_chat_format
+
+            metadata = self._llama.metadata
+            template = metadata.get("tokenizer.chat_template")
+            # the server uses a built-in formatter instead when it recognises the template (its own rendering)
+            if template and llama_chat_format.guess_chat_format_from_gguf_metadata(metadata) is None:
+                model = self._llama._model
+                eos, bos = self._llama.token_eos(), self._llama.token_bos()
+                self._template = llama_chat_format.Jinja2ChatFormatter(
+                    template=template,
+                    eos_token=model.token_get_text(eos) if eos != -1 else "",
+                    bos_token=model.token_get_text(bos) if bos != -1 else "",
+                    stop_token_ids=[eos],
+                )
+        return self._template
 
     def encode(self, text: str) -> list[int] | None:
         tokens: list[int] = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
@@ -276,6 +312,20 @@ class ModelTokenCounter:
         ids = self._model_ids(text)
         return len(ids) if ids is not None else self.estimate(text)
 
+    def count_chat(self, messages: tuple[Message, ...], tools: Sequence[dict[str, Any]] = ()) -> int | None:
+        """A chat request's prompt tokens exactly as the server counts them, when the source can render the
+        model's chat template (a GGUF file the server serves with its own template); None otherwise."""
+        self._first_use()
+        render = getattr(self.source, "count_chat", None)
+        if not callable(render):
+            return None
+        try:
+            counted = render([openai_message(m) for m in messages], list(tools))
+        except Exception as exc:  # a template that fails on these messages: the server would say so; estimate here
+            log.info("tokens.chat_template_failed", source=self.encoding_name, reason=str(exc)[:200])
+            return None
+        return None if counted is None else int(counted)
+
     def count_many(self, texts: Iterable[str]) -> list[int]:
         return [self.count(t) for t in texts]
 
@@ -329,7 +379,7 @@ class ModelTokenCounter:
         self, messages: tuple[Message, ...], prompt_tokens: int, completion_texts: Iterable[str] = (), completion_tokens: int = 0
     ) -> None:
         """What the server reported for a call: calibrates the estimate, and an exact count's framing."""
-        if prompt_tokens <= 0:
+        if prompt_tokens <= 0 or self.count_chat(messages) is not None:  # an exact count has nothing to learn
             return
         if not self.exact:
             texts = [t for t in completion_texts if t]

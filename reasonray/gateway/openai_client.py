@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import threading
 import time
 import weakref
@@ -43,7 +42,7 @@ from reasonray.gateway.protocol import (
     ToolCall,
     Usage,
 )
-from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +50,8 @@ log = structlog.get_logger(__name__)
 ALLOW_REMOTE_REQUESTS = True
 
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+# the purpose header of the gateway's own calls that learn a chat template's framing (no run's, and no run counts them)
+FRAMING_PROBE = "framing_probe"
 
 
 def is_loopback_url(url: str) -> bool:
@@ -61,17 +62,6 @@ def is_loopback_url(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _message_param(m: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
-    if m.tool_call_id:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name:
-        out["name"] = m.name
-    return out
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
@@ -294,9 +284,7 @@ class OpenAILLM:
         context = self.context_length
         if context is None:
             return wanted
-        prompt = count_messages(self.tokens, request.messages)
-        if request.tools:
-            prompt += self.tokens.count(json.dumps(list(request.tools)))
+        prompt = count_messages(self.tokens, request.messages, request.tools)
         room = context - prompt
         if room < 1:
             raise ProviderRejectedError(
@@ -309,7 +297,7 @@ class OpenAILLM:
     def _params(self, request: LLMRequest) -> dict[str, Any]:
         params: dict[str, Any] = {
             "model": self._model,
-            "messages": [_message_param(m) for m in request.messages],
+            "messages": [openai_message(m) for m in request.messages],
             "temperature": request.temperature,
         }
         max_tokens = self._max_tokens(request)
@@ -415,14 +403,18 @@ class OpenAILLM:
     @property
     def _framing_unknown(self) -> bool:
         # a streamed answer from llama.cpp reports no usage, so nothing would ever show the framing its chat template adds
-        return self._stream and self._framing_learned_for != self.endpoint.fingerprint and isinstance(self.tokens, ModelTokenCounter)
+        if not self._stream or self._framing_learned_for == self.endpoint.fingerprint or not isinstance(self.tokens, ModelTokenCounter):
+            return False
+        # nothing to learn where the model's own chat template counts a prompt exactly
+        return self.tokens.count_chat((Message(role="user", content="Hi"),)) is None
 
     async def _learn_framing(self) -> None:
         """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""
         self._framing_learned_for = self.endpoint.fingerprint
         for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
-            params: dict[str, Any] = {"model": self._model, "messages": [_message_param(m) for m in probe], "temperature": 0.0}
+            params: dict[str, Any] = {"model": self._model, "messages": [openai_message(m) for m in probe], "temperature": 0.0}
             params[self._max_tokens_param] = 1
+            params["extra_headers"] = {PURPOSE_HEADER: FRAMING_PROBE}  # the gateway's own call, of no run
             with self.limiter.sending():
                 response = await self._client.chat.completions.create(**params)
             if response.usage is not None:
@@ -510,7 +502,10 @@ class _StreamParts:
     def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
         """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion), by the model's count."""
         counter = llm.tokens
-        error.spent = (count_messages(counter, request.messages), sum(counter.count("".join(t)) for t in self.texts.values()))
+        error.spent = (
+            count_messages(counter, request.messages, request.tools),
+            sum(counter.count("".join(t)) for t in self.texts.values()),
+        )
         return error
 
     def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
@@ -542,7 +537,7 @@ class _StreamParts:
         else:  # llama.cpp streams without a usage chunk: count as the model does
             counter = llm.tokens
             completion_tokens = sum(counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls) for c in choices)
-            usage = Usage(count_messages(counter, request.messages), completion_tokens)
+            usage = Usage(count_messages(counter, request.messages, request.tools), completion_tokens)
         model = self.model or llm.model
         return Completion(choices=tuple(choices), usage=usage, model=model, simulated=model.startswith("simulated"))
 

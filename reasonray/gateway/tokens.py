@@ -9,9 +9,10 @@ reports agrees with what strategies count.
 from __future__ import annotations
 
 import functools
+import json
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -124,10 +125,30 @@ def counter_for_model(model: str) -> TokenCounter:
     return _load(_encoding_name_for(model))
 
 
-def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
-    """Prompt tokens of a chat request, as OpenAI's chat format counts them, plus whatever framing the counter
-    has learned the model's server adds (its `framing`: chat-template markers, an injected system prompt)."""
+def openai_message(m: Message) -> dict[str, Any]:
+    """A message as the chat completions API takes it (and as a server's chat template then sees it)."""
+    # an assistant's tool calls come with no text: "" rather than null, which llama-cpp-python's server refuses (500)
+    out: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None else ""}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name:
+        out["name"] = m.name
+    return out
+
+
+def count_messages(counter: TokenCounter, messages: Iterable[Message], tools: Sequence[dict[str, Any]] = ()) -> int:
+    """Prompt tokens of a chat request: exactly, when the counter can render the model's own chat template
+    (`count_chat`: the server's template and tokenizer, as it will count them); otherwise as OpenAI's chat
+    format counts them, plus whatever framing the counter has learned the model's server adds (its `framing`:
+    chat-template markers, an injected system prompt) and the tools' JSON."""
     messages = tuple(messages)
+    exact = getattr(counter, "count_chat", None)
+    if callable(exact):
+        counted = exact(messages, tools)
+        if counted is not None:
+            return int(counted)
     framing = getattr(counter, "framing", None)
     total = REPLY_PRIMING_TOKENS + (int(framing(messages)) if callable(framing) else 0)
     for m in messages:
@@ -138,6 +159,8 @@ def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
             total += TOKENS_PER_NAME + counter.count(m.name)
         for call in m.tool_calls:
             total += counter.count(call.name) + counter.count(call.arguments)
+    if tools:
+        total += counter.count(json.dumps(list(tools)))
     return total
 
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from reasonray.client import Client, ReasonRayError
-from reasonray.gateway.local_model import LocalModelServer
+from reasonray.gateway.local_model import LocalModelServer, bundled_model
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import LocalModelSection
 from tests.integration.conftest import kill_tree, wait_until_serving
@@ -79,6 +79,9 @@ def service_environment(base_url: str, data_dir: str, **extra: str) -> dict[str,
         REASONRAY_LLM__MODEL="smollm2",
         REASONRAY_LLM__API_KEY_REQUIRED="false",
         REASONRAY_LLM__CACHE__ENABLED="false",
+        # the served model's file, so that prompts count as the server counts them (its chat template rendered
+        # and tokenized here): llama-cpp-python names no model file and streams no usage (docs/real-model.md)
+        REASONRAY_LLM__TOKENIZER=str(bundled_model()),
         REASONRAY_DATA_DIR=data_dir,
         **extra,
     )

@@ -1,6 +1,13 @@
 """A recording proxy in front of the real model server: every request ReasonRay sends goes through it
 unchanged, and it keeps what the server answered (the usage it reported, the text, tool calls), so the
-tests can hold ReasonRay's own counts against the server's."""
+tests can hold ReasonRay's own counts against the server's.
+
+llama-cpp-python's server reports no usage in a stream (it ignores `stream_options.include_usage`), and
+ReasonRay streams to it (a closed stream is how a timed-out call stops the server). For a streamed call the
+proxy therefore asks the server itself, once the stream has ended: the prompt's tokens are the
+`prompt_tokens` the server reports for the same request sent plainly with `max_tokens: 1`, and the answer's
+are the server's own tokenizer's count of the text it streamed (`/extras/tokenize/count`, less the BOS it
+adds to any text). Those two requests go straight to the server and are not recorded as calls."""
 
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+
+from reasonray.gateway.openai_client import FRAMING_PROBE
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 
@@ -29,7 +38,7 @@ class Call:
     finished: float | None = None
     status: int | None = None
     streamed: bool = False
-    usage: dict[str, Any] | None = None  # what the server reported (none in its streams)
+    usage: dict[str, Any] | None = None  # what the server reported (for a stream: what it counts when asked)
     content: str = ""
     finish_reason: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -81,10 +90,16 @@ class Recorder:
         return time.monotonic()
 
     def since(self, mark: float, until: float | None = None) -> list[Call]:
-        """The completion calls ReasonRay sent after `mark` (and before `until`)."""
+        """The completion calls ReasonRay sent for runs after `mark` (and before `until`): not the gateway's framing
+        probes (two one-token calls per process and endpoint, the first time it streams to a llama.cpp server)."""
         with self._lock:
             return [
-                c for c in self.calls if c.path.endswith("/chat/completions") and c.arrived >= mark and (until is None or c.arrived < until)
+                c
+                for c in self.calls
+                if c.path.endswith("/chat/completions")
+                and c.purpose != FRAMING_PROBE
+                and c.arrived >= mark
+                and (until is None or c.arrived < until)
             ]
 
     def wait_idle(self, timeout_s: float = 600.0) -> None:
@@ -117,6 +132,8 @@ class Recorder:
                 call.streamed = upstream.headers.get("content-type", "").startswith("text/event-stream")
                 if call.streamed:
                     self._relay_stream(handler, upstream, call)
+                    if call.usage is None and upstream.status_code == 200 and path.endswith("/chat/completions"):
+                        call.usage = self._server_count(call, headers)
                 else:
                     data = upstream.read()
                     self._note_response(call, data)
@@ -136,6 +153,21 @@ class Recorder:
                 call.client_left = True
         finally:
             call.finished = time.monotonic()
+
+    def _server_count(self, call: Call, headers: dict[str, str]) -> dict[str, Any] | None:
+        """The usage the server would have reported for a streamed call (see the module's docstring)."""
+        plain = {k: v for k, v in call.request.items() if k not in ("stream", "stream_options", "max_tokens", "max_completion_tokens")}
+        try:
+            answer = self._http.post(self.upstream + "/chat/completions", json={**plain, "stream": False, "max_tokens": 1}, headers=headers)
+            prompt = answer.json()["usage"]["prompt_tokens"]
+            extras = self.upstream.removesuffix("/v1") + "/extras/tokenize/count"
+            model = call.request.get("model")
+            counted = self._http.post(extras, json={"input": call.content, "model": model}).json()["count"]
+            nothing = self._http.post(extras, json={"input": "", "model": model}).json()["count"]  # the BOS it adds
+        except (httpx.HTTPError, KeyError, ValueError):
+            return None
+        completion = counted - nothing if call.content else 0
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion, "asked": True}
 
     @staticmethod
     def _reply(handler: BaseHTTPRequestHandler, upstream: httpx.Response, data: bytes) -> None:

@@ -1,3 +1,5 @@
+import json
+
 import structlog
 import tiktoken
 
@@ -79,3 +81,55 @@ def test_a_name_costs_one_token_more_and_an_empty_request_only_the_priming():
     named = [Message(role="user", content="hi", name="alice")]
     assert count_messages(counter, named) == 3 + 3 + counter.count("user") + counter.count("hi") + 1 + counter.count("alice")
     assert count_messages(counter, [Message(role="user", content="")]) == 3 + 3 + counter.count("user")
+
+
+class TemplateSource:
+    """A tokenizer that can also count a whole chat as a server renders it (as `GGUFVocab` does with the
+    model's template): one token per character, and a template of `<role>content` per message, "<go>" after."""
+
+    name = "template"
+
+    def __init__(self, renders: bool = True) -> None:
+        self.renders = renders
+        self.rendered: list[tuple[list[dict], list[dict]]] = []
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+    def count_chat(self, messages: list[dict], tools: list[dict] | None = None) -> int | None:
+        if not self.renders:
+            return None
+        self.rendered.append((messages, tools or []))
+        return sum(len(f"<{m['role']}>{m['content']}") for m in messages) + len("<go>")
+
+
+def test_a_source_that_renders_the_chat_template_counts_the_prompt_exactly():
+    from reasonray.gateway.model_tokens import ModelTokenCounter
+
+    source = TemplateSource()
+    counter = ModelTokenCounter(counter_for_model("gpt-4o"), source=source)
+    call = ToolCall(id="c1", name="calc", arguments="{}")
+    chat = (Message(role="user", content="Hi"), Message(role="assistant", content=None, tool_calls=(call,)))
+    tool = {"type": "function", "function": {"name": "calc"}}
+    assert count_messages(counter, chat, [tool]) == len("<user>Hi") + len("<assistant>") + len("<go>")
+    # the template sees the request as it is sent: tool-call turns with "" for text, and the tools
+    messages, tools = source.rendered[-1]
+    assert messages[1]["content"] == "" and messages[1]["tool_calls"][0]["function"]["name"] == "calc" and tools == [tool]
+    # reported usage has nothing to teach an exact count: the next count is the same
+    counter.observe_usage(chat, 999)
+    assert count_messages(counter, chat, [tool]) == len("<user>Hi") + len("<assistant>") + len("<go>")
+
+
+def test_without_a_template_the_count_is_the_chat_format_plus_the_learned_framing_and_the_tools():
+    from reasonray.gateway.model_tokens import ModelTokenCounter
+
+    counter = ModelTokenCounter(counter_for_model("gpt-4o"), source=TemplateSource(renders=False))
+    chat = (Message(role="user", content="Hi"),)
+    plain = count_messages(counter, chat)
+    counter.observe_usage(chat, plain + 7)  # the server's template added 7 tokens beyond the chat format's framing
+    assert count_messages(counter, chat) == plain + 7
+    tool = {"type": "function", "function": {"name": "calc"}}
+    assert count_messages(counter, chat, [tool]) == plain + 7 + counter.count(json.dumps([tool]))
