@@ -252,9 +252,10 @@ class ReasonRayIngress:
                 registry_actor, app_name, self.settings.reasoning, self.settings.data_dir, self.settings.store.url
             )
             cache_started = starting.submit(ensure_cache_actor, app_name, self.settings.llm.cache)
-            board_started = starting.submit(task_board, app_name)  # running A2A tasks, shared by the replicas
+            prestart = self.settings.server.prestart  # off: these three start at their first use
+            board_started = starting.submit(task_board, app_name, prestart)  # running A2A tasks, shared by the replicas
             hosts_started = starting.submit(session_hosts, app_name, self.settings, spec)
-            pool_started = starting.submit(self.pool.start)  # the first request finds the branch runners warm
+            pool_started = starting.submit(self.pool.start if prestart else list)  # the first request finds the runners warm
             tenancy_started = starting.submit(self._tenancy_actors, app_name) if self.settings.auth.enabled else None
             starting.submit(retire_stale_memory, app_name, self.settings).result()
             handle, board, hosts = registry_started.result(), board_started.result(), hosts_started.result()

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint
+from reasonray.actors.lifecycle import Fingerprinted, actor_for, ensure_actor, fingerprint, retire_if_stale
 from reasonray.api.a2a_store import TaskBoard
 from reasonray.kernel.errors import RunCancelledError
 
@@ -59,8 +59,15 @@ async def _call(method: Any, *args: Any) -> Any:
 class RayTaskBoard:
     """`reasonray.api.a2a_store.Board` over the application's board actor."""
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    def __init__(self, name: str, fp: str, handle: Any = None) -> None:
+        self.name, self.fp = name, fp
+        self._handle = handle
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:  # not started at deploy time ([server] prestart off): started by its first use
+            self._handle = actor_for(TaskBoardActor, self.name, self.fp)
+        return self._handle
 
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
         return int(await _call(self.handle.commit, task_id, owner, prev_version, state, doc))
@@ -84,6 +91,11 @@ class RayTaskBoard:
         return (list(found[0]), int(found[1])) if found is not None else None
 
 
-def task_board(app_name: str) -> RayTaskBoard:
-    """Deploy time: the application's board (one per application, whatever its settings)."""
-    return RayTaskBoard(ensure_actor(TaskBoardActor, f"{app_name}-a2a-board", fingerprint("a2a-board", 1)))
+def task_board(app_name: str, start: bool = True) -> RayTaskBoard:
+    """Deploy time: the application's board (one per application, whatever its settings), started now or at its
+    first use."""
+    name, fp = f"{app_name}-a2a-board", fingerprint("a2a-board", 1)
+    if not start:
+        retire_if_stale(name, fp)
+        return RayTaskBoard(name, fp)
+    return RayTaskBoard(name, fp, ensure_actor(TaskBoardActor, name, fp))

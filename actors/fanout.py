@@ -216,9 +216,9 @@ class BranchPool:
         self.in_flight -= branches
 
     def pick(self) -> int:
-        """The least-loaded runner, after adding one when every runner is busy or full."""
-        index = min(range(len(self.runners)), key=self.load.__getitem__)
-        if self._should_grow(index):
+        """The least-loaded runner, after adding one when every runner is busy or full (or none was started)."""
+        index = min(range(len(self.runners)), key=self.load.__getitem__, default=-1)
+        if index < 0 or self._should_grow(index):
             self._add()
             self.grown_at = time.monotonic()
             index = len(self.runners) - 1

@@ -35,6 +35,7 @@ from reasonray.actors.lifecycle import (
     fingerprint,
     private_files,
     retire_extra,
+    retire_if_stale,
 )
 from reasonray.actors.memory import RayMemory
 from reasonray.gateway.cache import cache_scope, scope_cache
@@ -180,10 +181,16 @@ def host_name(app_name: str, index: int) -> str:
 
 
 def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[SessionHostClient]:
-    """The application's session hosts, created now (deploy time) or kept when they run with these settings."""
+    """The application's session hosts, created now (deploy time) or kept when they run with these settings; with
+    `[server] prestart` off, each is created at its first use (hosts with other settings are retired now)."""
     fp = fingerprint(spec.settings_json)
     names = [host_name(app_name, i) for i in range(settings.sessions.hosts)]
-    hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec, **HOST_OPTIONS)) for name in names]
+    if settings.server.prestart:
+        hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec, **HOST_OPTIONS)) for name in names]
+    else:
+        for name in names:
+            retire_if_stale(name, fp)
+        hosts = [SessionHostClient(name, fp, spec) for name in names]
     retired = retire_extra(host_name(app_name, 0)[:-1], set(names))
     if retired:
         log.info("session.hosts_retired", hosts=retired)

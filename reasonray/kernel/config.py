@@ -304,6 +304,12 @@ class ServerSettings(_Section):
         8, ge=0, le=256, description="Idle worker processes a node keeps for fan-out branches (Ray's num_workers_soft_limit)."
     )
     autoscaling: AutoscalingSettings = AutoscalingSettings()
+    prestart: bool = Field(
+        True,
+        description="Start the session hosts, the branch runners and the A2A task board when the application is "
+        "deployed, so the first request finds them warm; off: each starts at its first use (a lighter deploy, "
+        "about half of its processes, for an instance that may never use them).",
+    )
     fast_ingress: bool = Field(
         True,
         description="Serve's HAProxy ingress and throughput-optimised data plane: a third of the proxy's per-request "

@@ -146,9 +146,10 @@ def api(serve_base, simulator):
 
 
 # An application of a test's own starts one branch runner and one session host instead of config.toml's
-# two of each (four fewer Ray worker processes to start per application, on 2 cores): the main application
-# (`api`) runs the defaults, and a test about the pool or the hosts sets their sizes in its changes.
-LIGHT_APP: dict[str, Any] = {"fanout": {"pool_size": 1}, "sessions": {"hosts": 1}}
+# two of each, and starts them (and the A2A task board) at their first use, not at deploy time
+# (`[server] prestart` off: a deploy then starts 3 processes instead of 6, about 10 CPU-s less on 2 cores):
+# the main application (`api`) runs the defaults, and a test about the pool or the hosts sets them in its changes.
+LIGHT_APP: dict[str, Any] = {"fanout": {"pool_size": 1}, "sessions": {"hosts": 1}, "server": {"prestart": False}}
 
 
 @contextmanager

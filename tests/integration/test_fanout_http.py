@@ -28,7 +28,7 @@ def execute(client, query: str, **params):
 
 
 def test_self_consistency_branches_share_a_warm_pool_of_few_processes(serve_base, slow_simulator):
-    changes = {"fanout": {"pool_size": 2, "max_pool_size": 2}, "llm": {"cache": {"enabled": False}}}
+    changes = {"fanout": {"pool_size": 2, "max_pool_size": 2}, "llm": {"cache": {"enabled": False}}, "server": {"prestart": True}}
     with own_app(serve_base, slow_simulator.url, "fanpool", **changes) as (client, _):
         health = client.get("/admin/health").json()["fanout"]  # before the first request: the pool is up and warm
         assert health["runners"] == 2 and health["in_flight"] == 0
@@ -57,6 +57,8 @@ def test_beyond_max_in_flight_a_request_is_refused_with_a_retry_hint_and_nothing
         "llm": {"cache": {"enabled": False}},
     }
     with own_app(serve_base, slow_simulator.url, "fanload", **changes) as (client, _):
+        # `[server] prestart` off (the test applications' default): no runner until the first fan-out needs one
+        assert client.get("/admin/health").json()["fanout"]["runners"] == 0
         queries = [f"What is {i} * 3?" for i in range(6)]
         with concurrent.futures.ThreadPoolExecutor(len(queries)) as threads:
             first = list(threads.map(lambda q: execute(client, q, strategy_config={"samples": 5}).json(), queries))
@@ -68,6 +70,7 @@ def test_beyond_max_in_flight_a_request_is_refused_with_a_retry_hint_and_nothing
                 assert error["code"] == -32011 and error["data"]["error_type"] == "overloaded"
                 assert error["data"]["retry_after_s"] == 0.5 and error["data"]["max_in_flight"] == 5
         answers = {q: body["result"]["answer"] for q, body in zip(queries, first, strict=True) if "result" in body}
+        assert client.get("/admin/health").json()["fanout"]["runners"] == 1  # started by the first, shared by all
         for query in refused:  # the hint is honest: sent again one at a time, each succeeds
             time.sleep(0.5)
             answers[query] = result_of(execute(client, query, strategy_config={"samples": 5}))["answer"]

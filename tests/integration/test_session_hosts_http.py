@@ -24,6 +24,7 @@ from reasonray.api.tenancy import personal_workspace
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
 
+PRESTART = {"prestart": True}  # the hosts are what these tests watch: up from the deploy, as in production
 SLOW_MS = 3000  # a model slow enough that a turn is surely in flight when the test acts, on a loaded machine too
 
 
@@ -76,7 +77,7 @@ def wait_busy(*hosts, deadline_s: float = 30) -> tuple:
 
 
 def test_many_sessions_share_a_few_host_processes(serve_base, simulator):
-    with own_app(serve_base, simulator.url, "hosts", sessions={"hosts": 2}) as (client, _):
+    with own_app(serve_base, simulator.url, "hosts", sessions={"hosts": 2}, server=PRESTART) as (client, _):
         try:
             sids = [new_session(client) for _ in range(20)]
             with ThreadPoolExecutor(8) as pool:
@@ -95,7 +96,7 @@ def test_many_sessions_share_a_few_host_processes(serve_base, simulator):
 
 
 def test_killing_a_host_mid_conversation_loses_nothing_and_runs_no_turn_twice(serve_base, slow_simulator):
-    with own_app(serve_base, slow_simulator.url, "hostkill", sessions={"hosts": 2}) as (client, _):
+    with own_app(serve_base, slow_simulator.url, "hostkill", sessions={"hosts": 2}, server=PRESTART) as (client, _):
         try:
             sids = [new_session(client) for _ in range(8)]
             with ThreadPoolExecutor(8) as pool:
@@ -126,7 +127,7 @@ def test_killing_a_host_mid_conversation_loses_nothing_and_runs_no_turn_twice(se
 
 
 def test_a_full_host_answers_overloaded_with_a_retry_hint(serve_base, slow_simulator):
-    with own_app(serve_base, slow_simulator.url, "overload", sessions={"hosts": 1, "max_live_per_host": 1}) as (client, _):
+    with own_app(serve_base, slow_simulator.url, "overload", sessions={"hosts": 1, "max_live_per_host": 1}, server=PRESTART) as (client, _):
         try:
             busy, waiting = new_session(client), new_session(client)
             answered: list[dict] = []
