@@ -61,7 +61,7 @@ def pg_url(postgres) -> str:
 # gets the cluster, Serve instance and main application tests/integration/conftest.py starts (package-scoped: a
 # worker's cluster stops after its last integration test). "cluster", the modules of tests/cluster that start Ray
 # clusters of their own (`ray start`, `reasonray serve`, the container entrypoint), runs one module after the
-# other, collected last. Everything else (unit tests, lint, notebooks, the in-process security tests) is spread
+# other, collected after the integration modules. Everything else (unit tests, lint, notebooks, the in-process security tests) is spread
 # over whichever worker is free. The split balances the two workers (docs/testing.md has the figures): in a loaded
 # run the groups held about 760 and 780 s of tests, the rest (unit, lint, notebooks, clusters) about 570.
 # The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
@@ -89,9 +89,16 @@ def worker_group(nodeid: str) -> str | None:
     return None
 
 
+def collection_rank(nodeid: str) -> int:
+    """The integration modules first, then those with a cluster of their own, then the rest. On two workers the
+    long indivisible groups are handed out first and the many short modules last, to even out the ends (with the
+    own-cluster group last, one worker ran it alone for minutes); in a serial run the stack's cluster stops
+    (package-scoped) before an own-cluster module starts one."""
+    return 0 if nodeid.startswith("tests/integration/") else 1 if nodeid.startswith(OWN_CLUSTER) else 2
+
+
 def pytest_collection_modifyitems(config, items):
-    """The modules with a cluster of their own after the rest (in a serial run too)."""
-    items.sort(key=lambda item: item.nodeid.startswith(OWN_CLUSTER))  # stable: each part keeps its order
+    items.sort(key=lambda item: collection_rank(item.nodeid))  # stable: each part keeps its order
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -100,8 +107,8 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # scopes in collection order (not the largest first): the two stacks start at once, one on each worker, and
-    # the own-cluster modules come last
+    # scopes in collection order (not the largest first: xdist counts tests, not seconds): the two stacks start at
+    # once, one on each worker, the own-cluster modules go to the first worker done, the short modules fill the ends
     config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):

@@ -1,12 +1,12 @@
 """A run on two workers (tests/conftest.py, docs/testing.md): the integration tests in two groups, each on one
-worker and its own cluster, the modules with a cluster of their own in a third, last; everything else wherever a
+worker and its own cluster, the modules with a cluster of their own in a third, next; everything else wherever a
 worker is free."""
 
 from __future__ import annotations
 
 import re
 
-from tests.conftest import OWN_CLUSTER, SECOND_STACK, worker_group
+from tests.conftest import SECOND_STACK, collection_rank, worker_group
 from tests.docs_examples import REPO
 
 # checked by hand: test_ray_compat starts no cluster (it asserts, in a subprocess, that importing the api starts none)
@@ -23,11 +23,11 @@ def test_the_integration_tests_form_two_groups_the_own_clusters_a_third_and_the_
     assert worker_group("tests/notebooks/test_notebooks.py::test_the_three_research_notebooks_exist") is None
 
 
-def test_the_modules_with_a_cluster_of_their_own_are_collected_after_the_rest(request):
-    order = [item.nodeid.split("::", 1)[0] for item in request.session.items]
-    own = [i for i, module in enumerate(order) if module.startswith(OWN_CLUSTER)]
-    if own:  # collected in this run (a run of the unit tests alone has none)
-        assert own == list(range(len(order) - len(own), len(order))), "an own-cluster module runs before another test"
+def test_the_long_groups_are_collected_first_and_the_short_modules_last(request):
+    ranks = [collection_rank(item.nodeid) for item in request.session.items]
+    assert ranks == sorted(ranks), "a module is collected out of its place: integration, own clusters, the rest"
+    assert collection_rank("tests/integration/test_a2a_http.py::t") < collection_rank("tests/cluster/test_cli_serve.py::t")
+    assert collection_rank("tests/cluster/test_cli_serve.py::t") < collection_rank("tests/unit/test_tags.py::t")
 
 
 def test_every_module_of_the_second_stack_exists():
