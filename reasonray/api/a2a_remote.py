@@ -193,7 +193,9 @@ async def _send(
         ) from None
     finally:
         if owned:
-            await http.aclose()
+            # shielded: the request can be cancelled twice when its caller leaves (Serve's watch and the front
+            # door's), and a second cancel in the middle of the close left the remote's connection open
+            await asyncio.shield(http.aclose())
 
 
 def remote_strategy(agent_id: str) -> str:

@@ -240,19 +240,30 @@ async def _until_disconnect(run: Callable[[Receive], Awaitable[None]], body: byt
         return {"type": "http.disconnect"}
 
     route = asyncio.ensure_future(run(receive))
+    route.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved, if it ends unawaited
+    stopped = False
+
+    def stop() -> None:
+        # once, however many say so (the caller's disconnect here, Serve's own watch, the server stopping): a second
+        # cancel would interrupt the route's clean-up, such as closing its connection to a remote agent
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            route.cancel()
 
     async def watch() -> None:
         while True:
             message = await upstream()
             if message["type"] == "http.disconnect":
                 gone.set()
-                route.cancel()
+                stop()
                 return
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await route
+        await asyncio.shield(route)
     except asyncio.CancelledError:
+        stop()
         if not gone.is_set():  # cancelled from outside (the server stopping): not ours to swallow
             raise
     finally:

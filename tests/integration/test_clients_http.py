@@ -138,7 +138,7 @@ def test_stream_sends_progress_as_it_happens_then_the_answer_usage_and_done(slow
     iterations = [t for t, text in reasoning if text.startswith("[iteration")]
     assert len(iterations) == 30 and content == "7" and finish == "stop"
     assert arrivals[0] < 1.0, f"first chunk after {arrivals[0]:.2f} s"
-    assert iterations[0] < 1.0 and arrivals[-1] - iterations[0] > 1.0  # progress arrived while the run went on
+    assert arrivals[-1] - iterations[0] > 1.0  # progress arrived while the run went on, not all at its end
     metrics = extra["metrics"]  # on the finish chunk
     assert metrics["llm_calls"] >= 31 and usage.completion_tokens == metrics["completion_tokens"] > 30 * 300
     assert usage.prompt_tokens == metrics["prompt_tokens"]

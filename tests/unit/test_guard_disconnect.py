@@ -5,6 +5,7 @@ straight to the replica), and a route that finishes first is left alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -120,3 +121,28 @@ async def test_the_server_cancelling_the_request_is_not_swallowed():
     served.cancel()  # the server stopping, not the caller leaving
     with pytest.raises(asyncio.CancelledError):
         await served
+
+
+async def test_a_route_cancelled_from_two_sides_finishes_its_clean_up():
+    """The caller's disconnect and the server's own cancel of the same request: the route is cancelled once, so
+    its clean-up (closing a remote agent's connection) is not interrupted by the second."""
+    started, cleaned = asyncio.Event(), asyncio.Event()
+
+    async def route(scope, receive, send) -> None:
+        await receive()
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.2)  # closing a connection takes a moment
+            cleaned.set()
+
+    connection = Connection()
+    served = asyncio.create_task(HttpGuard(route)(post_scope(), connection.receive, connection.send))
+    await asyncio.wait_for(started.wait(), 5)
+    connection.leave()
+    await asyncio.sleep(0.05)  # the guard has cancelled the route, which is cleaning up
+    served.cancel()  # and the server cancels the request too
+    with contextlib.suppress(asyncio.CancelledError):
+        await served
+    await asyncio.wait_for(cleaned.wait(), 5)
