@@ -81,6 +81,11 @@ class GGUFVocab:
         prompt = template(messages=messages, tools=tools or None).prompt
         return len(self._llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
 
+    @property
+    def renders_chat(self) -> bool:
+        """Whether `count_chat` counts exactly (the file carries a template the server renders as it is)."""
+        return self._chat_template() is not None
+
     def _chat_template(self) -> Any:
         if not self._template_loaded:
             self._template_loaded = True
@@ -312,13 +317,18 @@ class ModelTokenCounter:
         ids = self._model_ids(text)
         return len(ids) if ids is not None else self.estimate(text)
 
+    @property
+    def renders_chat(self) -> bool:
+        """Whether prompts count exactly through the model's chat template (then there is no framing to learn)."""
+        return bool(getattr(self.source, "renders_chat", False))
+
     def count_chat(self, messages: tuple[Message, ...], tools: Sequence[dict[str, Any]] = ()) -> int | None:
         """A chat request's prompt tokens exactly as the server counts them, when the source can render the
         model's chat template (a GGUF file the server serves with its own template); None otherwise."""
         self._first_use()
-        render = getattr(self.source, "count_chat", None)
-        if not callable(render):
+        if not self.renders_chat:
             return None
+        render = self.source.count_chat  # type: ignore[union-attr]  # a source that renders chats has it
         try:
             counted = render([openai_message(m) for m in messages], list(tools))
         except Exception as exc:  # a template that fails on these messages: the server would say so; estimate here
@@ -379,7 +389,7 @@ class ModelTokenCounter:
         self, messages: tuple[Message, ...], prompt_tokens: int, completion_texts: Iterable[str] = (), completion_tokens: int = 0
     ) -> None:
         """What the server reported for a call: calibrates the estimate, and an exact count's framing."""
-        if prompt_tokens <= 0 or self.count_chat(messages) is not None:  # an exact count has nothing to learn
+        if prompt_tokens <= 0 or self.renders_chat:  # an exact count has nothing to learn
             return
         if not self.exact:
             texts = [t for t in completion_texts if t]

@@ -406,7 +406,7 @@ class OpenAILLM:
         if not self._stream or self._framing_learned_for == self.endpoint.fingerprint or not isinstance(self.tokens, ModelTokenCounter):
             return False
         # nothing to learn where the model's own chat template counts a prompt exactly
-        return self.tokens.count_chat((Message(role="user", content="Hi"),)) is None
+        return not self.tokens.renders_chat
 
     async def _learn_framing(self) -> None:
         """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""

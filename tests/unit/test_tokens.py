@@ -90,7 +90,7 @@ class TemplateSource:
     name = "template"
 
     def __init__(self, renders: bool = True) -> None:
-        self.renders = renders
+        self.renders = self.renders_chat = renders
         self.rendered: list[tuple[list[dict], list[dict]]] = []
 
     def encode(self, text: str) -> list[int]:
