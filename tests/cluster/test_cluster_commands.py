@@ -95,6 +95,10 @@ def submit(address: str, env: dict[str, str], *args: str, runtime_env: dict | No
     )
 
 
+# slow suite: the entrypoint the job runs (`python -m reasonray.evals.run`) evaluates a whole GSM8K set in the default run
+# (tests/unit/test_full_datasets.py, tests/unit/test_evals.py); what this adds is Ray's job submission and a dashboard
+# cluster of its own, 80 s of the default run's 2 cores
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # the cluster's start (up to 4 minutes on a busy machine) counts too
 def test_ray_job_submit_evaluates_50_gsm8k_examples_and_writes_the_report_and_plots(dashboard_cluster, tmp_path):
     address, env = dashboard_cluster

@@ -90,6 +90,27 @@ def test_the_memory_bank_actor_restarts_after_a_crash_and_reopens_the_store(api)
     assert got["title"] == "T"
 
 
+def test_matts_parallel_k5_fans_out_as_five_ray_tasks(api):
+    # the session's main application: what the timing test below checks, but not how long it takes
+    five = result_of(
+        rpc(
+            api,
+            "reasoning.execute",
+            {
+                "query": "What is 19 * 22? [[sim slip=0.3]]",
+                "strategy": "matts",
+                "include_trace": True,
+                "strategy_config": {"k": 5, "seed": 5},
+            },
+        )
+    )
+    branches = [e for e in five["trace"] if e["type"] == "BRANCH" and e["label"] == "matts.attempt"]
+    assert len(branches) == 5 and len({b["task_id"] for b in branches}) == 5
+    assert five["metrics"]["strategy_specific"]["k"] == 5 and len(five["metrics"]["strategy_specific"]["scores"]) == 5
+
+
+# slow suite: an application of its own on a slow model, three runs (bench/matts.py prints the same ratio closely)
+@pytest.mark.slow
 def test_matts_parallel_k5_fans_out_as_ray_tasks_in_about_one_attempts_time(serve_base, ray_cluster):
     slow = SimulatorServer(SimulatorSettings(port=0, ttft_ms=1500)).start()
     try:
@@ -149,6 +170,10 @@ def chroma_server():
     shutil.rmtree(path, ignore_errors=True)
 
 
+# slow suite: a `chroma run` server and an application of their own (45 s of the default run); the bank's code is the
+# same on a server as on disk (only chromadb's client differs), and the on-disk store, its restart and the refusal of
+# an unreachable server are tested in the default run
+@pytest.mark.slow
 def test_a_chroma_server_backs_the_bank_and_outlives_the_actor(serve_base, simulator, chroma_server):
     with own_app(serve_base, simulator.url, "mem-server", memory={"chroma_url": chroma_server}) as (client, _):
         stored = result_of(

@@ -135,6 +135,10 @@ def test_a_half_configured_app_is_refused_before_deploying(simulator):
         build_app({"settings": settings})
 
 
+# slow suite: an application of its own (45 s of the default run); the breaker's states, its fast failure without a
+# call and its recovery are tests/unit/test_resilience.py's and tests/unit/test_llm_stack.py's (over HTTP to the
+# simulated model), its code and error type tests/unit/test_error_tree.py's
+@pytest.mark.slow
 def test_the_breaker_opens_fails_fast_and_recovers(serve_base):
     faulty = SimulatorServer(SimulatorSettings(port=0)).start()
     try:

@@ -30,8 +30,11 @@ def test_committed_notebooks_have_no_outputs_and_no_secrets(path):
     assert "BASE_URL = None" in path.read_text()  # the one variable that switches to a real endpoint
 
 
-# the memory loop takes minutes (it learns over a dataset twice): the slow suite runs it
-RUNS = [pytest.param(p, marks=pytest.mark.slow) if p.stem == "memory_learning_loop" else p for p in ALL]
+# The default run executes one notebook in a real kernel (the strategy comparison: the evaluation harness, its report
+# and plot, the path the others share); the slow suite runs the rest (about 20 s of a kernel each; the memory loop
+# takes minutes: it learns over a dataset twice)
+IN_DEFAULT_RUN = {"strategy_comparison"}
+RUNS = [p if p.stem in IN_DEFAULT_RUN else pytest.param(p, marks=pytest.mark.slow) for p in ALL]
 
 
 @pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)

@@ -49,20 +49,21 @@ def test_the_serve_config_file_is_a_valid_serve_deploy_config_for_build_app():
     assert schema.http_options.host == "0.0.0.0" and env["REASONRAY_AUTH__JWT_SECRET"] == "${REASONRAY_AUTH__JWT_SECRET}"
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::"])
-def test_build_app_refuses_a_non_loopback_bind_without_auth(host):
-    # in a fresh interpreter: in one where Serve already runs (the integration tests' cluster), build_app
-    # rightly checks the address Serve's proxy holds, not [server] host
-    script = f"""
+def test_build_app_refuses_a_non_loopback_bind_without_auth():
+    # in a fresh interpreter (one for the three addresses: importing the Serve app takes seconds): in one where
+    # Serve already runs (the integration tests' cluster), build_app rightly checks the address Serve's proxy
+    # holds, not [server] host
+    script = """
 import pytest
 from reasonray.kernel.config import ConfigError
 from reasonray.serve_app import build_app
 
-settings = {{"llm": {{"provider": "simulated", "base_url": "http://127.0.0.1:9/v1"}}, "memory": {{"enabled": False}}}}
-with pytest.raises(ConfigError, match="refusing to serve on {host} without authentication"):
-    build_app({{"settings": {{**settings, "server": {{"host": "{host}"}}}}}})
-build_app({{"settings": {{**settings, "server": {{"host": "{host}"}}, "auth": {{"jwt_secret": "s" * 32}}}}}})
-build_app({{"settings": {{**settings, "server": {{"host": "127.0.0.1"}}}}}})
+settings = {"llm": {"provider": "simulated", "base_url": "http://127.0.0.1:9/v1"}, "memory": {"enabled": False}}
+for host in ("0.0.0.0", "10.0.0.5", "::"):
+    with pytest.raises(ConfigError, match=f"refusing to serve on {host} without authentication"):
+        build_app({"settings": {**settings, "server": {"host": host}}})
+    build_app({"settings": {**settings, "server": {"host": host}, "auth": {"jwt_secret": "s" * 32}}})
+build_app({"settings": {**settings, "server": {"host": "127.0.0.1"}}})
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
