@@ -117,6 +117,9 @@ def test_the_plugin_strategy_answers_and_is_described(agents_api):
     assert run["metrics"]["simulated"] is True
 
 
+# slow suite: a second deployment (20-30 s of the default run); the cards' store outliving its registry is
+# tests/unit/test_agents.py's, and a restart of the service over HTTP is tests/integration/test_sessions_http.py's
+@pytest.mark.slow
 def test_agent_cards_survive_a_restart_of_the_service(agents_api, serve_base):
     from ray import serve
 

@@ -137,8 +137,9 @@ def test_stream_sends_progress_as_it_happens_then_the_answer_usage_and_done(slow
             finish = choice.finish_reason or finish
     iterations = [t for t, text in reasoning if text.startswith("[iteration")]
     assert len(iterations) == 30 and content == "7" and finish == "stop"
-    assert arrivals[0] < 1.0, f"first chunk after {arrivals[0]:.2f} s"
-    assert arrivals[-1] - iterations[0] > 1.0  # progress arrived while the run went on, not all at its end
+    # the stream opened, and progress arrived, while the run went on (over a second: 30 calls of 40 ms at least),
+    # not all at its end; how soon after the request is the machine's business (seconds on a loaded CI runner)
+    assert arrivals[-1] - arrivals[0] > 1.0 and arrivals[-1] - iterations[0] > 1.0, (arrivals[0], iterations[0], arrivals[-1])
     metrics = extra["metrics"]  # on the finish chunk
     assert metrics["llm_calls"] >= 31 and usage.completion_tokens == metrics["completion_tokens"] > 30 * 300
     assert usage.prompt_tokens == metrics["prompt_tokens"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import statistics
 import threading
 import time
@@ -41,6 +42,7 @@ class Tarpit:
     def __init__(self) -> None:
         self.open = 0
         self.connections = 0
+        self.holding: dict[int, str] = {}  # the held connections: what each was sent (the report names a leak)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), daemon=True).start()
@@ -76,9 +78,10 @@ class Tarpit:
             while True:  # keep-alive: several requests may come on one connection
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
                 length = next((int(v) for k, _, v in (f.partition(":") for f in head.split("\r\n")) if k.lower() == "content-length"), 0)
-                if length:
-                    await reader.readexactly(length)
+                body = await reader.readexactly(length) if length else b""
                 if not head.startswith(f"GET {CARD_PATH}"):
+                    held = re.search(rb"hold \d+", body)
+                    self.holding[id(writer)] = held.group().decode() if held else head.split("\r\n", 1)[0]
                     await reader.read()  # the tarpit: hold on until the caller closes
                     return
                 body = self.card()
@@ -88,6 +91,7 @@ class Tarpit:
             pass
         finally:
             self.open -= 1
+            self.holding.pop(id(writer), None)
             writer.close()
 
     def stop(self) -> None:
@@ -189,6 +193,7 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
         "tarpit_connections_during": held_during,
         "tarpit_connections_released_after_s": round(released_s, 2),
         "attacker_outcomes": {str(k): outcomes.count(k) for k in set(outcomes)},
+        "still_held": sorted(tarpit.holding.values()),  # "hold N": odd N asked Serve not to watch for its disconnect
     }
     print("TARPIT", json.dumps(report))
     # mallory holds no more than her remote calls in flight ([egress] max_per_principal, 4) at the tarpit
