@@ -20,6 +20,7 @@ the same count: `count(head(text, n)) <= n` always holds.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -43,6 +44,8 @@ CALIBRATION_WINDOW = 32
 UNSEEN_FRAMING = 48
 """Tokens a prompt is assumed to carry beyond `count_messages`' framing until the server's usage has shown how many
 (ChatML markers for a few messages and a system prompt a chat template injects take about this)."""
+CHAT_CACHE_SIZE = 256
+"""Chat prompts whose exact counts are kept (the calls in flight and their retries, not a history)."""
 SERVER_RETRY_AFTER_S = 10.0
 """After the tokenize endpoint failed or timed out, counts are estimated for this long before it is asked again."""
 
@@ -245,6 +248,8 @@ class ModelTokenCounter:
         self._on_first_use = on_first_use  # learns what to count with (discovery) before the first count
         self._ids = _LRU(cache_size)
         self._base_counts = _LRU(cache_size)
+        # a streamed call counts its prompt twice, for its `max_tokens` and for its usage: rendered once
+        self._chats = _LRU(CHAT_CACHE_SIZE)
         self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
         # by whether the prompt opens with a system message: chat templates inject one when it does not
         self._overheads: dict[bool, deque[int]] = {True: deque(maxlen=CALIBRATION_WINDOW), False: deque(maxlen=CALIBRATION_WINDOW)}
@@ -286,6 +291,7 @@ class ModelTokenCounter:
         if source is not self.source:
             self.source = source
             self._ids = _LRU(self._ids.size)
+            self._chats = _LRU(self._chats.size)
             for seen in self._overheads.values():
                 seen.clear()
 
@@ -329,12 +335,20 @@ class ModelTokenCounter:
         if not self.renders_chat:
             return None
         render = self.source.count_chat  # type: ignore[union-attr]  # a source that renders chats has it
+        chat = [openai_message(m) for m in messages]
+        key = json.dumps([chat, list(tools)], sort_keys=True, default=str)
+        hit = self._chats.get(key)
+        if hit is not None:
+            return int(hit)
         try:
-            counted = render([openai_message(m) for m in messages], list(tools))
+            counted = render(chat, list(tools))
         except Exception as exc:  # a template that fails on these messages: the server would say so; estimate here
             log.info("tokens.chat_template_failed", source=self.encoding_name, reason=str(exc)[:200])
             return None
-        return None if counted is None else int(counted)
+        if counted is None:
+            return None
+        self._chats.put(key, int(counted))
+        return int(counted)
 
     def count_many(self, texts: Iterable[str]) -> list[int]:
         return [self.count(t) for t in texts]

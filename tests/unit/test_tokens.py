@@ -123,6 +123,23 @@ def test_a_source_that_renders_the_chat_template_counts_the_prompt_exactly():
     assert count_messages(counter, chat, [tool]) == len("<user>Hi") + len("<assistant>") + len("<go>")
 
 
+def test_a_prompt_counted_twice_is_rendered_once_and_another_prompt_is_rendered_anew():
+    from reasonray.gateway.model_tokens import ModelTokenCounter
+
+    source = TemplateSource()
+    counter = ModelTokenCounter(counter_for_model("gpt-4o"), source=source)
+    chat = (Message(role="user", content="Hi"),)
+    tool = {"type": "function", "function": {"name": "calc"}}
+    # a streamed call counts its prompt for its `max_tokens` and again for its usage
+    first, again = count_messages(counter, chat, [tool]), count_messages(counter, chat, [tool])
+    assert first == again == len("<user>Hi<go>") and len(source.rendered) == 1
+    assert count_messages(counter, chat) == first and len(source.rendered) == 2  # other tools: another prompt
+    assert count_messages(counter, (Message(role="user", content="Hey"),)) == first + 1 and len(source.rendered) == 3
+    other = TemplateSource()
+    counter.use(other)  # another model: nothing counted with the old one is reused
+    assert count_messages(counter, chat, [tool]) == first and len(other.rendered) == 1
+
+
 def test_without_a_template_the_count_is_the_chat_format_plus_the_learned_framing_and_the_tools():
     from reasonray.gateway.model_tokens import ModelTokenCounter
 
