@@ -26,11 +26,15 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = structlog.get_logger(__name__)
 
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "::1"]
 INVALID_REQUEST = -32600
@@ -260,6 +264,7 @@ async def _until_disconnect(run: Callable[[Receive], Awaitable[None]], body: byt
                 return
 
     watcher = asyncio.ensure_future(watch())
+    watcher.add_done_callback(_watch_ended)
     try:
         await asyncio.shield(route)
     except asyncio.CancelledError:
@@ -268,6 +273,13 @@ async def _until_disconnect(run: Callable[[Receive], Awaitable[None]], body: byt
             raise
     finally:
         watcher.cancel()
+
+
+def _watch_ended(watcher: asyncio.Future[None]) -> None:
+    # a watch that failed leaves its route running until it ends by itself (a remote agent's call timeout at
+    # worst): the operator's log says so, with why
+    if not watcher.cancelled() and (error := watcher.exception()) is not None:
+        log.warning("guard.disconnect_watch_failed", error=f"{type(error).__name__}: {error}"[:500])
 
 
 def _cors_headers(origin: str | None, preflight: bool = False) -> list[tuple[bytes, bytes]]:

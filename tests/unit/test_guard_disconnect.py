@@ -146,3 +146,26 @@ async def test_a_route_cancelled_from_two_sides_finishes_its_clean_up():
     with contextlib.suppress(asyncio.CancelledError):
         await served
     await asyncio.wait_for(cleaned.wait(), 5)
+
+
+async def test_a_connection_that_cannot_be_watched_leaves_the_route_to_finish_and_says_so():
+    from structlog.testing import capture_logs
+
+    class Unwatchable(Connection):
+        async def receive(self) -> dict:
+            if not self.body_given:
+                return await super().receive()
+            raise RuntimeError("receive() on a connection another loop owns")
+
+    async def route(scope, receive, send) -> None:
+        await receive()
+        await asyncio.sleep(0.05)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    connection = Unwatchable()
+    with capture_logs() as logs:
+        await asyncio.wait_for(HttpGuard(route)(post_scope(), connection.receive, connection.send), 5)
+    assert connection.sent[1]["body"] == b"ok"  # not cancelled: a watch that failed is not a caller that left
+    [warning] = [e for e in logs if e["event"] == "guard.disconnect_watch_failed"]
+    assert warning["log_level"] == "warning" and "another loop owns" in warning["error"]
