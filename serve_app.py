@@ -36,7 +36,7 @@ from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.ray_compat import serve_http
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
-from reasonray.actors.tenancy import RayLimits, RayOwners, limiter_actor, owners_actor
+from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, limiter_actor, owners_actor
 from reasonray.api.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.a2a_store import repository as a2a_repository
 from reasonray.api.app import Backends, build_application
@@ -278,6 +278,8 @@ class ReasonRayIngress:
             sessions=lambda llm: RaySessions(hosts, session_pipeline(self.settings, llm, app_name)),
             metrics=self.metrics,
             cache_stats=cache.stats,
+            # with [auth], a caller's (and a destination's) remote-agent calls are counted for the cluster
+            egress_slots=RayEgressSlots(tenancy[1].handle) if tenancy is not None else None,
         )
         application = build_application(self.settings, backends=backends)
         assert application.client is not None and application.resilient is not None and application.sessions is not None

@@ -282,6 +282,20 @@ class RayLimits:
                     self._send(self.handle.renew.remote(lease.keys, [*lease.busy, *lease.free], RUN_SLOT_TTL_S), lease.keys)
 
 
+class RayEgressSlots:
+    """`reasonray.api.egress.SharedSlots` on the application's limiter actor: remote-agent calls in flight counted
+    for the whole cluster, each slot freed when its call ends or, if its replica dies holding it, after its TTL."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def take(self, keyed: KeyedLimits, ttl_s: float) -> dict[str, Any]:
+        return await unwrap(self.handle.admit.remote(keyed, 0, True, 1, ttl_s))  # type: ignore[no-any-return]
+
+    async def give_back(self, keys: list[str], slot: str) -> None:
+        await unwrap(self.handle.release.remote(keys, [slot]))
+
+
 def _lease_key(keyed: KeyedLimits) -> tuple:
     return tuple((k, tuple(sorted(lim.items()))) for k, lim in keyed)
 

@@ -38,6 +38,10 @@ from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, Agent
 
 log = structlog.get_logger(__name__)
 
+SLOT_MARGIN_S = 10.0
+"""How much longer than its call the cluster keeps an outbound slot a replica took (freed at once when the call ends;
+this bounds only a slot whose replica died holding it)."""
+
 
 class RemoteAgentError(ReasonRayError):
     """A remote A2A agent could not be reached, or did not complete the task (the provider code: -32013)."""
@@ -98,7 +102,7 @@ async def remote_registration(registration: AgentRegistration, egress: Egress, h
             {"capabilities": wrong},
         )
     host, port = egress.policy.check_url(registration.a2a_card_url)
-    async with egress.gate.slot(f"{host}:{port}", _caller()):
+    async with egress.gate.slot(f"{host}:{port}", _caller(), egress.settings.card_timeout_s + SLOT_MARGIN_S):
         card = await fetch_card(registration.a2a_card_url, egress, http)
     skills = [REMOTE_SKILL + s.id for s in card.skills]
     labels = [c for c in registration.capabilities if not c.startswith(REMOTE_SKILL)]
@@ -129,7 +133,7 @@ async def forward(
     limit_s = min(d for d in (egress.settings.call_timeout_s, deadline_s) if d is not None)
     host, port = egress.policy.check_url(agent["a2a_card_url"])
     try:
-        async with egress.gate.slot(f"{host}:{port}", _caller()), asyncio.timeout(limit_s):
+        async with egress.gate.slot(f"{host}:{port}", _caller(), limit_s + SLOT_MARGIN_S), asyncio.timeout(limit_s):
             replies = await _send(agent, query, skill, trace_id, egress, http, limit_s)
     except TimeoutError:
         raise RemoteAgentError(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reasonray.api.egress import Egress
+from reasonray.api.egress import Egress, SharedSlots
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
 from reasonray.api.registry import LocalRegistry, Registry, RegistryService, agent_lookup
@@ -52,6 +52,7 @@ class Backends:
     sessions: Callable[[LLM], Sessions] | None = None  # built from the application's LLM stack
     metrics: Metrics = field(default_factory=NoMetrics)
     cache_stats: Callable[[], Any] | None = None
+    egress_slots: SharedSlots | None = None  # None: outbound calls counted in this process only
 
 
 @dataclass
@@ -135,7 +136,7 @@ def build_application(
         sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
         metrics=parts.metrics,
         limits=settings.limits,
-        egress=Egress(settings.egress),
+        egress=Egress(settings.egress, shared=parts.egress_slots),
     )
     return Application(settings, llm, service, registry, dispatcher, parts.metrics, sessions, client, resilient)
 

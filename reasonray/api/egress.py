@@ -27,7 +27,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpcore
@@ -180,32 +180,55 @@ class _PolicyTransport(httpx.AsyncHTTPTransport):
         self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=_PolicyBackend(policy), retries=0)
 
 
-class OutboundGate:
-    """Calls in flight per destination and per principal in this process, refused beyond the caps."""
+class SharedSlots(Protocol):
+    """Slots counted across the cluster (the application's limiter actor, with `[auth]`): `take` holds one slot
+    under every key's `concurrent_runs` cap for at most `ttl_s` (a replica that dies holding it frees it then)
+    and answers {"ok": True, "run_id"} or {"ok": False, "key", "retry_after_s", ...}; `give_back` frees it."""
 
-    def __init__(self, per_destination: int, per_principal: int) -> None:
+    async def take(self, keyed: list[tuple[str, dict[str, Any]]], ttl_s: float) -> dict[str, Any]: ...
+
+    async def give_back(self, keys: list[str], slot: str) -> None: ...
+
+
+class OutboundGate:
+    """Calls in flight per destination and per principal, refused beyond the caps: in this process, and across
+    the replicas when `shared` counts them for the cluster (each replica alone would let a caller hold its caps
+    once per replica)."""
+
+    def __init__(self, per_destination: int, per_principal: int, shared: SharedSlots | None = None) -> None:
         self.per_destination, self.per_principal = per_destination, per_principal
+        self.shared = shared
         self.destinations: dict[str, int] = {}
         self.principals: dict[str, int] = {}
+        self._giving_back: set[asyncio.Future[None]] = set()
+
+    def _too_many_of_theirs(self, principal: str) -> RateLimitedError:
+        return RateLimitedError(
+            f"rate limited: {principal!r} already has {self.per_principal} remote-agent calls in flight "
+            "([egress] max_per_principal); retry when one ends",
+            {"retry_after_s": 1.0, "limit_name": "remote_calls_in_flight", "limit": self.per_principal, "remaining": 0},
+        )
+
+    def _too_many_there(self) -> OverloadedError:
+        return OverloadedError(
+            f"overloaded: {self.per_destination} calls to this remote agent's host are in flight "
+            "([egress] max_per_destination); retry later",
+            {"retry_after_s": 1.0},
+        )
 
     @asynccontextmanager
-    async def slot(self, destination: str, principal: str) -> AsyncIterator[None]:
+    async def slot(self, destination: str, principal: str, ttl_s: float = 300.0) -> AsyncIterator[None]:
+        """Hold a slot for one outbound call of `principal` to `destination`; `ttl_s` bounds how long the cluster's
+        count keeps it if this process dies holding it (the call's own limit, with a margin)."""
         if self.principals.get(principal, 0) >= self.per_principal:
-            raise RateLimitedError(
-                f"rate limited: {principal!r} already has {self.per_principal} remote-agent calls in flight "
-                "([egress] max_per_principal); retry when one ends",
-                {"retry_after_s": 1.0, "limit_name": "remote_calls_in_flight", "limit": self.per_principal, "remaining": 0},
-            )
+            raise self._too_many_of_theirs(principal)
         if self.destinations.get(destination, 0) >= self.per_destination:
-            raise OverloadedError(
-                f"overloaded: {self.per_destination} calls to this remote agent's host are in flight "
-                "([egress] max_per_destination); retry later",
-                {"retry_after_s": 1.0},
-            )
+            raise self._too_many_there()
         self.principals[principal] = self.principals.get(principal, 0) + 1
         self.destinations[destination] = self.destinations.get(destination, 0) + 1
         try:
-            yield
+            async with self._cluster_slot(destination, principal, ttl_s):
+                yield
         finally:
             self.principals[principal] -= 1
             self.destinations[destination] -= 1
@@ -214,6 +237,29 @@ class OutboundGate:
             if not self.destinations[destination]:
                 del self.destinations[destination]
 
+    @asynccontextmanager
+    async def _cluster_slot(self, destination: str, principal: str, ttl_s: float) -> AsyncIterator[None]:
+        if self.shared is None:
+            yield
+            return
+        mine, there = f"egress:principal:{principal}", f"egress:destination:{destination}"
+        keyed = [(mine, {"concurrent_runs": self.per_principal}), (there, {"concurrent_runs": self.per_destination})]
+        decision = await self.shared.take(keyed, ttl_s)
+        if not decision["ok"]:
+            raise self._too_many_of_theirs(principal) if decision.get("key") == mine else self._too_many_there()
+        try:
+            yield
+        finally:
+            # given back whatever ends the call (a cancelled caller too), without holding up its end
+            done = asyncio.ensure_future(self.shared.give_back([mine, there], decision["run_id"]))
+            self._giving_back.add(done)
+            done.add_done_callback(self._given_back)
+
+    def _given_back(self, done: asyncio.Future[None]) -> None:
+        self._giving_back.discard(done)
+        if not done.cancelled() and (error := done.exception()) is not None:
+            log.warning("egress.slot_not_given_back", error=f"{type(error).__name__}: {error}"[:200])
+
     def in_flight(self) -> int:
         return sum(self.destinations.values())
 
@@ -221,10 +267,12 @@ class OutboundGate:
 class Egress:
     """The policy, the gate and the clients of one application's outbound calls on callers' behalf."""
 
-    def __init__(self, settings: EgressSettings | None = None, environ: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, settings: EgressSettings | None = None, environ: dict[str, str] | None = None, shared: SharedSlots | None = None
+    ) -> None:
         self.settings = settings or EgressSettings()
         self.policy = EgressPolicy(self.settings)
-        self.gate = OutboundGate(self.settings.max_per_destination, self.settings.max_per_principal)
+        self.gate = OutboundGate(self.settings.max_per_destination, self.settings.max_per_principal, shared)
         env = os.environ if environ is None else environ
         self._credentials: dict[tuple[str, int], tuple[str, str]] = {}
         for entry, credential in self.settings.credentials.items():

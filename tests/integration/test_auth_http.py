@@ -9,6 +9,7 @@ import json
 import random
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 
 from reasonray.api.auth import mint_token
 from tests.integration.conftest import own_app, result_of
+from tests.tarpit import CARD_PATH, Tarpit
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +31,17 @@ def bearer(sub: str, *roles: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def secured(serve_base, simulator):
+def tarpit():
+    pit = Tarpit()
+    yield pit
+    pit.stop()
+
+
+REMOTE_CALLS_CAP = 2  # [egress] max_per_principal here (4 shipped): a caller holds two remote calls at most
+
+
+@pytest.fixture(scope="module")
+def secured(serve_base, simulator, tarpit):
     auth = {
         "jwt_secret": SECRET,
         "roles": {
@@ -40,7 +52,8 @@ def secured(serve_base, simulator):
         },
         "principals": {"thrifty": {"tokens_per_day": 1}},
     }
-    with own_app(serve_base, simulator.url, "auth-it", auth=auth, server={"num_replicas": 2}) as (client, settings):
+    egress = {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 60, "max_per_principal": REMOTE_CALLS_CAP}
+    with own_app(serve_base, simulator.url, "auth-it", auth=auth, egress=egress, server={"num_replicas": 2}) as (client, settings):
         yield client, settings
 
 
@@ -171,6 +184,44 @@ def test_rate_limits_hold_across_two_replicas_with_429_and_retry_after(secured):
     assert refused.headers["X-RateLimit-Limit"] == "6" and refused.headers["X-RateLimit-Remaining"] == "0"
     over = client.post("/rpc", json={"jsonrpc": "2.0", "method": "reasoning.strategies", "id": 1}, headers=headers)
     assert over.status_code == 429 and over.json()["error"]["data"]["limit_name"] == "requests_per_minute"
+
+
+def test_a_callers_remote_calls_in_flight_are_capped_for_both_replicas_together(secured, tarpit):
+    # each replica counting alone let a caller hold the cap once per replica; the limiter actor counts for both
+    client, _ = secured
+    card = {"id": "pit", "name": "Pit", "capabilities": ["remote"], "a2a_card_url": f"http://127.0.0.1:{tarpit.port}{CARD_PATH}"}
+    assert "result" in call(client, "mallory", "agent.register", card)
+    held: list[int] = []
+    outcomes: list[object] = []
+
+    def hold(i: int) -> None:
+        with httpx.Client(base_url=client.base_url) as own:  # a connection each: HAProxy spreads them over the replicas
+            body = {"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": f"hold {i}", "agent_id": "pit"}, "id": 1}
+            try:
+                answer = own.post("/rpc", json=body, headers=bearer("mallory"), timeout=6).json()
+                outcomes.append(answer["error"]["data"].get("limit_name") if "error" in answer else "answered")
+            except httpx.TimeoutException:
+                outcomes.append("held")
+
+    with ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(hold, i) for i in range(8)]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            held.append(tarpit.open)
+            time.sleep(0.1)
+        for c in calls:
+            c.result()
+    assert max(held) == REMOTE_CALLS_CAP, held  # never more, for the two replicas together
+    # the rest refused at once: by the remote-call cap, or earlier by her concurrent runs ([auth] defaults)
+    assert outcomes.count("held") == REMOTE_CALLS_CAP and "remote_calls_in_flight" in outcomes, outcomes
+    assert set(outcomes) <= {"held", "remote_calls_in_flight", "concurrent_runs"}, outcomes
+    deadline = time.monotonic() + 20
+    while tarpit.open and time.monotonic() < deadline:  # mallory gone: her calls end and their slots come back
+        time.sleep(0.1)
+    assert tarpit.open == 0
+    # and the cluster's count has them back: a call is let through again (and ends at its 1 s deadline)
+    again = call(client, "mallory", "reasoning.execute", {"query": "hold on", "agent_id": "pit", "budget": {"deadline_s": 1}})
+    assert again["error"]["code"] == -32013 and "did not answer within 1 s" in again["error"]["message"], again
 
 
 def test_the_openai_surface_answers_refusals_in_openais_shape_with_rate_limit_headers(secured):

@@ -261,6 +261,56 @@ async def test_the_outbound_gate_refuses_beyond_its_caps_and_never_queues():
     assert gate.in_flight() == 0 and not gate.principals
 
 
+class ClusterSlots:
+    """`SharedSlots` as the limiter actor answers them, in this process: one `RateLimiter` behind several gates."""
+
+    def __init__(self) -> None:
+        from reasonray.api.limits import RateLimiter
+
+        self.limiter = RateLimiter()
+        self.taken: list[float] = []
+
+    async def take(self, keyed, ttl_s):
+        self.taken.append(ttl_s)
+        return self.limiter.admit(keyed, requests=0, run=True, runs=1, lease_s=ttl_s)
+
+    async def give_back(self, keys, slot):
+        self.limiter.release(keys, [slot])
+
+
+async def test_the_caps_hold_across_replicas_that_share_the_clusters_count():
+    shared = ClusterSlots()
+    one, two = OutboundGate(3, 2, shared), OutboundGate(3, 2, shared)  # two replicas of one application
+    async with one.slot("a:1", "alice", 40), two.slot("a:1", "alice", 40):
+        with pytest.raises(RateLimitedError, match="max_per_principal"):
+            async with two.slot("b:1", "alice"):  # this replica holds one of hers: the cluster holds two
+                pass
+        async with two.slot("a:1", "bob"):
+            with pytest.raises(OverloadedError, match="max_per_destination"):
+                async with one.slot("a:1", "carol"):
+                    pass
+        assert one.in_flight() == 1 and two.in_flight() == 1  # a refusal holds nothing, here or in the cluster
+    await asyncio.sleep(0)  # the slots go back in the background
+    assert shared.limiter.usage("egress:principal:alice")["runs_in_flight"] == 0
+    assert shared.limiter.usage("egress:destination:a:1")["runs_in_flight"] == 0
+    assert 40 in shared.taken  # the call's own limit bounds a slot its replica died holding
+
+
+async def test_a_slot_whose_replica_died_holding_it_is_free_after_its_ttl():
+    shared = ClusterSlots()
+    now = [1000.0]
+    shared.limiter.clock = lambda: now[0]
+    gate = OutboundGate(3, 1, shared)
+    held = gate.slot("a:1", "alice", 30)
+    await held.__aenter__()  # and the replica dies: nothing gives it back
+    with pytest.raises(RateLimitedError):
+        async with OutboundGate(3, 1, shared).slot("a:1", "alice"):
+            pass
+    now[0] += 31
+    async with OutboundGate(3, 1, shared).slot("a:1", "alice"):  # another replica, after the slot's TTL
+        pass
+
+
 async def test_a_tarpit_is_left_at_the_deadline_and_at_once_when_the_caller_goes_away():
     async with Listener(lambda path, _: ("200 OK", "", card(f"http://127.0.0.1:{tarpit.port}")) if path == CARD_PATH else None) as tarpit:
         policy = egress(f"127.0.0.1:{tarpit.port}", call_timeout_s=30)
