@@ -37,25 +37,25 @@ from reasonray.actors.ray_compat import serve_http
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, limiter_actor, owners_actor
-from reasonray.api.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
-from reasonray.api.a2a_store import repository as a2a_repository
+from reasonray.api.access.audit import AuditLog, NoAudit, audit_refusal
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, principal_trace_id
+from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Backends, build_application
-from reasonray.api.audit import AuditLog, NoAudit, audit_refusal
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, principal_trace_id
 from reasonray.api.errors import error_headers, openai_error, rest_error, view_of
-from reasonray.api.guard import GuardSettings, HttpGuard
 from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for, error_response
-from reasonray.api.mcp_server import McpEndpoint
 from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.openai_compat import OpenAICompat, OpenAIError, Reply, http_error, respond
-from reasonray.api.prometheus import content_type as metrics_content_type
-from reasonray.api.prometheus import merge as merge_metrics
-from reasonray.api.prometheus import wants_openmetrics
-from reasonray.api.registry import RegistryService
 from reasonray.api.service import ExecuteParams, ExecuteResult
-from reasonray.api.streaming import rpc_sse, streaming_call
-from reasonray.api.tenancy import build_guard, install_guard
-from reasonray.api.tracing import in_request_trace, request_span
+from reasonray.api.stores.a2a_store import repository as a2a_repository
+from reasonray.api.stores.registry import RegistryService
+from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
+from reasonray.api.surfaces.guard import GuardSettings, HttpGuard
+from reasonray.api.surfaces.mcp_server import McpEndpoint
+from reasonray.api.surfaces.openai_compat import OpenAICompat, OpenAIError, Reply, http_error, respond
+from reasonray.api.surfaces.prometheus import content_type as metrics_content_type
+from reasonray.api.surfaces.prometheus import merge as merge_metrics
+from reasonray.api.surfaces.prometheus import wants_openmetrics
+from reasonray.api.surfaces.streaming import rpc_sse, streaming_call
+from reasonray.api.surfaces.tracing import in_request_trace, request_span
 from reasonray.gateway.cache import CACHE_SCOPE
 from reasonray.gateway.factory import client_for
 from reasonray.gateway.tokens import counter_for_model
@@ -78,7 +78,7 @@ api = FastAPI(
 )
 
 api.add_route("/mcp", McpEndpoint.asgi, methods=["GET", "POST", "DELETE"], include_in_schema=False)  # MCP, Streamable HTTP
-# Host allow-list, JSON-only bodies, body and nesting caps, CORS: before any route (reasonray/api/guard.py)
+# Host allow-list, JSON-only bodies, body and nesting caps, CORS: before any route (reasonray/api/surfaces/guard.py)
 api.add_middleware(HttpGuard)
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/.well-known/agent-card.json"})  # everything else needs a bearer token
 

@@ -1,5 +1,5 @@
 """The strategy registry actor: one per application, the source of truth for the enabled catalogue and
-the AgentCards (`reasonray.api.registry.RegistryService`, served to every replica through `RayRegistry`).
+the AgentCards (`reasonray.api.stores.registry.RegistryService`, served to every replica through `RayRegistry`).
 
 A sync actor: Ray runs its calls one at a time, so agent registrations never interleave their
 writes to `<data_dir>/agents.json`. It restarts on failure and reloads the cards from that file.
@@ -16,7 +16,7 @@ import ray
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
-from reasonray.api.registry import RegistryService
+from reasonray.api.stores.registry import RegistryService
 from reasonray.kernel.config import ReasoningSettings
 
 
@@ -31,7 +31,7 @@ class StrategyRegistryActor(RegistryService, Fingerprinted):
 
 
 class RayRegistry:
-    """The typed `reasonray.api.registry.Registry` over the application's registry actor."""
+    """The typed `reasonray.api.stores.registry.Registry` over the application's registry actor."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle

@@ -1,5 +1,5 @@
 """The cluster-wide halves of tenancy: one ownership table and one rate limiter per application, shared by
-every replica, each in a named actor, with the typed clients the guard uses (`reasonray.api.tenancy`).
+every replica, each in a named actor, with the typed clients the guard uses (`reasonray.api.access.tenancy`).
 
 Both actors are sync: Ray runs their calls one at a time, so counts and claims never race. Both keep
 what must outlive them in the application's store: ownership records and token budgets go to
@@ -27,8 +27,8 @@ import structlog
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
-from reasonray.api.limits import KeyedLimits, RateLimiter, TokenBudgets
-from reasonray.api.tenancy import OwnerRecord, ownership_table
+from reasonray.api.access.limits import KeyedLimits, RateLimiter, TokenBudgets
+from reasonray.api.access.tenancy import OwnerRecord, ownership_table
 from reasonray.kernel.repositories import counters
 
 LEASE_S = 1.0  # unused permits of a lease expire this soon: a replica never sits on others' headroom for long
@@ -112,7 +112,7 @@ class LimiterActor(Fingerprinted):
 
 
 class RayOwners:
-    """`reasonray.api.tenancy.Owners` over the application's ownership actor."""
+    """`reasonray.api.access.tenancy.Owners` over the application's ownership actor."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
@@ -156,7 +156,7 @@ class _RunLease:
 
 
 class RayLimits:
-    """`reasonray.api.limits.Limits` over the application's limiter actor, with leased request permits and
+    """`reasonray.api.access.limits.Limits` over the application's limiter actor, with leased request permits and
     leased run slots: most admissions cost no actor round trip.
 
     Run slots are taken from the actor a few at a time (at most a quarter of `concurrent_runs`) and held
@@ -283,7 +283,7 @@ class RayLimits:
 
 
 class RayEgressSlots:
-    """`reasonray.api.egress.SharedSlots` on the application's limiter actor: remote-agent calls in flight counted
+    """`reasonray.api.access.egress.SharedSlots` on the application's limiter actor: remote-agent calls in flight counted
     for the whole cluster, each slot freed when its call ends or, if its replica dies holding it, after its TTL."""
 
     def __init__(self, handle: Any) -> None:

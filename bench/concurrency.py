@@ -32,7 +32,7 @@ import _env
 import httpx
 import openai
 
-from reasonray.api.auth import mint_token
+from reasonray.api.access.auth import mint_token
 from reasonray.gateway.simulator.server import free_port
 
 REPO = _env.REPO

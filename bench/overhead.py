@@ -70,7 +70,7 @@ def tracing_overhead(n: int = 2000) -> None:
     import asyncio
 
     from reasonray.api.app import local_dispatcher
-    from reasonray.api.tracing import request_span
+    from reasonray.api.surfaces.tracing import request_span
     from reasonray.gateway.simulator.inprocess import SimulatedLLM
     from reasonray.kernel import tracing
     from reasonray.kernel.config import ReasoningSettings
@@ -136,10 +136,10 @@ def auth_overhead(settings: Settings, n: int = 5_000) -> dict[str, tuple[list[fl
     """Per method: the plain dispatcher, and bearer verification + the tenancy guard + the limiter around it."""
     import asyncio
 
+    from reasonray.api.access.auth import CURRENT_PRINCIPAL, TokenVerifier, mint_token
+    from reasonray.api.access.limits import LocalLimits
+    from reasonray.api.access.tenancy import LocalOwners, build_guard, install_guard
     from reasonray.api.app import Backends, build_application
-    from reasonray.api.auth import CURRENT_PRINCIPAL, TokenVerifier, mint_token
-    from reasonray.api.limits import LocalLimits
-    from reasonray.api.tenancy import LocalOwners, build_guard, install_guard
     from reasonray.gateway.testing import FunctionLLM
     from reasonray.kernel.auth_settings import AuthSettings
 
@@ -215,7 +215,7 @@ def auth_http_overhead(settings: Settings, n: int = 600, block: int = 50) -> dic
     initialised and Serve started; deploys `bench-open` at /open and `bench-auth` at /auth."""
     from ray import serve
 
-    from reasonray.api.auth import mint_token
+    from reasonray.api.access.auth import mint_token
     from reasonray.serve_app import build_app
 
     base = settings.model_dump(mode="json")
@@ -291,7 +291,7 @@ def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url:
     import ray
     from ray import serve
 
-    from reasonray.api.auth import mint_token
+    from reasonray.api.access.auth import mint_token
     from reasonray.kernel.auth_settings import LimitSettings
     from reasonray.serve_app import build_app, ray_environment
 

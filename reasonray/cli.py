@@ -371,7 +371,7 @@ def mcp_command(config_path, llm, token) -> None:
     """Serve MCP over stdio for desktop clients (Claude Desktop, Cursor): the API in this process, no Ray (docs/mcp.md)."""
     import asyncio
 
-    from reasonray.api.mcp_server import StdioCaller, in_process_application, serve_stdio
+    from reasonray.api.surfaces.mcp_server import StdioCaller, in_process_application, serve_stdio
     from reasonray.kernel.errors import ReasonRayError, UnauthenticatedError
 
     settings = _load(config_path, {"llm.provider": llm})
@@ -430,7 +430,7 @@ def token() -> None:
 @click.option("--agent-id", default=None, help="Bind the principal to this AgentCard: it runs as that agent only.")
 def token_create(config_path, sub, roles, ttl, agent_id) -> None:
     """Mint an HS256 token with the configured [auth] jwt_secret; prints the token alone."""
-    from reasonray.api.auth import mint_token
+    from reasonray.api.access.auth import mint_token
 
     auth = _load(config_path, {}).auth
     if not auth.jwt_secret:

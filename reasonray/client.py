@@ -8,7 +8,7 @@
 Every method is one JSON-RPC call (docs/api.md) with the method's params as keyword arguments; a
 JSON-RPC error raises `ReasonRayError` with its code, message and data. `execute_stream` reads
 `reasoning.execute` with `stream: true` as the run's events arrive. The client talks HTTP only: it
-imports nothing of the server. `transport` takes any httpx transport; `reasonray.api.local_http.
+imports nothing of the server. `transport` takes any httpx transport; `reasonray.api.surfaces.local_http.
 in_process_client(dispatcher)` gives an `AsyncClient` over an application in this process (notebooks,
 scripts), with no server.
 """

@@ -40,6 +40,13 @@ log = structlog.get_logger(__name__)
 
 STRATEGY_CAPABILITY = "reasoning.strategy."
 REMOTE_SKILL = "a2a.skill."  # a remote A2A agent's skills, from its card (reasonray.api.a2a_remote)
+
+
+def remote_strategy(agent_id: str) -> str:
+    """The strategy name a run forwarded to a remote agent goes by (results, metrics, and roles' `strategies`)."""
+    return f"a2a:{agent_id}"
+
+
 AGENT_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 

@@ -5,7 +5,7 @@ reached with the official a2a-sdk client.
   card is fetched and validated with the SDK's card resolver (it must offer a JSON-RPC interface and at
   least one skill); its skills are advertised as capabilities `a2a.skill.<id>`, so `agent.discover` finds
   it by them. A remote agent advertises no local strategies.
-- Every connection passes the egress policy (`reasonray.api.egress`, `[egress]`): allowed host:port only, no
+- Every connection passes the egress policy (`reasonray.api.access.egress`, `[egress]`): allowed host:port only, no
   internal address unless named, bounded in time and in calls in flight per caller and per destination.
 - `forward`: `reasoning.execute` naming a remote agent (`agent_id`, also from an A2A message's metadata)
   sends the query to that agent as one A2A message (the request's `strategy`, else the agent's default,
@@ -30,11 +30,11 @@ from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 from pydantic import ValidationError
 
-from reasonray.api.audit import ANONYMOUS
-from reasonray.api.auth import CURRENT_PRINCIPAL
-from reasonray.api.egress import Egress
+from reasonray.api.access.audit import ANONYMOUS
+from reasonray.api.access.auth import CURRENT_PRINCIPAL
+from reasonray.api.access.egress import Egress
 from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
-from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, AgentRegistration
+from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, AgentRegistration, remote_strategy
 
 log = structlog.get_logger(__name__)
 
@@ -200,11 +200,6 @@ async def _send(
             # shielded: the request can be cancelled twice when its caller leaves (Serve's watch and the front
             # door's), and a second cancel in the middle of the close left the remote's connection open
             await asyncio.shield(http.aclose())
-
-
-def remote_strategy(agent_id: str) -> str:
-    """The strategy name a run forwarded to a remote agent goes by (results, metrics, and roles' `strategies`)."""
-    return f"a2a:{agent_id}"
 
 
 def _answer(agent_id: str, replies: list[Any]) -> tuple[str, dict[str, Any]]:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reasonray.api.egress import Egress, SharedSlots
+from reasonray.api.access.egress import Egress, SharedSlots
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
-from reasonray.api.registry import LocalRegistry, Registry, RegistryService, agent_lookup
 from reasonray.api.service import ReasoningService
+from reasonray.api.stores.registry import LocalRegistry, Registry, RegistryService, agent_lookup
 from reasonray.gateway.cache import CacheStore, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.factory import build_llm, client_for
 from reasonray.gateway.openai_client import OpenAILLM

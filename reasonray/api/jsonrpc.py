@@ -36,7 +36,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from reasonray.api.access import Access, Visible
+from reasonray.api.declarations import Access, Visible
 from reasonray.gateway.errors import (
     CircuitOpenError,
     LLMConfigError,
@@ -156,7 +156,7 @@ class Call:
 Handler = Callable[[Any, Call], Awaitable[Any]]
 Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 """Wraps every method call: admits the caller by the method's declared access before `invoke()`
-(reasonray.api.tenancy)."""
+(reasonray.api.access.tenancy)."""
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Method:
     handler: Handler
     params: type[BaseModel]
     description: str
-    access: Access  # who may call it, what it touches, what it is charged against (reasonray.api.access)
+    access: Access  # who may call it, what it touches, what it is charged against (reasonray.api.declarations)
     result: type[BaseModel] | None = None  # what it answers, as rpc.discover advertises it (reasonray.api.results)
     stream: bool = False  # POST /rpc may answer it as SSE (`"stream": true` in its params)
     mcp_tool: str | None = None  # the MCP tool it is served as, if any
@@ -197,7 +197,7 @@ class Dispatcher:
     ) -> Callable[[Handler], Handler]:
         """Register a method; `access` is required: a method nobody declared access for cannot be served."""
         if not isinstance(access, Access):
-            raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.access), not {access!r}")
+            raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.declarations), not {access!r}")
 
         def register(handler: Handler) -> Handler:
             description_ = description or (handler.__doc__ or "").strip()
@@ -299,7 +299,7 @@ class Dispatcher:
 
             if self.guard is None:
                 result = await invoke()
-            else:  # authorization, ownership, limits and audit wrap every method (reasonray.api.tenancy)
+            else:  # authorization, ownership, limits and audit wrap every method (reasonray.api.access.tenancy)
                 result = await self.guard(here, parsed, invoke)
         except RpcError as exc:
             raise _with_trace(exc, trace_id) from None

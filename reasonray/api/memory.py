@@ -15,9 +15,9 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
-from reasonray.api.access import EVERYONE, OPERATORS, REASONERS, Access, Resource, Visible
+from reasonray.api.access.limits import own_statistics
+from reasonray.api.declarations import EVERYONE, OPERATORS, REASONERS, Access, Resource, Visible
 from reasonray.api.jsonrpc import Call, Dispatcher
-from reasonray.api.limits import own_statistics
 from reasonray.api.service import ExecuteParams, ReasoningService
 from reasonray.kernel.config import MemorySettings
 from reasonray.kernel.errors import InvalidParamsError, describe_errors

@@ -13,17 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
 from reasonray.api.a2a_remote import forward, remote_registration
-from reasonray.api.access import EVERYONE, REASONERS, RESOLVED, Access, Resource
-from reasonray.api.auth import REMOTE_AGENTS
-from reasonray.api.caps import check_text
-from reasonray.api.egress import Egress
+from reasonray.api.access.auth import REMOTE_AGENTS
+from reasonray.api.access.caps import check_text
+from reasonray.api.access.egress import Egress
+from reasonray.api.declarations import EVERYONE, REASONERS, RESOLVED, Access, Resource
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
 from reasonray.api.openrpc import add_discover
-from reasonray.api.registry import (
+from reasonray.api.service import ExecuteParams, ExecuteResult, ReasoningService
+from reasonray.api.stores.registry import (
     Registry,
 )
-from reasonray.api.service import ExecuteParams, ExecuteResult, ReasoningService
 from reasonray.kernel.config import CapSettings
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, describe_errors
 from reasonray.kernel.sandbox import SandboxLimits

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from reasonray import __version__
-from reasonray.api.access import OPERATORS, Access
+from reasonray.api.declarations import OPERATORS, Access
 from reasonray.api.jsonrpc import (
     CODE_NAMES,
     INTERNAL_ERROR,

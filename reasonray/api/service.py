@@ -18,10 +18,10 @@ from typing import Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from reasonray.api.caps import check_strategy_config, check_text
+from reasonray.api.access.caps import check_strategy_config, check_text
+from reasonray.api.access.tenancy import charge_tokens
 from reasonray.api.jsonrpc import error_for
 from reasonray.api.structured import conform, schema_of
-from reasonray.api.tenancy import charge_tokens
 from reasonray.gateway.observed import ObservedLLM, Sampling
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import TokenCounter
@@ -64,7 +64,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 RUN_LISTENER: ContextVar[EventSink | None] = ContextVar("reasonray_run_listener", default=None)
 """Also receives every event of the runs started in this context, as they happen (streaming transports
-set it around a call: see reasonray/api/streaming.py); strategies never see it."""
+set it around a call: see reasonray/api/surfaces/streaming.py); strategies never see it."""
 
 
 class BudgetParams(BaseModel):

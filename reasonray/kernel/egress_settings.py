@@ -1,7 +1,7 @@
 """The `[egress]` section of config.toml: where the service may connect on a caller's behalf, and how long.
 
 Remote A2A agents (their cards and their message endpoints) are the calls a caller steers: the caller
-names the URL. They go through the egress policy of `reasonray.api.egress`; these are its settings.
+names the URL. They go through the egress policy of `reasonray.api.access.egress`; these are its settings.
 Kept out of config.py so the policy reads as one unit; `Settings.egress` is this model.
 """
 

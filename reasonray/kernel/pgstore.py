@@ -3,7 +3,7 @@
 One `PgStore` per process and URL (`pg_store`) owns the connection pools and speaks JSON, not domain
 types: the typed repositories sit in the layers that own the data (sessions in
 `reasonray.reasoner.repository`, agent cards in `reasonray.strategies.agents`, A2A tasks and
-conversations in `reasonray.api.a2a_store`, ownership in `reasonray.api.tenancy`, runs, the audit log
+conversations in `reasonray.api.stores.a2a_store`, ownership in `reasonray.api.access.tenancy`, runs, the audit log
 and counters in `reasonray.kernel.repositories`). The schema is created or migrated when the store is
 made, with yoyo-migrations from the SQL files in `reasonray/kernel/migrations/` (yoyo takes a lock, so
 replicas starting together migrate once).

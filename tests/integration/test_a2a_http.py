@@ -18,7 +18,7 @@ from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, ListTasksReques
 from a2a.utils.errors import TaskNotFoundError
 from google.protobuf import json_format
 
-from reasonray.api.auth import mint_token
+from reasonray.api.access.auth import mint_token
 from tests.a2a_rows import stored_rows
 from tests.integration.conftest import DATA_DIR, own_app, result_of, rpc
 

@@ -5,7 +5,7 @@ The TCK is installed from its source at test time into a virtual environment of 
 part of this repository): `A2A_TCK_SOURCE` names a local git checkout of it (no test reaches the network: fetch
 the repository once, then point the variable at it; without it the test fails saying so). The service runs as
 an application of its own with `[a2a] conformance_scenarios` on, so messages whose ids name one of the TCK's
-scenarios get their scripted events (`reasonray.api.a2a_scenarios`); every MUST test must pass.
+scenarios get their scripted events (`reasonray.api.surfaces.a2a_scenarios`); every MUST test must pass.
 """
 
 from __future__ import annotations

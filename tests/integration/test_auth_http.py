@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from reasonray.api.auth import mint_token
+from reasonray.api.access.auth import mint_token
 from tests.integration.conftest import own_app, result_of
 from tests.tarpit import CARD_PATH, Tarpit
 

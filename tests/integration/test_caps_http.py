@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reasonray.api.auth import mint_token
+from reasonray.api.access.auth import mint_token
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.integration.conftest import deploy, settings_for, undeploy
 

@@ -19,8 +19,8 @@ import ray
 
 from reasonray.actors import NAMESPACE
 from reasonray.actors.session import host_index, host_name
-from reasonray.api.auth import mint_token
-from reasonray.api.tenancy import personal_workspace
+from reasonray.api.access.auth import mint_token
+from reasonray.api.access.tenancy import personal_workspace
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
 

@@ -23,7 +23,7 @@ from mcp import Client as McpClient
 from mcp import MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from reasonray.api.auth import mint_token
+from reasonray.api.access.auth import mint_token
 from tests.integration.conftest import own_app
 
 pytestmark = pytest.mark.integration

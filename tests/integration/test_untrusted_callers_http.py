@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from reasonray.api.auth import mint_token
+from reasonray.api.access.auth import mint_token
 from tests.integration.conftest import own_app
 from tests.tarpit import CARD_PATH, Tarpit
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from reasonray.api.access.caps import check_strategy_config
 from reasonray.api.app import Backends, build_application
-from reasonray.api.caps import check_strategy_config
-from reasonray.api.guard import GuardSettings, Refusal, check_body, check_host, check_post_headers
+from reasonray.api.surfaces.guard import GuardSettings, Refusal, check_body, check_host, check_post_headers
 from reasonray.gateway.arithmetic import evaluate
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import CapSettings, ReasoningSettings, Settings

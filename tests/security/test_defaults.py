@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from reasonray.api.auth import REMOTE_AGENTS, Policy, Principal
-from reasonray.api.guard import GuardSettings, Refusal, check_body
+from reasonray.api.access.auth import REMOTE_AGENTS, Policy, Principal
+from reasonray.api.surfaces.guard import GuardSettings, Refusal, check_body
 from reasonray.kernel.auth_settings import DEFAULT_ROLES, AuthSettings, LimitSettings, RoleSettings
 from reasonray.kernel.config import load_settings
 from tests.unit.test_tenancy import ALICE, BOB, api, call

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from reasonray.api.a2a_remote import RemoteAgentError, forward, remote_registration
-from reasonray.api.auth import CURRENT_PRINCIPAL, Principal
-from reasonray.api.egress import Egress, EgressRefusedError, OutboundGate, internal_address
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal
+from reasonray.api.access.egress import Egress, EgressRefusedError, OutboundGate, internal_address
 from reasonray.kernel.egress_settings import EgressSettings
 from reasonray.kernel.errors import InvalidParamsError, OverloadedError, RateLimitedError
 from reasonray.strategies.agents import AgentRegistration
@@ -265,7 +265,7 @@ class ClusterSlots:
     """`SharedSlots` as the limiter actor answers them, in this process: one `RateLimiter` behind several gates."""
 
     def __init__(self) -> None:
-        from reasonray.api.limits import RateLimiter
+        from reasonray.api.access.limits import RateLimiter
 
         self.limiter = RateLimiter()
         self.taken: list[float] = []

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.guard import GuardSettings, Refusal, check_body
+from reasonray.api.surfaces.guard import GuardSettings, Refusal, check_body
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox

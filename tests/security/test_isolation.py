@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from reasonray.api.auth import CURRENT_PRINCIPAL, Principal, principal_trace_id
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, principal_trace_id
 from reasonray.api.methods import RESERVED_AGENT_IDS
 from reasonray.gateway.cache import CACHE_SCOPE, CachingLLM, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.protocol import LLMRequest, Message

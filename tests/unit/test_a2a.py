@@ -33,8 +33,12 @@ from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from reasonray.api.a2a import A2AServer, agent_card, auth_configured, card_json
-from reasonray.api.a2a_store import (
+from reasonray.api.access.audit import JsonlAuditLog
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.access.limits import LocalLimits, RateLimiter
+from reasonray.api.access.tenancy import Guard, LocalOwners, OwnershipTable, install_guard
+from reasonray.api.app import local_dispatcher
+from reasonray.api.stores.a2a_store import (
     CONFLICT,
     NOT_YOURS,
     ContextSessions,
@@ -44,11 +48,7 @@ from reasonray.api.a2a_store import (
     TaskBoard,
     repository,
 )
-from reasonray.api.app import local_dispatcher
-from reasonray.api.audit import JsonlAuditLog
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.limits import LocalLimits, RateLimiter
-from reasonray.api.tenancy import Guard, LocalOwners, OwnershipTable, install_guard
+from reasonray.api.surfaces.a2a import A2AServer, agent_card, auth_configured, card_json
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
@@ -499,7 +499,7 @@ class RemoteAgent:
 
 async def test_a_remote_agent_registers_by_its_card_url_advertises_its_skills_and_answers_forwarded_runs(tmp_path):
     from reasonray.api.a2a_remote import forward, remote_registration
-    from reasonray.api.egress import Egress
+    from reasonray.api.access.egress import Egress
     from reasonray.kernel.egress_settings import EgressSettings
     from reasonray.kernel.errors import InvalidParamsError
     from reasonray.strategies.agents import AgentRegistration

@@ -26,10 +26,10 @@ from a2a.types.a2a_pb2 import (
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from reasonray.api.a2a import A2AServer
-from reasonray.api.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
-from reasonray.api.a2a_store import PrincipalUser, SqliteRepository
 from reasonray.api.app import local_dispatcher
+from reasonray.api.stores.a2a_store import PrincipalUser, SqliteRepository
+from reasonray.api.surfaces.a2a import A2AServer
+from reasonray.api.surfaces.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox

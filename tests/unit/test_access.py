@@ -1,15 +1,15 @@
-"""Access is declared where a method is registered (reasonray/api/access.py): every method of the API has a
+"""Access is declared where a method is registered (reasonray/api/declarations.py): every method of the API has a
 declaration, it agrees with the default roles, and a method without one cannot be registered."""
 
 from __future__ import annotations
 
 import pytest
 
-from reasonray.api.access import EVERYONE, Access, Resource, Visible
+from reasonray.api.access.auth import Policy, Principal
+from reasonray.api.access.tenancy import ShareParams, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.auth import Policy, Principal
+from reasonray.api.declarations import EVERYONE, Access, Resource, Visible
 from reasonray.api.methods import NoParams
-from reasonray.api.tenancy import ShareParams, install_guard
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import DEFAULT_ROLES, AuthSettings
 from reasonray.kernel.config import ReasoningSettings

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.registry import RegistryService
+from reasonray.api.stores.registry import RegistryService
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ConfigError, ReasoningSettings
 from reasonray.kernel.errors import InvalidParamsError, NotFoundError

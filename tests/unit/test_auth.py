@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from reasonray.api.auth import Policy, Principal, TokenVerifier, mint_token
+from reasonray.api.access.auth import Policy, Principal, TokenVerifier, mint_token
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.errors import UnauthenticatedError
 

@@ -14,7 +14,7 @@ import pytest
 from reasonray.api.app import Backends, build_application
 from reasonray.api.errors import a2a_refused, error_headers, error_table, openai_error, rest_error, view_of
 from reasonray.api.jsonrpc import RpcError, error_classes
-from reasonray.api.openai_compat import OpenAICompat, Reply, respond
+from reasonray.api.surfaces.openai_compat import OpenAICompat, Reply, respond
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel.config import BudgetSettings, ReasoningSettings, Settings

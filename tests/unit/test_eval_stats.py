@@ -152,7 +152,7 @@ async def test_an_evaluation_through_a_client_records_what_the_service_answered(
     over an application on the simulated model, which does the arithmetic itself (so every record is
     correct); a strategy the service does not serve is a classified error record."""
     from reasonray.api.app import build_application
-    from reasonray.api.local_http import in_process_client
+    from reasonray.api.surfaces.local_http import in_process_client
     from reasonray.evals.run import EvalOptions, run_async
     from reasonray.gateway.simulator.engine import SimulatedModel
     from reasonray.gateway.simulator.inprocess import SimulatedLLM

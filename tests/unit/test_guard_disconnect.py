@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from reasonray.api.guard import GuardSettings, HttpGuard
+from reasonray.api.surfaces.guard import GuardSettings, HttpGuard
 
 BODY = json.dumps({"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "x"}, "id": 1}).encode()
 

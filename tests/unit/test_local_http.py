@@ -6,7 +6,7 @@ import pytest
 
 from reasonray import ReasonRayError
 from reasonray.api.app import local_dispatcher
-from reasonray.api.local_http import in_process_client
+from reasonray.api.surfaces.local_http import in_process_client
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.config import ReasoningSettings
 

@@ -9,8 +9,8 @@ import pytest
 from mcp import Client, MCPError
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.mcp_server import build_server, fillable, unsupported_version
 from reasonray.api.service import ExecuteParams
+from reasonray.api.surfaces.mcp_server import build_server, fillable, unsupported_version
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
@@ -65,9 +65,9 @@ ROLES = {
 
 def guarded(tmp_path):
     """The API as `reasonray mcp` builds it with [auth] configured (in_process_api's guard), over the simulated model."""
+    from reasonray.api.access.tenancy import install_guard
     from reasonray.api.app import Backends, build_application
-    from reasonray.api.mcp_server import local_guard
-    from reasonray.api.tenancy import install_guard
+    from reasonray.api.surfaces.mcp_server import local_guard
     from reasonray.kernel.config import Settings
 
     llm = SimulatedLLM()
@@ -82,8 +82,8 @@ def guarded(tmp_path):
 
 
 def as_caller(settings, rpc, sub, *roles, ttl=600):
-    from reasonray.api.auth import mint_token
-    from reasonray.api.mcp_server import StdioCaller
+    from reasonray.api.access.auth import mint_token
+    from reasonray.api.surfaces.mcp_server import StdioCaller
 
     caller = StdioCaller(settings, mint_token(SECRET, sub, list(roles), ttl))
     return build_server(rpc, principal=caller.principal)
@@ -95,8 +95,8 @@ def error_of(result) -> dict:
 
 
 def test_with_auth_the_stdio_caller_needs_a_valid_token_and_says_how_to_give_one(tmp_path):
-    from reasonray.api.auth import mint_token
-    from reasonray.api.mcp_server import StdioCaller
+    from reasonray.api.access.auth import mint_token
+    from reasonray.api.surfaces.mcp_server import StdioCaller
     from reasonray.kernel.config import Settings
     from reasonray.kernel.errors import UnauthenticatedError
 
@@ -154,8 +154,8 @@ async def test_with_auth_every_tool_runs_as_the_principal_through_the_guard(tmp_
 
 
 async def test_a_token_that_expires_while_the_stdio_server_runs_stops_working(tmp_path):
-    from reasonray.api.auth import mint_token
-    from reasonray.api.mcp_server import StdioCaller
+    from reasonray.api.access.auth import mint_token
+    from reasonray.api.surfaces.mcp_server import StdioCaller
 
     settings, rpc = guarded(tmp_path)
     caller = StdioCaller(settings, mint_token(SECRET, "alice", ["reasoner"], 600))

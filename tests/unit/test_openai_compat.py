@@ -1,4 +1,4 @@
-"""The OpenAI surface in-process (reasonray/api/openai_compat.py over local_dispatcher): model names, the
+"""The OpenAI surface in-process (reasonray/api/surfaces/openai_compat.py over local_dispatcher): model names, the
 conversation, error shapes, the stream's order, cancellation and the tool round trip."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.openai_compat import (
+from reasonray.api.surfaces.openai_compat import (
     OpenAICompat,
     OpenAIError,
     Reply,
@@ -193,9 +193,9 @@ AUTH_ROLES = {
 
 @pytest.fixture
 def guarded_compat(tmp_path, llm):
+    from reasonray.api.access.tenancy import install_guard
     from reasonray.api.app import Backends, build_application
-    from reasonray.api.mcp_server import local_guard
-    from reasonray.api.tenancy import install_guard
+    from reasonray.api.surfaces.mcp_server import local_guard
     from reasonray.kernel.config import Settings
 
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")
@@ -210,7 +210,7 @@ def guarded_compat(tmp_path, llm):
 
 def principal(sub: str | None, *roles: str) -> None:
     """Be this caller for the rest of the test (an async test runs in a context of its own: nothing leaks)."""
-    from reasonray.api.auth import CURRENT_PRINCIPAL, Principal
+    from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal
 
     CURRENT_PRINCIPAL.set(Principal(sub, roles) if sub else None)
 

@@ -9,13 +9,13 @@ import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
 
-from reasonray.api.access import EVERYONE, Access
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.access.limits import LocalLimits
+from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.limits import LocalLimits
+from reasonray.api.declarations import EVERYONE, Access
 from reasonray.api.methods import NoParams
 from reasonray.api.openrpc import discover_document
-from reasonray.api.tenancy import Guard, LocalOwners, install_guard
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings

@@ -6,7 +6,7 @@ import subprocess
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from reasonray.api.prometheus import content_type, merge, wants_openmetrics
+from reasonray.api.surfaces.prometheus import content_type, merge, wants_openmetrics
 
 NODE_A = """# HELP ray_reasonray_requests_total JSON-RPC calls answered.
 # TYPE ray_reasonray_requests_total counter

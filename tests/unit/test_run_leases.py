@@ -7,7 +7,7 @@ import asyncio
 
 from reasonray.actors import tenancy
 from reasonray.actors.tenancy import RUN_SLOT_TTL_S, RayLimits
-from reasonray.api.limits import RateLimiter
+from reasonray.api.access.limits import RateLimiter
 
 
 class Clock:

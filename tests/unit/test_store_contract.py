@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from reasonray.api.audit import AuditRecord, audit_log_for
-from reasonray.api.limits import RateLimiter, TokenBudgets
-from reasonray.api.tenancy import ownership_table
+from reasonray.api.access.audit import AuditRecord, audit_log_for
+from reasonray.api.access.limits import RateLimiter, TokenBudgets
+from reasonray.api.access.tenancy import ownership_table
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
@@ -369,7 +369,7 @@ def test_counters_of_an_earlier_json_file_carry_over_once_and_ended_windows_are_
 
 
 def a2a_repository(store: Store, data_dir: Path | None = None):
-    from reasonray.api.a2a_store import repository
+    from reasonray.api.stores.a2a_store import repository
 
     return repository(store.url, (data_dir or store.data_dir) / "sessions")
 
@@ -416,7 +416,7 @@ async def test_an_a2a_conversation_is_saved_only_over_the_version_it_was_loaded_
 async def test_a2a_records_of_earlier_json_files_are_imported_once(tmp_path):
     import json
 
-    from reasonray.api.a2a_store import repository
+    from reasonray.api.stores.a2a_store import repository
 
     root = tmp_path / "sessions" / "a2a"
     (root / "tasks").mkdir(parents=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.access.limits import LocalLimits
+from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.limits import LocalLimits
-from reasonray.api.streaming import rpc_sse, streaming_call
-from reasonray.api.tenancy import Guard, LocalOwners, install_guard
+from reasonray.api.surfaces.streaming import rpc_sse, streaming_call
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings

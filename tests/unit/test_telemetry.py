@@ -11,7 +11,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.prometheus import merge
+from reasonray.api.surfaces.prometheus import merge
 from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.errors import TransientProviderError
 from reasonray.gateway.metered import MeteredLLM

@@ -7,11 +7,10 @@ import stat
 
 import pytest
 
-from reasonray.api.app import local_dispatcher
-from reasonray.api.audit import JsonlAuditLog
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.limits import LocalLimits, MemoryCounters, RateLimiter, TokenBudgets
-from reasonray.api.tenancy import (
+from reasonray.api.access.audit import JsonlAuditLog
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.access.limits import LocalLimits, MemoryCounters, RateLimiter, TokenBudgets
+from reasonray.api.access.tenancy import (
     Guard,
     LocalOwners,
     OwnershipTable,
@@ -20,6 +19,7 @@ from reasonray.api.tenancy import (
     install_guard,
     personal_workspace,
 )
+from reasonray.api.app import local_dispatcher
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings

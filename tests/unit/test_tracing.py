@@ -9,9 +9,9 @@ import json
 import pytest
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.openai_compat import OpenAICompat, respond
-from reasonray.api.streaming import rpc_sse
-from reasonray.api.tracing import in_request_trace, request_span
+from reasonray.api.surfaces.openai_compat import OpenAICompat, respond
+from reasonray.api.surfaces.streaming import rpc_sse
+from reasonray.api.surfaces.tracing import in_request_trace, request_span
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.streaming import rpc_sse, streaming_call
+from reasonray.api.surfaces.streaming import rpc_sse, streaming_call
 from reasonray.client import AsyncClient
 
 LOCAL_URL = "http://reasonray.local"

@@ -10,11 +10,11 @@
   updates, the answer arrives as an artifact. A caller the guard refuses gets HTTP 401/403/429 with the
   JSON-RPC error and no task (`A2AServer.handle`).
 - Cancelling the task cancels the run, from any replica: running tasks and their events are on the shared
-  task board (`reasonray.api.a2a_store.TaskBoard`), which the running replica watches.
+  task board (`reasonray.api.stores.a2a_store.TaskBoard`), which the running replica watches.
 - Tasks and each context's session binding live in the sessions' store, owned by the caller
-  (`reasonray.api.a2a_store`).
+  (`reasonray.api.stores.a2a_store`).
 - With `[a2a] conformance_scenarios` on (a conformance run only), a message whose id names one of the A2A
-  TCK's scenarios gets that scenario's scripted events instead of reasoning (`reasonray.api.a2a_scenarios`).
+  TCK's scenarios gets that scenario's scripted events instead of reasoning (`reasonray.api.surfaces.a2a_scenarios`).
 
 Transport-free: the Serve ingress forwards `/a2a` and the card route to what is built here.
 """
@@ -31,12 +31,14 @@ from email.utils import formatdate
 from typing import Any, TypeVar, assert_never
 
 import structlog
+from a2a.auth.user import UnauthenticatedUser, User
 from a2a.helpers.proto_helpers import new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
+from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.tasks import TaskUpdater
 from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import (
@@ -58,21 +60,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 
-from reasonray.api.a2a_scenarios import Reply, Scenario, Script, play, scenario_for
-from reasonray.api.a2a_store import (
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, principal_trace_id
+from reasonray.api.errors import a2a_refused, view_of
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Call, Dispatcher, RpcError, error_for
+from reasonray.api.stores.a2a_store import (
     Board,
     BoardEventStream,
-    CallerContextBuilder,
     ContextSessions,
+    PrincipalUser,
     Repository,
     SharedTaskStore,
     TaskBoard,
     owner_of,
 )
-from reasonray.api.auth import principal_trace_id
-from reasonray.api.errors import a2a_refused, view_of
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Call, Dispatcher, RpcError, error_for
-from reasonray.api.streaming import CallResult, stream_call
+from reasonray.api.surfaces.a2a_scenarios import Reply, Scenario, Script, play, scenario_for
+from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
 from reasonray.strategies.registry import Catalogue
@@ -142,6 +144,14 @@ def _progress(event: Event) -> str | None:
     if isinstance(event, MemoryRetrieval):
         return "memory: retrieved"
     return None
+
+
+class CallerContextBuilder(DefaultServerCallContextBuilder):
+    """The SDK's call context with the caller the auth gate verified (`CURRENT_PRINCIPAL`) as its user."""
+
+    def build_user(self, request: Request) -> User:
+        principal = CURRENT_PRINCIPAL.get()
+        return PrincipalUser(principal.sub) if principal is not None else UnauthenticatedUser()
 
 
 class Choice(BaseModel):
@@ -448,7 +458,7 @@ class A2AServer:
     (shared by every replica: a cancel or a resubscription reaches a task from any replica), for the ingress to
     mount. `refusal_headers` gives a refusal's extra HTTP headers (Retry-After and X-RateLimit-* for 429).
     `conformance_scenarios` (`[a2a] conformance_scenarios`, off by default) answers the A2A TCK's scenario
-    message ids with their scripted events (`reasonray.api.a2a_scenarios`) instead of reasoning."""
+    message ids with their scripted events (`reasonray.api.surfaces.a2a_scenarios`) instead of reasoning."""
 
     def __init__(
         self,

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import structlog
-from a2a.auth.user import UnauthenticatedUser, User
+from a2a.auth.user import User
 from a2a.server.cluster import ConcurrentTaskModificationError, StoredTask, TaskEventStream, TaskVersion, VersionedEvent, VersionedTaskStore
 from a2a.server.context import ServerCallContext
-from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.tasks import TaskStore
 from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import Task
@@ -37,9 +36,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
 from google.protobuf import json_format
-from starlette.requests import Request
 
-from reasonray.api.auth import CURRENT_PRINCIPAL
 from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.storage import LocalDatabase
 
@@ -224,14 +221,6 @@ class PrincipalUser(User):
     @property
     def user_name(self) -> str:
         return self.sub
-
-
-class CallerContextBuilder(DefaultServerCallContextBuilder):
-    """The SDK's call context with the caller the auth gate verified (`CURRENT_PRINCIPAL`) as its user."""
-
-    def build_user(self, request: Request) -> User:
-        principal = CURRENT_PRINCIPAL.get()
-        return PrincipalUser(principal.sub) if principal is not None else UnauthenticatedUser()
 
 
 def owner_of(context: ServerCallContext | None) -> str | None:

@@ -1,7 +1,7 @@
 """Tenancy: who owns which session, agent card and memory workspace, and the guard every method call passes.
 
 The guard (built by `build_guard`, installed on the dispatcher with `install_guard`) runs around each
-call and reads only the method's declared `Access` (`reasonray.api.access`): the caller must be
+call and reads only the method's declared `Access` (`reasonray.api.declarations`): the caller must be
 authenticated (`CURRENT_PRINCIPAL`), its roles must allow the method and the strategy, the session /
 card / workspace it names must be its own (or shared with it, for reads), its rate limits and token
 budgets must have room; a method that lists resources is handed what the caller may see; then the
@@ -24,19 +24,18 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonray.api.a2a_remote import remote_strategy
-from reasonray.api.access import REASONERS, RESOLVED, Access, Kind, Resource, Visible
-from reasonray.api.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit, audit_log_for
-from reasonray.api.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.access.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit, audit_log_for
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
+from reasonray.api.access.limits import Limits, limited, refusal_error
+from reasonray.api.declarations import REASONERS, RESOLVED, Access, Kind, Resource, Visible
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
-from reasonray.api.limits import Limits, limited, refusal_error
 from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
-from reasonray.strategies.agents import STRATEGY_CAPABILITY
+from reasonray.strategies.agents import STRATEGY_CAPABILITY, remote_strategy
 
 if TYPE_CHECKING:
-    from reasonray.api.registry import Registry
+    from reasonray.api.stores.registry import Registry
     from reasonray.kernel.config import Settings
     from reasonray.kernel.pgstore import PgStore
 
@@ -230,7 +229,7 @@ StrategyOf = Callable[[Any], Awaitable[str]]
 
 class Guard:
     """Authorization, ownership, limits and audit around every method of a dispatcher, read from each method's
-    declared `Access` (see the module docstring and `reasonray.api.access`)."""
+    declared `Access` (see the module docstring and `reasonray.api.declarations`)."""
 
     def __init__(
         self,

@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
 from reasonray import __version__
-from reasonray.api.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier
+from reasonray.api.access.tenancy import Guard, install_guard
 from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for
 from reasonray.api.openrpc import result_schema
-from reasonray.api.tenancy import Guard, install_guard
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import UnauthenticatedError
 
@@ -237,8 +237,8 @@ def in_process_application(settings: Settings) -> Application:
 def local_guard(settings: Settings, application: Application) -> Guard:
     """The tenancy guard of an application served by this one process: ownership, budgets and audit in
     the configured store (PostgreSQL with `[store] url`, else files under the data directory)."""
-    from reasonray.api.limits import LocalLimits, RateLimiter, TokenBudgets
-    from reasonray.api.tenancy import LocalOwners, build_guard, ownership_table
+    from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
+    from reasonray.api.access.tenancy import LocalOwners, build_guard, ownership_table
     from reasonray.kernel.repositories import counters
 
     store, data_dir = settings.store.url, Path(settings.data_dir)

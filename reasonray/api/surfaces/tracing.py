@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
-from reasonray.api.auth import principal_trace_id
+from reasonray.api.access.auth import principal_trace_id
 from reasonray.api.methods import accept_trace_id
 from reasonray.kernel import tracing
 

@@ -39,7 +39,7 @@ from reasonray.api.jsonrpc import (
     RpcError,
 )
 from reasonray.api.service import ExecuteParams, ResponseFormatParams
-from reasonray.api.streaming import CallResult, stream_call
+from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import describe_errors
 from reasonray.kernel.events import Event, to_dict

@@ -2,7 +2,7 @@
 
 Transport-free. The Serve ingress verifies the `Authorization` header of every request (but the
 public liveness probe) with a `TokenVerifier` and puts the `Principal` in `CURRENT_PRINCIPAL`; the
-dispatcher's guard (`reasonray.api.tenancy`) reads it from there, so no route can forget it.
+dispatcher's guard (`reasonray.api.access.tenancy`) reads it from there, so no route can forget it.
 Tokens: HS256 with `[auth] jwt_secret`, or RS256/ES256 against a JWKS (URL or file, keys re-read
 when a token names an unknown `kid`, so rotation needs no restart). Claims: `sub` is the principal,
 `roles` a list of role names, optional `agent_id` binds the principal to that AgentCard.

@@ -1,0 +1,1 @@
+"""Who may call what and how much: tokens, roles and ownership (the one guard every surface calls through), rate limits and budgets, caps, the audit log and the egress policy for calls made on a caller's behalf."""

@@ -1,0 +1,1 @@
+"""What the API keeps besides sessions and memories: the agent registry and the A2A task store."""
