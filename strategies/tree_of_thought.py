@@ -33,7 +33,7 @@ from pydantic import Field
 from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import ThoughtNode
-from reasonray.kernel.extraction import find_answer, find_choice, find_score, numeric_question, parse_json_object
+from reasonray.kernel.extraction import final_number, find_answer, find_choice, find_score, numeric_question, parse_json_object
 from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
 from reasonray.strategies.base import (
     ReasoningResult,
@@ -368,7 +368,13 @@ class TreeOfThought(Strategy):
             purpose="final_answer",
         )
         completion = await context.llm.complete(shaped(request, ANSWER, enforced))
-        found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
+        numeric = numeric_question(query)
+        found = find_answer(completion.text, numeric=numeric, structured=enforced)
+        if numeric and (found is None or final_number(found.answer) is None):
+            # a number was asked for and the reply names none (a small model echoes the instruction, or fills the
+            # answer field with words): the best path's own working ("2 + 6 = 8") is the better evidence
+            if (number := final_number("\n".join(best.steps))) is not None:
+                return number, "best_path_number"
         if found is None:
             raise ModelBehaviorError(
                 f"the search found no answer and the model gave none for its best path ({search.unparsed} of its replies "

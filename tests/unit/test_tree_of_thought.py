@@ -150,6 +150,29 @@ async def test_a_search_without_any_answer_asks_for_one_along_the_best_path():
     assert result.metrics.strategy_specific["solution_steps"] == ["x", "y"]
 
 
+@pytest.mark.parametrize("final", ["The search ended here: give your final answer now.", "now inside the specified format"])
+async def test_a_final_reply_without_a_number_takes_the_best_paths_own_number(final):
+    # SmolLM2-135M's final replies on single-digit sums: the instruction echoed, or words in the answer field
+    class Echo(TreeModel):
+        def reply(self, request):
+            if request.messages[0].content == ANSWER_PROMPT:
+                return final
+            return super().reply(request)
+
+    model = Echo(proposals={((), 0): step("2 + 6 = 8")}, scores={("2 + 6 = 8",): 0.7})
+    ctx, _ = context_for(model, strategy="tree_of_thought")
+    result = await TreeOfThought().reason("What is 2 + 6?", context=ctx, config={"breadth": 1, "depth": 1})
+    specific = result.metrics.strategy_specific
+    assert result.answer == "8" and specific["fallback"] == "final_answer_call" and specific["found_by"] == "best_path_number"
+
+
+async def test_a_final_reply_that_names_a_number_is_kept_over_the_path():
+    model = TreeModel(proposals={((), 0): step("2 + 6 = 8")}, scores={("2 + 6 = 8",): 0.7}, final="9")
+    ctx, _ = context_for(model, strategy="tree_of_thought")
+    result = await TreeOfThought().reason("What is 2 + 6?", context=ctx, config={"breadth": 1, "depth": 1})
+    assert result.answer == "9" and result.metrics.strategy_specific["found_by"] == "tag"
+
+
 async def test_unparsable_replies_are_counted_not_fatal_and_budget_is_respected():
     model = TreeModel(
         proposals={((), 0): "<thinking>no idea</thinking>", ((), 1): step("x"), ((), 2): step("z"), (("z",), 0): answer("5")},
