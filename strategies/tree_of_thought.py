@@ -370,11 +370,11 @@ class TreeOfThought(Strategy):
         completion = await context.llm.complete(shaped(request, ANSWER, enforced))
         numeric = numeric_question(query)
         found = find_answer(completion.text, numeric=numeric, structured=enforced)
-        if numeric and (found is None or final_number(found.answer) is None):
-            # a number was asked for and the reply names none (a small model echoes the instruction, or fills the
-            # answer field with words): the best path's own working ("2 + 6 = 8") is the better evidence
-            if (number := final_number("\n".join(best.steps))) is not None:
-                return number, "best_path_number"
+        # a number was asked for and the reply names none (a small model echoes the instruction, or fills the answer
+        # field with words): the best path's own working ("2 + 6 = 8") is the better evidence
+        no_number = numeric and (found is None or final_number(found.answer) is None)
+        if no_number and (number := final_number("\n".join(best.steps))) is not None:
+            return number, "best_path_number"
         if found is None:
             raise ModelBehaviorError(
                 f"the search found no answer and the model gave none for its best path ({search.unparsed} of its replies "
