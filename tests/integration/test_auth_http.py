@@ -52,7 +52,9 @@ def secured(serve_base, simulator, tarpit):
         },
         "principals": {"thrifty": {"tokens_per_day": 1}},
     }
-    egress = {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 60, "max_per_principal": REMOTE_CALLS_CAP}
+    # a short call timeout: the held calls end by it at the latest (the caller's leaving ends them sooner: that is
+    # tests/integration/test_untrusted_callers_http.py's to measure)
+    egress = {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 10, "max_per_principal": REMOTE_CALLS_CAP}
     with own_app(serve_base, simulator.url, "auth-it", auth=auth, egress=egress, server={"num_replicas": 2}) as (client, settings):
         yield client, settings
 
@@ -216,7 +218,7 @@ def test_a_callers_remote_calls_in_flight_are_capped_for_both_replicas_together(
     assert outcomes.count("held") == REMOTE_CALLS_CAP and "remote_calls_in_flight" in outcomes, outcomes
     assert set(outcomes) <= {"held", "remote_calls_in_flight", "concurrent_runs"}, outcomes
     deadline = time.monotonic() + 20
-    while tarpit.open and time.monotonic() < deadline:  # mallory gone: her calls end and their slots come back
+    while tarpit.open and time.monotonic() < deadline:  # mallory gone: her calls end (10 s at most) and their slots come back
         time.sleep(0.1)
     assert tarpit.open == 0
     # and the cluster's count has them back: a call is let through again (and ends at its 1 s deadline)

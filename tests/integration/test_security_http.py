@@ -9,9 +9,15 @@ import json
 import httpx
 import pytest
 import schemathesis
+import schemathesis.specs.openapi.schemas  # see below
 from hypothesis import HealthCheck, given, settings
 
 from tests.integration.conftest import result_of, rpc
+
+# schemathesis imports its OpenAPI loader at the first `from_url`, and pytest rewrites the module's asserts as it
+# compiles it: done mid-suite, beside the simulated model's server threads, that compile once failed in CPython
+# 3.11.7 with "AST constructor recursion depth mismatch". Imported above, it compiles at collection, before any
+# thread of the suite starts.
 
 
 def post(client: httpx.Client, body: bytes | str, path: str = "/rpc", **headers: str) -> httpx.Response:
