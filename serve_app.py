@@ -515,18 +515,23 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     # Serve holds a stopping replica behind HAProxy open for this long (30 s by default, meant for a cloud load
     # balancer's deregistration): every redeploy, scale-down or app deletion waited that out with nothing in flight
     env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = f"{settings.server.drain_s:g}"
-    wrapper = haproxy_binding(settings.server.host)
+    wrapper = haproxy_wrapper(settings.server.host)
     if wrapper is not None:
         env["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper
     return env
 
 
-# Ray 2.60's HAProxy template (ray/serve/_private/haproxy_templates.py) binds the stats frontend on
-# `*:<port>` and the Prometheus frontend on `:<port>` (every interface), with no setting for their
-# address; only the API frontend follows http_options.host. Its one hook is the binary it runs
-# (RAY_SERVE_HAPROXY_BINARY_PATH, read by Ray's HAProxyManager), so the binary ReasonRay gives it is a
-# wrapper: it copies the config Ray wrote, binds those address-less frontends on the API's host, and
-# execs the real HAProxy with the copy (on every start and reload).
+# Ray 2.60's HAProxy config (ray/serve/_private/haproxy_templates.py) needs two changes it has no setting for:
+# - it binds the stats frontend on `*:<port>` and the Prometheus frontend on `:<port>` (every interface); only
+#   the API frontend follows http_options.host;
+# - its `option splice-request`: HAProxy 2.8 passes a request body that arrives after its headers (as httpx,
+#   requests and browsers send a POST) through a kernel pipe, and from then on it no longer sees that client
+#   close; `option abortonclose` then never fires, the replica never learns its caller left, and the call
+#   (a remote agent's, say) runs to its own time limit. Request bodies here are small JSON: splicing them
+#   saves nothing.
+# Its one hook is the binary it runs (RAY_SERVE_HAPROXY_BINARY_PATH, read by Ray's HAProxyManager), so the binary
+# ReasonRay gives it is a wrapper: it copies the config Ray wrote, changes it so, and execs the real HAProxy with
+# the copy (on every start and reload).
 _HAPROXY_WRAPPER = """#!{python} -IS
 import os, re, sys
 REAL, HOST = {real!r}, {host!r}
@@ -534,7 +539,10 @@ args = sys.argv[1:]
 if "-f" in args:
     i = args.index("-f") + 1
     with open(args[i]) as source:
-        text = re.sub(r"(?m)^(\\s*bind\\s+)\\*?:(\\d+)(\\s*)$", lambda m: m[1] + HOST + ":" + m[2] + m[3], source.read())
+        text = source.read()
+    if HOST:
+        text = re.sub(r"(?m)^(\\s*bind\\s+)\\*?:(\\d+)(\\s*)$", lambda m: m[1] + HOST + ":" + m[2] + m[3], text)
+    text = re.sub(r"(?m)^(\\s*)option splice-request\\s*$", r"\\1no option splice-request", text)
     copy = args[i] + ".reasonray"
     fd = os.open(copy + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as target:
@@ -545,10 +553,11 @@ os.execv(REAL, [REAL, *args])
 """
 
 
-def haproxy_binding(host: str) -> str | None:
-    """A HAProxy binary for Ray that binds the stats and metrics frontends on `host`, as the API, or None
-    where nothing needs rewriting (the API on every interface) or it cannot be done (an IPv6 or a host
-    name: HAProxy's bind syntax differs; no HAProxy found: Ray's own error says so)."""
+def haproxy_wrapper(host: str) -> str | None:
+    """A HAProxy binary for Ray that runs Ray's config with the changes above: the stats and metrics frontends
+    bound on `host`, as the API, where `host` is one IPv4 address (on every interface, an IPv6 address or a name
+    they are left as Ray wrote them: HAProxy's bind syntax differs), and request bodies not spliced. None when no
+    HAProxy is found (Ray's own error then says so)."""
     import ipaddress
     import shutil
     import sys
@@ -556,10 +565,9 @@ def haproxy_binding(host: str) -> str | None:
 
     try:
         address = ipaddress.ip_address(host)
+        bind_on = "" if address.version != 4 or address.is_unspecified else str(address)
     except ValueError:
-        return None
-    if address.version != 4 or address.is_unspecified:
-        return None
+        bind_on = ""
     real = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or None
     if real is None:
         try:
@@ -573,7 +581,7 @@ def haproxy_binding(host: str) -> str | None:
     path = os.path.join(tempfile.mkdtemp(prefix="reasonray-haproxy-"), "haproxy")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
     with os.fdopen(fd, "w") as script:
-        script.write(_HAPROXY_WRAPPER.format(python=sys.executable, real=real, host=str(address)))
+        script.write(_HAPROXY_WRAPPER.format(python=sys.executable, real=real, host=bind_on))
     return path
 
 

@@ -52,8 +52,8 @@ def secured(serve_base, simulator, tarpit):
         },
         "principals": {"thrifty": {"tokens_per_day": 1}},
     }
-    # a short call timeout: the held calls end by it at the latest (the caller's leaving ends them sooner: that is
-    # tests/integration/test_untrusted_callers_http.py's to measure)
+    # a short call timeout: the held calls end by it at the latest (their callers' leaving ends them sooner, which
+    # tests/integration/test_untrusted_callers_http.py measures)
     egress = {"allow_hosts": [f"127.0.0.1:{tarpit.port}"], "call_timeout_s": 10, "max_per_principal": REMOTE_CALLS_CAP}
     with own_app(serve_base, simulator.url, "auth-it", auth=auth, egress=egress, server={"num_replicas": 2}) as (client, settings):
         yield client, settings

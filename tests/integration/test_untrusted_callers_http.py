@@ -13,14 +13,15 @@ attacks of a token holder, each against the defence that stops it.
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from reasonray.api.access.auth import mint_token
+from tests import flood
 from tests.integration.conftest import own_app
 from tests.tarpit import CARD_PATH, Tarpit
 
@@ -87,27 +88,25 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
     health(), bobs_call()  # warm
     idle_health, idle_bob = latencies(health, 15), latencies(bobs_call, 5)
 
-    outcomes: list[int | str] = []
-
-    def attack(i: int) -> None:
-        # the attacker gives up after 15 s and goes away (its connection closes)
-        try:  # a connection of its own per call, as a flooding script opens them
-            with httpx.Client(base_url=client.base_url) as own:
-                params = {"query": f"hold {i}", "agent_id": "tarpit"}
-                # half of them ask Serve not to watch for their disconnect: the service must cancel them anyway
-                headers = HOLD_ON_DISCONNECT if i % 2 else None
-                response = rpc(own, "mallory", "reasoning.execute", params, "operator", timeout=15, headers=headers)
-            outcomes.append(response.status_code if "error" not in response.json() else response.json()["error"]["code"])
-        except httpx.TimeoutException:
-            outcomes.append("timeout")
-
-    with ThreadPoolExecutor(150) as pool:
-        flood = [pool.submit(attack, i) for i in range(150)]
-        time.sleep(3.0)
-        during_health, during_bob = latencies(health, 15), latencies(bobs_call, 5)
-        held_during = tarpit.open
-        for f in flood:
-            f.result()
+    # the attacker gives up on each call after 15 s and goes away (its connection closes); a process of its own,
+    # as a flooding script is (tests/flood.py says why); half of its calls ask Serve not to watch for their
+    # disconnect: the service must cancel them anyway
+    attacker = flood.start(
+        {
+            "base_url": str(client.base_url),
+            "method": "reasoning.execute",
+            "params": {"query": "hold {i}", "agent_id": "tarpit"},
+            "headers": bearer("mallory", "operator"),
+            "odd_headers": HOLD_ON_DISCONNECT,
+            "count": 150,
+            "timeout_s": 15,
+        }
+    )
+    time.sleep(3.0)
+    during_health, during_bob = latencies(health, 15), latencies(bobs_call, 5)
+    held_during = tarpit.open
+    calls = flood.finish(attacker)
+    outcomes: list[int | str] = [c["outcome"] for c in calls]
     after_end = time.monotonic()
     # a caller that leaves cancels its call (the front door watches for the disconnect, behind HAProxy as behind
     # Serve's proxy), long before [egress] call_timeout_s (90 s here) would end it
@@ -127,6 +126,7 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
         "tarpit_connections_during": held_during,
         "tarpit_connections_released_after_s": round(released_s, 2),
         "attacker_outcomes": {str(k): outcomes.count(k) for k in set(outcomes)},
+        "refused_p50_s": statistics.median([c["s"] for c in calls if c["outcome"] == -32012] or [0]),
         "still_held": sorted(tarpit.holding.values()),  # "hold N": odd N asked Serve not to watch for its disconnect
     }
     print("TARPIT", json.dumps(report))
@@ -143,6 +143,46 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
     # her requests-per-minute window, which the flood filled
     again = rpc(client, "mallory", "reasoning.execute", {"query": "2 + 2?", "strategy": "chain_of_thought"}, "operator")
     assert again.status_code == 200 or again.json()["error"]["data"]["limit_name"] == "requests_per_minute", again.text
+
+
+def _held_call(port: int, path: str, token: str, query: str, body_after_headers: bool) -> socket.socket:
+    """A reasoning.execute to the tarpit on a raw connection: its body in the headers' segment, or after them
+    (as httpx, requests and browsers send a POST)."""
+    body = json.dumps({"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": query, "agent_id": "pit"}, "id": 1}).encode()
+    head = (
+        f"POST {path}/rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nAuthorization: {token}\r\n\r\n"
+    ).encode()
+    conn = socket.create_connection(("127.0.0.1", port))
+    if body_after_headers:
+        conn.sendall(head)
+        time.sleep(0.05)
+        conn.sendall(body)
+    else:
+        conn.sendall(head + body)
+    return conn
+
+
+@pytest.mark.parametrize("body_after_headers", [False, True], ids=["one-segment", "body-after-headers"])
+def test_a_caller_that_closes_its_connection_ends_its_remote_call_at_once(untrusted, tarpit, serve_base, body_after_headers):
+    # the ingress must see the close whichever way the request came: HAProxy 2.8 stops watching a caller whose
+    # body it spliced (Ray's `option splice-request`, which ReasonRay's HAProxy wrapper turns off)
+    client, _ = untrusted
+    card = {"id": "pit", "name": "Pit", "capabilities": ["remote"], "a2a_card_url": f"http://127.0.0.1:{tarpit.port}{CARD_PATH}"}
+    registered = rpc(client, "oscar", "agent.register", card, "operator").json()
+    assert "result" in registered or "already" in registered["error"]["message"], registered
+    query = f"hold {1001 + body_after_headers}"  # the tarpit names a held call by its "hold N"
+    conn = _held_call(httpx.URL(serve_base).port, "/untrusted", bearer("oscar", "operator")["Authorization"], query, body_after_headers)
+    deadline = time.monotonic() + 20
+    while query not in tarpit.holding.values() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert query in tarpit.holding.values(), "the call never reached the tarpit"
+    conn.close()  # the caller goes away: a FIN, as a client that gives up sends
+    closed = time.monotonic()
+    while query in tarpit.holding.values() and time.monotonic() - closed < 10:
+        time.sleep(0.05)
+    # [egress] call_timeout_s is 90 s here: only the caller's close can have ended it this soon
+    assert query not in tarpit.holding.values(), f"still held {time.monotonic() - closed:.1f} s after its caller left"
 
 
 def test_egress_refusals_over_http_do_not_tell_what_answered(untrusted, tarpit, serve_base):
