@@ -1,7 +1,7 @@
 """The few things ReasonRay needs from Ray that Ray offers only through private names, in one place.
 
 Ray does not promise to keep these (`ray.serve.context._get_global_client`, `ActorHandle._actor_id`,
-`ray.autoscaler._private.util`), so nothing else imports them: code and tests call the functions
+`ray.autoscaler._private.util`, the HAProxy config template of `ray.serve._private.haproxy_templates`), so nothing else imports them: code and tests call the functions
 here, and `tests/unit/test_ray_compat.py` fails when a Ray upgrade renames or reshapes one of them,
 before a deployment finds out.
 """
@@ -57,3 +57,10 @@ def validate_cluster_config(config: dict[str, Any]) -> dict[str, Any]:
         where = ".".join(str(part) for part in exc.absolute_path) or "the top level"
         raise ValueError(f"cluster config: {where}: {exc.message}") from None
     return prepared
+
+
+def haproxy_config_template() -> str:
+    """The template Ray writes its HAProxy config from (what ReasonRay's HAProxy wrapper changes must be in it)."""
+    from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
+
+    return str(HAPROXY_CONFIG_TEMPLATE)

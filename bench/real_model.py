@@ -182,9 +182,11 @@ async def bench(model_url: str, service_url: str, levels: list[int], max_tokens:
         httpx.AsyncClient(base_url=model_url, timeout=httpx.Timeout(1800.0)) as http,
         AsyncClient(service_url, timeout=1800) as rr,
     ):
-        # warm both paths (the first call through Serve starts its handles; the server fills its caches)
-        await direct_request(http, "smollm2", "cot", 10_000, 8)
-        await reasonray_request(rr, "cot", 10_001, 8)
+        # warm both paths, each workload once: the first call through Serve starts its handles, the first
+        # self-consistency run its branch runners' model clients; the server fills its caches
+        for n, workload in enumerate(("cot", "sc5")):
+            await direct_request(http, "smollm2", workload, 10_000 + n, 8)
+            await reasonray_request(rr, workload, 10_000 + n, 8)
         for workload in ("cot", "sc5"):
             for level in levels:
                 requests = max(level, minimum)
