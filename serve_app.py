@@ -498,6 +498,10 @@ class ReasonRayIngress:
         return {**probe, "breaker": self.resilient.breaker.state}
 
 
+PROXY_READY_TIMEOUT_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+PROXY_READY_TIMEOUT_S = 30.0
+
+
 def ray_environment(settings: Settings) -> dict[str, str]:
     """Environment a Ray cluster needs before it starts, for the configured ingress and fan-out.
 
@@ -508,6 +512,10 @@ def ray_environment(settings: Settings) -> dict[str, str]:
     that two instances on one machine never answer for each other.
     """
     env = {"RAY_num_workers_soft_limit": str(settings.server.warm_workers)}
+    # Serve gives a starting proxy (HAProxy's manager, Serve's own) 5 s to report ready, and after three misses
+    # kills it and starts another: on a busy node (a start beside other work on 2 cores) that became a loop of
+    # proxies killed while starting, and the API never came up. A broken proxy is still found, only later.
+    env[PROXY_READY_TIMEOUT_ENV] = os.environ.get(PROXY_READY_TIMEOUT_ENV, f"{PROXY_READY_TIMEOUT_S:g}")
     if not settings.haproxy_ingress():  # fast_ingress off, or no auth on a host its listeners cannot be bound to
         return env
     # its listeners, the fallback proxy and the replicas' ports: this instance's own (reasonray.kernel.ports)

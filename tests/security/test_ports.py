@@ -60,3 +60,14 @@ def test_the_haproxy_ingress_gets_the_instances_own_ports_and_serves_proxy_keeps
     check_instance_ports(default)
     plain = ray_environment(Settings(server={"fast_ingress": False}))  # Serve's own proxy, on [server] port; nothing of HAProxy's
     assert not {*ports.SINGLE_PORTS, *ports.REPLICA_HTTP_RANGE} & set(plain)
+
+
+def test_a_starting_proxy_gets_time_to_report_ready_on_a_busy_node(monkeypatch):
+    from reasonray.kernel.config import Settings
+    from reasonray.serve_app import PROXY_READY_TIMEOUT_ENV, ray_environment
+
+    monkeypatch.delenv(PROXY_READY_TIMEOUT_ENV, raising=False)
+    for settings in (Settings(), Settings(server={"fast_ingress": False})):  # HAProxy's manager and Serve's own proxy
+        assert float(ray_environment(settings)[PROXY_READY_TIMEOUT_ENV]) >= 30  # Serve's 5 s killed them while starting
+    monkeypatch.setenv(PROXY_READY_TIMEOUT_ENV, "12")  # an operator's own value is kept
+    assert ray_environment(Settings())[PROXY_READY_TIMEOUT_ENV] == "12"
