@@ -1,4 +1,4 @@
-"""Session load and save, files against PostgreSQL, at 1 and 64 concurrent sessions.
+"""Session load and save, the local SQLite store against PostgreSQL, at 1 and 64 concurrent sessions.
 
     .venv/bin/python bench/store.py [--sessions 256] [--concurrency 64] [--turns 2000] [--messages 12] [--pool 4]
 
@@ -6,8 +6,8 @@ Each "turn" is what the session pipeline does to the store around a reasoner run
 session, then save it (one version later) with the turn's exchange appended. Workers run turns on
 distinct sessions at once as coroutines of one event loop, through the repositories the service
 uses, as a session host does (one loop, many sessions; PostgreSQL through the store's async pool
-of `--pool` connections, the size a host's pool has). The file store writes under a temporary
-directory with fsync; PostgreSQL is a throw-away local server (tests/pg.py) with fsync on, so both
+of `--pool` connections, the size a host's pool has). The local store writes its SQLite file under a temporary
+directory (synchronous=FULL); PostgreSQL is a throw-away local server (tests/pg.py) with fsync on, so both
 are durable. Prints p50/p95 of load and save, turns (session round trips) per second, and what
 PostgreSQL adds to a turn's p50 (target: under 5 ms), for one session, for 64 back to back (the store
 saturated: a file store's blocking calls serialise the loop, so compare throughput there), and for 64
@@ -91,7 +91,7 @@ async def run(repo: SessionRepository, ids: list[str], concurrency: int, turns: 
 async def measure(args: argparse.Namespace, pg_url: str, tmp: str) -> dict[tuple[str, int], dict[str, float]]:
     states = [session(i, args.messages) for i in range(args.sessions)]
     results: dict[tuple[str, int], dict[str, float]] = {}
-    for name, url in (("files", None), ("postgresql", pg_url)):
+    for name, url in (("sqlite", None), ("postgresql", pg_url)):
         store = PgStore(url, max_size=args.pool) if url is not None else None
         repo = session_repository(None, Path(tmp) / name) if store is None else PgSessionRepository(store)
         for state in states:
@@ -134,14 +134,14 @@ def main() -> None:
         )
     print(f"(* = {args.concurrency} sessions whose turns each wait {args.think_ms:g} ms on the model between load and save)")
     for concurrency in (1, args.concurrency, -args.concurrency):
-        added = results[("postgresql", concurrency)]["turn_p50"] - results[("files", concurrency)]["turn_p50"]
-        ratio = results[("postgresql", concurrency)]["per_s"] / results[("files", concurrency)]["per_s"]
+        added = results[("postgresql", concurrency)]["turn_p50"] - results[("sqlite", concurrency)]["turn_p50"]
+        ratio = results[("postgresql", concurrency)]["per_s"] / results[("sqlite", concurrency)]["per_s"]
         how = f"{-concurrency:>2} concurrent, paced" if concurrency < 0 else f"{concurrency:>2} concurrent, back to back"
         if concurrency > 1:  # saturated: PostgreSQL's latency is its queue, the file store's blocking calls hide theirs
-            print(f"at {how}: throughput x{ratio:.2f} of files (the store saturated; its latency there is queueing)")
+            print(f"at {how}: throughput x{ratio:.2f} of SQLite (the store saturated; its latency there is queueing)")
             continue
         verdict = "met" if added < 5 else "NOT met"
-        print(f"at {how}: PostgreSQL adds {added:+.2f} ms to a turn's p50 (target < 5 ms: {verdict}); throughput x{ratio:.2f} of files")
+        print(f"at {how}: PostgreSQL adds {added:+.2f} ms to a turn's p50 (target < 5 ms: {verdict}); throughput x{ratio:.2f} of SQLite")
 
 
 if __name__ == "__main__":

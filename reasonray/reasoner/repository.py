@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reasonray.reasoner.session import FileSessionRepository, SessionRepository, SessionState, stale_version
+from reasonray.reasoner.session import LocalSessionRepository, SessionRepository, SessionState, stale_version
 
 if TYPE_CHECKING:
     from reasonray.kernel.pgstore import PgStore
@@ -33,7 +33,7 @@ class PgSessionRepository:
 def session_repository(store_url: str | None, data_dir: Path, retention_days: float | None = None) -> SessionRepository:
     """PostgreSQL when a store URL is configured, else `<data_dir>/sessions/` (swept by `retention_days`)."""
     if store_url is None:
-        return FileSessionRepository(Path(data_dir) / "sessions", retention_days)
+        return LocalSessionRepository(Path(data_dir) / "sessions", retention_days)
     from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
 
     return PgSessionRepository(pg_store(store_url))

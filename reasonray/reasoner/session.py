@@ -14,9 +14,9 @@ fails or is skipped changes nothing in the session and is reported in the turn's
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import asyncio
 import json
+import sqlite3
 import time
 import uuid
 from datetime import UTC, datetime
@@ -37,7 +37,7 @@ from reasonray.kernel.errors import (
 )
 from reasonray.kernel.events import Event, EventRecorder, LLMInvocation, RecordMode, event_log_path
 from reasonray.kernel.repositories import RunIndex, RunRecord
-from reasonray.kernel.storage import write_atomic
+from reasonray.kernel.storage import LocalDatabase
 from reasonray.memory.loop import MemoryLoop, MemoryReport
 from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor
 from reasonray.reasoner.providers import (
@@ -130,7 +130,7 @@ class SessionRepository(Protocol):
     stores `state` as `version + 1` only if the stored version is still `state.version` (0: the
     session must not exist yet), and raises SessionStateError otherwise, so two replicas that load
     the same session never interleave their turns: the later save fails and nothing of it is kept.
-    Implementations: `FileSessionRepository` here, `PgSessionRepository` (reasonray.reasoner.repository).
+    Implementations: `LocalSessionRepository` here, `PgSessionRepository` (reasonray.reasoner.repository).
     """
 
     async def load(self, session_id: str) -> SessionState | None: ...
@@ -138,58 +138,75 @@ class SessionRepository(Protocol):
     async def save(self, state: SessionState) -> None: ...
 
 
-class FileSessionRepository:
-    """One JSON file per session under `root`, replaced atomically; survives process restarts.
+class LocalSessionRepository:
+    """Sessions in `<root>/sessions.sqlite3` (one row each: the state as JSON, its version, when it was last
+    written), which the processes of one machine share; survives process restarts.
 
-    Cluster-safe only when `root` is storage every node sees; a cluster should use the PostgreSQL
-    store instead (`[store] url`). A save checks the version under a per-session lock file, and each
-    session is written by one session host at a time (its lock).
+    A save is one statement, so its version check and its write are atomic across the session hosts and
+    replicas of the machine (SQLite's own locking: no lock file). Cluster-safe only when `root` is storage
+    every node sees; a cluster should use the PostgreSQL store instead (`[store] url`). Sessions an earlier
+    version kept as `<root>/<id>.json` files are imported once, when the database is made.
     """
 
     SWEEP_EVERY_S = 3600.0
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS sessions (session_id TEXT PRIMARY KEY, version INTEGER NOT NULL, "
+        "state TEXT NOT NULL, written_at REAL NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS sessions_by_age ON sessions (written_at)",
+    )
 
     def __init__(self, root: Path, retention_days: float | None = None) -> None:
         self.root = Path(root)
+        self.path = self.root / "sessions.sqlite3"
         # sessions untouched this long are deleted ([limits] session_retention_days); None keeps them
         self.retention_s = retention_days * 86400 if retention_days else None
         self._swept_at = float("-inf")
+        self._db = LocalDatabase(self.path, self.SCHEMA, on_create=self._import_files)
+
+    def _import_files(self, db: sqlite3.Connection) -> None:
+        for path in sorted(self.root.glob("*.json")):
+            try:
+                state = SessionState.model_validate_json(path.read_bytes())
+            except ValueError as exc:  # not a session an earlier version wrote: left where it is
+                log.warning("sessions.import_skipped", file=str(path), error=str(exc)[:200])
+                continue
+            row = (state.session_id, state.version or 1, state.model_dump_json(exclude={"version"}), path.stat().st_mtime)
+            db.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?, ?, ?)", row)
+            path.unlink()
+            path.with_name(f".{path.stem}.lock").unlink(missing_ok=True)
 
     def sweep(self, now: float | None = None) -> int:
         """Delete the sessions not written for longer than the retention; how many went."""
-        if self.retention_s is None or not self.root.is_dir():
+        if self.retention_s is None:
             return 0
-        now = time.time() if now is None else now
-        gone = 0
-        for path in self.root.glob("*.json"):
-            with contextlib.suppress(FileNotFoundError):  # another actor swept it first
-                if now - path.stat().st_mtime > self.retention_s:
-                    path.unlink()
-                    gone += 1
+        cutoff = (time.time() if now is None else now) - self.retention_s
+        gone = self._db.run(lambda db: db.execute("DELETE FROM sessions WHERE written_at < ?", (cutoff,)).rowcount)
         if gone:
             log.info("sessions.swept", deleted=gone, retention_days=self.retention_s / 86400)
-        return gone
-
-    def _path(self, session_id: str) -> Path:
-        return self.root / f"{session_id}.json"
+        return int(gone)
 
     async def load(self, session_id: str) -> SessionState | None:
-        return self._read(session_id)
-
-    def _read(self, session_id: str) -> SessionState | None:
-        path = self._path(session_id)
-        return SessionState.model_validate_json(path.read_bytes()) if path.exists() else None
+        query = "SELECT state, version FROM sessions WHERE session_id = ?"
+        row = await asyncio.to_thread(self._db.run, lambda db: db.execute(query, (session_id,)).fetchone())
+        return None if row is None else SessionState.model_validate_json(row[0]).model_copy(update={"version": row[1]})
 
     async def save(self, state: SessionState) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f".{state.session_id}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            stored = self._read(state.session_id)
-            if (stored.version if stored is not None else 0) != state.version:
-                raise stale_version(state.session_id, state.version)
-            write_atomic(self._path(state.session_id), state.model_copy(update={"version": state.version + 1}).model_dump_json().encode())
+        doc, now = state.model_dump_json(exclude={"version"}), time.time()
+        if state.version == 0:  # a new session: only if no other process made it first
+            statement = "INSERT INTO sessions VALUES (?, 1, ?, ?) ON CONFLICT (session_id) DO NOTHING"
+            args: tuple[Any, ...] = (state.session_id, doc, now)
+        else:
+            statement = "UPDATE sessions SET version = version + 1, state = ?, written_at = ? WHERE session_id = ? AND version = ?"
+            args = (doc, now, state.session_id, state.version)
+        try:
+            saved = await asyncio.to_thread(self._db.run, lambda db: db.execute(statement, args).rowcount)
+        except sqlite3.OperationalError as exc:  # a full disk, an I/O error: a storage failure like any other
+            raise OSError(f"session {state.session_id!r} could not be saved in {self.path}: {exc}") from exc
+        if saved != 1:
+            raise stale_version(state.session_id, state.version)
         if time.monotonic() - self._swept_at > self.SWEEP_EVERY_S:  # at most hourly, on the write path
             self._swept_at = time.monotonic()
-            self.sweep()
+            await asyncio.to_thread(self.sweep)
 
 
 def trim_history(history: list[Message], cap: int) -> None:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ import pytest
 
 from reasonray.api.access.auth import mint_token
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+from reasonray.reasoner.session import SessionSpec, SessionState
 from tests.integration.conftest import deploy, settings_for, undeploy
+from tests.session_rows import stored_session
 
 APP = "sec-http"
 SECRET = "security-http-secret-" + "s" * 32
@@ -72,10 +75,20 @@ class Service:
         return self.client.post("/v1/reasoning/execute", json=body, headers=bearer() if headers is None else headers)
 
 
-def plant(path: Path, age_days: float) -> Path:
+def plant_session(sessions_dir: Path, session_id: str, age_days: float) -> Path:
+    """A session file as an earlier version wrote it, last written `age_days` ago."""
+    now = datetime.now(UTC)
+    state = SessionState(session_id=session_id, status="idle", created_at=now, updated_at=now, spec=SessionSpec(), providers={}, version=1)
+    path = plant(sessions_dir / f"{session_id}.json", age_days)
+    path.write_text(state.model_dump_json())
+    return plant(path, age_days, keep=True)
+
+
+def plant(path: Path, age_days: float, keep: bool = False) -> Path:
     """A file the app did not write, `age_days` old (what retention must delete or keep)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text("{}")
+    if not keep:
+        path.write_text("{}")
     path.chmod(0o600)
     then = time.time() - age_days * 86400
     os.utime(path, (then, then))
@@ -90,8 +103,9 @@ def service(serve_base: str) -> Iterator[Service]:
     sim.start()
     data_dir = Path(tempfile.mkdtemp(prefix=f"reasonray-{APP}-"))
     planted = {  # before the app writes anything: its first session write and its first run sweep
-        "old session": plant(data_dir / "sessions" / "s-expired.json", 40),
-        "recent session": plant(data_dir / "sessions" / "s-recent.json", 1),
+        # sessions as an earlier version kept them (a file each): imported into the store, then swept by age
+        "old session": plant_session(data_dir / "sessions", "s-expired", 40),
+        "recent session": plant_session(data_dir / "sessions", "s-recent", 1),
         "old event log": plant(data_dir / "events" / "2020-01-01" / "old.jsonl", 3),
         "recent event log": plant(data_dir / "events" / "2020-01-02" / "recent.jsonl", 0.1),
     }
@@ -194,20 +208,22 @@ def test_a_session_keeps_at_most_max_session_history_messages(service):
     state = service.result("session.get", {"session_id": sid})
     assert 2 <= state["messages"] <= HISTORY_CAP, state  # eight messages were exchanged
     assert state["last_answer"] == "3"
-    stored = json.dumps(json.loads((service.data_dir / "sessions" / f"{sid}.json").read_text())["providers"])
+    stored = json.dumps((stored_session(service.data_dir / "sessions", sid) or {})["providers"])
     assert "turn 3 [[sim" in stored and "turn 0 [[sim" not in stored and "turn 1 [[sim" not in stored, stored[:2000]
     # the session goes on with what it kept
     assert service.result("session.turn", {"session_id": sid, "message": "turn 4 [[sim answer=4]]"})["answer"] == "4"
 
 
 def test_sessions_and_event_logs_older_than_their_retention_are_deleted(service):
-    service.result("session.create", {})  # the first session write sweeps the sessions directory
+    service.result("session.create", {})  # the first session write sweeps the store (which imported the old files)
     service.result("reasoning.execute", {"query": "What is 3 + 4?"})  # a run sweeps the event logs (off the loop)
     deadline = time.monotonic() + 30
     while service.planted["old event log"].exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not service.planted["old session"].exists(), "a session past [limits] session_retention_days was kept"
-    assert service.planted["recent session"].exists()
+    sessions = service.data_dir / "sessions"
+    assert stored_session(sessions, "s-expired") is None, "a session past [limits] session_retention_days was kept"
+    assert stored_session(sessions, "s-recent") is not None
+    assert not service.planted["old session"].exists() and not service.planted["recent session"].exists()  # imported
     assert not service.planted["old event log"].exists(), "an event log past [events] max_age_days was kept"
     assert service.planted["recent event log"].exists()
 
@@ -402,7 +418,7 @@ def test_what_the_service_wrote_is_its_users_alone(service):
     root = service.data_dir
     expected = {
         "event log": next((root / "events").glob("*/*.jsonl"), None),
-        "session file": root / "sessions" / f"{sid}.json",
+        "session store": root / "sessions" / "sessions.sqlite3",
         "audit log": root / "audit" / "audit.jsonl",
         "chroma database": next(root.rglob("chroma.sqlite3"), None),
     }

@@ -23,6 +23,7 @@ from reasonray.api.access.auth import mint_token
 from reasonray.api.access.tenancy import personal_workspace
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.integration.conftest import deploy, own_app, result_of, rpc, settings_for
+from tests.session_rows import stored_session
 
 PRESTART = {"prestart": True}  # the hosts are what these tests watch: up from the deploy, as in production
 SLOW_MS = 3000  # a model slow enough that a turn is surely in flight when the test acts, on a loaded machine too
@@ -172,7 +173,7 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
             assert rpc(client, "memory.get", {"memory_id": in_a}).json()["error"]["code"] == -32005  # A's bank is not B's
             assert result_of(rpc(client, "memory.get", {"memory_id": in_b}))["title"] == "Second"
             sid = new_session(client)
-            assert (second / "sessions" / f"{sid}.json").exists() and not (first / "sessions").exists()
+            assert stored_session(second / "sessions", sid) is not None and stored_session(first / "sessions", sid) is None
             assert turn(client, sid, "What is 6 + 1?")["answer"] == "7"  # served by hosts built for B
             owners_in_b = (second / "tenancy" / "owners.json").read_text()
             assert f"session:{sid}" in owners_in_b and f"workspace:{personal_workspace('alice')}" in owners_in_b

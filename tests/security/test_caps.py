@@ -3,8 +3,8 @@ HTTP body rules, each failing with a message naming its config key."""
 
 import asyncio
 import json
-import os
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -14,21 +14,27 @@ from reasonray.api.surfaces.guard import GuardSettings, Refusal, check_body, che
 from reasonray.gateway.arithmetic import evaluate
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import CapSettings, ReasoningSettings, Settings
-from reasonray.kernel.errors import InvalidParamsError
+from reasonray.kernel.errors import InvalidParamsError, SessionStateError
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import FileSessionRepository
+from reasonray.reasoner.session import LocalSessionRepository, SessionSpec, SessionState
 from tests.unit.memory_harness import local_memory, make_bank
 
 
-def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
-    repo = FileSessionRepository(tmp_path, retention_days=1)
-    old, recent = tmp_path / "old.json", tmp_path / "recent.json"
-    old.write_text("{}")
-    recent.write_text("{}")
-    two_days_ago = time.time() - 2 * 86400
-    os.utime(old, (two_days_ago, two_days_ago))
-    assert repo.sweep() == 1 and not old.exists() and recent.exists()
-    assert FileSessionRepository(tmp_path, retention_days=None).sweep() == 0
+def stored_state(sid: str, **changes) -> SessionState:
+    now = datetime.now(UTC)
+    return SessionState(session_id=sid, status="idle", created_at=now, updated_at=now, spec=SessionSpec(), providers={}, **changes)
+
+
+async def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
+    repo = LocalSessionRepository(tmp_path, retention_days=1)
+    for sid in ("old", "recent"):
+        await repo.save(stored_state(sid))
+    assert repo.sweep(now=time.time() + 0.5 * 86400) == 0  # half a day later: both kept
+    # "recent" is written again a day and a half later; two days after the first writes only "old" is past a day
+    repo._db.run(lambda db: db.execute("UPDATE sessions SET written_at = written_at + 1.5 * 86400 WHERE session_id = 'recent'"))
+    assert repo.sweep(now=time.time() + 2 * 86400) == 1
+    assert await repo.load("old") is None and await repo.load("recent") is not None
+    assert LocalSessionRepository(tmp_path, retention_days=None).sweep(now=time.time() + 10**6) == 0
 
 
 def test_a_trimmed_history_keeps_the_cap_and_starts_with_no_half_of_a_tool_exchange():
@@ -148,3 +154,29 @@ def test_the_configured_query_cap_is_the_one_enforced(method, cap, tmp_path):
     within = call(min(cap, 120_000))
     # accepted: bounded_context may still find a long query too large for its chunk, which is its own check
     assert "result" in within or "context size exceeded" in within["error"]["message"], within
+
+
+async def test_a_session_saved_from_a_stale_version_is_refused_and_the_newer_one_kept(tmp_path):
+    first, second = LocalSessionRepository(tmp_path), LocalSessionRepository(tmp_path)  # two processes' views of one file
+    await first.save(stored_state("s1", turn=1))
+    with pytest.raises(SessionStateError, match="stale"):
+        await second.save(stored_state("s1", turn=9))  # made anew elsewhere: version 0 again
+    loaded = await second.load("s1")
+    assert loaded is not None and loaded.version == 1 and loaded.turn == 1
+    await second.save(loaded.model_copy(update={"turn": 2}))
+    with pytest.raises(SessionStateError, match="stale"):
+        await first.save(loaded.model_copy(update={"turn": 3}))  # loaded at version 1, saved since
+    again = await first.load("s1")
+    assert again is not None and (again.version, again.turn) == (2, 2)
+
+
+async def test_sessions_an_earlier_version_kept_as_files_are_imported_once(tmp_path):
+    kept = stored_state("s-old", turn=4, version=3)
+    (tmp_path / "s-old.json").write_text(kept.model_dump_json())
+    (tmp_path / ".s-old.lock").write_text("")
+    (tmp_path / "notes.json").write_text('{"not": "a session"}')  # left where it is
+    repo = LocalSessionRepository(tmp_path)
+    loaded = await repo.load("s-old")
+    assert loaded is not None and (loaded.version, loaded.turn) == (3, 4)
+    assert not (tmp_path / "s-old.json").exists() and not (tmp_path / ".s-old.lock").exists()
+    assert (tmp_path / "notes.json").exists()

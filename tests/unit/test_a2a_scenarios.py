@@ -33,7 +33,7 @@ from reasonray.api.surfaces.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, 
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.a2a_rows import stored_rows
 from tests.unit.test_a2a import Agent
@@ -68,7 +68,7 @@ class Conformance:
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
         self.llm = ScriptedLLM(replies)
         sessions = LocalSessions(
-            SessionPipeline(FileSessionRepository(tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
+            SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
         )
         rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path, sessions=sessions)
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)

@@ -19,10 +19,10 @@ from tests.unit.memory_harness import local_memory, make_bank
 @pytest.fixture
 def rpc(tmp_path):
     from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.session import FileSessionRepository, LocalSessions, SessionPipeline
+    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
 
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
     rpc = local_dispatcher(
         ReasoningSettings(), llm, data_dir=tmp_path, sessions=sessions, memory=local_memory(make_bank(tmp_path / "bank"))
     )

@@ -4,7 +4,6 @@ persistence and isolation around it."""
 
 import asyncio
 import json
-import os
 import re
 
 import pytest
@@ -23,7 +22,7 @@ from reasonray.kernel.errors import (
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.providers import SubmittedResult
 from reasonray.reasoner.session import (
-    FileSessionRepository,
+    LocalSessionRepository,
     SessionPipeline,
     SessionSpec,
 )
@@ -44,7 +43,7 @@ def call(id, name, **arguments):
 
 
 def pipeline(tmp_path, llm, toolbox=None, **kw):
-    return SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, toolbox or builtin_toolbox(), data_dir=tmp_path, **kw)
+    return SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, toolbox or builtin_toolbox(), data_dir=tmp_path, **kw)
 
 
 async def session(p, **spec):
@@ -271,11 +270,14 @@ async def test_a_failed_save_leaves_the_previous_state(tmp_path, monkeypatch):
     p = pipeline(tmp_path, llm)
     sid = await session(p)
     await p.turn(sid, "first", "t1")
-    before = (tmp_path / "sessions" / f"{sid}.json").read_text()
-    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
-    with pytest.raises(OSError):
-        await p.turn(sid, "second", "t2")
-    assert (tmp_path / "sessions" / f"{sid}.json").read_text() == before
+    store = p.repository
+    before = await store.load(sid)
+    # the disk is full: the database may not grow by a page (the second turn's state needs several more)
+    pages = store._db.run(lambda db: db.execute("PRAGMA page_count").fetchone()[0])
+    store._db.run(lambda db: db.execute(f"PRAGMA max_page_count = {pages}"))
+    with pytest.raises(OSError, match=r"could not be saved.*full"):
+        await p.turn(sid, "second " + "x" * 20_000, "t2")
+    assert await store.load(sid) == before
 
 
 @pytest.mark.parametrize(
@@ -369,14 +371,14 @@ async def test_a_learning_step_that_cannot_be_saved_leaves_the_saved_turn_and_th
     llm = ScriptedLLM([f"<answer>{LONG_ANSWER}</answer>", LESSON])
     p, _ = passive_pipeline(tmp_path, llm)
     sid = await session(p)
-    save = FileSessionRepository.save
+    save = LocalSessionRepository.save
 
     async def disk_full_for_learning(self, state):
         if any(step["type"] == "MEMORY_LEARNING" for step in state.trace):
             raise OSError(28, "No space left on device")
         await save(self, state)
 
-    monkeypatch.setattr(FileSessionRepository, "save", disk_full_for_learning)
+    monkeypatch.setattr(LocalSessionRepository, "save", disk_full_for_learning)
     result = await p.turn(sid, "What is the weather in Paris today?", "t1")
     assert result.answer == LONG_ANSWER and result.memory.passive == "captured" and steps(result)[-1] == "MEMORY_LEARNING"
     saved = await p.get(sid)

@@ -15,13 +15,13 @@ from reasonray.kernel.errors import OverloadedError, SessionStateError, ToolFail
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.hosting import LiveSessions
 from reasonray.reasoner.providers import SubmittedResult
-from reasonray.reasoner.session import FileSessionRepository, SessionPipeline, SessionSpec
+from reasonray.reasoner.session import LocalSessionRepository, SessionPipeline, SessionSpec
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}}
 
 
 def pipeline(tmp_path, llm):
-    return SessionPipeline(FileSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    return SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
 
 
 async def new_session(p):
