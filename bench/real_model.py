@@ -126,7 +126,9 @@ async def run_side(level: int, requests: int, one: Callable[[int], Awaitable[int
     return side
 
 
-def start_service(model_url: str, timeout_s: float, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_service(
+    model_url: str, timeout_s: float, data_dir: str, max_concurrency: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REASONRAY_", "OPENAI_", "RAY_ADDRESS"))}
     env.update(
@@ -140,6 +142,8 @@ def start_service(model_url: str, timeout_s: float, data_dir: str) -> tuple[subp
         REASONRAY_LOGGING__LEVEL="warning",
         REASONRAY_DATA_DIR=data_dir,
     )
+    if max_concurrency is not None:
+        env["REASONRAY_LLM__MAX_CONCURRENCY"] = str(max_concurrency)
     log = open(Path(data_dir) / "serve.log", "wb")  # noqa: SIM115 (the child writes it until it stops)
     process = subprocess.Popen(
         [sys.executable, "-c", "from reasonray.cli import main; main()", "serve", "--port", str(port), "--num-cpus", "2", "--no-dashboard"],
@@ -237,6 +241,13 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=4, help="Requests per cell at least (else the level).")
     parser.add_argument("--request-timeout", type=float, default=1800.0, help="ReasonRay's [llm] request_timeout_s.")
     parser.add_argument("--model-url", default=None, help="A running llama.cpp server (.../v1); default: start one.")
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="ReasonRay's [llm] max_concurrency (default: discovered, 1 for llama-cpp-python's server): 2 keeps the next "
+        "call queued at a server that queues (the local server runs with --interrupt_requests False).",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
     levels = [int(v) for v in args.levels.split(",")]
@@ -244,9 +255,13 @@ def main() -> None:
     server = None if args.model_url else LocalModelServer().start()
     model_url = args.model_url or server.url  # type: ignore[union-attr]
     data_dir = tempfile.mkdtemp(prefix="reasonray-bench-real-")
-    process, service_url = start_service(model_url, args.request_timeout, data_dir)
+    process, service_url = start_service(model_url, args.request_timeout, data_dir, args.max_concurrency)
     try:
-        print(f"model server {model_url}; ReasonRay {service_url}; max_tokens {args.max_tokens}; levels {levels}", flush=True)
+        print(
+            f"model server {model_url}; ReasonRay {service_url}; max_tokens {args.max_tokens}; levels {levels}; "
+            f"max_concurrency {args.max_concurrency or 'discovered'}",
+            flush=True,
+        )
         rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
