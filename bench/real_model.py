@@ -11,8 +11,11 @@ off (every call reaches the model) and a request timeout long enough for a one-s
 
     .venv/bin/python bench/real_model.py [--levels 1,4,16] [--max-tokens 48] [--model-url URL]
 
-Prints, per workload and level: wall time, throughput (requests/s), latency p50/p95 of each side,
-ReasonRay's added latency (p50 difference and ratio) and its throughput ratio (ReasonRay / direct).
+Prints first the server's own cost of streaming (the same request plain and streamed, straight to it:
+ReasonRay streams to a real server so that a call it gives up on stops generating), then per workload and
+level: wall time, throughput (requests/s), latency p50/p95 of each side, ReasonRay's added latency (p50
+difference and ratio) and its throughput ratio (ReasonRay / direct). `--stream off` measures ReasonRay
+with `[llm] stream = false`; `--max-concurrency N` sets `[llm] max_concurrency`.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ async def run_side(level: int, requests: int, one: Callable[[int], Awaitable[int
 
 
 def start_service(
-    model_url: str, timeout_s: float, data_dir: str, max_concurrency: int | None = None
+    model_url: str, timeout_s: float, data_dir: str, max_concurrency: int | None = None, stream: bool | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REASONRAY_", "OPENAI_", "RAY_ADDRESS"))}
@@ -144,6 +147,8 @@ def start_service(
     )
     if max_concurrency is not None:
         env["REASONRAY_LLM__MAX_CONCURRENCY"] = str(max_concurrency)
+    if stream is not None:
+        env["REASONRAY_LLM__STREAM"] = "true" if stream else "false"
     log = open(Path(data_dir) / "serve.log", "wb")  # noqa: SIM115 (the child writes it until it stops)
     process = subprocess.Popen(
         [sys.executable, "-c", "from reasonray.cli import main; main()", "serve", "--port", str(port), "--num-cpus", "2", "--no-dashboard"],
@@ -180,6 +185,30 @@ def stop_service(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+async def streaming_cost(http: httpx.AsyncClient, max_tokens: int, rounds: int = 8) -> dict[str, float]:
+    """The server's own price for streaming: the same CoT request sent straight to it, plain and streamed, alternating
+    (ReasonRay streams to a real server: closing the stream is how a call it gives up on stops generating)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(20_000)}]
+    body = {"model": "smollm2", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for n in range(rounds * 2):
+        streamed = n % 2 == 1
+        started = time.perf_counter()
+        if streamed:
+            async with http.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
+                async for _ in response.aiter_lines():
+                    pass
+        else:
+            (await http.post("/chat/completions", json=body)).raise_for_status()
+        times[streamed].append(time.perf_counter() - started)
+    plain, streamed_p50 = statistics.median(times[False]), statistics.median(times[True])
+    print(
+        f"the server alone, the same CoT request x{rounds}: plain p50 {plain:.3f}s, streamed p50 {streamed_p50:.3f}s ({streamed_p50 / plain:.3f}x)",
+        flush=True,
+    )
+    return {"plain_p50_s": round(plain, 3), "streamed_p50_s": round(streamed_p50, 3), "ratio": round(streamed_p50 / plain, 3)}
+
+
 async def bench(model_url: str, service_url: str, levels: list[int], max_tokens: int, minimum: int) -> list[dict[str, Any]]:
     rows = []
     async with (
@@ -191,6 +220,7 @@ async def bench(model_url: str, service_url: str, levels: list[int], max_tokens:
         for n, workload in enumerate(("cot", "sc5")):
             await direct_request(http, "smollm2", workload, 10_000 + n, 8)
             await reasonray_request(rr, workload, 10_000 + n, 8)
+        rows.append({"workload": "server_streaming_cost", **await streaming_cost(http, max_tokens)})
         for workload in ("cot", "sc5"):
             for level in levels:
                 requests = max(level, minimum)
@@ -248,6 +278,12 @@ def main() -> None:
         help="ReasonRay's [llm] max_concurrency (default: discovered, 1 for llama-cpp-python's server): 2 keeps the next "
         "call queued at a server that queues (the local server runs with --interrupt_requests False).",
     )
+    parser.add_argument(
+        "--stream",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="ReasonRay's [llm] stream (auto: it streams to a real server, so a call it gives up on stops generating).",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
     levels = [int(v) for v in args.levels.split(",")]
@@ -255,11 +291,12 @@ def main() -> None:
     server = None if args.model_url else LocalModelServer().start()
     model_url = args.model_url or server.url  # type: ignore[union-attr]
     data_dir = tempfile.mkdtemp(prefix="reasonray-bench-real-")
-    process, service_url = start_service(model_url, args.request_timeout, data_dir, args.max_concurrency)
+    stream = {"auto": None, "on": True, "off": False}[args.stream]
+    process, service_url = start_service(model_url, args.request_timeout, data_dir, args.max_concurrency, stream)
     try:
         print(
             f"model server {model_url}; ReasonRay {service_url}; max_tokens {args.max_tokens}; levels {levels}; "
-            f"max_concurrency {args.max_concurrency or 'discovered'}",
+            f"max_concurrency {args.max_concurrency or 'discovered'}; stream {args.stream}",
             flush=True,
         )
         rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests))
