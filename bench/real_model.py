@@ -7,7 +7,7 @@ question, max_tokens, temperature and seeds; self-consistency's five chains at o
 the server for the same generations; the script prints the completion tokens of each side to show it.
 ReasonRay is `reasonray serve` pointed at the server through the environment, with the response cache
 off (every call reaches the model) and a request timeout long enough for a one-slot queue
-(--request-timeout). Each cell runs the direct side, then ReasonRay, back to back.
+(--request-timeout). Each cell runs `--rounds` rounds with the sides in ABBA order (direct, ReasonRay, ReasonRay, direct).
 
     .venv/bin/python bench/real_model.py [--levels 1,4,16] [--max-tokens 48] [--model-url URL]
 
@@ -69,6 +69,14 @@ class Side:
     @property
     def throughput(self) -> float:
         return self.requests / self.wall_s if self.wall_s else 0.0
+
+    def absorb(self, other: Side) -> None:
+        """Add another run of the same cell (its requests, time and tokens)."""
+        self.latencies += other.latencies
+        for kind, n in other.errors.items():
+            self.errors[kind] = self.errors.get(kind, 0) + n
+        self.completion_tokens += other.completion_tokens
+        self.wall_s += other.wall_s
 
 
 def question(i: int) -> str:
@@ -209,7 +217,42 @@ async def streaming_cost(http: httpx.AsyncClient, max_tokens: int, rounds: int =
     return {"plain_p50_s": round(plain, 3), "streamed_p50_s": round(streamed_p50, 3), "ratio": round(streamed_p50 / plain, 3)}
 
 
-async def bench(model_url: str, service_url: str, levels: list[int], max_tokens: int, minimum: int) -> list[dict[str, Any]]:
+async def breakdown(model_url: str, service_url: str, data_dir: str, requests: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Sequential CoT requests, each sent straight to the server and then through ReasonRay, with ReasonRay's own
+    time split by its event log: the model call (`LLM_INVOCATION` latency_ms) and everything around it."""
+    rows = []
+    config = {"max_tokens": max_tokens, "temperature": 0.0, "system_prompt": SYSTEM}
+    async with httpx.AsyncClient(base_url=model_url, timeout=600) as http, AsyncClient(service_url, timeout=600) as rr:
+        await reasonray_request(rr, "cot", 30_000, 8)
+        for i in range(requests):
+            started = time.perf_counter()
+            await direct_request(http, "smollm2", "cot", 30_001 + i, max_tokens)
+            direct_s = time.perf_counter() - started
+            started = time.perf_counter()
+            result = await rr.execute(question(30_001 + i), strategy="chain_of_thought", strategy_config=config)
+            wall_s = time.perf_counter() - started
+            call_ms = sum(
+                event.get("latency_ms", 0.0)
+                for log in Path(data_dir, "events").glob(f"*/{result['trace_id']}.jsonl")
+                for event in map(json.loads, log.read_text().splitlines())
+                if event.get("type") == "LLM_INVOCATION"
+            )
+            row = {"direct_s": round(direct_s, 3), "reasonray_s": round(wall_s, 3), "model_call_s": round(call_ms / 1000, 3)}
+            row["around_the_call_ms"] = round(wall_s * 1000 - call_ms, 1)
+            rows.append(row)
+            print(
+                f"cot #{i}: direct {direct_s:.3f}s | reasonray {wall_s:.3f}s = model call {call_ms / 1000:.3f}s "
+                f"+ {row['around_the_call_ms']:.1f} ms around it",
+                flush=True,
+            )
+    around = statistics.median(r["around_the_call_ms"] for r in rows)
+    print(f"ReasonRay around the model call, p50 over {requests}: {around:.1f} ms", flush=True)
+    return rows
+
+
+async def bench(
+    model_url: str, service_url: str, levels: list[int], max_tokens: int, minimum: int, rounds: int = 2
+) -> list[dict[str, Any]]:
     rows = []
     async with (
         httpx.AsyncClient(base_url=model_url, timeout=httpx.Timeout(1800.0)) as http,
@@ -224,12 +267,23 @@ async def bench(model_url: str, service_url: str, levels: list[int], max_tokens:
         for workload in ("cot", "sc5"):
             for level in levels:
                 requests = max(level, minimum)
-                direct = await run_side(level, requests, lambda i, w=workload: direct_request(http, "smollm2", w, i, max_tokens))
-                ours = await run_side(level, requests, lambda i, w=workload: reasonray_request(rr, w, i, max_tokens))
+                direct, ours = Side(), Side()
+                # in ABBA order (direct, ReasonRay, ReasonRay, direct, ...): a server whose speed drifts over minutes
+                # (a 2-core machine's other work, its caches) would otherwise favour whichever side ran first
+                for r in range(rounds):
+                    base = 1000 * r  # each round asks other questions, both sides the same ones
+                    plan = (("direct", "ours"), ("ours", "direct"))[r % 2]
+                    for side in plan:
+                        if side == "direct":
+                            one = lambda i, w=workload, b=base: direct_request(http, "smollm2", w, b + i, max_tokens)
+                            direct.absorb(await run_side(level, requests, one))
+                        else:
+                            one = lambda i, w=workload, b=base: reasonray_request(rr, w, b + i, max_tokens)
+                            ours.absorb(await run_side(level, requests, one))
                 row = {
                     "workload": workload,
                     "concurrency": level,
-                    "requests": requests,
+                    "requests": requests * rounds,
                     "direct": summary(direct),
                     "reasonray": summary(ours),
                     "added_latency_p50_s": round(ours.p(50) - direct.p(50), 3),
@@ -268,7 +322,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="1,4,16", help="Requests in flight, comma-separated.")
     parser.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every call.")
-    parser.add_argument("--min-requests", type=int, default=4, help="Requests per cell at least (else the level).")
+    parser.add_argument("--min-requests", type=int, default=4, help="Requests per cell and round at least (else the level).")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="Rounds per cell, the sides in ABBA order (2: direct, ReasonRay, ReasonRay, direct)."
+    )
     parser.add_argument("--request-timeout", type=float, default=1800.0, help="ReasonRay's [llm] request_timeout_s.")
     parser.add_argument("--model-url", default=None, help="A running llama.cpp server (.../v1); default: start one.")
     parser.add_argument(
@@ -283,6 +340,14 @@ def main() -> None:
         choices=["auto", "on", "off"],
         default="auto",
         help="ReasonRay's [llm] stream (auto: it streams to a real server, so a call it gives up on stops generating).",
+    )
+    parser.add_argument(
+        "--breakdown",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Instead: N sequential CoT requests, each direct then through ReasonRay, ReasonRay's time split into the model "
+        "call and the rest (from its event log).",
     )
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
@@ -299,7 +364,10 @@ def main() -> None:
             f"max_concurrency {args.max_concurrency or 'discovered'}; stream {args.stream}",
             flush=True,
         )
-        rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests))
+        if args.breakdown:
+            rows = asyncio.run(breakdown(model_url, service_url, data_dir, args.breakdown, args.max_tokens))
+        else:
+            rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests, args.rounds))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:
