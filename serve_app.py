@@ -30,7 +30,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from reasonray import __version__
 from reasonray.actors.a2a_board import task_board
 from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
-from reasonray.actors.llm_cache import RayCacheStore, ensure_cache_actor
 from reasonray.actors.memory import RayMemory, retire_stale_memory
 from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.ray_compat import serve_http
@@ -57,7 +56,7 @@ from reasonray.api.surfaces.prometheus import wants_openmetrics
 from reasonray.api.surfaces.streaming import rpc_sse, streaming_call
 from reasonray.api.surfaces.tracing import in_request_trace, request_span
 from reasonray.gateway.cache import CACHE_SCOPE
-from reasonray.gateway.factory import client_for
+from reasonray.gateway.factory import client_for, shared_cache
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
 from reasonray.kernel.config import Settings, load_settings, require_auth_off_loopback
@@ -251,7 +250,6 @@ class ReasonRayIngress:
             registry_started = starting.submit(
                 registry_actor, app_name, self.settings.reasoning, self.settings.data_dir, self.settings.store.url
             )
-            cache_started = starting.submit(ensure_cache_actor, app_name, self.settings.llm.cache)
             prestart = self.settings.server.prestart  # off: these three start at their first use
             board_started = starting.submit(task_board, app_name, prestart)  # running A2A tasks, shared by the replicas
             hosts_started = starting.submit(session_hosts, app_name, self.settings, spec)
@@ -259,9 +257,9 @@ class ReasonRayIngress:
             tenancy_started = starting.submit(self._tenancy_actors, app_name) if self.settings.auth.enabled else None
             starting.submit(retire_stale_memory, app_name, self.settings).result()
             handle, board, hosts = registry_started.result(), board_started.result(), hosts_started.result()
-            cache = RayCacheStore(cache_started.result())
             pool_started.result()
             tenancy = tenancy_started.result() if tenancy_started is not None else None
+        cache = shared_cache(self.settings, app_name)
         snapshot = ray.get(handle.snapshot.remote())
         self.registry = RayRegistry(handle)
         reasoning = self.settings.reasoning.model_copy(
@@ -277,7 +275,7 @@ class ReasonRayIngress:
             fanout=RayFanout(self.pool),
             sessions=lambda llm: RaySessions(hosts, session_pipeline(self.settings, llm, app_name)),
             metrics=self.metrics,
-            cache_stats=cache.stats,
+            cache_stats=cache.stats if cache is not None else None,
             # with [auth], a caller's (and a destination's) remote-agent calls are counted for the cluster
             egress_slots=RayEgressSlots(tenancy[1].handle) if tenancy is not None else None,
         )

@@ -62,14 +62,13 @@ class LLMSpec:
     app_name: str
 
     def build(self) -> LLM:
-        from reasonray.actors.llm_cache import RayCacheStore, cache_actor
         from reasonray.actors.metrics import ray_metrics
-        from reasonray.gateway.factory import build_llm, client_for
+        from reasonray.gateway.factory import build_llm, client_for, shared_cache
 
         settings = Settings.model_validate_json(self.settings_json)
         configure_logging(settings.logging)  # runners and session hosts log as the ingress does (level, JSON)
         tracing.set_content(tracing.content_from(settings))
-        store = RayCacheStore(cache_actor(self.app_name, settings.llm.cache)) if settings.llm.cache.enabled else None
+        store = shared_cache(settings, self.app_name)
         llm, _ = build_llm(settings, client_for(settings), store, ray_metrics(settings.reasoning.performance.enable_metrics))
         return llm
 

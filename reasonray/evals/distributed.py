@@ -52,9 +52,9 @@ class RayEngine:
 
 
 def release(app_name: str) -> list[str]:
-    """Stop the run's shared actors (response cache, memory bank); their data on disk stays."""
+    """Stop the run's shared actors (the memory bank); their data on disk stays."""
     stopped = []
-    for suffix in ("llm-cache", "memory"):
+    for suffix in ("memory",):
         name = f"{app_name}-{suffix}"
         try:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)

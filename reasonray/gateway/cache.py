@@ -3,24 +3,29 @@
 The key hashes everything that changes the output (model, messages, tools, max_tokens, stop,
 temperature, seed, n), what answers it (the endpoint and the fingerprint of the model it serves), and whose calls
 they are when authentication is on (`CACHE_SCOPE`). Sampled calls (temperature > 0 without a seed) are never served from the
-cache, so parallel branches stay diverse. The store is pluggable: an in-process one here, the
-shared Ray actor in `actors/llm_cache.py`.
+cache, so parallel branches stay diverse. The store is pluggable: one process's (`LocalCacheStore`), or the
+one every process of an application on a machine shares (`SharedCacheStore`, a SQLite file).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 
 from reasonray.gateway.capabilities import Capabilities, capabilities_of, endpoint_client
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 from reasonray.gateway.tokens import TokenCounter, counter_of
+from reasonray.kernel.storage import LocalDatabase
 
 CACHE_SCOPE: ContextVar[str | None] = ContextVar("reasonray_cache_scope", default=None)
 """Whose cache entries the current calls see: the authenticated caller (set where the request is
@@ -103,7 +108,7 @@ class LRUTTLCache:
 
 
 class CacheStore(Protocol):
-    """Where cached completions live: in this process, or in a shared actor."""
+    """Where cached completions live: in this process, or in a file the processes of one machine share."""
 
     async def get(self, key: str) -> bytes | None: ...
 
@@ -119,6 +124,128 @@ class LocalCacheStore:
 
     async def put(self, key: str, value: bytes) -> None:
         self.cache.put(key, value)
+
+
+class SharedCacheStore:
+    """The cache every process of an application on one machine shares (its replicas, fan-out runners and session
+    hosts): one SQLite file under the data directory, so a call answered in one process is a hit in the others and
+    after a restart, within `ttl_s`.
+
+    A lookup is one read on the caller's thread (WAL: it never waits for a writer); everything that writes (a new
+    entry, the hit and miss counters, the last use that orders eviction, pruning) goes to one writer thread and
+    is never waited on, as a cache's bookkeeping should not be. `max_entries` is kept by pruning the least recently
+    used entries every `prune_every` writes, so the file may briefly hold that many more. The entries are
+    expendable: the file is written without waiting for the disk (`synchronous=OFF`), and a store that fails
+    answers a miss rather than failing the call."""
+
+    SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, value BLOB NOT NULL, stored_at REAL NOT NULL, used_at REAL NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS entries_by_use ON entries (used_at)",
+        "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    )
+
+    def __init__(
+        self, path: Path, max_entries: int = 10_000, ttl_s: float = 3600.0, clock: Callable[[], float] = time.time, prune_every: int = 64
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.path, self.max_entries, self.ttl_s, self.prune_every = Path(path), max_entries, ttl_s, prune_every
+        self._clock = clock
+        # two connections: the reader's lock is never held by a write waiting for another process
+        self._reader = LocalDatabase(self.path, self.SCHEMA, synchronous="OFF")
+        self._writer = LocalDatabase(self.path, self.SCHEMA, synchronous="OFF")
+        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-cache")
+        self._since_prune = 0
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            row = self._reader.run(lambda db: db.execute("SELECT value, stored_at FROM entries WHERE key = ?", (key,)).fetchone())
+        except (sqlite3.Error, OSError):
+            return None
+        now = self._clock()
+        if row is None:
+            self._later(self._count, {"misses": 1})
+            return None
+        value, stored_at = row
+        if now - stored_at > self.ttl_s:
+            self._later(self._expire, key)
+            return None
+        self._later(self._touch, key, now)
+        return bytes(value)
+
+    async def put(self, key: str, value: bytes) -> None:
+        self._later(self._insert, key, value, self._clock())
+
+    async def stats(self) -> dict[str, Any]:
+        """Hits, misses, evictions and expirations since the file was made, entries now, and the hit rate."""
+
+        def read(db: sqlite3.Connection) -> dict[str, int]:
+            counts = dict(db.execute("SELECT name, value FROM counters").fetchall())
+            counts["entries"] = db.execute("SELECT count(*) FROM entries").fetchone()[0]
+            return counts
+
+        await asyncio.to_thread(self.flush)  # this process's own bookkeeping, counted
+        counts = self._reader.run(read)
+        stats = CacheStats(**{name: counts.get(name, 0) for name in ("hits", "misses", "evictions", "expirations", "entries")})
+        return {**msgspec.structs.asdict(stats), "hit_rate": stats.hit_rate}
+
+    def flush(self) -> None:
+        """Wait for the writes handed over so far (tests, and a process that stops)."""
+        self._writes.submit(lambda: None).result()
+
+    def _later(self, write: Callable[..., None], *args: Any) -> None:
+        self._writes.submit(self._guarded, write, *args)
+
+    def _guarded(self, write: Callable[..., None], *args: Any) -> None:
+        try:
+            self._writer.run(lambda db: write(db, *args))
+        except (sqlite3.Error, OSError):
+            pass  # a lost write of a cache costs at most a later miss
+
+    @staticmethod
+    def _count(db: sqlite3.Connection, counts: dict[str, int]) -> None:
+        db.executemany(
+            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+            list(counts.items()),
+        )
+
+    @staticmethod
+    def _transaction(db: sqlite3.Connection, work: Callable[[], None]) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            work()
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _touch(self, db: sqlite3.Connection, key: str, now: float) -> None:
+        def work() -> None:
+            db.execute("UPDATE entries SET used_at = ? WHERE key = ?", (now, key))
+            self._count(db, {"hits": 1})
+
+        self._transaction(db, work)
+
+    def _expire(self, db: sqlite3.Connection, key: str) -> None:
+        def work() -> None:
+            gone = db.execute("DELETE FROM entries WHERE key = ? AND stored_at < ?", (key, self._clock() - self.ttl_s)).rowcount
+            self._count(db, {"misses": 1, "expirations": gone})
+
+        self._transaction(db, work)
+
+    def _insert(self, db: sqlite3.Connection, key: str, value: bytes, now: float) -> None:
+        db.execute("INSERT OR REPLACE INTO entries (key, value, stored_at, used_at) VALUES (?, ?, ?, ?)", (key, value, now, now))
+        self._since_prune += 1
+        if self._since_prune >= min(self.prune_every, self.max_entries):
+            self._since_prune = 0
+            self._transaction(db, lambda: self._prune(db))
+
+    def _prune(self, db: sqlite3.Connection) -> None:
+        expired = db.execute("DELETE FROM entries WHERE stored_at < ?", (self._clock() - self.ttl_s,)).rowcount
+        evicted = db.execute(
+            "DELETE FROM entries WHERE key IN (SELECT key FROM entries ORDER BY used_at DESC LIMIT -1 OFFSET ?)", (self.max_entries,)
+        ).rowcount
+        self._count(db, {"expirations": expired, "evictions": evicted})
 
 
 _encoder = msgspec.msgpack.Encoder()

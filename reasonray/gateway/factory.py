@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from reasonray.gateway.cache import CacheStore, CachingLLM
+from reasonray.gateway.cache import CacheStore, CachingLLM, SharedCacheStore
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.gateway.metered import MeteredLLM
 from reasonray.gateway.openai_client import OpenAILLM
@@ -60,6 +62,23 @@ def _endpoint_options(settings: Settings, *, simulated: bool = False) -> dict[st
         "discovery_ttl_s": llm.discovery_ttl_s,
         "default_max_tokens": llm.default_max_tokens,
     }
+
+
+_shared_caches: dict[tuple[Path, int, float], SharedCacheStore] = {}
+_shared_caches_lock = threading.Lock()
+
+
+def shared_cache(settings: Settings, app_name: str) -> SharedCacheStore | None:
+    """The response cache an application's processes on this machine share (`<data_dir>/cache/<app>.sqlite3`),
+    one per process, or None when `[llm.cache]` is off."""
+    cache = settings.llm.cache
+    if not cache.enabled:
+        return None
+    key = (Path(settings.data_dir).resolve() / "cache" / f"{app_name}.sqlite3", cache.max_entries, cache.ttl_s)
+    with _shared_caches_lock:
+        if key not in _shared_caches:
+            _shared_caches[key] = SharedCacheStore(key[0], max_entries=cache.max_entries, ttl_s=cache.ttl_s)
+        return _shared_caches[key]
 
 
 def build_llm(

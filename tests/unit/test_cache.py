@@ -129,3 +129,72 @@ async def test_a_hit_reports_the_lookup_time_and_an_error_reply_is_never_stored(
     again = await llm.complete(BASE)
     assert again.text == "<answer>4</answer>" and not again.cached
     inner.assert_complete()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def shared(tmp_path, **options):
+    from reasonray.gateway.cache import SharedCacheStore
+
+    return SharedCacheStore(tmp_path / "cache" / "app.sqlite3", **options)
+
+
+async def test_processes_of_one_machine_share_the_file_and_it_outlives_them(tmp_path):
+    one, other = shared(tmp_path), shared(tmp_path)
+    assert await other.get("k") is None
+    await one.put("k", b"answer")
+    one.flush()
+    assert await other.get("k") == b"answer"
+    restarted = shared(tmp_path)
+    assert await restarted.get("k") == b"answer"
+    stats = await restarted.stats()
+    assert (stats["hits"], stats["misses"], stats["entries"]) == (2, 1, 1) and stats["hit_rate"] == 2 / 3
+    assert (tmp_path / "cache" / "app.sqlite3").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_shared_entry_expires_after_the_ttl(tmp_path):
+    clock = Clock()
+    store = shared(tmp_path, ttl_s=10, clock=clock)
+    await store.put("k", b"v")
+    store.flush()
+    clock.now += 9
+    assert await store.get("k") == b"v"
+    clock.now += 2
+    assert await store.get("k") is None
+    stats = await store.stats()
+    assert (stats["expirations"], stats["entries"], stats["misses"]) == (1, 0, 1)
+
+
+async def test_the_shared_store_keeps_max_entries_dropping_the_least_recently_used(tmp_path):
+    clock = Clock()
+    store = shared(tmp_path, max_entries=3, clock=clock, prune_every=1)
+    for key in "abc":
+        clock.now += 1
+        await store.put(key, key.encode())
+    store.flush()
+    clock.now += 1
+    assert await store.get("a") == b"a"  # a is now the most recently used
+    store.flush()
+    for key in "de":
+        clock.now += 1
+        await store.put(key, key.encode())
+    store.flush()
+    assert [await store.get(key) for key in "abcde"] == [b"a", None, None, b"d", b"e"]
+    assert (await store.stats())["evictions"] == 2
+
+
+async def test_a_broken_cache_file_is_a_miss_never_a_failed_call(tmp_path):
+    store = shared(tmp_path)
+    await store.put("k", b"v")
+    store.flush()
+    (tmp_path / "cache" / "app.sqlite3").write_bytes(b"not a database" * 100)
+    broken = shared(tmp_path)
+    llm = ScriptedLLM(["<answer>4</answer>"])
+    completion = await CachingLLM(llm, broken).complete(BASE)
+    assert completion.text == "<answer>4</answer>" and not completion.cached
