@@ -195,6 +195,11 @@ class Service:
                 "REASONRAY_MEMORY__EMBEDDING": "openai",  # the simulator's /v1/embeddings: no torch in the memory actor
                 "REASONRAY_LOGGING__LEVEL": "warning",
                 "REASONRAY_AUTH__JWT_SECRET": secret,
+                # the bench's caller measures throughput, not the shipped roles' limits (docs/security.md#default-limits)
+                "REASONRAY_AUTH__PRINCIPALS__BENCH__REQUESTS_PER_MINUTE": "1000000",
+                "REASONRAY_AUTH__PRINCIPALS__BENCH__CONCURRENT_RUNS": "4096",
+                "REASONRAY_AUTH__PRINCIPALS__BENCH__TOKENS_PER_MINUTE": "1000000000000",
+                "REASONRAY_AUTH__PRINCIPALS__BENCH__TOKENS_PER_DAY": "1000000000000",
             }
         )
         AUTH["Authorization"] = f"Bearer {mint_token(secret, 'bench', ['operator'], 24 * 3600)}"

@@ -1,7 +1,7 @@
 """A flooding client in a process of its own, as an attacker's script is: `python -m tests.flood SPEC` sends
 `count` JSON-RPC calls at once, each on a connection of its own that closes when the caller gives up after
 `timeout_s`, and prints each call's outcome (its JSON-RPC error code, its HTTP status, or "timeout") and how
-long it took as one JSON line.
+long it took, one JSON line per call as it ends (so a test can tell when the refusals are in).
 
 Out of the measuring test's process on purpose: 150 threads there compete with the test's own probes for one
 interpreter lock, so what the test timed was its own client, not the service."""
@@ -12,6 +12,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -38,22 +39,51 @@ async def _flood(spec: dict[str, Any]) -> list[dict[str, Any]]:
                 outcome: int | str = payload["error"]["code"] if "error" in payload else response.status_code
             except httpx.TimeoutException:
                 outcome = "timeout"
-            return {"i": i, "outcome": outcome, "s": round(time.monotonic() - started, 3)}
+            result = {"i": i, "outcome": outcome, "s": round(time.monotonic() - started, 3)}
+            print(json.dumps(result), flush=True)
+            return result
 
         return list(await asyncio.gather(*(one(i) for i in range(spec["count"]))))
 
 
-def start(spec: dict[str, Any]) -> subprocess.Popen[str]:
+class Flood:
+    """A running flood: its calls' outcomes as they end."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.flood", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+        self.calls: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.calls.append(json.loads(line))
+                self._changed.notify_all()
+
+    def wait_ended(self, n: int, timeout_s: float) -> int:
+        """Wait until `n` calls have ended (or `timeout_s`); how many have."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self.calls) >= n, timeout=timeout_s)
+            return len(self.calls)
+
+    def finish(self, timeout_s: float = 120) -> list[dict[str, Any]]:
+        assert self.proc.wait(timeout=timeout_s) == 0
+        self._reader.join(timeout=10)
+        return list(self.calls)
+
+
+def start(spec: dict[str, Any]) -> Flood:
     """The flood, started (`finish` collects its outcomes). `spec`: base_url, method, params (a "{i}" in them
     becomes the call's number), headers, odd_headers (added to odd-numbered calls), count, timeout_s."""
-    return subprocess.Popen([sys.executable, "-m", "tests.flood", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    return Flood(spec)
 
 
-def finish(proc: subprocess.Popen[str], timeout_s: float = 120) -> list[dict[str, Any]]:
-    out, _ = proc.communicate(timeout=timeout_s)
-    assert proc.returncode == 0, out
-    return list(json.loads(out.strip().splitlines()[-1]))
+def finish(flood: Flood, timeout_s: float = 120) -> list[dict[str, Any]]:
+    return flood.finish(timeout_s)
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(_flood(json.loads(sys.argv[1])))))
+    asyncio.run(_flood(json.loads(sys.argv[1])))
