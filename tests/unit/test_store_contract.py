@@ -174,6 +174,27 @@ async def test_a_run_is_indexed_with_its_event_log(store):
     assert await run_index(store.url, store.data_dir).get("no-such-trace") is None
 
 
+async def test_run_files_of_an_earlier_version_are_imported_once(tmp_path):
+    import json
+
+    run = RunRecord(
+        trace_id="old-run",
+        kind="execute",
+        strategy="chain_of_thought",
+        status="ok",
+        prompt_tokens=1,
+        completion_tokens=2,
+        started_at=datetime.now(UTC),
+        elapsed_ms=3,
+    )
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "old-run.json").write_text(json.dumps({"run": run.model_dump(mode="json"), "event_log": None}))
+    (tmp_path / "runs" / "broken.json").write_text("{not json")
+    found = await run_index(None, tmp_path).get("old-run")
+    assert found is not None and found[0] == run and found[1] == []
+    assert not (tmp_path / "runs" / "old-run.json").exists() and (tmp_path / "runs" / "broken.json").exists()
+
+
 async def test_session_turns_land_in_the_run_index(store):
     pipeline, _ = scripted_pipeline(store, ["<answer>Hello!</answer>"])
     sid = (await pipeline.create(SessionSpec())).session_id
