@@ -14,8 +14,10 @@ off (every call reaches the model) and a request timeout long enough for a one-s
 Prints first the server's own cost of streaming (the same request plain and streamed, straight to it:
 ReasonRay streams to a real server so that a call it gives up on stops generating), then per workload and
 level: wall time, throughput (requests/s), latency p50/p95 of each side, ReasonRay's added latency (p50
-difference and ratio) and its throughput ratio (ReasonRay / direct). `--stream off` measures ReasonRay
-with `[llm] stream = false`; `--max-concurrency N` sets `[llm] max_concurrency`.
+difference and ratio) and its throughput ratio (ReasonRay / direct). The direct side sends its calls as ReasonRay
+does, streamed when ReasonRay streams (`--direct plain` sends them plain whatever ReasonRay does: the server's
+own streaming cost is then part of the difference). `--stream off` measures ReasonRay with `[llm] stream = false`;
+`--max-concurrency N` sets `[llm] max_concurrency`.
 """
 
 from __future__ import annotations
@@ -83,17 +85,32 @@ def question(i: int) -> str:
     return f"What is {7 + i % 23} + {3 + (i * 7) % 19}?"
 
 
-async def direct_request(http: httpx.AsyncClient, model: str, workload: str, i: int, max_tokens: int) -> int:
-    """The calls ReasonRay's strategy makes for request i, sent straight to the server; completion tokens."""
+async def direct_request(http: httpx.AsyncClient, model: str, workload: str, i: int, max_tokens: int, stream: bool = False) -> int:
+    """The calls ReasonRay's strategy makes for request i, sent straight to the server, plain or streamed as ReasonRay
+    sends them (`stream`); completion tokens (streamed: the server's usage chunk, else one token per content chunk,
+    as llama.cpp streams)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(i)}]
 
     async def call(temperature: float, seed: int | None) -> int:
         body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
         if seed is not None:
             body["seed"] = seed
-        response = await http.post("/chat/completions", json=body)
-        response.raise_for_status()
-        return int(response.json()["usage"]["completion_tokens"])
+        if not stream:
+            response = await http.post("/chat/completions", json=body)
+            response.raise_for_status()
+            return int(response.json()["usage"]["completion_tokens"])
+        body.update(stream=True, stream_options={"include_usage": True})
+        chunks, reported = 0, None
+        async with http.stream("POST", "/chat/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    reported = int(chunk["usage"]["completion_tokens"])
+                chunks += any(c.get("delta", {}).get("content") for c in chunk.get("choices", []))
+        return reported if reported is not None else chunks
 
     if workload == "cot":
         return await call(0.0, None)
@@ -251,7 +268,7 @@ async def breakdown(model_url: str, service_url: str, data_dir: str, requests: i
 
 
 async def bench(
-    model_url: str, service_url: str, levels: list[int], max_tokens: int, minimum: int, rounds: int = 2
+    model_url: str, service_url: str, levels: list[int], max_tokens: int, minimum: int, rounds: int = 2, direct_stream: bool = False
 ) -> list[dict[str, Any]]:
     rows = []
     async with (
@@ -275,7 +292,7 @@ async def bench(
                     plan = (("direct", "ours"), ("ours", "direct"))[r % 2]
                     for side in plan:
                         if side == "direct":
-                            one = lambda i, w=workload, b=base: direct_request(http, "smollm2", w, b + i, max_tokens)
+                            one = lambda i, w=workload, b=base: direct_request(http, "smollm2", w, b + i, max_tokens, direct_stream)
                             direct.absorb(await run_side(level, requests, one))
                         else:
                             one = lambda i, w=workload, b=base: reasonray_request(rr, w, b + i, max_tokens)
@@ -342,6 +359,13 @@ def main() -> None:
         help="ReasonRay's [llm] stream (auto: it streams to a real server, so a call it gives up on stops generating).",
     )
     parser.add_argument(
+        "--direct",
+        choices=["like", "plain", "stream"],
+        default="like",
+        help="How the direct side sends its calls: like ReasonRay does (streamed when ReasonRay streams, the default), or "
+        "always plain, or always streamed.",
+    )
+    parser.add_argument(
         "--breakdown",
         type=int,
         default=0,
@@ -357,17 +381,20 @@ def main() -> None:
     model_url = args.model_url or server.url  # type: ignore[union-attr]
     data_dir = tempfile.mkdtemp(prefix="reasonray-bench-real-")
     stream = {"auto": None, "on": True, "off": False}[args.stream]
+    # ReasonRay streams to a real server unless told not to ([llm] stream unset: streamed)
+    direct_stream = {"like": stream is not False, "plain": False, "stream": True}[args.direct]
     process, service_url = start_service(model_url, args.request_timeout, data_dir, args.max_concurrency, stream)
     try:
         print(
             f"model server {model_url}; ReasonRay {service_url}; max_tokens {args.max_tokens}; levels {levels}; "
-            f"max_concurrency {args.max_concurrency or 'discovered'}; stream {args.stream}",
+            f"max_concurrency {args.max_concurrency or 'discovered'}; stream {args.stream}; direct calls "
+            f"{'streamed' if direct_stream else 'plain'}",
             flush=True,
         )
         if args.breakdown:
             rows = asyncio.run(breakdown(model_url, service_url, data_dir, args.breakdown, args.max_tokens))
         else:
-            rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests, args.rounds))
+            rows = asyncio.run(bench(model_url, service_url, levels, args.max_tokens, args.min_requests, args.rounds, direct_stream))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     finally:
