@@ -8,6 +8,7 @@ PostgreSQL with a different, empty data directory: nothing may depend on local f
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from datetime import UTC, datetime
@@ -148,15 +149,11 @@ def test_agent_cards_are_put_replaced_deleted_and_seen_by_another_process(store)
 # -- runs, audit, counters -------------------------------------------------------------------------------------
 
 
-async def test_a_run_is_indexed_with_its_event_log(store):
-    path = event_log_path(store.data_dir, "trace-run")
-    recorder = EventRecorder(path, keep=False)
-    recorder(RunEnd(trace_id="trace-run", strategy="chain_of_thought", status="ok", total_tokens=30, execution_time_ms=12))
-    recorder.close()
-    run = RunRecord(
-        trace_id="trace-run",
+def a_run(trace_id: str, principal: str | None = None) -> RunRecord:
+    return RunRecord(
+        trace_id=trace_id,
         kind="execute",
-        principal="alice",
+        principal=principal,
         strategy="chain_of_thought",
         status="ok",
         prompt_tokens=20,
@@ -164,6 +161,14 @@ async def test_a_run_is_indexed_with_its_event_log(store):
         started_at=datetime.now(UTC),
         elapsed_ms=12,
     )
+
+
+async def test_a_run_is_indexed_with_its_event_log(store):
+    path = event_log_path(store.data_dir, "trace-run")
+    recorder = EventRecorder(path, keep=False)
+    recorder(RunEnd(trace_id="trace-run", strategy="chain_of_thought", status="ok", total_tokens=30, execution_time_ms=12))
+    recorder.close()
+    run = a_run("trace-run", principal="alice")
     await run_index(store.url, store.data_dir).record(run, path)
     if store.url is not None:
         path.unlink()  # the database holds the events itself
@@ -175,24 +180,15 @@ async def test_a_run_is_indexed_with_its_event_log(store):
 
 
 async def test_run_files_of_an_earlier_version_are_imported_once(tmp_path):
-    import json
-
-    run = RunRecord(
-        trace_id="old-run",
-        kind="execute",
-        strategy="chain_of_thought",
-        status="ok",
-        prompt_tokens=1,
-        completion_tokens=2,
-        started_at=datetime.now(UTC),
-        elapsed_ms=3,
-    )
+    run = a_run("old-run")
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "old-run.json").write_text(json.dumps({"run": run.model_dump(mode="json"), "event_log": None}))
     (tmp_path / "runs" / "broken.json").write_text("{not json")
     found = await run_index(None, tmp_path).get("old-run")
     assert found is not None and found[0] == run and found[1] == []
     assert not (tmp_path / "runs" / "old-run.json").exists() and (tmp_path / "runs" / "broken.json").exists()
+    again = await run_index(None, tmp_path).get("old-run")  # another process opening the index: the row, not the file
+    assert again is not None and again[0] == run
 
 
 async def test_session_turns_land_in_the_run_index(store):
