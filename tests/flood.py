@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -63,10 +64,13 @@ class Flood:
                 self.calls.append(json.loads(line))
                 self._changed.notify_all()
 
-    def wait_ended(self, n: int, timeout_s: float) -> int:
-        """Wait until `n` calls have ended (or `timeout_s`); how many have."""
+    def wait_ended(self, done: Callable[[int], bool], timeout_s: float) -> int:
+        """Wait until `done(calls ended so far)` holds (or `timeout_s`); how many calls have ended. `done` is
+        asked again at least every 50 ms, so it may also read state outside the flood (what a server holds)."""
+        deadline = time.monotonic() + timeout_s
         with self._changed:
-            self._changed.wait_for(lambda: len(self.calls) >= n, timeout=timeout_s)
+            while not done(len(self.calls)) and time.monotonic() < deadline:
+                self._changed.wait(timeout=0.05)
             return len(self.calls)
 
     def finish(self, timeout_s: float = 120) -> list[dict[str, Any]]:
