@@ -1,7 +1,8 @@
-"""System configuration: `config.toml` read with tomllib, overridden by the environment, validated by Pydantic.
+"""System configuration: `config.toml` overridden by the environment, on pydantic-settings (its TOML and
+environment sources, merged and validated by the `Settings` model).
 
-Environment overrides: `REASONRAY_<SECTION>__<KEY>=value` (double underscore between levels, values
-parsed as JSON when they parse, e.g. `REASONRAY_REASONING__ENABLED_STRATEGIES='["chain_of_thought"]'`),
+Environment overrides: `REASONRAY_<SECTION>__<KEY>=value` (double underscore between levels; lists, tables
+and values in free-form tables as JSON, e.g. `REASONRAY_REASONING__ENABLED_STRATEGIES='["chain_of_thought"]'`),
 plus the standard `OPENAI_BASE_URL` (the endpoint) and, through `[llm] api_key_env`, `OPENAI_API_KEY`.
 Every error names the key and the values it allows (docs/configuration.md).
 """
@@ -13,8 +14,9 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 from pydantic import (
     BaseModel,
@@ -24,6 +26,16 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.egress_settings import EgressSettings
@@ -493,7 +505,32 @@ class A2ASettings(_Section):
     )
 
 
-class Settings(_Section):
+# The sources `load_settings` reads, for the one `Settings()` it builds; anywhere else `Settings(...)` is
+# exactly its arguments (a replica's settings arrive whole from the deployment, never from its environment).
+_SOURCES: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar("reasonray_settings_sources", default=())
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        env_parse_none_str="null",
+        case_sensitive=False,
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, *_SOURCES.get())
+
     data_dir: Path = Field(Path(".reasonray"), description="Where ReasonRay keeps its data (event logs, memory, sessions).")
     server: ServerSettings = ServerSettings()
     llm: LLMSettings = LLMSettings()
@@ -544,29 +581,71 @@ class Settings(_Section):
         return f"openai: [llm] provider = 'auto' and {why}"
 
 
-def _parse_env_value(raw: str) -> Any:
+class _Environment(EnvSettingsSource):
+    """`REASONRAY_<SECTION>__<KEY>` from a given mapping (the process environment by default), strictly: a name
+    whose section does not exist, or that treats a value as a section, is an error that names the variable,
+    never silently ignored. Inside a free-form table (`[reasoning.strategies.<name>]`) no declared type says how
+    to read a value, so it is read as JSON when it parses (`"3"` is the number 3), else kept as text."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = {name: self._read(name, raw) for name, raw in environ.items()}
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, Any]:
+        return parse_env_vars(self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+    @staticmethod
+    def _read(name: str, raw: str) -> Any:
+        """The value of `name`, JSON-parsed in a free-form table; raises, naming the variable, for a section
+        that does not exist, a value used as a section, or a list or table that is not JSON."""
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            return raw  # REASONRAY_DATA_DIR, REASONRAY_CONFIG: top-level names, read as such or not at all
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        model: type[BaseModel] = Settings
+        for depth, part in enumerate(path):
+            field = model.model_fields.get(part)
+            if field is None:
+                if depth == 0:
+                    raise ConfigError(f"{name}: [{part}] is not a section; check the spelling against docs/configuration.md")
+                return raw  # an unknown key of a known section: validation names it
+            annotation = field.annotation
+            table = annotation is dict or get_origin(annotation) is dict
+            section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            if depth == len(path) - 1:
+                if table or section or get_origin(annotation) is list:
+                    try:
+                        json.loads(raw)
+                    except json.JSONDecodeError:
+                        kind = "a list" if get_origin(annotation) is list else "a table"
+                        raise ConfigError(f"{name}: {'.'.join(path)} takes {kind} as JSON, got {raw!r}") from None
+                return raw
+            if table:
+                return _parse_json_or_text(raw)  # a key of a free-form table
+            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+                raise ConfigError(f"{name}: {'.'.join(path[: depth + 1])} is not a section")
+            model = annotation
+        return raw
+
+
+def _parse_json_or_text(raw: str) -> Any:
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw
 
 
-def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
-    for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
-        node = data
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
-        node[path[-1]] = _parse_env_value(raw)
-    if environ.get("OPENAI_BASE_URL"):
-        data.setdefault("llm", {}).setdefault("base_url", environ["OPENAI_BASE_URL"])
-    if environ.get("REASONRAY_DATA_DIR"):
-        data["data_dir"] = environ["REASONRAY_DATA_DIR"]
-    return data
+class _OpenAIBaseURL(PydanticBaseSettingsSource):
+    """The standard `OPENAI_BASE_URL`, below the config file: an endpoint the file names wins."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self._base_url = environ.get("OPENAI_BASE_URL")
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # not used: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        return {"llm": {"base_url": self._base_url}} if self._base_url else {}
 
 
 def format_validation_error(error: ValidationError, source: str) -> str:
@@ -582,20 +661,27 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_settings(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
-    """Read `path` (default: the repository's config.toml, if any), apply the environment, validate."""
+def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read `path` (default: `$REASONRAY_CONFIG`, else the repository's config.toml, if any), apply the
+    environment, validate. Precedence, highest first: `REASONRAY_*` variables, the file, `OPENAI_BASE_URL`,
+    the defaults."""
     env = dict(os.environ if environ is None else environ)
     config_path = Path(path or env.get("REASONRAY_CONFIG") or DEFAULT_CONFIG_PATH)
-    data: dict[str, Any] = {}
-    if config_path.exists():
-        try:
-            data = tomllib.loads(config_path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{config_path} is not valid TOML: {exc}") from exc
-    elif path is not None:
+    if not config_path.exists() and path is not None:
         raise ConfigError(f"config file {config_path} does not exist")
-    data = _apply_env(data, env)
     try:
-        return Settings.model_validate(data)
+        file = TomlConfigSettingsSource(Settings, toml_file=config_path if config_path.exists() else None)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{config_path} is not valid TOML: {exc}") from exc
+    sources = (_Environment(Settings, env), file, _OpenAIBaseURL(Settings, env))
+    overridden = sorted(name for name in env if name.startswith(ENV_PREFIX) and "__" in name)
+    source = f"{config_path} and {', '.join(overridden)}" if overridden else str(config_path)
+    token = _SOURCES.set(sources)
+    try:
+        return Settings()
+    except SettingsError as exc:  # a value the environment source could not decode
+        raise ConfigError(f"invalid configuration in {source}: {exc}") from None
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(config_path))) from None
+        raise ConfigError(format_validation_error(exc, source)) from None
+    finally:
+        _SOURCES.reset(token)

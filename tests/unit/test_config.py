@@ -1,8 +1,9 @@
+import os
 from pathlib import Path
 
 import pytest
 
-from reasonray.kernel.config import ConfigError, load_settings
+from reasonray.kernel.config import ConfigError, Settings, load_settings
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.toml"
 
@@ -13,7 +14,7 @@ def write(tmp_path, text):
     return path
 
 
-def test_repository_config_loads_with_the_seed_structure():
+def test_repository_config_loads_with_the_documented_structure():
     settings = load_settings(REPO_CONFIG, environ={})
     assert settings.reasoning.default_strategy == "chain_of_thought"
     assert settings.reasoning.strategies["chain_of_thought"] == {"default_max_tokens": 32768}
@@ -177,3 +178,53 @@ def test_a_top_level_error_and_a_bad_choice_are_spelled_out():
     assert lines[0] == "invalid configuration in x.toml:"
     assert any(line.startswith("  llm.provider: ") and line.endswith("(got 'anthropic')") for line in lines)
     assert "  nope: unknown key; check the spelling against docs/configuration.md" in lines
+
+
+def test_environment_values_are_read_by_their_keys_type_and_free_form_tables_as_json(tmp_path):
+    path = write(
+        tmp_path,
+        '[reasoning]\nenabled_strategies = ["chain_of_thought", "tree_of_thought"]\n'
+        "[reasoning.strategies.tree_of_thought]\ndefault_branching = 2\n",
+    )
+    env = {
+        "REASONRAY_REASONING__STRATEGIES__TREE_OF_THOUGHT__DEFAULT_DEPTH": "3",
+        "REASONRAY_REASONING__STRATEGIES__CHAIN_OF_THOUGHT__DEFAULT_SYSTEM_PROMPT": "be brief",
+        "REASONRAY_REASONING__DEFAULT_STRATEGY": "null",
+        "REASONRAY_MEMORY__ENABLED": "false",
+        "REASONRAY_LLM__MODEL": "123",  # a text key stays text
+    }
+    settings = load_settings(path, environ=env)
+    # the file's table and the variables merge; a free-form value is JSON when it parses, else text
+    assert settings.reasoning.strategies == {
+        "tree_of_thought": {"default_branching": 2, "default_depth": 3},
+        "chain_of_thought": {"default_system_prompt": "be brief"},
+    }
+    assert settings.reasoning.default_strategy is None and settings.memory.enabled is False
+    assert settings.llm.model == "123"
+
+
+def test_a_bad_environment_variable_is_named(tmp_path):
+    path = write(tmp_path, "")
+    with pytest.raises(ConfigError, match=r"REASONRAY_LMM__MODEL: \[lmm\] is not a section"):
+        load_settings(path, environ={"REASONRAY_LMM__MODEL": "m"})
+    with pytest.raises(ConfigError, match=r"REASONRAY_REASONING__ENABLED_STRATEGIES: .* takes a list as JSON, got '\[cot'"):
+        load_settings(path, environ={"REASONRAY_REASONING__ENABLED_STRATEGIES": "[cot"})
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ={"REASONRAY_SERVER__PORT": "eighty"})
+    assert "REASONRAY_SERVER__PORT" in str(err.value) and "server.port" in str(err.value)
+
+
+def test_the_variables_win_over_the_file_which_wins_over_openai_base_url(tmp_path):
+    env = {"OPENAI_BASE_URL": "http://127.0.0.1:3/v1"}
+    assert load_settings(write(tmp_path, ""), environ=env).llm.base_url == "http://127.0.0.1:3/v1"
+    named = write(tmp_path, '[llm]\nbase_url = "http://127.0.0.1:1/v1"\n')
+    assert load_settings(named, environ=env).llm.base_url == "http://127.0.0.1:1/v1"
+    env["REASONRAY_LLM__BASE_URL"] = "http://127.0.0.1:2/v1"
+    assert load_settings(named, environ=env).llm.base_url == "http://127.0.0.1:2/v1"
+
+
+def test_settings_built_in_code_are_their_arguments_never_the_process_environment(monkeypatch):
+    # a replica's settings arrive whole from the deployment: its own environment must not change them
+    monkeypatch.setenv("REASONRAY_SERVER__PORT", "1234")
+    assert Settings().server.port == Settings.model_validate({}).server.port != 1234
+    assert load_settings(environ=dict(os.environ)).server.port == 1234
