@@ -158,7 +158,7 @@ def local_dispatcher(
     **service_options: Any,
 ) -> Dispatcher:
     """The whole API in this process over a given model, without Ray: for unit tests, notebooks and scripts."""
-    settings = Settings(reasoning=reasoning, **({"memory": memory_settings} if memory_settings else {}))
+    settings = Settings(reasoning=reasoning, memory=memory_settings) if memory_settings else Settings(reasoning=reasoning)
     backends = Backends(
         cache=None,
         memory=memory,
