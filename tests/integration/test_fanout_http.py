@@ -51,6 +51,10 @@ def test_self_consistency_branches_share_a_warm_pool_of_few_processes(serve_base
         assert client.get("/admin/health").json()["fanout"]["in_flight"] == 0
 
 
+# slow suite: an application of its own on a 3-s model, refused requests sent again (50 s of the default run); the
+# bound and its refusal are tests/unit/test_branch_pool.py's, -32011 and 503 + Retry-After on every surface
+# tests/unit/test_doc_promises.py's and test_error_view.py's, branches on the pool over HTTP the test above
+@pytest.mark.slow
 def test_beyond_max_in_flight_a_request_is_refused_with_a_retry_hint_and_nothing_is_lost(serve_base, slow_simulator):
     changes = {
         "fanout": {"pool_size": 1, "max_pool_size": 1, "max_in_flight": 5, "retry_after_s": 0.5},

@@ -98,6 +98,10 @@ def test_many_sessions_share_a_few_host_processes(api):
         result_of(rpc(api, "session.close", {"session_id": sid}))
 
 
+# slow suite: an application of its own with two prestarted hosts on a 3-s model (45 s of the default run); a host
+# killed mid-session and the session resumed over HTTP is test_sessions_http.py's, a retried turn answered from the
+# repository without a second model call tests/unit/test_session_hosting.py's
+@pytest.mark.slow
 def test_killing_a_host_mid_conversation_loses_nothing_and_runs_no_turn_twice(serve_base, slow_simulator):
     with own_app(serve_base, slow_simulator.url, "hostkill", sessions={"hosts": 2}, server=PRESTART) as (client, _):
         try:
@@ -129,6 +133,9 @@ def test_killing_a_host_mid_conversation_loses_nothing_and_runs_no_turn_twice(se
             retire("hostkill")
 
 
+# slow suite: an application of its own on a 3-s model (35 s); a full host refusing with the retry hint is
+# tests/unit/test_session_hosting.py's, -32011 with its data on every surface tests/unit/test_doc_promises.py's
+@pytest.mark.slow
 def test_a_full_host_answers_overloaded_with_a_retry_hint(serve_base, slow_simulator):
     with own_app(serve_base, slow_simulator.url, "overload", sessions={"hosts": 1, "max_live_per_host": 1}, server=PRESTART) as (client, _):
         try:
