@@ -219,18 +219,11 @@ def stop_service(process: subprocess.Popen[bytes]) -> None:
 async def streaming_cost(http: httpx.AsyncClient, max_tokens: int, rounds: int = 8) -> dict[str, float]:
     """The server's own price for streaming: the same CoT request sent straight to it, plain and streamed, alternating
     (ReasonRay streams to a real server: closing the stream is how a call it gives up on stops generating)."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(20_000)}]
-    body = {"model": "smollm2", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
     times: dict[bool, list[float]] = {False: [], True: []}
     for n in range(rounds * 2):
         streamed = n % 2 == 1
         started = time.perf_counter()
-        if streamed:
-            async with http.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
-                async for _ in response.aiter_lines():
-                    pass
-        else:
-            (await http.post("/chat/completions", json=body)).raise_for_status()
+        await direct_request(http, "smollm2", "cot", 20_000, max_tokens, streamed)
         times[streamed].append(time.perf_counter() - started)
     plain, streamed_p50 = statistics.median(times[False]), statistics.median(times[True])
     print(

@@ -610,9 +610,9 @@ class _Environment(EnvSettingsSource):
                 return raw  # an unknown key of a known section: validation names it
             annotation = field.annotation
             table = annotation is dict or get_origin(annotation) is dict
-            section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            section = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
             if depth == len(path) - 1:
-                if table or section or get_origin(annotation) is list:
+                if table or section is not None or get_origin(annotation) is list:
                     try:
                         json.loads(raw)
                     except json.JSONDecodeError:
@@ -621,9 +621,9 @@ class _Environment(EnvSettingsSource):
                 return raw
             if table:
                 return _parse_json_or_text(raw)  # a key of a free-form table
-            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            if section is None:
                 raise ConfigError(f"{name}: {'.'.join(path[: depth + 1])} is not a section")
-            model = annotation
+            model = section
         return raw
 
 

@@ -42,7 +42,7 @@ DATA_DIR = Path(tempfile.mkdtemp(prefix="reasonray-it-"))
 # How often every Ray process reports its metrics (Ray's default 10,000 ms): the tests that read /metrics wait
 # for their own series, so a shorter interval only shortens their wait, while each of the cluster's ~30 processes
 # pays for it all run long (an idle stack burnt 0.27 of a core at 1,000 ms with Serve's 0.1-s control loop,
-# 0.18 at 5,000 ms and 0.25 s: about 140 CPU-s of a default run on two stacks).
+# 0.17 at 5,000 ms and 0.25 s: about 140 CPU-s of a default run on two stacks).
 METRICS_REPORT_INTERVAL_MS = 5000
 SERVE_CONTROL_LOOP_INTERVAL_S = "0.25"  # Serve's controller reconciles every 0.1 s by default
 
