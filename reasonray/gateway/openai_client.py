@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import httpx
 import msgspec
 import openai
 import structlog
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from reasonray.gateway.capabilities import Capabilities
 from reasonray.gateway.concurrency import Ticket, limiter_for
@@ -198,6 +200,33 @@ class OpenAILLM:
         if not ALLOW_REMOTE_REQUESTS and not is_loopback_url(self.base_url):
             raise RemoteRequestsForbidden(f"requests to {self.base_url} are switched off (tests allow loopback only)")
 
+    async def _chat(self, params: dict[str, Any]) -> _WireCompletion:
+        """POST /chat/completions through the SDK's generic `post`: the request `chat.completions.create` sends (same
+        auth, headers, timeouts and error classes), without its walk over every message to transform typed params (ours
+        are plain JSON already) and with the answer decoded by msgspec into only what a Completion keeps. Together they
+        were a seventh of the replica's CPU with 64 runs in flight."""
+        body = dict(params)
+        headers = body.pop("extra_headers", None)
+        options: Any = {"headers": headers} if headers else {}
+        response = await self._client.post("/chat/completions", body=body, cast_to=httpx.Response, options=options)
+        try:
+            return _WIRE.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise ProviderRejectedError(
+                f"HTTP {response.status_code} from {self.base_url} is not a chat completion: {exc} (is [llm] base_url the API root, "
+                "e.g. http://host:8000/v1?)",
+                status_code=response.status_code,
+            ) from None
+
+    async def _chat_stream(self, params: dict[str, Any]) -> openai.AsyncStream[ChatCompletionChunk]:
+        body = dict(params)
+        headers = body.pop("extra_headers", None)
+        options: Any = {"headers": headers} if headers else {}
+        stream_cls = openai.AsyncStream[ChatCompletionChunk]
+        return await self._client.post(
+            "/chat/completions", body=body, cast_to=ChatCompletion, options=options, stream=True, stream_cls=stream_cls
+        )
+
     async def ping(self) -> None:
         """Raise unless the endpoint answers `GET /models`."""
         self._check_allowed()
@@ -370,7 +399,7 @@ class OpenAILLM:
                 completion, reported = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
             else:
                 with self.limiter.sending():
-                    response = await self._client.chat.completions.create(**params)
+                    response = await self._chat(params)
                 self.limiter.started(ticket)
                 completion, reported = _completion(response, 0.0), response.usage is not None
         except openai.OpenAIError as exc:
@@ -416,7 +445,7 @@ class OpenAILLM:
             params[self._max_tokens_param] = 1
             params["extra_headers"] = {PURPOSE_HEADER: FRAMING_PROBE}  # the gateway's own call, of no run
             with self.limiter.sending():
-                response = await self._client.chat.completions.create(**params)
+                response = await self._chat(params)
             if response.usage is not None:
                 self._observe(probe, _completion(response, 0.0))
 
@@ -432,7 +461,7 @@ class OpenAILLM:
         with self.limiter.sending():
             try:
                 async with asyncio.timeout(max(queue_left_s, 0.001)):
-                    stream = await self._client.chat.completions.create(**params)
+                    stream = await self._chat_stream(params)
             except TimeoutError:
                 raise TransientProviderError(not_started) from None
             chunks = aiter(stream)
@@ -542,16 +571,52 @@ class _StreamParts:
         return Completion(choices=tuple(choices), usage=usage, model=model, simulated=model.startswith("simulated"))
 
 
-def _completion(response: Any, latency_ms: float) -> Completion:
+class _WireFunction(msgspec.Struct):
+    name: str = ""
+    arguments: str | None = None
+
+
+class _WireToolCall(msgspec.Struct):
+    id: str = ""
+    function: _WireFunction = msgspec.field(default_factory=_WireFunction)
+
+
+class _WireMessage(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_WireToolCall] | None = None
+
+
+class _WireChoice(msgspec.Struct):
+    message: _WireMessage = msgspec.field(default_factory=_WireMessage)
+    finish_reason: str | None = None
+    stop_reason: Any = None  # vLLM and the simulator say which stop sequence matched (a token id when none did)
+
+
+class _WireUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _WireCompletion(msgspec.Struct):
+    """What a Completion keeps of a chat completion; every other member of the answer is skipped unread."""
+
+    choices: list[_WireChoice]
+    model: str = ""
+    usage: _WireUsage | None = None
+
+
+_WIRE = msgspec.json.Decoder(_WireCompletion)
+
+
+def _completion(response: _WireCompletion, latency_ms: float) -> Completion:
     choices = []
     for c in response.choices:
         calls = tuple(ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments or "{}") for t in (c.message.tool_calls or []))
-        extra = c.model_extra or {}  # vLLM and the simulator say which stop sequence matched
-        stop_sequence = extra.get("stop_reason") if isinstance(extra.get("stop_reason"), str) else None
+        stop_sequence = c.stop_reason if isinstance(c.stop_reason, str) else None
         choices.append(
             Choice(
                 text=c.message.content or "",
-                finish_reason=c.finish_reason or "stop",
+                finish_reason=c.finish_reason or "stop",  # type: ignore[arg-type]  # the provider's own word for it
                 tool_calls=calls,
                 stop_sequence=stop_sequence,
             )

@@ -105,3 +105,52 @@ async def test_tests_cannot_reach_remote_endpoints():
 )
 def test_loopback_detection(url, loopback):
     assert oc.is_loopback_url(url) is loopback
+
+
+@pytest.fixture
+def fixed_answer():
+    """An endpoint that answers every POST with 200 and the body the test sets (a proxy's page, a sparse server)."""
+    import http.server
+    import threading
+
+    answer = {"body": b""}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (the stdlib's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer["body"])))
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield answer, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+async def test_a_200_that_is_not_a_chat_completion_is_rejected_naming_the_endpoint(fixed_answer):
+    answer, url = fixed_answer
+    llm = oc.OpenAILLM("m", base_url=url, api_key="x", http_backend=BACKEND["name"], discover=False)
+    for body in (b"<html>login</html>", b'{"choices": "none"}'):
+        answer["body"] = body
+        with pytest.raises(ProviderRejectedError, match="is not a chat completion") as err:
+            await llm.complete(LLMRequest(messages=(user("q"),)))
+        assert url in str(err.value) and err.value.status_code == 200
+
+
+async def test_a_sparse_chat_completion_keeps_what_it_has(fixed_answer):
+    """Servers leave members out (usage, finish_reason) and add their own (vLLM's stop_reason, a token id when no
+    stop string matched): the completion keeps the text and defaults the rest."""
+    answer, url = fixed_answer
+    llm = oc.OpenAILLM("m", base_url=url, api_key="x", http_backend=BACKEND["name"], discover=False)
+    answer["body"] = (
+        b'{"id": "x", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, "stop_reason": 2}]}'
+    )
+    completion = await llm.complete(LLMRequest(messages=(user("q"),)))
+    assert completion.text == "42" and completion.choices[0].finish_reason == "stop" and completion.choices[0].stop_sequence is None
+    assert completion.usage.prompt_tokens == 0 and completion.model == "m"
