@@ -342,12 +342,15 @@ class ReasoningService:
         """The run's record ends its event log, then goes to every run-end consumer (`run_end`: metrics, the
         caller's token budget, the memory bank's statistics, the run index); finished even when the caller
         goes away."""
+        await asyncio.shield(self._end(plan, outcome))
+
+    async def _end(self, plan: RunPlan, outcome: RunOutcome) -> None:
         plan.recorder(outcome.end)
-        plan.recorder.close()
+        await plan.recorder.aclose()  # the event log is whole before any consumer reads it
         for consume in self.run_end:
             pending = consume(outcome)
             if pending is not None:
-                await asyncio.shield(pending)
+                await pending
 
     def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
         report, memory = plan.report, plan.memory

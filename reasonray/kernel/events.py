@@ -1,15 +1,17 @@
 """Everything a run does is an event: a msgspec struct carrying the run's trace id.
 
-Events keep the full text (thinking included). `EventRecorder` appends each one to the run's JSONL
+Events keep the full text (thinking included). `EventRecorder` appends them to the run's JSONL
 file under the data directory (0600 files in 0700 directories; `[events] record` chooses the full
-text, sizes and hashes only, or no file; `reasonray.kernel.retention` deletes old ones) as it happens (so a long run holds none of its history in memory),
-keeps them in memory only when the caller asked for the trace, and writes one log line per event
+text, sizes and hashes only, or no file; `reasonray.kernel.retention` deletes old ones) in batches
+of 64 KiB and at the run's end (so a long run holds little of its history in memory), keeps them
+in memory only when the caller asked for the trace, and writes one log line per event
 with sizes and timings, never prompt or answer text. The LLM wrapper that turns every model call
 into an `LLM_INVOCATION` event is `reasonray.gateway.observed.ObservedLLM`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -166,26 +168,39 @@ def event_log_path(data_dir: Path, trace_id: str) -> Path:
 class EventRecorder:
     """Appends a run's events to its JSONL file, keeps them only when asked, and logs each without text.
 
-    The file is buffered (64 KiB): a long run's text leaves memory as the buffer fills, and `close`
-    writes the rest when the run ends, successfully or not.
+    Events gather in memory up to 64 KiB, then go to the file (a long run's text leaves memory as it
+    grows); `close` writes the rest when the run ends, successfully or not. A short run's file is
+    created only then, and `aclose` does that in a worker thread: creating a file is a filesystem call
+    that, on the event loop, held up every other request the replica was serving.
     """
+
+    FLUSH_AT = 64 * 1024
 
     def __init__(self, path: Path | None = None, *, keep: bool = True, mode: RecordMode = "full") -> None:
         self.path = path if mode != "off" else None
         self.keep = keep
         self.mode = mode
         self.events: list[Event] = []
+        self._pending = bytearray()
         self._file: IO[bytes] | None = None
 
     def __call__(self, event: Event) -> None:
         if self.keep:
             self.events.append(event)
         if self.path is not None:
-            if self._file is None:
-                self._file = self._open()
-            self._file.write(_encoder.encode(event if self.mode == "full" else metadata_only(event)) + b"\n")
+            self._pending += _encoder.encode(event if self.mode == "full" else metadata_only(event))
+            self._pending += b"\n"
+            if len(self._pending) >= self.FLUSH_AT:
+                self._flush()
         fields = {k: v for k, v in to_dict(event).items() if k not in TEXT_FIELDS and k not in ("type", "ts")}
         log.info(type(event).__name__, **fields)
+
+    def _flush(self) -> None:
+        if self._pending:
+            if self._file is None:
+                self._file = self._open()
+            self._file.write(self._pending)
+            self._pending.clear()
 
     def _open(self) -> IO[bytes]:
         assert self.path is not None
@@ -199,13 +214,21 @@ class EventRecorder:
             except FileNotFoundError:  # the directory went since it was made (swept, purged, removed): make it again
                 _made_dirs.discard(self.path.parent)
                 continue
-            return os.fdopen(fd, "ab", buffering=64 * 1024)  # written as the buffer fills and at close
+            return os.fdopen(fd, "ab", buffering=0)  # the writes are whole 64-KiB batches already
         raise FileNotFoundError(f"cannot create the event log {self.path}: its directory keeps disappearing")
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        try:
+            self._flush()
+        finally:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    async def aclose(self) -> None:
+        """`close`, with the file work in a worker thread (nothing to do for a recorder without a file)."""
+        if self._pending or self._file is not None:
+            await asyncio.to_thread(self.close)
 
     def as_trace(self) -> list[dict[str, Any]]:
         return [to_dict(e) for e in self.events]

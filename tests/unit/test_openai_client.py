@@ -116,7 +116,7 @@ def fixed_answer():
     answer = {"body": b""}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802  (the stdlib's name)
+        def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
