@@ -158,3 +158,37 @@ def test_token_create_prints_the_token_alone(monkeypatch):
     claims = jwt.decode(token, SECRET, algorithms=["HS256"])
     assert claims["sub"] == "alice" and claims["roles"] == ["reader", "reasoner"] and claims["exp"] - claims["iat"] == 90
     assert CliRunner().invoke(main, ["token", "create", "--sub", "a", "--role", "nope"]).exit_code == 2
+
+
+def test_a_verified_token_is_taken_again_without_its_signature_until_its_exp(monkeypatch):
+    import reasonray.api.access.auth as auth
+
+    decoded = []
+    decode = auth.jwt.decode
+    monkeypatch.setattr(auth.jwt, "decode", lambda *a, **kw: decoded.append(1) or decode(*a, **kw))
+    v = verifier(leeway_s=0)
+    token = f"Bearer {hs256({'exp': int(time.time()) + 2})}"
+    assert v.verify(token).sub == v.verify(token).sub == "alice"
+    assert len(decoded) == 1  # the second request's token was known
+    time.sleep(2.2)
+    assert "token expired" in refused(v, token[len("Bearer ") :])  # past its exp it is checked again, and refused
+
+
+def test_a_verified_token_is_checked_again_after_a_minute_at_most(monkeypatch):
+    """A key withdrawn from the JWKS stops admitting its tokens within VERIFIED_FOR_S, whatever their exp."""
+    import reasonray.api.access.auth as auth
+
+    now = [time.time()]
+    monkeypatch.setattr(auth.time, "time", lambda: now[0])
+    decoded = []
+    decode = auth.jwt.decode
+    monkeypatch.setattr(auth.jwt, "decode", lambda *a, **kw: decoded.append(1) or decode(*a, **kw))
+    v = verifier()
+    token = f"Bearer {hs256({'exp': int(now[0]) + 3600})}"
+    v.verify(token)
+    now[0] += auth.VERIFIED_FOR_S - 1
+    v.verify(token)
+    assert len(decoded) == 1
+    now[0] += 2
+    v.verify(token)
+    assert len(decoded) == 2

@@ -26,6 +26,11 @@ from reasonray.kernel.auth_settings import AuthSettings, LimitSettings, RoleSett
 from reasonray.kernel.errors import UnauthenticatedError
 
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
+VERIFIED_FOR_S = 60.0
+"""How long a verified token is taken again without checking its signature (never past its exp): a client sends
+the same token with every request, and verifying it was a twentieth of the replica's CPU under load. Bounded so
+that a key removed from the JWKS stops admitting its tokens within a minute."""
+VERIFIED_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -104,11 +109,24 @@ class TokenVerifier:
         else:
             self.algorithms = [a for a in self.algorithms if a in HMAC_ALGORITHMS]
         self._options: jwt.types.Options = {"require": ["exp", "sub"], "verify_aud": settings.audience is not None}
+        self._verified: dict[str, tuple[Principal, float]] = {}  # token -> (its principal, taken until; epoch s)
 
     def verify(self, authorization: str | None) -> Principal:
         return self.principal(bearer_token(authorization))
 
     def principal(self, token: str) -> Principal:
+        now = time.time()
+        hit = self._verified.get(token)
+        if hit is not None and now < hit[1]:
+            return hit[0]
+        principal, exp = self._verify(token)
+        if len(self._verified) >= VERIFIED_KEPT:  # many callers: keep the live ones, or start over
+            live = {t: v for t, v in self._verified.items() if now < v[1]}
+            self._verified = live if len(live) < VERIFIED_KEPT else {}
+        self._verified[token] = (principal, min(exp + self.settings.leeway_s, now + VERIFIED_FOR_S))
+        return principal
+
+    def _verify(self, token: str) -> tuple[Principal, float]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.DecodeError:
@@ -117,7 +135,7 @@ class TokenVerifier:
         if algorithm not in self.algorithms:
             raise UnauthenticatedError(f"token algorithm {algorithm!r} is not accepted (accepted: {', '.join(self.algorithms)})")
         claims = self._decode(token, algorithm, header.get("kid"))
-        return _principal(claims)
+        return _principal(claims), float(claims["exp"])
 
     def _decode(self, token: str, algorithm: str, kid: str | None) -> dict[str, Any]:
         s = self.settings
