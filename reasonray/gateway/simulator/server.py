@@ -478,6 +478,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+KEEP_ALIVE_S = 75
+"""How long an idle client connection stays open (uvicorn's default is 5 s): a load generator's pooled connections
+idle between rounds would otherwise race the server's close and fail a call now and then, which a benchmark's
+baseline (max_retries=0) counted as the model's failures."""
+
+
 class SimulatorServer:
     """Runs the simulator in a background thread of this process (for `reasonray serve --llm simulated` and tests)."""
 
@@ -486,7 +492,9 @@ class SimulatorServer:
             settings.port = free_port(settings.host)
         self.settings = settings
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            self.app, host=settings.host, port=settings.port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="reasonray-simulator", daemon=True)
 
@@ -510,4 +518,4 @@ class SimulatorServer:
 
 def run(settings: SimulatorSettings) -> None:
     """Serve in the foreground until interrupted (`reasonray sim`)."""
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)
