@@ -30,7 +30,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, private_files, retire_if_stale
+from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, lookup, private_files, retire_if_stale
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
 from reasonray.kernel.logs import configure_logging
@@ -73,6 +73,7 @@ def retire_stale_memory(app_name: str, settings: Settings) -> None:
 
 
 RUN_STATS_FLUSH_S = 0.5
+RUN_STATS_WAIT_S = 5.0  # how often counted runs look for a memory bank that is not running yet
 
 
 @dataclass
@@ -113,6 +114,12 @@ class RayMemory:
                 MemoryBankActor, memory_name(self.app_name), memory_fingerprint(self.settings), self.settings.model_dump_json(), **options
             )
         return self._handle
+
+    async def _running(self) -> bool:
+        """Whether the bank actor runs, without starting it (a handle found is kept for the calls after)."""
+        if self._handle is None:
+            self._handle = await asyncio.to_thread(lookup, memory_name(self.app_name))
+        return self._handle is not None
 
     async def _call(self, send: Callable[[Any], Any]) -> Any:
         try:
@@ -194,6 +201,10 @@ class RayMemory:
     async def _send_runs_later(self) -> None:
         try:
             await asyncio.sleep(RUN_STATS_FLUSH_S)
+            # counting runs is no reason to start a bank (its process, Chroma, the embedder): the counts wait here
+            # until something that needs the bank started it; stats() and reset_stats() start it and send them
+            while not await self._running():
+                await asyncio.sleep(RUN_STATS_WAIT_S)
         finally:
             self._flush = None
         try:

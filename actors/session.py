@@ -33,6 +33,7 @@ from reasonray.actors.lifecycle import (
     actor_for,
     ensure_actor,
     fingerprint,
+    lookup,
     private_files,
     retire_extra,
     retire_if_stale,
@@ -170,6 +171,14 @@ class SessionHostClient:
     async def stats(self) -> dict[str, Any]:
         return await unwrap(self.handle.stats.remote())
 
+    async def live(self) -> int:
+        """Sessions live in this host's memory: none in a host that has not started (asking does not start it)."""
+        if self._handle is None:
+            self._handle = await asyncio.to_thread(lookup, self.name)
+            if self._handle is None:
+                return 0
+        return int((await self.stats())["live"])
+
 
 # spread over the nodes: a host's death then interrupts one node's share of the sessions, and the others
 # keep serving (Ray would otherwise pack these zero-CPU actors onto the node that creates them)
@@ -238,7 +247,7 @@ class RaySessions:
 
     async def live_count(self) -> int:
         """Sessions live in the hosts' memory, all hosts together."""
-        return sum(s["live"] for s in await asyncio.gather(*(h.stats() for h in self.hosts)))
+        return sum(await asyncio.gather(*(h.live() for h in self.hosts)))
 
     def host_for(self, session_id: str) -> SessionHostClient:
         return self.hosts[host_index(session_id, len(self.hosts))]
