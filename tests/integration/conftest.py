@@ -1,6 +1,6 @@
 """One local Ray cluster, one Serve instance, one simulated model and one main application for every test in
-this folder. They are package-scoped: they stop when the folder's last test ends, before the modules of
-tests/cluster start Ray clusters of their own (two clusters side by side on two cores starve each other)."""
+this folder, shared by the run's workers (tests/integration/stack.py). They stop when the last worker's last
+test of this folder ends; tests/cluster's modules start Ray clusters of their own."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+from filelock import FileLock
 
-from reasonray.gateway.simulator.server import (
-    SimulatorServer,
-    SimulatorSettings,
-    free_port,
-)
 from reasonray.kernel.config import Settings, load_settings
+from tests.integration import stack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,13 +36,9 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-DATA_DIR = Path(tempfile.mkdtemp(prefix="reasonray-it-"))
-# How often every Ray process reports its metrics (Ray's default 10,000 ms): the tests that read /metrics wait
-# for their own series, so a shorter interval only shortens their wait, while each of the cluster's ~30 processes
-# pays for it all run long (an idle stack burnt 0.27 of a core at 1,000 ms with Serve's 0.1-s control loop,
-# 0.17 at 5,000 ms and 0.25 s: about 140 CPU-s of a default run on two stacks).
-METRICS_REPORT_INTERVAL_MS = 5000
-SERVE_CONTROL_LOOP_INTERVAL_S = "0.25"  # Serve's controller reconciles every 0.1 s by default
+RUN_DIR = stack.run_dir()
+DATA_DIR = RUN_DIR / "data"  # the main application's, shared by the workers (its event logs are read by tests)
+DATA_DIR.mkdir(mode=0o700, exist_ok=True)
 
 
 def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
@@ -67,41 +61,35 @@ def settings_for(sim_url: str, **changes: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="package")
-def simulator():
-    server = SimulatorServer(SimulatorSettings(port=0, hang_s=10)).start()
-    yield server
-    server.stop()
+def shared_stack() -> Iterator[stack.Stack]:
+    """The run's cluster, Serve instance and simulated model, shared with the other workers (tests/integration/stack.py)."""
+    running = stack.acquire(RUN_DIR)
+    yield running
+    stack.release(RUN_DIR, running)
 
 
 @pytest.fixture(scope="package")
-def ray_cluster():
+def simulator(shared_stack: stack.Stack) -> SimpleNamespace:
+    return SimpleNamespace(url=shared_stack.simulator_url)
+
+
+@pytest.fixture(scope="package")
+def ray_cluster(shared_stack: stack.Stack) -> Iterator[None]:
     import ray
 
-    from reasonray.serve_app import ray_environment
-
-    os.environ.update(ray_environment(Settings()))  # the ingress `reasonray serve` uses
-    os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", SERVE_CONTROL_LOOP_INTERVAL_S)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="reasonray-tests",
-        log_to_driver=False,
-        # user metrics reach the metrics endpoint within seconds instead of Ray's default ten
-        _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS},
-    )
+    os.environ.update(shared_stack.environment)  # what the cluster was started with (its ingress, Serve's settings)
+    ray.init(address=shared_stack.address, namespace=stack.NAMESPACE, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 @pytest.fixture(scope="package")
-def serve_base(ray_cluster):
-    from ray import serve
+def serve_base(ray_cluster: None, shared_stack: stack.Stack) -> str:
+    return f"http://127.0.0.1:{shared_stack.serve_port}"
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
+
+DEPLOYED: set[str] = set()
+"""The applications this process deployed: the other worker's are theirs to delete."""
 
 
 def deploy(settings: dict[str, Any], app_name: str, route_prefix: str) -> None:
@@ -109,6 +97,7 @@ def deploy(settings: dict[str, Any], app_name: str, route_prefix: str) -> None:
 
     from reasonray.serve_app import build_app
 
+    DEPLOYED.add(app_name)
     serve.run(build_app({"settings": settings, "app_name": app_name}), name=app_name, route_prefix=route_prefix)
 
 
@@ -120,6 +109,7 @@ def undeploy(app_name: str) -> None:
 
     serve.delete(app_name)
     retire_extra(f"{app_name}-", keep=set())
+    DEPLOYED.discard(app_name)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -131,21 +121,21 @@ def _undeploy_the_modules_apps():
 
     if not ray.is_initialized():
         return
-    from ray import serve
+    for name in sorted(DEPLOYED - {MAIN_APP}):  # the main application is shared by every module of every worker
+        undeploy(name)
 
-    try:
-        names = list(serve.status().applications)
-    except Exception:  # Serve was never started in this process's cluster
-        return
-    for name in names:
-        if name != "reasonray":  # the session's main application, shared by every module
-            undeploy(name)
+
+MAIN_APP = "reasonray"
 
 
 @pytest.fixture(scope="package")
 def api(serve_base, simulator):
-    """The main application at /, as `reasonray serve` deploys it."""
-    deploy(settings_for(simulator.url), "reasonray", "/")
+    """The main application at /, as `reasonray serve` deploys it; the first worker to need it deploys it."""
+    from ray import serve
+
+    with FileLock(RUN_DIR / "main-app.lock"):
+        if MAIN_APP not in serve.status().applications:
+            deploy(settings_for(simulator.url), MAIN_APP, "/")
     with httpx.Client(base_url=serve_base, timeout=60) as client:
         yield client
 

@@ -42,7 +42,7 @@ def test_metrics_serves_every_strategy_and_the_blueprint_names_in_prometheus_tex
     for strategy, params in RUNS.items():
         run = result_of(rpc(api, "reasoning.execute", {"strategy": strategy, **params}))
         assert run["strategy_used"] == strategy
-    deadline = time.monotonic() + 90  # Ray exports user metrics every few seconds here (conftest.METRICS_REPORT_INTERVAL_MS)
+    deadline = time.monotonic() + 90  # Ray exports user metrics every few seconds here (stack.METRICS_REPORT_INTERVAL_MS)
     while True:
         response = api.get("/metrics")
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")

@@ -54,7 +54,7 @@ def test_requests_tokens_llm_calls_bounded_context_memory_and_sessions_reach_the
     session = rpc(api, "session.create", {}).json()["result"]["session_id"]
     assert "result" in rpc(api, "session.turn", {"session_id": session, "message": "What is 2 + 2?"}).json()
 
-    deadline = time.monotonic() + 90  # Ray exports user metrics every few seconds here (conftest.METRICS_REPORT_INTERVAL_MS)
+    deadline = time.monotonic() + 90  # Ray exports user metrics every few seconds here (stack.METRICS_REPORT_INTERVAL_MS)
     wanted = [
         "ray_reasonray_requests_total",
         "ray_reasonray_llm_calls_total",
