@@ -77,6 +77,9 @@ def test_a_tarpit_flood_leaves_health_and_other_principals_at_their_idle_latency
     assert refused["error"]["code"] == -32003 and "agent.register_remote" in refused["error"]["message"]  # not a reasoner's right
     # the attacker holds the operator role (its limits are the most generous shipped): it registers the tarpit itself
     assert "result" in rpc(client, "mallory", "agent.register", card, "operator").json()
+    closed_by = time.monotonic() + 5  # the card's connection is closed; the tarpit's thread sees it when it next runs
+    while tarpit.open and time.monotonic() < closed_by:
+        time.sleep(0.05)
     assert tarpit.open == 0
 
     def health() -> None:
