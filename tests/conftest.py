@@ -56,45 +56,27 @@ def pg_url(postgres) -> str:
     return postgres.fresh_database()
 
 
-# How a run on two workers (`scripts/test.sh default`: `-n 2 --dist loadgroup`, pytest-xdist) shares them. The
-# integration tests run in two groups, "stack" and "stack2", each on one worker and in collection order; each group
-# gets the cluster, Serve instance and main application tests/integration/conftest.py starts (package-scoped: a
-# worker's cluster stops after its last integration test). "cluster", the modules of tests/cluster that start Ray
-# clusters of their own (`ray start`, `reasonray serve`, the container entrypoint), runs one module after the
-# other, collected after the integration modules. Everything else (unit tests, lint, notebooks, the in-process security tests) is spread
-# over whichever worker is free. The split balances the two workers (docs/testing.md has the figures): in a loaded
-# run the groups held about 760 and 780 s of tests, the rest (unit, lint, notebooks, clusters) about 570.
+# How a run on two workers (`scripts/test.sh default`: `-n 2 --dist loadgroup`, pytest-xdist) shares them.
+# "cluster", the modules of tests/cluster that start Ray clusters of their own (`ray start`, `reasonray serve`, the
+# container entrypoint), runs one module after the other on one worker, and goes first: it is the longest piece
+# that cannot be split (about 170 s), and handed out last it left one worker running it alone at the end. The
+# integration modules come next, each on whichever worker is free, all on the one cluster, Serve instance and main
+# application the workers share (tests/integration/stack.py); then everything else (unit tests, lint, notebooks,
+# the in-process security tests), module by module, the short pieces that even out the ends.
 # The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
 # under pytest 9.
-SECOND_STACK = {
-    f"tests/integration/{name}.py"
-    for name in (
-        "test_a2a_http",
-        "test_memory_http",
-        "test_clients_http",
-        "test_tracing_http",
-        "test_bounded_context_http",
-        "test_session_hosts_http",
-    )
-}
 OWN_CLUSTER = "tests/cluster/"
 
 
 def worker_group(nodeid: str) -> str | None:
-    module = nodeid.split("::", 1)[0]
-    if module.startswith(OWN_CLUSTER):
-        return "cluster"
-    if module.startswith("tests/integration/"):
-        return "stack2" if module in SECOND_STACK else "stack"
-    return None
+    return "cluster" if nodeid.startswith(OWN_CLUSTER) else None
 
 
 def collection_rank(nodeid: str) -> int:
-    """The integration modules first, then those with a cluster of their own, then the rest. On two workers the
-    long indivisible groups are handed out first and the many short modules last, to even out the ends (with the
-    own-cluster group last, one worker ran it alone for minutes); in a serial run the stack's cluster stops
-    (package-scoped) before an own-cluster module starts one."""
-    return 0 if nodeid.startswith("tests/integration/") else 1 if nodeid.startswith(OWN_CLUSTER) else 2
+    """The modules with a cluster of their own first, then the integration modules, then the rest: the long
+    pieces are handed out first and the many short modules last, to even out the ends of the two workers. A worker
+    that leaves the integration folder never comes back to it, so the shared cluster is started once."""
+    return 0 if nodeid.startswith(OWN_CLUSTER) else 1 if nodeid.startswith("tests/integration/") else 2
 
 
 def pytest_collection_modifyitems(config, items):
@@ -107,8 +89,8 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # scopes in collection order (not the largest first: xdist counts tests, not seconds): the two stacks start at
-    # once, one on each worker, the own-cluster modules go to the first worker done, the short modules fill the ends
+    # scopes in collection order (not the largest first: xdist counts tests, not seconds): the own-cluster modules
+    # on one worker, the integration modules on the other, then on both; the short modules fill the ends
     config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):

@@ -1,5 +1,6 @@
 """The modules that start a Ray cluster of their own (`ray start`, `reasonray serve`, the container entrypoint).
-They run after tests/integration, whose cluster has stopped by then (tests/conftest.py orders them last)."""
+They run one after the other, first, on one worker (tests/conftest.py), beside the integration tests' shared cluster
+on the other."""
 
 from __future__ import annotations
 

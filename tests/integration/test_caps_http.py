@@ -23,7 +23,7 @@ import pytest
 from reasonray.api.access.auth import mint_token
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.reasoner.session import SessionSpec, SessionState
-from tests.integration.conftest import deploy, settings_for, undeploy
+from tests.integration.conftest import LIGHT_APP, deep_merge, deploy, settings_for, undeploy
 from tests.session_rows import stored_session
 
 APP = "sec-http"
@@ -111,6 +111,8 @@ def service(serve_base: str) -> Iterator[Service]:
     }
     settings = settings_for(
         sim.url,
+        # one session host and one branch runner, started at their first use, as the task board
+        **deep_merge(LIGHT_APP, {"fanout": {"max_in_flight": 2}}),
         data_dir=str(data_dir),
         auth={"jwt_secret": SECRET, "principals": {"hasty": {"requests_per_minute": 1}}},
         # caps below the strategies' own schema bounds, so each is what refuses (docs/security.md#caps)
@@ -133,7 +135,6 @@ def service(serve_base: str) -> Iterator[Service]:
         },
         events={"max_age_days": 2, "sweep_interval_s": 0.5},
         llm={"cache": {"enabled": False}, "retry": {"max_attempts": 2}},
-        fanout={"max_in_flight": 2},
     )
     deploy(settings, APP, f"/{APP}")
     try:

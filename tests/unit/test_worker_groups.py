@@ -1,42 +1,36 @@
-"""A run on two workers (tests/conftest.py, docs/testing.md): the integration tests in two groups, each on one
-worker and its own cluster, the modules with a cluster of their own in a third, next; everything else wherever a
-worker is free."""
+"""A run on two workers (tests/conftest.py, docs/testing.md): the modules with a cluster of their own in one group,
+first; then the integration modules, each wherever a worker is free, on the cluster the workers share; then
+everything else."""
 
 from __future__ import annotations
 
 import re
 
-from tests.conftest import SECOND_STACK, collection_rank, worker_group
+from tests.conftest import collection_rank, worker_group
 from tests.docs_examples import REPO
 
 # checked by hand: test_ray_compat starts no cluster (it asserts, in a subprocess, that importing the api starts none)
 ALLOWED = {"test_ray_compat.py", "test_worker_groups.py"}
 
 
-def test_the_integration_tests_form_two_groups_the_own_clusters_a_third_and_the_rest_none():
-    assert worker_group("tests/integration/test_service_http.py::test_rest_mirrors_and_openapi") == "stack"
-    assert worker_group("tests/integration/test_caps_http.py::test_a_provider_failure_is_summarised_without_its_url") == "stack"
-    assert worker_group("tests/integration/test_a2a_http.py::test_card") == "stack2"
+def test_the_own_clusters_form_one_group_and_every_other_module_is_its_own():
     assert worker_group("tests/cluster/test_cli_serve.py::test_serve_with_a_bad_config_reports_the_key") == "cluster"
+    assert worker_group("tests/cluster/test_entrypoint.py::test_sigterm_drains_the_in_flight_turn_and_saves_the_session") == "cluster"
+    assert worker_group("tests/integration/test_service_http.py::test_rest_mirrors_and_openapi") is None
     assert worker_group("tests/unit/test_tags.py::test_strip_handles_nested_blocks") is None
     assert worker_group("tests/security/test_caps.py::test_anything") is None
     assert worker_group("tests/notebooks/test_notebooks.py::test_the_three_research_notebooks_exist") is None
 
 
-def test_the_long_groups_are_collected_first_and_the_short_modules_last(request):
+def test_the_long_pieces_are_collected_first_and_the_short_modules_last(request):
     ranks = [collection_rank(item.nodeid) for item in request.session.items]
-    assert ranks == sorted(ranks), "a module is collected out of its place: integration, own clusters, the rest"
-    assert collection_rank("tests/integration/test_a2a_http.py::t") < collection_rank("tests/cluster/test_cli_serve.py::t")
-    assert collection_rank("tests/cluster/test_cli_serve.py::t") < collection_rank("tests/unit/test_tags.py::t")
-
-
-def test_every_module_of_the_second_stack_exists():
-    for module in SECOND_STACK:
-        assert (REPO / module).is_file(), f"{module} is gone: drop it from SECOND_STACK in tests/conftest.py"
+    assert ranks == sorted(ranks), "a module is collected out of its place: own clusters, integration, the rest"
+    assert collection_rank("tests/cluster/test_cli_serve.py::t") < collection_rank("tests/integration/test_a2a_http.py::t")
+    assert collection_rank("tests/integration/test_a2a_http.py::t") < collection_rank("tests/unit/test_tags.py::t")
 
 
 def test_no_module_outside_the_stack_folders_starts_ray_or_serve():
-    """A module elsewhere that started Ray would run on the other worker, beside the stack's cluster."""
+    """A module elsewhere that started Ray would start a cluster beside the shared one, unplanned."""
     starts = re.compile(r"\bray\.init\(|\bserve\.start\(|\bserve_base\b|\bray start\b")
     found = {
         str(path.relative_to(REPO))
