@@ -57,14 +57,15 @@ def pg_url(postgres) -> str:
 
 
 # How a run on two workers (`scripts/test.sh default`: `-n 2 --dist loadgroup`, pytest-xdist) shares them.
-# "cluster", the modules of tests/cluster that start Ray clusters of their own (`ray start`, `reasonray serve`, the
-# container entrypoint), runs one module after the other on one worker, and goes first: it is the longest piece
-# that cannot be split (about 170 s), and handed out last it left one worker running it alone at the end. The
-# integration modules come next, each on whichever worker is free, all on the one cluster, Serve instance and main
-# application the workers share (tests/integration/stack.py); then everything else (unit tests, lint, notebooks,
-# the in-process security tests), module by module, the short pieces that even out the ends.
-# The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach the ids
-# under pytest 9.
+# The integration modules go first, each on whichever worker is free, all on the one cluster, Serve instance and main
+# application the workers share (tests/integration/stack.py). "cluster", the modules of tests/cluster that start Ray
+# clusters of their own (`ray start`, `reasonray serve`, the container entrypoint), runs next, one module after
+# the other on the first worker done with the integration modules: the longest piece that cannot be split (about
+# 170 s). Handed out first, its `reasonray serve` started beside the shared cluster's start and missed Ray's
+# 30-s node registration; handed out last, it left one worker running it alone at the end. Then everything else
+# (unit tests, lint, notebooks, the in-process security tests), module by module, the short pieces that even out
+# the ends. The group is read from the test ids in the scheduler: xdist's own `xdist_group` marks do not reach
+# the ids under pytest 9.
 OWN_CLUSTER = "tests/cluster/"
 
 
@@ -73,10 +74,10 @@ def worker_group(nodeid: str) -> str | None:
 
 
 def collection_rank(nodeid: str) -> int:
-    """The modules with a cluster of their own first, then the integration modules, then the rest: the long
-    pieces are handed out first and the many short modules last, to even out the ends of the two workers. A worker
-    that leaves the integration folder never comes back to it, so the shared cluster is started once."""
-    return 0 if nodeid.startswith(OWN_CLUSTER) else 1 if nodeid.startswith("tests/integration/") else 2
+    """The integration modules first, then those with a cluster of their own, then the rest: the long pieces are
+    handed out first and the many short modules last, to even out the ends of the two workers. A worker that leaves
+    the integration folder never comes back to it, so the shared cluster starts once and stops once."""
+    return 0 if nodeid.startswith("tests/integration/") else 1 if nodeid.startswith(OWN_CLUSTER) else 2
 
 
 def pytest_collection_modifyitems(config, items):
@@ -89,8 +90,8 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # scopes in collection order (not the largest first: xdist counts tests, not seconds): the own-cluster modules
-    # on one worker, the integration modules on the other, then on both; the short modules fill the ends
+    # scopes in collection order (not the largest first: xdist counts tests, not seconds): the integration modules
+    # on both workers, the own-cluster modules on the first one done, the short modules fill the ends
     config.option.loadscopereorder = False
 
     class GroupScheduling(LoadScopeScheduling):

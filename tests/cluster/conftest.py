@@ -1,6 +1,6 @@
 """The modules that start a Ray cluster of their own (`ray start`, `reasonray serve`, the container entrypoint).
-They run one after the other, first, on one worker (tests/conftest.py), beside the integration tests' shared cluster
-on the other."""
+They run one after the other on one worker, after the integration modules were handed out (tests/conftest.py),
+beside the other worker's last integration tests on the shared cluster."""
 
 from __future__ import annotations
 

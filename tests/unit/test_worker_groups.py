@@ -1,5 +1,5 @@
-"""A run on two workers (tests/conftest.py, docs/testing.md): the modules with a cluster of their own in one group,
-first; then the integration modules, each wherever a worker is free, on the cluster the workers share; then
+"""A run on two workers (tests/conftest.py, docs/testing.md): the integration modules first, each wherever a worker
+is free, on the cluster the workers share; then the modules with a cluster of their own, in one group; then
 everything else."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def test_the_own_clusters_form_one_group_and_every_other_module_is_its_own():
 
 def test_the_long_pieces_are_collected_first_and_the_short_modules_last(request):
     ranks = [collection_rank(item.nodeid) for item in request.session.items]
-    assert ranks == sorted(ranks), "a module is collected out of its place: own clusters, integration, the rest"
-    assert collection_rank("tests/cluster/test_cli_serve.py::t") < collection_rank("tests/integration/test_a2a_http.py::t")
-    assert collection_rank("tests/integration/test_a2a_http.py::t") < collection_rank("tests/unit/test_tags.py::t")
+    assert ranks == sorted(ranks), "a module is collected out of its place: integration, own clusters, the rest"
+    assert collection_rank("tests/integration/test_a2a_http.py::t") < collection_rank("tests/cluster/test_cli_serve.py::t")
+    assert collection_rank("tests/cluster/test_cli_serve.py::t") < collection_rank("tests/unit/test_tags.py::t")
 
 
 def test_no_module_outside_the_stack_folders_starts_ray_or_serve():
