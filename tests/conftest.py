@@ -80,6 +80,19 @@ def collection_rank(nodeid: str) -> int:
     return 0 if nodeid.startswith("tests/integration/") else 1 if nodeid.startswith(OWN_CLUSTER) else 2
 
 
+def pytest_configure(config):
+    """On xdist's controller, with the integration folder in the run: start the shared cluster now, while the
+    workers start and collect (tests/integration/stack.py)."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    integration = Path(__file__).parent / "integration"
+    targets = [Path(str(arg).split("::", 1)[0]).resolve() for arg in config.args] or [integration]
+    if any(target.is_relative_to(integration) or integration.is_relative_to(target) for target in targets):
+        from tests.integration import stack
+
+        stack.start_early(stack.run_dir())
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: collection_rank(item.nodeid))  # stable: each part keeps its order
 

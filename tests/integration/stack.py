@@ -8,11 +8,13 @@ to `<run dir>/stack.json`; every worker connects to it (`ray.init(address=...)`)
 worker that is done unregisters; the holder stops everything when no registered worker is left (or alive: a
 worker that crashed does not keep the cluster up). A run on one process works the same way.
 
-The run dir is keyed by xdist's test-run id, which every worker of a run shares.
+The run dir is keyed by `PYTEST_REASONRAY_RUN`, which the run's first process sets and its workers inherit; xdist's
+controller starts the holder before the workers have collected (`start_early`, tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,8 +50,13 @@ class Stack:
     holder_pid: int
 
 
+RUN_ENV = "PYTEST_REASONRAY_RUN"  # set by the run's first process (xdist's controller), inherited by its workers
+STARTING = "starting.json"
+START_GRACE_S = 180.0  # a holder started ahead of its users waits this long for the first one (their collection)
+
+
 def run_dir() -> Path:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"solo-{os.getpid()}"
+    run = os.environ.setdefault(RUN_ENV, f"{os.getpid()}-{int(time.time())}")
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"reasonray-it-{run}"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
@@ -71,13 +78,21 @@ def _read(path: Path, default: Any) -> Any:
         return default
 
 
+def start_early(directory: Path) -> None:
+    """Start the holder now without waiting for it: xdist's controller does, so the cluster starts while the
+    workers start and collect (some 15 s of a run), not after."""
+    with FileLock(directory / "stack.lock"):
+        if _read(directory / STATE, None) is None and _starting(directory) is None:
+            _spawn(directory)
+
+
 def acquire(directory: Path) -> Stack:
     """The run's stack, started now if no holder runs; this process is registered as one of its users."""
     with FileLock(directory / "stack.lock"):
         state = _read(directory / STATE, None)
         if state is None or not _alive(state["holder_pid"]):
             (directory / STATE).unlink(missing_ok=True)
-            state = _start_holder(directory)
+            state = _wait_for_state(directory, _starting(directory) or _spawn(directory))
         users = {int(p) for p in _read(directory / USERS, []) if _alive(int(p))} | {os.getpid()}
         (directory / USERS).write_text(json.dumps(sorted(users)))
         return Stack(**state)
@@ -97,7 +112,13 @@ def release(directory: Path, stack: Stack) -> None:
         time.sleep(0.1)
 
 
-def _start_holder(directory: Path) -> dict[str, Any]:
+def _starting(directory: Path) -> int | None:
+    """The pid of a holder started and not yet serving, if it still runs."""
+    pid = _read(directory / STARTING, {}).get("pid")
+    return pid if pid is not None and _alive(pid) else None
+
+
+def _spawn(directory: Path) -> int:
     log = open(directory / "holder.log", "ab")  # noqa: SIM115 - the holder's output, for a failed start's message
     holder = subprocess.Popen(
         [sys.executable, "-m", "tests.integration.stack", str(directory)],
@@ -106,12 +127,18 @@ def _start_holder(directory: Path) -> dict[str, Any]:
         start_new_session=True,  # a Ctrl-C of the run reaches it through its users' exit, not mid-start
         cwd=Path(__file__).resolve().parents[2],
     )
+    (directory / STARTING).write_text(json.dumps({"pid": holder.pid}))
+    return holder.pid
+
+
+def _wait_for_state(directory: Path, holder: int) -> dict[str, Any]:
     deadline = time.monotonic() + START_TIMEOUT_S
     while (state := _read(directory / STATE, None)) is None:
-        if holder.poll() is not None or time.monotonic() > deadline:
-            holder.kill()
+        if not _alive(holder) or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(holder, signal.SIGKILL)
             tail = (directory / "holder.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the test cluster did not start (holder exit {holder.returncode}):\n{tail}")
+            raise RuntimeError(f"the test cluster did not start (holder {holder}):\n{tail}")
         time.sleep(0.2)
     return state  # type: ignore[no-any-return]
 
@@ -157,13 +184,14 @@ def _hold(directory: Path) -> None:
     }
     (directory / f"{STATE}.tmp").write_text(json.dumps(state))
     os.replace(directory / f"{STATE}.tmp", directory / STATE)
+    (directory / STARTING).unlink(missing_ok=True)
     started = time.monotonic()
     while not stopping:
         time.sleep(WATCH_S)
         with FileLock(directory / "stack.lock"):
             users = [int(p) for p in _read(directory / USERS, []) if _alive(int(p))]
-            # the first user registers right after the state is written: give it a moment
-            if not users and time.monotonic() - started > 30:
+            # a holder started ahead of its users (xdist's controller) waits for the first one
+            if not users and time.monotonic() - started > START_GRACE_S:
                 (directory / STATE).unlink(missing_ok=True)
                 break
     serve.shutdown()  # the proxies (HAProxy among them) stop with Serve, not with Ray

@@ -159,19 +159,22 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
     first, second = (Path(tempfile.mkdtemp(prefix=f"reasonray-redeploy-{x}-")) for x in "ab")
     secret = "redeploy-secret-" + "z" * 32
     auth = {"jwt_secret": secret}  # ownership, limits and audit follow the deployment too
-    one_runner = {"pool_size": 1}  # the hosts are what this test follows: one branch runner is enough
+    one_runner = {"pool_size": 1}  # the host is what this test follows: one branch runner is enough
+    one_host = {"hosts": 1}  # replaced like two would be (each start is seconds of CPU)
     bearer = {"Authorization": "Bearer " + mint_token(secret, "alice", ["reasoner"], 600)}
     try:
-        deploy(settings_for(simulator.url, data_dir=str(first), auth=auth, fanout=one_runner), "redeploy", "/redeploy")
+        deploy(settings_for(simulator.url, data_dir=str(first), auth=auth, fanout=one_runner, sessions=one_host), "redeploy", "/redeploy")
         with httpx.Client(base_url=f"{serve_base}/redeploy", timeout=120, headers=bearer) as client:
             wait_routed(client)
             item = {"title": "First", "description": "Stored in A.", "content": "A."}
             [in_a] = [i["id"] for i in result_of(rpc(client, "memory.store", {"items": [item]}))["stored"]]
-            hosts = [ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 2)]
+            hosts = [ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 1)]
             owners_in_a = (first / "tenancy" / "owners.json").read_text()
             assert f"workspace:{personal_workspace('alice')}" in owners_in_a
 
-            deploy(settings_for(simulator.url, data_dir=str(second), auth=auth, fanout=one_runner), "redeploy", "/redeploy")
+            deploy(
+                settings_for(simulator.url, data_dir=str(second), auth=auth, fanout=one_runner, sessions=one_host), "redeploy", "/redeploy"
+            )
             # alice's personal workspace in B is hers before she stores anything in it
             assert result_of(rpc(client, "memory.retrieve", {"query": "Stored"}))["memories"] == []
             item = {"title": "Second", "description": "Stored in B.", "content": "B."}
@@ -186,6 +189,6 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
             assert f"session:{sid}" in owners_in_b and f"workspace:{personal_workspace('alice')}" in owners_in_b
             assert (first / "tenancy" / "owners.json").read_text() == owners_in_a  # the old table is left alone
             assert sid in (second / "audit" / "audit.jsonl").read_text() and sid not in (first / "audit" / "audit.jsonl").read_text()
-            assert not {ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 2)} & set(hosts)
+            assert not {ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 1)} & set(hosts)
     finally:
         retire("redeploy")
