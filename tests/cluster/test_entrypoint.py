@@ -68,6 +68,8 @@ def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(pg_url, gated_m
         "REASONRAY_DATA_DIR": str(tmp_path),
         "REASONRAY_STORE__URL": pg_url,
         "REASONRAY_MEMORY__ENABLED": "false",
+        "REASONRAY_SESSIONS__HOSTS": "1",  # the drain is what this test follows: one host, one branch runner
+        "REASONRAY_FANOUT__POOL_SIZE": "1",
         "REASONRAY_LLM__PROVIDER": "simulated",
         "OPENAI_BASE_URL": model_url,
         "REASONRAY_SERVER__HOST": "127.0.0.1",

@@ -161,19 +161,27 @@ def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_
     auth = {"jwt_secret": secret}  # ownership, limits and audit follow the deployment too
     one_runner = {"pool_size": 1}  # the host is what this test follows: one branch runner is enough
     one_host = {"hosts": 1}  # replaced like two would be (each start is seconds of CPU)
+    lazy = {"prestart": False}  # the host starts with the first session; the runner and the task board never
     bearer = {"Authorization": "Bearer " + mint_token(secret, "alice", ["reasoner"], 600)}
     try:
-        deploy(settings_for(simulator.url, data_dir=str(first), auth=auth, fanout=one_runner, sessions=one_host), "redeploy", "/redeploy")
+        deploy(
+            settings_for(simulator.url, data_dir=str(first), auth=auth, fanout=one_runner, sessions=one_host, server=lazy),
+            "redeploy",
+            "/redeploy",
+        )
         with httpx.Client(base_url=f"{serve_base}/redeploy", timeout=120, headers=bearer) as client:
             wait_routed(client)
             item = {"title": "First", "description": "Stored in A.", "content": "A."}
             [in_a] = [i["id"] for i in result_of(rpc(client, "memory.store", {"items": [item]}))["stored"]]
+            assert turn(client, new_session(client), "What is 2 + 3?")["answer"] == "5"  # A's host is up
             hosts = [ray.get(h.stats.remote())["pid"] for h in hosts_of("redeploy", 1)]
             owners_in_a = (first / "tenancy" / "owners.json").read_text()
             assert f"workspace:{personal_workspace('alice')}" in owners_in_a
 
             deploy(
-                settings_for(simulator.url, data_dir=str(second), auth=auth, fanout=one_runner, sessions=one_host), "redeploy", "/redeploy"
+                settings_for(simulator.url, data_dir=str(second), auth=auth, fanout=one_runner, sessions=one_host, server=lazy),
+                "redeploy",
+                "/redeploy",
             )
             # alice's personal workspace in B is hers before she stores anything in it
             assert result_of(rpc(client, "memory.retrieve", {"query": "Stored"}))["memories"] == []
