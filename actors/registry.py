@@ -58,7 +58,16 @@ class RayRegistry:
         return await unwrap(self.handle.unregister_agent.remote(agent_id))
 
 
+def _registry_args(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None) -> tuple[Any, ...]:
+    return reasoning.model_dump(mode="json"), str(data_dir) if data_dir else None, store_url
+
+
+def registry_fingerprint(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> str:
+    """What a registry actor built from these settings answers to `fingerprint()`."""
+    return fingerprint(*_registry_args(reasoning, data_dir, store_url))
+
+
 def registry_actor(app_name: str, reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> Any:
     """The application's registry actor for these settings (deploy time: blocks until it answers)."""
-    args = (reasoning.model_dump(mode="json"), str(data_dir) if data_dir else None, store_url)
+    args = _registry_args(reasoning, data_dir, store_url)
     return ensure_actor(StrategyRegistryActor, f"{app_name}-registry", fingerprint(*args), *args)

@@ -155,6 +155,10 @@ def test_a_full_host_answers_overloaded_with_a_retry_hint(serve_base, slow_simul
             retire("overload")
 
 
+# slow suite: two deployments with [auth] one after the other (45-55 s of the default run); the mechanism, an actor
+# built from other settings replaced and one from the same kept, and every managed actor's fingerprint moving with
+# the data directory are test_named_actors.py's, in the default run
+@pytest.mark.slow
 def test_a_redeploy_with_another_data_directory_replaces_the_named_actors(serve_base, simulator):
     first, second = (Path(tempfile.mkdtemp(prefix=f"reasonray-redeploy-{x}-")) for x in "ab")
     secret = "redeploy-secret-" + "z" * 32
