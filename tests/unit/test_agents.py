@@ -265,3 +265,17 @@ def test_a_remote_agent_carries_its_a2a_card_url_and_its_skills_through_discover
         directory.register(card(a2a_card_url=url), catalogue, METHODS)
     with pytest.raises(ValueError, match="a2a_card_url"):
         card(a2a_card_url="not a url")
+
+
+async def test_the_strategies_description_is_built_once_and_each_in_process_caller_gets_its_own_copy(tmp_path, monkeypatch):
+    from reasonray.api.stores.registry import LocalRegistry
+
+    service = RegistryService(reasoning(), tmp_path)
+    built = []
+    describe = service.catalogue.describe
+    monkeypatch.setattr(service.catalogue, "describe", lambda: built.append(1) or describe())
+    registry = LocalRegistry(service)
+    first = await registry.describe()
+    first["strategies"].clear()  # a caller that edits its answer changes nobody else's
+    second = await registry.describe()
+    assert second["strategies"] and second == service.describe() and built == [1]
