@@ -39,6 +39,15 @@ async def measure(service, task: str, k: int, runs: int) -> tuple[list[float], l
     return attempts, totals, selections
 
 
+async def measure_all(app, runs: int) -> dict[tuple[str, int], tuple[list[float], list[float], list[str]]]:
+    """Every cell in one event loop, the model client closed at the end (its connections belong to that loop)."""
+    try:
+        await measure(app.service, "slip", 5, 2)  # start the worker processes the branches run in
+        return {(task, k): await measure(app.service, task, k, runs) for task in TASKS for k in (1, 5)}
+    finally:
+        await app.aclose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8)
@@ -69,9 +78,8 @@ def main() -> None:
         pool = BranchPool("bench-matts", LLMSpec(settings.model_dump_json(), "bench-matts"), settings.fanout)
         pool.start()
         backends = Backends(cache=None, fanout=RayFanout(pool))
-        service = build_application(settings, backends=backends, data_dir=None, memory=False).service
-        asyncio.run(measure(service, "slip", 5, 2))  # start the worker processes the branches run in
-        rows = {(task, k): asyncio.run(measure(service, task, k, args.runs)) for task in TASKS for k in (1, 5)}
+        app = build_application(settings, backends=backends, data_dir=None, memory=False)
+        rows = asyncio.run(measure_all(app, args.runs))
     finally:
         ray.shutdown()
         sim.stop()

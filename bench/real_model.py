@@ -9,6 +9,13 @@ ReasonRay is `reasonray serve` pointed at the server through the environment, wi
 off (every call reaches the model) and a request timeout long enough for a one-slot queue
 (--request-timeout). Each cell runs `--rounds` rounds with the sides in ABBA order (direct, ReasonRay, ReasonRay, direct).
 
+Every request of a round asks the same question (`--questions same`, the default; each round another one), so every
+request puts the same work on the server. The server runs one call at a time: with several in flight, a request's
+latency is its place in the server's queue times the work ahead of it. With questions of different answer lengths
+(`--questions vary`) the order the server happened to take them in moved the p50 and mean by 5-18% either way from
+run to run, on both sides alike; with equal work a place in the queue costs the same on both sides, and what is left
+of the difference is ReasonRay's.
+
     .venv/bin/python bench/real_model.py [--levels 1,4,16] [--max-tokens 48] [--model-url URL]
 
 Prints first the server's own cost of streaming (the same request plain and streamed, straight to it:
@@ -275,6 +282,7 @@ async def bench(
     rounds: int = 2,
     direct_stream: bool = False,
     workloads: tuple[str, ...] = ("cot", "sc5"),
+    same_question: bool = True,
 ) -> list[dict[str, Any]]:
     rows = []
     async with (
@@ -294,14 +302,18 @@ async def bench(
                 # in ABBA order (direct, ReasonRay, ReasonRay, direct, ...): a server whose speed drifts over minutes
                 # (a 2-core machine's other work, its caches) would otherwise favour whichever side ran first
                 for r in range(rounds):
-                    base = 1000 * r  # each round asks other questions, both sides the same ones
+                    base = 1000 * r + r  # each round asks other questions, both sides the same ones
+
+                    def ask(i: int, b: int = base) -> int:
+                        return b if same_question else b + i
+
                     plan = (("direct", "ours"), ("ours", "direct"))[r % 2]
                     for side in plan:
                         if side == "direct":
-                            one = lambda i, w=workload, b=base: direct_request(http, "smollm2", w, b + i, max_tokens, direct_stream)
+                            one = lambda i, w=workload: direct_request(http, "smollm2", w, ask(i), max_tokens, direct_stream)
                             direct.absorb(await run_side(level, requests, one))
                         else:
-                            one = lambda i, w=workload, b=base: reasonray_request(rr, w, b + i, max_tokens)
+                            one = lambda i, w=workload: reasonray_request(rr, w, ask(i), max_tokens)
                             ours.absorb(await run_side(level, requests, one))
                 row = {
                     "workload": workload,
@@ -383,6 +395,13 @@ def main() -> None:
         help="Instead: N sequential CoT requests, each direct then through ReasonRay, ReasonRay's time split into the model "
         "call and the rest (from its event log).",
     )
+    parser.add_argument(
+        "--questions",
+        choices=["same", "vary"],
+        default="same",
+        help="same: every request of a round asks one question (equal work, so queue order moves neither side); "
+        "vary: each request its own.",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
     args = parser.parse_args()
     levels = [int(v) for v in args.levels.split(",")]
@@ -398,7 +417,7 @@ def main() -> None:
         print(
             f"model server {model_url}; ReasonRay {service_url}; max_tokens {args.max_tokens}; levels {levels}; "
             f"max_concurrency {args.max_concurrency or 'discovered'}; stream {args.stream}; direct calls "
-            f"{'streamed' if direct_stream else 'plain'}",
+            f"{'streamed' if direct_stream else 'plain'}; questions {args.questions}",
             flush=True,
         )
         if args.breakdown:
@@ -406,7 +425,17 @@ def main() -> None:
         else:
             workloads = tuple(args.workloads.split(","))
             rows = asyncio.run(
-                bench(model_url, service_url, levels, args.max_tokens, args.min_requests, args.rounds, direct_stream, workloads)
+                bench(
+                    model_url,
+                    service_url,
+                    levels,
+                    args.max_tokens,
+                    args.min_requests,
+                    args.rounds,
+                    direct_stream,
+                    workloads,
+                    same_question=args.questions == "same",
+                )
             )
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
