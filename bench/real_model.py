@@ -7,7 +7,9 @@ question, max_tokens, temperature and seeds; self-consistency's five chains at o
 the server for the same generations; the script prints the completion tokens of each side to show it.
 ReasonRay is `reasonray serve` pointed at the server through the environment, with the response cache
 off (every call reaches the model) and a request timeout long enough for a one-slot queue
-(--request-timeout). Each cell runs `--rounds` rounds with the sides in ABBA order (direct, ReasonRay, ReasonRay, direct).
+(--request-timeout). Each cell runs `--rounds` rounds with the sides in ABBA order (direct, ReasonRay, ReasonRay, direct),
+each side sending `level` requests at once per round; a level below `--min-requests` runs that many more rounds
+(at one in flight the sides alternate request by request, so the server's drift over seconds favours neither).
 
 Every request of a round asks the same question (`--questions same`, the default; each round another one), so every
 request puts the same work on the server. The server runs one call at a time: with several in flight, a request's
@@ -17,6 +19,7 @@ run to run, on both sides alike; with equal work a place in the queue costs the 
 of the difference is ReasonRay's.
 
     .venv/bin/python bench/real_model.py [--levels 1,4,16] [--max-tokens 48] [--model-url URL]
+    .venv/bin/python bench/real_model.py --pool run1.json run2.json   # earlier runs' --json cells added up
 
 Prints first the server's own cost of streaming (the same request plain and streamed, straight to it:
 ReasonRay streams to a real server so that a call it gives up on stops generating), then per workload and
@@ -297,11 +300,13 @@ async def bench(
         rows.append({"workload": "server_streaming_cost", **await streaming_cost(http, max_tokens)})
         for workload in workloads:
             for level in levels:
-                requests = max(level, minimum)
+                # each side sends `level` requests at once per round; a level below `minimum` runs that many more,
+                # shorter rounds, so at one in flight the sides alternate request by request. In ABBA order (direct,
+                # ReasonRay, ReasonRay, direct, ...): the server's speed drifts (the same call took 1.07-1.74 s within
+                # minutes here) and would otherwise favour whichever side ran first
+                blocks = rounds * -(-max(level, minimum) // level)
                 direct, ours = Side(), Side()
-                # in ABBA order (direct, ReasonRay, ReasonRay, direct, ...): a server whose speed drifts over minutes
-                # (a 2-core machine's other work, its caches) would otherwise favour whichever side ran first
-                for r in range(rounds):
+                for r in range(blocks):
                     base = 1000 * r + r  # each round asks other questions, both sides the same ones
 
                     def ask(i: int, b: int = base) -> int:
@@ -311,14 +316,14 @@ async def bench(
                     for side in plan:
                         if side == "direct":
                             one = lambda i, w=workload: direct_request(http, "smollm2", w, ask(i), max_tokens, direct_stream)
-                            direct.absorb(await run_side(level, requests, one))
+                            direct.absorb(await run_side(level, level, one))
                         else:
                             one = lambda i, w=workload: reasonray_request(rr, w, ask(i), max_tokens)
-                            ours.absorb(await run_side(level, requests, one))
+                            ours.absorb(await run_side(level, level, one))
                 row = {
                     "workload": workload,
                     "concurrency": level,
-                    "requests": requests * rounds,
+                    "requests": level * blocks,
                     "direct": summary(direct),
                     "reasonray": summary(ours),
                     "added_latency_p50_s": round(ours.p(50) - direct.p(50), 3),
@@ -356,12 +361,58 @@ def print_row(row: dict[str, Any]) -> None:
     )
 
 
+def pooled(paths: list[Path]) -> list[dict[str, Any]]:
+    """Several runs' `--json` rows added up per workload and level: each side's requests over its wall time, and its
+    mean latency weighted by requests (a run's p50s do not add up). One run gives 16 requests a cell; the server's
+    drift moves one cell's ratio by a few percent, several runs show where it settles."""
+    cells: dict[tuple[str, int], dict[str, Any]] = {}
+    for path in paths:
+        for row in json.loads(path.read_text()):
+            if "concurrency" not in row:
+                continue
+            cell = cells.setdefault((row["workload"], row["concurrency"]), {"runs": 0, "direct": Side(), "reasonray": Side()})
+            cell["runs"] += 1
+            for name in ("direct", "reasonray"):
+                side, summary_ = cell[name], row[name]
+                side.latencies += [summary_["mean_s"]] * summary_["ok"]
+                side.wall_s += summary_["wall_s"]
+                side.completion_tokens += summary_["completion_tokens"]
+                for kind, n in summary_["errors"].items():
+                    side.errors[kind] = side.errors.get(kind, 0) + n
+    rows = []
+    for (workload, level), cell in cells.items():
+        direct, ours = cell["direct"], cell["reasonray"]
+        row = {
+            "workload": workload,
+            "concurrency": level,
+            "runs": cell["runs"],
+            "requests": ours.requests,
+            "throughput_ratio": round(ours.throughput / direct.throughput, 3),
+            "latency_ratio_mean": round(ours.mean / direct.mean, 3),
+            "errors": {**direct.errors, **ours.errors},
+        }
+        rows.append(row)
+        print(
+            f"{workload:<4} c={level:<3} runs {row['runs']} n={row['requests']:<4} | direct {direct.throughput:.3f} req/s mean "
+            f"{direct.mean:.2f}s | reasonray {ours.throughput:.3f} req/s mean {ours.mean:.2f}s | throughput x{row['throughput_ratio']} "
+            f"mean latency x{row['latency_ratio_mean']} | errors {row['errors'] or 0}",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="1,4,16", help="Requests in flight, comma-separated.")
     parser.add_argument("--workloads", default="cot,sc5", help="Which of cot and sc5, comma-separated.")
     parser.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every call.")
-    parser.add_argument("--min-requests", type=int, default=4, help="Requests per cell and round at least (else the level).")
+    parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=4,
+        help="Requests per side and round at least: a lower level runs as many more rounds of `level` requests "
+        "(at 1 in flight the sides then alternate request by request).",
+    )
     parser.add_argument(
         "--rounds", type=int, default=2, help="Rounds per cell, the sides in ABBA order (2: direct, ReasonRay, ReasonRay, direct)."
     )
@@ -403,7 +454,18 @@ def main() -> None:
         "vary: each request its own.",
     )
     parser.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="Instead: add up the cells of earlier runs' --json files (throughput and mean latency ratios); no server.",
+    )
     args = parser.parse_args()
+    if args.pool:
+        pooled(args.pool)
+        return
     levels = [int(v) for v in args.levels.split(",")]
 
     server = None if args.model_url else LocalModelServer().start()
