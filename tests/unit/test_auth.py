@@ -12,7 +12,7 @@ from reasonray.api.access.auth import Policy, Principal, TokenVerifier, mint_tok
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.errors import UnauthenticatedError
 
-SECRET = "s" * 40
+SECRET = "s" * 64  # long enough for HS512 too (RFC 7518 3.2), which one test signs with to see it refused
 
 
 def verifier(**kw) -> TokenVerifier:
