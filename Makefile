@@ -18,7 +18,7 @@ help:
 	@echo "make bench      the benchmarks under bench/"
 	@echo "make bench-peers [ARGS=--quick]   ReasonRay side by side with optillm and DSPy (installed in .venv-peers)"
 	@echo "make setup-real the real model: llama.cpp's server and SmolLM2-135M (builds llama.cpp once, ~10 min)"
-	@echo "make test-real  the real-model suite against SmolLM2-135M on llama.cpp (about 20 minutes)"
+	@echo "make test-real  the real-model suite against SmolLM2-135M on llama.cpp (about 7 minutes)"
 	@echo "make bench-real ReasonRay against direct calls to the same llama.cpp server"
 	@echo "make eval ARGS=\"--dataset F --strategies A,B --out DIR\"   a batch evaluation (docs/evaluation.md)"
 
