@@ -26,6 +26,7 @@ import pytest
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.pgstore import PgStore
+from tests.integration import stack
 from tests.integration.conftest import kill_tree, result_of, rpc, settings_for
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,9 @@ class RayNode:
             ]
         else:
             argv += [f"--address=127.0.0.1:{gcs_port}"]
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # nor Serve's settings of the run's shared cluster, which an earlier module put in this process's environment:
+        # its HAProxy ingress and that instance's own listener ports (this cluster's Serve would bind them again)
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("RAY_SERVE_")}
         # a loaded machine: the raylet waits this long for its dashboard agent's ports (it aborts after 30 s by default)
         env.update({"RAY_AUTH_MODE": "token", "RAY_raylet_start_wait_time_s": "120", "RAY_agent_register_timeout_ms": "120000"})
         self.log = open(temp_dir.parent / f"ray-{'head' if head else 'worker'}-{num_cpus}-{free_port()}.log", "wb")  # noqa: SIM115
@@ -156,6 +159,10 @@ def connect(ray, gcs: int) -> bool:
 def cluster() -> Iterator[dict[str, Any]]:
     import ray
 
+    # this process may be connected to the run's shared cluster (an earlier module's tests): it connects here to its
+    # own, and back there after, or every later module of the package would find Ray not connected
+    shared = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+    ray.shutdown()
     root = Path(tempfile.mkdtemp(prefix="rr-mn-", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
     temp_dir = root / "ray"
     temp_dir.mkdir()
@@ -180,6 +187,8 @@ def cluster() -> Iterator[dict[str, Any]]:
             for node in reversed(nodes):
                 node.stop()
             shutil.rmtree(root, ignore_errors=True)
+            if shared is not None:
+                ray.init(address=shared, namespace=stack.NAMESPACE, log_to_driver=False)
 
 
 def host_of(ray, session_id: str) -> str:
