@@ -64,8 +64,8 @@ class RayNode:
             ]
         else:
             argv += [f"--address=127.0.0.1:{gcs_port}"]
-        # nor Serve's settings of the run's shared cluster, which an earlier module put in this process's environment:
-        # its HAProxy ingress and that instance's own listener ports (this cluster's Serve would bind them again)
+        # not the address nor the Serve settings of the run's shared cluster, which an earlier module put in this
+        # process's environment: its HAProxy ingress and that instance's own listener ports (this Serve would bind them)
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("RAY_SERVE_")}
         # a loaded machine: the raylet waits this long for its dashboard agent's ports (it aborts after 30 s by default)
         env.update({"RAY_AUTH_MODE": "token", "RAY_raylet_start_wait_time_s": "120", "RAY_agent_register_timeout_ms": "120000"})
