@@ -88,6 +88,11 @@ class Side:
     def throughput(self) -> float:
         return self.requests / self.wall_s if self.wall_s else 0.0
 
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any]) -> Side:
+        """A side as a run's `--json` kept it: its requests at their mean latency (enough for throughput and mean)."""
+        return cls([summary["mean_s"]] * summary["ok"], dict(summary["errors"]), summary["completion_tokens"], summary["wall_s"])
+
     def absorb(self, other: Side) -> None:
         """Add another run of the same cell (its requests, time and tokens)."""
         self.latencies += other.latencies
@@ -373,12 +378,7 @@ def pooled(paths: list[Path]) -> list[dict[str, Any]]:
             cell = cells.setdefault((row["workload"], row["concurrency"]), {"runs": 0, "direct": Side(), "reasonray": Side()})
             cell["runs"] += 1
             for name in ("direct", "reasonray"):
-                side, summary_ = cell[name], row[name]
-                side.latencies += [summary_["mean_s"]] * summary_["ok"]
-                side.wall_s += summary_["wall_s"]
-                side.completion_tokens += summary_["completion_tokens"]
-                for kind, n in summary_["errors"].items():
-                    side.errors[kind] = side.errors.get(kind, 0) + n
+                cell[name].absorb(Side.from_summary(row[name]))
     rows = []
     for (workload, level), cell in cells.items():
         direct, ours = cell["direct"], cell["reasonray"]
@@ -389,13 +389,13 @@ def pooled(paths: list[Path]) -> list[dict[str, Any]]:
             "requests": ours.requests,
             "throughput_ratio": round(ours.throughput / direct.throughput, 3),
             "latency_ratio_mean": round(ours.mean / direct.mean, 3),
-            "errors": {**direct.errors, **ours.errors},
+            "errors": {"direct": direct.errors, "reasonray": ours.errors},
         }
         rows.append(row)
         print(
             f"{workload:<4} c={level:<3} runs {row['runs']} n={row['requests']:<4} | direct {direct.throughput:.3f} req/s mean "
             f"{direct.mean:.2f}s | reasonray {ours.throughput:.3f} req/s mean {ours.mean:.2f}s | throughput x{row['throughput_ratio']} "
-            f"mean latency x{row['latency_ratio_mean']} | errors {row['errors'] or 0}",
+            f"mean latency x{row['latency_ratio_mean']} | errors {direct.errors or 0} / {ours.errors or 0}",
             flush=True,
         )
     return rows
@@ -464,7 +464,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.pool:
-        pooled(args.pool)
+        rows = pooled(args.pool)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
         return
     levels = [int(v) for v in args.levels.split(",")]
 
