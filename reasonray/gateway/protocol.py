@@ -49,6 +49,19 @@ class LLMRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     top_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """How hard a reasoning model should think: sent as `reasoning_effort` where the model takes it, otherwise turned
+    into a `thinking_budget` by the gateway (docs/reasoning-models.md)."""
+    thinking_budget: int | None = None
+    """Most tokens the model may spend thinking before it must answer: the server's own control where it has one,
+    otherwise budget forcing (the thinking is stopped at the budget, closed, and continued into an answer)."""
+    min_thinking: int | None = None
+    """Fewest thinking tokens: thinking that closes earlier is extended ("Wait") where the endpoint can continue it."""
+    continue_thinking: str | None = None
+    """Thinking to continue from (prefix continuation): the reply carries on this text as the model's own thinking,
+    as bounded context's Delethink mode does from chunk to chunk. None: a fresh reply."""
+    extra_body: dict[str, Any] | None = None
+    """Fields passed through to the endpoint's JSON body as they are (e.g. `chat_template_kwargs`), over `[llm] extra_body`."""
     purpose: str | None = None
     """What the call is for, from `PURPOSES` (None: answer the conversation). Real models never see it:
     an OpenAI-compatible endpoint gets it as the `X-ReasonRay-Purpose` header, which they ignore; the
@@ -80,6 +93,9 @@ PURPOSES: dict[str, str] = {
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    """Every token generated, the thinking included (a reasoning model's hidden thinking too)."""
+    reasoning_tokens: int = 0
+    """The part of `completion_tokens` spent thinking (visible or hidden)."""
 
     @property
     def total_tokens(self) -> int:
@@ -91,9 +107,15 @@ FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"
 
 class Choice(msgspec.Struct, frozen=True):
     text: str
+    """The answer text, thinking removed (whatever form the server handed the thinking over in)."""
     finish_reason: FinishReason = "stop"
     tool_calls: tuple[ToolCall, ...] = ()
     stop_sequence: str | None = None  # which stop sequence ended the text, when the provider says
+    reasoning: str = ""
+    """The model's thinking behind `text`, as text (empty when the model thinks out of sight or not at all)."""
+    thinking_unfinished: bool = False
+    """The reply ended inside its thinking (cut by `max_tokens` before the thinking closed): `text` is then empty,
+    and `reasoning` holds the thinking so far. Unfinished thinking is never an answer."""
 
 
 class Completion(msgspec.Struct, frozen=True):
@@ -118,6 +140,14 @@ class Completion(msgspec.Struct, frozen=True):
     @property
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return self.choices[0].tool_calls
+
+    @property
+    def reasoning(self) -> str:
+        return self.choices[0].reasoning
+
+    @property
+    def thinking_unfinished(self) -> bool:
+        return self.choices[0].thinking_unfinished
 
 
 @runtime_checkable
