@@ -60,6 +60,9 @@ class LLMRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     continue_thinking: str | None = None
     """Thinking to continue from (prefix continuation): the reply carries on this text as the model's own thinking,
     as bounded context's Delethink mode does from chunk to chunk. None: a fresh reply."""
+    logprobs: int | None = None
+    """Ask for token log-probabilities: None, none; 0, the chosen tokens' only; k > 0, also the k likeliest
+    alternatives per token (OpenAI's `logprobs` / `top_logprobs`). Endpoints that refuse it answer without them."""
     extra_body: dict[str, Any] | None = None
     """Fields passed through to the endpoint's JSON body as they are (e.g. `chat_template_kwargs`), over `[llm] extra_body`."""
     purpose: str | None = None
@@ -113,6 +116,10 @@ class Choice(msgspec.Struct, frozen=True):
     stop_sequence: str | None = None  # which stop sequence ended the text, when the provider says
     reasoning: str = ""
     """The model's thinking behind `text`, as text (empty when the model thinks out of sight or not at all)."""
+    token_logprobs: tuple[float, ...] = ()
+    """The log-probability of each answer token, when the request asked for `logprobs` and the endpoint gave them."""
+    top_logprobs: tuple[tuple[float, ...], ...] = ()
+    """Per answer token, the log-probabilities of the likeliest alternatives (when `logprobs` > 0 was asked)."""
     thinking_unfinished: bool = False
     """The reply ended inside its thinking (cut by `max_tokens` before the thinking closed): `text` is then empty,
     and `reasoning` holds the thinking so far. Unfinished thinking is never an answer."""
