@@ -5,24 +5,37 @@ retried and observed), the token counter, the event sink and `fan_out`, which ru
 branches concurrently (asyncio in-process; Ray tasks behind Serve, so a cluster spreads them). It
 returns a `ReasoningResult` whose standard metrics `context.result(...)` fills in from what the
 run's LLM calls added up to, branches included.
+
+Every strategy config takes `reasoning_effort` and `thinking_budget`; while a `Strategy` runs, every
+request of its run (fan-out branches included) carries them unless the request sets its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reasonray.gateway.observed import ObservedLLM
+from reasonray.gateway.observed import ObservedLLM, Sampling
+from reasonray.gateway.protocol import LLMRequest
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import (
+    BudgetExceededError,
+    DeadlineExceededError,
     InvalidParamsError,
+    ReasonRayError,
+    RunCancelledError,
     describe_errors,
+    error_type_of,
     json_safe_errors,
 )
 from reasonray.kernel.events import EventSink
@@ -91,6 +104,72 @@ async def local_fanout(
     return list(await asyncio.gather(*(run(i, branch) for i, branch in enumerate(branches))))
 
 
+@dataclass(frozen=True)
+class Thinking:
+    """How long the model thinks on the calls of a run, from its strategy config (None: the request's own choice)."""
+
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    thinking_budget: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.reasoning_effort is not None or self.thinking_budget is not None
+
+    def over(self, outer: Thinking) -> Thinking:
+        """These settings where set, `outer`'s (an enclosing strategy's) elsewhere."""
+        return Thinking(
+            self.reasoning_effort if self.reasoning_effort is not None else outer.reasoning_effort,
+            self.thinking_budget if self.thinking_budget is not None else outer.thinking_budget,
+        )
+
+    def apply(self, request: LLMRequest) -> LLMRequest:
+        """`request` with these settings where it sets none of its own (a forced answer's budget of 0 stays 0)."""
+        changes: dict[str, Any] = {}
+        if self.reasoning_effort is not None and request.reasoning_effort is None:
+            changes["reasoning_effort"] = self.reasoning_effort
+        if self.thinking_budget is not None and request.thinking_budget is None:
+            changes["thinking_budget"] = self.thinking_budget
+        return msgspec.structs.replace(request, **changes) if changes else request
+
+
+RUN_THINKING: ContextVar[Thinking] = ContextVar("reasonray_run_thinking", default=Thinking())  # noqa: B039 (frozen)
+"""The running strategy's thinking settings. A context variable, so concurrent branches in one process each see
+their own strategy's."""
+
+
+class ThinkingSampling(Sampling, frozen=True, omit_defaults=True):
+    """The run's sampling, which also fills in the running strategy's thinking settings (RUN_THINKING)."""
+
+    def apply(self, request: LLMRequest) -> LLMRequest:
+        return super().apply(RUN_THINKING.get().apply(request))
+
+
+def _observe_thinking(llm: ObservedLLM) -> None:
+    """Have `llm` apply RUN_THINKING to every request, keeping whatever sampling the caller asked for."""
+    if not isinstance(llm.sampling, ThinkingSampling):
+        llm.sampling = ThinkingSampling(**(msgspec.structs.asdict(llm.sampling) if llm.sampling is not None else {}))
+
+
+@contextmanager
+def thinking_of(settings: Thinking, llm: ObservedLLM) -> Iterator[None]:
+    """Within the block, `llm`'s requests carry `settings` (over an enclosing strategy's) unless they set their own."""
+    if not settings:
+        yield
+        return
+    _observe_thinking(llm)
+    token = RUN_THINKING.set(settings.over(RUN_THINKING.get()))
+    try:
+        yield
+    finally:
+        RUN_THINKING.reset(token)
+
+
+async def thinking_branch(settings: Thinking, branch: Branch[T], context: StrategyContext) -> T:
+    """`branch` with its fanning-out strategy's thinking settings, wherever it runs (another process has its own
+    RUN_THINKING)."""
+    with thinking_of(settings, context.llm):
+        return await branch(context)
+
+
 @dataclass
 class Failed:
     """A branch that raised, as `fan_out_settled` returns it (its error crossed processes by value)."""
@@ -98,11 +177,34 @@ class Failed:
     error: Exception
 
 
+RUN_ENDING: tuple[type[ReasonRayError], ...] = (RunCancelledError, DeadlineExceededError, BudgetExceededError)
+"""Errors no branch outlives: the run was cancelled, passed its deadline or spent the caller's budget, so no other
+branch can still answer for it."""
+
+
+def ends_run(exc: BaseException) -> bool:
+    """True when `exc` fails the whole run at once: one of `RUN_ENDING`, or an error ReasonRay does not raise on
+    purpose (a bug, not a lost vote). Any other error (the provider failed, the model's reply was unusable) costs
+    only the branch that met it."""
+    return isinstance(exc, RUN_ENDING) or not isinstance(exc, ReasonRayError)
+
+
+def failure_kinds(errors: Sequence[BaseException]) -> dict[str, int]:
+    """How many failed branches failed each way, by the error type clients see (`provider_unavailable`: 2)."""
+    kinds: dict[str, int] = {}
+    for exc in errors:
+        kinds[error_type_of(exc)] = kinds.get(error_type_of(exc), 0) + 1
+    return kinds
+
+
 async def settled(branch: Branch[T], context: StrategyContext) -> T | Failed:
-    """Run `branch`, returning its error as a value, so the other branches' results survive it."""
+    """Run `branch`, returning its error as a value, so the other branches' results survive it; an error that
+    `ends_run` is raised, failing the fan-out at once (which stops the other branches)."""
     try:
         return await branch(context)
     except Exception as exc:
+        if ends_run(exc):
+            raise
         return Failed(exc)
 
 
@@ -153,14 +255,20 @@ class StrategyContext:
 
     async def fan_out(self, branches: Sequence[Branch[T]], *, label: str) -> list[T]:
         """Run `branches` concurrently through this context's fanout; values come back in order."""
-        return await self.fanout(self, branches, label=label)
+        return await self.fanout(self, self._thinking(branches), label=label)
 
     async def fan_out_settled(
         self, branches: Sequence[Branch[T]], *, label: str, arrived: Arrived[T | Failed] | None = None
     ) -> list[T | Failed]:
         """Like `fan_out`, but a failing branch becomes a `Failed` in its place instead of failing the lot;
         `arrived` sees each branch's value or `Failed` as it settles."""
-        return await self.fanout(self, [partial(settled, branch) for branch in branches], label=label, arrived=arrived)
+        return await self.fanout(self, [partial(settled, branch) for branch in self._thinking(branches)], label=label, arrived=arrived)
+
+    @staticmethod
+    def _thinking(branches: Sequence[Branch[T]]) -> Sequence[Branch[T]]:
+        """The branches, carrying the running strategy's thinking settings when it has any."""
+        settings = RUN_THINKING.get()
+        return [partial(thinking_branch, settings, branch) for branch in branches] if settings else branches
 
     def elapsed_ms(self) -> int:
         return round((time.perf_counter() - self.started) * 1000)
@@ -184,6 +292,20 @@ class StrategyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None, description="How hard a reasoning model thinks on every call of the run (low, medium, high); None: the model's default."
+    )
+    thinking_budget: int | None = Field(
+        None,
+        ge=0,
+        le=262_144,
+        description="Most tokens a reasoning model may think per call of the run before it must answer; None: no limit.",
+    )
+
+    @property
+    def thinking(self) -> Thinking:
+        return Thinking(self.reasoning_effort, self.thinking_budget)
+
 
 class StrategySettings(BaseModel):
     """Base of system-level strategy settings (limits from config.toml, not per-request knobs)."""
@@ -199,6 +321,12 @@ class Strategy:
     Config: ClassVar[type[StrategyConfig]] = StrategyConfig
     Settings: ClassVar[type[StrategySettings]] = StrategySettings
     extra_capabilities: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        reason = cls.__dict__.get("reason")
+        if reason is not None and not getattr(reason, "applies_thinking", False):
+            cls.reason = _applying_thinking(reason)  # type: ignore[method-assign]
 
     def __init__(self, settings: StrategySettings | None = None) -> None:
         self.settings = settings or self.Settings()
@@ -222,3 +350,31 @@ class Strategy:
 
     async def reason(self, query: str, **kwargs: Any) -> ReasoningResult:
         raise NotImplementedError
+
+    def config_thinking(self, config: Any) -> Thinking:
+        """The thinking settings a config asks for; nothing is parsed unless it names them (the strategy parses it)."""
+        if isinstance(config, StrategyConfig):
+            return config.thinking
+        if isinstance(config, dict) and (config.get("reasoning_effort") is not None or config.get("thinking_budget") is not None):
+            parsed = self.parse_config(config)
+            return parsed.thinking
+        return Thinking()
+
+
+Reason = Callable[..., Awaitable[ReasoningResult]]
+
+
+def _applying_thinking(reason: Reason) -> Reason:
+    """`reason` run with its config's `reasoning_effort` / `thinking_budget` on every request of the run, so no
+    strategy has to pass them into each LLMRequest it builds."""
+
+    @functools.wraps(reason)
+    async def wrapper(self: Strategy, query: str, *args: Any, **kwargs: Any) -> ReasoningResult:
+        context = kwargs.get("context")
+        if not isinstance(context, StrategyContext):
+            return await reason(self, query, *args, **kwargs)
+        with thinking_of(self.config_thinking(kwargs.get("config")), context.llm):
+            return await reason(self, query, *args, **kwargs)
+
+    wrapper.applies_thinking = True  # type: ignore[attr-defined]
+    return wrapper

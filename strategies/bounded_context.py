@@ -1,10 +1,16 @@
 """Bounded-context reasoning (Delethink-style): reasoning in chunks whose context never exceeds
 `chunk_size` tokens, each chunk starting from the query and a carryover of the one before.
 
-`tail` carries the first `head_tokens` of the first chunk and the last `carryover_size` tokens of
-the previous one (no extra call); `summary` asks the model for a structured carryover and falls back
-to the raw tail when that fails. Only the current chunk and the carryover are held in memory; the
-full text of every chunk goes to the event log.
+Four carryover modes. `delethink`, for models that think (a reply's `reasoning`): each chunk continues the
+model's own thinking by prefix continuation (`LLMRequest.continue_thinking`) from the first `head_tokens`
+of its thinking and the raw last `carryover_size` tokens of the thinking so far; when the iterations run
+out the answer is forced (`thinking_budget=0`). `tail` carries the first `head_tokens` of the first chunk
+and the last `carryover_size` tokens of the previous one into a user prompt (no extra call); `summary`
+asks the model for a structured carryover and falls back to the raw tail when that fails. `auto` is
+`delethink` once the first reply shows thinking, `tail` otherwise. In every mode a chunk cut while
+thinking is carried by its thinking (its answer text is empty), and a chunk that would leave the next
+prompt unchanged stops the chunking (the run would only repeat itself). Only the current chunk and the
+carryover are held in memory; the full text of every chunk goes to the event log.
 
 The bound holds by the model's own count: every cut uses the context's token counter, and each call's
 `max_tokens` is what is left of `chunk_size` after the prompt as the server will count it. Until the
@@ -14,7 +20,8 @@ far (raised to the largest ratio seen on a reply's text, since carryovers are cu
 margin (which covers the framing's constant part). `iterations[].tokens` are the server's usage.
 
 A chunk answers with `<answer>`; a model that ignores the tag answers with a chunk that stops (not
-cut by `max_tokens`) on a last line stating it ("The answer is: 76", "#### 76"). The final-answer
+cut by `max_tokens`) on a last line stating it ("The answer is: 76", "#### 76"); a thinking model answers
+with whatever follows its closed thinking. Unfinished thinking is never an answer. The final-answer
 call's reply is read as chain of thought's is. `found_by` says which.
 """
 
@@ -27,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from reasonray.gateway.errors import LLMError
-from reasonray.gateway.protocol import LLMRequest, Message, system, user
+from reasonray.gateway.protocol import Completion, LLMRequest, Message, system, user
 from reasonray.gateway.tokens import count_messages
 from reasonray.kernel.errors import (
     InvalidParamsError,
@@ -59,6 +66,7 @@ SUMMARY_INSTRUCTIONS = (
     "steps. Answer with exactly these five lines:\n"
     "Current Strategy: ...\nKey Findings: ...\nProgress: ...\nNext Steps: ...\nUnresolved: ..."
 )
+DELETHINK_INSTRUCTIONS = "Think the problem through, then give the final answer inside <answer>...</answer>."
 FINAL_INSTRUCTION = "You have used your reasoning budget. Stop reasoning and give your final answer now inside <answer></answer>."
 # The later chunks' prompt: the query, then what is carried over (tail mode: the head and the tail).
 TAIL_MEMORY = "It began:\n{head}\n[...]\nMost recently:\n{carryover}"
@@ -70,25 +78,43 @@ NO_CARRYOVER = "(none)"
 STOP_SEQUENCES = ("</answer>", "<continue>")
 MIN_GENERATION_TOKENS = 256
 FINAL_ANSWER_TOKENS = 512
+MIN_CHUNK_SIZE = 128
+"""The smallest chunk: a short query's prompt (about 40 tokens with the chat framing), a carryover of at least
+MIN_CARRYOVER_SIZE and a generation of a quarter of the chunk must share it. Whether a given prompt fits is
+checked before every call ("context size exceeded")."""
+MIN_CARRYOVER_SIZE = 16
 UNCALIBRATED_RATIO = 1.15  # before the server has counted a prompt: real tokenizers ran 5-14% above cl100k
 MIN_CALIBRATION_TOKENS = 32  # a reply shorter than this (in our count) says little about the ratio between tokenizers
 PROMPT_MARGIN = 16  # chat-template framing a counter does not see (ChatML: a token or two per message)
 
 
+CarryoverMode = Literal["delethink", "tail", "summary"]
+
+
 class BoundedContextConfig(StrategyConfig):
     chunk_size: int = Field(
-        8192, ge=1024, le=32768, description="Most tokens in one iteration's context: prompt, carryover and generation."
+        8192,
+        ge=MIN_CHUNK_SIZE,
+        le=32768,
+        description="Most tokens in one iteration's context: prompt, carryover and generation (at least 128).",
     )
-    carryover_size: int = Field(4096, ge=512, le=16384, description="Most tokens carried into the next iteration; below chunk_size.")
+    carryover_size: int = Field(
+        4096, ge=MIN_CARRYOVER_SIZE, le=16384, description="Most tokens carried into the next iteration (at least 16); below chunk_size."
+    )
     max_iterations: int = Field(5, ge=1, le=50, description="Most iterations; capped by the server's max_allowed_iterations.")
-    carryover_mode: Literal["tail", "summary"] = Field(
-        "tail",
-        description="tail: the last carryover_size tokens (Delethink, no extra call); summary: a structured summary written by the model.",
+    carryover_mode: Literal["auto", "delethink", "tail", "summary"] = Field(
+        "auto",
+        description="delethink: continue the model's own thinking from its head and raw tail; tail: the last carryover_size "
+        "tokens in the prompt (no extra call); summary: a structured summary written by the model; auto: delethink once "
+        "the model shows its thinking, else tail.",
     )
-    head_tokens: int = Field(100, ge=0, le=1024, description="Tokens of the first chunk kept in every later prompt (tail mode).")
-    on_max_iterations: Literal["error", "final_answer"] = Field(
-        "error",
-        description="error: fail with -32009 and the partial trace; final_answer: one more call for an answer from the last carryover.",
+    head_tokens: int = Field(
+        100, ge=0, le=1024, description="Tokens of the first chunk (its thinking, in delethink mode) kept in every later prompt."
+    )
+    on_max_iterations: Literal["auto", "error", "final_answer"] = Field(
+        "auto",
+        description="error: fail with -32009 and the partial trace; final_answer: one more call that must answer (forced, "
+        "thinking closed, in delethink mode); auto: final_answer in delethink mode, else error.",
     )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the reasoning calls.")
     seed: int | None = Field(None, description="Sampling seed of the reasoning calls.")
@@ -114,7 +140,11 @@ class Chunk:
     completion_tokens: int
     answer: str | None
     stop: str
+    """answer, continue, length (cut by max_tokens), thinking (cut while thinking) or answer_cut (thinking closed,
+    the answer cut or never written: the answer is forced)."""
     found_by: FoundBy | None = None
+    reasoning: str = ""
+    """The chunk's own thinking (the continuation only, in delethink mode)."""
 
 
 @dataclass
@@ -124,6 +154,10 @@ class RunState:
 
     head: str = ""
     carryover: str = ""
+    """tail and summary modes: what the next prompt carries; delethink mode: the raw tail of the thinking after the head."""
+    mode: CarryoverMode | None = None  # None until `auto` has seen the first reply
+    first: tuple[Message, ...] = ()  # the first chunk's messages, which every delethink chunk continues from
+    thinks: bool = False  # some reply showed thinking (the final answer is then asked with its thinking closed)
     iterations: list[dict[str, Any]] = field(default_factory=list)
     ledger: CostLedger = field(default_factory=CostLedger)
     compressions: int = 0
@@ -136,6 +170,10 @@ class RunState:
     text_ratio: float = 1.0
     """The largest ratio of the server's count to ours seen on a reply's text: the carryover is cut from replies,
     so a prompt made mostly of one is counted at least at this ratio, whatever the first (short) prompt showed."""
+
+    def kept(self) -> str:
+        """Delethink mode: the thinking the next chunk continues, its head and its raw tail, joined as they were cut."""
+        return self.head + self.carryover
 
     def calibrate(self, counted: int, served: int) -> None:
         """Learn from a prompt the server counted (`served` tokens) that our counter made `counted`."""
@@ -164,15 +202,19 @@ class BoundedContext(Strategy):
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
         self._check_limits(cfg)
-        state = RunState()
+        state = RunState(mode=None if cfg.carryover_mode == "auto" else cfg.carryover_mode)
         try:
             for iteration in range(cfg.max_iterations):
                 chunk = await self._reason_chunk(query, state, iteration, cfg, context)
                 if chunk.answer is not None:
                     state.found_by = chunk.found_by
                     return self._result(context, cfg, state, chunk.answer, "answer")
-                await self._carry(query, chunk, state, iteration, cfg, context)
-            if cfg.on_max_iterations == "final_answer":
+                if chunk.stop == "answer_cut":  # the thinking is done: only the answer is missing
+                    await self._carry(query, chunk, state, iteration, cfg, context)
+                    return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
+                if not await self._carry(query, chunk, state, iteration, cfg, context):
+                    return await self._no_progress(query, state, iteration, cfg, context)
+            if self._forces_answer(cfg, state):
                 return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
         except BaseException as exc:  # provider, budget, deadline, cancellation: keep the iterations done
             raise attach_partial(exc, self._partial(cfg, state)) from None
@@ -186,53 +228,89 @@ class BoundedContext(Strategy):
                 {"max_allowed_iterations": allowed},
             )
 
+    @staticmethod
+    def _forces_answer(cfg: BoundedContextConfig, state: RunState) -> bool:
+        if cfg.on_max_iterations == "auto":
+            return state.mode == "delethink"
+        return cfg.on_max_iterations == "final_answer"
+
     def _messages(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig) -> tuple[Message, ...]:
         if iteration == 0:
-            return system(INSTRUCTIONS), user(query)
-        if cfg.carryover_mode == "tail":
-            memory = TAIL_MEMORY.format(head=state.head, carryover=state.carryover)
-        else:
+            return (system(DELETHINK_INSTRUCTIONS) if state.mode == "delethink" else system(INSTRUCTIONS)), user(query)
+        if state.mode == "delethink":
+            return state.first
+        if state.mode == "summary":
             memory = SUMMARY_MEMORY.format(carryover=state.carryover)
+        else:
+            memory = TAIL_MEMORY.format(head=state.head, carryover=state.carryover)
         return system(INSTRUCTIONS), user(CONTINUE_PROMPT.format(query=query, memory=memory))
 
-    def _prompt(self, messages: tuple[Message, ...], state: RunState, context: StrategyContext) -> int:
-        """The prompt's size as the server will count it (see the module docstring)."""
+    def _prompt(self, messages: tuple[Message, ...], state: RunState, context: StrategyContext, thinking: str = "") -> int:
+        """The prompt's size as the server will count it (see the module docstring), with the thinking it continues."""
+        if thinking:
+            messages = (*messages, Message(role="assistant", content=thinking))
         return math.ceil(count_messages(context.tokens, messages) * state.prompt_ratio) + PROMPT_MARGIN
 
     def _fit(
-        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
-    ) -> tuple[tuple[Message, ...], int]:
-        """The iteration's messages and generation budget, shortening the carryover if the prompt is too long."""
-        messages = self._messages(query, state, iteration, cfg)
-        room = cfg.chunk_size - self._prompt(messages, state, context)
-        if room < MIN_GENERATION_TOKENS and state.carryover:
-            while room < MIN_GENERATION_TOKENS and state.carryover:
-                keep = max(0, context.tokens.count(state.carryover) - math.ceil((MIN_GENERATION_TOKENS - room) / state.prompt_ratio) - 1)
-                state.carryover = context.tokens.tail(state.carryover, keep)
-                messages = self._messages(query, state, iteration, cfg)
-                room = cfg.chunk_size - self._prompt(messages, state, context)
-            kept = context.tokens.count(state.carryover)
+        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext, need: int | None = None
+    ) -> tuple[tuple[Message, ...], str, int]:
+        """The call's messages, the thinking it continues (delethink mode) and its generation budget, shortening the
+        carryover (then, in delethink mode, the head) if the prompt leaves less than `need` tokens."""
+        need = min_generation(cfg) if need is None else need
+        delethink = state.mode == "delethink" and iteration > 0
+
+        def measure() -> tuple[tuple[Message, ...], str, int]:
+            messages = self._messages(query, state, iteration, cfg)
+            thinking = state.kept() if delethink else ""
+            return messages, thinking, cfg.chunk_size - self._prompt(messages, state, context, thinking)
+
+        messages, thinking, room = measure()
+        if room < need and (state.carryover or (delethink and state.head)):
+            while room < need and (state.carryover or (delethink and state.head)):
+                cut = math.ceil((need - room) / state.prompt_ratio) + 1
+                if state.carryover:
+                    state.carryover = context.tokens.tail(state.carryover, max(0, context.tokens.count(state.carryover) - cut))
+                else:
+                    state.head = context.tokens.head(state.head, max(0, context.tokens.count(state.head) - cut))
+                messages, thinking, room = measure()
+            kept = context.tokens.count(state.kept() if delethink else state.carryover)
             self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to fit chunk_size {cfg.chunk_size}")
-        if room < MIN_GENERATION_TOKENS:
+        if room < need:
             raise InvalidParamsError(
                 f"context size exceeded: the prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens "
-                f"(as the model counts them, with a margin), leaving {room} to reason in (at least {MIN_GENERATION_TOKENS} "
+                f"(as the model counts them, with a margin), leaving {room} to reason in (at least {need} "
                 "needed); shorten the query, reduce carryover_size or raise chunk_size"
             )
-        return messages, room
+        return messages, thinking, room
 
     async def _reason_chunk(
         self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
     ) -> Chunk:
-        messages, room = self._fit(query, state, iteration, cfg, context)
-        completion = await context.llm.complete(
-            LLMRequest(messages=messages, max_tokens=room, stop=STOP_SEQUENCES, temperature=cfg.temperature, seed=cfg.seed)
+        messages, thinking, room = self._fit(query, state, iteration, cfg, context)
+        if iteration == 0:
+            state.first = messages
+        request = LLMRequest(
+            messages=messages,
+            max_tokens=room,
+            stop=() if state.mode == "delethink" else STOP_SEQUENCES,
+            temperature=cfg.temperature,
+            seed=cfg.seed,
+            continue_thinking=thinking or None,
         )
+        completion = await context.llm.complete(request)
         state.calibrate(count_messages(context.tokens, messages), completion.usage.prompt_tokens)
-        state.calibrate_text(context.tokens.count(completion.text), completion.usage.completion_tokens)
-        answer, found_by = chunk_answer(completion.text, completion.finish_reason)
-        stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
-        chunk = Chunk(completion.text, completion.usage.prompt_tokens, completion.usage.completion_tokens, answer, stop, found_by)
+        reasoning = completion.reasoning
+        if thinking and reasoning.startswith(thinking):  # a server that hands back the continued prefix with the reply
+            reasoning = reasoning[len(thinking) :]
+        if completion.usage.reasoning_tokens == 0 or reasoning:  # hidden thinking says nothing of the tokenizers' ratio
+            generated = context.tokens.count(completion.text) + context.tokens.count(reasoning)
+            state.calibrate_text(generated, completion.usage.completion_tokens)
+        thinks = bool(reasoning) or completion.thinking_unfinished
+        state.thinks = state.thinks or thinks or completion.usage.reasoning_tokens > 0
+        if state.mode is None:  # auto: the first reply tells whether the model thinks where it can be continued
+            state.mode = "delethink" if reasoning else "tail"
+        chunk = self._read_chunk(query, completion, reasoning, state)
+        thinking_tokens = completion.usage.reasoning_tokens or context.tokens.count(reasoning)
         state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
         state.iterations.append(
             {
@@ -240,8 +318,11 @@ class BoundedContext(Strategy):
                 "tokens": chunk.prompt_tokens + chunk.completion_tokens,
                 "prompt_tokens": chunk.prompt_tokens,
                 "completion_tokens": chunk.completion_tokens,
-                "has_answer": answer is not None,
-                "stop": stop,
+                "thinking_tokens": thinking_tokens,
+                "thinking_finished": not completion.thinking_unfinished,
+                "continued_tokens": context.tokens.count(thinking),
+                "has_answer": chunk.answer is not None,
+                "stop": chunk.stop,
             }
         )
         context.emit(
@@ -251,38 +332,95 @@ class BoundedContext(Strategy):
                 iteration=iteration,
                 prompt_tokens=chunk.prompt_tokens,
                 completion_tokens=chunk.completion_tokens,
-                has_answer=answer is not None,
-                stop=stop,
+                has_answer=chunk.answer is not None,
+                stop=chunk.stop,
+                thinking_tokens=thinking_tokens,
+                thinking_finished=not completion.thinking_unfinished,
             )
         )
         return chunk
 
+    @staticmethod
+    def _read_chunk(query: str, completion: Completion, reasoning: str, state: RunState) -> Chunk:
+        """What the chunk came to: an answer, more reasoning to carry, or closed thinking with its answer missing."""
+        usage = completion.usage
+        if completion.thinking_unfinished:  # cut inside the thinking: whatever it says, it is not an answer
+            answer, found_by, stop = None, None, "thinking"
+        elif state.mode == "delethink":  # the thinking closed: what follows it is the answer
+            answer, found_by = chunk_answer(completion.text, completion.finish_reason)
+            if answer is None and completion.finish_reason != "length" and completion.choices[0].stop_sequence != "<continue>":
+                found = find_answer(completion.text, numeric=numeric_question(query))
+                answer, found_by = (found.answer, found.found_by) if found is not None else (None, None)
+            stop = "answer" if answer is not None else "answer_cut"
+        else:
+            answer, found_by = chunk_answer(completion.text, completion.finish_reason)
+            stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
+        return Chunk(completion.text, usage.prompt_tokens, usage.completion_tokens, answer, stop, found_by, reasoning)
+
     async def _carry(
         self, query: str, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
-    ) -> None:
-        visible = strip_thinking(chunk.text)
-        if iteration == 0:
-            state.head = context.tokens.head(visible, cfg.head_tokens)
+    ) -> bool:
+        """Make the next chunk's carryover; False when it would leave the next prompt as it was (no progress)."""
+        before = (state.head, state.carryover)
         fallback = False
-        if cfg.carryover_mode == "summary":
-            summary = await self._summarize(query, state, visible, cfg, context)
-            fallback = summary is None
-            state.carryover = summary if summary is not None else context.tokens.tail(visible, cfg.carryover_size)
+        if state.mode == "delethink":
+            text = chunk.reasoning
+            if iteration == 0:
+                state.head = context.tokens.head(text, cfg.head_tokens)
+                text = (
+                    text[len(state.head) :]
+                    if text.startswith(state.head)
+                    else context.tokens.tail(text, context.tokens.count(text) - cfg.head_tokens)
+                )
+            state.carryover = context.tokens.tail(state.carryover + text, cfg.carryover_size)
+            carried = state.kept()
         else:
-            state.carryover = context.tokens.tail(visible, cfg.carryover_size)
+            # the chunk's reasoning: its thinking (all a chunk cut while thinking has) and its visible text
+            material = "\n\n".join(part for part in (chunk.reasoning, strip_thinking(chunk.text)) if part)
+            if iteration == 0:
+                state.head = context.tokens.head(material, cfg.head_tokens)
+            if not material:
+                return False
+            if state.mode == "summary":
+                summary = await self._summarize(query, state, material, cfg, context)
+                fallback = summary is None
+                state.carryover = summary if summary is not None else context.tokens.tail(material, cfg.carryover_size)
+            else:
+                state.carryover = context.tokens.tail(material, cfg.carryover_size)
+            carried = state.carryover
+        # the raw text carried unchanged: the model repeated itself, and the next prompt would be this one again (a
+        # summary may read the same after a chunk that did progress, so it is not held to this)
+        if state.mode != "summary" and (state.head, state.carryover) == before:
+            return False
         state.compressions += 1
         state.fallbacks += fallback
-        state.iterations[-1]["carryover_tokens"] = context.tokens.count(state.carryover)
+        state.iterations[-1]["carryover_tokens"] = context.tokens.count(carried)
         context.emit(
             Carryover(
                 trace_id=context.trace_id,
                 strategy=self.name,
                 iteration=iteration,
-                mode=cfg.carryover_mode,
+                mode=state.mode or "tail",
                 tokens=state.iterations[-1]["carryover_tokens"],
-                text=state.carryover,
+                text=carried,
                 fallback=fallback,
             )
+        )
+        return True
+
+    async def _no_progress(
+        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
+    ) -> ReasoningResult:
+        """The chunk left nothing new to carry (an empty reply, thinking out of sight, or the same carryover again):
+        another chunk would repeat the last one, so the answer is asked for now, or the run fails."""
+        why = f"chunk {iteration} left nothing new to carry into the next one"
+        self._warn(context, "no_progress", why)
+        if self._forces_answer(cfg, state) or state.thinks:
+            return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
+        raise ModelBehaviorError(
+            f"the reasoning made no progress: {why} (an empty reply, or the same reasoning again); check the model, "
+            'or set on_max_iterations="final_answer" to have it answer from what it has',
+            self._partial(cfg, state),
         )
 
     async def _summarize(
@@ -325,17 +463,23 @@ class BoundedContext(Strategy):
         return (last[0], user(FINAL_PROMPT.format(prompt=last[1].content, instruction=FINAL_INSTRUCTION)))
 
     async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
-        """One more call, from the last carryover, that must answer."""
-        messages = self._final_messages(query, state, cfg)
-        room = cfg.chunk_size - self._prompt(messages, state, context)
-        if room < FINAL_ANSWER_TOKENS and state.carryover:  # the answer's room comes out of the carryover, as in _fit
-            while room < FINAL_ANSWER_TOKENS and state.carryover:
-                keep = max(0, context.tokens.count(state.carryover) - math.ceil((FINAL_ANSWER_TOKENS - room) / state.prompt_ratio) - 1)
-                state.carryover = context.tokens.tail(state.carryover, keep)
-                messages = self._final_messages(query, state, cfg)
-                room = cfg.chunk_size - self._prompt(messages, state, context)
-            kept = context.tokens.count(state.carryover)
-            self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to leave room for the final answer")
+        """One more call that must answer: in delethink mode the thinking so far, closed (`thinking_budget=0`), else the
+        last carryover with an instruction to answer now."""
+        need = final_room(cfg)
+        if state.mode == "delethink":
+            messages, thinking, room = self._fit(query, state, max(len(state.iterations), 1), cfg, context, need)
+        else:
+            thinking = ""
+            messages = self._final_messages(query, state, cfg)
+            room = cfg.chunk_size - self._prompt(messages, state, context)
+            if room < need and state.carryover:  # the answer's room comes out of the carryover, as in _fit
+                while room < need and state.carryover:
+                    keep = max(0, context.tokens.count(state.carryover) - math.ceil((need - room) / state.prompt_ratio) - 1)
+                    state.carryover = context.tokens.tail(state.carryover, keep)
+                    messages = self._final_messages(query, state, cfg)
+                    room = cfg.chunk_size - self._prompt(messages, state, context)
+                kept = context.tokens.count(state.carryover)
+                self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to leave room for the final answer")
         if room < 1:
             raise InvalidParamsError(
                 f"context size exceeded: the final-answer prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens; "
@@ -343,18 +487,25 @@ class BoundedContext(Strategy):
             )
         completion = await context.llm.complete(
             LLMRequest(
-                messages=messages, max_tokens=min(room, FINAL_ANSWER_TOKENS), stop=("</answer>",), temperature=0.0, purpose="final_answer"
+                messages=messages,
+                max_tokens=min(room, FINAL_ANSWER_TOKENS),
+                stop=() if state.mode == "delethink" else ("</answer>",),
+                temperature=0.0,
+                purpose="final_answer",
+                continue_thinking=thinking or None,
+                thinking_budget=0 if state.thinks else None,
             )
         )
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
-        found = find_answer(completion.text, numeric=numeric_question(query))
+        found = None if completion.thinking_unfinished else find_answer(completion.text, numeric=numeric_question(query))
         answer = found.answer if found is not None else ""
         state.found_by = found.found_by if found is not None else None
         if not answer.strip():
             raise ModelBehaviorError(
-                "the final-answer call held no answer (an empty <answer>, or nothing outside <thinking>); "
-                "raise max_iterations or chunk_size so the reasoning can finish, or check the model",
-                {"total_iterations": len(state.iterations)},
+                "the final-answer call held no answer ("
+                + ("it ended still thinking" if completion.thinking_unfinished else "an empty <answer>, or nothing outside <thinking>")
+                + "); raise max_iterations or chunk_size so the reasoning can finish, or check the model",
+                {"total_iterations": len(state.iterations), "thinking_unfinished": completion.thinking_unfinished},
             )
         return answer
 
@@ -371,7 +522,7 @@ class BoundedContext(Strategy):
         }
 
     def _partial(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
-        return {**self._progress(cfg, state), "last_carryover": state.carryover}
+        return {**self._progress(cfg, state), "last_carryover": state.kept() if state.mode == "delethink" else state.carryover}
 
     def _out_of_iterations(self, cfg: BoundedContextConfig, state: RunState) -> MaxIterationsError:
         allowed = self.settings.max_allowed_iterations
@@ -393,7 +544,7 @@ class BoundedContext(Strategy):
             self.name,
             answer,
             stopped_by=stopped_by,
-            carryover_mode=cfg.carryover_mode,
+            carryover_mode=state.mode or "tail",
             carryover_compressions=state.compressions,
             carryover_fallbacks=state.fallbacks,
             found_by=state.found_by,
@@ -403,7 +554,8 @@ class BoundedContext(Strategy):
 
 def chunk_answer(text: str, finish_reason: str) -> tuple[str | None, FoundBy | None]:
     """A chunk's answer: its `<answer>`, or (when it stopped rather than ran out of tokens) the answer its
-    last visible line states; (None, None) while the reasoning goes on."""
+    last visible line states; (None, None) while the reasoning goes on. `text` is the answer text only: a reply
+    cut inside its thinking has none."""
     tagged = extract_answer(text)
     if tagged is not None:
         return tagged, "tag"
@@ -412,6 +564,16 @@ def chunk_answer(text: str, finish_reason: str) -> tuple[str | None, FoundBy | N
         return None, None
     stated = find_answer(lines[-1], fallback=False)
     return (stated.answer, "phrase") if stated is not None and stated.found_by == "phrase" else (None, None)
+
+
+def min_generation(cfg: BoundedContextConfig) -> int:
+    """Fewest tokens a chunk must leave to reason in: 256, or a quarter of a chunk smaller than 1,024."""
+    return min(MIN_GENERATION_TOKENS, cfg.chunk_size // 4)
+
+
+def final_room(cfg: BoundedContextConfig) -> int:
+    """Room the final answer is given: 512 tokens, or a quarter of a chunk smaller than 2,048."""
+    return min(FINAL_ANSWER_TOKENS, cfg.chunk_size // 4)
 
 
 def capacity(cfg: BoundedContextConfig) -> int:

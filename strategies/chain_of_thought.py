@@ -1,13 +1,16 @@
 """Chain of thought: one call that reasons inside `<thinking>` and answers inside `<answer>`.
 
 Where the endpoint enforces a JSON schema the call asks for `{"reasoning", "answer"}` instead; a model
-that ignores the format has its answer read from its prose (`found_by` says how).
+that ignores the format has its answer read from its prose (`found_by` says how). A reply cut inside its
+thinking holds no answer: one more call continues that thinking with it closed (`thinking_budget=0`), so
+the model answers from it (`answer_forced`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from pydantic import Field
 
 from reasonray.gateway.protocol import LLMRequest, system, user
@@ -21,6 +24,7 @@ from reasonray.strategies.base import (
 )
 from reasonray.strategies.output import ANSWER, note_found_by, shaped, structured
 
+FORCED_ANSWER_TOKENS = 512
 SYSTEM_PROMPT = (
     "Solve the user's problem. Think step by step inside <thinking>...</thinking>, "
     "then give only the final answer inside <answer>...</answer>."
@@ -50,12 +54,29 @@ class ChainOfThought(Strategy):
             seed=cfg.seed,
         )
         completion = await context.llm.complete(shaped(request, ANSWER, enforced))
-        found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
+        forced = completion.thinking_unfinished
+        if forced:  # unfinished thinking is never an answer: have the model close it and answer
+            answer_now = msgspec.structs.replace(
+                request,
+                max_tokens=min(cfg.max_tokens, FORCED_ANSWER_TOKENS),
+                continue_thinking=completion.reasoning or None,
+                thinking_budget=0,
+            )
+            completion = await context.llm.complete(shaped(answer_now, ANSWER, enforced))
+        found = (
+            None if completion.thinking_unfinished else find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
+        )
         if found is None:
             raise ModelBehaviorError(
-                "the model's reply held no answer (an empty <answer>, or nothing outside <thinking>)"
+                "the model's reply held no answer ("
+                + (
+                    "it ended still thinking, even when asked to answer"
+                    if completion.thinking_unfinished
+                    else "an empty <answer>, or nothing outside <thinking>"
+                )
+                + ")"
                 + ("; it hit max_tokens: raise max_tokens" if completion.finish_reason == "length" else "; check the model"),
-                {"finish_reason": completion.finish_reason},
+                {"finish_reason": completion.finish_reason, "thinking_unfinished": completion.thinking_unfinished, "answer_forced": forced},
             )
         note_found_by(context, self.name, found)
         return context.result(
@@ -65,4 +86,5 @@ class ChainOfThought(Strategy):
             answer_tagged=found.structured,
             finish_reason=completion.finish_reason,
             truncated=completion.finish_reason == "length",
+            **({"answer_forced": True} if forced else {}),
         )

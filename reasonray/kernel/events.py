@@ -54,14 +54,16 @@ class IterationEnd(Event, tag="ITERATION_END"):
     prompt_tokens: int
     completion_tokens: int
     has_answer: bool
-    stop: str  # "answer", "continue" (the model asked for more room) or "length" (cut off)
+    stop: str  # "answer", "continue" (the model asked for more room), "length" (cut off), "thinking" (cut off while thinking)
+    thinking_tokens: int = 0  # of completion_tokens, those spent thinking
+    thinking_finished: bool = True  # False: the reply ended inside its thinking
 
 
 class Carryover(Event, tag="CARRYOVER"):
     """What is carried into the next iteration (thinking stripped), and how it was made."""
 
     iteration: int
-    mode: str  # "tail" or "summary"
+    mode: str  # "tail", "summary" or "delethink" (the text is then the thinking the next chunk continues)
     tokens: int
     text: str
     fallback: bool = False  # summary generation failed or came back empty: the raw tail was used

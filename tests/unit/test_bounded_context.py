@@ -148,8 +148,9 @@ async def test_a_failed_or_empty_summary_falls_back_to_the_raw_tail(failure):
         ({"chunk_size": 4096, "carryover_size": 8192}, "carryover_size must be less than chunk_size"),
         ({"max_iterations": 0}, "max_iterations: Input should be greater than or equal to 1"),
         ({"max_iterations": 51}, "max_iterations: Input should be less than or equal to 50"),
-        ({"chunk_size": 512}, "chunk_size: Input should be greater than or equal to 1024"),
-        ({"carryover_mode": "zip"}, "carryover_mode: Input should be 'tail' or 'summary'"),
+        ({"chunk_size": 127, "carryover_size": 16}, "chunk_size: Input should be greater than or equal to 128"),
+        ({"chunk_size": 128, "carryover_size": 15}, "carryover_size: Input should be greater than or equal to 16"),
+        ({"carryover_mode": "zip"}, "carryover_mode: Input should be 'auto', 'delethink', 'tail' or 'summary'"),
     ],
 )
 async def test_invalid_parameters_say_what_to_change(config, fragment):
