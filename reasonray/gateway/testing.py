@@ -2,7 +2,8 @@
 
 `ScriptedLLM` answers from a script and raises on any call the script did not foresee;
 `assert_complete()` checks that the whole script was used. `FunctionLLM` computes each reply
-from the request. Both report usage with the real token counter.
+from the request. Both report usage with the real token counter. A `Thinking` reply scripts a reasoning
+model: its thinking (visible or hidden), its answer, and whether it ran out while still thinking.
 """
 
 from __future__ import annotations
@@ -10,10 +11,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import cast
 
+import msgspec
+
 from reasonray.gateway.protocol import Choice, Completion, FinishReason, LLMRequest, ToolCall, Usage
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
 
-Reply = str | Completion | ToolCall | tuple[ToolCall, ...] | BaseException
+
+class Thinking(msgspec.Struct, frozen=True):
+    """A reasoning model's reply, as the gateway hands it over whatever the server's form: thinking apart from the answer."""
+
+    reasoning: str
+    """The thinking, as text ("" for a model that thinks out of sight: give `reasoning_tokens` then)."""
+    text: str = ""
+    """The answer after the thinking (ignored when `unfinished`: unfinished thinking has no answer)."""
+    unfinished: bool = False
+    """The reply ran out of `max_tokens` inside its thinking: empty text, finish reason "length"."""
+    reasoning_tokens: int | None = None
+    """Tokens spent thinking; None counts `reasoning` with the double's token counter."""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+Reply = str | Thinking | Completion | ToolCall | tuple[ToolCall, ...] | BaseException
 
 
 class UnexpectedCall(AssertionError):
@@ -22,26 +40,37 @@ class UnexpectedCall(AssertionError):
 
 def make_completion(
     request: LLMRequest,
-    reply: str | ToolCall | tuple[ToolCall, ...],
+    reply: str | Thinking | ToolCall | tuple[ToolCall, ...],
     *,
     model: str,
     counter: TokenCounter,
     finish_reason: str | None = None,
 ) -> Completion:
     calls: tuple[ToolCall, ...] = ()
-    text = ""
+    text = reasoning = ""
+    reasoning_tokens, unfinished = 0, False
     if isinstance(reply, ToolCall):
         calls = (reply,)
     elif isinstance(reply, tuple):
         calls = reply
+    elif isinstance(reply, Thinking):
+        reasoning, unfinished, calls = reply.reasoning, reply.unfinished, reply.tool_calls
+        text = "" if unfinished else reply.text
+        reasoning_tokens = counter.count(reasoning) if reply.reasoning_tokens is None else reply.reasoning_tokens
+        finish_reason = "length" if unfinished else finish_reason
     else:
         text = reply
-    completion_tokens = counter.count(text) + sum(counter.count(c.name + c.arguments) for c in calls)
+    completion_tokens = reasoning_tokens + counter.count(text) + sum(counter.count(c.name + c.arguments) for c in calls)
+    choice = Choice(
+        text=text,
+        finish_reason=cast(FinishReason, finish_reason or ("tool_calls" if calls else "stop")),
+        tool_calls=calls,
+        reasoning=reasoning,
+        thinking_unfinished=unfinished,
+    )
     return Completion(
-        choices=(
-            Choice(text=text, finish_reason=cast(FinishReason, finish_reason or ("tool_calls" if calls else "stop")), tool_calls=calls),
-        ),
-        usage=Usage(count_messages(counter, request.messages), completion_tokens),
+        choices=(choice,),
+        usage=Usage(count_messages(counter, request.messages), completion_tokens, reasoning_tokens),
         model=model,
     )
 
