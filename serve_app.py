@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -36,17 +37,18 @@ from reasonray.actors.ray_compat import serve_http
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, limiter_actor, owners_actor
-from reasonray.api.access.audit import AuditLog, NoAudit, audit_refusal
-from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, TokenVerifier, principal_trace_id
+from reasonray.api.access.audit import audit_refusal
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier, principal_trace_id
 from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Backends, build_application
-from reasonray.api.errors import error_headers, openai_error, rest_error, view_of
-from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for, error_response
+from reasonray.api.errors import error_headers, rest_error, view_of
+from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for
 from reasonray.api.methods import accept_trace_id, new_trace_id
 from reasonray.api.service import ExecuteParams, ExecuteResult
 from reasonray.api.stores.a2a_store import repository as a2a_repository
 from reasonray.api.stores.registry import RegistryService
 from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
+from reasonray.api.surfaces.gate import AuthGate, GateConfig
 from reasonray.api.surfaces.guard import GuardSettings, HttpGuard
 from reasonray.api.surfaces.mcp_server import McpEndpoint
 from reasonray.api.surfaces.openai_compat import OpenAICompat, OpenAIError, Reply, http_error, respond
@@ -60,7 +62,7 @@ from reasonray.gateway.factory import client_for, shared_cache
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
 from reasonray.kernel.config import Settings, load_settings, require_auth_off_loopback
-from reasonray.kernel.errors import ForbiddenError, UnauthenticatedError
+from reasonray.kernel.errors import ForbiddenError
 from reasonray.kernel.logs import configure_logging
 from reasonray.kernel.ports import instance_ports
 from reasonray.memory.service import check_memory
@@ -79,68 +81,6 @@ api = FastAPI(
 api.add_route("/mcp", McpEndpoint.asgi, methods=["GET", "POST", "DELETE"], include_in_schema=False)  # MCP, Streamable HTTP
 # Host allow-list, JSON-only bodies, body and nesting caps, CORS: before any route (reasonray/api/surfaces/guard.py)
 api.add_middleware(HttpGuard)
-PUBLIC_PATHS = frozenset({"/healthz", "/health", "/.well-known/agent-card.json"})  # everything else needs a bearer token
-
-
-class AuthGate:
-    """ASGI middleware in front of every route: verifies the bearer token and sets CURRENT_PRINCIPAL.
-
-    Routes added later are covered without doing anything; only PUBLIC_PATHS are open. The replica
-    sets `verifier` when `[auth]` is configured; None means authentication is off.
-    """
-
-    verifier: TokenVerifier | None = None
-    policy: Policy | None = None  # with `verifier`: principals holding no configured role are refused here
-    audit: AuditLog = NoAudit()  # refusals here are audited too (docs/security.md, Audit log)
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        verifier = AuthGate.verifier
-        if scope["type"] != "http" or verifier is None:
-            return await self.app(scope, receive, send)
-        path, root = scope["path"], scope.get("root_path", "")
-        path = path[len(root) :] if root and path.startswith(root) else path  # the app's own path under its route prefix
-        if path in PUBLIC_PATHS:
-            return await self.app(scope, receive, send)
-        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-        try:
-            principal = verifier.verify(header)
-        except UnauthenticatedError as exc:
-            given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-trace-id"), None)
-            trace_id = accept_trace_id(given) or new_trace_id()
-            await audit_refusal(
-                AuthGate.audit, method=f"{scope['method']} {path}", outcome="unauthenticated", reason=exc.message, trace_id=trace_id
-            )
-            return await _unauthenticated(exc, path, trace_id)(scope, receive, send)
-        if AuthGate.policy is not None and not AuthGate.policy.known(principal):
-            # a valid signature with no role this server knows (a token minted for another service, a
-            # role since removed): it gets what an anonymous caller gets, not the docs, metrics or MCP
-            forbidden = ForbiddenError(
-                f"forbidden: roles {list(principal.roles)} are not configured on this server; "
-                "only the public routes (/healthz) answer (docs/security.md#roles)"
-            )
-            trace_id = new_trace_id()
-            await audit_refusal(
-                AuthGate.audit,
-                method=f"{scope['method']} {path}",
-                outcome="forbidden",
-                reason=forbidden.message,
-                trace_id=trace_id,
-                principal=principal.sub,
-            )
-            return await _refusal(forbidden, path, trace_id, 403)(scope, receive, send)
-        token = CURRENT_PRINCIPAL.set(principal)
-        cache_scope = CACHE_SCOPE.set(principal.sub)  # one principal's cache hits tell nothing of another's prompts
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            CACHE_SCOPE.reset(cache_scope)
-            CURRENT_PRINCIPAL.reset(token)
-
-
-OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})  # refused in OpenAI's error shape
 
 
 @api.exception_handler(StarletteHTTPException)
@@ -159,26 +99,6 @@ async def _invalid_body(request: Request, exc: RequestValidationError) -> Respon
         return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
     error = http_error(422, request.url.path, request.method, jsonable_encoder(exc.errors()))
     return JSONResponse(error.body, status_code=error.status)
-
-
-JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error response (MCP is JSON-RPC too)
-
-
-def _unauthenticated(exc: UnauthenticatedError, path: str, trace_id: str) -> Response:
-    return _refusal(exc, path, trace_id, 401)
-
-
-def _refusal(exc: UnauthenticatedError | ForbiddenError, path: str, trace_id: str, status: int) -> Response:
-    error = error_for(exc)
-    error.data["trace_id"] = trace_id
-    payload: dict[str, Any] = {"error": error.body()}
-    if path in JSONRPC_PATHS:
-        payload = error_response(None, error)
-    elif path in OPENAI_PATHS or path.startswith("/v1/models/"):
-        payload = openai_error(error.body())[1]
-    kind = "invalid_token" if status == 401 else "insufficient_scope"
-    challenge = f'Bearer realm="reasonray", error="{kind}", error_description="' + error.message.replace('"', "'") + '"'
-    return JSONResponse(payload, status_code=status, headers={"WWW-Authenticate": challenge, "X-Trace-Id": trace_id})
 
 
 def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
@@ -205,7 +125,19 @@ def caller_sub() -> str | None:
     return principal.sub if principal is not None else None
 
 
-api.add_middleware(AuthGate)
+def enter(principal: Principal) -> Callable[[], None]:
+    """The request runs as `principal`: CURRENT_PRINCIPAL, and a cache scope of its own, so one principal's
+    cache hits tell nothing of another's prompts."""
+    token, cache_scope = CURRENT_PRINCIPAL.set(principal), CACHE_SCOPE.set(principal.sub)
+
+    def undo() -> None:
+        CACHE_SCOPE.reset(cache_scope)
+        CURRENT_PRINCIPAL.reset(token)
+
+    return undo
+
+
+api.add_middleware(AuthGate, enter=enter)  # configured through `api.state.gate` (reasonray/api/surfaces/gate.py)
 
 
 @api.exception_handler(RequestValidationError)
@@ -314,10 +246,9 @@ class ReasonRayIngress:
 
     def _guard(self, owners: RayOwners, limits: RayLimits) -> None:
         """Authentication on: tokens verified at the gate, every method behind the one guard (`build_guard`)."""
-        AuthGate.verifier = TokenVerifier(self.settings.auth)
-        AuthGate.policy = Policy(self.settings.auth)
         guard = build_guard(self.settings, self.registry, self.service, owners, limits)
-        AuthGate.audit = guard.audit  # one writer for refusals at the gate and for every call the guard sees
+        # one writer for refusals at the gate and for every call the guard sees
+        api.state.gate = GateConfig(TokenVerifier(self.settings.auth), guard.policy, guard.admit_request, guard.audit)
         install_guard(self.rpc, guard)
 
     @api.post("/rpc", summary="JSON-RPC 2.0 endpoint (single or batch)")
@@ -429,7 +360,7 @@ class ReasonRayIngress:
             error = error_for(ForbiddenError("forbidden: /admin/health is for the operator and admin roles"))
             trace_id = new_trace_id()
             await audit_refusal(
-                AuthGate.audit,
+                api.state.gate.audit,
                 method="GET /admin/health",
                 outcome="forbidden",
                 reason=error.message,

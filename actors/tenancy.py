@@ -179,8 +179,8 @@ class RayLimits:
     async def usage(self, key: str) -> dict[str, int]:
         return await unwrap(self.handle.usage.remote(key))  # type: ignore[no-any-return]
 
-    async def admit(self, keyed: KeyedLimits, *, run: bool) -> dict[str, Any]:
-        permit = await self._permit(keyed)
+    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> dict[str, Any]:
+        permit = await self._permit(keyed) if requests else {"ok": True, "limit": None, "remaining": None, "reset_s": None}
         if not run or not permit["ok"]:
             return permit
         return await self._run_slot(keyed, permit)

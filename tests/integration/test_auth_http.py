@@ -49,6 +49,7 @@ def secured(serve_base, simulator, tarpit):
             "admin": {"methods": ["*"], "strategies": ["*"], "all_owners": True},
             "metered": {"methods": ["*"], "strategies": ["*"], "limits": {"requests_per_minute": 6}},
             "runner": {"methods": ["reasoning.execute"], "strategies": ["*"]},
+            "scrape": {"methods": ["metrics.scrape"], "strategies": []},
         },
         "principals": {"thrifty": {"tokens_per_day": 1}},
     }
@@ -188,6 +189,43 @@ def test_rate_limits_hold_across_two_replicas_with_429_and_retry_after(secured):
     assert over.status_code == 429 and over.json()["error"]["data"]["limit_name"] == "requests_per_minute"
 
 
+MCP_TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+
+
+def test_every_authenticated_route_counts_against_the_callers_limit(secured):
+    """Routes outside the method table (metrics, the OpenAPI document, MCP's tool list, A2A's task list) count
+    like a JSON-RPC call: a caller whose requests per minute are used up gets 429 from all of them."""
+    client, _ = secured
+    headers = bearer(f"metered-routes-{uuid.uuid4().hex[:8]}", "metered")
+    mcp_headers = {**headers, "Accept": "application/json, text/event-stream"}
+    routes = [
+        lambda: client.get("/metrics", headers=headers),
+        lambda: client.get("/openapi.json", headers=headers),
+        lambda: client.post("/mcp", json=MCP_TOOLS_LIST, headers=mcp_headers),
+        lambda: client.get("/a2a/tasks", headers=headers),
+    ]
+    before = [route().status_code for route in routes]
+    assert 429 not in before, before
+    for _ in range(2):  # the limit is 6 a minute: these two use it up
+        assert client.get("/v1/strategies", headers=headers).status_code == 200
+    after = [route() for route in routes]
+    assert [r.status_code for r in after] == [429] * len(routes), [(r.status_code, r.text[:200]) for r in after]
+    assert all(r.headers["Retry-After"] and r.headers["X-RateLimit-Limit"] == "6" for r in after)
+    assert after[2].json()["error"]["code"] == -32012  # MCP is JSON-RPC: refused as a JSON-RPC error
+
+
+def test_metrics_are_for_operators_and_a_scrape_role_only(secured):
+    """GET /metrics shows the whole service's activity: a role without `*` or `metrics.scrape` is refused."""
+    client, _ = secured
+    refused = client.get("/metrics", headers=bearer("runner-metrics", "runner"))
+    assert refused.status_code == 403 and "metrics.scrape" in refused.json()["error"]["message"]
+    scraped = client.get("/metrics", headers=bearer("prometheus", "scrape"))
+    assert scraped.status_code == 200 and "# TYPE" in scraped.text
+    assert client.get("/metrics", headers=bearer("ops-metrics", "admin")).status_code == 200
+    # the scrape role reaches nothing else
+    assert call(client, "prometheus", "reasoning.strategies", {}, "scrape")["error"]["code"] == -32003
+
+
 def test_a_callers_remote_calls_in_flight_are_capped_for_both_replicas_together(secured, tarpit):
     # each replica counting alone let a caller hold the cap once per replica; the limiter actor counts for both
     client, _ = secured
@@ -312,6 +350,6 @@ def test_requests_refused_at_the_gate_are_audited_with_reason_and_trace_id(secur
     assert third["principal"] == f"runner-{tag}" and third["method"] == "agent.list" and third["outcome"] == "forbidden"
     assert "may not call agent.list" in third["reason"] and third["roles"] == ["runner"]
     assert fourth["principal"] == f"nosy-{tag}" and fourth["method"] == "GET /admin/health" and fourth["outcome"] == "forbidden"
-    assert fifth["principal"] == f"metered-{tag}" and fifth["method"] == "reasoning.strategies"
+    assert fifth["principal"] == f"metered-{tag}" and fifth["method"] == "GET /v1/strategies"  # refused at the gate, before any method
     assert fifth["outcome"] == "rate_limited" and "requests per minute" in fifth["reason"]
     assert (Path(settings["data_dir"]) / "audit" / "audit.jsonl").stat().st_mode & 0o777 == 0o600

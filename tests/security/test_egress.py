@@ -12,7 +12,7 @@ import pytest
 
 from reasonray.api.a2a_remote import RemoteAgentError, forward, remote_registration
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal
-from reasonray.api.access.egress import Egress, EgressRefusedError, OutboundGate, internal_address
+from reasonray.api.access.egress import Egress, EgressPolicy, EgressRefusedError, OutboundGate, internal_address
 from reasonray.kernel.egress_settings import EgressSettings
 from reasonray.kernel.errors import InvalidParamsError, OverloadedError, RateLimitedError
 from reasonray.strategies.agents import AgentRegistration
@@ -335,3 +335,18 @@ async def test_a_tarpit_is_left_at_the_deadline_and_at_once_when_the_caller_goes
             assert tarpit.open == 0 and policy.gate.in_flight() == 0
         finally:
             CURRENT_PRINCIPAL.reset(token)
+
+
+@pytest.mark.parametrize(("host", "port"), [("agents.example.test", 8444), ("93.184.215.14", 444), ("AGENTS.example.test", 80)])
+async def test_a_listed_public_host_on_a_port_the_list_does_not_name_is_refused_by_the_list_itself(host, port):
+    """The allow-list names host:port pairs: a listed host at another port is refused by the list, not only by the
+    later internal-address rule (these destinations are public, so only the list can refuse them)."""
+    policy = EgressPolicy(EgressSettings(allow_hosts=["agents.example.test:8443", "93.184.215.14:443"]))
+
+    async def public(host, port):
+        return [ipaddress.ip_address("93.184.215.14")]
+
+    policy.lookup = public
+    with pytest.raises(EgressRefusedError, match=r"is not in \[egress\] allow_hosts"):
+        await policy.resolve(host, port)
+    assert await policy.resolve("agents.example.test", 8443) == "93.184.215.14"  # the listed pair itself is reached

@@ -272,7 +272,9 @@ def refusal_error(decision: dict[str, Any], sub: str) -> RateLimitedError:
 class Limits(Protocol):
     """The limiter as the guard uses it (in this process, or the cluster's shared actor)."""
 
-    async def admit(self, keyed: KeyedLimits, *, run: bool) -> dict[str, Any]: ...
+    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> dict[str, Any]:
+        """Count `requests` requests (0: counted already, at the gate) and, with `run`, take a run slot."""
+        ...
 
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None: ...
 
@@ -285,8 +287,8 @@ class LocalLimits:
     def __init__(self, limiter: RateLimiter | None = None) -> None:
         self.limiter = limiter or RateLimiter()
 
-    async def admit(self, keyed: KeyedLimits, *, run: bool) -> dict[str, Any]:
-        return self.limiter.admit(keyed, run=run)
+    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> dict[str, Any]:
+        return self.limiter.admit(keyed, requests=requests, run=run)
 
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         self.limiter.finish(keys, run_id, tokens)

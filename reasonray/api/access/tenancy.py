@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 RUN_TOKENS: ContextVar[list[int] | None] = ContextVar("reasonray_run_tokens", default=None)
+HTTP_ADMISSION: ContextVar[list[bool] | None] = ContextVar("reasonray_http_admission", default=None)
+"""[True] while the HTTP request that the gate counted against its caller's limits has not yet been taken by a
+method call (the first call of the request takes it; a batch's other calls count as requests of their own)."""
 """Tokens the current call's runs used, added by the reasoning service as each run ends (ok or not)."""
 
 
@@ -287,6 +290,13 @@ class Guard:
                 )
             )
 
+    async def admit_request(self, principal: Principal) -> None:
+        """Count one request against the caller's own limits (the gate's, for every authenticated route)."""
+        if keyed := [(k, lim) for k, lim in [(principal.sub, limited(self.policy.limits(principal)))] if lim]:
+            decision = await self.limits.admit(keyed, run=False)
+            if not decision["ok"]:
+                raise refusal_error(decision, principal.sub)
+
     async def _limited(self, principal: Principal, access: Access, strategy: str | None, invoke: Callable[[], Awaitable[Any]]) -> Any:
         keyed = [(principal.sub, limited(self.policy.limits(principal)))]
         if strategy is not None and strategy in self.policy.strategy_limits:
@@ -295,7 +305,17 @@ class Guard:
         if not keyed:
             return await invoke()
         run = access.limits == "run"
-        decision = await self.limits.admit(keyed, run=run)
+        requests = 1
+        if (admission := HTTP_ADMISSION.get()) is not None and admission[0]:
+            admission[0] = False  # the gate counted this request against the caller's own limits
+            requests = 0
+            if by_strategy := [(k, lim) for k, lim in keyed if k != principal.sub]:  # the gate could not know the strategy
+                decision = await self.limits.admit(by_strategy, run=False)
+                if not decision["ok"]:
+                    raise refusal_error(decision, principal.sub)
+            if not run:
+                return await invoke()
+        decision = await self.limits.admit(keyed, run=run, requests=requests)
         if not decision["ok"]:
             raise refusal_error(decision, principal.sub)
         if not run:

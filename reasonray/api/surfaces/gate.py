@@ -1,0 +1,123 @@
+"""The front door of every authenticated route: the bearer token, the caller's request limit, the metrics right.
+
+`AuthGate` is ASGI middleware, so every route is covered, mounted ones (MCP, A2A) and routes added later
+included; only `PUBLIC_PATHS` are open. It is configured through the application object
+(`app.state.gate`, a `GateConfig`); an application without one has authentication off.
+
+Every authenticated request is one request against its caller's `requests_per_minute`, whatever the route:
+`GET /metrics`, `GET /openapi.json`, MCP's `tools/list` and A2A's task listing count like a JSON-RPC call.
+The gate counts it before the route runs; the method guard then takes the first method call of the same
+HTTP request as already counted (`HTTP_ADMISSION`), so a call is never counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from reasonray.api.access.audit import AuditLog, NoAudit, audit_refusal
+from reasonray.api.access.auth import Policy, Principal, TokenVerifier
+from reasonray.api.access.tenancy import HTTP_ADMISSION
+from reasonray.api.errors import error_headers, openai_error, view_of
+from reasonray.api.jsonrpc import error_for, error_response
+from reasonray.api.methods import accept_trace_id, new_trace_id
+from reasonray.kernel.errors import ForbiddenError, RateLimitedError, ReasonRayError, UnauthenticatedError
+
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/.well-known/agent-card.json"})
+"""The only routes that answer without a bearer token."""
+JSONRPC_PATHS = frozenset({"/rpc", "/mcp"})  # refused with a JSON-RPC error response (MCP is JSON-RPC too)
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})  # refused in OpenAI's error shape
+METRICS_PATH = "/metrics"
+METRICS_RIGHT = "metrics.scrape"
+"""The right `GET /metrics` needs: the whole service's activity is for operators (roles granting `*`) and for
+a scrape role granting only this name (`[auth.roles.scrape] methods = ["metrics.scrape"]`), not every principal."""
+
+
+@dataclass
+class GateConfig:
+    """What the gate needs when authentication is on."""
+
+    verifier: TokenVerifier
+    policy: Policy
+    admit: Callable[[Principal], Awaitable[None]]
+    """Counts one request against the caller's limits; raises RateLimitedError when they are used up."""
+    audit: AuditLog = field(default_factory=NoAudit)
+
+
+class AuthGate:
+    """ASGI middleware in front of every route: verifies the bearer token, sets CURRENT_PRINCIPAL (through
+    `enter`) and counts the request against the caller's limits."""
+
+    def __init__(self, app: Any, enter: Callable[[Principal], Callable[[], None]]) -> None:
+        self.app = app
+        self.enter = enter  # binds the principal for the request (and its cache scope); returns the undo
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        config: GateConfig | None = getattr(getattr(scope.get("app"), "state", None), "gate", None)
+        if scope["type"] != "http" or config is None:
+            await self.app(scope, receive, send)
+            return
+        path, root = scope["path"], scope.get("root_path", "")
+        path = path[len(root) :] if root and path.startswith(root) else path  # the app's own path under its route prefix
+        if path in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-trace-id"), None)
+        trace_id = accept_trace_id(given) or new_trace_id()
+        principal: Principal | None = None
+        try:
+            principal = config.verifier.verify(header)
+            if not config.policy.known(principal):
+                # a valid signature with no role this server knows (a token minted for another service, a
+                # role since removed): it gets what an anonymous caller gets, not the docs, metrics or MCP
+                raise ForbiddenError(
+                    f"forbidden: roles {list(principal.roles)} are not configured on this server; "
+                    "only the public routes (/healthz) answer (docs/security.md#roles)"
+                )
+            if path == METRICS_PATH and not config.policy.may_call(principal, METRICS_RIGHT):
+                raise ForbiddenError(
+                    f"forbidden: roles {list(principal.roles)} may not read {METRICS_PATH} (the whole service's activity); "
+                    f"it needs an operator role or one granting {METRICS_RIGHT!r} (docs/security.md#metrics)",
+                    {"method": METRICS_RIGHT},
+                )
+            await config.admit(principal)
+        except (UnauthenticatedError, ForbiddenError, RateLimitedError) as exc:
+            outcome = {UnauthenticatedError: "unauthenticated", ForbiddenError: "forbidden"}.get(type(exc), "rate_limited")
+            await audit_refusal(
+                config.audit,
+                method=f"{scope['method']} {path}",
+                outcome=outcome,
+                reason=exc.message,
+                trace_id=trace_id,
+                principal=principal.sub if principal is not None else None,
+            )
+            await refusal(exc, path, trace_id)(scope, receive, send)
+            return
+        undo = self.enter(principal)
+        admission = HTTP_ADMISSION.set([True])
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            HTTP_ADMISSION.reset(admission)
+            undo()
+
+
+def refusal(exc: ReasonRayError, path: str, trace_id: str) -> JSONResponse:
+    """A refusal at the gate in the shape of the route's protocol, with the HTTP status of the one error table."""
+    error = error_for(exc)
+    error.data["trace_id"] = trace_id
+    body = error.body()
+    payload: dict[str, Any] = {"error": body}
+    if path in JSONRPC_PATHS:
+        payload = error_response(None, error)
+    elif path in OPENAI_PATHS or path.startswith("/v1/models/"):
+        payload = openai_error(body)[1]
+    headers = {"X-Trace-Id": trace_id, **error_headers(body)}
+    if isinstance(exc, (UnauthenticatedError, ForbiddenError)):
+        kind = "invalid_token" if isinstance(exc, UnauthenticatedError) else "insufficient_scope"
+        headers["WWW-Authenticate"] = f'Bearer realm="reasonray", error="{kind}", error_description="' + exc.message.replace('"', "'") + '"'
+    return JSONResponse(payload, status_code=view_of(body["code"]).http_status, headers=headers)
