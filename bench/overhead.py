@@ -9,6 +9,7 @@ over HTTP in interleaved blocks with the same requests.
     .venv/bin/python bench/overhead.py --auth-in-process   # the guard alone, in this process, no Ray
     .venv/bin/python bench/overhead.py --path default      # CoT over Serve's proxy (auth off), paired with direct calls
     .venv/bin/python bench/overhead.py --path auth         # CoT with auth on (HAProxy ingress), paired with direct calls
+    .venv/bin/python bench/overhead.py --path both         # both paths in one run, one after the other
 
 Targets: resolution under 1 ms p50; added latency through Serve under 15 ms p50.
 Target: authentication + rate limiting under 1 ms p50 per request.
@@ -284,7 +285,10 @@ def print_auth_http(figures: dict[str, tuple[list[float], list[float]]]) -> bool
     return ok
 
 
-def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url: str, api_port: int) -> None:
+PATHS = {"default": ("default",), "auth": ("auth",), "both": ("default", "auth")}
+
+
+def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url: str, api_port: int) -> float:
     """What one chain-of-thought request adds over the same chat completion sent straight to the model, on the
     path `reasonray serve` takes with authentication off (`default`) or on (`auth`: a token, per-principal
     limits, the tenancy guard and the audit log), in interleaved blocks of one run."""
@@ -341,6 +345,7 @@ def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url:
     print(f"reasoning.execute over HTTP          p50 {s50:7.2f} ms   p95 {pct(serve_ms, 0.95):7.2f} ms")
     print(f"added p50 {s50 - d50:7.2f} ms   ratio p50 {s50 / d50:.2f}x   /healthz p50 {pct(health_ms, 0.5):.2f} ms")
     print(f"target added < 8 ms p50: {'PASS' if s50 - d50 < 8 else 'FAIL'}")
+    return s50 - d50
 
 
 def wait_for(url: str, timeout_s: float = 60) -> None:
@@ -364,9 +369,9 @@ def main() -> None:
     parser.add_argument("--auth-in-process", action="store_true", help="The guard alone, in this process (no Ray, no HTTP).")
     parser.add_argument(
         "--path",
-        choices=("default", "auth"),
+        choices=("default", "auth", "both"),
         help="Only what a CoT request adds over a direct call on one path, paired in this run: `default` (auth off: "
-        "Serve's proxy) or `auth` (auth on, with limits: the HAProxy ingress `reasonray serve` uses then).",
+        "Serve's proxy), `auth` (auth on, with limits: the HAProxy ingress `reasonray serve` uses then), or `both`.",
     )
     args = parser.parse_args()
     if args.tracing_only:
@@ -408,7 +413,12 @@ def main() -> None:
             return
 
         if args.path is not None:
-            cot_path(settings, args.path, args.requests, args.warmup, sim_url, api_port)
+            # default first: the auth path's ingress settings stay in this process's environment once set
+            added = [cot_path(settings, path, args.requests, args.warmup, sim_url, free_port()) for path in PATHS[args.path]]
+            if len(added) > 1:
+                print(
+                    f"both paths: added p50 default {added[0]:.2f} ms, auth {added[1]:.2f} ms; auth - default {added[1] - added[0]:+.2f} ms"
+                )
             return
 
         by_default, by_request = resolution_overhead(settings)
