@@ -298,7 +298,8 @@ class BoundedContext(Strategy):
             continue_thinking=thinking or None,
         )
         completion = await context.llm.complete(request)
-        state.calibrate(count_messages(context.tokens, messages), completion.usage.prompt_tokens)
+        sent = (*messages, Message(role="assistant", content=thinking)) if thinking else messages  # the continued thinking is prompt too
+        state.calibrate(count_messages(context.tokens, sent), completion.usage.prompt_tokens)
         reasoning = completion.reasoning
         if thinking and reasoning.startswith(thinking):  # a server that hands back the continued prefix with the reply
             reasoning = reasoning[len(thinking) :]
