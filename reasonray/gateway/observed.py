@@ -207,6 +207,7 @@ class ObservedLLM:
         t = self.tally
         t.prompt_tokens += completion.usage.prompt_tokens
         t.completion_tokens += completion.usage.completion_tokens
+        t.reasoning_tokens += completion.usage.reasoning_tokens
         t.calls += 1
         t.cache_hits += completion.cached
         t.retries += max(completion.attempts - 1, 0)
@@ -226,6 +227,8 @@ class ObservedLLM:
                 attempts=completion.attempts,
                 model=completion.model,
                 simulated=completion.simulated,
+                reasoning=[c.reasoning for c in completion.choices],
+                reasoning_tokens=completion.usage.reasoning_tokens,
             )
         )
         return completion

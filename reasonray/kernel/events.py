@@ -45,6 +45,8 @@ class LLMInvocation(Event, tag="LLM_INVOCATION"):
     attempts: int
     model: str
     simulated: bool
+    reasoning: list[str] = []  # each choice's thinking, as the gateway read it ("" for a model that thinks out of sight)
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking (as the server counted them)
 
 
 class IterationEnd(Event, tag="ITERATION_END"):
@@ -134,7 +136,7 @@ class RunEnd(Event, tag="RUN_END"):
 EventSink = Callable[[Event], None]
 
 
-TEXT_FIELDS = frozenset({"messages", "responses", "text"})  # model and user text: event log only, never logs
+TEXT_FIELDS = frozenset({"messages", "responses", "text", "reasoning"})  # model and user text: event log only, never logs
 PRIVATE_FIELDS = TEXT_FIELDS | {"memories"}  # what `[events] record = "metadata"` keeps only the size and hash of
 RecordMode = Literal["full", "metadata", "off"]
 _encoder = msgspec.json.Encoder()
@@ -246,6 +248,7 @@ class Tally(msgspec.Struct):
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking
     calls: int = 0
     cache_hits: int = 0
     retries: int = 0
@@ -256,6 +259,7 @@ class Tally(msgspec.Struct):
         """Count another tally's calls (a branch that ran elsewhere) into this one."""
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.reasoning_tokens += other.reasoning_tokens
         self.calls += other.calls
         self.cache_hits += other.cache_hits
         self.retries += other.retries
