@@ -48,6 +48,9 @@ class ReasoningMetrics(BaseModel):
     total_tokens: int = Field(description="Prompt plus completion tokens over every LLM call of the run.")
     prompt_tokens: int = Field(description="Tokens sent to the model over the run.")
     completion_tokens: int = Field(description="Tokens the model generated over the run.")
+    reasoning_tokens: int = Field(
+        0, description="Of completion_tokens, those the model spent thinking over the run (visible or hidden), as its server counted them."
+    )
     execution_time_ms: int = Field(description="Wall time of the strategy, in milliseconds.")
     llm_calls: int = Field(description="LLM calls made, cache hits included.")
     cache_hits: int = Field(description="LLM calls answered from the response cache.")
@@ -59,6 +62,11 @@ class ReasoningMetrics(BaseModel):
 
 class ReasoningResult(BaseModel):
     answer: str = Field(description="The final answer, reasoning tags stripped.")
+    reasoning: str = Field(
+        "",
+        description="The model's thinking behind the answer: that of the run's last LLM call whose reply gave the answer "
+        "(at most 32,000 characters, head and tail kept); empty when the model thinks out of sight or no single reply gave it.",
+    )
     strategy_used: str = Field(description="The strategy that ran.")
     metrics: ReasoningMetrics
     trace: list[dict[str, Any]] | None = Field(None, description="The run's events, when the request asked for them.")
@@ -244,6 +252,7 @@ class StrategyContext:
             total_tokens=t.prompt_tokens + t.completion_tokens,
             prompt_tokens=t.prompt_tokens,
             completion_tokens=t.completion_tokens,
+            reasoning_tokens=t.reasoning_tokens,
             execution_time_ms=self.elapsed_ms(),
             llm_calls=t.calls,
             cache_hits=t.cache_hits,
