@@ -62,9 +62,14 @@ class LocalModelServer:
     `start()` returns once `GET /v1/models` answers (the model is loaded); `stop()` ends the process group
     (the server and anything it started). Usable as a context manager."""
 
-    def __init__(self, section: LocalModelSection | None = None, *, python: str = sys.executable) -> None:
+    def __init__(
+        self, section: LocalModelSection | None = None, *, python: str = sys.executable, documented_defaults: bool = False
+    ) -> None:
         self.section = section or LocalModelSection()
         self.python = python
+        self.documented_defaults = documented_defaults
+        """Start it as its own documentation does (model, alias, context, threads, address: every other setting the
+        server's default, `--interrupt_requests` on among them), as users start it, instead of as ReasonRay would."""
         self.process: subprocess.Popen[bytes] | None = None
         self.port = self.section.port
         self.log_path: Path | None = None
@@ -82,6 +87,11 @@ class LocalModelServer:
 
     def command(self) -> list[str]:
         s = self.section
+        if self.documented_defaults:
+            return [
+                *(self.python, "-m", "llama_cpp.server", "--model", str(model_path(s)), "--model_alias", s.alias),
+                *("--n_ctx", str(s.n_ctx), "--n_threads", str(s.n_threads), "--host", s.host, "--port", str(self.port)),
+            ]
         argv = [
             self.python,
             "-m",

@@ -47,7 +47,9 @@ def model_section(**changes: Any) -> LocalModelSection:
 
 @pytest.fixture(scope="session")
 def llama() -> Iterator[LocalModelServer]:
-    with LocalModelServer(model_section()) as server:
+    # started as its own documentation starts it (`--interrupt_requests` on: another request cuts a running stream),
+    # as a user's server is, not with the flags `reasonray serve --llm local` gives the server it starts
+    with LocalModelServer(model_section(), documented_defaults=True) as server:
         # a server that starts but cannot generate (a build its CPU refuses) would turn every run into a classified
         # provider error, which most tests accept: it must fail the suite here instead
         reply = httpx.post(

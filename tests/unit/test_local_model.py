@@ -101,3 +101,11 @@ def test_the_local_section_is_configurable_from_the_environment():
     settings = load_settings(None, environ={"REASONRAY_LLM__LOCAL__N_CTX": "8192", "REASONRAY_LLM__LOCAL__CHAT_FORMAT": "chatml"})
     assert settings.llm.local.n_ctx == 8192 and settings.llm.local.chat_format == "chatml"
     assert settings.llm.local.alias == "smollm2" and settings.llm.local.model_path is None
+
+
+def test_documented_defaults_start_the_server_as_its_own_docs_do(stand_in):
+    """The real-model suite runs against the server as users start it: nothing of ReasonRay's own flags."""
+    section = LocalModelSection(model_path=str(stand_in), alias="tiny", n_ctx=2048, n_threads=2, chat_format="chatml")
+    argv = LocalModelServer(section, documented_defaults=True).command()
+    assert argv[1:4] == ["-m", "llama_cpp.server", "--model"] and "--model_alias" in argv and "--n_ctx" in argv
+    assert not {"--interrupt_requests", "--chat_format", "--n_threads_batch"} & set(argv)
