@@ -18,7 +18,17 @@ answer wins (ties to the earlier attempt). An attempt cut by max_tokens whose an
 its whole text stated none: it is degenerate, chosen (by judge or contrast) only when every attempt is. A prompt
 quoting attempts is fitted to the model's context (`context_fit`). Every attempt is reported as a trajectory, so a
 memory-aware run learns by self-contrast across all k (at most 5 items). With k = 1 or
-`enabled = false` it is a single run of the base strategy.
+`enabled = false` it is a single run of the base strategy: as configured, or (k = 1 with `single_attempt =
+"sampled"`) sampled like one attempt of k > 1, so a curve over k does not also change the temperature.
+
+An attempt that fails costs its place, not the run: the answer is chosen among the attempts that finished
+(`branches_finished`, `branches_failed`, `failures` by error type), and the run fails only when none did,
+with the first failure's error. A re-examination that fails ends the sequence with the attempts before it; a
+judge that fails leaves its attempt unscored; a contrast call that fails leaves the majority answer.
+Cancellation, the deadline and the caller's budget (`RUN_ENDING`) fail the whole run at once. The result's
+`attempts` logs every attempt in order (its normalized answer, its judge score, whether it was chosen, or how it
+failed), so an evaluation can derive majority@k, judge-selected@k and oracle pass@k for every k up to k from
+one run.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from reasonray.gateway.protocol import Completion, LLMRequest, system, user
-from reasonray.kernel.errors import InvalidParamsError, OverloadedError
+from reasonray.kernel.errors import InvalidParamsError, OverloadedError, error_type_of
 from reasonray.kernel.extraction import find_answer, find_choice, numeric_question
 from reasonray.kernel.tags import normalize_answer, strip_thinking
 from reasonray.memory.items import Trajectory
@@ -44,6 +54,8 @@ from reasonray.strategies.base import (
     Strategy,
     StrategyConfig,
     StrategyContext,
+    ends_run,
+    failure_kinds,
 )
 from reasonray.strategies.context_fit import fitted
 from reasonray.strategies.output import ANSWER, VOTE, shaped, structured
@@ -79,6 +91,11 @@ class MattsConfig(StrategyConfig):
     )
     seed: int = Field(0, ge=0, description="Seed of the first parallel attempt; attempt i uses seed + i.")
     judge_max_tokens: int = Field(1024, ge=16, le=32_768, description="Most tokens per judge or selector call.")
+    single_attempt: Literal["base", "sampled"] = Field(
+        "base",
+        description="k = 1: base runs the base strategy as configured (greedy for chain of thought); sampled runs it as "
+        "attempt 0 of k > 1 (at temperature, seed seed), so a curve over k varies k alone.",
+    )
 
 
 class _Recording:
@@ -97,8 +114,10 @@ class _Recording:
         return completion
 
 
-async def attempt(strategy: ReasoningStrategy, query: str, config: dict[str, Any], context: StrategyContext) -> dict[str, Any]:
-    """One run of the base strategy: its answer, the text of its LLM replies and how its answer was found."""
+async def attempt(
+    strategy: ReasoningStrategy, query: str, config: dict[str, Any], context: StrategyContext, *, index: int = 0
+) -> dict[str, Any]:
+    """Attempt `index`: one run of the base strategy, its answer, the text of its LLM replies and how its answer was found."""
     recording = _Recording(context.llm)
     # its own trajectories and progress: the base strategy's partial shape is not matts' (the attempts are)
     own = dataclasses.replace(context, llm=recording, trajectories=[], progress={})
@@ -106,11 +125,46 @@ async def attempt(strategy: ReasoningStrategy, query: str, config: dict[str, Any
     specific = result.metrics.strategy_specific
     found_by = specific.get("found_by") if isinstance(specific.get("found_by"), str) else ""
     return {
+        "index": index,
         "answer": result.answer,
         "text": "\n\n".join(recording.replies) or result.answer,
         "found_by": found_by,
         "degenerate": degenerate(found_by, specific.get("truncated") is True),
     }
+
+
+def attempt_log(
+    attempts: list[dict[str, Any]],
+    scores: list[float | None],
+    chosen: int,
+    judge_failed: set[int],
+    failed: dict[int, Exception],
+    *,
+    judged: bool,
+) -> list[dict[str, Any]]:
+    """Every attempt in attempt order: its normalized answer, its judge's verdict (`scored`, `unscored`: a reply
+    with no readable score, `failed`; None when the finished attempts were not judged), its score, whether it was
+    chosen, and for an attempt that failed, its error type instead."""
+    log: dict[int, dict[str, Any]] = {
+        i: {"index": i, "answer": None, "found_by": None, "judge": None, "score": None, "chosen": False, "failed": error_type_of(exc)}
+        for i, exc in failed.items()
+    }
+    for position, a in enumerate(attempts):
+        verdict = None
+        if position in judge_failed:
+            verdict = "failed"
+        elif judged and len(attempts) > 1:
+            verdict = "scored" if scores[position] is not None else "unscored"
+        log[a["index"]] = {
+            "index": a["index"],
+            "answer": normalize_answer(a["answer"]) or None,
+            "found_by": a["found_by"] or None,
+            "judge": verdict,
+            "score": scores[position],
+            "chosen": position == chosen,
+            "failed": None,
+        }
+    return [log[i] for i in sorted(log)]
 
 
 def degenerate(found_by: str, truncated: bool) -> bool:
@@ -164,26 +218,29 @@ class Matts(Strategy):
         started = time.perf_counter()
         judging = cfg.selection == "judge" and k > 1
         judges: dict[int, asyncio.Task[float | None]] = {}
+        failed: dict[int, Exception] = {}  # attempt index -> its error
         try:
             if k == 1:
-                attempts = [await attempt(base, query, base_config, context)]
+                sampled = cfg.enabled and cfg.single_attempt == "sampled"
+                attempts = [await attempt(base, query, self._diverse(base, base_config, cfg, 0) if sampled else base_config, context)]
             elif cfg.mode == "parallel":
-                attempts = await self._parallel(base, base_config, query, cfg, k, context, judges if judging else None)
+                attempts = await self._parallel(base, base_config, query, cfg, k, context, judges if judging else None, failed)
             else:
-                attempts = await self._sequential(base, base_config, query, k, context)
+                attempts = await self._sequential(base, base_config, query, k, context, failed)
             attempts_ms = round((time.perf_counter() - started) * 1000, 1)
             started = time.perf_counter()
             scores: list[float | None] = [None] * len(attempts)
+            judge_failed: set[int] = set()
             if len(attempts) == 1:
                 chosen, selection = 0, "single"
             elif agree(attempts):
                 chosen, selection = 0, "agreement"  # every attempt says the same: judging could not change the answer
             elif cfg.selection == "judge":
-                scores = await self._judged(query, attempts, cfg, context, judges)
+                scores = await self._judged(query, attempts, cfg, context, judges, judge_failed)
                 chosen = pick(attempts, scores)
                 selection = "judge" if any(s is not None for s in scores) else "majority"
             else:
-                chosen, selection = await self._contrast(query, attempts, cfg, context)
+                chosen, selection = await self._contrast(query, attempts, cfg, context, judge_failed)
         finally:
             for task in judges.values():
                 task.cancel()  # judging started for attempts that turned out to agree, or a failed run
@@ -193,8 +250,8 @@ class Matts(Strategy):
             self.name,
             attempts[chosen]["answer"],
             mode=cfg.mode,
-            k=len(attempts),
-            fallback=len(attempts) == 1,
+            k=k,
+            fallback=k == 1,
             base_strategy=cfg.base_strategy,
             selection=selection,
             selected=chosen,
@@ -202,6 +259,13 @@ class Matts(Strategy):
             scores=scores,
             judged=sum(s is not None for s in scores),
             unscored=sum(s is None for s in scores) if selection in ("judge", "majority") else 0,
+            judges_failed=len(judge_failed) if cfg.selection == "judge" else int(bool(judge_failed)),
+            branches_finished=len(attempts),
+            branches_failed=len(failed),
+            failures=failure_kinds(list(failed.values())),
+            attempts=attempt_log(
+                attempts, scores, chosen, judge_failed, failed, judged=selection != "agreement" and cfg.selection == "judge"
+            ),
             found_by=attempts[chosen]["found_by"] or None,
             attempts_ms=attempts_ms,
             selection_ms=round((time.perf_counter() - started) * 1000, 1),
@@ -216,15 +280,17 @@ class Matts(Strategy):
         k: int,
         context: StrategyContext,
         judges: dict[int, asyncio.Task[float | None]] | None,
+        failed: dict[int, Exception],
     ) -> list[dict[str, Any]]:
-        """k attempts at once. With `judges`, judging starts as soon as two finished attempts disagree: each
-        finished attempt (and each one finishing later) gets its judge while the slower attempts still run."""
+        """The k attempts that finished (their errors go to `failed`). With `judges`, judging starts as soon as two
+        finished attempts disagree: each finished attempt (and each one finishing later) gets its judge while the
+        slower attempts still run."""
         settled: dict[int, dict[str, Any] | Failed] = {}
 
         def arrived(index: int, outcome: dict[str, Any] | Failed) -> None:
             settled[index] = outcome
             finished = {i: o for i, o in sorted(settled.items()) if not isinstance(o, Failed)}
-            self._note_progress(context, k, list(finished.values()))
+            self._note_progress(context, k, list(finished.values()), len(settled) - len(finished))
             if judges is None or isinstance(outcome, Failed):
                 return
             if judges or not agree(list(finished.values())):
@@ -234,13 +300,15 @@ class Matts(Strategy):
 
         self._note_progress(context, k, [])
         outcomes = await context.fan_out_settled(
-            [partial(attempt, base, query, self._diverse(base, base_config, cfg, i)) for i in range(k)],
+            [partial(attempt, base, query, self._diverse(base, base_config, cfg, i), index=i) for i in range(k)],
             label=f"{self.name}.attempt",
             arrived=arrived,
         )
-        if failed := [o.error for o in outcomes if isinstance(o, Failed)]:
-            raise failed[0]
-        return [o for o in outcomes if not isinstance(o, Failed)]
+        failed.update({i: o.error for i, o in enumerate(outcomes) if isinstance(o, Failed)})
+        finished = [o for o in outcomes if not isinstance(o, Failed)]
+        if not finished:
+            raise failed[0]  # no attempt finished: nothing to choose from
+        return finished
 
     def _judge(self, query: str, a: dict[str, Any], cfg: MattsConfig, context: StrategyContext) -> asyncio.Task[float | None]:
         """One attempt's judge call, started now as a branch of its own."""
@@ -262,20 +330,28 @@ class Matts(Strategy):
         cfg: MattsConfig,
         context: StrategyContext,
         judges: dict[int, asyncio.Task[float | None]],
+        judge_failed: set[int],
     ) -> list[float | None]:
         """Every attempt's score: the judges started alongside the attempts, and the rest started now. A judge
-        the fan-out refused while the attempts held its slots (OverloadedError) is asked again now they are free."""
-        for i, a in enumerate(attempts):
-            if i not in judges:
-                judges[i] = self._judge(query, a, cfg, context)
-        outcomes = await asyncio.gather(*(judges[i] for i in range(len(attempts))), return_exceptions=True)
+        the fan-out refused while the attempts held its slots (OverloadedError) is asked again now they are free;
+        a judge that fails leaves its attempt unscored (its position in `attempts` goes to `judge_failed`)."""
+        for a in attempts:
+            if a["index"] not in judges:
+                judges[a["index"]] = self._judge(query, a, cfg, context)
+        outcomes: list[float | BaseException | None] = list(
+            await asyncio.gather(*(judges[a["index"]] for a in attempts), return_exceptions=True)
+        )
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, OverloadedError):
-                judges[i] = self._judge(query, attempts[i], cfg, context)
-                outcomes[i] = await judges[i]
-            elif isinstance(outcome, BaseException):
-                raise outcome
-        return [o for o in outcomes if not isinstance(o, BaseException)]
+                judges[attempts[i]["index"]] = self._judge(query, attempts[i], cfg, context)
+                [outcomes[i]] = await asyncio.gather(judges[attempts[i]["index"]], return_exceptions=True)
+            if isinstance(outcomes[i], BaseException):
+                error = outcomes[i]
+                if not isinstance(error, Exception) or ends_run(error):
+                    raise error
+                judge_failed.add(i)
+                outcomes[i] = None
+        return [o if not isinstance(o, BaseException) else None for o in outcomes]
 
     @staticmethod
     def _diverse(base: ReasoningStrategy, config: dict[str, Any], cfg: MattsConfig, index: int) -> dict[str, Any]:
@@ -289,11 +365,13 @@ class Matts(Strategy):
         return diverse
 
     async def _sequential(
-        self, base: ReasoningStrategy, config: dict[str, Any], query: str, k: int, context: StrategyContext
+        self, base: ReasoningStrategy, config: dict[str, Any], query: str, k: int, context: StrategyContext, failed: dict[int, Exception]
     ) -> list[dict[str, Any]]:
+        """The first attempt and up to k - 1 re-examinations; one that fails (its error goes to `failed`) ends the
+        sequence with the attempts before it."""
         attempts = [await attempt(base, query, config, context)]
         self._note_progress(context, k, attempts)
-        for _ in range(k - 1):
+        for index in range(1, k):
             last = attempts[-1]
             enforced = structured(context)
 
@@ -307,11 +385,19 @@ class Matts(Strategy):
                 return shaped(request, ANSWER, enforced)
 
             # an attempt that rambled to the context's end is shown cut (head and tail), so the re-examination fits
-            completion = await context.llm.complete(fitted(context, build, (strip_thinking(last["text"]), last["answer"])))
+            try:
+                completion = await context.llm.complete(fitted(context, build, (strip_thinking(last["text"]), last["answer"])))
+            except Exception as exc:
+                if ends_run(exc):
+                    raise
+                failed[index] = exc
+                self._note_progress(context, k, attempts, len(failed))
+                break
             found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
             found_by = found.found_by if found else ""
             attempts.append(
                 {
+                    "index": index,
                     "answer": found.answer if found else "",
                     "text": completion.text,
                     "found_by": found_by,
@@ -322,17 +408,21 @@ class Matts(Strategy):
         return attempts
 
     @staticmethod
-    def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, Any]]) -> None:
+    def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, Any]], failed: int = 0) -> None:
         """The branches finished so far (their answers), for `error.data.partial` should a later call fail."""
         context.progress.update(
             k=k,
             branches_finished=len(attempts),
+            branches_failed=failed,
             answers=[a["answer"] for a in attempts],
             answer=attempts[0]["answer"] if attempts else None,  # unjudged: the first finished branch
         )
 
-    async def _contrast(self, query: str, attempts: list[dict[str, Any]], cfg: MattsConfig, context: StrategyContext) -> tuple[int, str]:
-        """The attempt one comparing call picks; the majority answer when its reply names no candidate."""
+    async def _contrast(
+        self, query: str, attempts: list[dict[str, Any]], cfg: MattsConfig, context: StrategyContext, judge_failed: set[int]
+    ) -> tuple[int, str]:
+        """The attempt one comparing call picks; the majority answer when its reply names no candidate, or when the call
+        fails (every attempt goes to `judge_failed` then)."""
         enforced = structured(context)
 
         def build(parts: tuple[str, ...]) -> LLMRequest:
@@ -349,7 +439,13 @@ class Matts(Strategy):
 
         # the candidates share the context: each one that would not fit its share is shown cut (head and tail)
         parts = tuple(piece for a in attempts for piece in (strip_thinking(a["text"]), a["answer"]))
-        completion = await context.llm.complete(fitted(context, build, parts))
+        try:
+            completion = await context.llm.complete(fitted(context, build, parts))
+        except Exception as exc:
+            if ends_run(exc):
+                raise
+            judge_failed.update(range(len(attempts)))
+            return pick(attempts, [None] * len(attempts)), "majority"
         chosen = find_choice(completion.text, len(attempts), structured=enforced)
         if chosen is None or (attempts[chosen]["degenerate"] and not all(a["degenerate"] for a in attempts)):
             return pick(attempts, [None] * len(attempts)), "majority"  # no choice, or a ramble chosen over a stated answer

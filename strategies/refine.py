@@ -11,6 +11,12 @@ beats a scored attempt. A refinement that holds no answer, or only talks about t
 stating one, is degenerate and never chosen over a real attempt. All attempts, with their scores and
 feedback, form the trajectory that memory learning sees.
 
+A refinement or an evaluation that fails (the provider) costs that iteration, not the run: the loop stops
+(`stop_reason: "failed"`, `failures` by error type) and the answer is the best of the attempts that
+finished, an attempt whose evaluation failed counting as unscored; so a MaTTS attempt that runs refine keeps
+its vote too. Only a first attempt that fails fails the run. Cancellation, the deadline and the caller's
+budget (`RUN_ENDING`) fail it at once.
+
 As it goes, the run's `progress` keeps the iterations done, the last draft (thinking stripped) with
 its critique (score and feedback, once evaluated) and the best-scored answer so far: what
 `error.data.partial` carries when the run fails part-way.
@@ -35,6 +41,8 @@ from reasonray.strategies.base import (
     Strategy,
     StrategyConfig,
     StrategyContext,
+    ends_run,
+    failure_kinds,
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
 from reasonray.strategies.context_fit import fitted
@@ -122,11 +130,20 @@ class Refine(Strategy):
         # the documented partial shape from the start, so a failure before any draft still has every key
         context.progress.update(iterations=0, last_draft=None, last_answer=None, last_score=None, last_critique=None, answer=None)
         stop = "max_iterations"
+        failures: list[Exception] = []
         for iteration in range(1, cfg.max_iterations + 1):
             before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
             enforced = structured(context)
             request = self._attempt_request(query, attempts, iteration, cfg, context, enforced)
-            completion = await context.llm.complete(request)
+            try:
+                completion = await context.llm.complete(request)
+            except Exception as exc:
+                if not attempts or ends_run(exc):
+                    raise  # nothing finished to answer with, or the run itself is over
+                failures.append(exc)
+                stop = "failed"
+                self._iteration_end(context, iteration, before, False, stop)
+                break
             text = completion.text
             found = find_answer(text, numeric=numeric_question(query), structured=enforced)
             answer = found.answer if found is not None else ""
@@ -149,8 +166,14 @@ class Refine(Strategy):
                 self._iteration_end(context, iteration, before, True, stop)
                 break
             seen.add(digest)
-            score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
-            if score is None:
+            try:
+                score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
+            except Exception as exc:
+                if ends_run(exc):
+                    raise
+                failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
+                score, feedback, stop = None, "", "failed"
+            if score is None and stop != "failed":
                 context.emit(
                     RunWarning(
                         trace_id=context.trace_id,
@@ -175,6 +198,9 @@ class Refine(Strategy):
             context.progress.update(
                 iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
             )
+            if stop == "failed":
+                self._iteration_end(context, iteration, before, True, stop)
+                break
             passed = score is not None and score > cfg.threshold and not attempts[-1]["degenerate"]
             self._iteration_end(context, iteration, before, True, "threshold" if passed else "continue")
             if passed:
@@ -208,6 +234,7 @@ class Refine(Strategy):
             history=[{k: a[k] for k in ("iteration", "answer", "score", "feedback", "hash", "found_by", "degenerate")} for a in attempts],
             found_by=best["found_by"],
             unscored=sum(a["score"] is None for a in attempts),
+            failures=failure_kinds(failures),
         )
 
     @staticmethod

@@ -17,6 +17,12 @@ and one with no readable score leaves the node unscored: kept, but behind every 
 above the threshold. Where the endpoint enforces a JSON schema, proposals, values and votes are
 asked for as JSON.
 
+A branch that fails (a proposal, a value or a vote call whose provider failed) is dropped: a failed
+proposal proposes nothing, a failed value leaves its node unscored, a failed vote is not cast (shares are
+of the votes cast). The run fails only when every branch of one fan-out failed (a level has nothing to go
+on), with the first failure's error; `branches_failed` and `failures` (by error type) say what was lost.
+Cancellation, the deadline and the caller's budget (`RUN_ENDING`) fail the whole run at once.
+
 After each level the run's `progress` holds the best path so far and its score (and the best final
 answer seen, if any): what `error.data.partial` carries when the run fails part-way.
 """
@@ -26,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -36,10 +42,13 @@ from reasonray.kernel.events import ThoughtNode
 from reasonray.kernel.extraction import final_number, find_answer, find_choice, find_score, numeric_question, parse_json_object
 from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
 from reasonray.strategies.base import (
+    Branch,
+    Failed,
     ReasoningResult,
     Strategy,
     StrategyConfig,
     StrategyContext,
+    failure_kinds,
 )
 from reasonray.strategies.output import ANSWER, SCORE, STEP, VOTE, shaped, structured
 
@@ -67,6 +76,7 @@ VOTE_LISTING = "Problem: {query}\n\n{candidates}"
 FINAL_PROMPT = "{path}\n\nThe search ended here: give your final answer now."
 # "Step 2:", and in untagged proposals the markers of a list ("2. ", "- "), but never a number's own sign or point
 _STEP_PREFIX = re.compile(r"^\s*(?:Step \d+\s*[:.)-]\s*|\d+[.)]\s+|[-*]\s+)", re.IGNORECASE)
+T = TypeVar("T")
 MAX_STEP_CHARS = 2000  # a free-text step is one paragraph, not a whole essay carried into every later prompt
 
 
@@ -201,6 +211,16 @@ class Search:
         self.nodes: list[Node] = []
         self.unparsed = 0
         self.free_text = 0  # proposals read from untagged prose
+        self.failures: list[Exception] = []  # the errors of branches that failed (each dropped, not fatal)
+
+    async def settled(self, branches: list[Branch[T]], label: str) -> list[T | Failed]:
+        """The branches' values in order, a `Failed` for one that failed; when every branch failed, the first error."""
+        outcomes = await self.context.fan_out_settled(branches, label=label)
+        failed = [o.error for o in outcomes if isinstance(o, Failed)]
+        if failed and len(failed) == len(outcomes):
+            raise failed[0]  # nothing came back: the search cannot go on
+        self.failures += failed
+        return outcomes
 
     @property
     def budget_left(self) -> int:
@@ -209,13 +229,13 @@ class Search:
     async def expand(self, parents: list[Node]) -> list[Node]:
         """Propose `breadth` children per parent (one fan-out), drop duplicates, evaluate them (another)."""
         slots = [(p, i) for p in parents for i in range(self.cfg.breadth)][: max(self.budget_left, 0)]
-        proposals = await self.context.fan_out(
-            [partial(propose, self.query, p.steps, self.cfg, self.cfg.seed + i) for p, i in slots],
-            label=f"{self.strategy}.expand",
-        )
+        branches = [partial(propose, self.query, p.steps, self.cfg, self.cfg.seed + i) for p, i in slots]
+        proposals = await self.settled(branches, f"{self.strategy}.expand") if branches else []
         children: list[Node] = []
         seen: set[tuple[str, str, bool]] = set()
         for (parent, _), proposal in zip(slots, proposals, strict=False):
+            if isinstance(proposal, Failed):
+                continue
             if proposal is None:
                 self.unparsed += 1
                 continue
@@ -252,17 +272,17 @@ class Search:
             return
         label = f"{self.strategy}.evaluate"
         if self.cfg.evaluation == "value":
-            scores = await self.context.fan_out([partial(value, self.query, n, self.cfg) for n in nodes], label=label)
+            scores = await self.settled([partial(value, self.query, n, self.cfg) for n in nodes], label)
             self.unparsed += sum(s is None for s in scores)
-            for node, score in zip(nodes, scores, strict=False):
+            for node, outcome in zip(nodes, scores, strict=False):
+                score = None if isinstance(outcome, Failed) else outcome  # a failed value call scores as missing
                 node.score, node.scored = score or 0.0, score is not None
             return
-        ballots = await self.context.fan_out(
-            [partial(vote, self.query, nodes, self.cfg, self.cfg.seed + v) for v in range(self.cfg.votes)], label=label
-        )
+        outcomes = await self.settled([partial(vote, self.query, nodes, self.cfg, self.cfg.seed + v) for v in range(self.cfg.votes)], label)
+        ballots = [b for b in outcomes if not isinstance(b, Failed)]  # a failed vote is not cast
         self.unparsed += sum(b is None for b in ballots)
         for index, node in enumerate(nodes):
-            node.score = sum(b == index for b in ballots) / self.cfg.votes
+            node.score = sum(b == index for b in ballots) / len(ballots)
 
     def passes(self, node: Node) -> bool:
         if self.cfg.evaluation == "vote":
@@ -351,6 +371,8 @@ class TreeOfThought(Strategy):
             unparsed_replies=search.unparsed,
             untagged_proposals=search.free_text,
             unscored=sum(not n.scored for n in search.nodes),
+            branches_failed=len(search.failures),
+            failures=failure_kinds(search.failures),
             found_by=found_by,
             tree=[n.summary() for n in search.nodes],
         )

@@ -58,7 +58,11 @@ CASES = [(s, k) for k in KINDS for s in STRATEGIES if s in ONLY.get(k, STRATEGIE
 # invalid output: the good calls before the replies turn unusable, where it differs from STRATEGIES' k (a
 # self-consistency majority or a refine draft would still answer); bounded context needs an answer only
 # from its final-answer call
-INVALID = {"chain_of_thought": 0, "self_consistency": 0, "tree_of_thought": 0, "refine": 0}
+INVALID = {"chain_of_thought": 0, "self_consistency": 0, "tree_of_thought": 0, "refine": 0, "matts": 0}
+# a provider's failure costs a fan-out's branch (a refine iteration) its vote, not the run: these fail only when
+# every branch fails, so their provider faults start at the first call (test_a_failed_branch_costs_its_vote_not_the_run)
+SURVIVE_PROVIDER = {"self_consistency", "refine", "matts"}
+PROVIDER_KINDS = {"provider_500", "429_storm", "provider_timeout"}
 INVALID_CONFIG = {"bounded_context": {"on_max_iterations": "final_answer"}}
 UNUSABLE = "<thinking>I am not sure where to start.</thinking>"  # no answer, step, score or visible text
 
@@ -125,6 +129,8 @@ def rpc_for(strategy: str, k: int, kind: str, metrics: RecordingMetrics, *, degr
 
 def good_calls(strategy: str, kind: str) -> int:
     _, k, _ = STRATEGIES[strategy]
+    if kind in PROVIDER_KINDS and strategy in SURVIVE_PROVIDER:
+        return 0
     return INVALID.get(strategy, k) if kind == "invalid_output" else k
 
 
@@ -166,14 +172,17 @@ async def test_every_strategy_fails_classified_with_its_partial_and_its_strategy
 
 
 async def test_partial_results_hold_what_each_strategy_achieved():
-    """The documented shapes, with values: what finished before the provider failed."""
+    """The documented shapes, with values: what finished before the provider failed (the strategies that lose only
+    the failed branch: before the caller's budget ran out)."""
     partials = {}
     for strategy, (_, k, _) in STRATEGIES.items():
-        response = await execute(rpc_for(strategy, k, "provider_500", RecordingMetrics()), params(strategy, "provider_500"))
+        kind = "budget" if strategy in SURVIVE_PROVIDER else "provider_500"
+        response = await execute(rpc_for(strategy, k, kind, RecordingMetrics()), params(strategy, kind))
         partials[strategy] = response["error"]["data"]["partial"]
-        assert response["error"]["message"] == "the model provider failed after 3 attempt(s) (HTTP 500); retry later"
+        if kind == "provider_500":
+            assert response["error"]["message"] == "the model provider failed after 3 attempt(s) (HTTP 500); retry later"
     sc = partials["self_consistency"]
-    assert (sc["samples_finished"], sc["samples_failed"], sc["votes"], sc["answer"]) == (1, 2, {"42": 1}, "42")
+    assert (sc["samples_finished"], sc["samples_failed"], sc["votes"], sc["answer"]) == (1, 0, {"42": 1}, "42")
     tot = partials["tree_of_thought"]
     assert (tot["best_steps"], tot["best_score"], tot["best_path"], tot["answer"]) == (["multiply 6 by 7"], 0.6, ["0.0"], None)
     refine = partials["refine"]
@@ -197,7 +206,7 @@ async def test_unusable_output_and_a_failed_tool_keep_what_came_before():
     refine = await partial_of("refine", "invalid_output")
     assert (refine["iterations"], refine["last_answer"], refine["answer"]) == (1, "", "")
     matts = await partial_of("matts", "invalid_output")
-    assert (matts["branches_finished"], matts["answers"]) == (1, ["42"])
+    assert (matts["branches_finished"], matts["branches_failed"], matts["answers"]) == (0, 2, [])
     bounded = await partial_of("bounded_context", "invalid_output")
     assert bounded["total_iterations"] == 4
     react = await partial_of("react", "tool_failed")
@@ -232,11 +241,32 @@ async def test_a_deadline_with_degraded_answers_returns_the_majority_of_the_fini
 async def test_degraded_answers_return_what_a_failed_run_can_still_answer(strategy):
     metrics = RecordingMetrics()
     _, k, _ = STRATEGIES[strategy]
-    response = await execute(rpc_for(strategy, k, "provider_500", metrics, degraded=True), params(strategy, "provider_500"))
+    response = await execute(rpc_for(strategy, k, "budget", metrics, degraded=True), params(strategy, "budget"))
     result = response["result"]
     assert result["answer"] == "42" and result["degraded"] is True and result["strategy_used"] == strategy
-    assert result["degraded_error"]["code"] == -32013 and result["degraded_error"]["partial"]["answer"] == "42"
+    assert result["degraded_error"]["code"] == -32004 and result["degraded_error"]["partial"]["answer"] == "42"
     assert metrics.values("reasonray_runs", strategy=strategy, status="degraded") == [1]
+
+
+@pytest.mark.parametrize("kind", sorted(PROVIDER_KINDS))
+@pytest.mark.parametrize("strategy", sorted(SURVIVE_PROVIDER))
+async def test_a_failed_branch_costs_its_vote_not_the_run(strategy, kind):
+    """The provider fails after the first call for good: self-consistency votes with the one sample that finished,
+    MaTTS chooses from its one attempt, refine answers with its evaluated first draft; each says what failed."""
+    _, k, _ = STRATEGIES[strategy]
+    metrics = RecordingMetrics()
+    response = await execute(rpc_for(strategy, k, kind, metrics), params(strategy, kind))
+    result = response["result"]
+    specific = result["metrics"]["strategy_specific"]
+    assert result["answer"] == "42" and not result.get("degraded")
+    assert set(specific["failures"]) <= {"provider_unavailable", "circuit_open"} and specific["failures"]
+    if strategy == "self_consistency":
+        assert (specific["samples_finished"], specific["samples_failed"]) == (1, 2)
+    elif strategy == "matts":
+        assert (specific["branches_finished"], specific["branches_failed"]) == (1, 1)
+    else:
+        assert (specific["iterations"], specific["stop_reason"]) == (1, "failed")
+    assert metrics.values("reasonray_runs", strategy=strategy, status="ok") == [1]
 
 
 async def test_tree_of_thought_answers_degraded_with_the_best_answer_it_kept():

@@ -271,10 +271,12 @@ async def test_an_endpoint_that_enforces_a_schema_is_asked_for_json_attempts_and
 
 
 async def test_a_failure_part_way_leaves_the_last_draft_its_critique_and_the_best_answer_in_progress():
-    down = ProviderUnavailableError("down", attempts=3, status_code=503)
+    from reasonray.kernel.errors import DeadlineExceededError
+
+    down = DeadlineExceededError("the run passed its deadline")  # ends the run (a provider failure would cost one iteration)
     llm = ScriptedLLM(["<thinking>t</thinking><answer>41</answer>", evaluation(0.6, "fix it"), down])
     context, _ = context_for(llm, strategy="refine")
-    with pytest.raises(ProviderUnavailableError):
+    with pytest.raises(DeadlineExceededError):
         await Refine().reason("What is 6*7?", context=context, config={})
     assert context.progress == {
         "iterations": 1,
@@ -423,3 +425,167 @@ async def test_matts_a_judge_refused_while_the_attempts_hold_the_fanout_is_asked
     context.fanout = bounded
     result = await Matts().reason("q", context=context, config={"k": 3, "seed": 0})
     assert result.metrics.strategy_specific["scores"] == [0.5, 0.5, 0.5] and result.answer == "0"
+
+
+# --- a failed attempt costs its place; the per-attempt log; k = 1 sampled ---
+
+
+def provider_down():
+    return ProviderUnavailableError("the model provider failed after 3 attempt(s) (HTTP 500); retry later", attempts=3)
+
+
+def attempts_and_judges(attempts: dict[int, object], reviews: dict[str, object] | None = None):
+    """Attempts by seed, judges by the answer under review; an exception in either is raised."""
+    from reasonray.gateway.testing import FunctionLLM
+
+    def reply(request):
+        if request.purpose == "critique":
+            return (reviews or {})[request.messages[1].content.rsplit("Answer: ", 1)[1]]
+        return attempts[request.seed]
+
+    return FunctionLLM(reply)
+
+
+async def matts(llm, query="What is 6*7?", **config):
+    context, _ = context_for(llm, strategy="matts")
+    context.resolve = resolver
+    return await Matts().reason(query, context=context, config=config), context
+
+
+async def test_matts_an_attempt_that_fails_costs_its_place_not_the_run():
+    llm = attempts_and_judges(
+        {0: "<answer>40</answer>", 1: provider_down(), 2: "<answer>42</answer>"}, {"40": "<score>0.2</score>", "42": "<score>0.9</score>"}
+    )
+    result, context = await matts(llm, k=3)
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["selection"] == "judge" and s["answers"] == ["40", "42"]
+    assert (s["k"], s["branches_finished"], s["branches_failed"], s["failures"]) == (3, 2, 1, {"provider_unavailable": 1})
+    assert [a["failed"] for a in s["attempts"]] == [None, "provider_unavailable", None]
+    assert len(context.trajectories) == 2
+
+
+async def test_matts_fails_with_the_first_error_only_when_no_attempt_finished():
+    llm = attempts_and_judges({0: provider_down(), 1: provider_down()})
+    with pytest.raises(ProviderUnavailableError, match="HTTP 500"):
+        await matts(llm, k=2)
+
+
+async def test_matts_the_caller_budget_running_out_in_one_attempt_fails_the_run():
+    from reasonray.kernel.errors import BudgetExceededError
+
+    llm = attempts_and_judges(
+        {0: "<answer>42</answer>", 1: BudgetExceededError("the request's token budget is spent"), 2: "<answer>42</answer>"}
+    )
+    with pytest.raises(BudgetExceededError):
+        await matts(llm, k=3)
+
+
+async def test_matts_logs_every_attempt_with_its_judge_score_and_the_choice():
+    llm = attempts_and_judges(
+        {0: "<answer>40</answer>", 1: "<answer>$42.00</answer>", 2: "<answer>42</answer>", 3: "<answer>41</answer>"},
+        {"40": "<score>0.2</score>", "$42.00": "<score>0.9</score>", "42": "no idea", "41": provider_down()},
+    )
+    result, _ = await matts(llm, k=4)
+    log = result.metrics.strategy_specific["attempts"]
+    assert [a["index"] for a in log] == [0, 1, 2, 3]
+    assert [a["answer"] for a in log] == ["40", "42", "42", "41"]  # normalized, so majority@k counts them together
+    assert [a["score"] for a in log] == [0.2, 0.9, None, None]
+    assert [a["judge"] for a in log] == ["scored", "scored", "unscored", "failed"]
+    assert [a["chosen"] for a in log] == [False, True, False, False] and result.answer == "$42.00"
+    assert result.metrics.strategy_specific["judges_failed"] == 1
+
+
+async def test_matts_attempts_that_agree_are_logged_unjudged():
+    llm = attempts_and_judges({0: "<answer>42</answer>", 1: "<answer>42</answer>"})
+    result, _ = await matts(llm, k=2)
+    log = result.metrics.strategy_specific["attempts"]
+    assert [(a["answer"], a["judge"], a["chosen"]) for a in log] == [("42", None, True), ("42", None, False)]
+
+
+async def test_matts_a_failed_contrast_call_leaves_the_majority_answer():
+    from reasonray.gateway.testing import FunctionLLM
+
+    def reply(request):
+        return (
+            provider_down()
+            if request.purpose == "choose"
+            else {0: "<answer>41</answer>", 1: "<answer>42</answer>", 2: "<answer>42</answer>"}[request.seed]
+        )
+
+    result, _ = await matts(FunctionLLM(reply), k=3, selection="contrast")
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and s["selection"] == "majority" and s["judges_failed"] == 1
+
+
+async def test_matts_a_failed_reexamination_ends_the_sequence_with_the_attempts_before_it():
+    llm = ScriptedLLM(["<answer>40</answer>", "<answer>42</answer>", provider_down(), evaluation(0.3), evaluation(0.8)])
+    result, _ = await matts(llm, k=3, mode="sequential")
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and (s["branches_finished"], s["branches_failed"]) == (2, 1)
+    assert [a["failed"] for a in s["attempts"]] == [None, None, "provider_unavailable"]
+    llm.assert_complete()
+
+
+async def test_matts_k_1_samples_like_one_attempt_of_k_when_asked_and_runs_the_base_config_otherwise():
+    seen = []
+
+    def reply(request):
+        seen.append((request.temperature, request.seed))
+        return "<answer>42</answer>"
+
+    from reasonray.gateway.testing import FunctionLLM
+
+    await matts(FunctionLLM(reply), k=1, single_attempt="sampled", temperature=0.9, seed=7)
+    await matts(FunctionLLM(reply), k=3, temperature=0.9, seed=7)
+    await matts(FunctionLLM(reply), k=1)
+    assert seen[0] == (0.9, 7) and seen[0] in seen[1:4]  # k = 1 is attempt 0 of k = 3
+    assert seen[4][0] == 0.0  # the base strategy as configured: chain of thought is greedy
+
+
+async def test_refine_a_refinement_that_fails_costs_its_iteration_not_the_run():
+    llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.4), provider_down()])
+    context, recorder = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
+    s = result.metrics.strategy_specific
+    assert result.answer == "41" and s["stop_reason"] == "failed" and s["failures"] == {"provider_unavailable": 1}
+    assert s["iterations"] == 1 and [e.stop for e in recorder.events if type(e).__name__ == "IterationEnd"] == ["continue", "failed"]
+    llm.assert_complete()
+
+
+async def test_refine_an_evaluation_that_fails_leaves_its_attempt_unscored():
+    llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.4), "<answer>42</answer>", provider_down()])
+    context, _ = context_for(llm, strategy="refine")
+    result = await Refine().reason("What is 6*7?", context=context, config={"max_iterations": 3})
+    s = result.metrics.strategy_specific
+    assert s["scores"] == [0.4, None] and s["stop_reason"] == "failed"
+    assert result.answer == "41"  # an unscored attempt never beats a scored one
+    llm.assert_complete()
+
+
+async def test_refine_fails_when_its_first_attempt_fails_or_the_budget_runs_out():
+    from reasonray.kernel.errors import BudgetExceededError
+
+    context, _ = context_for(ScriptedLLM([provider_down()]), strategy="refine")
+    with pytest.raises(ProviderUnavailableError):
+        await Refine().reason("What is 6*7?", context=context, config={})
+    llm = ScriptedLLM(["<answer>41</answer>", evaluation(0.4), BudgetExceededError("the request's token budget is spent")])
+    context, _ = context_for(llm, strategy="refine")
+    with pytest.raises(BudgetExceededError):
+        await Refine().reason("What is 6*7?", context=context, config={})
+
+
+async def test_matts_over_refine_keeps_an_attempt_whose_later_refinement_failed():
+    from reasonray.gateway.testing import FunctionLLM
+
+    def reply(request):
+        if request.purpose == "critique":
+            return evaluation(0.5)
+        if request.messages[0].content == REFINE_PROMPT:
+            return provider_down()  # every refinement fails: each attempt answers with its first draft
+        return {0: "<answer>42</answer>", 1: "<answer>42</answer>"}[request.seed]
+
+    context, _ = context_for(FunctionLLM(reply), strategy="matts")
+    context.resolve = lambda name, config: (Refine(), config)
+    result = await Matts().reason("What is 6*7?", context=context, config={"k": 2, "base_strategy": "refine"})
+    s = result.metrics.strategy_specific
+    assert result.answer == "42" and (s["branches_finished"], s["branches_failed"]) == (2, 0)

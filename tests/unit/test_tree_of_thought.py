@@ -267,3 +267,68 @@ async def test_on_the_simulator_the_search_avoids_slipped_steps():
         result = await TreeOfThought().reason("What is 17 * 23? [[sim slip=0.5]]", context=ctx, config={"search": search})
         assert result.answer == "391", search
         assert result.metrics.strategy_specific["pruned"] >= 1 and result.metrics.simulated
+
+
+# --- a failed branch is dropped; a level with nothing fails the run ---
+
+
+def provider_down():
+    from reasonray.gateway.errors import ProviderUnavailableError
+
+    return ProviderUnavailableError("the model provider failed after 3 attempt(s) (HTTP 500); retry later", attempts=3)
+
+
+class FailingTree(TreeModel):
+    """A TreeModel whose scores and votes may be errors too."""
+
+    def reply(self, request):
+        system, prompt = request.messages[0].content, request.messages[1].content
+        if system == VALUE_PROMPT and isinstance(self.scores.get(path_of(prompt)), Exception):
+            return self.scores[path_of(prompt)]
+        if system == VOTE_PROMPT and isinstance(self.votes.get(request.seed), Exception):
+            return self.votes[request.seed]
+        return super().reply(request)
+
+
+async def test_a_failed_proposal_is_dropped_and_the_search_goes_on():
+    model = FailingTree(
+        proposals={
+            ((), 0): provider_down(),
+            ((), 1): step("4 * 6 = 24"),
+            (("4 * 6 = 24",), 0): answer("24"),
+            (("4 * 6 = 24",), 1): answer("24"),
+        },
+        scores={("4 * 6 = 24",): 0.8, ("4 * 6 = 24", "24"): 0.9},
+    )
+    result, _ = await run(model, breadth=2, depth=2)
+    specific = result.metrics.strategy_specific
+    assert result.answer == "24" and specific["branches_failed"] == 1 and specific["failures"] == {"provider_unavailable": 1}
+    assert specific["unparsed_replies"] == 0  # a failed call is not an unusable reply
+
+
+async def test_a_level_whose_every_proposal_failed_fails_the_run_with_the_first_error():
+    from reasonray.gateway.errors import ProviderUnavailableError
+
+    model = FailingTree(proposals={((), 0): provider_down(), ((), 1): provider_down()}, scores={})
+    with pytest.raises(ProviderUnavailableError, match="HTTP 500"):
+        await run(model, breadth=2, depth=2)
+
+
+async def test_a_failed_value_call_leaves_its_node_unscored():
+    model = FailingTree(
+        proposals={((), 0): answer("24"), ((), 1): answer("25")},
+        scores={("24",): provider_down(), ("25",): 0.3},
+    )
+    result, _ = await run(model, breadth=2, depth=1)
+    specific = result.metrics.strategy_specific
+    tree = {n["id"]: (n["score"], n["status"]) for n in specific["tree"]}
+    assert tree == {"0.0": (None, "answer"), "0.1": (0.3, "pruned")}  # unscored: kept, where 0.3 is below the threshold
+    assert result.answer == "24" and specific["branches_failed"] == 1 and specific["unscored"] == 1
+
+
+async def test_a_failed_vote_is_not_cast_and_the_shares_are_of_the_votes_cast():
+    model = FailingTree(proposals={((), 0): answer("7"), ((), 1): answer("8")}, scores={}, votes={0: 2, 1: provider_down(), 2: 2})
+    result, _ = await run(model, evaluation="vote", votes=3, breadth=2, depth=1)
+    scores = {n["id"]: n["score"] for n in result.metrics.strategy_specific["tree"]}
+    assert result.answer == "8" and scores == {"0.0": 0.0, "0.1": 1.0}
+    assert result.metrics.strategy_specific["branches_failed"] == 1
