@@ -28,6 +28,7 @@ call's reply is read as chain of thought's is. `found_by` says which.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -75,6 +76,7 @@ CONTINUE_PROMPT = "{query}\n\n--- Your reasoning so far ---\n{memory}\n--- Conti
 FINAL_PROMPT = "{prompt}\n\n{instruction}"
 SUMMARY_FRAME = "Problem:\n{query}\n\nPrevious carryover:\n{carryover}\n\nLatest reasoning:\n"
 NO_CARRYOVER = "(none)"
+_THINK_TAG = re.compile(r"</?(?:think|thinking)\s*>", re.IGNORECASE)
 STOP_SEQUENCES = ("</answer>", "<continue>")
 MIN_GENERATION_TOKENS = 256
 FINAL_ANSWER_TOKENS = 512
@@ -376,8 +378,9 @@ class BoundedContext(Strategy):
             state.carryover = context.tokens.tail(state.carryover + text, cfg.carryover_size)
             carried = state.kept()
         else:
-            # the chunk's reasoning: its thinking (all a chunk cut while thinking has) and its visible text
-            material = "\n\n".join(part for part in (chunk.reasoning, strip_thinking(chunk.text)) if part)
+            # the chunk's visible reasoning; a chunk with none (cut while thinking) is carried by its thinking, which
+            # the endpoint handed over apart or left in the text's tags, rather than by nothing
+            material = strip_thinking(chunk.text) or chunk.reasoning or _THINK_TAG.sub(" ", chunk.text).strip()
             if iteration == 0:
                 state.head = context.tokens.head(material, cfg.head_tokens)
             if not material:
@@ -389,9 +392,8 @@ class BoundedContext(Strategy):
             else:
                 state.carryover = context.tokens.tail(material, cfg.carryover_size)
             carried = state.carryover
-        # the raw text carried unchanged: the model repeated itself, and the next prompt would be this one again (a
-        # summary may read the same after a chunk that did progress, so it is not held to this)
-        if state.mode != "summary" and (state.head, state.carryover) == before:
+        # the thinking carried unchanged: the next chunk would continue from exactly where this one did
+        if state.mode == "delethink" and (state.head, state.carryover) == before:
             return False
         state.compressions += 1
         state.fallbacks += fallback

@@ -20,7 +20,7 @@ from reasonray.api.declarations import EVERYONE, REASONERS, RESOLVED, Access, Re
 from reasonray.api.jsonrpc import Call, Dispatcher
 from reasonray.api.memory import CacheStats, add_memory_methods
 from reasonray.api.openrpc import add_discover
-from reasonray.api.service import ExecuteParams, ExecuteResult, ReasoningService
+from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult, ReasoningService
 from reasonray.api.stores.registry import (
     Registry,
 )
@@ -53,11 +53,13 @@ class BoundedContextParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, description="The problem to solve (at most `[limits] max_query_chars` characters).")
-    chunk_size: int | None = Field(None, description="Max tokens per iteration (1024-32768).")
-    carryover_size: int | None = Field(None, description="Tokens carried forward (512-16384, below chunk_size).")
+    chunk_size: int | None = Field(None, description="Max tokens per iteration (128-32768).")
+    carryover_size: int | None = Field(None, description="Tokens carried forward (16-16384, below chunk_size).")
     max_iterations: int | None = Field(None, description="Max reasoning iterations (1-50).")
-    carryover_mode: Literal["tail", "summary"] | None = Field(None, description="tail or summary.")
-    on_max_iterations: Literal["error", "final_answer"] | None = Field(None, description="What happens when iterations run out.")
+    carryover_mode: Literal["auto", "delethink", "tail", "summary"] | None = Field(
+        None, description="auto, delethink (continue the model's thinking), tail or summary."
+    )
+    on_max_iterations: Literal["auto", "error", "final_answer"] | None = Field(None, description="What happens when iterations run out.")
     include_trace: bool = Field(False, description="Return the run's events as `trace`.")
 
 
@@ -131,6 +133,8 @@ EXECUTE_ACCESS = Access(
     (Resource("workspace", "memory.workspace", personal=True, applies=_uses_memory, claims=_learns),),
     strategy=RESOLVED,
     limits="run",
+    # fields passed unchecked to the model endpoint: a trusted caller's right, not every reasoner's
+    right=lambda params: EXTRA_BODY_RIGHT if params.extra_body else None,
 )
 SESSION_RUN = Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run")
 

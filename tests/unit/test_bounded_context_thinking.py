@@ -166,3 +166,19 @@ async def test_unfinished_thinking_is_never_the_answer_even_when_it_states_one()
 async def test_chunks_below_the_floor_are_refused_naming_the_field(config, field):
     with pytest.raises(InvalidParamsError, match=f"{field}: Input should be greater than or equal to"):
         await run(ScriptedLLM([]), **config)
+
+
+async def test_a_continuation_that_adds_no_thinking_is_not_sent_again():
+    """Two chunks may never get the same prompt: a chunk that added nothing to the thinking has the answer forced."""
+    first = Completion(
+        choices=(Choice(text="", finish_reason="length", reasoning="Let me add 3 and 4.", thinking_unfinished=True),),
+        usage=Usage(30, 6, 6),
+        model="r1",
+    )
+    nothing = Completion(choices=(Choice(text="", finish_reason="length", thinking_unfinished=True),), usage=Usage(36, 1, 1), model="r1")
+    llm = ScriptedLLM([first, nothing, "<answer>7</answer>"])
+    result, recorder = await run(llm, max_iterations=5, chunk_size=1024, carryover_size=256)
+    llm.assert_complete()
+    assert result.answer == "7" and [w.code for w in events(recorder, "RunWarning")] == ["no_progress"]
+    assert llm.requests[1].continue_thinking == llm.requests[2].continue_thinking == "Let me add 3 and 4."
+    assert llm.requests[2].thinking_budget == 0 and llm.requests[2].purpose == "final_answer"
