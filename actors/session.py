@@ -19,7 +19,6 @@ import hashlib
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
@@ -39,15 +38,11 @@ from reasonray.actors.lifecycle import (
     retire_if_stale,
 )
 from reasonray.actors.memory import RayMemory
+from reasonray.api.app import session_pipeline as build_session_pipeline
 from reasonray.gateway.cache import cache_scope, scope_cache
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import OverloadedError
-from reasonray.kernel.repositories import run_index
-from reasonray.kernel.sandbox import SandboxLimits
-from reasonray.memory.loop import MemoryLoop
-from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.hosting import LiveSessions
-from reasonray.reasoner.repository import session_repository
 from reasonray.reasoner.session import (
     SessionPipeline,
     SessionSpec,
@@ -63,28 +58,8 @@ RETRY_AFTER_S = 1.0
 
 
 def session_pipeline(settings: Settings, llm: Any, app_name: str) -> SessionPipeline:
-    """The pipeline every session host (and the in-process API) uses, from `[sessions]` settings."""
-    s = settings.sessions
-    memory = RayMemory(app_name, settings) if settings.memory.enabled else None
-    toolbox = builtin_toolbox(
-        SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars),
-        memory,
-        settings.memory.default_workspace,
-        settings.limits.max_calculator_digits,
-    )
-    repository = session_repository(settings.store.url, Path(settings.data_dir), settings.limits.session_retention_days)
-    passive = MemoryLoop(memory, settings.memory) if memory is not None and settings.memory.passive_learning else None
-    return SessionPipeline(
-        repository,
-        llm,
-        toolbox,
-        data_dir=Path(settings.data_dir),
-        default_max_llm_calls=s.max_llm_calls,
-        passive=passive,
-        runs=run_index(settings.store.url, Path(settings.data_dir)),
-        record=settings.events.record,
-        max_history=settings.limits.max_session_history,
-    )
+    """The session pipeline of this application's hosts: the one every process builds, over the cluster's memory bank."""
+    return build_session_pipeline(settings, llm, RayMemory(app_name, settings) if settings.memory.enabled else None)
 
 
 # max_task_retries=0: a call in flight when the host dies fails to the caller (`RaySessions`), which

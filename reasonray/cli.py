@@ -371,7 +371,8 @@ def mcp_command(config_path, llm, token) -> None:
     """Serve MCP over stdio for desktop clients (Claude Desktop, Cursor): the API in this process, no Ray (docs/mcp.md)."""
     import asyncio
 
-    from reasonray.api.surfaces.mcp_server import StdioCaller, in_process_application, serve_stdio
+    from reasonray.api.app import in_process_application
+    from reasonray.api.surfaces.mcp_server import StdioCaller, serve_stdio
     from reasonray.kernel.errors import ReasonRayError, UnauthenticatedError
 
     settings = _load(config_path, {"llm.provider": llm})

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from reasonray.api.access.egress import Egress, SharedSlots
+from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
+from reasonray.api.access.tenancy import Guard, LocalOwners, build_guard, install_guard, ownership_table
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
 from reasonray.api.service import ReasoningService
@@ -29,11 +31,14 @@ from reasonray.gateway.protocol import LLM
 from reasonray.gateway.resilience import ResilientLLM
 from reasonray.gateway.tokens import counter_of
 from reasonray.kernel.config import MemorySettings, ReasoningSettings, Settings
-from reasonray.kernel.repositories import run_index
+from reasonray.kernel.repositories import counters, run_index
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics, NoMetrics
-from reasonray.memory.service import BankService, LocalMemory, MemoryClient, open_bank
-from reasonray.reasoner.session import Sessions
+from reasonray.memory.loop import MemoryLoop
+from reasonray.memory.service import BankService, LocalMemory, MemoryClient, check_memory, open_bank
+from reasonray.reasoner.builtin_tools import builtin_toolbox
+from reasonray.reasoner.repository import session_repository
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, Sessions
 from reasonray.strategies.base import Fanout, local_fanout
 from reasonray.strategies.registry import Catalogue, StrategyRegistry, build_catalogue
 
@@ -139,6 +144,55 @@ def build_application(
         egress=Egress(settings.egress, shared=parts.egress_slots),
     )
     return Application(settings, llm, service, registry, dispatcher, parts.metrics, sessions, client, resilient)
+
+
+def session_pipeline(settings: Settings, llm: LLM, memory: MemoryClient | None) -> SessionPipeline:
+    """The pipeline every session runs through, from `[sessions]`: a Ray session host's (with the cluster's memory
+    bank) and a process's own (`in_process_application`) alike."""
+    s, data_dir = settings.sessions, Path(settings.data_dir)
+    toolbox = builtin_toolbox(
+        SandboxLimits(s.code_timeout_s, s.code_memory_mb, s.code_max_output_chars),
+        memory,
+        settings.memory.default_workspace,
+        settings.limits.max_calculator_digits,
+    )
+    passive = MemoryLoop(memory, settings.memory) if memory is not None and settings.memory.passive_learning else None
+    return SessionPipeline(
+        session_repository(settings.store.url, data_dir, settings.limits.session_retention_days),
+        llm,
+        toolbox,
+        data_dir=data_dir,
+        default_max_llm_calls=s.max_llm_calls,
+        passive=passive,
+        runs=run_index(settings.store.url, data_dir),
+        record=settings.events.record,
+        max_history=settings.limits.max_session_history,
+    )
+
+
+def in_process_application(settings: Settings) -> Application:
+    """The whole API in this process, without Ray (what `reasonray mcp` serves over stdio). Fails at once,
+    naming the fix, when the model endpoint's key is missing (LLMConfigError) or the memory bank cannot
+    work (MemoryUnavailableError). With `[auth]` configured every method is behind the same guard as the
+    Serve application's (roles, ownership, limits, budgets, audit), over the data directory's (or the
+    store's) ownership records, token budgets and audit log."""
+    client_for(settings)  # a missing key fails here, before anything else starts
+    check_memory(settings)
+    memory = LocalMemory(BankService(open_bank(settings))) if settings.memory.enabled else None
+    backends = Backends(cache=None, memory=memory, sessions=lambda llm: LocalSessions(session_pipeline(settings, llm, memory)))
+    application = build_application(settings, backends=backends, data_dir=Path(settings.data_dir))
+    if settings.auth.enabled:
+        install_guard(application.dispatcher, local_guard(settings, application))
+    return application
+
+
+def local_guard(settings: Settings, application: Application) -> Guard:
+    """The tenancy guard of an application served by this one process: ownership, budgets and audit in
+    the configured store (PostgreSQL with `[store] url`, else files under the data directory)."""
+    store, data_dir = settings.store.url, Path(settings.data_dir)
+    owners = LocalOwners(ownership_table(store, data_dir))
+    limits = LocalLimits(RateLimiter(budgets=TokenBudgets(counters(store, data_dir))))
+    return build_guard(settings, application.registry, application.service, owners, limits)
 
 
 def _local_cache(settings: Settings) -> CacheStore | None:

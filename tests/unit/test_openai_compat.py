@@ -195,7 +195,7 @@ AUTH_ROLES = {
 def guarded_compat(tmp_path, llm):
     from reasonray.api.access.tenancy import install_guard
     from reasonray.api.app import Backends, build_application
-    from reasonray.api.surfaces.mcp_server import local_guard
+    from reasonray.api.app import local_guard
     from reasonray.kernel.config import Settings
 
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import mcp_types as types
@@ -25,14 +24,13 @@ from starlette.types import Receive, Scope, Send
 
 from reasonray import __version__
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier
-from reasonray.api.access.tenancy import Guard, install_guard
 from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for
 from reasonray.api.openrpc import result_schema
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import UnauthenticatedError
 
 if TYPE_CHECKING:
-    from reasonray.api.app import Application
+    pass
 
 STRATEGIES_URI = "reasonray://strategies"
 WORKSPACES_URI = "reasonray://memory/workspaces"
@@ -189,62 +187,6 @@ def _resource_call(uri: str, has_memory: bool) -> tuple[str, dict[str, Any]]:
     if has_memory and uri.startswith("reasonray://memory/") and len(parts) == 2:
         return "memory.get", {"workspace": parts[0], "memory_id": parts[1]}
     raise MCPError(INVALID_PARAMS, f"unknown resource {uri!r}; list them with resources/list and resources/templates/list")
-
-
-def in_process_api(settings: Settings) -> Dispatcher:
-    """The whole API in this process, without Ray: `in_process_application`'s dispatcher."""
-    return in_process_application(settings).dispatcher
-
-
-def in_process_application(settings: Settings) -> Application:
-    """The whole API in this process, without Ray (what `reasonray mcp` serves over stdio). Fails at once,
-    naming the fix, when the model endpoint's key is missing (LLMConfigError) or the memory bank cannot
-    work (MemoryUnavailableError). With `[auth]` configured every method is behind the same guard as the
-    Serve application's (roles, ownership, limits, budgets, audit), over the data directory's (or the
-    store's) ownership records, token budgets and audit log."""
-    from reasonray.api.app import Backends, build_application
-    from reasonray.gateway.factory import client_for
-    from reasonray.kernel.sandbox import SandboxLimits
-    from reasonray.memory.service import BankService, LocalMemory, check_memory, open_bank
-    from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.repository import session_repository
-    from reasonray.reasoner.session import LocalSessions, SessionPipeline
-
-    client_for(settings)  # a missing key fails here, before anything else starts
-    check_memory(settings)
-    memory = LocalMemory(BankService(open_bank(settings))) if settings.memory.enabled else None
-    s = settings.sessions
-    limits = SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars)
-    data_dir = Path(settings.data_dir)
-
-    def sessions(llm: Any) -> LocalSessions:
-        pipeline = SessionPipeline(
-            session_repository(settings.store.url, data_dir),
-            llm,
-            builtin_toolbox(limits, memory, settings.memory.default_workspace, settings.limits.max_calculator_digits),
-            data_dir=data_dir,
-            default_max_llm_calls=s.max_llm_calls,
-        )
-        return LocalSessions(pipeline)
-
-    backends = Backends(cache=None, memory=memory, sessions=sessions)
-    application = build_application(settings, backends=backends, data_dir=data_dir)
-    if settings.auth.enabled:
-        install_guard(application.dispatcher, local_guard(settings, application))
-    return application
-
-
-def local_guard(settings: Settings, application: Application) -> Guard:
-    """The tenancy guard of an application served by this one process: ownership, budgets and audit in
-    the configured store (PostgreSQL with `[store] url`, else files under the data directory)."""
-    from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
-    from reasonray.api.access.tenancy import LocalOwners, build_guard, ownership_table
-    from reasonray.kernel.repositories import counters
-
-    store, data_dir = settings.store.url, Path(settings.data_dir)
-    owners = LocalOwners(ownership_table(store, data_dir))
-    limits = LocalLimits(RateLimiter(budgets=TokenBudgets(counters(store, data_dir))))
-    return build_guard(settings, application.registry, application.service, owners, limits)
 
 
 class StdioCaller:
