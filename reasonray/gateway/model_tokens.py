@@ -39,6 +39,9 @@ log = structlog.get_logger(__name__)
 
 MIN_CALIBRATION_TOKENS = 16
 """Texts shorter than this (in our count) say little about the ratio between two tokenizers; they are not used."""
+MAX_USAGE_RATIO = 4.0
+"""A reply's reported completion tokens above this many per token of its text (or below its inverse) count more than the
+text: thinking out of sight that no `reasoning_tokens` named. Tokenizers differ far less; such a reply teaches no ratio."""
 CALIBRATION_WINDOW = 32
 """Observations the ratio and the framing are taken over (the largest of them: counts err high, never low)."""
 UNSEEN_FRAMING = 48
@@ -400,15 +403,28 @@ class ModelTokenCounter:
             self._ratios.append(model_tokens / base_tokens)
 
     def observe_usage(
-        self, messages: tuple[Message, ...], prompt_tokens: int, completion_texts: Iterable[str] = (), completion_tokens: int = 0
+        self,
+        messages: tuple[Message, ...],
+        prompt_tokens: int,
+        completion_texts: Iterable[str] = (),
+        completion_tokens: int = 0,
+        *,
+        hidden_tokens: int = 0,
     ) -> None:
-        """What the server reported for a call: calibrates the estimate, and an exact count's framing."""
+        """What the server reported for a call: calibrates the estimate, and an exact count's framing.
+
+        `completion_texts` are what was generated as text (thinking shown included); `hidden_tokens`, the part of
+        `completion_tokens` never shown (a reasoning model's hidden thinking): the ratio is learnt from the rest only,
+        since one reply with 50 tokens of answer after 2,000 hidden ones would otherwise inflate every later estimate."""
         if prompt_tokens <= 0 or self.renders_chat:  # an exact count has nothing to learn
             return
+        shown = completion_tokens - hidden_tokens
         if not self.exact:
             texts = [t for t in completion_texts if t]
-            if len(texts) == 1 and completion_tokens > 0:  # n > 1 reports one total for several texts
-                self.observe_ratio(self._base_count(texts[0]), completion_tokens)
+            if len(texts) == 1 and shown > 0:  # n > 1 reports one total for several texts
+                base = self._base_count(texts[0])
+                if base and 1 / MAX_USAGE_RATIO <= shown / base <= MAX_USAGE_RATIO:
+                    self.observe_ratio(base, shown)
         # what the prompt's count misses (framing, an injected system prompt; for an estimate also a ratio too low)
         ours = count_messages(self, messages) - self.framing(messages)
         self._overheads[bool(messages) and messages[0].role == "system"].append(max(prompt_tokens - ours, 0))

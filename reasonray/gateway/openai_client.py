@@ -37,13 +37,12 @@ from reasonray.gateway.errors import (
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
 from reasonray.gateway.protocol import (
     PURPOSE_HEADER,
-    Choice,
     Completion,
     LLMRequest,
     Message,
     ToolCall,
-    Usage,
 )
+from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, provider_error, read_usage
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
 
 log = structlog.get_logger(__name__)
@@ -143,6 +142,8 @@ class OpenAILLM:
         self.endpoint: EndpointInfo = EndpointInfo(flavour="openai" if base_url is None else "unknown")
         self._learned_context: int | None = None
         self._framing_learned_for: str | None = None
+        # reads every reply form into one Choice; set `replies.thinks_in_text` for a model that thinks in its text unnamed
+        self.replies = ReplyReader(model)
 
     def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
         base = counter_for_model(self._model)
@@ -200,7 +201,7 @@ class OpenAILLM:
         if not ALLOW_REMOTE_REQUESTS and not is_loopback_url(self.base_url):
             raise RemoteRequestsForbidden(f"requests to {self.base_url} are switched off (tests allow loopback only)")
 
-    async def _chat(self, params: dict[str, Any]) -> _WireCompletion:
+    async def _chat(self, params: dict[str, Any]) -> WireCompletion:
         """POST /chat/completions through the SDK's generic `post`: the request `chat.completions.create` sends (same
         auth, headers, timeouts and error classes), without its walk over every message to transform typed params (ours
         are plain JSON already) and with the answer decoded by msgspec into only what a Completion keeps. Together they
@@ -208,7 +209,7 @@ class OpenAILLM:
         body, options = _body_and_options(params)
         response = await self._client.post("/chat/completions", body=body, cast_to=httpx.Response, options=options)
         try:
-            return _WIRE.decode(response.content)
+            return WIRE.decode(response.content)
         except msgspec.DecodeError as exc:
             raise ProviderRejectedError(
                 f"HTTP {response.status_code} from {self.base_url} is not a chat completion: {exc} (is [llm] base_url the API root, "
@@ -348,6 +349,8 @@ class OpenAILLM:
         return params
 
     def _translate(self, exc: Exception) -> Exception:
+        if type(exc) is openai.APIError:  # an error event in a 200's stream: the provider's own words say what it is
+            return provider_error(exc.body if exc.body is not None else exc.message, where=self.base_url)
         if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
             self._discovered_at = None  # the server went away or restarted: check what it serves before the next call
             return TransientProviderError(f"{type(exc).__name__}: {exc} ({self.base_url})")
@@ -397,7 +400,7 @@ class OpenAILLM:
                 with self.limiter.sending():
                     response = await self._chat(params)
                 self.limiter.started(ticket)
-                completion, reported = _completion(response, 0.0), response.usage is not None
+                completion, reported = self._read(response), response.usage is not None
         except openai.OpenAIError as exc:
             raise self._translate(exc) from exc
         finally:
@@ -443,12 +446,20 @@ class OpenAILLM:
             with self.limiter.sending():
                 response = await self._chat(params)
             if response.usage is not None:
-                self._observe(probe, _completion(response, 0.0))
+                self._observe(probe, self._read(response))
+
+    def _read(self, response: WireCompletion) -> Completion:
+        """A plain answer as a Completion, its thinking read in whatever form it came (`gateway.replies`)."""
+        return self.replies.completion(response, counter=self.tokens, where=self.base_url)
 
     def _observe(self, messages: tuple[Message, ...], completion: Completion) -> None:
         if isinstance(self.tokens, ModelTokenCounter) and completion.usage.prompt_tokens:
-            texts = [c.text for c in completion.choices]
-            self.tokens.observe_usage(messages, completion.usage.prompt_tokens, texts, completion.usage.completion_tokens)
+            usage = completion.usage
+            # the thinking is part of the completion's count: counted with the text where it was shown, taken off the
+            # total where it was hidden (an answer of 50 tokens after 2,000 hidden ones says nothing of the ratio)
+            texts = [c.reasoning + c.text for c in completion.choices]
+            hidden = usage.reasoning_tokens if not any(c.reasoning for c in completion.choices) else 0
+            self.tokens.observe_usage(messages, usage.prompt_tokens, texts, usage.completion_tokens, hidden_tokens=hidden)
 
     async def _streamed(self, params: dict[str, Any], request: LLMRequest, ticket: Ticket, queue_left_s: float) -> tuple[Completion, bool]:
         params = {**params, "stream": True, "stream_options": {"include_usage": True}}
@@ -489,12 +500,15 @@ class OpenAILLM:
 
 
 class _StreamParts:
-    """The chunks of a streamed completion, put back together (text, tool calls, finish reason, usage by choice)."""
+    """The chunks of a streamed completion, put back together (text, thinking, tool calls, log-probabilities, finish
+    reason, usage by choice) and read as the plain answer is (`gateway.replies`)."""
 
-    __slots__ = ("calls", "finish", "model", "stop_reason", "texts", "usage")
+    __slots__ = ("calls", "finish", "logprobs", "model", "reasoning", "stop_reason", "texts", "usage")
 
     def __init__(self) -> None:
         self.texts: dict[int, list[str]] = {}
+        self.reasoning: dict[int, list[str]] = {}
+        self.logprobs: dict[int, list[Any]] = {}
         self.calls: dict[int, dict[int, list[str]]] = {}
         self.finish: dict[int, str] = {}
         self.stop_reason: dict[int, str] = {}
@@ -502,22 +516,33 @@ class _StreamParts:
         self.model = ""
 
     def add(self, chunk: Any) -> None:
+        extra = chunk.model_extra
+        if extra and extra.get("error"):  # an error event the SDK passed on as a chunk
+            raise provider_error(extra["error"], where=f"the stream from {chunk.model or 'the server'}")
         self.model = chunk.model or self.model
         if chunk.usage is not None:
             self.usage = chunk.usage
         for c in chunk.choices:
             texts = self.texts.setdefault(c.index, [])
             delta = c.delta
-            if delta is not None and delta.content:
-                texts.append(delta.content)
-            if delta is not None and delta.tool_calls:
-                calls = self.calls.setdefault(c.index, {})
-                for t in delta.tool_calls:
-                    call = calls.setdefault(t.index, ["", "", ""])
-                    call[0] = t.id or call[0]
-                    if t.function is not None:
-                        call[1] += t.function.name or ""
-                        call[2] += t.function.arguments or ""
+            if delta is not None:
+                if delta.content:
+                    texts.append(delta.content)
+                    if c.logprobs is not None and c.logprobs.content:  # a thinking delta's tokens are not the answer's
+                        self.logprobs.setdefault(c.index, []).extend(c.logprobs.content)
+                fields = delta.model_extra
+                if fields:  # vLLM, SGLang and DeepSeek stream the thinking as `reasoning_content`, newer vLLM as `reasoning`
+                    thought = fields.get("reasoning_content") or fields.get("reasoning")
+                    if isinstance(thought, str) and thought:
+                        self.reasoning.setdefault(c.index, []).append(thought)
+                if delta.tool_calls:
+                    calls = self.calls.setdefault(c.index, {})
+                    for t in delta.tool_calls:
+                        call = calls.setdefault(t.index, ["", "", ""])
+                        call[0] = t.id or call[0]
+                        if t.function is not None:
+                            call[1] += t.function.name or ""
+                            call[2] += t.function.arguments or ""
             if c.finish_reason:
                 self.finish[c.index] = c.finish_reason
                 reason = (c.model_extra or {}).get("stop_reason")
@@ -525,11 +550,12 @@ class _StreamParts:
                     self.stop_reason[c.index] = reason
 
     def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
-        """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion), by the model's count."""
+        """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion, the thinking
+        streamed so far included), by the model's count."""
         counter = llm.tokens
         error.spent = (
             count_messages(counter, request.messages, request.tools),
-            sum(counter.count("".join(t)) for t in self.texts.values()),
+            sum(counter.count("".join(t)) for t in self.texts.values()) + sum(counter.count("".join(r)) for r in self.reasoning.values()),
         )
         return error
 
@@ -550,19 +576,26 @@ class _StreamParts:
                 for n, (i, name, args) in sorted(self.calls.get(index, {}).items())
             )
             choices.append(
-                Choice(
-                    text="".join(self.texts[index]),
-                    finish_reason=self.finish[index],  # type: ignore[arg-type]  # the provider's own word for it
+                llm.replies.choice(
+                    "".join(self.texts[index]),
+                    "".join(self.reasoning.get(index, ())),
+                    self.finish[index],
                     tool_calls=calls,
                     stop_sequence=self.stop_reason.get(index),
+                    logprobs=self.logprobs.get(index, ()),
                 )
             )
+        counter = llm.tokens
         if self.usage is not None:
-            usage = Usage(self.usage.prompt_tokens, self.usage.completion_tokens)
-        else:  # llama.cpp streams without a usage chunk: count as the model does
-            counter = llm.tokens
-            completion_tokens = sum(counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls) for c in choices)
-            usage = Usage(count_messages(counter, request.messages, request.tools), completion_tokens)
+            details = self.usage.completion_tokens_details
+            hidden = details.reasoning_tokens if details is not None else None
+            usage = read_usage(self.usage.prompt_tokens, self.usage.completion_tokens, hidden, choices, counter)
+        else:  # llama.cpp streams without a usage chunk: count as the model does, the thinking included
+            completion_tokens = sum(
+                counter.count(c.reasoning) + counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls)
+                for c in choices
+            )
+            usage = read_usage(count_messages(counter, request.messages, request.tools), completion_tokens, None, choices, counter)
         model = self.model or llm.model
         return Completion(choices=tuple(choices), usage=usage, model=model, simulated=model.startswith("simulated"))
 
@@ -572,63 +605,3 @@ def _body_and_options(params: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     body = dict(params)
     headers = body.pop("extra_headers", None)
     return body, ({"headers": headers} if headers else {})
-
-
-class _WireFunction(msgspec.Struct):
-    name: str = ""
-    arguments: str | None = None
-
-
-class _WireToolCall(msgspec.Struct):
-    id: str = ""
-    function: _WireFunction = msgspec.field(default_factory=_WireFunction)
-
-
-class _WireMessage(msgspec.Struct):
-    content: str | None = None
-    tool_calls: list[_WireToolCall] | None = None
-
-
-class _WireChoice(msgspec.Struct):
-    message: _WireMessage = msgspec.field(default_factory=_WireMessage)
-    finish_reason: str | None = None
-    stop_reason: Any = None  # vLLM and the simulator say which stop sequence matched (a token id when none did)
-
-
-class _WireUsage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _WireCompletion(msgspec.Struct):
-    """What a Completion keeps of a chat completion; every other member of the answer is skipped unread."""
-
-    choices: list[_WireChoice]
-    model: str = ""
-    usage: _WireUsage | None = None
-
-
-_WIRE = msgspec.json.Decoder(_WireCompletion)
-
-
-def _completion(response: _WireCompletion, latency_ms: float) -> Completion:
-    choices = []
-    for c in response.choices:
-        calls = tuple(ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments or "{}") for t in (c.message.tool_calls or []))
-        stop_sequence = c.stop_reason if isinstance(c.stop_reason, str) else None
-        choices.append(
-            Choice(
-                text=c.message.content or "",
-                finish_reason=c.finish_reason or "stop",  # type: ignore[arg-type]  # the provider's own word for it
-                tool_calls=calls,
-                stop_sequence=stop_sequence,
-            )
-        )
-    usage = response.usage
-    return Completion(
-        choices=tuple(choices),
-        usage=Usage(usage.prompt_tokens, usage.completion_tokens) if usage else Usage(),
-        model=response.model,
-        latency_ms=latency_ms,
-        simulated=response.model.startswith("simulated"),
-    )

@@ -1,0 +1,270 @@
+"""Every form a server hands a reply over in, read into the same `Choice` and `Usage`.
+
+A reasoning model's thinking arrives in one of three forms: a separate field of the message and of every
+stream delta (`reasoning_content`, or `reasoning`: vLLM and SGLang with a reasoning parser, DeepSeek,
+OpenRouter), raw text ending in `</think>` (the same models without a parser; R1-style chat templates write
+the opening tag into the prompt, so the reply holds only the closing one), or only a count
+(`usage.completion_tokens_details.reasoning_tokens`: OpenAI's o-series and gpt-5). Whatever the form, the
+Choice's `text` is the answer alone, `reasoning` the thinking, and a reply that ended inside its thinking has
+no answer (`thinking_unfinished`). The plain and the streamed path of `openai_client` both end here, as
+vLLM's `ReasoningParser` and LiteLLM's `reasoning_content` normalisation each keep one reading of it.
+
+`<thinking>` is also the tag ReasonRay's own prompts ask any model to reason in, before an `<answer>`: a
+model not known to think natively keeps those blocks in its text, where `kernel.tags` strips them from
+everything fed forward (reading them as native thinking would make every prompted model look like a
+thinking one). Only `<think>`, a closing tag with no opening one, and `<thinking>` from a model known to
+think in its text are taken out as thinking here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, cast
+
+import msgspec
+
+from reasonray.gateway.errors import ProviderRejectedError, TransientProviderError
+from reasonray.gateway.protocol import Choice, Completion, FinishReason, ToolCall, Usage
+from reasonray.gateway.tokens import TokenCounter
+
+_TAG = re.compile(r"<(/?)(think|thinking)\s*>", re.IGNORECASE)
+# families whose chat templates open the thinking in the prompt when no reasoning parser runs: the reply is
+# thinking from its first token, so one cut before `</think>` holds no tag at all
+_THINKS_IN_TEXT = re.compile(r"deepseek-r1|r1-distill|\bqwq|qwen3(?!.*instruct)|thinking", re.IGNORECASE)
+_TRANSIENT_WORDS = ("overload", "rate_limit", "rate limit", "server_error", "unavailable", "timeout", "timed out", "capacity", "busy")
+
+
+def thinks_in_text(model: str) -> bool:
+    """True for a model known by name to write its thinking into the reply text (R1 distills, QwQ, Qwen3)."""
+    return _THINKS_IN_TEXT.search(model) is not None
+
+
+def split_thinking(content: str, finish_reason: str, *, thinks: bool) -> tuple[str, str, bool, int]:
+    """Raw reply text as (answer, thinking, unfinished, where the answer starts in `content`).
+
+    `thinks`: the model is known to think in its text, so `<thinking>` is its own and a reply cut by length
+    with no closing tag was cut inside the thinking its template opened."""
+    if "hink" not in content:  # the hot path: no tag of either kind
+        if thinks and finish_reason == "length":
+            return "", content, True, len(content)
+        return content, "", False, 0
+    first = _TAG.search(content)
+    if first is None:
+        if thinks and finish_reason == "length":
+            return "", content, True, len(content)
+        return content, "", False, 0
+    native = first.group(2).lower() == "think" or thinks
+    if first.group(1):  # a closing tag first: everything before it was thinking (R1's opening tag is in the prompt)
+        return content[first.end() :].lstrip(), content[: first.start()].strip(), False, first.end()
+    if not native or content[: first.start()].strip():  # prompted scratch, or an aside after answer text
+        return content, "", False, 0
+    close = re.compile(rf"</{first.group(2)}\s*>", re.IGNORECASE).search(content, first.end())
+    if close is None:
+        return "", content[first.end() :].strip(), True, len(content)
+    return content[close.end() :].lstrip(), content[first.end() : close.start()].strip(), False, close.end()
+
+
+def answer_logprobs(tokens: Sequence[Any], answer_start: int) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+    """The log-probabilities of the answer's tokens (those after `answer_start` characters of thinking in the text)."""
+    chosen: list[float] = []
+    top: list[tuple[float, ...]] = []
+    offset = 0
+    for t in tokens:
+        offset += len(t.token or "")
+        if offset <= answer_start:
+            continue
+        chosen.append(float(t.logprob))
+        if t.top_logprobs:
+            top.append(tuple(float(a.logprob) for a in t.top_logprobs))
+    return tuple(chosen), tuple(top)
+
+
+class ReplyReader:
+    """Reads one endpoint's replies; learns from them whether its model thinks in its text.
+
+    `thinks_in_text` starts from the model's name (or what the configuration says) and turns on at the first reply
+    whose text held thinking: from then on a reply cut by `max_tokens` with no closing tag is unfinished thinking
+    (its template opened the thinking in the prompt), never an answer. Thinking in a separate field teaches nothing
+    of the kind: a server with a reasoning parser always splits it out."""
+
+    __slots__ = ("thinks_in_text",)
+
+    def __init__(self, model: str, *, thinks: bool | None = None) -> None:
+        self.thinks_in_text = thinks_in_text(model) if thinks is None else thinks
+
+    def choice(
+        self,
+        content: str | None,
+        reasoning: str | None,
+        finish_reason: str | None,
+        *,
+        tool_calls: tuple[ToolCall, ...] = (),
+        stop_sequence: str | None = None,
+        logprobs: Sequence[Any] = (),
+    ) -> Choice:
+        """One choice of a reply, whatever form its thinking came in (a separate field, tags in the text, or none)."""
+        choice = read_choice(
+            content,
+            reasoning,
+            finish_reason,
+            thinks=self.thinks_in_text,
+            tool_calls=tool_calls,
+            stop_sequence=stop_sequence,
+            logprobs=logprobs,
+        )
+        if not reasoning and choice.reasoning and not choice.thinking_unfinished:
+            self.thinks_in_text = True
+        return choice
+
+    def completion(self, response: WireCompletion, *, counter: TokenCounter, where: str) -> Completion:
+        """A decoded plain answer as a Completion; a 200 that holds an error or no choice raises, classified."""
+        if response.error is not None:
+            raise provider_error(response.error, where=where)
+        if not response.choices:
+            raise ProviderRejectedError(
+                f"HTTP 200 from {where} holds no choice (`choices: []`): the server answered nothing", status_code=200
+            )
+        choices = []
+        for c in response.choices:
+            m = c.message
+            calls = tuple(ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments or "{}") for t in (m.tool_calls or ()))
+            choices.append(
+                self.choice(
+                    m.content,
+                    _text(m.reasoning_content) or _text(m.reasoning),
+                    c.finish_reason,
+                    tool_calls=calls,
+                    stop_sequence=c.stop_reason if isinstance(c.stop_reason, str) else None,
+                    logprobs=(c.logprobs.content or ()) if c.logprobs is not None else (),
+                )
+            )
+        u = response.usage
+        if u is None:
+            usage = Usage()
+        else:
+            hidden = u.completion_tokens_details.reasoning_tokens if u.completion_tokens_details is not None else None
+            usage = read_usage(u.prompt_tokens, u.completion_tokens, hidden, choices, counter)
+        return Completion(choices=tuple(choices), usage=usage, model=response.model, simulated=response.model.startswith("simulated"))
+
+
+def read_choice(
+    content: str | None,
+    reasoning: str | None,
+    finish_reason: str | None,
+    *,
+    thinks: bool,
+    tool_calls: tuple[ToolCall, ...] = (),
+    stop_sequence: str | None = None,
+    logprobs: Sequence[Any] = (),
+) -> Choice:
+    """One choice, `thinks` saying whether the model is known to think in its text."""
+    finish = finish_reason or "stop"
+    text = content or ""
+    if reasoning:  # a reasoning parser split it: content is the answer, null when the budget ran out while thinking
+        unfinished = finish == "length" and not text.strip() and not tool_calls
+        start = 0
+    else:
+        text, reasoning, unfinished, start = split_thinking(text, finish, thinks=thinks and not tool_calls)
+    chosen, top = answer_logprobs(logprobs, start) if logprobs else ((), ())
+    return Choice(
+        text=text,
+        finish_reason=cast(FinishReason, finish),  # the provider's own word for it
+        tool_calls=tool_calls,
+        stop_sequence=stop_sequence,
+        reasoning=reasoning or "",
+        token_logprobs=chosen,
+        top_logprobs=top,
+        thinking_unfinished=unfinished,
+    )
+
+
+def read_usage(
+    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None, choices: Sequence[Choice], counter: TokenCounter
+) -> Usage:
+    """The reply's counts: the server's `reasoning_tokens` where it reports them, else the visible thinking counted
+    as the model does (never more than the completion it is part of)."""
+    if not reasoning_tokens and any(c.reasoning for c in choices):
+        reasoning_tokens = min(sum(counter.count(c.reasoning) for c in choices), completion_tokens)
+    return Usage(prompt_tokens, completion_tokens, reasoning_tokens or 0)
+
+
+def provider_error(error: Any, *, where: str, status_code: int = 200) -> TransientProviderError | ProviderRejectedError:
+    """An error the provider sent inside a 200 (a body `{"error": ...}`, a stream's error event), in its own words:
+    transient where its type, code or status says so (overloaded, rate limited, a server error), else a rejection."""
+    fields = error if isinstance(error, dict) else {"message": str(error)}
+    message = str(fields.get("message") or fields.get("error") or fields)[:500]
+    kind = " ".join(str(fields.get(k) or "") for k in ("type", "code", "status")).strip()
+    statuses = [v for v in (fields.get("status"), fields.get("code"), fields.get("status_code")) if isinstance(v, int)]
+    detail = f"{where} sent an error{f' ({kind})' if kind else ''}: {message}"
+    words = f"{kind} {message}".lower()
+    if any(s == 429 or s == 408 or s >= 500 for s in statuses) or any(w in words for w in _TRANSIENT_WORDS):
+        return TransientProviderError(detail, status_code=statuses[0] if statuses else status_code)
+    return ProviderRejectedError(detail, status_code=statuses[0] if statuses else status_code)
+
+
+# -- the plain (non-streamed) answer, decoded by msgspec into only what a Completion keeps -------------------------
+
+
+class WireFunction(msgspec.Struct):
+    name: str = ""
+    arguments: str | None = None
+
+
+class WireToolCall(msgspec.Struct):
+    id: str = ""
+    function: WireFunction = msgspec.field(default_factory=WireFunction)
+
+
+class WireMessage(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[WireToolCall] | None = None
+    reasoning_content: Any = None  # vLLM (older), SGLang, DeepSeek
+    reasoning: Any = None  # vLLM (newer), OpenRouter; typed loosely: a server's own shape must not fail the whole reply
+
+
+class WireAlternative(msgspec.Struct):
+    logprob: float = 0.0
+
+
+class WireTokenLogprob(msgspec.Struct):
+    token: str = ""
+    logprob: float = 0.0
+    top_logprobs: list[WireAlternative] | None = None
+
+
+class WireLogprobs(msgspec.Struct):
+    content: list[WireTokenLogprob] | None = None
+
+
+class WireChoice(msgspec.Struct):
+    message: WireMessage = msgspec.field(default_factory=WireMessage)
+    finish_reason: str | None = None
+    stop_reason: Any = None  # vLLM and the simulator say which stop sequence matched (a token id when none did)
+    logprobs: WireLogprobs | None = None
+
+
+class WireCompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class WireUsage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    completion_tokens_details: WireCompletionDetails | None = None
+
+
+class WireCompletion(msgspec.Struct):
+    """What a Completion keeps of a chat completion; every other member of the answer is skipped unread."""
+
+    choices: list[WireChoice] = msgspec.field(default_factory=list)
+    model: str = ""
+    usage: WireUsage | None = None
+    error: Any = None  # a 200 that carries the provider's error instead of a completion
+
+
+WIRE = msgspec.json.Decoder(WireCompletion)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
