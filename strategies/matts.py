@@ -341,17 +341,18 @@ class Matts(Strategy):
         outcomes: list[float | BaseException | None] = list(
             await asyncio.gather(*(judges[a["index"]] for a in attempts), return_exceptions=True)
         )
+        scores: list[float | None] = []
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, OverloadedError):
                 judges[attempts[i]["index"]] = self._judge(query, attempts[i], cfg, context)
-                [outcomes[i]] = await asyncio.gather(judges[attempts[i]["index"]], return_exceptions=True)
-            if isinstance(outcomes[i], BaseException):
-                error = outcomes[i]
-                if not isinstance(error, Exception) or ends_run(error):
-                    raise error
-                judge_failed.add(i)
-                outcomes[i] = None
-        return [o if not isinstance(o, BaseException) else None for o in outcomes]
+                [outcome] = await asyncio.gather(judges[attempts[i]["index"]], return_exceptions=True)
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception) or ends_run(outcome):
+                    raise outcome
+                judge_failed.add(i)  # the attempt stays unscored
+                outcome = None
+            scores.append(outcome)
+        return scores
 
     @staticmethod
     def _diverse(base: ReasoningStrategy, config: dict[str, Any], cfg: MattsConfig, index: int) -> dict[str, Any]:

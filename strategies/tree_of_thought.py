@@ -30,6 +30,7 @@ answer seen, if any): what `error.data.partial` carries when the run fails part-
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -213,7 +214,7 @@ class Search:
         self.free_text = 0  # proposals read from untagged prose
         self.failures: list[Exception] = []  # the errors of branches that failed (each dropped, not fatal)
 
-    async def settled(self, branches: list[Branch[T]], label: str) -> list[T | Failed]:
+    async def settled(self, branches: Sequence[Branch[T]], label: str) -> list[T | Failed]:
         """The branches' values in order, a `Failed` for one that failed; when every branch failed, the first error."""
         outcomes = await self.context.fan_out_settled(branches, label=label)
         failed = [o.error for o in outcomes if isinstance(o, Failed)]
