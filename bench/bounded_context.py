@@ -7,6 +7,9 @@
    docs/strategies/bounded_context.md for the same parameters (must agree within 2%).
 2. Memory: peak Python memory of the strategy at 5 and at 50 iterations (growth must stay under 5%).
 3. Latency: wall time with the simulator's latency model, against one growing context (target < 10%).
+4. A model that thinks (tests/unit/thinking_model.py: thinking apart from the answer, every chunk cut mid-thinking):
+   the delethink carryover against the summary and tail carryovers: iterations and tokens to the answer, how
+   far the thinking got, and chunks that started over (must be none).
 Targets: savings >= 50% above 10K tokens and >= 75% at 96K.
 """
 
@@ -35,6 +38,7 @@ from reasonray.strategies.bounded_context import (
     RunState,
 )
 from reasonray.strategies.compute_cost import closed_form_attention
+from tests.unit.thinking_model import ThinkingModel
 
 COUNTER = counter_for_model("simulated")
 EVENTS = Path(tempfile.mkdtemp(prefix="reasonray-bench-"))
@@ -167,10 +171,39 @@ def latency(sizes: list[int], ttft_ms: float, tokens_per_second: float) -> None:
             )
 
 
+def thinking(sizes: list[int]) -> None:
+    print("\n4. A model that thinks: every chunk is cut inside its thinking until the thinking is done")
+    print(
+        f"{'thinking':>9} {'chunk/carry':>11} {'mode':>9} {'iters':>5} {'calls':>5} {'tokens':>8} {'prompt':>8} "
+        f"{'reached':>8} {'restarts':>8} {'stopped by':>12} {'answer':>6}"
+    )
+    settings = [(tokens, 8192, 4096) for tokens in sizes] + [(1500, 256, 64)]
+    for tokens, chunk, carry in settings:
+        for mode in ("delethink", "summary", "tail"):
+            llm = ThinkingModel(think=tokens)
+            config = {"carryover_mode": mode, "chunk_size": chunk, "carryover_size": carry}
+            if chunk < 1024:
+                config["head_tokens"] = 16
+            result = asyncio.run(bounded(llm, tokens, **config))
+            s, m = result.metrics.strategy_specific, result.metrics
+            chunks = [c for c in llm.calls if c.request.purpose is None]
+            restarts = sum(c.resumed_from == 0 for c in chunks[1:])
+            reached = max(c.reached for c in chunks) / tokens * 100
+            print(
+                f"{tokens:>9} {f'{chunk}/{carry}':>11} {mode:>9} {s['total_iterations']:>5} {m.llm_calls:>5} {m.total_tokens:>8} "
+                f"{m.prompt_tokens:>8} {reached:>7.0f}% {restarts:>8} {s['stopped_by']:>12} {result.answer:>6}"
+            )
+            assert restarts == 0, f"{mode}: {restarts} chunk(s) started over"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller latency run")
+    parser.add_argument("--thinking", action="store_true", help="only section 4, the model that thinks")
     args = parser.parse_args()
+    thinking([10_000, 24_000, 50_000])
+    if args.thinking:
+        return
     compute([10_000, 24_000, 50_000, 96_000, 128_000])
     memory()
     # The latency model scaled 1:100 in time: 300 ms to first token and 50 tokens/s become 3 ms and 5,000 tokens/s.
