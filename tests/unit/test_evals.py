@@ -380,7 +380,9 @@ class FailsAfter:
 
 async def test_a_failed_example_keeps_the_calls_and_tokens_it_spent(tmp_path):
     examples = load_dataset(gsm8k_file(tmp_path / "g.jsonl", count=1)).examples
-    cells = build_grid(catalogue(), ["refine"], {}, [0])
+    # one proposal, then its value call fails: a level with nothing scored (a refine iteration that failed would
+    # cost only that iteration, and the example would answer)
+    cells = build_grid(catalogue(), ["tree_of_thought"], {"tree_of_thought": {"one": {"breadth": 1}}}, [0])
     model = SimulatedModel(counter_for_model("simulated"))
     model.add_answers({e.key: e.reference for e in examples})
     first = SimulatedLLM(model)
@@ -388,6 +390,6 @@ async def test_a_failed_example_keeps_the_calls_and_tokens_it_spent(tmp_path):
     await run_grid(InProcessEngine(service_with_key(examples, llm=FailsAfter(first, 1))), examples, cells, log)
     [record] = log.select(examples, cells)
     assert record.status == "error" and record.error_type == "provider_unavailable"
-    # the attempt that was answered, and the evaluation that failed: both were made and paid for
+    # the proposal that was answered, and the evaluation that failed: both were made and paid for
     assert record.llm_calls == 2
     assert record.prompt_tokens > 120 and record.completion_tokens > 40
