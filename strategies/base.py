@@ -335,7 +335,7 @@ class Strategy:
         super().__init_subclass__(**kwargs)
         reason = cls.__dict__.get("reason")
         if reason is not None and not getattr(reason, "applies_thinking", False):
-            cls.reason = _applying_thinking(reason)  # type: ignore[method-assign]
+            cls.reason = _applying_thinking(reason)  # type: ignore[method-assign,assignment]
 
     def __init__(self, settings: StrategySettings | None = None) -> None:
         self.settings = settings or self.Settings()

@@ -123,3 +123,13 @@ async def test_the_settings_end_with_the_strategy_that_set_them():
     await context.llm.complete(LLMRequest(messages=(user("after"),)))
     assert [r.thinking_budget for r in llm.requests] == [64, None]
     assert msgspec.structs.asdict(context.llm.sampling) == msgspec.structs.asdict(Sampling())
+
+
+@pytest.mark.parametrize(
+    "text", ["<think>Okay... the answer is 340 so far", "Okay... the answer is 340 so far</think>", "<thinking>the answer is 340 so far"]
+)
+def test_thinking_left_in_the_text_gives_no_answer(text):
+    """Where a reply's thinking stayed in its text (no reasoning parser), an unclosed or opener-less block is thinking."""
+    from reasonray.kernel.extraction import find_answer
+
+    assert find_answer(text, numeric=True) is None
