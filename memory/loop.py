@@ -208,7 +208,9 @@ class MemoryLoop:
 
 
 class TrajectoryCapture:
-    """Wraps a run's event sink to keep the text of its LLM replies: the trajectory, when the strategy reports none."""
+    """Wraps a run's event sink to keep the text of its LLM replies: the trajectory, when the strategy reports none.
+    The replies' text is `Choice.text` (LLM_INVOCATION's `responses`): a reasoning model's thinking, in the event's
+    `reasoning`, is never fed to the judge and the extraction."""
 
     def __init__(self, sink: EventSink) -> None:
         self.sink = sink

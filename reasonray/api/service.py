@@ -6,6 +6,7 @@ Transport-free and Ray-free: the Serve ingress and the in-process tests drive th
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,7 +25,7 @@ from reasonray.api.access.tenancy import charge_tokens
 from reasonray.api.jsonrpc import error_for
 from reasonray.api.structured import conform, schema_of
 from reasonray.gateway.observed import ObservedLLM, Sampling
-from reasonray.gateway.protocol import LLM
+from reasonray.gateway.protocol import LLM, LLMRequest
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel import tracing
 from reasonray.kernel.config import BudgetSettings, CapSettings, EventsSettings, MemorySettings
@@ -35,10 +37,11 @@ from reasonray.kernel.errors import (
     StrategyUnavailableError,
     attach_partial,
 )
-from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, RecordMode, RunEnd, event_log_path
+from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, event_log_path
 from reasonray.kernel.redact import redact
 from reasonray.kernel.repositories import RunIndex, RunRecord
 from reasonray.kernel.retention import sweep
+from reasonray.kernel.tags import extract_answer, normalize_answer, strip_thinking
 from reasonray.kernel.telemetry import Metrics, NoMetrics, record_bounded_context, record_outcome, record_run
 from reasonray.memory.learning import Verifier
 from reasonray.memory.loop import (
@@ -54,13 +57,28 @@ from reasonray.strategies.base import (
     ReasoningResult,
     ReasoningStrategy,
     StrategyContext,
+    Thinking,
+    ThinkingSampling,
     local_fanout,
+    thinking_of,
 )
 from reasonray.strategies.registry import Catalogue, Resolution
 
 log = structlog.get_logger(__name__)
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+EXTRA_BODY_RIGHT = "llm.extra_body"
+"""The right, matched against a role's `methods` like a method name, to pass `extra_body` through to the model
+endpoint: fields the service does not check go to a server the operator configured, so operators and admins
+hold it by default (`*`), reasoners do not (their `reasoning.*` does not match it); with authentication off
+every caller holds it."""
+
+EXTRA_BODY_RESERVED = frozenset({"model", "messages", "stream", "stream_options", "n", "tools"})
+"""Body fields `extra_body` may not set: the gateway sets them and reads the reply by them."""
+
+MAX_REASONING_CHARS = 32_000
+"""The most thinking a result returns as `reasoning` (head and tail kept); the event log keeps it whole."""
 
 RUN_LISTENER: ContextVar[EventSink | None] = ContextVar("reasonray_run_listener", default=None)
 """Also receives every event of the runs started in this context, as they happen (streaming transports
@@ -140,6 +158,34 @@ class ExecuteParams(BaseModel):
     response_format: ResponseFormatParams | None = Field(
         None, description="Answer as JSON (an object, or valid against a schema), validated and repaired once."
     )
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None,
+        description="How hard a reasoning model thinks on every call of the run; a strategy_config's own wins. None: the model's default.",
+    )
+    thinking_budget: int | None = Field(
+        None, ge=0, le=262_144, description="Most tokens a reasoning model may think per call of the run; a strategy_config's own wins."
+    )
+    extra_body: dict[str, Any] | None = Field(
+        None,
+        description="Fields passed as they are into the model endpoint's JSON body on every call of the run (e.g. "
+        "chat_template_kwargs); trusted callers only: the `llm.extra_body` right (operators, admins) or authentication off.",
+    )
+
+    @field_validator("extra_body")
+    @classmethod
+    def _passable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if reserved := sorted(EXTRA_BODY_RESERVED & value.keys()):
+            raise ValueError(f"extra_body may not set {', '.join(reserved)}: the gateway sets them for every call")
+        if len(json.dumps(value)) > 16_384:
+            raise ValueError("extra_body is over 16 KiB as JSON")
+        return value
+
+    @property
+    def thinking(self) -> Thinking:
+        """The request's thinking settings, under every strategy's own."""
+        return Thinking(self.reasoning_effort, self.thinking_budget)
 
     @field_validator("query")
     @classmethod
@@ -283,7 +329,7 @@ class ReasoningService:
                 strategy=resolution.strategy,
                 budget=budget,
                 counter=self.tokens,
-                sampling=Sampling(**params.sampling.model_dump()) if params.sampling else None,
+                sampling=_sampling(params),
             ),
             tokens=self.tokens,
             emit=sink,
@@ -303,7 +349,7 @@ class ReasoningService:
             "reasonray.trace_id": context.trace_id,
             "reasonray.decided_by": plan.resolution.strategy_decided_by,
         }
-        with tracing.span(f"strategy {strategy_name}", attributes) as span:
+        with tracing.span(f"strategy {strategy_name}", attributes) as span, thinking_of(params.thinking, context.llm):
             try:
                 async with asyncio.timeout(plan.deadline) as limit:
                     if memory is not None and memory.enabled and report is not None and self.memory_loop is not None:
@@ -354,6 +400,8 @@ class ReasoningService:
 
     def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
         report, memory = plan.report, plan.memory
+        if not result.reasoning:
+            result.reasoning = plan.recorder.thinking_behind(result.answer)
         return ExecuteResult(
             **result.model_dump(exclude={"trace"}),
             trace=plan.recorder.as_trace() if params.include_trace else None,
@@ -379,6 +427,7 @@ class ReasoningService:
             "tokens": t.prompt_tokens + t.completion_tokens,
             "prompt_tokens": t.prompt_tokens,
             "completion_tokens": t.completion_tokens,
+            "reasoning_tokens": t.reasoning_tokens,
             "calls": t.calls,
         }
         attach_partial(exc, {**context.progress, **(getattr(exc, "partial_result", None) or {}), **spent})
@@ -571,14 +620,73 @@ class RunPlan:
         )
 
 
+class RunSampling(ThinkingSampling, frozen=True, omit_defaults=True):
+    """The request's sampling, its strategy's thinking settings, and the trusted caller's `extra_body`, on every call
+    of the run (branches that run elsewhere get it with the rest of the run's options)."""
+
+    extra_body: dict[str, Any] | None = None
+
+    def apply(self, request: LLMRequest) -> LLMRequest:
+        request = super().apply(request)
+        if not self.extra_body:
+            return request
+        # a field the strategy sets on its own call wins: the call needs it to work (continuing thinking, say)
+        return msgspec.structs.replace(request, extra_body={**self.extra_body, **(request.extra_body or {})})
+
+
+def _sampling(params: ExecuteParams) -> Sampling | None:
+    if params.extra_body:
+        return RunSampling(**(params.sampling.model_dump() if params.sampling else {}), extra_body=params.extra_body)
+    return Sampling(**params.sampling.model_dump()) if params.sampling else None
+
+
+def bounded_thinking(text: str, limit: int = MAX_REASONING_CHARS) -> str:
+    """`text` within `limit` characters: its head and, longer, its tail (where the thinking reaches the answer)."""
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} characters of thinking omitted; the event log has them ...]\n"
+    head = limit // 8
+    tail = limit - head - len(marker.format(len(text)))
+    return text[:head] + marker.format(len(text) - head - tail) + text[-tail:]
+
+
 class _Teed(EventRecorder):
-    """The run's recorder, also handing each event to the context's listener (a streaming subscriber)."""
+    """The run's recorder, also handing each event to the context's listener (a streaming subscriber).
+
+    It remembers, per answer its LLM replies gave, the thinking of the last reply that gave it, so the result can
+    return the thinking behind the run's answer (`thinking_behind`), wherever the call ran (a branch's events
+    come back to this recorder too)."""
+
+    MAX_ANSWERS = 256
 
     def __init__(self, path: Path | None, *, keep: bool, listener: EventSink | None, mode: RecordMode = "full") -> None:
         super().__init__(path, keep=keep, mode=mode)
         self.listener = listener
+        self._thinking: dict[str, str] = {}
 
     def __call__(self, event: Event) -> None:
         super().__call__(event)
+        if isinstance(event, LLMInvocation):
+            self._remember(event)
         if self.listener is not None:
             self.listener(event)
+
+    def _remember(self, event: LLMInvocation) -> None:
+        for i, text in enumerate(event.responses):
+            answer = _given_answer(text)
+            if not answer:
+                continue
+            self._thinking.pop(answer, None)  # the latest reply giving an answer is the one kept
+            self._thinking[answer] = bounded_thinking(event.reasoning[i] if i < len(event.reasoning) else "")
+            if len(self._thinking) > self.MAX_ANSWERS:
+                del self._thinking[next(iter(self._thinking))]
+
+    def thinking_behind(self, answer: str) -> str:
+        """The thinking of the run's last reply whose answer is `answer` ("" when none gave it as it stands)."""
+        return self._thinking.get(normalize_answer(answer), "") if answer else ""
+
+
+def _given_answer(text: str) -> str:
+    """The answer a reply gives, in the form answers are compared in: its `<answer>` block, else its whole text."""
+    tagged = extract_answer(text)
+    return normalize_answer(tagged if tagged is not None else strip_thinking(text))

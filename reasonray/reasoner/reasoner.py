@@ -174,6 +174,12 @@ class TurnReasoner:
         )
         if calls:
             return ToolRound(calls)
+        if completion.thinking_unfinished:  # the thinking so far is no answer, whatever it says
+            raise ModelBehaviorError(
+                f"the model's reply ended inside its thinking, cut at the turn's {self.max_tokens} tokens per call, before it "
+                "answered (unfinished thinking is no answer); a model that thinks longer needs a larger max_tokens",
+                {"llm_calls": self.llm_calls, "reasoning_tokens": completion.usage.reasoning_tokens},
+            )
         return self._answer_from(completion.text)
 
     async def _run_tools(self, calls: tuple[ToolCall, ...]) -> RunAgain | PendingClientCalls:

@@ -12,7 +12,12 @@ the routes; unit tests drive the same object over `local_dispatcher`.
 - The conversation becomes the query: the last user message, preceded by the system instructions and
   the earlier messages as context.
 - `usage` sums every LLM call of the run; `completion_tokens_details.reasoning_tokens` is what the
-  run generated beyond the answer itself. ReasonRay's metrics and trace id are in `reasonray`.
+  run generated beyond the answer itself (the model's own thinking included). ReasonRay's metrics and trace
+  id are in `reasonray`.
+- The model's thinking behind the answer is the message's `reasoning_content` (as vLLM and DeepSeek send it);
+  streamed, it comes as `delta.reasoning_content` chunks marked `reasonray.kind: "thinking"`, apart from
+  ReasonRay's own progress lines (`reasonray.kind: "progress"`). Thinking in the history a client sends back
+  (`reasoning_content`, `<think>` in an assistant's content) never reaches the model.
 - Tools: the request runs as a session turn whose client tools are the request's tools. Exit mode 2
   answers `finish_reason: "tool_calls"`, with call ids `<session_id>-<call id>`, so the next request's
   `tool` messages say which session to resume, on whichever replica serves it.
@@ -26,7 +31,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -38,11 +43,12 @@ from reasonray.api.jsonrpc import (
     Dispatcher,
     RpcError,
 )
-from reasonray.api.service import ExecuteParams, ResponseFormatParams
+from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ResponseFormatParams
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import describe_errors
 from reasonray.kernel.events import Event, to_dict
+from reasonray.kernel.tags import strip_thinking
 from reasonray.memory.loop import MemoryParams
 
 OWNER = "reasonray"
@@ -59,6 +65,14 @@ class ReasoningOptions(BaseModel):
     strategy_config: dict[str, Any] | None = Field(None, description="Strategy-specific configuration (see reasoning.strategies).")
     memory: MemoryParams | None = Field(None, description="Run memory-aware, as reasoning.execute's `memory`.")
     agent_id: str | None = Field(None, description="Run as this registered agent.")
+    extra_body: dict[str, Any] | None = Field(
+        None,
+        description="Fields passed as they are into the model endpoint's body on every call of the run (e.g. "
+        "chat_template_kwargs); trusted callers only, as reasoning.execute's `extra_body`.",
+    )
+    progress: bool = Field(
+        True, description="Stream ReasonRay's progress lines in delta.reasoning_content; false: only the model's thinking."
+    )
 
 
 class ChatMessage(BaseModel):
@@ -130,7 +144,8 @@ class ChatCompletionRequest(BaseModel):
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    thinking_budget: int | None = Field(None, ge=0, le=262_144, description="Most tokens the model may think per call (extension).")
     verbosity: str | None = None
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
@@ -177,14 +192,26 @@ def refuse_unsupported(request: ChatCompletionRequest) -> None:
         refuse("metadata", "metadata is kept only with store, which this server does not offer; omit it")
     if request.modalities not in (None, ["text"]) or request.audio is not None:
         refuse("modalities" if request.audio is None else "audio", "only text output is supported: omit audio and modalities")
-    for param in ("prediction", "web_search_options", "reasoning_effort", "verbosity"):
+    for param in ("prediction", "web_search_options", "verbosity"):
         if getattr(request, param) is not None:
             hint = (
                 "choose how much reasoning with the model name (reasonray/<strategy>) and extra_body reasoning.strategy_config"
-                if param in ("reasoning_effort", "verbosity")
+                if param == "verbosity"
                 else "omit it"
             )
             refuse(param, f"{param} is not supported: {hint}")
+    if (_uses_tools(request) and not _forced(request)) or _resumes(request):
+        asked = [
+            p for p, v in (("reasoning_effort", request.reasoning_effort), ("thinking_budget", request.thinking_budget)) if v is not None
+        ]
+        if request.reasoning is not None and request.reasoning.extra_body is not None:
+            asked.append("reasoning.extra_body")
+        if asked:
+            refuse(
+                asked[0],
+                f"{asked[0]} is not supported with tools: a tool conversation runs as a session turn, which takes the "
+                "model's own setting; omit it, or use tool_choice 'none', 'required' or a named function",
+            )
     if request.functions is not None or request.function_call is not None:
         refuse(
             "functions" if request.functions is not None else "function_call",
@@ -248,7 +275,9 @@ def error_from_rpc(error: dict[str, Any]) -> OpenAIError:
     """A JSON-RPC error as OpenAI's, rendered from the one error table (`reasonray.api.errors`)."""
     status, body = openai_error(error)
     shown = body["error"]
-    return OpenAIError(status, shown["message"], shown["type"], shown["code"], reasonray=shown["reasonray"])
+    # the one right a request's own field asks for: the error names that field
+    param = "reasoning.extra_body" if (error.get("data") or {}).get("method") == EXTRA_BODY_RIGHT else None
+    return OpenAIError(status, shown["message"], shown["type"], shown["code"], param, reasonray=shown["reasonray"])
 
 
 def http_error(status: int, path: str, method: str, detail: Any = None) -> OpenAIError:
@@ -322,8 +351,10 @@ def conversation_query(messages: list[ChatMessage]) -> tuple[str, str | None]:
 
 
 def _context_line(message: ChatMessage) -> str | None:
-    if message.role in ("user", "assistant") and message.text():
-        return f"{message.role}: {message.text()}"
+    # an assistant's thinking (its `reasoning_content`, or <think> left in its content) is never fed forward
+    text = strip_thinking(message.text()) if message.role == "assistant" else message.text()
+    if message.role in ("user", "assistant") and text:
+        return f"{message.role}: {text}"
     if message.role == "assistant" and message.tool_calls:
         calls = ", ".join(f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments', '')})" for c in message.tool_calls)
         return f"assistant called: {calls}"
@@ -347,12 +378,14 @@ def models_list(strategies: list[str], default: str | None, served_model: str, c
     return {"object": "list", "data": [entry(DEFAULT_MODEL, default), *(entry(f"{DEFAULT_MODEL}/{s}", s) for s in strategies)]}
 
 
-def usage_of(prompt: int, completion: int, answer_tokens: int) -> dict[str, Any]:
+def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage: `reasoning_tokens` are the completion tokens that are not the answer (the model's own thinking,
+    `thinking_tokens` as its server counted them, is among them)."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "completion_tokens_details": {"reasoning_tokens": max(completion - answer_tokens, 0)},
+        "completion_tokens_details": {"reasoning_tokens": min(max(completion - answer_tokens, thinking_tokens, 0), completion)},
     }
 
 
@@ -369,7 +402,8 @@ def progress_text(event: Event) -> str | None:
         case "THOUGHT":
             return f"[thought {e['node_id']}] depth {e['depth']}, score {e['score']:.2f}, {e['status']}\n"
         case "LLM_INVOCATION":
-            return f"[llm] {e['completion_tokens']} tokens in {e['latency_ms']:.0f} ms{' (cached)' if e['cached'] else ''}\n"
+            thinking = f" ({e['reasoning_tokens']} thinking)" if e.get("reasoning_tokens") else ""
+            return f"[llm] {e['completion_tokens']} tokens{thinking} in {e['latency_ms']:.0f} ms{' (cached)' if e['cached'] else ''}\n"
         case "MEMORY_RETRIEVAL":
             return f"[memory] {len(e['memories'])} memories retrieved from {e['workspace']}\n"
         case "MEMORY_LEARNING":
@@ -427,7 +461,13 @@ class OpenAICompat:
             query, system = conversation_query(request.messages)
             if system:
                 query = f"{system}\n\n{query}"
-        params: dict[str, Any] = {"query": query, "strategy": strategy, **options.model_dump(exclude_none=True, exclude={"strategy"})}
+        params: dict[str, Any] = {
+            "query": query,
+            "strategy": strategy,
+            **options.model_dump(exclude_none=True, exclude={"strategy", "progress"}),
+            "reasoning_effort": request.reasoning_effort,
+            "thinking_budget": request.thinking_budget,
+        }
         sampling = {k: getattr(request, k) for k in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed")}
         if any(v is not None for v in sampling.values()):
             params["sampling"] = {k: v for k, v in sampling.items() if v is not None}
@@ -449,46 +489,42 @@ class OpenAICompat:
         runs = await asyncio.gather(
             *(self._run(request, _with_seed(params, seed), _choice_trace(trace_id, i)) for i, seed in enumerate(seeds))
         )
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": answer}, "logprobs": None, "finish_reason": finish}
-            for i, (answer, finish, _, _) in enumerate(runs)
-        ]
-        prompt = sum(r[2]["prompt_tokens"] for r in runs)
-        completion = sum(r[2]["completion_tokens"] for r in runs)
-        answers = sum(self.tokens.count(r[0]) for r in runs)
-        extra = runs[0][3] if n == 1 else {**runs[0][3], "choices": [r[3] for r in runs]}
-        first_answer, first_finish = runs[0][0], runs[0][1]
-        message = {"role": "assistant", "content": first_answer}
-        body = self._completion(request, extra["trace_id"], message, first_finish, usage_of(prompt, completion, answers), extra)
+        choices = [{"index": i, "message": r.message(), "logprobs": None, "finish_reason": r.finish} for i, r in enumerate(runs)]
+        usage = usage_of(
+            sum(r.tokens["prompt_tokens"] for r in runs),
+            sum(r.tokens["completion_tokens"] for r in runs),
+            sum(self.tokens.count(r.answer) for r in runs),
+            sum(r.tokens.get("reasoning_tokens", 0) for r in runs),
+        )
+        extra = runs[0].extra if n == 1 else {**runs[0].extra, "choices": [r.extra for r in runs]}
+        body = self._completion(request, extra["trace_id"], runs[0].message(), runs[0].finish, usage, extra)
         body["choices"] = choices
         return body
 
-    async def _run(
-        self, request: ChatCompletionRequest, params: dict[str, Any], trace_id: str | None
-    ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-        """One run: (answer, finish_reason, its token counts, ReasonRay's extra). A run that used up
-        max_completion_tokens answers what it had, with finish_reason "length", as OpenAI's models do."""
+    async def _run(self, request: ChatCompletionRequest, params: dict[str, Any], trace_id: str | None) -> Answered:
+        """One run. A run that used up max_completion_tokens answers what it had, with finish_reason "length",
+        as OpenAI's models do."""
         try:
             result: dict[str, Any] = await self.rpc.call("reasoning.execute", params, trace_id)
         except RpcError as error:
             partial = _completion_budget_partial(error.body(), request.completion_limit)
             if partial is None:
                 raise error_from_rpc(error.body()) from None
-            tokens = {"prompt_tokens": partial.get("prompt_tokens", 0), "completion_tokens": partial.get("completion_tokens", 0)}
+            tokens = {k: partial.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens")}
             extra = {"trace_id": trace_id or uuid.uuid4().hex, "budget": error.body()["data"]}
-            return apply_stop(str(partial.get("answer") or ""), request.stops), "length", tokens, extra
+            return Answered(apply_stop(str(partial.get("answer") or ""), request.stops), "length", tokens, extra)
         return self._finished(request, result)
 
-    def _finished(self, request: ChatCompletionRequest, result: dict[str, Any]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    def _finished(self, request: ChatCompletionRequest, result: dict[str, Any]) -> Answered:
         m = result["metrics"]
         limit = request.completion_limit
         hit = (limit is not None and m["completion_tokens"] >= limit) or (result.get("degraded_error") or {}).get("code") == BUDGET_EXCEEDED
         answer = result["answer"] if request.response_format is not None else apply_stop(result["answer"], request.stops)
-        return answer, "length" if hit else "stop", m, _extra(result)
+        return Answered(answer, "length" if hit else "stop", m, _extra(result), result.get("reasoning") or "")
 
     def _usage(self, result: dict[str, Any]) -> dict[str, Any]:
         m = result["metrics"]
-        return usage_of(m["prompt_tokens"], m["completion_tokens"], self.tokens.count(result["answer"]))
+        return usage_of(m["prompt_tokens"], m["completion_tokens"], self.tokens.count(result["answer"]), m.get("reasoning_tokens", 0))
 
     def _completion(
         self,
@@ -538,9 +574,10 @@ class OpenAICompat:
         text = f"{system}\n\n{query}\n\n{ask}" if system else f"{query}\n\n{ask}"
         params = await self.execute_params(request, query=text)
         params["response_format"] = {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
-        answer, finish, tokens, extra = await self._run(request.model_copy(update={"stop": None}), params, trace_id)
+        run = await self._run(request.model_copy(update={"stop": None}), params, trace_id)
+        answer, finish, tokens, extra = run.answer, run.finish, run.tokens, run.extra
         if finish == "length":
-            message: dict[str, Any] = {"role": "assistant", "content": answer}
+            message: dict[str, Any] = run.message()
         else:
             value = json.loads(answer)
             name, arguments = (chosen[0], value) if len(chosen) == 1 else (value["name"], value["arguments"])
@@ -549,8 +586,8 @@ class OpenAICompat:
                 "type": "function",
                 "function": {"name": name, "arguments": json.dumps(arguments)},
             }
-            message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
-        usage = usage_of(tokens["prompt_tokens"], tokens["completion_tokens"], self.tokens.count(answer))
+            message, finish = {**run.message(), "content": None, "tool_calls": [call]}, "tool_calls"
+        usage = usage_of(tokens["prompt_tokens"], tokens["completion_tokens"], self.tokens.count(answer), tokens.get("reasoning_tokens", 0))
         return self._completion(request, extra["trace_id"], message, finish, usage, extra)
 
     # -- tools: a session turn ------------------------------------------------------------------------
@@ -597,9 +634,10 @@ class OpenAICompat:
         params = await self.execute_params(request)
         await self._check_before_streaming(params)
         chunk_id = f"chatcmpl-{trace_id or uuid.uuid4().hex}"
+        progress = request.reasoning is None or request.reasoning.progress
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            return _chunk(chunk_id, request.model, delta, finish)
+        def chunk(delta: dict[str, Any], finish: str | None = None, kind: dict[str, str] | None = None) -> str:
+            return _chunk(chunk_id, request.model, delta, finish, kind)
 
         run = stream_call(self.rpc, "reasoning.execute", params, trace_id)
         try:
@@ -611,8 +649,8 @@ class OpenAICompat:
             async for item in run:
                 if isinstance(item, CallResult):
                     result: dict[str, Any] = item.value
-                elif isinstance(item, Event) and (text := progress_text(item)):
-                    yield chunk({"reasoning_content": text})
+                elif progress and isinstance(item, Event) and (text := progress_text(item)):
+                    yield chunk({"reasoning_content": text}, kind={"kind": "progress", "event": str(item.__struct_config__.tag)})
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
             partial = _completion_budget_partial(error.body(), request.completion_limit)
             if partial is None:
@@ -623,14 +661,17 @@ class OpenAICompat:
             yield chunk({"content": answer})
             yield chunk({}, "length")
             if include_usage:
-                usage = usage_of(partial.get("prompt_tokens", 0), partial.get("completion_tokens", 0), self.tokens.count(answer))
+                prompt, completion = partial.get("prompt_tokens", 0), partial.get("completion_tokens", 0)
+                usage = usage_of(prompt, completion, self.tokens.count(answer), partial.get("reasoning_tokens", 0))
                 yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": usage})
             yield "[DONE]"
             return
-        answer, finish_reason, _, extra = self._finished(request, result)
-        yield chunk({"content": answer})
-        finish = json.loads(chunk({}, finish_reason))
-        finish["reasonray"] = extra
+        answered = self._finished(request, result)
+        if answered.reasoning:  # the model's thinking behind the answer, as the plain response's reasoning_content
+            yield chunk({"reasoning_content": answered.reasoning}, kind=THINKING)
+        yield chunk({"content": answered.answer})
+        finish = json.loads(chunk({}, answered.finish))
+        finish["reasonray"] = answered.extra
         yield json.dumps(finish)
         if include_usage:
             yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": self._usage(result)})
@@ -666,6 +707,8 @@ class OpenAICompat:
         choice = completion["choices"][0]
         message = choice["message"]
         chunk_id, model = completion["id"], completion["model"]
+        if message.get("reasoning_content"):
+            yield _chunk(chunk_id, model, {"role": "assistant", "reasoning_content": message["reasoning_content"]}, kind=THINKING)
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
@@ -678,17 +721,23 @@ class OpenAICompat:
         yield "[DONE]"
 
 
-def _chunk(chunk_id: str, model: str, delta: dict[str, Any], finish: str | None = None) -> str:
-    return json.dumps(
-        {
-            "id": chunk_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-    )
+THINKING = {"kind": "thinking"}
+"""The `reasonray` field of a chunk whose `delta.reasoning_content` is the model's thinking (progress lines are
+marked `{"kind": "progress", "event": <run event type>}`)."""
+
+
+def _chunk(chunk_id: str, model: str, delta: dict[str, Any], finish: str | None = None, kind: dict[str, str] | None = None) -> str:
+    body: dict[str, Any] = {
+        "id": chunk_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    if kind is not None:
+        body["reasonray"] = kind
+    return json.dumps(body)
 
 
 def _extra(result: dict[str, Any]) -> dict[str, Any]:
@@ -760,6 +809,23 @@ def _turn_tokens(trace: list[dict[str, Any]]) -> tuple[int, int]:
     start = max((i for i, s in enumerate(trace) if s["type"] in ("TURN_STARTED", "REENTRY_VERIFIED")), default=0)
     calls = [s for s in trace[start:] if s["type"] == "LLM_CALL"]
     return sum(s["prompt_tokens"] for s in calls), sum(s["completion_tokens"] for s in calls)
+
+
+class Answered(NamedTuple):
+    """One run as a choice: its answer, finish reason, token counts, ReasonRay's extra and the model's thinking."""
+
+    answer: str
+    finish: str
+    tokens: dict[str, Any]
+    extra: dict[str, Any]
+    reasoning: str = ""
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message: the answer, and the thinking behind it as `reasoning_content` (vLLM's and DeepSeek's field)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.answer}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        return message
 
 
 class Reply(BaseModel):

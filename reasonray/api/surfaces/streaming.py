@@ -102,11 +102,13 @@ def streaming_call(rpc: Dispatcher, body: bytes) -> dict[str, Any] | None:
 
 def public_event(event: Event, *, full_text: bool) -> dict[str, Any]:
     """An event as a stream shows it: with its full text (thinking included) only when the caller asked
-    for the trace; otherwise prompts are left out and replies and thoughts carry no `<thinking>`."""
+    for the trace; otherwise prompts and the model's thinking are left out and replies and thoughts carry
+    no `<thinking>`."""
     data = to_dict(event)
     if full_text:
         return data
     data.pop("messages", None)
+    data.pop("reasoning", None)
     if "responses" in data:
         data["responses"] = [strip_thinking(r) for r in data["responses"]]
     if isinstance(data.get("text"), str):

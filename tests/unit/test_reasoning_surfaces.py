@@ -1,0 +1,233 @@
+"""What ReasonRay returns and accepts for a model that thinks, on every surface: JSON-RPC results carry the thinking
+behind the answer and the run's reasoning tokens; /v1 carries them as vLLM and DeepSeek do (`reasoning_content`,
+`completion_tokens_details.reasoning_tokens`), its stream tells the model's thinking from ReasonRay's progress;
+`reasoning_effort`, `thinking_budget` and (for trusted callers) `extra_body` reach every model call; thinking sent
+back in a /v1 history never reaches the model. In process, with strict scripted models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal
+from reasonray.api.access.tenancy import install_guard
+from reasonray.api.app import Backends, build_application, local_dispatcher, local_guard
+from reasonray.api.service import MAX_REASONING_CHARS
+from reasonray.api.surfaces.openai_compat import OpenAICompat, Reply, respond
+from reasonray.api.surfaces.streaming import public_event
+from reasonray.gateway.protocol import LLMRequest
+from reasonray.gateway.testing import FunctionLLM, ScriptedLLM, Thinking
+from reasonray.gateway.tokens import counter_for_model
+from reasonray.kernel.config import ReasoningSettings, Settings
+from reasonray.kernel.events import LLMInvocation
+
+THOUGHT = "The user asks for 17 * 23. 17 * 20 is 340, 17 * 3 is 51, so 391."
+REASONING = ReasoningSettings(enabled_strategies=["chain_of_thought", "self_consistency"], default_strategy="chain_of_thought")
+
+
+def thinker(thought: str = THOUGHT, answer: str = "391", reasoning_tokens: int | None = None) -> FunctionLLM:
+    """Every call thinks `thought`, then answers."""
+    return FunctionLLM(lambda request: Thinking(thought, f"<answer>{answer}</answer>", reasoning_tokens=reasoning_tokens))
+
+
+async def execute(rpc, **params):
+    payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "reasoning.execute", "params": params, "id": 1}, None)
+    return payload
+
+
+def compat_over(llm) -> OpenAICompat:
+    return OpenAICompat(local_dispatcher(REASONING, llm), counter_for_model("simulated"), "simulated")
+
+
+def body(**request) -> bytes:
+    return json.dumps({"model": "reasonray", "messages": [{"role": "user", "content": "What is 17 * 23?"}], **request}).encode()
+
+
+# -- JSON-RPC ---------------------------------------------------------------------------------------------------
+
+
+async def test_execute_returns_the_thinking_behind_the_answer_and_the_runs_reasoning_tokens():
+    rpc = local_dispatcher(REASONING, thinker(reasoning_tokens=120))
+    result = (await execute(rpc, query="What is 17 * 23?"))["result"]
+    assert result["answer"] == "391" and result["reasoning"] == THOUGHT
+    assert result["metrics"]["reasoning_tokens"] == 120 and result["metrics"]["completion_tokens"] > 120
+
+
+async def test_the_reasoning_is_that_of_the_last_reply_giving_the_answer_and_is_bounded():
+    # three samples: the majority's last sample thought the second way; the stray one's thinking is not returned
+    replies = [
+        Thinking("first way " * 5, "<answer>391</answer>", reasoning_tokens=10),
+        Thinking("stray " * 5, "<answer>390</answer>", reasoning_tokens=10),
+        Thinking("x" * 50_000 + " second way", "<answer>391</answer>", reasoning_tokens=10),
+    ]
+    llm = ScriptedLLM(replies)
+    rpc = local_dispatcher(REASONING, llm)
+    result = (await execute(rpc, query="What is 17 * 23?", strategy="self_consistency", strategy_config={"samples": 3}))["result"]
+    llm.assert_complete()
+    assert result["answer"] == "391" and result["metrics"]["reasoning_tokens"] == 30
+    assert len(result["reasoning"]) <= MAX_REASONING_CHARS and result["reasoning"].endswith("x second way")
+    assert "characters of thinking omitted" in result["reasoning"]
+
+
+async def test_reasoning_effort_and_thinking_budget_reach_every_call_and_a_strategy_config_wins():
+    llm = thinker()
+    rpc = local_dispatcher(REASONING, llm)
+    ok = await execute(rpc, query="What is 17 * 23?", strategy="self_consistency", reasoning_effort="low", thinking_budget=300)
+    assert "result" in ok, ok
+    assert [(r.reasoning_effort, r.thinking_budget) for r in llm.requests] == [("low", 300)] * len(llm.requests) and llm.requests
+    llm.requests.clear()
+    await execute(rpc, query="What is 17 * 23?", reasoning_effort="low", strategy_config={"reasoning_effort": "high"})
+    assert [r.reasoning_effort for r in llm.requests] == ["high"]
+    refused = await execute(rpc, query="What is 17 * 23?", reasoning_effort="extreme")
+    assert refused["error"]["code"] == -32602 and "reasoning_effort" in refused["error"]["message"]
+
+
+async def test_extra_body_reaches_every_call_with_authentication_off_and_cannot_redirect_the_call():
+    llm = thinker()
+    rpc = local_dispatcher(REASONING, llm)
+    passed = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert "result" in await execute(rpc, query="What is 17 * 23?", extra_body=passed)
+    assert [r.extra_body for r in llm.requests] == [passed]
+    refused = await execute(rpc, query="What is 17 * 23?", extra_body={"model": "another"})
+    assert refused["error"]["code"] == -32602 and "extra_body may not set model" in refused["error"]["message"]
+
+
+def guarded(llm) -> OpenAICompat:
+    settings = Settings(reasoning=REASONING, auth={"jwt_secret": "u" * 40})  # the default roles
+    application = build_application(settings, llm=llm, backends=Backends(cache=None, memory=None))
+    install_guard(application.dispatcher, local_guard(settings, application))
+    return OpenAICompat(application.dispatcher, counter_for_model("simulated"), "simulated")
+
+
+async def test_extra_body_is_refused_to_a_reasoner_naming_the_field_and_accepted_from_an_operator():
+    llm = thinker()
+    compat = guarded(llm)
+    passed = {"chat_template_kwargs": {"enable_thinking": False}}
+    CURRENT_PRINCIPAL.set(Principal("alice", ("reasoner",)))
+    refused = await execute(compat.rpc, query="What is 17 * 23?", extra_body=passed)
+    assert refused["error"]["code"] == -32003 and "llm.extra_body" in refused["error"]["message"]
+    v1 = await respond(compat, body(reasoning={"extra_body": passed}), "t-eb-1")
+    assert isinstance(v1, Reply) and v1.status == 403, v1
+    assert v1.body["error"]["param"] == "reasoning.extra_body" and "extra_body" in v1.body["error"]["message"]
+    assert llm.requests == []
+    plain = await respond(compat, body(), "t-eb-2")  # the reasoner may run, without extra_body
+    assert isinstance(plain, Reply) and plain.status == 200
+    CURRENT_PRINCIPAL.set(Principal("olga", ("operator",)))
+    accepted = await respond(compat, body(reasoning={"extra_body": passed}), "t-eb-3")
+    assert isinstance(accepted, Reply) and accepted.status == 200, accepted
+    assert llm.requests[-1].extra_body == passed
+
+
+# -- /v1 --------------------------------------------------------------------------------------------------------
+
+
+async def test_a_v1_message_carries_the_thinking_as_reasoning_content_and_its_tokens_in_usage():
+    compat = compat_over(thinker(reasoning_tokens=120))
+    reply = await respond(compat, body(), "t-v1-1")
+    assert isinstance(reply, Reply) and reply.status == 200
+    message = reply.body["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "391", "reasoning_content": THOUGHT}
+    assert reply.body["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 120
+    assert reply.body["reasonray"]["metrics"]["reasoning_tokens"] == 120
+    parsed = ChatCompletion.model_validate(reply.body)  # the openai SDK keeps the field in model_extra
+    assert parsed.choices[0].message.model_extra["reasoning_content"] == THOUGHT
+    assert parsed.usage is not None and parsed.usage.completion_tokens_details.reasoning_tokens >= 120
+
+
+async def test_a_model_that_does_not_think_sends_no_reasoning_content():
+    compat = compat_over(FunctionLLM(lambda request: "<answer>391</answer>"))
+    reply = await respond(compat, body(), "t-v1-2")
+    assert reply.body["choices"][0]["message"] == {"role": "assistant", "content": "391"}
+
+
+async def stream_chunks(compat, **request) -> list[dict]:
+    stream = await respond(compat, body(stream=True, stream_options={"include_usage": True}, **request), "t-v1-s")
+    payloads = [p async for p in stream]
+    assert payloads[-1] == "[DONE]"
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+async def test_a_stream_tells_the_models_thinking_from_reasonrays_progress():
+    chunks = await stream_chunks(compat_over(thinker(reasoning_tokens=120)))
+    reasoning = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("reasoning_content")]
+    progress = [c for c in reasoning if c["reasonray"]["kind"] == "progress"]
+    thinking = [c for c in reasoning if c["reasonray"]["kind"] == "thinking"]
+    assert progress and all(c["reasonray"]["event"] for c in progress)
+    assert any(c["choices"][0]["delta"]["reasoning_content"].startswith("[llm]") for c in progress)
+    assert "".join(c["choices"][0]["delta"]["reasoning_content"] for c in thinking) == THOUGHT  # as the plain message's
+    content = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content"))
+    assert chunks.index(thinking[-1]) < content  # the thinking comes before the answer
+    assert chunks[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 120
+    parsed = ChatCompletionChunk.model_validate(thinking[0])
+    assert parsed.model_extra["reasonray"] == {"kind": "thinking"} and parsed.choices[0].delta.model_extra["reasoning_content"] == THOUGHT
+
+
+async def test_a_stream_without_progress_carries_only_the_models_thinking():
+    chunks = await stream_chunks(compat_over(thinker()), reasoning={"progress": False})
+    reasoning = [
+        c["choices"][0]["delta"]["reasoning_content"] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("reasoning_content")
+    ]
+    assert reasoning == [THOUGHT]
+
+
+async def test_v1_reasoning_effort_and_thinking_budget_reach_the_model():
+    llm = thinker()
+    reply = await respond(compat_over(llm), body(reasoning_effort="high", thinking_budget=2048), "t-v1-3")
+    assert reply.status == 200, reply
+    assert [(r.reasoning_effort, r.thinking_budget) for r in llm.requests] == [("high", 2048)]
+
+
+async def test_v1_refuses_reasoning_settings_it_cannot_pass_to_a_tool_turn():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    reply = await respond(compat_over(thinker()), body(tools=tools, reasoning_effort="low"), "t-v1-4")
+    assert reply.status == 400 and reply.body["error"]["param"] == "reasoning_effort"
+
+
+@pytest.mark.parametrize(
+    "earlier",
+    [
+        {"role": "assistant", "content": "The answer is 391.", "reasoning_content": "SECRET: 17 * 20 is 340"},
+        {"role": "assistant", "content": "<think>SECRET: 17 * 20 is 340</think>The answer is 391."},
+        {"role": "assistant", "content": "SECRET: 17 * 20 is 340</think>The answer is 391."},  # R1 form: no opening tag
+    ],
+)
+async def test_thinking_sent_back_in_the_history_never_reaches_the_model(earlier):
+    llm = thinker()
+    messages = [{"role": "user", "content": "What is 17 * 23?"}, earlier, {"role": "user", "content": "And 17 * 24?"}]
+    reply = await respond(compat_over(llm), body(messages=messages), "t-v1-5")
+    assert reply.status == 200, reply
+    shown = " ".join(m.content or "" for r in llm.requests for m in r.messages)
+    assert "SECRET" not in shown and "The answer is 391." in shown
+
+
+# -- the JSON-RPC stream --------------------------------------------------------------------------------------
+
+
+def test_a_streamed_event_shows_the_models_thinking_only_with_the_trace():
+    event = LLMInvocation(
+        trace_id="t",
+        strategy="chain_of_thought",
+        messages=[],
+        responses=["<answer>391</answer>"],
+        finish_reason="stop",
+        prompt_tokens=5,
+        completion_tokens=9,
+        latency_ms=1.0,
+        cached=False,
+        attempts=1,
+        model="m",
+        simulated=False,
+        reasoning=[THOUGHT],
+        reasoning_tokens=4,
+    )
+    assert "reasoning" not in public_event(event, full_text=False)
+    assert public_event(event, full_text=False)["reasoning_tokens"] == 4
+    assert public_event(event, full_text=True)["reasoning"] == [THOUGHT]
+
+
+def test_requests_carry_the_runs_settings_as_the_gateway_sees_them():
+    # the seam the gateway reads: the run's settings are fields of the LLMRequest
+    request = LLMRequest(messages=(), reasoning_effort="low", thinking_budget=3, extra_body={"a": 1})
+    assert (request.reasoning_effort, request.thinking_budget, request.extra_body) == ("low", 3, {"a": 1})
