@@ -310,8 +310,8 @@ class BoundedContext(Strategy):
             state.calibrate_text(generated, completion.usage.completion_tokens)
         thinks = bool(reasoning) or completion.thinking_unfinished
         state.thinks = state.thinks or thinks or completion.usage.reasoning_tokens > 0
-        if state.mode is None:  # auto: the first reply tells whether the model thinks where it can be continued
-            state.mode = "delethink" if reasoning else "tail"
+        if state.mode is None:  # auto: the first reply tells how the model reasons
+            state.mode = "delethink" if thinks_then_answers(completion, reasoning) else "tail"
         chunk = self._read_chunk(query, completion, reasoning, state)
         thinking_tokens = completion.usage.reasoning_tokens or context.tokens.count(reasoning)
         state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
@@ -351,7 +351,7 @@ class BoundedContext(Strategy):
             answer, found_by, stop = None, None, "thinking"
         elif state.mode == "delethink":  # the thinking closed: what follows it is the answer
             answer, found_by = chunk_answer(completion.text, completion.finish_reason)
-            if answer is None and completion.finish_reason != "length" and completion.choices[0].stop_sequence != "<continue>":
+            if answer is None and completion.finish_reason != "length" and not asks_to_continue(completion):
                 found = find_answer(completion.text, numeric=numeric_question(query))
                 answer, found_by = (found.answer, found.found_by) if found is not None else (None, None)
             stop = "answer" if answer is not None else "answer_cut"
@@ -567,6 +567,21 @@ def chunk_answer(text: str, finish_reason: str) -> tuple[str | None, FoundBy | N
         return None, None
     stated = find_answer(lines[-1], fallback=False)
     return (stated.answer, "phrase") if stated is not None and stated.found_by == "phrase" else (None, None)
+
+
+def asks_to_continue(completion: Completion) -> bool:
+    """The reply stopped on `<continue>` (reported by the server, or left at the end of the text)."""
+    return completion.choices[0].stop_sequence == "<continue>" or completion.text.rstrip().endswith("<continue>")
+
+
+def thinks_then_answers(completion: Completion, reasoning: str) -> bool:
+    """Whether a reply shows a model that thinks first and answers after (R1, Qwen3, gpt-oss): its thinking was
+    handed over, and the reply either ended inside it or closed it and stopped. A model whose visible text is
+    still reasoning when the chunk ends (cut off, or asking to continue) reasons in the open, its thinking only
+    asides: the tail of that text is what to carry."""
+    if not reasoning:
+        return False
+    return completion.thinking_unfinished or (completion.finish_reason != "length" and not asks_to_continue(completion))
 
 
 def min_generation(cfg: BoundedContextConfig) -> int:

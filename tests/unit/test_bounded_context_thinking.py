@@ -182,3 +182,16 @@ async def test_a_continuation_that_adds_no_thinking_is_not_sent_again():
     assert result.answer == "7" and [w.code for w in events(recorder, "RunWarning")] == ["no_progress"]
     assert llm.requests[1].continue_thinking == llm.requests[2].continue_thinking == "Let me add 3 and 4."
     assert llm.requests[2].thinking_budget == 0 and llm.requests[2].purpose == "final_answer"
+
+
+@pytest.mark.parametrize("ending", [("Step 1: 17 * 20 = 340.", "length"), ("Step 1: 17 * 20 = 340. <continue>", "stop")])
+async def test_auto_keeps_tail_for_a_model_that_reasons_in_the_open_with_thinking_asides(ending):
+    """Visible reasoning still going when the chunk ends (its asides handed over apart): its tail is what to carry."""
+    text, finish = ending
+    open_reasoning = Completion(
+        choices=(Choice(text=text, finish_reason=finish, reasoning="scratch: 2 * 17"),), usage=Usage(40, 30, 5), model="m"
+    )
+    llm = ScriptedLLM([open_reasoning, "Step 2: 340 + 51 = 391. <answer>391</answer>"])
+    result, _ = await run(llm, query="What is 17 * 23?")
+    assert result.answer == "391" and result.metrics.strategy_specific["carryover_mode"] == "tail"
+    assert llm.requests[1].continue_thinking is None and "17 * 20 = 340" in llm.requests[1].messages[-1].content
