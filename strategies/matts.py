@@ -146,7 +146,16 @@ def attempt_log(
     with no readable score, `failed`; None when the finished attempts were not judged), its score, whether it was
     chosen, and for an attempt that failed, its error type instead."""
     log: dict[int, dict[str, Any]] = {
-        i: {"index": i, "answer": None, "found_by": None, "judge": None, "score": None, "chosen": False, "failed": error_type_of(exc)}
+        i: {
+            "index": i,
+            "answer": None,
+            "found_by": None,
+            "degenerate": False,
+            "judge": None,
+            "score": None,
+            "chosen": False,
+            "failed": error_type_of(exc),
+        }
         for i, exc in failed.items()
     }
     for position, a in enumerate(attempts):
@@ -159,12 +168,25 @@ def attempt_log(
             "index": a["index"],
             "answer": normalize_answer(a["answer"]) or None,
             "found_by": a["found_by"] or None,
+            "degenerate": a["degenerate"],
             "judge": verdict,
             "score": scores[position],
             "chosen": position == chosen,
             "failed": None,
         }
     return [log[i] for i in sorted(log)]
+
+
+def judge_selected(logged: list[dict[str, Any]]) -> int | None:
+    """The attempt (its `index`) a judged run would choose among these entries of its `attempts` log, e.g. its
+    first k: the first finished one when their answers agree, else by `pick` over their judge scores; None when
+    none finished. What judge-selected@k is, computed the way the run itself chooses."""
+    finished = [e for e in logged if e["failed"] is None]
+    if not finished:
+        return None
+    attempts = [{"answer": e["answer"] or "", "degenerate": e["degenerate"]} for e in finished]
+    chosen = 0 if len(attempts) == 1 or agree(attempts) else pick(attempts, [e["score"] for e in finished])
+    return int(finished[chosen]["index"])
 
 
 def degenerate(found_by: str, truncated: bool) -> bool:

@@ -493,6 +493,11 @@ async def test_matts_logs_every_attempt_with_its_judge_score_and_the_choice():
     assert [a["judge"] for a in log] == ["scored", "scored", "unscored", "failed"]
     assert [a["chosen"] for a in log] == [False, True, False, False] and result.answer == "$42.00"
     assert result.metrics.strategy_specific["judges_failed"] == 1
+    # judge-selected@k from the log, chosen as the run chooses: the full log gives the run's own choice
+    from reasonray.strategies.matts import judge_selected
+
+    assert [judge_selected(log[:k]) for k in range(1, 5)] == [0, 1, 1, 1]
+    assert judge_selected([log[1], log[2]]) == 1 and judge_selected([log[3]]) == 3  # 42 twice: they agree, the first
 
 
 async def test_matts_attempts_that_agree_are_logged_unjudged():
