@@ -231,3 +231,29 @@ def test_requests_carry_the_runs_settings_as_the_gateway_sees_them():
     # the seam the gateway reads: the run's settings are fields of the LLMRequest
     request = LLMRequest(messages=(), reasoning_effort="low", thinking_budget=3, extra_body={"a": 1})
     assert (request.reasoning_effort, request.thinking_budget, request.extra_body) == ("low", 3, {"a": 1})
+
+
+# -- sessions ---------------------------------------------------------------------------------------------------
+
+
+async def test_a_session_keeps_the_answer_not_the_thinking_and_a_reply_cut_while_thinking_is_no_answer(tmp_path):
+    from reasonray.reasoner.builtin_tools import builtin_toolbox
+    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+
+    llm = ScriptedLLM([Thinking("SECRET: the capital of France", "Paris"), Thinking("SECRET: Lyon? no, wait", unfinished=True)])
+    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    rpc = local_dispatcher(REASONING, llm, sessions=sessions)
+
+    async def call(method, params):
+        payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, None)
+        return payload
+
+    sid = (await call("session.create", {}))["result"]["session_id"]
+    first = (await call("session.turn", {"session_id": sid, "message": "Capital of France?"}))["result"]
+    assert first["answer"] == "Paris"
+    cut = (await call("session.turn", {"session_id": sid, "message": "And its second city?"}))["error"]
+    llm.assert_complete()
+    assert cut["code"] == -32010 and "inside its thinking" in cut["message"]
+    second_prompt = " ".join(m.content or "" for m in llm.requests[1].messages)
+    assert "Paris" in second_prompt and "SECRET" not in second_prompt
+    assert (await call("session.get", {"session_id": sid}))["result"]["status"] == "idle"
