@@ -257,3 +257,31 @@ async def test_a_session_keeps_the_answer_not_the_thinking_and_a_reply_cut_while
     second_prompt = " ".join(m.content or "" for m in llm.requests[1].messages)
     assert "Paris" in second_prompt and "SECRET" not in second_prompt
     assert (await call("session.get", {"session_id": sid}))["result"]["status"] == "idle"
+
+
+# -- memory -----------------------------------------------------------------------------------------------------
+
+
+async def test_the_memory_judge_and_extraction_see_the_answer_never_the_thinking(tmp_path):
+    from reasonray.kernel.config import load_settings
+    from tests.unit.memory_harness import local_memory, make_bank
+
+    def reply(request: LLMRequest) -> Thinking:
+        if request.purpose == "judge":
+            return Thinking("SECRET judging", "<status>success</status>")
+        if request.purpose == "extract_success":
+            return Thinking("SECRET extracting", "<memory><title>Multiply</title><description>d</description><content>c</content></memory>")
+        return Thinking("SECRET: 17 * 20 is 340", "<answer>391</answer>")
+
+    llm = FunctionLLM(reply)
+    settings = load_settings()
+    rpc = local_dispatcher(
+        REASONING, llm, data_dir=tmp_path, memory=local_memory(make_bank(tmp_path / "bank")), memory_settings=settings.memory
+    )
+    result = (await execute(rpc, query="What is 17 * 23?", memory={"learn": True, "workspace": "w"}))["result"]
+    assert result["answer"] == "391" and result["memory"]["judged_by"] == "llm_judge"
+    learning = [r for r in llm.requests if r.purpose in ("judge", "extract_success")]
+    assert [r.purpose for r in learning] == ["judge", "extract_success"]
+    shown = " ".join(m.content or "" for r in learning for m in r.messages)
+    assert "391" in shown and "SECRET" not in shown
+    assert result["reasoning"] == "SECRET: 17 * 20 is 340"  # the answer's own thinking, not the judge's
