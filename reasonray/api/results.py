@@ -104,6 +104,7 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    reasoning_tokens: int = Field(0, description="Of completion_tokens, those the model spent thinking.")
 
 
 class SessionCreateResult(Result):

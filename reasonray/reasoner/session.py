@@ -231,6 +231,7 @@ class TurnUsage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    reasoning_tokens: int = Field(0, description="Of completion_tokens, those the model spent thinking.")
 
 
 class TurnResult(BaseModel):
@@ -546,6 +547,7 @@ def _usage(reasoner: TurnReasoner) -> TurnUsage:
         prompt_tokens=tally.prompt_tokens,
         completion_tokens=tally.completion_tokens,
         total_tokens=tally.prompt_tokens + tally.completion_tokens,
+        reasoning_tokens=tally.reasoning_tokens,
     )
 
 

@@ -250,7 +250,7 @@ async def test_a_session_keeps_the_answer_not_the_thinking_and_a_reply_cut_while
 
     sid = (await call("session.create", {}))["result"]["session_id"]
     first = (await call("session.turn", {"session_id": sid, "message": "Capital of France?"}))["result"]
-    assert first["answer"] == "Paris"
+    assert first["answer"] == "Paris" and first["usage"]["reasoning_tokens"] > 0
     cut = (await call("session.turn", {"session_id": sid, "message": "And its second city?"}))["error"]
     llm.assert_complete()
     assert cut["code"] == -32010 and "inside its thinking" in cut["message"]

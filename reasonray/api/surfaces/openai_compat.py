@@ -615,7 +615,9 @@ class OpenAICompat:
         if message.get("content") is not None:
             message["content"] = apply_stop(message["content"], request.stops)
         prompt, completion = _turn_tokens(turn["trace"])
-        usage = usage_of(prompt, completion, self.tokens.count(turn.get("answer") or ""))
+        usage = usage_of(
+            prompt, completion, self.tokens.count(turn.get("answer") or ""), (turn.get("usage") or {}).get("reasoning_tokens", 0)
+        )
         trace_id = next((s["trace_id"] for s in reversed(turn["trace"]) if s.get("trace_id")), uuid.uuid4().hex)
         extra = {"trace_id": trace_id, "session_id": turn["session_id"], "turn": turn["turn"], "llm_calls": turn["llm_calls"]}
         return self._completion(request, trace_id, message, finish, usage, extra)
