@@ -42,7 +42,7 @@ from reasonray.gateway.protocol import (
     Message,
     ToolCall,
 )
-from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, provider_error, read_usage
+from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, provider_error, read_usage, settle
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
 
 log = structlog.get_logger(__name__)
@@ -597,7 +597,7 @@ class _StreamParts:
             )
             usage = read_usage(count_messages(counter, request.messages, request.tools), completion_tokens, None, choices, counter)
         model = self.model or llm.model
-        return Completion(choices=tuple(choices), usage=usage, model=model, simulated=model.startswith("simulated"))
+        return Completion(choices=settle(choices, usage), usage=usage, model=model, simulated=model.startswith("simulated"))
 
 
 def _body_and_options(params: dict[str, Any]) -> tuple[dict[str, Any], Any]:

@@ -145,7 +145,9 @@ class ReplyReader:
         else:
             hidden = u.completion_tokens_details.reasoning_tokens if u.completion_tokens_details is not None else None
             usage = read_usage(u.prompt_tokens, u.completion_tokens, hidden, choices, counter)
-        return Completion(choices=tuple(choices), usage=usage, model=response.model, simulated=response.model.startswith("simulated"))
+        return Completion(
+            choices=settle(choices, usage), usage=usage, model=response.model, simulated=response.model.startswith("simulated")
+        )
 
 
 def read_choice(
@@ -182,11 +184,23 @@ def read_choice(
 def read_usage(
     prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None, choices: Sequence[Choice], counter: TokenCounter
 ) -> Usage:
-    """The reply's counts: the server's `reasoning_tokens` where it reports them, else the visible thinking counted
-    as the model does (never more than the completion it is part of)."""
+    """The reply's counts: the server's `reasoning_tokens` where it reports them, else the thinking's share of the
+    server's completion total, the shares counted as the model does (so a counter's safety margin cancels out)."""
     if not reasoning_tokens and any(c.reasoning for c in choices):
-        reasoning_tokens = min(sum(counter.count(c.reasoning) for c in choices), completion_tokens)
+        thought = sum(counter.count(c.reasoning) for c in choices)
+        shown = sum(counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls) for c in choices)
+        reasoning_tokens = round(completion_tokens * thought / (thought + shown)) if thought + shown else 0
     return Usage(prompt_tokens, completion_tokens, reasoning_tokens or 0)
+
+
+def settle(choices: list[Choice], usage: Usage) -> tuple[Choice, ...]:
+    """The choices, with a reply whose hidden thinking used up every token it was given marked unfinished: cut by
+    length with no text and nothing but thinking counted (OpenAI's reasoning models out of `max_completion_tokens`)."""
+    c = choices[0] if len(choices) == 1 else None
+    spent_thinking = 0 < usage.reasoning_tokens >= usage.completion_tokens
+    if c is not None and spent_thinking and c.finish_reason == "length" and not c.text and not c.tool_calls:
+        return (msgspec.structs.replace(c, thinking_unfinished=True),)
+    return tuple(choices)
 
 
 def provider_error(error: Any, *, where: str, status_code: int = 200) -> TransientProviderError | ProviderRejectedError:

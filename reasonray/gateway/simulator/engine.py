@@ -27,6 +27,7 @@ from reasonray.gateway.arithmetic import evaluate, format_number
 from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
 from reasonray.gateway.simulator import structured
 from reasonray.gateway.simulator.disobedience import Disobedience, in_prose, malformed_arguments, ramble
+from reasonray.gateway.simulator.reasoning import CLOSE, ReasoningPlan, resume_point, think
 from reasonray.gateway.tokens import TokenCounter, count_messages
 from reasonray.kernel.errors import ReasonRayError
 
@@ -82,6 +83,8 @@ class SimChoice:
     finish_reason: str = "stop"
     tool_calls: tuple[ToolCall, ...] = ()
     stop_reason: str | None = None  # the stop sequence that ended the text (vLLM's field name)
+    reasoning: str = ""  # the thinking before the text, in a reasoning mode (docs/simulator.md)
+    thinking_unfinished: bool = False  # max_tokens ran out inside the thinking: no text
 
 
 @dataclass
@@ -89,6 +92,7 @@ class SimResponse:
     choices: list[SimChoice]
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking
 
 
 @dataclass
@@ -130,6 +134,7 @@ class Exchange:
     tool_calls: tuple[ToolCall, ...]
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = 0
 
 
 def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -184,8 +189,10 @@ class SimulatedModel:
         faults: FaultPlan | None = None,
         disobedience: Disobedience | None = None,
         context_length: int = DEFAULT_CONTEXT_LENGTH,
+        reasoning: ReasoningPlan | None = None,
     ) -> None:
         self.counter = counter
+        self.reasoning = reasoning or ReasoningPlan()
         self.seed = seed
         self.faults = faults or FaultPlan()
         self.disobedience = disobedience or Disobedience()
@@ -266,18 +273,54 @@ class SimulatedModel:
             )
         # generation ends where the context window does, whatever max_tokens asked for
         request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
-        try:
-            replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
-        except RecursionError:
-            raise SimulatorError(
-                "the response_format or tool schema refers to itself; the simulated model fills only finite schemas"
-            ) from None
-        except ValueError as exc:  # a schema it cannot fill
-            raise SimulatorError(str(exc)) from None
+        thought = self._think(request, directives)
+        if thought is not None and thought[2] is False:  # max_tokens ran out while thinking: no answer at all
+            cut = SimChoice(finish_reason="length", reasoning=thought[0], thinking_unfinished=True)
+            replies: list[tuple[SimChoice, str | None, str | None]] = [(cut, None, None) for _ in range(max(1, request.n))]
+        else:
+            if thought is not None:  # the answer gets what the thinking left of max_tokens
+                request = msgspec.structs.replace(request, max_tokens=max((request.max_tokens or room) - thought[1], 0))
+            try:
+                replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
+            except RecursionError:
+                raise SimulatorError(
+                    "the response_format or tool schema refers to itself; the simulated model fills only finite schemas"
+                ) from None
+            except ValueError as exc:  # a schema it cannot fill
+                raise SimulatorError(str(exc)) from None
+            for choice, _, _ in replies:
+                choice.reasoning = thought[0] if thought is not None else choice.reasoning
         choices = [choice for choice, _, _ in replies]
-        response = SimResponse(choices, prompt_tokens, sum(self._choice_tokens(c) for c in choices))
+        reasoning_tokens = sum(self.counter.count(c.reasoning) for c in choices)
+        response = SimResponse(choices, prompt_tokens, sum(self._choice_tokens(c) for c in choices), reasoning_tokens)
         self._record(request, response, tuple(kind for _, kind, _ in replies), tuple(says for _, _, says in replies))
         return response
+
+    def reasoning_plan(self, request: LLMRequest) -> ReasoningPlan:
+        """How this request's reply thinks: the model's plan, as the request's directives change it."""
+        try:
+            return self.reasoning.directed(parse_directives(_last_user_text(request.messages)))
+        except ValueError as exc:
+            raise SimulatorError(str(exc)) from None
+
+    def _think(self, request: LLMRequest, directives: dict[str, str]) -> tuple[str, int, bool] | None:
+        """The thinking before the reply, in a reasoning mode: (text, tokens, finished within max_tokens). A reply that
+        continues closed thinking (budget forcing closed it) answers at once; one that continues open thinking resumes
+        from its furthest marker. Scripted replies stay exact."""
+        plan = self.reasoning_plan(request)
+        if plan.form == "off" or "script" in directives:
+            return None
+        prefix = request.continue_thinking
+        if prefix is not None and CLOSE.search(prefix):
+            return None
+        total = plan.tokens_for(request.reasoning_effort)
+        budget = request.max_tokens if request.max_tokens is not None else self.context_length
+        text, _, finished = think(total, resume_point(prefix, total), budget, self.counter)
+        tokens = self.counter.count(text)
+        if tokens > budget:  # the pieces were counted one by one; the whole must fit too
+            text, finished = self.counter.head(text, budget), False
+            tokens = self.counter.count(text)
+        return text, tokens, finished
 
     def _reply(
         self,
@@ -320,6 +363,7 @@ class SimulatedModel:
                 tool_calls=tuple(call for c in response.choices for call in c.tool_calls),
                 prompt_tokens=response.prompt_tokens,
                 completion_tokens=response.completion_tokens,
+                reasoning_tokens=response.reasoning_tokens,
             )
         )
 
@@ -390,7 +434,8 @@ class SimulatedModel:
         return choice, _answer_in(obedient) if choice.finish_reason == "stop" else None
 
     def _choice_tokens(self, choice: SimChoice) -> int:
-        return self.counter.count(choice.text) + sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
+        text = self.counter.count(choice.text) + sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
+        return text + (self.counter.count(choice.reasoning) if choice.reasoning else 0)
 
     def _rng(self, request: LLMRequest, index: int) -> random.Random:
         if request.sampled:
@@ -463,6 +508,7 @@ class SimulatedModel:
             text=reply.get("content") or "",
             finish_reason=reply.get("finish_reason") or ("tool_calls" if calls else "stop"),
             tool_calls=calls,
+            reasoning=reply.get("reasoning_content") or "",
         )
 
     def _short_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:

@@ -1,14 +1,17 @@
 """The simulated model as an in-process LLM: the same engine as the HTTP server, with its latency
-model, for unit tests, notebooks and benchmarks that should not measure HTTP."""
+model, for unit tests, notebooks and benchmarks that should not measure HTTP. In a reasoning mode its
+replies are read as the OpenAI-compatible client reads the server's (`gateway.replies`): the thinking
+in `reasoning`, none shown in the hidden form, unfinished thinking never an answer."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import cast
 
-from reasonray.gateway.protocol import Choice, Completion, FinishReason, LLMRequest, Usage
-from reasonray.gateway.simulator.engine import MODEL_NAME, SimulatedModel
+from reasonray.gateway.protocol import Choice, Completion, LLMRequest, Usage
+from reasonray.gateway.replies import read_choice, settle
+from reasonray.gateway.simulator.engine import MODEL_NAME, SimChoice, SimulatedModel
+from reasonray.gateway.simulator.reasoning import handed_over
 from reasonray.gateway.tokens import counter_for_model
 
 
@@ -26,17 +29,24 @@ class SimulatedLLM:
 
     async def complete(self, request: LLMRequest) -> Completion:
         started = time.perf_counter()
+        form = self.engine.reasoning_plan(request).form
         response = self.engine.respond(request)
         delay = self.ttft_ms / 1000 + (response.completion_tokens / self.tokens_per_second if self.tokens_per_second else 0.0)
         if delay:
             await asyncio.sleep(delay)
+        usage = Usage(response.prompt_tokens, response.completion_tokens, response.reasoning_tokens)
         return Completion(
-            choices=tuple(
-                Choice(text=c.text, finish_reason=cast(FinishReason, c.finish_reason), tool_calls=c.tool_calls, stop_sequence=c.stop_reason)
-                for c in response.choices
-            ),
-            usage=Usage(response.prompt_tokens, response.completion_tokens),
+            choices=settle([_read(c, form) for c in response.choices], usage),
+            usage=usage,
             model=MODEL_NAME,
             latency_ms=(time.perf_counter() - started) * 1000,
             simulated=True,
         )
+
+
+def _read(choice: SimChoice, form: str) -> Choice:
+    """The choice as the client reads the server's reply in `form` (an R1 model is known to think in its text)."""
+    content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
+    return read_choice(
+        content, reasoning, choice.finish_reason, thinks=form == "r1", tool_calls=choice.tool_calls, stop_sequence=choice.stop_reason
+    )

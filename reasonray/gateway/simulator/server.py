@@ -42,6 +42,15 @@ from reasonray.gateway.simulator.engine import (
     SimulatedModel,
     SimulatorError,
     embed,
+    parse_directives,
+)
+from reasonray.gateway.simulator.reasoning import (
+    DEFAULT_THINKING_TOKENS,
+    EFFORT_SCALE,
+    ReasoningPlan,
+    continued_prefix,
+    handed_over,
+    refusal,
 )
 from reasonray.gateway.simulator.tokenizer import TOKENIZERS, SimTokenizer
 from reasonray.gateway.tokens import TokenCounter
@@ -66,9 +75,12 @@ class SimulatorSettings:
     tokenizer: str | None = None  # "cl100k_base" or "digits"
     max_concurrency: int | None = None  # requests generated at once; 0 for no limit
     context_length: int | None = None  # the context window, prompt and reply, in the model's tokens
+    reasoning: str = "off"  # "field", "r1" or "hidden": replies think first and hand the thinking over in that form
+    thinking_tokens: int = DEFAULT_THINKING_TOKENS  # tokens of thinking per reply at medium reasoning_effort
 
     def __post_init__(self) -> None:
         Disobedience(self.disobey_rate, tuple(self.disobey_kinds))  # fails here on a bad rate or kind
+        ReasoningPlan(self.reasoning, self.thinking_tokens)  # and on a bad reasoning form
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
             raise ValueError(f"unknown tokenizer {self.tokenizer!r}; use one of {', '.join(TOKENIZERS)}")
         if self.max_concurrency is not None and self.max_concurrency < 0:
@@ -98,10 +110,15 @@ class SimulatorSettings:
 
 
 def _error(
-    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None, code: str | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": code, "simulated": True}},
+        {"error": {"message": message, "type": kind, "param": param, "code": code, "simulated": True}},
         status_code=status,
         headers={**SIM_HEADER, **(headers or {})},
     )
@@ -118,8 +135,14 @@ def _content_text(content: Any) -> str | None:
 def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMRequest:
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ValueError("'messages' must be a non-empty list")
+    prefix = continued_prefix(body)
+    if body.get("continue_final_message") and body.get("add_generation_prompt", True):  # vLLM's own refusal
+        raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORT_SCALE:
+        raise ValueError(f"'reasoning_effort' must be one of {', '.join(EFFORT_SCALE)}, not {effort!r}")
     messages = []
-    for m in body["messages"]:
+    for m in body["messages"][:-1] if prefix is not None else body["messages"]:
         calls = tuple(
             ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments", "{}"))
             for c in m.get("tool_calls") or []
@@ -151,11 +174,34 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
         tool_choice=body.get("tool_choice"),
         response_format=body.get("response_format"),
         purpose=purpose or None,
+        reasoning_effort=effort,
+        continue_thinking=prefix,
     )
 
 
-def _choice_json(index: int, choice: SimChoice) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": choice.text or None}
+def _last_user_content(body: dict[str, Any]) -> str:
+    for m in reversed(body.get("messages") or []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return _content_text(m.get("content")) or ""
+    return ""
+
+
+def _usage_json(response: SimResponse, form: str) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": response.prompt_tokens,
+        "completion_tokens": response.completion_tokens,
+        "total_tokens": response.prompt_tokens + response.completion_tokens,
+    }
+    if form in ("field", "hidden"):  # DeepSeek and OpenAI count the thinking; a raw R1 server does not
+        usage["completion_tokens_details"] = {"reasoning_tokens": response.reasoning_tokens}
+    return usage
+
+
+def _choice_json(index: int, choice: SimChoice, form: str = "off") -> dict[str, Any]:
+    content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if choice.tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in choice.tool_calls
@@ -194,6 +240,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         faults=FaultPlan(settings.fault_rate, tuple(settings.fault_kinds)),
         disobedience=Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds)),
         context_length=settings.resolved_context_length,
+        reasoning=ReasoningPlan(settings.reasoning, settings.thinking_tokens),
     )
     app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
     app.state.model = model
@@ -212,10 +259,10 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             finally:
                 stats.generating -= 1
 
-    def rejected(message: str, code: str | None = None) -> JSONResponse:
+    def rejected(message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
         model.stats.rejected += 1
         model.stats.last_rejection = message
-        return _error(400, f"simulated model: {message}", code=code)
+        return _error(400, f"simulated model: {message}", code=code, param=param)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -261,6 +308,10 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     async def chat(request: Request) -> Response:
         try:
             body = await request.json()
+            form = model.reasoning.directed(parse_directives(_last_user_content(body))).form
+            refused = refusal(body) if form == "hidden" else None
+            if refused is not None:  # as OpenAI's reasoning models refuse it, before anything else
+                return rejected(refused.message, code=refused.code, param=refused.param)
             sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
             fault = model.fault_for(sim_request)
         except (ValueError, KeyError, TypeError, SimulatorError) as exc:
@@ -276,7 +327,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not settings.disobedient
-            stream = _stream(response, settings, created, rid, include_usage, model.counter, generating)
+            stream = _stream(response, settings, created, rid, include_usage, model.counter, generating, form)
             return StreamingResponse(stream, media_type="text/event-stream", headers=SIM_HEADER)
         async with generating():  # the client may leave meanwhile: the reply is generated to the end anyway
             await asyncio.sleep(settings.delay_s(response.completion_tokens))
@@ -289,12 +340,8 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
                 "created": created,
                 "model": MODEL_NAME,
                 "system_fingerprint": "reasonray-simulated",
-                "choices": [_choice_json(i, c) for i, c in enumerate(response.choices)],
-                "usage": {
-                    "prompt_tokens": response.prompt_tokens,
-                    "completion_tokens": response.completion_tokens,
-                    "total_tokens": response.prompt_tokens + response.completion_tokens,
-                },
+                "choices": [_choice_json(i, c, form) for i, c in enumerate(response.choices)],
+                "usage": _usage_json(response, form),
             },
             headers=SIM_HEADER,
         )
@@ -375,9 +422,19 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             return _error(400, str(exc))
         return JSONResponse({"rate": model.disobedience.rate, "kinds": list(model.disobedience.kinds)}, headers=SIM_HEADER)
 
+    @app.post("/v1/sim/reasoning")
+    async def set_reasoning(request: Request) -> JSONResponse:
+        body = await request.json()
+        try:
+            model.reasoning = ReasoningPlan(str(body.get("form", "off")), int(body.get("thinking_tokens", DEFAULT_THINKING_TOKENS)))
+        except (TypeError, ValueError) as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"form": model.reasoning.form, "thinking_tokens": model.reasoning.thinking_tokens}, headers=SIM_HEADER)
+
     @app.post("/v1/sim/reset")
     async def reset() -> JSONResponse:
         model.reset()
+        model.reasoning = ReasoningPlan(settings.reasoning, settings.thinking_tokens)
         model.faults = FaultPlan(settings.fault_rate, tuple(settings.fault_kinds))
         model.disobedience = Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds))
         return JSONResponse({"ok": True}, headers=SIM_HEADER)
@@ -402,18 +459,19 @@ async def _stream(
     include_usage: bool,
     counter: TokenCounter,
     generating: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+    form: str = "off",
 ) -> AsyncIterator[str]:
     """The reply as server-sent events, generated while the model is held: a client that closes the stream
     ends the generation (the response stops iterating this generator) and frees the model."""
     async with generating():
-        async for event in _events(response, settings, created, rid, include_usage, counter):
+        async for event in _events(response, settings, created, rid, include_usage, counter, form):
             yield event
 
 
 async def _events(
-    response: SimResponse, settings: SimulatorSettings, created: int, rid: str, include_usage: bool, counter: TokenCounter
+    response: SimResponse, settings: SimulatorSettings, created: int, rid: str, include_usage: bool, counter: TokenCounter, form: str
 ) -> AsyncIterator[str]:
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
         if usage is not None:
             body["usage"] = usage
@@ -423,11 +481,13 @@ async def _events(
     per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
     for index, choice in enumerate(response.choices):
         yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-        pieces = _pieces(choice.text, counter)
-        for piece in pieces:
+        content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
+        deltas = [("reasoning_content", p) for p in _pieces(reasoning, counter)] if reasoning else []
+        deltas += [("content", p) for p in _pieces(content, counter)] if content else []
+        for field, piece in deltas:
             if per_token:
                 await asyncio.sleep(per_token * piece[1])
-            yield chunk([{"index": index, "delta": {"content": piece[0]}, "finish_reason": None}])
+            yield chunk([{"index": index, "delta": {field: piece[0]}, "finish_reason": None}])
         if choice.tool_calls:
             calls = [
                 {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -436,12 +496,7 @@ async def _events(
             yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
         yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
     if include_usage:
-        usage = {
-            "prompt_tokens": response.prompt_tokens,
-            "completion_tokens": response.completion_tokens,
-            "total_tokens": response.prompt_tokens + response.completion_tokens,
-        }
-        yield chunk([], usage)
+        yield chunk([], _usage_json(response, form))
     yield "data: [DONE]\n\n"
 
 
