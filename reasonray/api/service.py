@@ -283,7 +283,7 @@ class ReasoningService:
         took_ms = (time.perf_counter() - started) * 1000
         if took_ms > self.selection_budget_ms:
             log.warning("strategy.selection_slow", took_ms=round(took_ms, 3), budget_ms=self.selection_budget_ms)
-        return resolution
+        return _request_thinking(resolution, params)
 
     async def execute(self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None) -> ExecuteResult:
         """Run the request's strategy in four stages: resolve (strategy and config, within the caps), admit
@@ -632,6 +632,17 @@ class RunSampling(ThinkingSampling, frozen=True, omit_defaults=True):
             return request
         # a field the strategy sets on its own call wins: the call needs it to work (continuing thinking, say)
         return msgspec.structs.replace(request, extra_body={**self.extra_body, **(request.extra_body or {})})
+
+
+def _request_thinking(resolution: Resolution, params: ExecuteParams) -> Resolution:
+    """The request's own `reasoning_effort` / `thinking_budget` over an agent's or the system's config for them (request
+    > agent > system, as for every config field; the request's strategy_config still wins over its top-level ones)."""
+    asked = {k: v for k, v in (("reasoning_effort", params.reasoning_effort), ("thinking_budget", params.thinking_budget)) if v is not None}
+    overridden = {k: v for k, v in asked.items() if resolution.config_sources.get(k) in ("agent", "system")}
+    if not overridden:
+        return resolution
+    sources = {**resolution.config_sources, **dict.fromkeys(overridden, "request")}
+    return resolution.model_copy(update={"config": {**resolution.config, **overridden}, "config_sources": sources})
 
 
 def _sampling(params: ExecuteParams) -> Sampling | None:

@@ -84,6 +84,18 @@ async def test_reasoning_effort_and_thinking_budget_reach_every_call_and_a_strat
     assert refused["error"]["code"] == -32602 and "reasoning_effort" in refused["error"]["message"]
 
 
+async def test_the_requests_reasoning_effort_wins_over_the_systems_config():
+    llm = thinker()
+    reasoning = REASONING.model_copy(
+        update={"strategies": {"chain_of_thought": {"default_reasoning_effort": "low", "default_thinking_budget": 64}}}
+    )
+    rpc = local_dispatcher(reasoning, llm)
+    result = (await execute(rpc, query="What is 17 * 23?", reasoning_effort="high"))["result"]
+    assert [(r.reasoning_effort, r.thinking_budget) for r in llm.requests] == [("high", 64)]
+    assert result["resolution"]["config_sources"]["reasoning_effort"] == "request"
+    assert result["resolution"]["config_sources"]["thinking_budget"] == "system"
+
+
 async def test_extra_body_reaches_every_call_with_authentication_off_and_cannot_redirect_the_call():
     llm = thinker()
     rpc = local_dispatcher(REASONING, llm)
