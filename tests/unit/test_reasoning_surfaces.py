@@ -297,3 +297,44 @@ async def test_the_memory_judge_and_extraction_see_the_answer_never_the_thinking
     shown = " ".join(m.content or "" for r in learning for m in r.messages)
     assert "391" in shown and "SECRET" not in shown
     assert result["reasoning"] == "SECRET: 17 * 20 is 340"  # the answer's own thinking, not the judge's
+
+
+# -- the openai SDK, unchanged, over the /v1 mapping ---------------------------------------------------------------
+
+
+def sdk_over(compat: OpenAICompat):
+    """The official openai client, its HTTP answered by the /v1 mapping in this process."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        reply = await respond(compat, request.content, "t-sdk")
+        if isinstance(reply, Reply):
+            return httpx.Response(reply.status, json=reply.body)
+        events = b"".join([f"data: {payload}\n\n".encode() async for payload in reply])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events)
+
+    transport = httpx.MockTransport(handle)
+    return AsyncOpenAI(base_url="http://reasonray.local/v1", api_key="unused", http_client=httpx.AsyncClient(transport=transport))
+
+
+async def test_the_openai_sdk_sends_reasoning_effort_and_reads_the_thinking_plain_and_streamed():
+    llm = thinker(reasoning_tokens=120)
+    client = sdk_over(compat_over(llm))
+    ask = {"model": "reasonray", "messages": [{"role": "user", "content": "What is 17 * 23?"}], "reasoning_effort": "medium"}
+    completion = await client.chat.completions.create(**ask, extra_body={"thinking_budget": 500})
+    assert completion.choices[0].message.content == "391"
+    assert completion.choices[0].message.model_extra["reasoning_content"] == THOUGHT
+    assert completion.usage.completion_tokens_details.reasoning_tokens >= 120
+    assert (llm.requests[-1].reasoning_effort, llm.requests[-1].thinking_budget) == ("medium", 500)
+    thinking, progress, answer = "", [], ""
+    async for chunk in await client.chat.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            text = (choice.delta.model_extra or {}).get("reasoning_content")
+            if text and chunk.model_extra["reasonray"]["kind"] == "thinking":
+                thinking += text
+            elif text:
+                progress.append(text)
+            answer += choice.delta.content or ""
+    await client.close()
+    assert (thinking, answer) == (THOUGHT, "391") and progress and THOUGHT not in "".join(progress)
