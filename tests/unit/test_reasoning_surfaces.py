@@ -338,3 +338,25 @@ async def test_the_openai_sdk_sends_reasoning_effort_and_reads_the_thinking_plai
             answer += choice.delta.content or ""
     await client.close()
     assert (thinking, answer) == (THOUGHT, "391") and progress and THOUGHT not in "".join(progress)
+
+
+# -- the simulated model in each form a server hands thinking over in -------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["field", "r1", "hidden"])
+async def test_v1_over_the_simulated_thinking_model_in_each_form(form):
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+
+    compat = compat_over(SimulatedLLM())
+    question = [{"role": "user", "content": f"[[sim reasoning={form} thinking=200]] What is 17 * 23?"}]
+    plain = (await respond(compat, body(messages=question), "t-sim-1")).body
+    message, metrics = plain["choices"][0]["message"], plain["reasonray"]["metrics"]
+    assert message["content"] == "391" and metrics["reasoning_tokens"] >= 200
+    assert plain["usage"]["completion_tokens_details"]["reasoning_tokens"] >= metrics["reasoning_tokens"]
+    if form == "hidden":  # OpenAI's reasoning models: only the count
+        assert "reasoning_content" not in message
+    else:
+        assert message["reasoning_content"].startswith("Thought 0:") and "[thought 0/200]" in message["reasoning_content"]
+    chunks = await stream_chunks(compat, messages=question)
+    thinking = "".join(c["choices"][0]["delta"]["reasoning_content"] for c in chunks if c.get("reasonray", {}).get("kind") == "thinking")
+    assert thinking == message.get("reasoning_content", "")
