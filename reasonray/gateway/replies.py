@@ -12,8 +12,8 @@ vLLM's `ReasoningParser` and LiteLLM's `reasoning_content` normalisation each ke
 `<thinking>` is also the tag ReasonRay's own prompts ask any model to reason in, before an `<answer>`: a
 model not known to think natively keeps those blocks in its text, where `kernel.tags` strips them from
 everything fed forward (reading them as native thinking would make every prompted model look like a
-thinking one). Only `<think>`, a closing tag with no opening one, and `<thinking>` from a model known to
-think in its text are taken out as thinking here.
+thinking one). Only `<think>` (a leading block, or its closing tag alone) and `<thinking>` from a model
+known to think in its text are taken out as thinking here.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def split_thinking(content: str, finish_reason: str, *, thinks: bool) -> tuple[s
 
     `thinks`: the model is known to think in its text, so `<thinking>` is its own and a reply cut by length
     with no closing tag was cut inside the thinking its template opened."""
-    if "hink" not in content:  # the hot path: no tag of either kind
+    if "think>" not in content and (not thinks or "thinking>" not in content):  # the hot path: no tag to take out
         if thinks and finish_reason == "length":
             return "", content, True, len(content)
         return content, "", False, 0
