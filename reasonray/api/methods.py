@@ -182,6 +182,7 @@ def build_dispatcher(
         specific = result.metrics.strategy_specific
         return {
             "answer": result.answer,
+            "reasoning": result.reasoning,
             "iterations": specific["iterations"],
             "total_tokens": result.metrics.total_tokens,
             "compute_savings_pct": specific["compute_savings_pct"],

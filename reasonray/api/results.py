@@ -45,6 +45,7 @@ class BoundedContextResult(Result):
     """reasoning.bounded_context: the answer, one entry per iteration, the token total and the compute saved."""
 
     answer: str = Field(description="The final answer, reasoning tags stripped.")
+    reasoning: str = Field("", description="The model's thinking behind the answer, as reasoning.execute's `reasoning`.")
     iterations: list[BoundedIteration] = Field(description="One entry per iteration.")
     total_tokens: int = Field(description="Prompt plus completion tokens over every LLM call.")
     compute_savings_pct: float = Field(description="Attention work saved against one long chain of thought, in percent.")
