@@ -55,6 +55,14 @@ async def test_execute_returns_the_thinking_behind_the_answer_and_the_runs_reaso
     assert result["metrics"]["reasoning_tokens"] == 120 and result["metrics"]["completion_tokens"] > 120
 
 
+async def test_bounded_context_returns_the_thinking_behind_its_answer_too():
+    rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["bounded_context"], default_strategy="bounded_context"), thinker())
+    payload, _ = await rpc.handle_payload(
+        {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": {"query": "What is 17 * 23?"}, "id": 1}, None
+    )
+    assert payload["result"]["answer"] == "391" and payload["result"]["reasoning"] == THOUGHT
+
+
 async def test_the_reasoning_is_that_of_the_last_reply_giving_the_answer_and_is_bounded():
     # three samples: the majority's last sample thought the second way; the stray one's thinking is not returned
     replies = [
