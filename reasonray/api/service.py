@@ -356,6 +356,8 @@ class ReasoningService:
                         with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
                             await self.memory_loop.retrieve(memory, report, context.llm, context.emit, params.query)
                     result = await strategy.reason(params.query, context=context, config=plan.resolution.config)
+                    # the thinking behind the strategy's answer, which a JSON answer below only restates
+                    result.reasoning = result.reasoning or plan.recorder.thinking_behind(result.answer)
                     if params.response_format is not None and params.response_format.type != "text":
                         formatted = await conform(result.answer, params.response_format.as_openai(), context.llm, params.query)
                         result.answer = formatted.content

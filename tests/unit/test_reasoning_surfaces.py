@@ -368,3 +368,11 @@ async def test_v1_over_the_simulated_thinking_model_in_each_form(form):
     chunks = await stream_chunks(compat, messages=question)
     thinking = "".join(c["choices"][0]["delta"]["reasoning_content"] for c in chunks if c.get("reasonray", {}).get("kind") == "thinking")
     assert thinking == message.get("reasoning_content", "")
+
+
+async def test_a_json_answer_keeps_the_thinking_behind_the_answer_it_restates():
+    compat = compat_over(thinker(answer="42"))
+    reply = await respond(compat, body(response_format={"type": "json_object"}), "t-json")
+    message = reply.body["choices"][0]["message"]
+    assert json.loads(message["content"]) in ({"answer": "42"}, {"answer": 42})
+    assert message["reasoning_content"] == THOUGHT
