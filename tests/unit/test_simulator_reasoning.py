@@ -133,6 +133,7 @@ async def test_continuing_a_cut_thinking_resumes_it_vllm_and_deepseek_style(serv
         deepseek = {"model": "m", "messages": [question, {**prefix, "prefix": True}]}
         for body in (vllm, deepseek):
             rest = (await http.post("/chat/completions", json=body)).json()
+            assert rest["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"] + 100  # the prefix is prompt
             message = rest["choices"][0]["message"]
             resumed = [int(d) for d, _ in THOUGHT.findall(message["reasoning_content"])]
             assert resumed[0] >= max(int(d) for d, _ in THOUGHT.findall(partial))  # it went on, it did not start over
@@ -143,6 +144,15 @@ async def test_continuing_a_cut_thinking_resumes_it_vllm_and_deepseek_style(serv
         assert "reasoning_content" not in message and extract_answer(message["content"]) == "5"
         both = await http.post("/chat/completions", json={**vllm, "add_generation_prompt": True})
         assert both.status_code == 400
+
+
+def test_a_reply_to_a_prompt_that_carries_thinking_resumes_it():
+    """A tail or summary carryover shows the thinking so far in the prompt, not as a prefix: it resumes from there."""
+    engine = SimulatedModel(COUNTER, reasoning=ReasoningPlan("field", 1000))
+    first = engine.respond(LLMRequest(messages=(user("What is 6 * 7?"),), max_tokens=200)).choices[0]
+    carried = user("What is 6 * 7?\n\nYour reasoning so far:\n" + COUNTER.tail(first.reasoning, 60))
+    again = engine.respond(LLMRequest(messages=(carried,), max_tokens=200)).choices[0]
+    assert int(THOUGHT.findall(again.reasoning)[0][0]) >= int(THOUGHT.findall(first.reasoning)[-1][0])
 
 
 def test_chunks_that_carry_the_tail_of_the_thinking_make_progress_to_the_answer():

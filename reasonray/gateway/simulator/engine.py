@@ -263,7 +263,10 @@ class SimulatedModel:
             plan = Disobedience.from_directive(directives["disobey"]) if "disobey" in directives else self.disobedience
         except ValueError as exc:
             raise SimulatorError(str(exc)) from None
-        prompt_tokens = self._prompt_tokens(request.messages)
+        counted = request.messages
+        if request.continue_thinking is not None and not (counted and counted[-1].role == "assistant"):
+            counted = (*counted, Message(role="assistant", content=request.continue_thinking))  # the prefix is prompt too
+        prompt_tokens = self._prompt_tokens(counted)
         room = self.context_length - prompt_tokens
         if room <= 0:
             raise ContextLengthExceeded(  # in the words OpenAI and llama-cpp-python use
@@ -306,7 +309,8 @@ class SimulatedModel:
     def _think(self, request: LLMRequest, directives: dict[str, str]) -> tuple[str, int, bool] | None:
         """The thinking before the reply, in a reasoning mode: (text, tokens, finished within max_tokens). A reply that
         continues closed thinking (budget forcing closed it) answers at once; one that continues open thinking resumes
-        from its furthest marker. Scripted replies stay exact."""
+        from its furthest marker (a reply to the conversation also from thinking its prompt carries, as a tail or a
+        summary does). Scripted replies stay exact."""
         plan = self.reasoning_plan(request)
         if plan.form == "off" or "script" in directives:
             return None
@@ -315,7 +319,10 @@ class SimulatedModel:
             return None
         total = plan.tokens_for(request.reasoning_effort)
         budget = request.max_tokens if request.max_tokens is not None else self.context_length
-        text, _, finished = think(total, resume_point(prefix, total), budget, self.counter)
+        done = resume_point(prefix, total)
+        if not done and request.purpose is None:  # thinking carried forward in the prompt (a tail or a summary) resumes too
+            done = resume_point(_all_text(request.messages), total)
+        text, _, finished = think(total, done, budget, self.counter)
         tokens = self.counter.count(text)
         if tokens > budget:  # the pieces were counted one by one; the whole must fit too
             text, finished = self.counter.head(text, budget), False

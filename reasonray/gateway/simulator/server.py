@@ -142,7 +142,7 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
     if effort is not None and effort not in EFFORT_SCALE:
         raise ValueError(f"'reasoning_effort' must be one of {', '.join(EFFORT_SCALE)}, not {effort!r}")
     messages = []
-    for m in body["messages"][:-1] if prefix is not None else body["messages"]:
+    for m in body["messages"]:  # a continued prefix stays the last message: it is prompt, counted as such
         calls = tuple(
             ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments", "{}"))
             for c in m.get("tool_calls") or []
