@@ -62,6 +62,8 @@ async def test_a_small_max_tokens_runs_out_while_thinking(server, form):
         assert completion.text == "" and completion.thinking_unfinished and completion.finish_reason == "length"
         assert completion.usage.completion_tokens == completion.usage.reasoning_tokens == 60
         assert (completion.reasoning == "") is (form == "hidden")
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        assert (await http.get("/sim/stats")).json()["usage"]["reasoning_tokens"] >= 120
 
 
 async def test_the_r1_form_has_no_opening_tag_and_no_closing_one_when_cut(server):

@@ -118,6 +118,7 @@ class SimStats:
     last_rejection: str | None = None  # why the latest of them was
     prompt_tokens: int = 0  # usage reported, over every reply
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, those spent thinking
     abandoned: int = 0  # replies generated in full for a client that had left
     generating: int = 0  # replies being generated now (the HTTP server's latency model)
     most_generating: int = 0  # the most generated at once
@@ -361,6 +362,7 @@ class SimulatedModel:
     def _record(self, request: LLMRequest, response: SimResponse, kinds: tuple[str | None, ...], stated: tuple[str | None, ...]) -> None:
         self.stats.prompt_tokens += response.prompt_tokens
         self.stats.completion_tokens += response.completion_tokens
+        self.stats.reasoning_tokens += response.reasoning_tokens
         self.exchanges.append(
             Exchange(
                 purpose=request.purpose,

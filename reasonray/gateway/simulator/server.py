@@ -404,7 +404,11 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
                 "last_rejection": s.last_rejection,
                 "abandoned": s.abandoned,
                 "most_generating": s.most_generating,
-                "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens},
+                "usage": {
+                    "prompt_tokens": s.prompt_tokens,
+                    "completion_tokens": s.completion_tokens,
+                    "reasoning_tokens": s.reasoning_tokens,
+                },
             },
             headers=SIM_HEADER,
         )
