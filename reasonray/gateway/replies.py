@@ -121,6 +121,12 @@ class ReplyReader:
         """A decoded plain answer as a Completion; a 200 that holds an error or no choice raises, classified."""
         if response.error is not None:
             raise provider_error(response.error, where=where)
+        if response.choices is None:  # some other JSON: a proxy's, a framework's 404 body, another endpoint's
+            raise ProviderRejectedError(
+                f"HTTP 200 from {where} is not a chat completion (it has no `choices`; is [llm] base_url the API root, "
+                "e.g. http://host:8000/v1?)",
+                status_code=200,
+            )
         if not response.choices:
             raise ProviderRejectedError(
                 f"HTTP 200 from {where} holds no choice (`choices: []`): the server answered nothing", status_code=200
@@ -271,7 +277,7 @@ class WireUsage(msgspec.Struct):
 class WireCompletion(msgspec.Struct):
     """What a Completion keeps of a chat completion; every other member of the answer is skipped unread."""
 
-    choices: list[WireChoice] = msgspec.field(default_factory=list)
+    choices: list[WireChoice] | None = None
     model: str = ""
     usage: WireUsage | None = None
     error: Any = None  # a 200 that carries the provider's error instead of a completion

@@ -285,3 +285,6 @@ async def test_a_200_with_no_choice_is_a_classified_rejection_naming_the_endpoin
     with pytest.raises(ProviderRejectedError, match="no choice") as raised:
         await llm(url, stream=False).complete(ASK)
     assert url in str(raised.value)
+    answer["json"] = {"detail": "Not Found"}  # another JSON answer altogether: the base URL is the likely cause
+    with pytest.raises(ProviderRejectedError, match=r"not a chat completion.*base_url"):
+        await llm(url, stream=False).complete(ASK)
