@@ -288,3 +288,31 @@ async def test_a_200_with_no_choice_is_a_classified_rejection_naming_the_endpoin
     answer["json"] = {"detail": "Not Found"}  # another JSON answer altogether: the base URL is the likely cause
     with pytest.raises(ProviderRejectedError, match=r"not a chat completion.*base_url"):
         await llm(url, stream=False).complete(ASK)
+
+
+# -- counts include the thinking ---------------------------------------------------------------------------------------
+
+
+async def test_a_runs_tally_and_completion_budget_count_hidden_thinking():
+    from reasonray.gateway.observed import ObservedLLM
+    from reasonray.kernel.errors import BudgetExceededError
+    from reasonray.kernel.events import Budget, EventRecorder
+
+    scripted = ScriptedLLM([Thinking("", "4", reasoning_tokens=2000)])
+    observed = ObservedLLM(scripted, EventRecorder(), trace_id="t", strategy="s", budget=Budget(max_completion_tokens=2000))
+    await observed.complete(REQUEST)
+    assert observed.tally.reasoning_tokens == 2000 and observed.tally.completion_tokens > 2000
+    with pytest.raises(BudgetExceededError, match="reasoning included"):  # the thinking spent the budget
+        await observed.complete(REQUEST)
+
+
+def test_a_failed_streams_cost_includes_the_thinking_it_streamed():
+    from openai.types.chat import ChatCompletionChunk
+
+    model = llm("http://127.0.0.1:9/v1", stream=True)
+    parts = oc._StreamParts()
+    for delta in ({"role": "assistant", "content": ""}, {"reasoning_content": THOUGHT}, {"reasoning_content": THOUGHT}):
+        chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": delta}]}
+        parts.add(ChatCompletionChunk.model_validate(chunk))
+    error = parts.spent_on(TransientProviderError("timed out"), model, REQUEST)
+    assert error.spent[1] == model.tokens.count(THOUGHT) * 2
