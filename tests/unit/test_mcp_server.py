@@ -66,8 +66,7 @@ ROLES = {
 def guarded(tmp_path):
     """The API as `reasonray mcp` builds it with [auth] configured (in_process_api's guard), over the simulated model."""
     from reasonray.api.access.tenancy import install_guard
-    from reasonray.api.app import Backends, build_application
-    from reasonray.api.app import local_guard
+    from reasonray.api.app import Backends, build_application, local_guard
     from reasonray.kernel.config import Settings
 
     llm = SimulatedLLM()

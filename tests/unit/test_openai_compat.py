@@ -194,8 +194,7 @@ AUTH_ROLES = {
 @pytest.fixture
 def guarded_compat(tmp_path, llm):
     from reasonray.api.access.tenancy import install_guard
-    from reasonray.api.app import Backends, build_application
-    from reasonray.api.app import local_guard
+    from reasonray.api.app import Backends, build_application, local_guard
     from reasonray.kernel.config import Settings
 
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")

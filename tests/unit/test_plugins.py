@@ -45,7 +45,9 @@ async def test_the_plugin_is_configured_at_every_level_and_answers():
     llm.assert_complete()
     assert result["answer"] == "391" and result["strategy_used"] == "step_back"
     assert result["metrics"]["strategy_specific"]["principle"] == "Multiplication distributes over addition."
-    assert result["resolution"]["config_sources"] == {"abstraction_prompt": "default", "max_tokens": "system", "temperature": "request"}
+    sources = {"abstraction_prompt": "default", "max_tokens": "system", "temperature": "request"}
+    # every strategy's config inherits the run-level thinking settings, a third party's too
+    assert result["resolution"]["config_sources"] == {**sources, "reasoning_effort": "default", "thinking_budget": "default"}
     assert [r.max_tokens for r in llm.requests] == [300, 300] and llm.requests[1].temperature == 0.2
     assert "Principle: Multiplication distributes" in llm.requests[1].messages[1].content
 
