@@ -134,7 +134,8 @@ async def test_a_streamed_chat_completion_honours_the_traceparent_and_its_run_sp
         chunks = in_request_trace("/v1/chat/completions stream", reply)
     sent = await consumed_elsewhere(chunks)
     assert sent[-1] == "[DONE]" and any("42" in chunk for chunk in sent)
-    finish = next(json.loads(c) for c in sent if c != "[DONE]" and "reasonray" in json.loads(c))
+    # progress chunks carry a `reasonray` marker too; the finish chunk is the one that names the trace
+    finish = next(json.loads(c) for c in sent if c != "[DONE]" and "trace_id" in json.loads(c).get("reasonray", {}))
     assert finish["reasonray"]["trace_id"] == CALLER_TRACE, finish
     # the run is admitted (auth, limits) before the response starts, so its spans hang from the request's
     spans_under_the_callers_trace(receiver, "/v1/chat/completions", run_parent="request")
