@@ -516,7 +516,7 @@ class _StreamParts:
         self.model = ""
 
     def add(self, chunk: Any) -> None:
-        extra = chunk.model_extra
+        extra = getattr(chunk, "model_extra", None)  # the SDK's chunks keep a server's own members there
         if extra and extra.get("error"):  # an error event the SDK passed on as a chunk
             raise provider_error(extra["error"], where=f"the stream from {chunk.model or 'the server'}")
         self.model = chunk.model or self.model
@@ -528,9 +528,10 @@ class _StreamParts:
             if delta is not None:
                 if delta.content:
                     texts.append(delta.content)
-                    if c.logprobs is not None and c.logprobs.content:  # a thinking delta's tokens are not the answer's
-                        self.logprobs.setdefault(c.index, []).extend(c.logprobs.content)
-                fields = delta.model_extra
+                    logprobs = getattr(c, "logprobs", None)
+                    if logprobs is not None and logprobs.content:  # a thinking delta's tokens are not the answer's
+                        self.logprobs.setdefault(c.index, []).extend(logprobs.content)
+                fields = getattr(delta, "model_extra", None)
                 if fields:  # vLLM, SGLang and DeepSeek stream the thinking as `reasoning_content`, newer vLLM as `reasoning`
                     thought = fields.get("reasoning_content") or fields.get("reasoning")
                     if isinstance(thought, str) and thought:
