@@ -31,7 +31,7 @@ from reasonray.gateway.tokens import TokenCounter
 _TAG = re.compile(r"<(/?)(think|thinking)\s*>", re.IGNORECASE)
 # families whose chat templates open the thinking in the prompt when no reasoning parser runs: the reply is
 # thinking from its first token, so one cut before `</think>` holds no tag at all
-_THINKS_IN_TEXT = re.compile(r"deepseek-r1|r1-distill|\bqwq|qwen3(?!.*instruct)|thinking", re.IGNORECASE)
+_THINKS_IN_TEXT = re.compile(r"deepseek-r1|r1-distill|\bqwq|qwen3(?!.*instruct)", re.IGNORECASE)
 _TRANSIENT_WORDS = ("overload", "rate_limit", "rate limit", "server_error", "unavailable", "timeout", "timed out", "capacity", "busy")
 
 
