@@ -29,9 +29,10 @@ from reasonray.gateway.protocol import Choice, Completion, FinishReason, ToolCal
 from reasonray.gateway.tokens import TokenCounter
 
 _TAG = re.compile(r"<(/?)(think|thinking)\s*>", re.IGNORECASE)
-# families whose chat templates open the thinking in the prompt when no reasoning parser runs: the reply is
-# thinking from its first token, so one cut before `</think>` holds no tag at all
-_THINKS_IN_TEXT = re.compile(r"deepseek-r1|r1-distill|\bqwq|qwen3(?!.*instruct)", re.IGNORECASE)
+# families whose chat templates open the thinking in the prompt (`<think>\n` after the assistant's header): with no
+# reasoning parser the reply is thinking from its first token, so one cut before `</think>` holds no tag at all.
+# Hybrid Qwen3 writes its own opening tag (and its template closes an empty one when thinking is switched off).
+_THINKS_IN_TEXT = re.compile(r"deepseek-r1|r1-distill|\bqwq|qwen3.*thinking", re.IGNORECASE)
 _TRANSIENT_WORDS = ("overload", "rate_limit", "rate limit", "server_error", "unavailable", "timeout", "timed out", "capacity", "busy")
 
 
