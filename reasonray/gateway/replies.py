@@ -29,6 +29,7 @@ from reasonray.gateway.protocol import Choice, Completion, FinishReason, ToolCal
 from reasonray.gateway.tokens import TokenCounter
 
 _TAG = re.compile(r"<(/?)(think|thinking)\s*>", re.IGNORECASE)
+_OPENS = re.compile(r"\s*<think(?:ing)?\s*>", re.IGNORECASE)
 # families whose chat templates open the thinking in the prompt (`<think>\n` after the assistant's header): with no
 # reasoning parser the reply is thinking from its first token, so one cut before `</think>` holds no tag at all.
 # Hybrid Qwen3 writes its own opening tag (and its template closes an empty one when thinking is switched off).
@@ -85,7 +86,7 @@ class ReplyReader:
     """Reads one endpoint's replies; learns from them whether its model thinks in its text.
 
     `thinks_in_text` starts from the model's name (or what the configuration says) and turns on at the first reply
-    whose text held thinking: from then on a reply cut by `max_tokens` with no closing tag is unfinished thinking
+    whose text closed thinking it never opened (the R1 form: its template opens it in the prompt): from then on a reply cut by `max_tokens` with no closing tag is unfinished thinking
     (its template opened the thinking in the prompt), never an answer. Thinking in a separate field teaches nothing
     of the kind: a server with a reasoning parser always splits it out."""
 
@@ -114,8 +115,8 @@ class ReplyReader:
             stop_sequence=stop_sequence,
             logprobs=logprobs,
         )
-        if not reasoning and choice.reasoning and not choice.thinking_unfinished:
-            self.thinks_in_text = True
+        if not reasoning and choice.reasoning and not choice.thinking_unfinished and not _OPENS.match(content or ""):
+            self.thinks_in_text = True  # thinking closed that the reply never opened: the template opens it
         return choice
 
     def completion(self, response: WireCompletion, *, counter: TokenCounter, where: str) -> Completion:

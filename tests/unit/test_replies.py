@@ -206,6 +206,12 @@ async def test_a_model_seen_thinking_in_its_text_has_a_later_untagged_cut_reply_
     answer["json"] = plain({"content": CUT}, "length")
     cut = await model.complete(ASK)
     assert cut.text == "" and cut.thinking_unfinished and cut.reasoning == CUT
+    # a model that opens its thinking itself (hybrid Qwen3) teaches nothing of the kind: its untagged text is its answer
+    hybrid = llm(url, stream=False)
+    answer["json"] = plain({"content": "<think>" + THOUGHT + "</think>4"})
+    assert (await hybrid.complete(ASK)).reasoning == THOUGHT
+    answer["json"] = plain({"content": CUT}, "length")
+    assert (await hybrid.complete(ASK)).text == CUT
 
 
 def test_the_thinking_tag_reasonray_prompts_for_stays_in_the_text_of_a_model_not_known_to_think():
