@@ -237,6 +237,21 @@ async def test_log_probabilities_are_the_answers_tokens(endpoint):
     assert (choice.text, choice.reasoning, choice.token_logprobs, choice.top_logprobs) == ("4", "hm", (-0.1,), ((-0.1, -2.5),))
 
 
+async def test_streamed_log_probabilities_leave_the_thinking_deltas_out(endpoint):
+    answer, url = endpoint
+
+    def chunk(delta, logprob):
+        token = {"token": "t", "logprob": logprob, "top_logprobs": [{"token": "t", "logprob": logprob}]}
+        choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": {"content": [token]}}
+        return {"id": "x", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+
+    events = streamed([])
+    answer["events"] = [events[0], chunk({"reasoning_content": "hm"}, -0.5), chunk({"content": "4"}, -0.1), events[-1]]
+    completion = await llm(url, stream=True).complete(ASK)
+    choice = completion.choices[0]
+    assert (choice.text, choice.reasoning, choice.token_logprobs, choice.top_logprobs) == ("4", "hm", (-0.1,), ((-0.1,),))
+
+
 async def test_hidden_thinking_never_teaches_the_token_estimate_its_ratio(endpoint):
     """One reply of 50 answer tokens after 2,000 hidden ones: the estimate of every later prompt stays as it was."""
     answer, url = endpoint
