@@ -217,7 +217,8 @@ def provider_error(error: Any, *, where: str, status_code: int = 200) -> Transie
     fields = error if isinstance(error, dict) else {"message": str(error)}
     message = str(fields.get("message") or fields.get("error") or fields)[:500]
     kind = " ".join(str(fields.get(k) or "") for k in ("type", "code", "status")).strip()
-    statuses = [v for v in (fields.get("status"), fields.get("code"), fields.get("status_code")) if isinstance(v, int)]
+    numbers = (fields.get("status"), fields.get("code"), fields.get("status_code"))
+    statuses = [int(v) for v in numbers if isinstance(v, int) or (isinstance(v, str) and v.isdigit() and len(v) == 3)]
     detail = f"{where} sent an error{f' ({kind})' if kind else ''}: {message}"
     words = f"{kind} {message}".lower()
     if any(s == 429 or s == 408 or s >= 500 for s in statuses) or any(w in words for w in _TRANSIENT_WORDS):

@@ -277,6 +277,7 @@ async def test_hidden_thinking_never_teaches_the_token_estimate_its_ratio(endpoi
     [
         ({"message": "Overloaded", "type": "overloaded_error"}, TransientProviderError),
         ({"message": "Rate limit reached for requests", "code": 429}, TransientProviderError),
+        ({"message": "Upstream answered badly", "code": "503"}, TransientProviderError),
         ({"message": "Upstream failed", "type": "server_error", "status": 502}, TransientProviderError),
         ({"message": "This model does not exist", "type": "invalid_request_error"}, ProviderRejectedError),
     ],
