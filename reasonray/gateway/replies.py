@@ -38,7 +38,8 @@ _TRANSIENT_WORDS = ("overload", "rate_limit", "rate limit", "server_error", "una
 
 
 def thinks_in_text(model: str) -> bool:
-    """True for a model known by name to write its thinking into the reply text (R1 distills, QwQ, Qwen3)."""
+    """True for a model known by name to think in its reply text from the first token (R1, its distills, QwQ,
+    Qwen3's thinking models), so that a reply cut before `</think>` holds no tag at all."""
     return _THINKS_IN_TEXT.search(model) is not None
 
 
@@ -86,9 +87,9 @@ class ReplyReader:
     """Reads one endpoint's replies; learns from them whether its model thinks in its text.
 
     `thinks_in_text` starts from the model's name (or what the configuration says) and turns on at the first reply
-    whose text closed thinking it never opened (the R1 form: its template opens it in the prompt): from then on a reply cut by `max_tokens` with no closing tag is unfinished thinking
-    (its template opened the thinking in the prompt), never an answer. Thinking in a separate field teaches nothing
-    of the kind: a server with a reasoning parser always splits it out."""
+    whose text closed thinking it never opened (the R1 form: the template opens it in the prompt). From then on a
+    reply cut by `max_tokens` with no closing tag is unfinished thinking, never an answer. Thinking in a separate
+    field, or opened by the reply itself, teaches nothing of the kind."""
 
     __slots__ = ("thinks_in_text",)
 
