@@ -148,6 +148,14 @@ async def test_continuing_a_cut_thinking_resumes_it_vllm_and_deepseek_style(serv
         assert both.status_code == 400
 
 
+async def test_thinking_switched_off_in_the_chat_template_answers_at_once(server):
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "[[sim reasoning=field]] What is 2 + 3?"}]}
+        off = (await http.post("/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": False}})).json()
+    assert "reasoning_content" not in off["choices"][0]["message"] and off["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    assert extract_answer(off["choices"][0]["message"]["content"]) == "5"
+
+
 def test_a_reply_to_a_prompt_that_carries_thinking_resumes_it():
     """A tail or summary carryover shows the thinking so far in the prompt, not as a prefix: it resumes from there."""
     engine = SimulatedModel(COUNTER, reasoning=ReasoningPlan("field", 1000))

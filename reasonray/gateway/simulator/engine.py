@@ -313,7 +313,7 @@ class SimulatedModel:
         from its furthest marker (a reply to the conversation also from thinking its prompt carries, as a tail or a
         summary does). Scripted replies stay exact."""
         plan = self.reasoning_plan(request)
-        if plan.form == "off" or "script" in directives:
+        if plan.form == "off" or "script" in directives or not _thinking_enabled(request):
             return None
         prefix = request.continue_thinking
         if prefix is not None and CLOSE.search(prefix):
@@ -884,6 +884,13 @@ def _all_text(messages: tuple[Message, ...]) -> str:
 def _progress(prompt: str, total: int) -> int:
     """The furthest progress marker of a `think=total` reasoning that the prompt shows."""
     return max((int(d) for d, n in PROGRESS.findall(prompt) if int(n) == total), default=0)
+
+
+def _thinking_enabled(request: LLMRequest) -> bool:
+    """False where the request switches thinking off as Qwen3's chat template takes it
+    (`chat_template_kwargs: {"enable_thinking": false}`)."""
+    kwargs = (request.extra_body or {}).get("chat_template_kwargs")
+    return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
 
 
 def _request_digest(request: LLMRequest) -> str:

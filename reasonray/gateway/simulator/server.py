@@ -176,6 +176,7 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
         purpose=purpose or None,
         reasoning_effort=effort,
         continue_thinking=prefix,
+        extra_body={"chat_template_kwargs": body["chat_template_kwargs"]} if isinstance(body.get("chat_template_kwargs"), dict) else None,
     )
 
 
