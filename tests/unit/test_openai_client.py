@@ -14,6 +14,7 @@ from reasonray.gateway.simulator.server import (
     SimulatorSettings,
     free_port,
 )
+from tests.unit.fixed_endpoint import fixed_endpoint
 
 
 @pytest.fixture(scope="module")
@@ -110,34 +111,15 @@ def test_loopback_detection(url, loopback):
 @pytest.fixture
 def fixed_answer():
     """An endpoint that answers every POST with 200 and the body the test sets (a proxy's page, a sparse server)."""
-    import http.server
-    import threading
-
-    answer = {"body": b""}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer["body"])))
-            self.end_headers()
-            self.wfile.write(answer["body"])
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield answer, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
+    with fixed_endpoint() as (answer, url):
+        yield answer, url
 
 
 async def test_a_200_that_is_not_a_chat_completion_is_rejected_naming_the_endpoint(fixed_answer):
     answer, url = fixed_answer
     llm = oc.OpenAILLM("m", base_url=url, api_key="x", http_backend=BACKEND["name"], discover=False)
     for body in (b"<html>login</html>", b'{"choices": "none"}'):
-        answer["body"] = body
+        answer["raw"] = body
         with pytest.raises(ProviderRejectedError, match="is not a chat completion") as err:
             await llm.complete(LLMRequest(messages=(user("q"),)))
         assert url in str(err.value) and err.value.status_code == 200
@@ -148,7 +130,7 @@ async def test_a_sparse_chat_completion_keeps_what_it_has(fixed_answer):
     stop string matched): the completion keeps the text and defaults the rest."""
     answer, url = fixed_answer
     llm = oc.OpenAILLM("m", base_url=url, api_key="x", http_backend=BACKEND["name"], discover=False)
-    answer["body"] = (
+    answer["raw"] = (
         b'{"id": "x", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, "stop_reason": 2}]}'
     )
     completion = await llm.complete(LLMRequest(messages=(user("q"),)))

@@ -35,10 +35,6 @@ def test_scripted_thinking_replies_carry_reasoning_counts_and_unfinished_thinkin
 
 # -- every server form read into one Choice and Usage, plain and streamed ---------------------------------------------
 
-import http.server  # noqa: E402
-import json  # noqa: E402
-import threading  # noqa: E402
-
 import pytest  # noqa: E402
 
 import reasonray.gateway.openai_client as oc  # noqa: E402
@@ -46,40 +42,17 @@ from reasonray.gateway.errors import ProviderRejectedError, TransientProviderErr
 from reasonray.gateway.model_tokens import ModelTokenCounter  # noqa: E402
 from reasonray.gateway.replies import split_thinking  # noqa: E402
 from reasonray.kernel.tags import extract_answer  # noqa: E402
+from tests.unit.fixed_endpoint import fixed_endpoint  # noqa: E402
 
 THOUGHT = "Two and two make four; let me check it once more by counting on my fingers."
 
 
 @pytest.fixture
 def endpoint():
-    """An endpoint answering every POST with 200 and what the test sets: a JSON body, or server-sent events."""
-    answer: dict = {"json": None, "events": None}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            answer["request"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if answer["request"].get("stream"):
-                body = "".join(f"data: {json.dumps(e)}\n\n" for e in answer["events"]) + "data: [DONE]\n\n"
-                kind = "text/event-stream"
-            else:
-                # a streamed model's first calls learn its chat template's framing, plainly
-                body, kind = json.dumps(answer["json"] or plain({"content": "ok"}, usage=usage(1))), "application/json"
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield answer, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
+    """An endpoint answering what the test sets; a streamed model's first calls (learning its chat template's framing)
+    get a plain one-token reply."""
+    with fixed_endpoint(default=plain({"content": "ok"}, usage=usage(1))) as served:
+        yield served
 
 
 def plain(message: dict, finish="stop", usage=None, logprobs=None) -> dict:
