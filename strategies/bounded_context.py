@@ -115,7 +115,7 @@ class BoundedContextConfig(StrategyConfig):
     )
     on_max_iterations: Literal["auto", "error", "final_answer"] = Field(
         "auto",
-        description="error: fail with -32009 and the partial trace; final_answer: one more call that must answer (forced, "
+        description="error: fail with -32001 and the partial trace; final_answer: one more call that must answer (forced, "
         "thinking closed, in delethink mode); auto: final_answer in delethink mode, else error.",
     )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the reasoning calls.")

@@ -3,7 +3,7 @@
 The query becomes a one-turn conversation for `reasoner.TurnReasoner`, with the server tools the
 config names (OpenAI function calling) and no client tools, so `reasoning.execute` can use tools.
 The loop's rules hold: an unknown tool is a hard error (-32010), the first failing tool ends the run
-(-32006), and `max_tool_calls` bounds the steps that call tools (-32009 beyond it). The run's
+(-32006), and `max_tool_calls` bounds the steps that call tools (-32001 beyond it). The run's
 CompositionTrace steps are its events.
 
 A model left to itself may never act: where the endpoint enforces `tool_choice`, the first step is

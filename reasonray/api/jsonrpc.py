@@ -13,15 +13,18 @@
 | -32006 | tool failed                               | ToolFailedError: the turn ended at a failed tool      |
 | -32007 | session state conflict                    | SessionStateError: e.g. a turn while calls are pending|
 | -32008 | memory unavailable                        | MemoryUnavailableError: Chroma or the embedding model |
-| -32009 | max iterations reached                    | MaxIterationsError (partial trace in `data`)          |
+| -32001 | max iterations reached                    | MaxIterationsError (partial trace in `data`)          |
 | -32010 | model misbehaved                          | ModelBehaviorError                                    |
-| -32001 | unauthenticated                           | UnauthenticatedError: no or an invalid bearer token   |
+| -32016 | unauthenticated                           | UnauthenticatedError: no or an invalid bearer token   |
 | -32003 | forbidden                                 | ForbiddenError: a role or ownership refusal           |
 | -32012 | rate limited                              | RateLimitedError (`data.retry_after_s`)               |
 | -32011 | overloaded, retry later                   | OverloadedError (`data.retry_after_s`)                |
 | -32013 | model provider failed                     | LLMError, summarised (`data.error_type`); no URL/body |
 | -32014 | cancelled                                 | RunCancelledError                                     |
 | -32015 | deadline exceeded                         | DeadlineExceededError                                 |
+
+-32001 is "max iterations reached" as the specification fixes it; until 2026-11-28 it was "unauthenticated"
+and max iterations was -32009. -32009 is retired: nothing answers it, so no client reads a new meaning into it.
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ NOT_FOUND = -32005
 TOOL_FAILED = -32006
 SESSION_STATE = -32007
 MEMORY_UNAVAILABLE = -32008
-MAX_ITERATIONS = -32009
+MAX_ITERATIONS = -32001  # the specification's code for bounded context's "max iterations reached"
 MODEL_BEHAVIOR = -32010
-UNAUTHENTICATED = -32001
+UNAUTHENTICATED = -32016
+RETIRED_CODES = frozenset({-32009})  # max iterations until 2026-11-28: never answered again
 FORBIDDEN = -32003
 RATE_LIMITED = -32012
 OVERLOADED = -32011

@@ -10,8 +10,8 @@ simulator errors are branches of the same tree.
     ├── InvalidParamsError          the caller sent bad parameters                      -32602
     │   └── ReentryError            client tool results do not match the pending calls  -32602
     ├── StrategyUnavailableError    the strategy asked for is unknown, disabled or none  -32002
-    ├── MaxIterationsError          a strategy used its iterations without an answer    -32009
-    │   └── MaxLLMCallsError        a turn used its LLM calls without finishing         -32009
+    ├── MaxIterationsError          a strategy used its iterations without an answer    -32001
+    │   └── MaxLLMCallsError        a turn used its LLM calls without finishing         -32001
     ├── ModelBehaviorError          the model's output broke the strategy's protocol    -32010
     │   └── UnregisteredToolError   the model called a tool that is not available       -32010
     ├── BudgetExceededError         the request's token budget ran out                  -32004
@@ -23,12 +23,16 @@ simulator errors are branches of the same tree.
     ├── OverloadedError             too much in flight here now; retry after a while    -32011
     ├── RunCancelledError           the run was cancelled (caller gone, shutdown)        -32014
     ├── DeadlineExceededError       the request's deadline passed before an answer       -32015
-    ├── UnauthenticatedError        no valid credentials came with the request          -32001
+    ├── UnauthenticatedError        no valid credentials came with the request          -32016
     ├── ForbiddenError              the caller may not do this (or it is not theirs)    -32003
     └── RateLimitedError            the caller's rate limit or token budget is used up  -32012
 
 The model provider's own failures (`reasonray.gateway.errors`) map to -32013 with a summary that
 never carries the provider's URL or body (those go to the log).
+
+-32001 is "max iterations reached without an answer", the code the specification fixes for bounded
+context; -32009 (its code before 2026-11-28) is retired and answers nothing, so an old client cannot
+mistake a new failure for it.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class StrategyUnavailableError(ReasonRayError):
 class MaxIterationsError(ReasonRayError):
     """A strategy used all its iterations without an answer; `data` keeps the partial trace."""
 
-    code, http_status, error_type = -32009, 422, "max_iterations"
+    code, http_status, error_type = -32001, 422, "max_iterations"
     openai_type = "invalid_request_error"
 
 
@@ -113,7 +117,7 @@ class ReentryError(InvalidParamsError):
 class MaxLLMCallsError(MaxIterationsError):
     """A turn made its maximum number of LLM calls without a final answer."""
 
-    code, http_status, error_type = -32009, 422, "max_llm_calls"
+    code, http_status, error_type = -32001, 422, "max_llm_calls"
 
 
 class UnregisteredToolError(ModelBehaviorError):
@@ -165,7 +169,7 @@ class DeadlineExceededError(ReasonRayError):
 class UnauthenticatedError(ReasonRayError):
     """The request carries no valid credentials; the message says what is missing or wrong (never which part of a signature)."""
 
-    code, http_status, error_type = -32001, 401, "unauthenticated"
+    code, http_status, error_type = -32016, 401, "unauthenticated"
     openai_type = "authentication_error"
     a2a_state = "rejected"
 

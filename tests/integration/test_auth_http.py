@@ -72,7 +72,7 @@ def test_anonymous_and_forged_callers_are_refused_everywhere_but_the_liveness_pr
         assert response.status_code == 401, (path, response.text)
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
         error = response.json()["error"]
-        assert error["code"] == -32001 and "missing credentials" in error["message"]
+        assert error["code"] == -32016 and "missing credentials" in error["message"]
     forged = mint_token("another-secret-" + "y" * 32, "alice", ["admin"], 60)
     refused = client.get("/v1/strategies", headers={"Authorization": f"Bearer {forged}"})
     assert refused.status_code == 401 and refused.json()["error"]["message"] == "invalid token: signature verification failed"

@@ -25,7 +25,7 @@ def test_thirty_thousand_tokens_answer_with_savings_over_half(api, mode):
 
 def test_default_iterations_end_with_max_iterations_and_the_partial_trace(api):
     error = rpc(api, "reasoning.execute", {"query": QUERY, "strategy": "bounded_context"}).json()["error"]
-    assert error["code"] == -32009
+    assert error["code"] == -32001
     assert "within 5 iterations (capacity 24576 tokens)" in error["message"]
     assert len(error["data"]["iterations"]) == 5 and error["data"]["suggested_max_iterations"] == 10
 

@@ -259,7 +259,7 @@ def documented_rest_status() -> dict[int, int]:
     line = next(x for x in page.splitlines() if x.startswith("| `POST /v1/reasoning/execute`"))
     names = {
         "invalid params": -32602,
-        "max iterations": -32009,
+        "max iterations": -32001,
         "budget": -32004,
         "deadline exceeded": -32015,
         "strategy unavailable": -32002,
@@ -271,7 +271,7 @@ def documented_rest_status() -> dict[int, int]:
         "model provider failed": -32013,
         "memory unavailable": -32008,
         "overloaded": -32011,
-        "unauthenticated": -32001,
+        "unauthenticated": -32016,
         "forbidden": -32003,
         "rate limited": -32012,
     }
@@ -289,8 +289,8 @@ def test_the_documented_table_names_a_4xx_or_5xx_for_every_code_and_the_error_cl
     from reasonray.kernel.errors import ReasonRayError
 
     table = documented_rest_status()
-    assert set(table) >= {-32602, -32009, -32004, -32015, -32002, -32005, -32007, -32014, -32010, -32006, -32013, -32008, -32011}
-    table |= {-32001: 401, -32003: 403, -32012: 429}  # security.md's statuses of the gate and the limits
+    assert set(table) >= {-32602, -32001, -32004, -32015, -32002, -32005, -32007, -32014, -32010, -32006, -32013, -32008, -32011}
+    table |= {-32016: 401, -32003: 403, -32012: 429}  # security.md's statuses of the gate and the limits
     del reasonray  # imported for their classes only
 
     def every(cls: type) -> list[type]:
@@ -309,7 +309,7 @@ def add_script(service: Service, name: str, replies: list[dict[str, Any]]) -> No
 
 
 REST_CASES: list[tuple[str, int, dict[str, Any], dict[str, str] | None]] = [
-    ("no token", -32001, {"query": "What is 2 + 2?"}, {}),
+    ("no token", -32016, {"query": "What is 2 + 2?"}, {}),
     ("a role without runs", -32003, {"query": "What is 2 + 2?"}, {"as": "rita:reader"}),
     ("a cap", -32602, {"query": "What is 2 + 2?", "strategy": "self_consistency", "strategy_config": {"samples": 5}}, None),
     ("an unknown strategy", -32002, {"query": "What is 2 + 2?", "strategy": "telepathy"}, None),
@@ -318,7 +318,7 @@ REST_CASES: list[tuple[str, int, dict[str, Any], dict[str, str] | None]] = [
     ("a deadline", -32015, {"query": "[[sim think=30000 answer=7]]", "budget": {"deadline_s": 0.01}}, None),
     (
         "iterations",
-        -32009,
+        -32001,
         {
             "query": "[[sim think=30000 answer=7]]",
             "strategy": "bounded_context",
@@ -340,7 +340,7 @@ REST_CASES: list[tuple[str, int, dict[str, Any], dict[str, str] | None]] = [
 @pytest.mark.parametrize(("name", "code", "body", "headers"), REST_CASES, ids=[c[0] for c in REST_CASES])
 def test_the_rest_mirror_answers_each_code_with_its_documented_status(service, name, code, body, headers):
     add_script(service, "empty", [{"content": ""}])
-    status = {**documented_rest_status(), -32001: 401, -32003: 403, -32012: 429}[code]
+    status = {**documented_rest_status(), -32016: 401, -32003: 403, -32012: 429}[code]
     if code == -32015:
         service.sim.settings.ttft_ms = 1000  # the model answers well after the 10 ms deadline, however fast the machine
     if headers and "as" in headers:  # minted when the case runs: a token made at collection can expire before it

@@ -55,7 +55,7 @@ def test_a_caller_trace_id_is_kept(api):
         (b'{"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "q", "strategy": "tree_of_light"}, "id": 1}', -32002),
         (
             b'{"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": {"query": "[[sim think=30000 answer=7]]"}, "id": 1}',
-            -32009,
+            -32001,
         ),
     ],
 )

@@ -68,10 +68,10 @@ def test_openai_refuses_a_missing_or_forged_token_with_401_in_openais_shape(secu
         error = refused.value
         assert error.status_code == 401 and error.response.headers["WWW-Authenticate"].startswith("Bearer")
         assert error.type == "authentication_error" and error.code == "unauthenticated" and why in error.message
-        assert error.body["reasonray"]["code"] == -32001
+        assert error.body["reasonray"]["code"] == -32016
         with pytest.raises(openai.AuthenticationError) as listing:
             sdk(base, api_key).models.list()
-        assert listing.value.body["reasonray"]["code"] == -32001 and why in listing.value.message
+        assert listing.value.body["reasonray"]["code"] == -32016 and why in listing.value.message
     # the SDK always sends its api_key; without any Authorization header the answer has the same shape
     bare = httpx.post(f"{base}/v1/chat/completions", json={"model": "reasonray", "messages": ASK, "stream": stream}, timeout=60)
     assert bare.status_code == 401 and bare.json()["error"]["type"] == "authentication_error"
@@ -157,7 +157,7 @@ def test_mcp_over_http_refuses_a_missing_token_before_any_message(secured):
         with pytest.raises(BaseException) as refused:
             asyncio.run(connect(bearer))
         [error] = _mcp_errors(refused.value)
-        assert error.error.code == -32001, error.error
+        assert error.error.code == -32016, error.error
 
 
 def test_mcp_over_http_runs_each_call_as_the_tokens_principal(secured):

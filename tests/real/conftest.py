@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 # Every error a run may end with has a class, a JSON-RPC code and an error_type (docs/api.md, "Errors");
 # -32603 (internal) is a bug, never an acceptable end.
-CLASSIFIED = {-32602, -32002, -32009, -32010, -32004, -32006, -32008, -32011, -32012, -32013, -32014, -32015}
+CLASSIFIED = {-32602, -32002, -32001, -32010, -32004, -32006, -32008, -32011, -32012, -32013, -32014, -32015}
 # The model server has one slot: what one test leaves running (an abandoned generation) finishes before the
 # next test measures anything.
 IDLE_TIMEOUT_S = 600.0

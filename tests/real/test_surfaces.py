@@ -168,7 +168,7 @@ def test_mcp_reason_tool_answers_from_the_real_model(service, recorder):
     assert error is None and "reason" in tools
     if result.is_error:
         body = json.loads(result.content[0].text)
-        assert body["code"] in {-32009, -32010, -32013, -32015}, body
+        assert body["code"] in {-32001, -32010, -32013, -32015}, body
         return
     content = result.structured_content
     assert content["answer"].strip() and content["metrics"]["model"] == "smollm2"

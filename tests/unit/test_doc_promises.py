@@ -138,10 +138,10 @@ PRODUCERS = {
     -32008: ("reasoning.execute", {"query": "q"}, [MemoryUnavailableError("chroma is down")]),
     -32011: ("reasoning.execute", {"query": "q"}, [OverloadedError("no room now", {"retry_after_s": 1.0})]),
     # the auth gate and the tenancy guard raise these in front of a method; their mapping is what is checked here
-    -32001: ("reasoning.execute", {"query": "q"}, [UnauthenticatedError("missing bearer token")]),
+    -32016: ("reasoning.execute", {"query": "q"}, [UnauthenticatedError("missing bearer token")]),
     -32003: ("reasoning.execute", {"query": "q"}, [ForbiddenError("not allowed")]),
     -32012: ("reasoning.execute", {"query": "q"}, [RateLimitedError("slow down", {"retry_after_s": 2.0})]),
-    -32009: (
+    -32001: (
         "reasoning.execute",
         {"query": "q", "strategy": "bounded_context", "strategy_config": {"max_iterations": 1}},
         ["<thinking>more</thinking>"],
@@ -181,7 +181,7 @@ async def test_every_documented_code_is_produced_through_the_dispatcher(code):
         assert {"partial", "strategy"} <= set(response["error"]["data"]), response
 
 
-RUN_FAILURES = {-32004, -32006, -32009, -32010, -32013, -32014, -32015}
+RUN_FAILURES = {-32001, -32004, -32006, -32010, -32013, -32014, -32015}
 
 
 def test_the_run_failures_are_listed_as_tested():

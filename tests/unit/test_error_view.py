@@ -38,8 +38,8 @@ def test_classes_that_share_a_code_share_their_whole_view():
 
 def test_only_refusals_before_a_run_reject_an_a2a_task_and_they_keep_their_status():
     rejected = {code for code, view in error_table().items() if view.a2a_state == "rejected"}
-    assert rejected == {-32001, -32003, -32012}
-    assert {code: view_of(code).http_status for code in rejected} == {-32001: 401, -32003: 403, -32012: 429}
+    assert rejected == {-32016, -32003, -32012}
+    assert {code: view_of(code).http_status for code in rejected} == {-32016: 401, -32003: 403, -32012: 429}
     assert a2a_refused({"code": ForbiddenError.code}) and not a2a_refused({"code": BudgetExceededError.code})
 
 

@@ -8,6 +8,7 @@ import structlog
 
 from reasonray.api import jsonrpc
 from reasonray.api.app import local_dispatcher
+from reasonray.api.errors import error_table, view_of
 from reasonray.api.methods import accept_trace_id
 from reasonray.gateway.errors import (
     CircuitOpenError,
@@ -19,7 +20,9 @@ from reasonray.kernel.config import ReasoningSettings
 from reasonray.kernel.errors import (
     BudgetExceededError,
     MaxIterationsError,
+    MaxLLMCallsError,
     ModelBehaviorError,
+    UnauthenticatedError,
 )
 from tests.docs_examples import REPO
 
@@ -143,7 +146,7 @@ async def test_unknown_strategy_and_zero_enabled():
         ),
         (CircuitOpenError("open", retry_after_s=12.5), -32013, "circuit_open"),
         (ProviderRejectedError("HTTP 401 bad key from http://10.0.0.7/v1", status_code=401), -32013, "provider_rejected"),
-        (MaxIterationsError("no answer in 5 iterations", {"iterations": [1, 2]}), -32009, "max_iterations"),
+        (MaxIterationsError("no answer in 5 iterations", {"iterations": [1, 2]}), -32001, "max_iterations"),
         (ModelBehaviorError("unusable"), -32010, "model_behavior"),
         (BudgetExceededError("spent"), -32004, "budget_exceeded"),
     ],
@@ -159,6 +162,23 @@ async def test_errors_map_to_one_code_each(exc, code, error_type):
     if error_type == "provider_unavailable":
         assert error["data"]["attempts"] == 3 and error["message"] == "the model provider failed after 3 attempt(s) (HTTP 503); retry later"
     assert "10.0.0.7" not in json.dumps(error)  # the provider's URL stays in the log
+
+
+@pytest.mark.parametrize(
+    "exc,code,status",
+    [
+        (MaxIterationsError("no answer in 3 iterations"), -32001, 422),
+        (MaxLLMCallsError("no answer in 8 calls"), -32001, 422),
+        (UnauthenticatedError("missing credentials"), -32016, 401),
+    ],
+)
+async def test_max_iterations_is_the_specifications_32001_and_unauthenticated_has_its_own_code(exc, code, status):
+    error = (await call(dispatcher(ScriptedLLM([exc])), execute({"query": "q"})))["error"]
+    assert error["code"] == code and error["data"]["error_type"] == exc.error_type
+    assert view_of(code).http_status == status
+    # the retired code is answered by nothing, so a client written for the old table cannot misread it
+    assert -32009 in jsonrpc.RETIRED_CODES and not jsonrpc.RETIRED_CODES & set(error_table())
+    assert (jsonrpc.MAX_ITERATIONS, jsonrpc.UNAUTHENTICATED) == (-32001, -32016)
 
 
 async def test_a_bug_is_an_internal_error_without_details():
@@ -257,5 +277,5 @@ async def test_max_iterations_over_rpc_carries_the_partial_trace():
     error = (await call(bounded_dispatcher(), {"jsonrpc": "2.0", "method": "reasoning.bounded_context", "params": params, "id": 1}))[
         "error"
     ]
-    assert error["code"] == -32009 and error["data"]["error_type"] == "max_iterations"
+    assert error["code"] == -32001 and error["data"]["error_type"] == "max_iterations"
     assert len(error["data"]["iterations"]) == 2 and error["data"]["suggested_max_iterations"] == 4

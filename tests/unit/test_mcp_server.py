@@ -162,7 +162,7 @@ async def test_a_token_that_expires_while_the_stdio_server_runs_stops_working(tm
         assert not (await mcp.call_tool("session_create", {})).is_error
         caller.token = mint_token(SECRET, "alice", ["reasoner"], -3600)  # the same key, now past its exp (and the leeway)
         expired = error_of(await mcp.call_tool("session_create", {}))
-        assert expired["code"] == -32001 and "token expired" in expired["message"]
+        assert expired["code"] == -32016 and "token expired" in expired["message"]
 
 
 def test_input_schemas_are_fillable_forms_that_accept_what_the_method_accepts():

@@ -220,7 +220,7 @@ async def test_guarded_refusals_are_openai_errors_before_any_chunk(guarded_compa
     principal(None)  # nobody (the HTTP gate refuses earlier; the guard refuses too)
     anonymous = await respond(guarded_compat, body(**ask), "trace-a1")
     assert isinstance(anonymous, Reply) and anonymous.status == 401
-    assert anonymous.body["error"]["type"] == "authentication_error" and anonymous.body["error"]["reasonray"]["code"] == -32001
+    assert anonymous.body["error"]["type"] == "authentication_error" and anonymous.body["error"]["reasonray"]["code"] == -32016
     principal("carol", "cot_only")
     forbidden = await respond(guarded_compat, body(model="reasonray/bounded_context", **ask), "trace-a2")
     assert isinstance(forbidden, Reply) and forbidden.status == 403, forbidden

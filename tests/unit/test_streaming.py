@@ -77,7 +77,7 @@ async def test_a_guarded_stream_runs_as_the_caller_and_is_refused_without_one(tm
     )
     install_guard(rpc, guard)
     anonymous = json.loads((await sent(rpc, call({"query": "What is 2 + 2?"})))[-1]["data"])
-    assert anonymous["error"]["code"] == -32001
+    assert anonymous["error"]["code"] == -32016
     token = CURRENT_PRINCIPAL.set(Principal("alice", ("cot",)))
     try:
         forbidden = json.loads((await sent(rpc, call({"query": "go", "strategy": "bounded_context"})))[-1]["data"])

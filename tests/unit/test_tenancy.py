@@ -83,7 +83,7 @@ CARD = {"id": "planner", "name": "Planner", "capabilities": ["reasoning.strategy
 
 async def test_anonymous_and_unpermitted_callers_are_refused(tmp_path):
     rpc, _ = api(tmp_path)
-    assert (await call(rpc, None, "reasoning.strategies", {}))["error"]["code"] == -32001
+    assert (await call(rpc, None, "reasoning.strategies", {}))["error"]["code"] == -32016
     refused = await call(rpc, READER, "reasoning.execute", {"query": "2+2?"})
     assert refused["error"]["code"] == -32003 and "may not call reasoning.execute" in refused["error"]["message"]
     assert "result" in await call(rpc, READER, "reasoning.strategies", {})
