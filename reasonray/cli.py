@@ -245,9 +245,12 @@ def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
 @click.option("--agent", default=None, help="Run as this registered agent (agent_id).")
 @click.option("--strategy-config", default=None, help="Strategy config as JSON, e.g. '{\"max_tokens\": 512}'.")
 @click.option("--trace", is_flag=True, help="Also print the run's events.")
+@click.option("--reasoning-effort", type=click.Choice(["low", "medium", "high"]), default=None, help="How hard a reasoning model thinks.")
+@click.option("--thinking-budget", type=click.IntRange(min=0), default=None, help="Most tokens each model call may spend thinking.")
+@click.option("--show-reasoning", is_flag=True, help="Also print the model's thinking behind the answer.")
 @click.option("--url", default=DEFAULT_URL, show_default=True, envvar="REASONRAY_URL", help="Where the API runs.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the answer.")
-def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None:
+def ask(question, strategy, agent, strategy_config, trace, reasoning_effort, thinking_budget, show_reasoning, url, timeout) -> None:
     """Ask the running service a question through reasoning.execute."""
     from reasonray.client import Client, ReasonRayError
 
@@ -259,7 +262,15 @@ def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None
             _fail(f"--strategy-config is not valid JSON: {exc}")
     try:
         with Client(url, timeout=timeout) as rr:
-            result = rr.execute(question, strategy=strategy, strategy_config=config, agent_id=agent, include_trace=trace)
+            result = rr.execute(
+                question,
+                strategy=strategy,
+                strategy_config=config,
+                agent_id=agent,
+                include_trace=trace,
+                reasoning_effort=reasoning_effort,
+                thinking_budget=thinking_budget,
+            )
     except httpx.HTTPError as exc:
         _fail(
             f"cannot reach ReasonRay at {url} ({type(exc).__name__}: {exc}). Is `reasonray serve` running?",
@@ -273,6 +284,8 @@ def ask(question, strategy, agent, strategy_config, trace, url, timeout) -> None
         if data:
             click.echo(json.dumps(data, indent=2), err=True)
         sys.exit(1)
+    if show_reasoning and result.get("reasoning"):
+        click.echo(f"<thinking>\n{result['reasoning']}\n</thinking>")
     click.echo(result["answer"])
     metrics = {k: v for k, v in result["metrics"].items() if k != "strategy_specific"}
     click.echo(f"\nstrategy: {result['strategy_used']} (chosen by {result['resolution']['strategy_decided_by']})")

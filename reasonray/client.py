@@ -101,8 +101,14 @@ class _Methods:
         include_trace: bool = False,
         memory: dict[str, Any] | None = None,
         budget: dict[str, Any] | None = None,
+        reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> Any:
-        """reasoning.execute: the answer, metrics, trace id and resolution."""
+        """reasoning.execute: the answer, metrics (`reasoning_tokens` among them), the model's thinking behind the
+        answer (`reasoning`), trace id and resolution. `reasoning_effort` ("low", "medium", "high") and
+        `thinking_budget` (tokens) apply to every model call of the run; `extra_body` (trusted callers only) is
+        passed into each call's request body (docs/reasoning-models.md)."""
         return self._call(
             "reasoning.execute",
             _params(
@@ -113,6 +119,9 @@ class _Methods:
                 include_trace=include_trace,
                 memory=memory,
                 budget=budget,
+                reasoning_effort=reasoning_effort,
+                thinking_budget=thinking_budget,
+                extra_body=extra_body,
             ),
         )
 

@@ -354,3 +354,24 @@ def test_mcp_over_stdio_closes_its_model_client_at_exit(simulator, tmp_path):
     _, stderr = proc.communicate(timeout=60)  # closes stdin: the client goes away, the server ends
     assert proc.returncode == 0, stderr
     assert "Unclosed client session" not in stderr and "Unclosed connector" not in stderr, stderr
+
+
+def test_ask_and_the_client_pass_reasoning_effort_and_show_the_models_thinking(api, serve_base):
+    """`reasonray ask --reasoning-effort --show-reasoning` against a model that thinks (the simulator's field form):
+    the effort reaches the model, the thinking is shown apart from the answer, and counted."""
+    question = "[[sim reasoning=field thinking=40]] What is 6 * 7?"
+    with Client(serve_base) as rr:
+        result = rr.execute(question, strategy="chain_of_thought", reasoning_effort="low", thinking_budget=4096)
+    assert result["answer"] == "42" and result["reasoning"] and result["reasoning"] != result["answer"]
+    assert result["metrics"]["reasoning_tokens"] > 0
+    cli = Path(sys.executable).parent / "reasonray"
+    shown = subprocess.run(
+        [cli, "ask", question, "--url", serve_base, "--reasoning-effort", "low", "--show-reasoning", "--strategy", "chain_of_thought"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    thinking, _, rest = shown.stdout.partition("</thinking>\n")
+    assert thinking.startswith("<thinking>\n") and len(thinking) > len("<thinking>\n") + 10
+    assert rest.splitlines()[0] == "42"
