@@ -215,6 +215,8 @@ class BoundedContext(Strategy):
                     await self._carry(query, chunk, state, iteration, cfg, context)
                     return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
                 if not await self._carry(query, chunk, state, iteration, cfg, context):
+                    if (require_room := getattr(context.llm, "require_room", None)) is not None:
+                        require_room(MIN_CARRYOVER_SIZE)  # a chunk the run's budget cut short stopped for the budget
                     return await self._no_progress(query, state, iteration, cfg, context)
             if self._forces_answer(cfg, state):
                 return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")

@@ -157,6 +157,25 @@ class ObservedLLM:
             max_tokens = min(max_tokens or left, left)
         return msgspec.structs.replace(request, messages=messages, max_tokens=max_tokens)
 
+    def require_room(self, tokens: int) -> None:
+        """Raise the budget's own error when the run's budget leaves fewer than `tokens` tokens to generate: a
+        strategy whose last call the budget cut short learns that the budget, not the model, stopped it."""
+        b = self.budget
+        if b.max_completion_tokens is not None:
+            generated = self.spent_completion + self.tally.completion_tokens
+            if b.max_completion_tokens - generated < tokens:
+                raise BudgetExceededError(
+                    f"the request's completion budget ({b.max_completion_tokens} tokens, reasoning included) is spent: "
+                    f"{generated} generated so far; raise max_completion_tokens",
+                    {"max_completion_tokens": b.max_completion_tokens, "completion_tokens": generated},
+                )
+        if b.max_total_tokens is not None and b.max_total_tokens - self.spent_tokens < tokens:
+            raise BudgetExceededError(
+                f"the request's token budget ({b.max_total_tokens} tokens) is spent: {self.spent_tokens} used so far; "
+                "raise budget.max_total_tokens",
+                {"max_total_tokens": b.max_total_tokens, "spent_tokens": self.spent_tokens},
+            )
+
     def _truncate(self, counter: TokenCounter, messages: tuple[Message, ...], prompt: int, limit: int) -> tuple[tuple[Message, ...], int]:
         index = max(range(len(messages)), key=lambda i: counter.count(messages[i].content or ""))
         text = messages[index].content or ""

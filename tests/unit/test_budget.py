@@ -75,6 +75,17 @@ async def test_a_request_budget_that_runs_out_is_a_32004_error():
     assert payload["result"]["answer"] == "4" and payload["result"]["metrics"]["total_tokens"] <= 5000
 
 
+async def test_a_chunk_the_completion_budget_cut_short_ends_the_run_for_the_budget_not_the_model():
+    """Bounded context's chunk capped by what the budget had left adds next to nothing: that is the budget's doing
+    (-32004, which /v1 answers as finish_reason "length"), not a model that made no progress (-32010)."""
+    rpc = local_dispatcher(load_settings().reasoning, SimulatedLLM())
+    params = {"query": "[[sim think=9000 answer=5]] go", "strategy": "bounded_context", "budget": {"max_completion_tokens": 300}}
+    payload, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "reasoning.execute", "id": 1, "params": params}, None)
+    error = payload["error"]
+    assert error["code"] == -32004 and "max_completion_tokens" in error["message"], error
+    assert error["data"]["partial"]["total_iterations"] >= 1
+
+
 async def test_the_completion_budget_holds_over_every_call_and_branches_share_what_is_left():
     observed_llm, llm, _ = observed(Budget(max_completion_tokens=100))
     await observed_llm.complete(LLMRequest(messages=(user("hello"),), max_tokens=4096))
