@@ -1,26 +1,32 @@
-"""Strategies compared on the same examples: exact McNemar tests and paired bootstraps of the accuracy
-difference, and the cost-accuracy Pareto front.
+"""Strategies compared on the same examples: exact sign tests (McNemar's test when each example ran once),
+example-clustered paired bootstraps of the accuracy difference, Holm's adjustment over every comparison of a
+report, a one-sided non-inferiority test, and the cost-accuracy Pareto front.
 
-Two strategies that ran the same examples are compared pair by pair (same example, same seed), which
-is far more sensitive than comparing two accuracies with their separate intervals: what differs
-between the two is only the examples on which exactly one of them was right. An example that failed
-(status "error") counts as not correct, as it does in the accuracy.
+The unit of analysis is the example. Seeds of one example are repeated measures of that example, not new
+examples: a strategy's outcome on an example is its mean correctness over the seeds it ran (0 or 1 with one
+seed), and every test and interval counts examples. The exact test is a sign test on the per-example
+differences of those means: an example where A's mean is higher favours A, one where B's is higher favours B,
+ties carry no evidence; under "equally good" each untied example favours either with probability 1/2. With
+one seed this is exactly McNemar's test on the discordant examples; with several it does not multiply the
+evidence by the number of seeds (2 discordant examples against 10 stay 2 against 10 whatever the seeds). The
+bootstrap resamples examples, each carrying the mean difference over its seeds, so its interval is clustered
+by example. An example that failed (status "error") counts as not correct, as it does in the accuracy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_RESAMPLES = 5_000
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
-    """Two-sided exact McNemar p-value: under "the strategies are equally good", each of the n = only_a +
-    only_b discordant examples is equally likely to favour either, so min(only_a, only_b) is binomial
+    """Two-sided exact McNemar (sign test) p-value: under "the strategies are equally good", each of the n =
+    only_a + only_b discordant examples is equally likely to favour either, so min(only_a, only_b) is binomial
     (n, 1/2); the p-value is twice its lower tail, capped at 1 (1 when nothing is discordant)."""
     if only_a < 0 or only_b < 0:
         raise ValueError(f"discordant counts must be non-negative, got {only_a} and {only_b}")
@@ -31,18 +37,33 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
     return min(1.0, 2 * tail / 2**n)
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment (family-wise error over every p-value given), in the input's order: the
+    i-th smallest p is multiplied by (m - i), made non-decreasing along the sorted order and capped at 1."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 @dataclass(frozen=True)
 class Bootstrap:
-    difference: float  # accuracy of a minus accuracy of b, on the paired examples
+    difference: float  # mean of a minus mean of b over the paired examples
     ci_low: float  # 95% percentile interval of the difference
     ci_high: float
-    p_value: float  # two-sided: how often a resample's difference falls on the other side of 0
+    p_value: float  # two-sided Monte-Carlo p: twice the share of resamples on the far side of 0 (0 at the floor)
+    resamples: int  # B: the p-value's resolution is 1/B
+    at_floor: bool  # no resample fell on the far side of 0: the p-value is below 1/B, not a number
 
 
-def paired_bootstrap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Bootstrap:
-    """Resample the examples (pairs kept together) with replacement, `resamples` times; the difference of
-    accuracies with its 95% percentile interval and a two-sided p-value, (k + 1) / (resamples + 1)-style so
-    that it is never exactly 0. Seeded: the same inputs give the same figures."""
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Bootstrap:
+    """Resample the examples (pairs kept together) with replacement, `resamples` times: the difference of
+    means with its 95% percentile interval and a two-sided p-value. Each value is one example's outcome (its
+    mean correctness over seeds). Seeded: the same inputs give the same figures."""
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
     if not a:
@@ -50,55 +71,139 @@ def paired_bootstrap(a: Sequence[bool], b: Sequence[bool], *, resamples: int = B
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    return _bootstrap_mean(diff, resamples, seed)
+
+
+def _bootstrap_mean(diff: np.ndarray, resamples: int, seed: int) -> Bootstrap:
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(diff), size=(resamples, len(diff)))
     means = diff[picks].mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
-    at_most, at_least = int((means <= 0).sum()), int((means >= 0).sum())
-    p = min(1.0, 2 * (min(at_most, at_least) + 1) / (resamples + 1))
-    return Bootstrap(float(diff.mean()), float(low), float(high), p)
+    if np.all(diff == 0):
+        return Bootstrap(0.0, 0.0, 0.0, 1.0, resamples, False)
+    far = int((means <= 0).sum()) if diff.mean() > 0 else int((means >= 0).sum())
+    p = min(1.0, 2 * far / resamples)
+    return Bootstrap(float(diff.mean()), float(low), float(high), p, resamples, far == 0)
+
+
+def bootstrap_p_text(p: float, resamples: int, at_floor: bool) -> str | float:
+    """The bootstrap p as a report shows it: below its resolution it is a bound ("< 0.0002" with B = 5000)."""
+    return f"< {1 / resamples:.2g}" if at_floor else p
+
+
+def per_example(outcomes: Mapping[tuple[str, int], bool | float]) -> dict[str, float]:
+    """(example id, seed) -> correctness as example id -> mean correctness over its seeds."""
+    sums: dict[str, list[float]] = {}
+    for (example, _seed), value in outcomes.items():
+        sums.setdefault(example, []).append(float(value))
+    return {example: sum(values) / len(values) for example, values in sums.items()}
+
+
+def clustered_interval(
+    outcomes: Mapping[tuple[str, int], bool | float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of an accuracy whose records cluster by example (several seeds each): examples resampled."""
+    means = np.asarray(list(per_example(outcomes).values()), dtype=float)
+    if means.size == 0:
+        return 0.0, 0.0
+    picks = np.random.default_rng(seed).integers(0, means.size, size=(resamples, means.size))
+    low, high = np.percentile(means[picks].mean(axis=1), [2.5, 97.5])
+    return float(low), float(high)
 
 
 @dataclass(frozen=True)
 class Comparison:
     a: str
     b: str
-    paired: int  # examples both ran (same example and seed)
-    both: int  # right in both
-    only_a: int  # right with a only
+    paired: int  # examples both ran (seeds of one example are one example)
+    seeds: int  # most seeds any paired example ran
+    both: int  # examples where both are equally good and right (mean 1 in both with one seed)
+    only_a: int  # examples where a's mean over seeds is higher
     only_b: int
-    neither: int
-    mcnemar_p: float
+    neither: int  # examples tied below both right (both wrong with one seed)
+    mcnemar_p: float  # exact sign test on only_a against only_b (McNemar's with one seed)
     difference: float
     ci_low: float
     ci_high: float
-    bootstrap_p: float
+    bootstrap_p: float | str  # a number, or "< 1/B" when no resample reached the other side of 0
+    bootstrap_resamples: int
 
 
-def compare(name_a: str, a: dict[tuple[str, int], bool], name_b: str, b: dict[tuple[str, int], bool], *, seed: int = 0) -> Comparison:
-    """`a` and `b` map (example id, seed) to correctness; only the keys both hold are compared."""
+def compare(
+    name_a: str,
+    a: Mapping[tuple[str, int], bool],
+    name_b: str,
+    b: Mapping[tuple[str, int], bool],
+    *,
+    seed: int = 0,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+) -> Comparison:
+    """`a` and `b` map (example id, seed) to correctness; only the (example, seed) keys both hold are compared,
+    and they are then pooled by example."""
     keys = sorted(a.keys() & b.keys())
     if not keys:
         raise ValueError(f"{name_a} and {name_b} ran no example in common")
-    xs, ys = [a[k] for k in keys], [b[k] for k in keys]
-    only_a = sum(x and not y for x, y in zip(xs, ys, strict=True))
-    only_b = sum(y and not x for x, y in zip(xs, ys, strict=True))
-    both = sum(x and y for x, y in zip(xs, ys, strict=True))
-    boot = paired_bootstrap(xs, ys, seed=seed)
+    mean_a, mean_b = per_example({k: a[k] for k in keys}), per_example({k: b[k] for k in keys})
+    examples = sorted(mean_a)
+    xs, ys = [mean_a[e] for e in examples], [mean_b[e] for e in examples]
+    only_a = sum(x > y for x, y in zip(xs, ys, strict=True))
+    only_b = sum(y > x for x, y in zip(xs, ys, strict=True))
+    both = sum(x == y == 1.0 for x, y in zip(xs, ys, strict=True))
+    boot = paired_bootstrap(xs, ys, seed=seed, resamples=resamples)
+    seeds_per_example: dict[str, int] = {}
+    for example, _ in keys:
+        seeds_per_example[example] = seeds_per_example.get(example, 0) + 1
     return Comparison(
         a=name_a,
         b=name_b,
-        paired=len(keys),
+        paired=len(examples),
+        seeds=max(seeds_per_example.values()),
         both=both,
         only_a=only_a,
         only_b=only_b,
-        neither=len(keys) - both - only_a - only_b,
+        neither=len(examples) - both - only_a - only_b,
         mcnemar_p=mcnemar_exact(only_a, only_b),
         difference=boot.difference,
         ci_low=boot.ci_low,
         ci_high=boot.ci_high,
-        bootstrap_p=boot.p_value,
+        bootstrap_p=bootstrap_p_text(boot.p_value, boot.resamples, boot.at_floor),
+        bootstrap_resamples=boot.resamples,
     )
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    a: str  # the new strategy (e.g. bounded context)
+    b: str  # the reference (e.g. chain of thought at equal capacity)
+    paired: int  # examples
+    margin: float  # a is non-inferior when a - b > -margin, in accuracy points as a fraction
+    difference: float
+    lower_bound: float  # one-sided 95% lower bound of a - b (the bootstrap's 5th percentile), examples resampled
+    non_inferior: bool  # lower_bound > -margin
+
+
+def non_inferiority(
+    name_a: str,
+    a: Mapping[tuple[str, int], bool],
+    name_b: str,
+    b: Mapping[tuple[str, int], bool],
+    *,
+    margin: float = 0.10,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> NonInferiority:
+    """Is a no worse than b by more than `margin`? The one-sided 95% lower confidence bound of the paired,
+    example-clustered difference a - b must lie above -margin."""
+    if not 0 < margin < 1:
+        raise ValueError(f"the margin is a fraction between 0 and 1, got {margin}")
+    keys = sorted(a.keys() & b.keys())
+    if not keys:
+        raise ValueError(f"{name_a} and {name_b} ran no example in common")
+    mean_a, mean_b = per_example({k: a[k] for k in keys}), per_example({k: b[k] for k in keys})
+    diff = np.asarray([mean_a[e] - mean_b[e] for e in sorted(mean_a)], dtype=float)
+    picks = np.random.default_rng(seed).integers(0, diff.size, size=(resamples, diff.size))
+    lower = float(np.percentile(diff[picks].mean(axis=1), 5))
+    return NonInferiority(name_a, name_b, int(diff.size), margin, float(diff.mean()), lower, lower > -margin)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

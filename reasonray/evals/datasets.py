@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from reasonray.evals.generate import GenerationError, generate, is_generated
 from reasonray.kernel.errors import InvalidParamsError
 
 Kind = Literal["gsm8k", "humaneval"]
@@ -52,6 +53,16 @@ class Dataset:
         """Identifies the selected examples: a rerun with another selection is told apart."""
         return hashlib.sha256("\n".join(e.id for e in self.examples).encode()).hexdigest()[:16]
 
+    @property
+    def sha256(self) -> str:
+        """The hash of the selected examples' content (ids, questions, references, tests): two runs with the
+        same hash asked the same questions and were scored against the same answers."""
+        content = hashlib.sha256()
+        for e in self.examples:
+            content.update(json.dumps([e.id, e.query, e.reference, e.tests, e.entry_point]).encode())
+            content.update(b"\n")
+        return content.hexdigest()
+
 
 def gsm8k_final_answer(answer: str) -> str:
     """The number after `####`, commas removed ("#### 1,200" -> "1200")."""
@@ -61,7 +72,18 @@ def gsm8k_final_answer(answer: str) -> str:
 
 
 def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0) -> Dataset:
-    """Read `path`; `offset` and `limit` select a contiguous slice of the examples, in file order."""
+    """Read `path` (or generate a `gen:FAMILY?...` spec: evals/generate.py); `offset` and `limit` select a
+    contiguous slice of the examples, in file order."""
+    if is_generated(str(path)):
+        try:
+            made = generate(str(path))
+        except GenerationError as exc:
+            raise DatasetError(str(exc)) from None
+        generated = [Example(id=i, kind="gsm8k", query=q, reference=a, key=q) for i, q, a in made][offset:]
+        generated = generated[:limit] if limit is not None else generated
+        if not generated:
+            raise DatasetError(f"{path} holds no examples at offset {offset}")
+        return Dataset(Path(str(path)), "gsm8k", generated)
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"dataset {path} does not exist; give the path of a GSM8K or HumanEval JSONL(.gz) file")

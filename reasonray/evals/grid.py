@@ -3,13 +3,15 @@
 `--config NAME=JSON` adds a config for every strategy; `--config STRATEGY:NAME=JSON` for one. A
 strategy with no config of its own runs its `default` ({}: the server's defaults). The seed goes
 into the config of strategies that take one (`seed` in their config schema), so seeds make
-different, repeatable runs.
+different, repeatable runs. `--budgets` adds an axis of per-call token budgets (`BUDGET_FIELDS` says which
+config fields each strategy's budget sets); a memory study adds arms (memory on and off) and stream orders.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +24,11 @@ class GridError(InvalidParamsError, ValueError):
     callers written before the one error tree catch it)."""
 
 
-def cell_key(strategy: str, config_name: str, seed: int) -> str:
-    """Names a cell in results.jsonl, run.json and the report: `strategy/config/seed=N`."""
-    return f"{strategy}/{config_name}/seed={seed}"
+def cell_key(strategy: str, config_name: str, seed: int, arm: str = "", order: int = 0) -> str:
+    """Names a cell in results.jsonl, run.json and the report: `strategy/config/seed=N`, and for an arm of a
+    memory study `strategy/config/seed=N/memory=ARM/order=K`."""
+    key = f"{strategy}/{config_name}/seed={seed}"
+    return f"{key}/memory={arm}/order={order}" if arm else key
 
 
 @dataclass(frozen=True)
@@ -33,15 +37,19 @@ class Cell:
     config_name: str
     seed: int
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    arm: str = ""  # memory study: "on" (learns), "off" (no memory) or "placebo"; "" outside one
+    order: int = 0  # memory study: the seed of the stream's order of the examples
+    budget: int | None = None  # budget axis: tokens the strategy's limits were set from (None: its own config)
 
     @property
     def key(self) -> str:
-        return cell_key(self.strategy, self.config_name, self.seed)
+        return cell_key(self.strategy, self.config_name, self.seed, self.arm, self.order)
 
     @property
     def group(self) -> str:
-        """Seeds pooled: the row of the report."""
-        return f"{self.strategy}/{self.config_name}"
+        """Seeds (and stream orders) pooled: the row of the report."""
+        base = f"{self.strategy}/{self.config_name}"
+        return f"{base}/memory={self.arm}" if self.arm else base
 
     @property
     def workspace(self) -> str:
@@ -67,10 +75,57 @@ def parse_configs(options: tuple[str, ...] | list[str]) -> dict[str | None, dict
     return parsed
 
 
+def _at_least(floor: int) -> Callable[[int], int]:
+    return lambda budget: max(floor, budget)
+
+
+# The budget axis: a budget B is each call's token limit, set in each strategy's own config fields. Floors are
+# the strategies' own minimums (their schemas refuse less). MaTTS passes B on to its base strategy's config.
+BUDGET_FIELDS: dict[str, dict[str, Callable[[int], int]]] = {
+    "chain_of_thought": {"max_tokens": _at_least(1)},
+    "self_consistency": {"max_tokens": _at_least(1)},
+    "refine": {"max_tokens": _at_least(1), "evaluate_max_tokens": _at_least(16)},
+    "tree_of_thought": {"max_tokens": _at_least(16)},
+    "react": {"max_tokens": _at_least(16)},
+    "matts": {"judge_max_tokens": _at_least(16)},
+    # an iteration's context holds the question and carryover as well as B generated tokens: chunk B + 96
+    # (at least its 128 floor), carryover B / 2 (at least 16)
+    "bounded_context": {"chunk_size": lambda b: max(128, b + 96), "carryover_size": lambda b: max(16, b // 2)},
+}
+
+
+def with_budget(strategy: str, config: dict[str, Any], budget: int) -> dict[str, Any]:
+    """`config` with `strategy`'s token limits set from `budget` (overriding the config's own)."""
+    if budget < 1:
+        raise GridError(f"--budgets: a budget is a positive number of tokens, got {budget}")
+    fields = BUDGET_FIELDS.get(strategy)
+    if fields is None:
+        raise GridError(f"--budgets: no budget mapping for strategy {strategy!r}; known: {', '.join(sorted(BUDGET_FIELDS))}")
+    limited = {**config, **{name: rule(budget) for name, rule in fields.items()}}
+    if strategy == "matts":
+        limited["base_config"] = {**config.get("base_config", {}), "max_tokens": budget}
+    return limited
+
+
+MEMORY_ARMS = ("on", "off")
+
+
 def build_grid(
-    catalogue: Catalogue, strategies: list[str], configs: dict[str | None, dict[str, dict[str, Any]]], seeds: list[int]
+    catalogue: Catalogue,
+    strategies: list[str],
+    configs: dict[str | None, dict[str, dict[str, Any]]],
+    seeds: list[int],
+    *,
+    budgets: list[int] | None = None,
+    arms: tuple[str, ...] = (),
+    orders: int = 1,
 ) -> list[Cell]:
-    """Every cell, validated against the catalogue before anything runs."""
+    """Every cell, validated against the catalogue before anything runs. With `budgets`, every config runs
+    at every budget (named `NAME@B`); with memory `arms`, every cell runs once per arm and stream order."""
+    if orders < 1:
+        raise GridError(f"--orders must be at least 1, got {orders}")
+    if set(arms) - set(MEMORY_ARMS):
+        raise GridError(f"memory arms are {', '.join(MEMORY_ARMS)}; got {', '.join(arms)}")
     if not strategies:
         raise GridError("--strategies names no strategy; e.g. --strategies chain_of_thought,self_consistency")
     if not seeds:
@@ -90,12 +145,24 @@ def build_grid(
             raise GridError(
                 f"strategy {strategy!r} takes no seed: its runs at seeds {seeds} would be the same; give it one seed or leave it out"
             )
-        for name, config in named.items():
+        variants = [
+            (
+                f"{name}@{budget}" if budget is not None else name,
+                with_budget(strategy, config, budget) if budget is not None else config,
+                budget,
+            )
+            for name, config in named.items()
+            for budget in (budgets or [None])
+        ]
+        for name, config, budget in variants:
             for seed in seeds:
                 full = {**config, "seed": seed} if takes_seed else dict(config)
                 try:
                     catalogue.resolve(strategy, full)
                 except ReasonRayError as exc:
                     raise GridError(f"--config {name} for {strategy}: {exc}") from None
-                cells.append(Cell(strategy, name, seed, full))
+                if not arms:
+                    cells.append(Cell(strategy, name, seed, full, budget=budget))
+                for arm in arms:
+                    cells += [Cell(strategy, name, seed, full, arm=arm, order=order, budget=budget) for order in range(orders)]
     return cells

@@ -8,13 +8,19 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonray.evals.compare import compare, pareto_front
+from reasonray.evals.compare import clustered_interval, compare, holm, non_inferiority, pareto_front
+from reasonray.evals.datasets import Example
 from reasonray.evals.grid import Cell
 from reasonray.evals.runner import Record
+from reasonray.evals.scoring import extract_number, same_number
+from reasonray.evals.studies import k_curves, learning_curves
+
+NON_INFERIORITY_MARGIN = 0.10  # bounded context against chain of thought at the same config and budget
 
 Z95 = 1.959964
 
@@ -68,12 +74,22 @@ class Row:
     llm_calls_per_example: float
     cache_hit_rate: float
     latencies_ms: list[float]
+    correct_lenient: int = 0  # any number in the answer or its reasoning equals the reference
+    accuracy_lenient: float = 0.0
+    ci_method: str = "wilson"  # wilson (one record per example) or clustered bootstrap (examples resampled)
+    budget: int | None = None
+    found_by: dict[str, int] | None = None  # how many answers each reading found
 
 
 def summarise(group: str, strategy: str, config_name: str, records: list[Record], prices: Prices) -> Row:
     n = len(records)
     correct = sum(r.correct for r in records)
-    low, high = wilson(correct, n)
+    repeated = len({r.example_id for r in records}) < n  # seeds or stream orders: records cluster by example
+    if repeated:
+        low, high = clustered_interval({(r.example_id, i): r.correct for i, r in enumerate(records)})
+    else:
+        low, high = wilson(correct, n)
+    lenient = sum(r.correct_lenient or r.correct for r in records)
     prompt = sum(r.prompt_tokens for r in records)
     completion = sum(r.completion_tokens for r in records)
     calls = sum(r.llm_calls for r in records)
@@ -97,10 +113,42 @@ def summarise(group: str, strategy: str, config_name: str, records: list[Record]
         llm_calls_per_example=calls / n if n else 0.0,
         cache_hit_rate=sum(r.cache_hits for r in records) / calls if calls else 0.0,
         latencies_ms=latencies,
+        correct_lenient=lenient,
+        accuracy_lenient=lenient / n if n else 0.0,
+        ci_method="clustered bootstrap" if repeated else "wilson",
+        budget=records[0].budget if records else None,
+        found_by=dict(Counter(r.found_by or "unknown" for r in records if r.status == "ok")) or None,
     )
 
 
-def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any], prices: Prices) -> dict[str, Any]:
+def baselines(examples: list[Example]) -> list[dict[str, Any]]:
+    """Trivial answers scored like any row: `constant` (the most frequent reference answer: chosen knowing the
+    references, so an optimistic baseline) and `echo` (the question's last number)."""
+    numeric = [e for e in examples if e.kind == "gsm8k"]
+    if not numeric:
+        return []
+    constant = Counter(e.reference for e in numeric).most_common(1)[0][0]
+    rows = []
+    for name, answer_of in (("constant", lambda e: constant), ("echo", lambda e: extract_number(e.query) or "")):
+        correct = sum(same_number(answer_of(e), e.reference) for e in numeric)
+        low, high = wilson(correct, len(numeric))
+        rows.append(
+            {
+                "name": name,
+                "answer": constant if name == "constant" else "the question's last number",
+                "examples": len(numeric),
+                "correct": correct,
+                "accuracy": round(correct / len(numeric), 6),
+                "ci_low": round(low, 6),
+                "ci_high": round(high, 6),
+            }
+        )
+    return rows
+
+
+def build_report(
+    records: list[Record], cells: list[Cell], meta: dict[str, Any], prices: Prices, examples: list[Example] | None = None
+) -> dict[str, Any]:
     by_cell: dict[str, list[Record]] = {}
     for record in records:
         by_cell.setdefault(record.cell, []).append(record)
@@ -114,11 +162,20 @@ def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any],
     per_seed = [summarise(c.key, c.strategy, c.config_name, by_cell.get(c.key, []), prices) for c in cells]
     simulated = any(r.simulated for r in records)
     outcomes = {
-        group: {(r.example_id, r.seed): r.correct for c in members for r in by_cell.get(c.key, [])} for group, members in groups.items()
+        group: {(r.example_id, r.seed * 10_000 + r.order): r.correct for c in members for r in by_cell.get(c.key, [])}
+        for group, members in groups.items()
     }
     names = [g for g in groups if outcomes[g]]
     comparisons = [asdict(compare(a, outcomes[a], b, outcomes[b])) for i, a in enumerate(names) for b in names[i + 1 :]]
+    for comparison, adjusted in zip(comparisons, holm([c["mcnemar_p"] for c in comparisons]), strict=True):
+        comparison["p_holm"] = adjusted
     front = pareto_front([(r.tokens_per_example, r.accuracy) for r in rows])
+    inferiority = [
+        asdict(non_inferiority(a, outcomes[a], b, outcomes[b], margin=NON_INFERIORITY_MARGIN))
+        for a in names
+        for b in names
+        if a.startswith("bounded_context/") and b == "chain_of_thought/" + a.removeprefix("bounded_context/")
+    ]
     return {
         **meta,
         "simulated": simulated,
@@ -128,6 +185,10 @@ def build_report(records: list[Record], cells: list[Cell], meta: dict[str, Any],
         "per_seed": [_public(r) for r in per_seed],
         "comparisons": [{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()} for c in comparisons],
         "pareto_front": [rows[i].group for i in front],
+        "baselines": baselines(examples or []),
+        "non_inferiority": [{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()} for c in inferiority],
+        "learning_curves": learning_curves(records),
+        "k_curves": k_curves(records),
         "_rows": rows,
     }
 
@@ -156,15 +217,25 @@ def markdown(report: dict[str, Any]) -> str:
         f"- cost at ${report['prices_usd_per_million_tokens']['input_per_m']}/M input and "
         f"${report['prices_usd_per_million_tokens']['output_per_m']}/M output tokens (an estimate)",
         "",
-        f"| strategy / config | n | accuracy{' (SIMULATED)' if report['simulated'] else ''} (95% CI) | errors | tokens/example | cost (USD) | latency p50 / p95 (ms) | LLM calls/example | cache hit rate |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| strategy / config | n | strict accuracy{' (SIMULATED)' if report['simulated'] else ''} (95% CI) | lenient | errors | tokens/example | cost (USD) | latency p50 / p95 (ms) | LLM calls/example | cache hit rate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         lines.append(
-            f"| {row['group']} | {row['examples']} | {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%}) | "
+            f"| {row['group']} | {row['examples']} | {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%}) | {row['accuracy_lenient']:.1%} | "
             f"{row['errors']} | {row['tokens_per_example']:.0f} | {row['cost_usd']:.4f} | "
             f"{row['latency_p50_ms']:.0f} / {row['latency_p95_ms']:.0f} | {row['llm_calls_per_example']:.2f} | {row['cache_hit_rate']:.1%} |"
         )
+    lines += [
+        "",
+        "Strict: the answer the strategy found (its last number). Lenient: any number in the answer or its reasoning "
+        "equals the reference (an upper bound for answer reading, never the headline). Intervals: Wilson with one "
+        "record per example; a bootstrap resampling examples when seeds or stream orders repeat them.",
+    ]
+    if report.get("baselines"):
+        lines += ["", "## Baselines", "", "| baseline | answer | n | accuracy (95% CI) |", "|---|---|---|---|"]
+        for b in report["baselines"]:
+            lines.append(f"| {b['name']} | {b['answer']} | {b['examples']} | {b['accuracy']:.1%} ({b['ci_low']:.1%}-{b['ci_high']:.1%}) |")
     if len(report["seeds"]) > 1:
         lines += ["", "## Per seed", "", "| cell | n | accuracy (95% CI) | tokens/example |", "|---|---|---|---|"]
         for row in report["per_seed"]:
@@ -176,22 +247,69 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "## Paired comparisons",
             "",
-            "Same examples (and seeds), strategy A against strategy B: how many each got right alone, the exact McNemar "
-            "p-value on those discordant examples, and the accuracy difference A - B with its 95% paired-bootstrap interval "
-            "(10,000 resamples) and p-value. A failed example counts as wrong.",
+            "Same examples, strategy A against strategy B, counted by example (seeds of one example are one example: its "
+            "outcome is its mean over seeds): examples where each did better, the exact sign test on them (McNemar's with "
+            "one seed) with its Holm-adjusted p over every comparison of this report, and the accuracy difference A - B "
+            "with its 95% interval and p from a bootstrap that resamples examples. A failed example counts as wrong.",
             "",
-            "| A | B | paired | both right | A only | B only | McNemar p | A - B (95% CI) | bootstrap p |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| A | B | paired examples | both right | A better | B better | exact p | Holm p | A - B (95% CI) | bootstrap p |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in report["comparisons"]:
             lines.append(
                 f"| {c['a']} | {c['b']} | {c['paired']} | {c['both']} | {c['only_a']} | {c['only_b']} | {_p(c['mcnemar_p'])} | "
-                f"{c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}) | {_p(c['bootstrap_p'])} |"
+                f"{_p(c['p_holm'])} | {c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}) | {_p(c['bootstrap_p'])} |"
             )
     if report.get("pareto_front"):
         lines += ["", f"Cost-accuracy Pareto front (tokens per example against accuracy): {', '.join(report['pareto_front'])}."]
+    lines += _studies_markdown(report)
     lines += ["", "Plots: `accuracy_vs_tokens.png`, `pareto.png`, `latency.png`. Every example: `results.jsonl`.", ""]
     return "\n".join(lines)
+
+
+def _studies_markdown(report: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for n in report.get("non_inferiority") or []:
+        verdict = "non-inferior" if n["non_inferior"] else "non-inferiority not shown"
+        lines += [
+            "",
+            f"Non-inferiority, {n['a']} against {n['b']} (margin {n['margin']:.0%}, {n['paired']} examples): difference "
+            f"{n['difference']:+.1%}, one-sided 95% lower bound {n['lower_bound']:+.1%}: {verdict}.",
+        ]
+    for curve in report.get("learning_curves") or []:
+        lines += [
+            "",
+            f"## Learning curve: {curve['group']}",
+            "",
+            "| arm | "
+            + " | ".join(f"block {b['block']} ({b['positions'][0]}-{b['positions'][1]})" for b in next(iter(curve["arms"].values())))
+            + " |",
+            "|---|" + "---|" * len(next(iter(curve["arms"].values()))),
+        ]
+        for arm, blocks in curve["arms"].items():
+            lines.append(
+                f"| memory {arm} | " + " | ".join(f"{b['accuracy']:.1%} ({b['ci_low']:.0%}-{b['ci_high']:.0%})" for b in blocks) + " |"
+            )
+        if later := curve.get("later"):
+            lines += [
+                "",
+                f"Later part of the stream (positions {later['from_position']} on, {later['paired']} examples): on - off "
+                f"{later['difference']:+.1%} (95% CI {later['ci_low']:+.1%} to {later['ci_high']:+.1%}), exact p {_p(later['mcnemar_p'])}.",
+            ]
+    for curve in report.get("k_curves") or []:
+        lines += [
+            "",
+            f"## Scaling with k: {curve['group']}",
+            "",
+            "| k | majority@k | judge-selected@k | oracle pass@k |",
+            "|---|---|---|---|",
+        ]
+        for point in curve["points"]:
+            cells = [
+                f"{point[r]['accuracy']:.1%} ({point[r]['ci_low']:.0%}-{point[r]['ci_high']:.0%})" for r in ("majority", "judge", "oracle")
+            ]
+            lines.append(f"| {point['k']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(report: dict[str, Any], out: Path) -> list[Path]:
@@ -294,6 +412,9 @@ def _error_bars(row: Row) -> list[list[float]]:
     return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]
 
 
-def _p(value: float) -> str:
-    """A p-value as the report rounds it (6 decimals): below that it is shown as a bound, not as 0."""
+def _p(value: float | str) -> str:
+    """A p-value as the report rounds it (6 decimals): below that it is shown as a bound, not as 0; a bound the
+    bootstrap gave ("< 0.0002") as it is."""
+    if isinstance(value, str):
+        return value
     return "<1e-6" if value < 1e-6 else f"{value:.3g}"

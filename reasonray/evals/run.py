@@ -27,6 +27,7 @@ import httpx
 
 from reasonray.evals.datasets import Dataset, DatasetError, load_dataset
 from reasonray.evals.grid import Cell, GridError, build_grid, parse_configs
+from reasonray.evals.provenance import provenance
 from reasonray.evals.report import Prices, build_report, write_report
 from reasonray.evals.runner import HttpEngine, InProcessEngine, Record, ResultLog, pending, run_grid
 from reasonray.gateway.errors import LLMConfigError
@@ -66,6 +67,9 @@ class EvalOptions:
     url: str | None = None  # a running service: examples go over HTTP (reasoning.execute), not through a stack of our own
     timeout_s: float = 900.0  # over HTTP: the longest wait for one example
     client: Any = None  # a reasonray.AsyncClient to run the examples through (a service's, or in_process_client's)
+    budgets: list[int] = field(default_factory=list)  # per-call token budgets: a curve per strategy (grid.BUDGET_FIELDS)
+    orders: int = 1  # with memory: stream orders; the study runs memory on and off on each
+    memory_study: bool = False  # with memory: both arms (on and off) on the same streams, not memory on alone
 
 
 def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
@@ -76,7 +80,8 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
             f"--out {out} is relative, and this is a Ray job whose working directory is a temporary copy "
             "that is deleted when the job ends: give an absolute path on the head node"
         )
-    if not options.dataset.is_absolute() and not options.dataset.exists() and "runtime_resources" in Path.cwd().parts:
+    generated = str(options.dataset).startswith("gen:")
+    if not generated and not options.dataset.is_absolute() and not options.dataset.exists() and "runtime_resources" in Path.cwd().parts:
         raise EvalError(f"--dataset {options.dataset} is relative to the job's copy of the working directory; give an absolute path")
     settings = load_settings(options.config_path)
     reasoning = settings.reasoning.model_copy(
@@ -88,18 +93,30 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
     settings = settings.model_copy(update={"reasoning": reasoning, "llm": llm, "data_dir": (out / "data").resolve()})
     dataset = load_dataset(options.dataset, limit=options.limit, offset=options.offset)
     catalogue = build_catalogue(StrategyRegistry().discover(), settings.reasoning)
-    cells = build_grid(catalogue, options.strategies, parse_configs(options.configs), options.seeds)
+    if options.memory_study and not options.memory:
+        raise EvalError("--memory-study compares memory on with memory off: add --memory")
+    cells = build_grid(
+        catalogue,
+        options.strategies,
+        parse_configs(options.configs),
+        options.seeds,
+        budgets=options.budgets or None,
+        arms=("on", "off") if options.memory_study else (),
+        orders=options.orders,
+    )
     if not 0.0 <= options.sim_skill <= 1.0:
         raise EvalError(f"--sim-skill must be between 0 and 1, got {options.sim_skill}")
-    if options.url is not None or options.client is not None:
-        if options.memory:
-            raise EvalError("--memory learns through the scorer in this process; it cannot run against --url (leave out one of them)")
-        if options.url is not None and not options.url.startswith(("http://", "https://")):
-            raise EvalError(f"--url {options.url!r} is not an http(s) URL of a running service, e.g. http://127.0.0.1:8000")
+    if options.url is not None and not options.url.startswith(("http://", "https://")):
+        raise EvalError(f"--url {options.url!r} is not an http(s) URL of a running service, e.g. http://127.0.0.1:8000")
     return settings, dataset, cells
 
 
-def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: EvalOptions) -> dict[str, Any]:
+def _dataset_name(dataset: Dataset) -> str:
+    """A file's absolute path, or a generated spec as written."""
+    return str(dataset.path) if str(dataset.path).startswith("gen:") else str(dataset.path.resolve())
+
+
+def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: EvalOptions, settings: Settings) -> dict[str, Any]:
     """run.json records what the results in `out` mean; a rerun must not mix in other configs."""
     path = out / "run.json"
     configs = {c.key: c.config for c in cells}
@@ -112,11 +129,19 @@ def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: Eva
     if previous and previous.get("memory") != options.memory:
         raise EvalError(f"{out} holds a run with memory={'on' if previous['memory'] else 'off'}; use another --out to change it")
     run = {
-        "dataset": str(dataset.path.resolve()),
+        "dataset": _dataset_name(dataset),
         "kind": dataset.kind,
         "memory": options.memory,
+        "memory_study": {"arms": ["on", "off"], "orders": options.orders} if options.memory_study else None,
+        "budgets": options.budgets,
         "configs": {**previous.get("configs", {}), **configs},
         "updated_at": datetime.now(UTC).isoformat(),
+        "provenance": provenance(
+            settings,
+            service_url=options.url,
+            served_model=None,
+            dataset_sha256=dataset.sha256,
+        ),
     }
     path.write_text(json.dumps(run, indent=2))
     return run
@@ -166,7 +191,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     settings, dataset, cells = prepare(options)
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_file(out, dataset, cells, options)
+    _check_run_file(out, dataset, cells, options, settings)
     results = ResultLog(out / "results.jsonl")
     todo = pending(dataset.examples, cells, results)
     echo(
@@ -245,7 +270,13 @@ async def _run_over_http(
     started = time.perf_counter()
     try:
         ran = await run_grid(
-            HttpEngine(client), dataset.examples, cells, results, concurrency=options.concurrency, on_record=lambda r: _tick(progress, r)
+            HttpEngine(client),
+            dataset.examples,
+            cells,
+            results,
+            concurrency=options.concurrency,
+            memory=options.memory,
+            on_record=lambda r: _tick(progress, r),
         )
     finally:
         progress.close()
@@ -276,8 +307,9 @@ def _finish(
         model = "simulated" if simulated else settings.llm.model
     meta = {
         "dataset": {
-            "path": str(dataset.path.resolve()),
-            "name": dataset.path.name,
+            "path": _dataset_name(dataset),
+            "name": str(dataset.path) if str(dataset.path).startswith("gen:") else dataset.path.name,
+            "sha256": dataset.sha256,
             "kind": dataset.kind,
             "examples": len(dataset.examples),
             "digest": dataset.digest,
@@ -287,6 +319,9 @@ def _finish(
         "simulator_skill": options.sim_skill if simulated and options.url is None and options.client is None else None,
         "seeds": options.seeds,
         "memory": options.memory,
+        "memory_study": {"arms": ["on", "off"], "orders": options.orders} if options.memory_study else None,
+        "budgets": options.budgets,
+        "provenance": _served(options.out, model),
         "cluster": cluster,
         "ran": ran,
         "grid_seconds": round(grid_s, 3),
@@ -299,6 +334,17 @@ def _finish(
     paths = write_report(report, options.out)
     report["paths"] = {k: str(v) for k, v in paths.items()}
     return report
+
+
+def _served(out: Path, model: str) -> dict[str, Any]:
+    """run.json's provenance with the served model name the results report (over HTTP only they know it)."""
+    path = out / "run.json"
+    run_file = json.loads(path.read_text())
+    record = run_file.get("provenance") or {}
+    record.setdefault("model", {})["served_name"] = record.get("model", {}).get("served_name") or model
+    run_file["provenance"] = record
+    path.write_text(json.dumps(run_file, indent=2))
+    return record
 
 
 def run(options: EvalOptions, echo: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
@@ -374,7 +420,12 @@ def _int_list(value: str) -> list[int]:
 
 
 @click.command("eval")
-@click.option("--dataset", required=True, type=click.Path(path_type=Path), help="GSM8K or HumanEval JSONL(.gz) file.")
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="GSM8K or HumanEval JSONL(.gz) file, or a generated family, e.g. 'gen:running_sums?steps=4-16&n=100&seed=0'.",
+)
 @click.option("--strategies", required=True, help="Comma-separated strategies, e.g. chain_of_thought,self_consistency.")
 @click.option(
     "--config",
@@ -395,6 +446,18 @@ def _int_list(value: str) -> list[int]:
     default=False,
     show_default=True,
     help="Memory-aware: each cell streams the examples in order, retrieving and learning as it goes.",
+)
+@click.option(
+    "--memory-study",
+    is_flag=True,
+    default=False,
+    help="With --memory: run memory on and memory off on the same streams (both arms), for a learning curve.",
+)
+@click.option("--orders", type=int, default=1, show_default=True, help="With --memory: seeded stream orders (0 is the dataset's order).")
+@click.option(
+    "--budgets",
+    default="",
+    help="Per-call token budgets, e.g. 16,32,64,128: every config runs at each (a curve of accuracy against tokens).",
 )
 @click.option("--ray/--no-ray", "use_ray", default=True, show_default=True, help="Examples as Ray tasks, or in this process.")
 @click.option(
@@ -430,6 +493,9 @@ def main(
     out,
     concurrency,
     memory,
+    memory_study,
+    orders,
+    budgets,
     use_ray,
     url,
     timeout_s,
@@ -454,6 +520,9 @@ def main(
         offset=offset,
         concurrency=concurrency,
         memory=memory,
+        memory_study=memory_study,
+        orders=orders,
+        budgets=_int_list(budgets) if budgets else [],
         use_ray=use_ray and url is None,
         url=url,
         timeout_s=timeout_s,

@@ -3,9 +3,10 @@ appended to `results.jsonl` as it finishes.
 
 Ray-free: an `Engine` runs one (example, cell) and returns its `Record`; `InProcessEngine` runs it
 here, `evals.distributed.RayEngine` as a Ray task, `HttpEngine` through a running service over HTTP. `run_grid` schedules with bounded concurrency:
-examples of plain cells in any order, those of memory-aware cells in dataset order, one after the
-other (a stream: each example retrieves what the earlier ones taught, then learns, never seeing
-its own memories). A failed example is a record with its error, and the run goes on. A rerun
+examples of plain cells in any order, those of memory-aware cells one after the other in the
+cell's stream order (a stream: each example retrieves what the earlier ones taught, then learns,
+never seeing its own memories; stream order `order` is the examples shuffled with that seed, order
+0 the dataset's own order). Every record keeps its position in its cell's stream. A failed example is a record with its error, and the run goes on. A rerun
 skips what `results.jsonl` already holds (examples that failed are tried again).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from reasonray.api.jsonrpc import error_for
 from reasonray.api.service import ExecuteParams, ReasoningService
 from reasonray.evals.datasets import Example
 from reasonray.evals.grid import Cell, cell_key
-from reasonray.evals.scoring import score
+from reasonray.evals.scoring import lenient_correct, score
 from reasonray.memory.loop import MemoryParams
 
 log = structlog.get_logger(__name__)
@@ -62,11 +64,18 @@ class Record:
     error_type: str | None = None  # e.g. provider_unavailable, budget_exceeded
     memory: dict[str, Any] | None = None
     trace_id: str = ""
+    found_by: str | None = None  # how the strategy read its answer (tag, json, phrase, final_number, text...)
+    correct_lenient: bool = False  # any number in the answer or its reasoning equals the reference
+    arm: str = ""  # memory study: on, off or placebo ("" outside one)
+    order: int = 0  # memory study: the stream order's seed
+    position: int | None = None  # memory study: the example's place in its cell's stream (0 first)
+    budget: int | None = None  # budget axis: the per-call token budget the config was set from
+    attempts: list[dict[str, Any]] | None = None  # MaTTS: every attempt (answer, judge score, chosen, failed)
     finished_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property
     def cell(self) -> str:
-        return cell_key(self.strategy, self.config_name, self.seed)
+        return cell_key(self.strategy, self.config_name, self.seed, self.arm, self.order)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -87,6 +96,7 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
         "seed": cell.seed,
         "reference": example.reference if example.kind == "gsm8k" else "",
         "trace_id": trace_id,
+        **_cell_fields(cell),
     }
     params = ExecuteParams(
         query=example.query,
@@ -121,6 +131,7 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
     report = result.memory
     return Record(
         **base,
+        **_answer_fields(result.answer, result.reasoning, m.strategy_specific, example),
         status="ok",
         correct=scored.correct,
         answer=result.answer[:ANSWER_CHARS],
@@ -143,6 +154,29 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
             "learn_error": report.learn_error,
         },
     )
+
+
+def _cell_fields(cell: Cell) -> dict[str, Any]:
+    return {"arm": cell.arm, "order": cell.order, "budget": cell.budget}
+
+
+def _answer_fields(answer: str, reasoning: str, specific: dict[str, Any], example: Example) -> dict[str, Any]:
+    """What a record keeps beside the strict score: how the answer was found, the lenient score, MaTTS' attempts."""
+    attempts = specific.get("attempts")
+    return {
+        "found_by": specific.get("found_by") if isinstance(specific.get("found_by"), str) else None,
+        "correct_lenient": lenient_correct([answer, reasoning], example),
+        "attempts": attempts if isinstance(attempts, list) else None,
+    }
+
+
+def memory_request(example: Example, cell: Cell) -> dict[str, Any]:
+    """The `memory` params of a learning run over HTTP: the cell's own workspace, and the reference as the
+    expected answer, so the service's verifier (not its LLM judge) labels the run as the scorer would."""
+    request: dict[str, Any] = {"workspace": cell.workspace, "learn": True, "task_id": example.id}
+    if example.kind == "gsm8k":
+        request["expected_answer"] = example.reference
+    return request
 
 
 def _ms(started: float) -> float:
@@ -173,18 +207,22 @@ class HttpEngine:
     async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
         from reasonray.client import ReasonRayError
 
-        if memory:
-            raise ValueError("a memory-aware evaluation runs in this process or as Ray tasks, not over HTTP")
         base = {
             "example_id": example.id,
             "strategy": cell.strategy,
             "config_name": cell.config_name,
             "seed": cell.seed,
             "reference": example.reference if example.kind == "gsm8k" else "",
+            **_cell_fields(cell),
         }
         started = time.perf_counter()
         try:
-            result = await self.client.execute(example.query, strategy=cell.strategy, strategy_config=cell.config or None)
+            result = await self.client.execute(
+                example.query,
+                strategy=cell.strategy,
+                strategy_config=cell.config or None,
+                memory=memory_request(example, cell) if memory else None,
+            )
         except ReasonRayError as exc:
             return Record(
                 **base,
@@ -198,8 +236,10 @@ class HttpEngine:
         latency = _ms(started)
         scored = await score(result["answer"], example)
         m = result["metrics"]
+        report = result.get("memory")
         return Record(
             **base,
+            **_answer_fields(result["answer"], result.get("reasoning") or "", m.get("strategy_specific") or {}, example),
             status="ok",
             correct=scored.correct,
             answer=result["answer"][:ANSWER_CHARS],
@@ -214,6 +254,14 @@ class HttpEngine:
             model=m["model"],
             simulated=m["simulated"],
             trace_id=result["trace_id"],
+            memory=None
+            if not report
+            else {
+                "retrieved": len(report.get("retrieved") or []),
+                "stored": len(report.get("stored") or []),
+                "outcome": report.get("outcome"),
+                "learn_error": report.get("learn_error"),
+            },
         )
 
 
@@ -268,27 +316,53 @@ async def run_grid(
     slots = asyncio.Semaphore(concurrency)
     ran = 0
 
-    async def one(example: Example, cell: Cell) -> None:
+    async def one(example: Example, cell: Cell, position: int | None = None) -> None:
         nonlocal ran
         async with slots:
             try:
-                record = await engine(example, cell, memory)
+                record = await engine(example, cell, learns(cell))
             except Exception as exc:  # the engine itself failed (a Ray worker died): still one record
                 record = Record(
-                    example.id, cell.strategy, cell.config_name, cell.seed, status="error", error=f"{type(exc).__name__}: {exc}"[:1000]
+                    example.id,
+                    cell.strategy,
+                    cell.config_name,
+                    cell.seed,
+                    status="error",
+                    error=f"{type(exc).__name__}: {exc}"[:1000],
+                    **_cell_fields(cell),
                 )
+        record.position = position
         results.append(record)
         ran += 1
         on_record(record)
 
-    async def stream(cell: Cell) -> None:
-        for example in examples:
-            if not results.done(example, cell):
-                await one(example, cell)
+    def learns(cell: Cell) -> bool:
+        return cell.arm == "on" or (memory and not cell.arm)
 
-    jobs = [stream(cell) for cell in cells] if memory else [one(e, c) for e in examples for c in cells if not results.done(e, c)]
+    async def stream(cell: Cell) -> None:
+        for position, example in enumerate(stream_order(examples, cell.order)):
+            if not results.done(example, cell):
+                await one(example, cell, position)
+
+    jobs = []
+    for cell in cells:
+        if learns(cell):
+            jobs.append(stream(cell))
+        elif cell.arm:  # memory off: nothing to learn, so no need to wait in line; the position still counts
+            jobs += [one(e, cell, i) for i, e in enumerate(stream_order(examples, cell.order)) if not results.done(e, cell)]
+        else:
+            jobs += [one(e, cell) for e in examples if not results.done(e, cell)]
     await asyncio.gather(*jobs)
     return ran
+
+
+def stream_order(examples: list[Example], order: int) -> list[Example]:
+    """The examples in stream order `order`: 0 is the dataset's order, any other a shuffle seeded with it."""
+    if order == 0:
+        return list(examples)
+    shuffled = list(examples)
+    random.Random(order).shuffle(shuffled)
+    return shuffled
 
 
 def pending(examples: list[Example], cells: list[Cell], results: ResultLog) -> int:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from reasonray.evals.datasets import Example
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 
-NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+# A minus is a sign only where it cannot be an operator: not after a word character, a closing bracket or a
+# point ("9-4" is 9 and 4; "-4", "x = -4" and "(-4)" are -4).
+NUMBER = re.compile(r"(?:(?<![\w)\]}.])-)?\$?\d[\d,]*(?:\.\d+)?")
 CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 HUMANEVAL_LIMITS = SandboxLimits(timeout_s=10.0, memory_mb=512, max_output_chars=2000)
 
@@ -25,12 +27,27 @@ class Score:
     detail: str = ""  # why it is wrong, when that can be told (the test's error)
 
 
+def _clean(number: str) -> str:
+    return number.replace("$", "").replace(",", "").rstrip(".")
+
+
 def extract_number(answer: str) -> str | None:
     """The last number in the answer, `$` and thousands separators removed ("$1,200.50" -> "1200.50")."""
     found = NUMBER.findall(answer)
     if not found:
         return None
-    return found[-1].replace("$", "").replace(",", "").rstrip(".")
+    return _clean(found[-1])
+
+
+def all_numbers(text: str) -> list[str]:
+    """Every number in the text, in order, cleaned as `extract_number` cleans the last one."""
+    return [_clean(n) for n in NUMBER.findall(text)]
+
+
+def lenient_correct(texts: list[str], example: Example) -> bool:
+    """Lenient scoring: any number anywhere in the reply's texts equals the reference. An upper bound on what a
+    better answer reader could find; never the headline figure (strict is)."""
+    return example.kind == "gsm8k" and any(same_number(n, example.reference) for t in texts for n in all_numbers(t))
 
 
 def same_number(given: str, expected: str) -> bool:

@@ -55,8 +55,8 @@ def test_paired_bootstrap_of_identical_strategies_shows_no_difference():
 
 def test_paired_bootstrap_of_a_strategy_right_wherever_the_other_is_wrong():
     boot = paired_bootstrap([True] * 50, [False] * 50, resamples=999)
-    # every resample's difference is 1: no resample lies on the other side of 0, so p = 2 * (0 + 1) / 1000
-    assert (boot.difference, boot.ci_low, boot.ci_high) == (1.0, 1.0, 1.0) and boot.p_value == pytest.approx(0.002)
+    # every resample's difference is 1: no resample lies on the other side of 0, so p is below the resolution 1/999
+    assert (boot.difference, boot.ci_low, boot.ci_high) == (1.0, 1.0, 1.0) and boot.at_floor and boot.resamples == 999
 
 
 def test_paired_bootstrap_against_its_exact_distribution():
@@ -190,11 +190,15 @@ async def test_an_evaluation_through_a_client_records_what_the_service_answered(
     assert (tmp_path / "run" / "pareto.png").exists()
 
 
-def test_an_evaluation_url_must_be_http_and_not_memory_aware(tmp_path):
+def test_an_evaluation_url_must_be_http_and_a_memory_study_needs_memory(tmp_path):
     from reasonray.evals.run import EvalError, EvalOptions, prepare
 
     base = {"dataset": SAMPLES / "arithmetic.jsonl", "strategies": ["chain_of_thought"], "out": tmp_path}
     with pytest.raises(EvalError, match="not an http"):
         prepare(EvalOptions(**base, url="127.0.0.1:8000"))
     with pytest.raises(EvalError, match="--memory"):
-        prepare(EvalOptions(**base, url="http://127.0.0.1:8000", memory=True))
+        prepare(EvalOptions(**base, url="http://127.0.0.1:8000", memory_study=True))
+    _, _, cells = prepare(EvalOptions(**base, url="http://127.0.0.1:8000", memory=True, memory_study=True, orders=3))
+    # both arms on each of three stream orders, each cell its own workspace
+    assert sorted((c.arm, c.order) for c in cells) == [(arm, o) for arm in ("off", "on") for o in range(3)]
+    assert len({c.workspace for c in cells}) == 6

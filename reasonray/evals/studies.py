@@ -1,0 +1,134 @@
+"""Curves derived from a run's records: the memory's learning curve (memory on against memory off on the same
+streams) and test-time scaling curves from one MaTTS run at k = K (majority@k, judge-selected@k, oracle pass@k).
+
+Learning curve: each arm's accuracy by block of the stream (the stream split into `BLOCKS` consecutive blocks
+by position, seeds and stream orders pooled), and the paired on - off difference over the later part of the
+stream (positions from `LATER_FROM` of its length on: the memory has had the earlier part to learn from), as
+an exact sign test and an interval from a bootstrap that resamples examples (evals/compare.py).
+
+Scaling curves: MaTTS logs every attempt in order (`attempts`: its normalized answer, judge score, chosen, or
+how it failed). The first k attempts of a run at K are a run at k (attempt i is sampled with seed + i at the
+same temperature whatever K is), so for k = 1..K: majority@k is the most common answer among the first k
+finished attempts (ties to the earlier), judge-selected@k is the attempt the run's own rule would choose among
+them (`strategies.matts.judge_selected`), oracle pass@k is whether any of them is right (an upper bound no
+selector reaches). Intervals resample examples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from reasonray.evals.compare import clustered_interval, compare
+from reasonray.evals.scoring import extract_number, same_number
+from reasonray.strategies.matts import judge_selected
+
+BLOCKS = 5
+LATER_FROM = 0.5
+
+
+class _Scored(Protocol):  # the fields of runner.Record these curves read
+    example_id: str
+    strategy: str
+    config_name: str
+    seed: int
+    correct: bool
+    reference: str
+    arm: str
+    order: int
+    position: int | None
+    attempts: list[dict[str, Any]] | None
+
+
+def _accuracy(outcomes: dict[tuple[str, int], bool]) -> dict[str, Any]:
+    n = len(outcomes)
+    accuracy = sum(outcomes.values()) / n if n else 0.0
+    low, high = clustered_interval(outcomes) if n else (0.0, 0.0)
+    return {"records": n, "accuracy": round(accuracy, 6), "ci_low": round(low, 6), "ci_high": round(high, 6)}
+
+
+def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: float = LATER_FROM) -> list[dict[str, Any]]:
+    """One curve per strategy/config that ran both memory arms."""
+    studies: dict[str, list[_Scored]] = {}
+    for r in records:
+        if r.arm and r.position is not None:
+            studies.setdefault(f"{r.strategy}/{r.config_name}", []).append(r)
+    curves = []
+    for group, members in studies.items():
+        length = max(r.position for r in members) + 1
+        size = math.ceil(length / blocks)
+        arms: dict[str, Any] = {}
+        for arm in sorted({r.arm for r in members}):
+            ours = [r for r in members if r.arm == arm]
+            arms[arm] = [
+                {
+                    "block": b,
+                    "positions": [b * size, min(length, (b + 1) * size) - 1],
+                    **_accuracy({(r.example_id, _repeat(r)): r.correct for r in ours if b * size <= r.position < (b + 1) * size}),
+                }
+                for b in range(math.ceil(length / size))
+            ]
+        curve: dict[str, Any] = {"group": group, "stream_length": length, "block_size": size, "arms": arms, "later": None}
+        start = math.floor(length * later_from)
+        later = {arm: {(r.example_id, _repeat(r)): r.correct for r in members if r.arm == arm and r.position >= start} for arm in arms}
+        if {"on", "off"} <= later.keys() and later["on"].keys() & later["off"].keys():
+            c = asdict(compare("memory on", later["on"], "memory off", later["off"]))
+            curve["later"] = {"from_position": start, **{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()}}
+        curves.append(curve)
+    return curves
+
+
+def _repeat(r: _Scored) -> int:
+    """The repetition of an example within a group: its seed and stream order."""
+    return r.seed * 10_000 + r.order
+
+
+def _right(answer: str | None, reference: str) -> bool:
+    if not answer:
+        return False
+    number = extract_number(answer)
+    return number is not None and same_number(number, reference)
+
+
+def majority(attempts: list[dict[str, Any]]) -> str | None:
+    """The most common answer among finished attempts with one; ties to the answer given first."""
+    answers = [a["answer"] for a in attempts if a.get("failed") is None and a.get("answer")]
+    if not answers:
+        return None
+    counts = Counter(answers)
+    best = max(counts.values())
+    return next(a for a in answers if counts[a] == best)
+
+
+def k_outcomes(attempts: list[dict[str, Any]], reference: str, k: int) -> dict[str, bool]:
+    """majority@k, judge-selected@k and oracle pass@k of one run from its first k logged attempts."""
+    first = attempts[:k]
+    chosen = judge_selected(first)
+    by_index = {a["index"]: a for a in first}
+    return {
+        "majority": _right(majority(first), reference),
+        "judge": chosen is not None and _right(by_index[chosen].get("answer"), reference),
+        "oracle": any(a.get("failed") is None and _right(a.get("answer"), reference) for a in first),
+    }
+
+
+def k_curves(records: list[Any]) -> list[dict[str, Any]]:
+    """For every strategy/config whose records log attempts: accuracy at k = 1..K by each selection rule."""
+    groups: dict[str, list[_Scored]] = {}
+    for r in records:
+        if r.attempts:
+            groups.setdefault(f"{r.strategy}/{r.config_name}", []).append(r)
+    curves = []
+    for group, members in groups.items():
+        top = min(len(r.attempts or []) for r in members)
+        points = []
+        for k in range(1, top + 1):
+            per_rule: dict[str, dict[tuple[str, int], bool]] = {"majority": {}, "judge": {}, "oracle": {}}
+            for r in members:
+                for rule, right in k_outcomes(r.attempts or [], r.reference, k).items():
+                    per_rule[rule][(r.example_id, _repeat(r))] = right
+            points.append({"k": k, **{rule: _accuracy(outcomes) for rule, outcomes in per_rule.items()}})
+        curves.append({"group": group, "k_max": top, "points": points})
+    return curves

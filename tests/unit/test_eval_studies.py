@@ -1,0 +1,180 @@
+"""The evaluation's study statistics against values worked by hand: examples (not seeds) as the unit, Holm's
+adjustment, the bootstrap's resolution floor, non-inferiority, trivial baselines, strict and lenient scoring,
+signs of numbers, generated task families, provenance, the budget axis, memory arms and MaTTS k curves."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from reasonray.evals.compare import clustered_interval, compare, holm, non_inferiority, paired_bootstrap
+from reasonray.evals.datasets import DatasetError, Example, load_dataset
+from reasonray.evals.generate import generate
+from reasonray.evals.scoring import extract_number, lenient_correct
+from reasonray.evals.studies import k_curves, k_outcomes, learning_curves, majority
+from reasonray.kernel.extraction import final_number
+
+
+def _split(only_a: int, only_b: int, seeds: list[int]) -> tuple[dict, dict]:
+    """only_a examples A gets right and B wrong, only_b the reverse, 20 both right; every seed the same."""
+    a, b = {}, {}
+    for i in range(only_a + only_b + 20):
+        for seed in seeds:
+            a[(f"q{i}", seed)] = i < only_a or i >= only_a + only_b
+            b[(f"q{i}", seed)] = i >= only_a
+    return a, b
+
+
+def test_repeating_seeds_does_not_inflate_significance():
+    one = compare("A", *_split(2, 10, [0])[:1], "B", _split(2, 10, [0])[1])
+    a, b = _split(2, 10, [0, 1, 2])
+    three = compare("A", a, "B", b)
+    # a 2:10 split is p = 0.039 whether it ran under one seed or three; 6:30 (p = 7e-5) would count seeds as examples
+    assert (one.paired, one.only_a, one.only_b) == (32, 2, 10)
+    assert (three.paired, three.only_a, three.only_b, three.seeds) == (32, 2, 10, 3)
+    assert three.mcnemar_p == one.mcnemar_p == pytest.approx(2 * (1 + 12 + 66) / 4096)
+    assert (three.difference, three.ci_low, three.ci_high) == (one.difference, one.ci_low, one.ci_high)
+
+
+def test_seeds_of_one_example_are_averaged_before_the_sign_test():
+    a = {("q1", 0): True, ("q1", 1): True, ("q2", 0): True, ("q2", 1): False, ("q3", 0): False, ("q3", 1): False}
+    b = {("q1", 0): True, ("q1", 1): False, ("q2", 0): True, ("q2", 1): False, ("q3", 0): False, ("q3", 1): True}
+    c = compare("A", a, "B", b)
+    # q1: 1 vs 0.5 (A better), q2: 0.5 vs 0.5 (tie), q3: 0 vs 0.5 (B better)
+    assert (c.paired, c.only_a, c.only_b, c.both, c.neither) == (3, 1, 1, 0, 1)
+    assert c.difference == pytest.approx(0.0)
+
+
+def test_holm_on_known_p_values():
+    # sorted 0.01, 0.02, 0.03, 0.04 -> x4, x3, x2, x1 = 0.04, 0.06, 0.06, 0.06 (made monotone), in input order
+    assert holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_a_bootstrap_p_at_its_floor_is_a_bound_not_a_number():
+    boot = paired_bootstrap([True] * 50, [False] * 50, resamples=5000)
+    assert boot.at_floor and boot.p_value == 0.0
+    c = compare("A", {(f"q{i}", 0): True for i in range(30)}, "B", {(f"q{i}", 0): False for i in range(30)}, resamples=5000)
+    assert c.bootstrap_p == "< 0.0002"
+
+
+def test_the_clustered_interval_resamples_examples_not_records():
+    # 10 examples, each right under all 5 seeds or wrong under all 5: as 50 independent records the interval would be
+    # far narrower than with 10 examples
+    outcomes = {(f"q{i}", s): i < 5 for i in range(10) for s in range(5)}
+    low, high = clustered_interval(outcomes, seed=1)
+    single_low, single_high = clustered_interval({(f"q{i}", 0): i < 5 for i in range(10)}, seed=1)
+    assert (low, high) == (single_low, single_high)
+    assert clustered_interval(outcomes, seed=1) == clustered_interval(outcomes, seed=1)
+
+
+def test_non_inferiority_against_its_margin():
+    same = {(f"q{i}", 0): i % 2 == 0 for i in range(200)}
+    result = non_inferiority("bounded", same, "cot", dict(same), margin=0.10)
+    assert result.non_inferior and result.lower_bound == 0.0 and result.paired == 200
+    worse = {k: v and int(k[0][1:]) % 4 != 0 for k, v in same.items()}  # loses half its right answers: -25 points
+    result = non_inferiority("bounded", worse, "cot", same, margin=0.10)
+    assert not result.non_inferior and result.difference == pytest.approx(-0.25)
+    with pytest.raises(ValueError, match="margin"):
+        non_inferiority("a", same, "b", same, margin=10)
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [("9-4", "4"), ("-4", "-4"), ("x = -4", "-4"), ("(-4)", "-4"), ("12-5=7", "7"), ("it is 3 - 5", "5"), ("$1,200.", "1200")],
+)
+def test_a_minus_is_a_sign_only_where_it_cannot_be_an_operator(text, number):
+    assert extract_number(text) == number
+    assert extract_number("9-4 and 9-4") == "4"
+
+
+def test_the_answer_reader_of_the_strategies_agrees_on_signs():
+    assert final_number("9-4") == "4" and final_number("x = -4") == "-4"
+
+
+def test_lenient_scoring_finds_any_number_strict_does_not():
+    example = Example(id="q", kind="gsm8k", query="What is 2 + 3?", reference="5", key="")
+    assert lenient_correct(["5 is what 2 + 3 gives, so 6"], example)
+    assert not lenient_correct(["9-4"], Example(id="q", kind="gsm8k", query="", reference="-4", key=""))
+    assert extract_number("5 is what 2 + 3 gives, so 6") == "6"  # strict reads the last: wrong
+
+
+def test_generated_families_are_deterministic_by_seed_and_their_answers_right():
+    spec = "gen:running_sums?steps=4-16&n=50&seed=3"
+    assert generate(spec) == generate(spec)
+    assert generate(spec) != generate("gen:running_sums?steps=4-16&n=50&seed=4")
+    for _, question, answer in generate(spec):
+        total, steps = 0, 0
+        for word, value in re.findall(r"(Start with|Add|Subtract) (\d+)\.", question):
+            total = int(value) if word == "Start with" else total + int(value) if word == "Add" else total - int(value)
+            steps += word != "Start with"
+        assert str(total) == answer and 4 <= steps <= 16 and total >= 0
+    sums = load_dataset("gen:sums?n=20&seed=0")
+    assert all(str(sum(int(t.rstrip("?")) for t in e.query.split()[2::2])) == e.reference for e in sums.examples)
+    assert sums.sha256 == load_dataset("gen:sums?n=20&seed=0").sha256 != load_dataset("gen:sums?n=20&seed=1").sha256
+    with pytest.raises(DatasetError, match="no generated family"):
+        load_dataset("gen:calculus?n=3")
+    with pytest.raises(DatasetError, match="steps"):
+        load_dataset("gen:running_sums?steps=9-2")
+
+
+def _attempt(index, answer, score=None, chosen=False, failed=None):
+    return {
+        "index": index,
+        "answer": answer,
+        "found_by": "tag",
+        "degenerate": False,
+        "judge": None,
+        "score": score,
+        "chosen": chosen,
+        "failed": failed,
+    }
+
+
+class _R:
+    """The fields of a record the curves read."""
+
+    def __init__(self, example_id, correct=False, attempts=None, arm="", order=0, position=None, seed=0, reference="5"):
+        self.example_id, self.correct, self.attempts, self.arm, self.order = example_id, correct, attempts, arm, order
+        self.position, self.seed, self.reference = position, seed, reference
+        self.strategy, self.config_name = "matts", "k5"
+
+
+def test_k_curves_from_one_attempt_log():
+    log = [
+        _attempt(0, "4", 0.2),
+        _attempt(1, "5", 0.9),
+        _attempt(2, "4", 0.1),
+        _attempt(3, "5", 0.8),
+        _attempt(4, "failed", failed="timeout"),
+    ]
+    log[4]["answer"] = None
+    assert majority(log[:3]) == "4" and majority(log[:4]) == "4"  # 2:2 ties to the answer given first
+    assert k_outcomes(log, "5", 1) == {"majority": False, "judge": False, "oracle": False}
+    assert k_outcomes(log, "5", 2) == {"majority": False, "judge": True, "oracle": True}  # judge: 0.9 beats 0.2
+    assert k_outcomes(log, "5", 3) == {"majority": False, "judge": True, "oracle": True}
+    other = [_attempt(i, "5") for i in range(5)]
+    curves = k_curves([_R("q1", attempts=log), _R("q2", attempts=other)])
+    (curve,) = curves
+    assert curve["k_max"] == 5
+    by_k = {p["k"]: p for p in curve["points"]}
+    assert by_k[1]["oracle"]["accuracy"] == 0.5 and by_k[2]["oracle"]["accuracy"] == 1.0 and by_k[2]["judge"]["accuracy"] == 1.0
+    assert by_k[3]["majority"]["accuracy"] == 0.5
+
+
+def test_the_learning_curve_has_both_arms_by_block_and_the_later_difference():
+    records = []
+    for order in (0, 1):
+        for position in range(10):
+            example = f"q{(position + order * 3) % 10}"
+            # memory off is right on even examples; memory on as well, and on every example of the later half
+            right_off = int(example[1:]) % 2 == 0
+            records.append(_R(example, right_off, arm="off", order=order, position=position))
+            records.append(_R(example, right_off or position >= 5, arm="on", order=order, position=position))
+    (curve,) = learning_curves(records, blocks=2)
+    assert set(curve["arms"]) == {"on", "off"} and curve["block_size"] == 5
+    assert [b["accuracy"] for b in curve["arms"]["on"]][1] == 1.0
+    later = curve["later"]
+    assert later["from_position"] == 5 and later["paired"] <= 10 and later["difference"] > 0 and later["only_b"] == 0
