@@ -106,8 +106,11 @@ def result_settings(settings: Settings) -> dict[str, Any]:
     }
 
 
-def provenance(settings: Settings, *, service_url: str | None, served_model: str | None, dataset_sha256: str) -> dict[str, Any]:
-    """Everything run.json records about where the results came from."""
+def provenance(
+    settings: Settings, *, service_url: str | None, served_model: str | None, dataset_sha256: str, over_service: bool = False
+) -> dict[str, Any]:
+    """Everything run.json records about where the results came from. `over_service`: the examples ran through a
+    service (at `service_url`, or a client given in process), whose own model and settings answered."""
     record: dict[str, Any] = {
         **git_state(),
         "command": sys.argv,
@@ -115,8 +118,8 @@ def provenance(settings: Settings, *, service_url: str | None, served_model: str
         "packages": package_versions(),
         "dataset_sha256": dataset_sha256,
     }
-    if service_url is not None:  # the service's model: it answers through its own [llm]
-        models, headers = _get(f"{service_url.rstrip('/')}/v1/models")
+    if over_service or service_url is not None:  # the service's model: it answers through its own [llm]
+        models, headers = _get(f"{service_url.rstrip('/')}/v1/models") if service_url else (None, {})
         record["service"] = {"url": service_url, "v1_models": models, "server": headers.get("server")}
         record["model"] = {"served_name": served_model}
         record["settings"] = None  # the service's own; this process's config does not apply

@@ -325,14 +325,14 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    for row in rows:
+    for label, members in _curves(rows).items():  # a strategy's budgets joined into its curve
         ax.errorbar(
-            row.tokens_per_example,
-            row.accuracy * 100,
-            yerr=_error_bars(row),
-            fmt="o",
+            [row.tokens_per_example for row in members],
+            [row.accuracy * 100 for row in members],
+            yerr=_curve_error_bars(members),
+            fmt="o-" if len(members) > 1 else "o",
             capsize=4,
-            label=row.group,
+            label=label,
         )
     ax.set_xlabel("tokens per example")
     ax.set_ylabel("accuracy (%), 95% CI")
@@ -366,6 +366,11 @@ def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
     front = pareto_front(points)
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.subplots()
+    for label, members in _curves(rows).items():
+        if len(members) > 1:  # the budget axis: each strategy's accuracy against its cost, as a curve
+            ax.plot(
+                [r.tokens_per_example for r in members], [r.accuracy * 100 for r in members], "-", alpha=0.6, label=f"{label} (budgets)"
+            )
     for i, row in enumerate(rows):
         on_front = i in front
         ax.errorbar(
@@ -396,6 +401,72 @@ def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
     return path
 
 
+def _curves(rows: list[Row]) -> dict[str, list[Row]]:
+    """Rows of one strategy and config at several budgets (`NAME@B`) as one curve, by increasing tokens."""
+    curves: dict[str, list[Row]] = {}
+    for row in rows:
+        base = row.config_name.rsplit("@", 1)[0] if row.budget is not None else row.config_name
+        suffix = row.group.removeprefix(f"{row.strategy}/{row.config_name}")  # a memory arm, if any
+        curves.setdefault(f"{row.strategy}/{base}{suffix}", []).append(row)
+    return {label: sorted(members, key=lambda r: r.tokens_per_example) for label, members in curves.items()}
+
+
+def _curve_error_bars(rows: list[Row]) -> list[list[float]]:
+    bars = [_error_bars(row) for row in rows]
+    return [[b[0][0] for b in bars], [b[1][0] for b in bars]]
+
+
+def study_plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    """learning_curve.png (each memory arm's accuracy by block of the stream) and k_curve.png (majority@k,
+    judge-selected@k and oracle pass@k), when the run holds those studies."""
+    from matplotlib.figure import Figure
+
+    tag = " (SIMULATED model)" if report["simulated"] else ""
+    paths: dict[str, Path] = {}
+    if report.get("learning_curves"):
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.subplots()
+        for curve in report["learning_curves"]:
+            for arm, blocks in curve["arms"].items():
+                ax.errorbar(
+                    [(b["positions"][0] + b["positions"][1]) / 2 for b in blocks],
+                    [b["accuracy"] * 100 for b in blocks],
+                    yerr=[
+                        [max(0.0, b["accuracy"] - b["ci_low"]) * 100 for b in blocks],
+                        [max(0.0, b["ci_high"] - b["accuracy"]) * 100 for b in blocks],
+                    ],
+                    fmt="o-",
+                    capsize=3,
+                    label=f"{curve['group']} memory {arm}",
+                )
+        ax.set_xlabel("position in the stream (block centre)")
+        ax.set_ylabel("accuracy (%), 95% CI (examples resampled)")
+        ax.set_ylim(-5, 105)
+        ax.set_title(f"Learning curve: memory on and off on the same streams{tag}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths["learning_plot"] = out / "learning_curve.png"
+        fig.savefig(paths["learning_plot"], dpi=110)
+    if report.get("k_curves"):
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.subplots()
+        for curve in report["k_curves"]:
+            ks = [p["k"] for p in curve["points"]]
+            for rule, name in (("majority", "majority@k"), ("judge", "judge-selected@k"), ("oracle", "oracle pass@k")):
+                ax.plot(ks, [p[rule]["accuracy"] * 100 for p in curve["points"]], "o-", label=f"{curve['group']} {name}")
+        ax.set_xlabel("k (attempts)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(-5, 105)
+        ax.set_title(f"Test-time scaling from one run at k = K{tag}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths["k_plot"] = out / "k_curve.png"
+        fig.savefig(paths["k_plot"], dpi=110)
+    return paths
+
+
 def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "report.md", "json": out / "report.json"}
@@ -404,6 +475,7 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(public, indent=2), encoding="utf-8")
     accuracy, latency, pareto = plot(report, out)
     paths.update(accuracy_plot=accuracy, latency_plot=latency, pareto_plot=pareto)
+    paths.update(study_plots(report, out))
     return paths
 
 

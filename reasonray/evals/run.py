@@ -139,6 +139,7 @@ def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: Eva
         "provenance": provenance(
             settings,
             service_url=options.url,
+            over_service=options.client is not None,
             served_model=None,
             dataset_sha256=dataset.sha256,
         ),
@@ -327,7 +328,7 @@ def _finish(
         "grid_seconds": round(grid_s, 3),
         "finished_at": datetime.now(UTC).isoformat(),
     }
-    report = build_report(records, cells, meta, options.prices)
+    report = build_report(records, cells, meta, options.prices, dataset.examples)
     report["failed"] = [
         {"example_id": r.example_id, "error_type": r.error_type, "trace_id": r.trace_id} for r in records if r.status == "error"
     ]

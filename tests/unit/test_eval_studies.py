@@ -178,3 +178,138 @@ def test_the_learning_curve_has_both_arms_by_block_and_the_later_difference():
     assert [b["accuracy"] for b in curve["arms"]["on"]][1] == 1.0
     later = curve["later"]
     assert later["from_position"] == 5 and later["paired"] <= 10 and later["difference"] > 0 and later["only_b"] == 0
+
+
+# -- the tool end to end ---------------------------------------------------------------------------
+
+ALL = ["chain_of_thought", "self_consistency", "tree_of_thought", "react", "bounded_context", "refine", "matts"]
+
+
+def _catalogue():
+    from reasonray.kernel.config import ReasoningSettings
+    from reasonray.strategies.registry import StrategyRegistry, build_catalogue
+
+    return build_catalogue(StrategyRegistry().discover(), ReasoningSettings(enabled_strategies=ALL))
+
+
+def test_the_budget_axis_sets_each_strategys_token_limits():
+    from reasonray.evals.grid import GridError, build_grid
+
+    cells = build_grid(
+        _catalogue(), ["chain_of_thought", "matts", "bounded_context"], {None: {"t": {"temperature": 0.7}}}, [0], budgets=[16, 64]
+    )
+    by = {(c.strategy, c.budget): c for c in cells}
+    assert {c.config_name for c in cells} == {"t@16", "t@64"}
+    assert by[("chain_of_thought", 16)].config["max_tokens"] == 16 and by[("chain_of_thought", 16)].config["temperature"] == 0.7
+    assert by[("matts", 64)].config["base_config"]["max_tokens"] == 64 and by[("matts", 16)].config["judge_max_tokens"] == 16
+    assert by[("bounded_context", 16)].config["chunk_size"] == 128 and by[("bounded_context", 64)].config["carryover_size"] == 32
+    assert len({c.key for c in cells}) == 6
+    with pytest.raises(GridError, match="positive"):
+        build_grid(_catalogue(), ["chain_of_thought"], {}, [0], budgets=[0])
+
+
+def test_the_report_has_baselines_lenient_scores_holm_and_budget_curves(tmp_path):
+    from reasonray.evals.grid import Cell
+    from reasonray.evals.report import Prices, build_report, markdown, write_report
+    from reasonray.evals.runner import Record
+
+    examples = [
+        Example(id=f"q{i}", kind="gsm8k", query=f"What is 1 + {i}?", reference="1" if i < 3 else str(i + 1), key="") for i in range(40)
+    ]
+    cells = [Cell("chain_of_thought", f"d@{b}", 0, budget=b) for b in (16, 64)] + [Cell("refine", "d", 0)]
+
+    def record(cell, example, correct, lenient=False):
+        return Record(
+            example.id,
+            cell.strategy,
+            cell.config_name,
+            0,
+            "ok",
+            correct=correct,
+            correct_lenient=lenient,
+            found_by="tag",
+            reference=example.reference,
+            prompt_tokens=10 * (cell.budget or 100),
+            budget=cell.budget,
+        )
+
+    records = [record(cells[0], e, False, lenient=True) for e in examples]
+    records += [record(cells[1], e, True) for e in examples]
+    records += [record(cells[2], e, i % 2 == 0) for i, e in enumerate(examples)]
+    meta = {
+        "dataset": {"name": "t", "examples": 40, "path": "t", "kind": "gsm8k", "digest": "x"},
+        "model": "m",
+        "seeds": [0],
+        "memory": False,
+    }
+    report = build_report(records, cells, meta, Prices(), examples)
+    baselines = {b["name"]: b for b in report["baselines"]}
+    assert baselines["constant"]["answer"] == "1" and baselines["constant"]["correct"] == 3
+    assert baselines["echo"]["correct"] == 1  # only "What is 1 + 1?" echoes its answer, 1
+    rows = {r["group"]: r for r in report["rows"]}
+    assert rows["chain_of_thought/d@16"]["accuracy"] == 0.0 and rows["chain_of_thought/d@16"]["accuracy_lenient"] == 1.0
+    assert rows["chain_of_thought/d@16"]["found_by"] == {"tag": 40}
+    p_holm = {(c["a"], c["b"]): c["p_holm"] for c in report["comparisons"]}
+    raw = sorted(c["mcnemar_p"] for c in report["comparisons"])
+    assert len(p_holm) == 3 and min(p_holm.values()) == pytest.approx(min(1.0, 3 * raw[0]), rel=1e-4)
+    text = markdown(report)
+    assert "## Baselines" in text and "Holm p" in text and "< 0.0002" in text and "lenient" in text
+    paths = write_report(report, tmp_path)
+    assert paths["accuracy_plot"].exists()
+
+
+async def test_a_memory_study_over_a_client_runs_both_arms_on_seeded_streams(tmp_path):
+    """Against a service (here in process), memory on learns through the service with the reference as its
+    expected answer, memory off does not; each arm and order has its own workspace; run.json says what ran."""
+    import json
+
+    from reasonray.api.app import Backends, build_application
+    from reasonray.api.surfaces.local_http import in_process_client
+    from reasonray.evals.run import EvalOptions, run_async
+    from reasonray.gateway.simulator.engine import SimulatedModel
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+    from reasonray.gateway.tokens import counter_for_model
+    from reasonray.kernel.config import Settings
+    from tests.unit.memory_harness import local_memory, make_bank
+
+    bank = make_bank(tmp_path / "chroma", min_similarity=0.0)
+    settings = Settings.model_validate({"reasoning": {"enabled_strategies": ["chain_of_thought"], "default_strategy": "chain_of_thought"}})
+    app = build_application(
+        settings,
+        llm=SimulatedLLM(SimulatedModel(counter_for_model("simulated"))),
+        data_dir=None,
+        backends=Backends(memory=local_memory(bank)),
+    )
+    async with in_process_client(app.dispatcher) as rr:
+        options = EvalOptions(
+            dataset="gen:sums?n=4&seed=0",
+            strategies=["chain_of_thought"],
+            out=tmp_path / "run",
+            client=rr,
+            memory=True,
+            memory_study=True,
+            orders=2,
+            progress=False,
+        )
+        report = await run_async(options)
+    records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 16 and {(r["arm"], r["order"]) for r in records} == {(a, o) for a in ("on", "off") for o in (0, 1)}
+    for arm, order in [("on", 0), ("on", 1), ("off", 0), ("off", 1)]:
+        ours = sorted((r for r in records if (r["arm"], r["order"]) == (arm, order)), key=lambda r: r["position"])
+        assert [r["position"] for r in ours] == [0, 1, 2, 3]
+        if order == 0:
+            assert [r["example_id"] for r in ours] == [f"sums-s0-{i}" for i in range(4)]
+    shuffled = [r["example_id"] for r in sorted((r for r in records if (r["arm"], r["order"]) == ("on", 1)), key=lambda r: r["position"])]
+    assert sorted(shuffled) == [f"sums-s0-{i}" for i in range(4)]
+    assert all(r["memory"] is None for r in records if r["arm"] == "off")
+    assert all(r["memory"]["outcome"] == "success" for r in records if r["arm"] == "on")  # labelled by the expected answer
+    assert sorted(w["traces"] for w in bank.list_workspaces()) == [4, 4]  # the two "on" streams, nothing else
+    (curve,) = report["learning_curves"]
+    later = {r["example_id"] for r in records if r["position"] >= 2}  # the later half of either order: examples, not records
+    assert set(curve["arms"]) == {"on", "off"} and curve["later"]["paired"] == len(later)
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    prov = run["provenance"]
+    assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)
+    assert prov["dataset_sha256"] == report["dataset"]["sha256"] and len(prov["dataset_sha256"]) == 64
+    assert prov["model"]["served_name"] == "simulated" and prov["command"]
+    assert run["memory_study"] == {"arms": ["on", "off"], "orders": 2}
