@@ -45,7 +45,7 @@ from reasonray.api.errors import error_headers, rest_error, view_of
 from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for
 from reasonray.api.methods import accept_trace_id, new_trace_id
 from reasonray.api.service import ExecuteParams, ExecuteResult
-from reasonray.api.stores.a2a_store import repository as a2a_repository
+from reasonray.stores.a2a import open_a2a as a2a_repository
 from reasonray.api.stores.registry import RegistryService
 from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.surfaces.gate import AuthGate, GateConfig

@@ -28,8 +28,8 @@ import structlog
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
 from reasonray.api.access.limits import KeyedLimits, RateLimiter, TokenBudgets
-from reasonray.api.access.tenancy import OwnerRecord, ownership_table
-from reasonray.kernel.repositories import counters
+from reasonray.stores.counters import open_counters
+from reasonray.stores.ownership import OwnerRecord, open_ownership
 
 LEASE_S = 1.0  # unused permits of a lease expire this soon: a replica never sits on others' headroom for long
 LEASE_SHARE = 20  # a lease is at most 1/20 of a per-minute limit, so leftover permits waste little of it
@@ -46,7 +46,7 @@ class OwnersActor(Fingerprinted):
     def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
         private_files()
         self._fingerprint = fp
-        self.table = ownership_table(store_url, Path(data_dir))
+        self.table = open_ownership(store_url, Path(data_dir))
 
     def get(self, kind: str, ident: str) -> OwnerRecord | None:
         return self.table.get(kind, ident)
@@ -75,7 +75,7 @@ class LimiterActor(Fingerprinted):
         private_files()
         self._fingerprint = fp
         # token charges reach the store once a second, summed (TokenBudgets), not twice per run
-        self.limiter = RateLimiter(budgets=TokenBudgets(counters(store_url, Path(data_dir)), flush_s=BUDGET_FLUSH_S))
+        self.limiter = RateLimiter(budgets=TokenBudgets(open_counters(store_url, Path(data_dir)), flush_s=BUDGET_FLUSH_S))
         self._lock = threading.Lock()  # the calls below and the flusher thread take turns
         threading.Thread(target=self._flush_forever, name="budget-flush", daemon=True).start()
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import _env  # noqa: F401  (sets up the environment first)
 
 from reasonray.gateway.protocol import Message
-from reasonray.kernel.pgstore import PgStore
 from reasonray.reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, ToolLedger
 from reasonray.reasoner.repository import PgSessionRepository, session_repository
 from reasonray.reasoner.session import SessionRepository, SessionSpec, SessionState
+from reasonray.stores.postgres import PgStore
 from tests.pg import TempPostgres  # the throw-away server the tests use (the repository is on sys.path: _env)
 
 

@@ -33,7 +33,7 @@ from reasonray.kernel.errors import InvalidParamsError, NotFoundError, describe_
 from reasonray.kernel.storage import write_atomic
 
 if TYPE_CHECKING:
-    from reasonray.kernel.pgstore import PgStore
+    from reasonray.stores.agent_cards import PgCardRows
     from reasonray.strategies.registry import Catalogue
 
 log = structlog.get_logger(__name__)
@@ -219,25 +219,26 @@ class PgAgentRepository:
     """The `agent_cards` table: every replica and every node reads the same cards. Synchronous like its caller,
     the registry (a sync actor, so registrations never interleave)."""
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    def __init__(self, rows: PgCardRows) -> None:
+        self.rows = rows
 
     def all(self) -> dict[str, AgentCard]:
-        return {card.id: card for card in (AgentCard.model_validate(doc) for doc in self.store.blocking(self.store.cards()))}
+        return {card.id: card for card in (AgentCard.model_validate(doc) for doc in self.rows.all())}
 
     def put(self, card: AgentCard) -> None:
-        self.store.blocking(self.store.put_card(card.id, card.model_dump(mode="json")))
+        self.rows.put(card.id, card.model_dump(mode="json"))
 
     def delete(self, agent_id: str) -> None:
-        self.store.blocking(self.store.delete_card(agent_id))
+        self.rows.delete(agent_id)
 
 
 def agent_repository(store_url: str | None, data_dir: Path | None) -> AgentRepository:
     """PostgreSQL when a store URL is configured, else `<data_dir>/agents.json` (no data_dir: in memory)."""
     if store_url is not None:
-        from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
+        from reasonray.stores.agent_cards import PgCardRows
+        from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
 
-        return PgAgentRepository(pg_store(store_url))
+        return PgAgentRepository(PgCardRows(pg_store(store_url)))
     return FileAgentRepository(Path(data_dir) / "agents.json" if data_dir is not None else None)
 
 

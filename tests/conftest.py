@@ -43,7 +43,7 @@ def postgres():
         pytest.skip("PostgreSQL is not installed (scripts/setup.sh installs it)")
     if "MUTANT_UNDER_TEST" in os.environ:
         # Under mutmut every mutant is its own pytest session: a server per mutant would cost more than
-        # the whole run; reasonray/kernel/pgstore.py is left out of mutation (docs/testing.md).
+        # the whole run; reasonray/stores/postgres.py is left out of mutation (docs/testing.md).
         pytest.skip("no PostgreSQL server per mutant in the mutation run")
     with TempPostgres() as pg:
         yield pg

@@ -30,7 +30,7 @@ from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 from pydantic import ValidationError
 
-from reasonray.api.access.audit import ANONYMOUS
+from reasonray.stores.audit import ANONYMOUS
 from reasonray.api.access.auth import CURRENT_PRINCIPAL
 from reasonray.api.access.egress import Egress
 from reasonray.kernel.errors import InvalidParamsError, ReasonRayError

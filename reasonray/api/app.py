@@ -19,7 +19,7 @@ from typing import Any
 
 from reasonray.api.access.egress import Egress, SharedSlots
 from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
-from reasonray.api.access.tenancy import Guard, LocalOwners, build_guard, install_guard, ownership_table
+from reasonray.api.access.tenancy import Guard, LocalOwners, build_guard, install_guard
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
 from reasonray.api.service import ReasoningService
@@ -31,7 +31,6 @@ from reasonray.gateway.protocol import LLM
 from reasonray.gateway.resilience import ResilientLLM
 from reasonray.gateway.tokens import counter_of
 from reasonray.kernel.config import MemorySettings, ReasoningSettings, Settings
-from reasonray.kernel.repositories import counters, run_index
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics, NoMetrics
 from reasonray.memory.loop import MemoryLoop
@@ -39,6 +38,9 @@ from reasonray.memory.service import BankService, LocalMemory, MemoryClient, che
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.repository import session_repository
 from reasonray.reasoner.session import LocalSessions, SessionPipeline, Sessions
+from reasonray.stores.counters import open_counters
+from reasonray.stores.ownership import open_ownership
+from reasonray.stores.runs import open_runs
 from reasonray.strategies.base import Fanout, local_fanout
 from reasonray.strategies.registry import Catalogue, StrategyRegistry, build_catalogue
 
@@ -121,7 +123,7 @@ def build_application(
         memory_settings=settings.memory,
         budget=settings.budget,
         metrics=parts.metrics,
-        runs=run_index(settings.store.url, directory) if directory is not None else None,
+        runs=open_runs(settings.store.url, directory) if directory is not None else None,
         **{
             "selection_budget_ms": settings.reasoning.performance.strategy_selection_timeout_ms,
             "log_queries": settings.logging.log_queries,
@@ -164,7 +166,7 @@ def session_pipeline(settings: Settings, llm: LLM, memory: MemoryClient | None) 
         data_dir=data_dir,
         default_max_llm_calls=s.max_llm_calls,
         passive=passive,
-        runs=run_index(settings.store.url, data_dir),
+        runs=open_runs(settings.store.url, data_dir),
         record=settings.events.record,
         max_history=settings.limits.max_session_history,
     )
@@ -190,8 +192,8 @@ def local_guard(settings: Settings, application: Application) -> Guard:
     """The tenancy guard of an application served by this one process: ownership, budgets and audit in
     the configured store (PostgreSQL with `[store] url`, else files under the data directory)."""
     store, data_dir = settings.store.url, Path(settings.data_dir)
-    owners = LocalOwners(ownership_table(store, data_dir))
-    limits = LocalLimits(RateLimiter(budgets=TokenBudgets(counters(store, data_dir))))
+    owners = LocalOwners(open_ownership(store, data_dir))
+    limits = LocalLimits(RateLimiter(budgets=TokenBudgets(open_counters(store, data_dir))))
     return build_guard(settings, application.registry, application.service, owners, limits)
 
 

@@ -39,7 +39,7 @@ from reasonray.kernel.errors import (
 )
 from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, event_log_path
 from reasonray.kernel.redact import redact
-from reasonray.kernel.repositories import RunIndex, RunRecord
+from reasonray.stores.runs import RunIndex, RunRecord
 from reasonray.kernel.retention import sweep
 from reasonray.kernel.tags import extract_answer, normalize_answer, strip_thinking
 from reasonray.kernel.telemetry import Metrics, NoMetrics, record_bounded_context, record_outcome, record_run

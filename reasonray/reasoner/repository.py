@@ -8,17 +8,17 @@ from typing import TYPE_CHECKING
 from reasonray.reasoner.session import LocalSessionRepository, SessionRepository, SessionState, stale_version
 
 if TYPE_CHECKING:
-    from reasonray.kernel.pgstore import PgStore
+    from reasonray.stores.sessions import PgSessionRows
 
 
 class PgSessionRepository:
     """One row per session in the `sessions` table: the state as JSONB and its version for optimistic concurrency."""
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    def __init__(self, rows: PgSessionRows) -> None:
+        self.rows = rows
 
     async def load(self, session_id: str) -> SessionState | None:
-        found = await self.store.load_session(session_id)
+        found = await self.rows.load(session_id)
         if found is None:
             return None
         text, version = found
@@ -26,7 +26,7 @@ class PgSessionRepository:
 
     async def save(self, state: SessionState) -> None:
         doc = state.model_dump_json(exclude={"version"})
-        if await self.store.save_session(state.session_id, state.status, doc, state.version) is None:
+        if await self.rows.save(state.session_id, state.status, doc, state.version) is None:
             raise stale_version(state.session_id, state.version)
 
 
@@ -34,6 +34,7 @@ def session_repository(store_url: str | None, data_dir: Path, retention_days: fl
     """PostgreSQL when a store URL is configured, else `<data_dir>/sessions/` (swept by `retention_days`)."""
     if store_url is None:
         return LocalSessionRepository(Path(data_dir) / "sessions", retention_days)
-    from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
+    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
+    from reasonray.stores.sessions import PgSessionRows
 
-    return PgSessionRepository(pg_store(store_url))
+    return PgSessionRepository(PgSessionRows(pg_store(store_url)))

@@ -36,7 +36,7 @@ from reasonray.kernel.errors import (
     SessionStateError,
 )
 from reasonray.kernel.events import Event, EventRecorder, LLMInvocation, RecordMode, event_log_path
-from reasonray.kernel.repositories import RunIndex, RunRecord
+from reasonray.stores.runs import RunIndex, RunRecord
 from reasonray.kernel.storage import LocalDatabase
 from reasonray.memory.loop import MemoryLoop, MemoryReport
 from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor

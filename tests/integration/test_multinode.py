@@ -25,7 +25,9 @@ import httpx
 import pytest
 
 from reasonray.gateway.simulator.server import free_port
-from reasonray.kernel.pgstore import PgStore
+from reasonray.stores.postgres import PgStore
+from reasonray.stores.runs import PgRunIndex
+from reasonray.stores.sessions import PgSessionRows
 from tests.integration import stack
 from tests.integration.conftest import kill_tree, result_of, rpc, settings_for
 
@@ -290,7 +292,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, pg_url, chroma_server, 
             got = result_of(rpc(client, "session.get", {"session_id": sid}))
             # every answered turn is saved; a turn whose answer died with the node may be saved too
             assert got["turn"] >= len(answered[sid]) and got["status"] == "idle", got
-            text, version = store.blocking(store.load_session(sid))
+            text, version = store.blocking(PgSessionRows(store).load(sid))
             state = json.loads(text)
             said = [m["content"] for m in state["providers"]["conversation"] if m["role"] == "user"]
             for result in answered[sid]:
@@ -302,7 +304,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, pg_url, chroma_server, 
                 )
             for result in answered[sid]:
                 trace_id = result["trace"][0]["trace_id"]
-                assert store.blocking(store.run(trace_id)) is not None, f"run {trace_id} of session {sid} is missing from the run index"
+                assert store.blocking(PgRunIndex(store).get(trace_id)) is not None, f"run {trace_id} of session {sid} is missing from the run index"
         for sid in moved:
             assert host_of(ray, sid) != victim, f"session {sid} still claims the dead node"
     finally:

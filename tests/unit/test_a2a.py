@@ -33,10 +33,9 @@ from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from reasonray.api.access.audit import JsonlAuditLog
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits, RateLimiter
-from reasonray.api.access.tenancy import Guard, LocalOwners, OwnershipTable, install_guard
+from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
 from reasonray.api.stores.a2a_store import (
     CONFLICT,
@@ -44,9 +43,7 @@ from reasonray.api.stores.a2a_store import (
     ContextSessions,
     OwnedTaskStore,
     PrincipalUser,
-    SqliteRepository,
     TaskBoard,
-    repository,
 )
 from reasonray.api.surfaces.a2a import A2AServer, agent_card, auth_configured, card_json
 from reasonray.gateway.testing import FunctionLLM
@@ -54,6 +51,9 @@ from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.stores.a2a import SqliteRepository, open_a2a
+from reasonray.stores.audit import JsonlAuditLog
+from reasonray.stores.ownership import OwnershipTable
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.a2a_rows import stored_rows
 
@@ -419,13 +419,13 @@ async def test_the_board_versions_writes_lets_a_cancel_win_and_keeps_owners_apar
 @pytest.fixture(params=["files", "postgresql"])
 async def repo(request, tmp_path):
     if request.param == "files":
-        yield repository(None, tmp_path / "sessions")
+        yield open_a2a(None, tmp_path / "sessions")
         return
     pg = request.getfixturevalue("postgres")
-    made = repository(pg.url, tmp_path / "unused")
-    await made.fetch("TRUNCATE a2a_tasks, a2a_conversations")
+    made = open_a2a(pg.url, tmp_path / "unused")
+    await made.store.fetch("TRUNCATE a2a_tasks, a2a_conversations")
     yield made
-    await made.aclose()  # the pool of this test's event loop
+    await made.store.aclose()  # the pool of this test's event loop
 
 
 def task(task_id: str, context: str, answer: str | None, seconds: int) -> Task:
@@ -465,7 +465,7 @@ async def test_a_context_is_bound_to_one_session_per_owner_and_survives_a_new_pr
     assert await contexts.session_of("alice", "c1") is None
     assert await contexts.bind("alice", "c1", "s-1") == "s-1"
     assert await contexts.bind("alice", "c1", "s-2") == "s-1"  # a concurrent first message: the winner's session
-    again = ContextSessions(repository(getattr(repo, "url", None), tmp_path / "sessions"))
+    again = ContextSessions(open_a2a(repo.store.url if hasattr(repo, "store") else None, tmp_path / "sessions"))
     assert await again.session_of("alice", "c1") == "s-1"
     assert await again.session_of("bob", "c1") is None and await again.session_of(None, "c1") is None
     assert await again.bind("alice", "c1", "s-3", replacing="s-1") == "s-3"  # its session was closed: a new one

@@ -27,13 +27,14 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.stores.a2a_store import PrincipalUser, SqliteRepository
+from reasonray.api.stores.a2a_store import PrincipalUser
 from reasonray.api.surfaces.a2a import A2AServer
 from reasonray.api.surfaces.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.stores.a2a import SqliteRepository
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.a2a_rows import stored_rows
 from tests.unit.test_a2a import Agent

@@ -20,6 +20,7 @@ FOLDER_TO_MODULE = {
     "reasonray/reasoner/": "reasonray.reasoner",
     "memory/": "reasonray.memory",
     "reasonray/gateway/": "reasonray.gateway",
+    "reasonray/stores/": "reasonray.stores",
     "reasonray/kernel/": "reasonray.kernel",
 }
 

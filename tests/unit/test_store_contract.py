@@ -16,16 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from reasonray.api.access.audit import AuditRecord, audit_log_for
 from reasonray.api.access.limits import RateLimiter, TokenBudgets
-from reasonray.api.access.tenancy import ownership_table
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
-from reasonray.kernel.repositories import AuditEntry, RunRecord, audit_log, counters, run_index
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.repository import session_repository
 from reasonray.reasoner.session import SessionPipeline, SessionSpec
+from reasonray.stores.a2a import open_a2a
+from reasonray.stores.audit import AuditRecord, open_audit
+from reasonray.stores.counters import open_counters, window_start
+from reasonray.stores.ownership import open_ownership
+from reasonray.stores.runs import RunRecord, open_runs
 from reasonray.strategies.agents import AgentCard, agent_repository
 
 
@@ -49,7 +51,7 @@ async def store(request, tmp_path):
         yield Store(None, tmp_path)
         return
     pg = request.getfixturevalue("postgres")
-    from reasonray.kernel.pgstore import pg_store
+    from reasonray.stores.postgres import pg_store
 
     await pg_store(pg.url).fetch("TRUNCATE sessions, agent_cards, runs, audit_log, counters, ownership")
     yield Store(pg.url, tmp_path)
@@ -59,7 +61,7 @@ async def store(request, tmp_path):
 def scripted_pipeline(store: Store, answers: list[str], data_dir: Path | None = None) -> tuple[SessionPipeline, ScriptedLLM]:
     llm = ScriptedLLM(answers)
     d = data_dir or store.data_dir
-    return SessionPipeline(store.sessions(d), llm, builtin_toolbox(), data_dir=d, runs=run_index(store.url, d)), llm
+    return SessionPipeline(store.sessions(d), llm, builtin_toolbox(), data_dir=d, runs=open_runs(store.url, d)), llm
 
 
 # -- sessions -------------------------------------------------------------------------------------------
@@ -169,14 +171,14 @@ async def test_a_run_is_indexed_with_its_event_log(store):
     recorder(RunEnd(trace_id="trace-run", strategy="chain_of_thought", status="ok", total_tokens=30, execution_time_ms=12))
     recorder.close()
     run = a_run("trace-run", principal="alice")
-    await run_index(store.url, store.data_dir).record(run, path)
+    await open_runs(store.url, store.data_dir).record(run, path)
     if store.url is not None:
         path.unlink()  # the database holds the events itself
-    found = await run_index(store.url, store.other_data_dir()).get("trace-run")
+    found = await open_runs(store.url, store.other_data_dir()).get("trace-run")
     assert found is not None
     record, events = found
     assert record == run and [e["type"] for e in events] == ["RUN_END"] and events[0]["total_tokens"] == 30
-    assert await run_index(store.url, store.data_dir).get("no-such-trace") is None
+    assert await open_runs(store.url, store.data_dir).get("no-such-trace") is None
 
 
 async def test_run_files_of_an_earlier_version_are_imported_once(tmp_path):
@@ -184,10 +186,10 @@ async def test_run_files_of_an_earlier_version_are_imported_once(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "old-run.json").write_text(json.dumps({"run": run.model_dump(mode="json"), "event_log": None}))
     (tmp_path / "runs" / "broken.json").write_text("{not json")
-    found = await run_index(None, tmp_path).get("old-run")
+    found = await open_runs(None, tmp_path).get("old-run")
     assert found is not None and found[0] == run and found[1] == []
     assert not (tmp_path / "runs" / "old-run.json").exists() and (tmp_path / "runs" / "broken.json").exists()
-    again = await run_index(None, tmp_path).get("old-run")  # another process opening the index: the row, not the file
+    again = await open_runs(None, tmp_path).get("old-run")  # another process opening the index: the row, not the file
     assert again is not None and again[0] == run
 
 
@@ -195,7 +197,7 @@ async def test_session_turns_land_in_the_run_index(store):
     pipeline, _ = scripted_pipeline(store, ["<answer>Hello!</answer>"])
     sid = (await pipeline.create(SessionSpec())).session_id
     await pipeline.turn(sid, "Hi", "trace-turn")
-    found = await run_index(store.url, store.other_data_dir()).get("trace-turn")
+    found = await open_runs(store.url, store.other_data_dir()).get("trace-turn")
     assert found is not None
     record, events = found
     assert (record.kind, record.status, record.strategy) == ("session", "ok", "session") and record.completion_tokens > 0
@@ -203,47 +205,47 @@ async def test_session_turns_land_in_the_run_index(store):
 
 
 async def test_the_audit_log_reads_newest_first_and_by_principal(store):
-    log = audit_log(store.url, store.data_dir)
+    log = open_audit(store.url, store.data_dir)
     for i, who in enumerate(["alice", "bob", "alice"]):
-        await log.append(AuditEntry(at=datetime.now(UTC), principal=who, action="agent.register", detail={"n": i}))
-    other = audit_log(store.url, store.other_data_dir())
-    assert [e.detail["n"] for e in await other.recent()] == [2, 1, 0]
-    assert [e.detail["n"] for e in await other.recent(principal="alice", limit=1)] == [2]
+        await log.write(AuditRecord(at=datetime.now(UTC), principal=who, method="agent.register", outcome="ok", trace_id=f"t{i}"))
+    other = open_audit(store.url, store.other_data_dir())
+    assert [e.trace_id for e in await other.recent()] == ["t2", "t1", "t0"]
+    assert [e.trace_id for e in await other.recent(principal="alice", limit=1)] == ["t2"]
 
 
 def test_counters_add_up_per_window(store):
-    c = counters(store.url, store.data_dir)
+    c = open_counters(store.url, store.data_dir)
     now = time.time() // 60 * 60 + 1  # the start of a current window: ended windows are pruned by the clock
     assert c.add("rate:alice", 1, window_s=60, now=now) == 1
     assert c.add("rate:alice", 2, window_s=60, now=now + 10) == 3
     assert c.add("rate:alice", 1, window_s=60, now=now + 60) == 1  # the next window starts from zero
     assert c.add("tokens:alice", 500) == 500 and c.add("tokens:alice", 250) == 750
-    other = counters(store.url, store.other_data_dir())
+    other = open_counters(store.url, store.other_data_dir())
     assert other.get("rate:alice", window_s=60, now=now + 61) == 1 and other.get("tokens:alice") == 750
     assert other.get("rate:bob", window_s=60, now=now) == 0
 
 
 def test_ownership_is_claimed_once_shared_read_only_and_seen_by_another_process(store):
-    table = ownership_table(store.url, store.data_dir)
+    table = open_ownership(store.url, store.data_dir)
     assert table.get("workspace", "w") is None
     assert table.claim("workspace", "w", "alice") and table.claim("workspace", "w", "alice")
     assert not table.claim("workspace", "w", "bob")
     table.claim("session", "s1", "bob")
     table.share("workspace", "w", ["carol", "carol"])
-    other = ownership_table(store.url, store.other_data_dir())
+    other = open_ownership(store.url, store.other_data_dir())
     assert other.get("workspace", "w") == {"owner": "alice", "readers": ["carol"]}
     assert other.readable("workspace", "carol") == ["w"] and other.readable("workspace", "bob") == []
     assert other.owned("workspace") == {"w"} and other.owned("session") == {"s1"}
     other.drop("workspace", "w")
-    assert ownership_table(store.url, store.data_dir).get("workspace", "w") is None
+    assert open_ownership(store.url, store.data_dir).get("workspace", "w") is None
 
 
 def test_token_budgets_outlive_the_limiter_and_are_shared_through_the_store(store):
     keyed = [("alice", {"tokens_per_day": 1000, "tokens_per_minute": 10**6})]
-    first = RateLimiter(budgets=TokenBudgets(counters(store.url, store.data_dir)))
+    first = RateLimiter(budgets=TokenBudgets(open_counters(store.url, store.data_dir)))
     first.finish(["alice"], first.admit(keyed, run=True)["run_id"], tokens=1200)
     # a limiter started afterwards (the actor restarted, or another cluster on the same store) sees the charge
-    later = RateLimiter(budgets=TokenBudgets(counters(store.url, store.other_data_dir())))
+    later = RateLimiter(budgets=TokenBudgets(open_counters(store.url, store.other_data_dir())))
     assert later.admit(keyed, run=True)["limit_name"] == "tokens_per_day"
     assert later.usage("alice")["tokens_today"] == 1200 and later.usage("bob")["tokens_today"] == 0
 
@@ -252,7 +254,7 @@ def test_token_budgets_outlive_the_limiter_and_are_shared_through_the_store(stor
 
 
 def test_migrating_again_applies_nothing(postgres):
-    from reasonray.kernel.pgstore import migrate, pg_store
+    from reasonray.stores.postgres import migrate, pg_store
 
     pg_store(postgres.url)
     assert migrate(postgres.url) == []
@@ -278,7 +280,7 @@ async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
     finally:
         # the pool of this test's event loop, closed with the test: left to the loop's closing, a worker of the
         # pool that reconnected through the restart once kept the loop from closing
-        from reasonray.kernel.pgstore import pg_store
+        from reasonray.stores.postgres import pg_store
 
         await pg_store(postgres.url).aclose()
 
@@ -286,37 +288,37 @@ async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
 def test_an_unreachable_database_is_a_config_error_naming_it(tmp_path):
     from reasonray.gateway.simulator.server import free_port
     from reasonray.kernel.config import ConfigError
-    from reasonray.kernel.pgstore import PgStore
+    from reasonray.stores.postgres import PgStore
 
     with pytest.raises(ConfigError, match=r"\[store\] url: cannot connect to PostgreSQL at reasonray@127.0.0.1:\d+/nowhere"):
         PgStore(f"postgresql://reasonray:secret@127.0.0.1:{free_port()}/nowhere", timeout_s=2)
 
 
 async def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to_the_data_directory(postgres, tmp_path):
-    from reasonray.kernel.pgstore import pg_store
+    from reasonray.stores.postgres import pg_store
 
     await pg_store(postgres.url).fetch("TRUNCATE audit_log")
-    await audit_log_for(postgres.url, tmp_path / "node-a").write(
-        AuditRecord(principal="alice", roles=["reasoner"], method="session.get", target="session:s1", outcome="forbidden", trace_id="t1")
+    record = AuditRecord(
+        principal="alice", roles=["reasoner"], method="session.get", target="session:s1", outcome="forbidden", trace_id="t1"
     )
-    [entry] = await audit_log(postgres.url, tmp_path / "node-b").recent(principal="alice")
-    assert entry.action == "session.get"
-    assert entry.detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
+    await open_audit(postgres.url, tmp_path / "node-a").write(record)
+    [(action, detail)] = await pg_store(postgres.url).fetch("SELECT action, detail FROM audit_log WHERE principal = 'alice'")
+    assert action == "session.get"
+    assert detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
+    assert await open_audit(postgres.url, tmp_path / "node-b").recent(principal="alice") == [record]
     assert not (tmp_path / "node-a").exists()
 
 
 async def test_the_file_audit_log_is_private_to_its_owner_and_makes_its_directory(tmp_path):
     data_dir = tmp_path / "not" / "yet" / "there"
-    log = audit_log(None, data_dir)
-    await log.append(AuditEntry(at=datetime(2026, 1, 1, tzinfo=UTC), principal="alice", action="agent.register"))
-    path = data_dir / "audit.jsonl"
+    log = open_audit(None, data_dir)
+    await log.write(AuditRecord(at=datetime(2026, 1, 1, tzinfo=UTC), principal="alice", method="agent.register", outcome="ok"))
+    path = data_dir / "audit" / "audit.jsonl"
     assert path.exists() and path.stat().st_mode & 0o777 == 0o600  # who did what is nobody else's to read
-    assert [e.action for e in await audit_log(None, data_dir).recent()] == ["agent.register"]
+    assert [e.method for e in await open_audit(None, data_dir).recent()] == ["agent.register"]
 
 
 def test_windows_start_on_multiples_of_their_length():
-    from reasonray.kernel.repositories import window_start
-
     assert window_start(None, 12_345.0) == 0  # no window: one bucket forever
     assert window_start(60, 12_345.9) == 12_300 and window_start(60, 12_300.0) == 12_300
     assert window_start(86_400, 1.5) == 0
@@ -343,7 +345,7 @@ def test_an_event_log_directory_removed_after_use_is_made_again(tmp_path):
 
 
 def _charge_from_another_process(data_dir: str, times: int) -> None:
-    c = counters(None, Path(data_dir))
+    c = open_counters(None, Path(data_dir))
     for _ in range(times):
         c.add("tokens:alice", 1, window_s=86_400)
 
@@ -359,7 +361,7 @@ def test_counters_from_many_processes_lose_no_charge(tmp_path):
     for w in workers:
         w.join(60)
         assert w.exitcode == 0
-    assert counters(None, tmp_path).get("tokens:alice", window_s=86_400) == 800
+    assert open_counters(None, tmp_path).get("tokens:alice", window_s=86_400) == 800
     assert (tmp_path / "counters.sqlite3").stat().st_mode & 0o777 == 0o600
 
 
@@ -372,7 +374,7 @@ def test_counters_of_an_earlier_json_file_carry_over_once_and_ended_windows_are_
         "rate:bob": {"window_start": int(now - 1), "value": 3, "expires": now + 59},
     }
     (tmp_path / "counters.json").write_text(json.dumps(old))
-    c = counters(None, tmp_path)
+    c = open_counters(None, tmp_path)
     assert c.add("tokens:alice", 50) == 800 and c.get("rate:bob", window_s=60, now=now) == 3
     assert not (tmp_path / "counters.json").exists()  # imported once, then gone
     c.add("rate:carol", 1, window_s=60, now=now + 3600)  # an hour later: the ended windows go
@@ -386,9 +388,7 @@ def test_counters_of_an_earlier_json_file_carry_over_once_and_ended_windows_are_
 
 
 def a2a_repository(store: Store, data_dir: Path | None = None):
-    from reasonray.api.stores.a2a_store import repository
-
-    return repository(store.url, (data_dir or store.data_dir) / "sessions")
+    return open_a2a(store.url, (data_dir or store.data_dir) / "sessions")
 
 
 async def test_a2a_tasks_are_their_owners_alone_and_list_newest_first_in_pages(store):
@@ -433,8 +433,6 @@ async def test_an_a2a_conversation_is_saved_only_over_the_version_it_was_loaded_
 async def test_a2a_records_of_earlier_json_files_are_imported_once(tmp_path):
     import json
 
-    from reasonray.api.stores.a2a_store import repository
-
     root = tmp_path / "sessions" / "a2a"
     (root / "tasks").mkdir(parents=True)
     (root / "contexts").mkdir()
@@ -442,7 +440,7 @@ async def test_a2a_records_of_earlier_json_files_are_imported_once(tmp_path):
     (root / "tasks" / "t-old.json").write_text(json.dumps(task))
     conversation = {"owner": "alice", "context_id": "c1", "version": 2, "exchanges": [{"session_id": "s-1"}]}
     (root / "contexts" / "a2a-old.json").write_text(json.dumps(conversation))
-    repo = repository(None, tmp_path / "sessions")
+    repo = open_a2a(None, tmp_path / "sessions")
     assert await repo.a2a_task("t-old", "alice") == {"id": "t-old"}
     assert await repo.load_a2a_conversation("a2a-old") == ([{"session_id": "s-1"}], 2)
     assert (root / "a2a.sqlite3").stat().st_mode & 0o777 == 0o600

@@ -7,13 +7,11 @@ import stat
 
 import pytest
 
-from reasonray.api.access.audit import JsonlAuditLog
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits, MemoryCounters, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import (
     Guard,
     LocalOwners,
-    OwnershipTable,
     agent_exists_via,
     agent_strategies_via,
     install_guard,
@@ -26,6 +24,8 @@ from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.stores.audit import JsonlAuditLog
+from reasonray.stores.ownership import OwnershipTable
 from tests.unit.memory_harness import local_memory, make_bank
 
 ANSWER = "<thinking>easy</thinking><answer>4</answer>"

@@ -22,7 +22,7 @@ import structlog
 
 from reasonray.kernel.auth_settings import LimitSettings
 from reasonray.kernel.errors import RateLimitedError
-from reasonray.kernel.repositories import Counters, window_start
+from reasonray.stores.counters import Counters, window_start
 
 log = structlog.get_logger(__name__)
 

@@ -13,18 +13,14 @@ ForbiddenError.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from reasonray.api.access.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit, audit_log_for
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import Limits, limited, refusal_error
 from reasonray.api.declarations import REASONERS, RESOLVED, Access, Kind, Resource, Visible
@@ -32,12 +28,13 @@ from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
+from reasonray.stores.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit, open_audit
+from reasonray.stores.ownership import OwnerRecord, OwnershipRepository, OwnershipTable
 from reasonray.strategies.agents import STRATEGY_CAPABILITY, remote_strategy
 
 if TYPE_CHECKING:
     from reasonray.api.stores.registry import Registry
     from reasonray.kernel.config import Settings
-    from reasonray.kernel.pgstore import PgStore
 
 log = structlog.get_logger(__name__)
 
@@ -62,118 +59,6 @@ def personal_workspace(sub: str) -> str:
 
 PERSONAL_WORKSPACE = re.compile(r"p-[0-9a-f]{24}")
 RESERVED_WORKSPACES = frozenset({"default", "shared", "public", "global"})  # an admin's to fill; nobody claims them
-
-
-class OwnerRecord(TypedDict):
-    owner: str  # the owner's `sub`
-    readers: list[str]  # principals it is shared with, read-only
-
-
-class OwnershipRepository(Protocol):
-    """Owner and read-only sharers of each resource (`kind` is session, agent or workspace), stored somewhere."""
-
-    def get(self, kind: str, ident: str) -> OwnerRecord | None: ...
-
-    def claim(self, kind: str, ident: str, sub: str) -> bool:
-        """Make `sub` the owner of an unowned resource; True when `sub` owns it afterwards."""
-        ...
-
-    def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        """Replace the read-only sharers of an owned resource."""
-        ...
-
-    def drop(self, kind: str, ident: str) -> None: ...
-
-    def readable(self, kind: str, sub: str) -> list[str]:
-        """Ids of `kind` that `sub` owns or that are shared with it."""
-        ...
-
-    def owned(self, kind: str) -> set[str]:
-        """Ids of `kind` that have an owner."""
-        ...
-
-
-class OwnershipTable:
-    """`OwnershipRepository` in memory, and in a JSON file when given one (the zero-setup store of one machine)."""
-
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path
-        self._records: dict[str, OwnerRecord] = {}
-        if path is not None and path.exists():
-            self._records = json.loads(path.read_text())
-
-    def get(self, kind: str, ident: str) -> OwnerRecord | None:
-        return self._records.get(f"{kind}:{ident}")
-
-    def claim(self, kind: str, ident: str, sub: str) -> bool:
-        record = self._records.get(f"{kind}:{ident}")
-        if record is None:
-            self._records[f"{kind}:{ident}"] = {"owner": sub, "readers": []}
-            self._save()
-            return True
-        return bool(record["owner"] == sub)
-
-    def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        if (record := self._records.get(f"{kind}:{ident}")) is not None:
-            record["readers"] = sorted(set(readers))
-            self._save()
-
-    def drop(self, kind: str, ident: str) -> None:
-        if self._records.pop(f"{kind}:{ident}", None) is not None:
-            self._save()
-
-    def readable(self, kind: str, sub: str) -> list[str]:
-        prefix = f"{kind}:"
-        return [k[len(prefix) :] for k, r in self._records.items() if k.startswith(prefix) and (r["owner"] == sub or sub in r["readers"])]
-
-    def owned(self, kind: str) -> set[str]:
-        prefix = f"{kind}:"
-        return {k[len(prefix) :] for k in self._records if k.startswith(prefix)}
-
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self._records))
-        os.chmod(temporary, 0o600)
-        temporary.replace(self.path)
-
-
-class PgOwnershipTable:
-    """`OwnershipRepository` in the cluster store's `ownership` table (`reasonray.kernel.pgstore`), synchronous like
-    its caller, the ownership actor, which Ray runs one call at a time so that claims never race."""
-
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
-
-    def get(self, kind: str, ident: str) -> OwnerRecord | None:
-        found = self.store.blocking(self.store.owner_of(kind, ident))
-        return {"owner": found[0], "readers": found[1]} if found else None
-
-    def claim(self, kind: str, ident: str, sub: str) -> bool:
-        return self.store.blocking(self.store.claim_owner(kind, ident, sub))
-
-    def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        self.store.blocking(self.store.share_owned(kind, ident, readers))
-
-    def drop(self, kind: str, ident: str) -> None:
-        self.store.blocking(self.store.drop_owner(kind, ident))
-
-    def readable(self, kind: str, sub: str) -> list[str]:
-        return self.store.blocking(self.store.readable_by(kind, sub))
-
-    def owned(self, kind: str) -> set[str]:
-        return self.store.blocking(self.store.owned_ids(kind))
-
-
-def ownership_table(store_url: str | None, data_dir: Path | None) -> OwnershipRepository:
-    """PostgreSQL with a store URL; else `<data_dir>/tenancy/owners.json` (only memory without a data directory)."""
-    if store_url is not None:
-        from reasonray.kernel.pgstore import pg_store  # psycopg only where a URL is configured
-
-        return PgOwnershipTable(pg_store(store_url))
-    return OwnershipTable(data_dir / "tenancy" / "owners.json" if data_dir is not None else None)
 
 
 class Owners(Protocol):
@@ -507,7 +392,7 @@ def build_guard(settings: Settings, registry: Registry, service: _Resolves, owne
         agent_exists=lambda agent_id: agent_exists_via(registry.get_agent, agent_id),
         strategy_of=strategy_of,
         agent_strategies=lambda agent_id: agent_strategies_via(registry.get_agent, agent_id),
-        audit=audit_log_for(settings.store.url, settings.data_dir) if auth.audit else None,
+        audit=open_audit(settings.store.url, settings.data_dir) if auth.audit else None,
     )
 
 

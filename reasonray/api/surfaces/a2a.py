@@ -68,7 +68,6 @@ from reasonray.api.stores.a2a_store import (
     BoardEventStream,
     ContextSessions,
     PrincipalUser,
-    Repository,
     SharedTaskStore,
     TaskBoard,
     owner_of,
@@ -77,6 +76,7 @@ from reasonray.api.surfaces.a2a_scenarios import Reply, Scenario, Script, play, 
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
+from reasonray.stores.a2a import Repository
 from reasonray.strategies.registry import Catalogue
 
 log = structlog.get_logger(__name__)

@@ -1,0 +1,101 @@
+"""The audit log: who did what (principal, method, target, outcome, trace id), newest first when read.
+
+`open_audit` picks the writer from the settings: with a cluster store (`[store] url`) every replica on
+every node appends to its `audit_log` table (`PgAuditLog`); without one, `JsonlAuditLog` appends one
+JSON object a line to `<data_dir>/audit/audit.jsonl`, created 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from reasonray.stores.postgres import PgStore
+
+ANONYMOUS = "anonymous"
+"""The principal recorded for a caller without a valid token."""
+
+
+class AuditRecord(BaseModel):
+    at: datetime = Field(default_factory=lambda: datetime.now(UTC), description="When the call ended (UTC).")
+    principal: str = Field(description=f"The caller's `sub`; `{ANONYMOUS}` for a caller without a valid token.")
+    roles: list[str] = Field(default_factory=list, description="The roles the caller's token carried.")
+    method: str = Field(description="The JSON-RPC method, or for a request refused at the gate its HTTP route (`POST /rpc`).")
+    target: str | None = Field(None, description="What the call named: `session:<id>`, `agent:<id>`, `workspace:<name>`.")
+    outcome: str = Field(description="`ok` or the error type (unauthenticated, forbidden, rate_limited, not_found, ...).")
+    trace_id: str | None = Field(None, description="The call's trace id, as in the event log, the X-Trace-Id header and errors.")
+    reason: str | None = Field(None, description="Why the call failed or was refused: the error message the caller got.")
+
+
+class AuditLog(Protocol):
+    async def write(self, record: AuditRecord) -> None: ...
+
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
+        """The newest records first, of one principal or of all."""
+        ...
+
+
+class NoAudit:
+    async def write(self, record: AuditRecord) -> None:
+        return None
+
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
+        return []
+
+
+class JsonlAuditLog:
+    """Appends records to a JSONL file only its owner can read (O_APPEND: lines of replicas do not interleave)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.chmod(path, 0o600)  # an older file created with a laxer umask
+
+    async def write(self, record: AuditRecord) -> None:
+        os.write(self._fd, (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode())
+
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
+        records = [AuditRecord.model_validate_json(line) for line in self.path.read_bytes().splitlines() if line]
+        return [r for r in reversed(records) if principal is None or r.principal == principal][:limit]
+
+
+class PgAuditLog:
+    """The cluster store's `audit_log` table: `action` is the method, `detail` holds roles, target, outcome,
+    trace id and reason."""
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+
+    async def write(self, record: AuditRecord) -> None:
+        detail = record.model_dump(mode="json", include={"roles", "target", "outcome", "trace_id"})
+        if record.reason is not None:  # failures and refusals: what the caller was told
+            detail["reason"] = record.reason
+        await self.store.fetch(
+            "INSERT INTO audit_log (at, principal, action, detail) VALUES (%s, %s, %s, %s)",
+            (record.at, record.principal, record.method, self.store.jsonb(detail)),
+        )
+
+    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
+        where, params = ("WHERE principal = %s", (principal, limit)) if principal is not None else ("", (limit,))
+        rows = await self.store.fetch(f"SELECT at, principal, action, detail FROM audit_log {where} ORDER BY id DESC LIMIT %s", params)
+        return [AuditRecord(at=at, principal=who, method=action, **detail) for at, who, action, detail in rows]
+
+
+def audit_log_path(data_dir: Path) -> Path:
+    return data_dir / "audit" / "audit.jsonl"
+
+
+def open_audit(store_url: str | None, data_dir: Path) -> AuditLog:
+    """The cluster store's table with a store URL; the data directory's private JSONL file without one."""
+    if store_url is None:
+        return JsonlAuditLog(audit_log_path(data_dir))
+    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
+
+    return PgAuditLog(pg_store(store_url))
