@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,21 @@ def endpoint_model(base_url: str | None, served_name: str | None) -> dict[str, A
     return info
 
 
+def local_model(settings: Settings) -> dict[str, Any]:
+    """The model `reasonray serve --llm local` serves with this checkout's [llm.local] (the bundled SmolLM2 file
+    unless model_path names another): its file, hash and llama.cpp settings (threads and context change speed,
+    and the context what fits)."""
+    from reasonray.gateway.errors import LLMConfigError
+    from reasonray.gateway.local_model import model_path
+
+    section = settings.llm.local
+    try:
+        path = model_path(section)
+    except LLMConfigError as exc:
+        return {"path": None, "sha256": None, "unavailable": str(exc)[:300]}
+    return {"path": str(path), "sha256": file_sha256(path), **section.model_dump(mode="json", exclude={"model_path"})}
+
+
 def package_versions() -> dict[str, str | None]:
     """Versions of what serves and runs the model here, where installed (llama-cpp-python, openai, ray)."""
     versions: dict[str, str | None] = {}
@@ -117,11 +133,13 @@ def provenance(
         "python": sys.version.split()[0],
         "packages": package_versions(),
         "dataset_sha256": dataset_sha256,
+        "machine": {"cpus": os.cpu_count(), "platform": sys.platform},
     }
     if over_service or service_url is not None:  # the service's model: it answers through its own [llm]
         models, headers = _get(f"{service_url.rstrip('/')}/v1/models") if service_url else (None, {})
         record["service"] = {"url": service_url, "v1_models": models, "server": headers.get("server")}
         record["model"] = {"served_name": served_model}
+        record["local_model"] = local_model(settings)  # what `--llm local` serves from this checkout, if that is the service
         record["settings"] = None  # the service's own; this process's config does not apply
     else:
         record["model"] = endpoint_model(settings.llm.base_url, settings.llm.model)

@@ -311,5 +311,26 @@ async def test_a_memory_study_over_a_client_runs_both_arms_on_seeded_streams(tmp
     prov = run["provenance"]
     assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)
     assert prov["dataset_sha256"] == report["dataset"]["sha256"] and len(prov["dataset_sha256"]) == 64
-    assert prov["model"]["served_name"] == "simulated" and prov["command"]
+    assert prov["model"]["served_name"] == "simulated" and prov["command"] and prov["machine"]["cpus"] >= 1
+    local = prov["local_model"]  # the file `--llm local` would serve, hashed when it is on this machine
+    assert local["sha256"] is None or len(local["sha256"]) == 64
     assert run["memory_study"] == {"arms": ["on", "off"], "orders": 2}
+
+
+def test_an_endpoint_is_described_by_what_it_says_of_itself_and_its_model_files_hash(tmp_path, monkeypatch):
+    import hashlib
+
+    from reasonray.evals import provenance
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"weights")
+    replies = {
+        "http://llm:8080/v1/models": ({"data": [{"id": "other"}, {"id": "smollm2", "owned_by": "llamacpp"}]}, {"server": "llama.cpp"}),
+        "http://llm:8080/props": ({"model_path": str(gguf), "build_info": "b4000"}, {}),
+    }
+    monkeypatch.setattr(provenance, "_get", lambda url: replies.get(url, (None, {})))
+    info = provenance.endpoint_model("http://llm:8080/v1", "smollm2")
+    assert info["models_entry"] == {"id": "smollm2", "owned_by": "llamacpp"} and info["server"] == "llama.cpp"
+    assert info["model_path"] == str(gguf) and info["model_sha256"] == hashlib.sha256(b"weights").hexdigest()
+    assert info["server_build"] == "b4000"
+    assert provenance.endpoint_model(None, "x")["models_entry"] is None
