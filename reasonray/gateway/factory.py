@@ -61,6 +61,16 @@ def _endpoint_options(settings: Settings, *, simulated: bool = False) -> dict[st
         "discover": llm.discover,
         "discovery_ttl_s": llm.discovery_ttl_s,
         "default_max_tokens": llm.default_max_tokens,
+        "idle_timeout_s": llm.idle_timeout_s,
+        "generation_deadline_s": llm.generation_deadline_s,
+        "thinks": llm.thinks,
+        "refuses": llm.refuses,
+        "takes_reasoning_effort": llm.takes_reasoning_effort,
+        "prefix_continuation": llm.prefix_continuation,
+        "thinking_room": llm.thinking_room,
+        "reasoning_effort": llm.reasoning_effort,
+        "thinking_budget": llm.thinking_budget,
+        "extra_body": llm.extra_body,
     }
 
 

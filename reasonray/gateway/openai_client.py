@@ -12,7 +12,7 @@ import ipaddress
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,6 +23,7 @@ import openai
 import structlog
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from reasonray.gateway import thinking
 from reasonray.gateway.capabilities import Capabilities
 from reasonray.gateway.concurrency import Ticket, limiter_for
 from reasonray.gateway.discovery import CALIBRATION_TEXT, EndpointInfo, context_length_in, discover_sync
@@ -34,6 +35,7 @@ from reasonray.gateway.errors import (
     RemoteRequestsForbidden,
     TransientProviderError,
 )
+from reasonray.gateway.families import ModelTraits, PrefixContinuation, traits_for
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
 from reasonray.gateway.protocol import (
     PURPOSE_HEADER,
@@ -42,6 +44,7 @@ from reasonray.gateway.protocol import (
     Message,
     ToolCall,
 )
+from reasonray.gateway.refusals import REFUSABLE, ParameterRefused, RefusalBook, refusal_book, refused_param
 from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, provider_error, read_usage, settle
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
 
@@ -90,7 +93,7 @@ class OpenAILLM:
         base_url: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 60.0,
-        max_tokens_param: str = "max_tokens",
+        max_tokens_param: str | None = None,
         http_backend: str = "httpx",
         stream: bool = False,
         queue_timeout_s: float = 600.0,
@@ -104,6 +107,17 @@ class OpenAILLM:
         discover: bool = True,
         discovery_ttl_s: float = 60.0,
         default_max_tokens: Mapping[str, int] | None = None,
+        idle_timeout_s: float | None = None,
+        generation_deadline_s: float = 1800.0,
+        thinks: bool | None = None,
+        refuses: Iterable[str] = (),
+        takes_reasoning_effort: bool | None = None,
+        prefix_continuation: PrefixContinuation | None = None,
+        thinking_room: int | None = None,
+        reasoning_effort: str | None = None,
+        thinking_budget: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        refusals: RefusalBook | None = None,
     ) -> None:
         if not model:
             raise LLMConfigError("[llm] model is empty: name the model the endpoint serves")
@@ -112,15 +126,30 @@ class OpenAILLM:
         self._timeout_s = timeout_s
         self._queue_timeout_s = queue_timeout_s
         self._stream = stream
+        # a streamed call fails when its tokens stop coming, not while they come, up to a generous overall deadline
+        self._idle_timeout_s = idle_timeout_s or timeout_s
+        self._generation_deadline_s = generation_deadline_s
         # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
-        transport_timeout = timeout_s + queue_timeout_s if stream else timeout_s
+        transport_timeout = self._idle_timeout_s + queue_timeout_s if stream else timeout_s
         self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
         self._http_backend = http_backend
         # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
         # evaluation workers may drive one LLM from several loops)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
         self.base_url = str(self._new_client().base_url)
-        self._max_tokens_param = max_tokens_param
+        family = traits_for(model)
+        self.traits = ModelTraits(
+            family=family.family,
+            refuses=family.refuses | frozenset(refuses),
+            max_tokens_param=max_tokens_param or family.max_tokens_param,
+            thinks=family.thinks if thinks is None else thinks,
+            takes_reasoning_effort=family.takes_reasoning_effort if takes_reasoning_effort is None else takes_reasoning_effort,
+            prefix_continuation=prefix_continuation or family.prefix_continuation,
+            thinking_room=family.thinking_room if thinking_room is None else thinking_room,
+        )
+        self._reasoning_effort, self._thinking_budget = reasoning_effort, thinking_budget
+        self._extra_body = dict(extra_body or {})
+        self._refusals = refusals
         self._configured = Capabilities(
             structured_output=bool(structured_output),
             tool_choice=bool(tool_choice),
@@ -302,11 +331,26 @@ class OpenAILLM:
             busy=(lambda: limiter.on_the_wire > 0) if serial else (lambda: False),
         )
 
-    def _max_tokens(self, request: LLMRequest) -> int | None:
-        """The call's `max_tokens`: its own, else its purpose's default; never more than the context leaves."""
-        wanted = request.max_tokens
+    @property
+    def refusals(self) -> RefusalBook:
+        """Where this client learns and remembers what its model refuses (the process's book unless given one)."""
+        return self._refusals if self._refusals is not None else refusal_book()
+
+    def refused(self) -> frozenset[str]:
+        """The parameters left out of this model's calls: its family's, configured, and learnt from its refusals."""
+        return self.traits.refuses | self.refusals.refused(self.base_url, self._model)
+
+    def _limit_param(self, refused: frozenset[str]) -> str:
+        return "max_completion_tokens" if "max_tokens" in refused else self.traits.max_tokens_param
+
+    def _max_tokens(self, request: LLMRequest, limit: int | None = None) -> int | None:
+        """The call's `max_tokens`: `limit`, else its own, else its purpose's default, plus room for a thinking model's
+        thinking on the visible cap of a call of ours (a purpose) or one that set none; never more than the context leaves."""
+        wanted = request.max_tokens if limit is None else limit
         if wanted is None and self._default_max_tokens:
             wanted = self._default_max_tokens.get(request.purpose or "default", self._default_max_tokens.get("default"))
+        if limit is None and wanted is not None and self.traits.thinks and (request.purpose or request.max_tokens is None):
+            wanted += request.thinking_budget or self._thinking_budget or self.traits.thinking_room
         context = self.context_length
         if context is None:
             return wanted
@@ -320,17 +364,34 @@ class OpenAILLM:
             )
         return min(wanted, room) if wanted is not None else room
 
-    def _params(self, request: LLMRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "model": self._model,
-            "messages": [openai_message(m) for m in request.messages],
-            "temperature": request.temperature,
-        }
-        max_tokens = self._max_tokens(request)
+    def _params(
+        self, request: LLMRequest, *, prefix: str | None = None, limit: int | None = None, effort: str | None = None
+    ) -> dict[str, Any]:
+        """The call's JSON body, without what the model refuses; `prefix` is text the reply continues as the model's own
+        (the endpoint's prefix continuation), `limit` its output limit, `effort` the `reasoning_effort` sent."""
+        refused = self.refused()
+        messages = [openai_message(m) for m in request.messages]
+        if "system" in refused:
+            messages = _system_into_user(messages)
+        if prefix is not None:
+            final: dict[str, Any] = {"role": "assistant", "content": prefix}
+            if self.traits.prefix_continuation == "deepseek_prefix":
+                final["prefix"] = True
+            messages.append(final)
+        params: dict[str, Any] = {"model": self._model, "messages": messages}
+        if "temperature" not in refused:
+            params["temperature"] = request.temperature
+        max_tokens = self._max_tokens(request, limit)
         if max_tokens is not None:
-            params[self._max_tokens_param] = max_tokens
-        if request.stop:
+            params[self._limit_param(refused)] = max_tokens
+        if request.stop and "stop" not in refused:
             params["stop"] = list(request.stop)
+        if request.logprobs is not None and "logprobs" not in refused:
+            params["logprobs"] = True
+            if request.logprobs > 0:
+                params["top_logprobs"] = request.logprobs
+        if effort is not None and "reasoning_effort" not in refused:
+            params["reasoning_effort"] = effort
         if request.n != 1:
             params["n"] = request.n
         if request.seed is not None:
@@ -342,13 +403,18 @@ class OpenAILLM:
         if request.response_format is not None:
             params["response_format"] = request.response_format
         for name in ("top_p", "presence_penalty", "frequency_penalty"):
-            if (value := getattr(request, name)) is not None:
+            if (value := getattr(request, name)) is not None and name not in refused:
                 params[name] = value
+        params.update(self._extra_body)
+        if request.extra_body:
+            params.update(request.extra_body)
+        if prefix is not None and self.traits.prefix_continuation == "continue_final_message":
+            params.update(continue_final_message=True, add_generation_prompt=False)
         if request.purpose:  # a header, not a body field: strict endpoints reject unknown body fields
             params["extra_headers"] = {PURPOSE_HEADER: request.purpose}
         return params
 
-    def _translate(self, exc: Exception) -> Exception:
+    def _translate(self, exc: Exception, params: dict[str, Any] | None = None) -> Exception:
         if type(exc) is openai.APIError:  # an error event in a 200's stream: the provider's own words say what it is
             return provider_error(exc.body if exc.body is not None else exc.message, where=self.base_url)
         if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
@@ -361,6 +427,8 @@ class OpenAILLM:
                 return TransientProviderError(detail, status_code=status, retry_after_s=_retry_after(exc))
             if (context := context_length_in(str(exc.message))) is not None:
                 self._learned_context = context  # the next calls are fitted to it
+            elif status == 400 and params and (param := refused_param(str(exc.message), getattr(exc, "param", None), params)):
+                return ParameterRefused(detail, param=param, status_code=status)
             return ProviderRejectedError(detail, status_code=status)
         return exc
 
@@ -368,16 +436,42 @@ class OpenAILLM:
         self._check_allowed()
         if self._discover:
             await self.discover()
-        context = self.context_length
-        try:
-            return await self._complete(request)
-        except ProviderRejectedError:
-            if context is not None or self.context_length is None:
-                raise
-            # the server's refusal named its context length: the same call, fitted to it, can be answered
-            return await self._complete(request)
+        chosen = thinking.plan(
+            request, self.traits, refused=self.refused(), default_effort=self._reasoning_effort, default_budget=self._thinking_budget
+        )
+        if chosen.control == "forced":
+            visible = self._max_tokens(msgspec.structs.replace(request, thinking_budget=None), None)
+            completion = await thinking.controlled(self._learning, request, chosen, visible_cap=visible)
+        else:
+            limit = None
+            if chosen.control == "unsupported" and chosen.budget is not None and not self.traits.thinks:
+                limit = (self._max_tokens(request) or 0) + chosen.budget  # room at least, where nothing enforces it
+            completion = await self._learning(request, None, limit, effort=chosen.effort)
+            if chosen.control:
+                completion = msgspec.structs.replace(completion, thinking_control=chosen.control)
+        if request.stop and "stop" in self.refused():
+            completion = _stopped(completion, request.stop)
+        return completion
 
-    async def _complete(self, request: LLMRequest) -> Completion:
+    async def _learning(self, request: LLMRequest, prefix: str | None, limit: int | None, *, effort: str | None = None) -> Completion:
+        """One call, sent again without each parameter the model refuses (remembered, so the next calls leave it out);
+        and again fitted to the context length a refusal named."""
+        for _ in range(len(REFUSABLE) + 1):
+            context = self.context_length
+            try:
+                return await self._complete(request, prefix, limit, effort)
+            except ParameterRefused as exc:
+                self.refusals.record(self.base_url, self._model, exc.param)
+            except ProviderRejectedError:
+                if context is not None or self.context_length is None:
+                    raise
+                # the server's refusal named its context length: the same call, fitted to it, can be answered
+                return await self._complete(request, prefix, limit, effort)
+        return await self._complete(request, prefix, limit, effort)
+
+    async def _complete(
+        self, request: LLMRequest, prefix: str | None = None, limit: int | None = None, effort: str | None = None
+    ) -> Completion:
         queued = time.perf_counter()
         try:
             async with asyncio.timeout(self._queue_timeout_s):
@@ -389,12 +483,14 @@ class OpenAILLM:
                 cause="queue_timeout",
             ) from None
         started = time.perf_counter()
+        params: dict[str, Any] = {}
         try:
             if self._framing_unknown:
                 await self._learn_framing()
                 started = time.perf_counter()
-            params = self._params(request)  # in the slot: a serial server's tokenize answers only between generations
-            if self._stream:
+            # in the slot: a serial server's tokenize answers only between generations
+            params = self._params(request, prefix=prefix, limit=limit, effort=effort)
+            if self._stream and not self.limiter.plain:  # plain: the server cut streams even when called serially
                 completion, reported = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
             else:
                 with self.limiter.sending():
@@ -402,12 +498,12 @@ class OpenAILLM:
                 self.limiter.started(ticket)
                 completion, reported = self._read(response), response.usage is not None
         except openai.OpenAIError as exc:
-            raise self._translate(exc) from exc
+            raise self._translate(exc, params) from exc
         finally:
             self.limiter.release(ticket)
         completion = msgspec.structs.replace(completion, latency_ms=(time.perf_counter() - started) * 1000)
         if reported:
-            self._learn_context(params.get(self._max_tokens_param), completion)
+            self._learn_context(params.get("max_tokens", params.get("max_completion_tokens")), completion)
         if reported and not request.tools:
             self._observe(request.messages, completion)
         return completion
@@ -440,8 +536,11 @@ class OpenAILLM:
         """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""
         self._framing_learned_for = self.endpoint.fingerprint
         for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
-            params: dict[str, Any] = {"model": self._model, "messages": [openai_message(m) for m in probe], "temperature": 0.0}
-            params[self._max_tokens_param] = 1
+            params: dict[str, Any] = {"model": self._model, "messages": [openai_message(m) for m in probe]}
+            refused = self.refused()
+            params[self._limit_param(refused)] = 1
+            if "temperature" not in refused:
+                params["temperature"] = 0.0
             params["extra_headers"] = {PURPOSE_HEADER: FRAMING_PROBE}  # the gateway's own call, of no run
             with self.limiter.sending():
                 response = await self._chat(params)
@@ -481,22 +580,31 @@ class OpenAILLM:
                 except StopAsyncIteration:
                     pass
                 self.limiter.started(ticket)
-                try:
-                    async with asyncio.timeout(self._timeout_s):
-                        async for chunk in chunks:
-                            parts.add(chunk)
-                except TimeoutError:
-                    raise parts.spent_on(
-                        TransientProviderError(
-                            f"Timeout: the model at {self.base_url} was still generating after request_timeout_s={self._timeout_s:g} "
-                            "(the stream was closed, which stops it)"
-                        ),
-                        self,
-                        request,
-                    ) from None
+                await self._read_stream(chunks, parts, request)
             finally:
                 await stream.close()  # on cancel and timeout too: a closed stream is how the server learns to stop
         return parts.completion(self, request), parts.usage is not None
+
+    async def _read_stream(self, chunks: Any, parts: _StreamParts, request: LLMRequest) -> None:
+        """The rest of a stream into `parts`; it fails when no chunk has come for `idle_timeout_s` (a model still producing
+        tokens is never cut for its total time, however long it thinks) or at the overall `generation_deadline_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._generation_deadline_s
+        try:
+            async with asyncio.timeout(min(loop.time() + self._idle_timeout_s, deadline)) as timer:
+                async for chunk in chunks:
+                    parts.add(chunk)
+                    timer.reschedule(min(loop.time() + self._idle_timeout_s, deadline))
+        except TimeoutError:
+            if loop.time() >= deadline:
+                why = f"was still generating after generation_deadline_s={self._generation_deadline_s:g}"
+            else:
+                why = f"sent no token for idle_timeout_s={self._idle_timeout_s:g}"
+            raise parts.spent_on(
+                TransientProviderError(f"Timeout: the model at {self.base_url} {why} (the stream was closed, which stops it)"),
+                self,
+                request,
+            ) from None
 
 
 class _StreamParts:
@@ -562,6 +670,7 @@ class _StreamParts:
 
     def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
         if not self.texts or any(i not in self.finish for i in self.texts):
+            llm.limiter.stream_cut()  # the next attempt (and every process's next call) is not sent alongside another
             raise self.spent_on(
                 TransientProviderError(
                     f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
@@ -606,3 +715,26 @@ def _body_and_options(params: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     body = dict(params)
     headers = body.pop("extra_headers", None)
     return body, ({"headers": headers} if headers else {})
+
+
+def _system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with the system text moved to the head of the first user message, for a model that takes no system message."""
+    system = "\n\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "system")
+    rest = [m for m in messages if m.get("role") != "system"]
+    for i, m in enumerate(rest):
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            rest[i] = {**m, "content": f"{system}\n\n{m['content']}"}
+            return rest
+    return [{"role": "user", "content": system}, *rest]
+
+
+def _stopped(completion: Completion, stop: tuple[str, ...]) -> Completion:
+    """The reply cut at its first stop sequence, for a model that refuses `stop`: what the server would have done."""
+    choices = []
+    for choice in completion.choices:
+        hits = [(i, s) for s in stop if s and (i := choice.text.find(s)) >= 0]
+        if hits:
+            at, seq = min(hits)
+            choice = msgspec.structs.replace(choice, text=choice.text[:at], finish_reason="stop", stop_sequence=seq)
+        choices.append(choice)
+    return msgspec.structs.replace(completion, choices=tuple(choices))

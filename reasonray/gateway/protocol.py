@@ -135,6 +135,9 @@ class Completion(msgspec.Struct, frozen=True):
     cached: bool = False
     attempts: int = 1
     simulated: bool = False
+    thinking_control: str = ""
+    """How the call's thinking budget or effort was held: "native" (the server's control), "forced" (budget forcing by
+    prefix continuation), "unsupported" (the endpoint can do neither: only room was made), "" (none was asked)."""
 
     @property
     def text(self) -> str:

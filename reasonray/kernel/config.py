@@ -166,14 +166,58 @@ class LLMSettings(_Section):
     base_url: str | None = Field(None, description="Endpoint base URL, e.g. http://localhost:8000/v1 for vLLM.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
     api_key_required: bool = Field(True, description="Refuse to start without a key (false for keyless local servers).")
-    request_timeout_s: float = Field(60.0, gt=0, description="Timeout of one LLM call.")
+    request_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Timeout of one unstreamed LLM call; of a streamed call, the longest wait for its next token unless "
+        "idle_timeout_s is set.",
+    )
+    idle_timeout_s: float | None = Field(
+        None, gt=0, description="A streamed call fails when no token has arrived for this long. Unset: request_timeout_s."
+    )
+    generation_deadline_s: float = Field(
+        1800.0, gt=0, description="Longest a streamed call may keep generating, however steadily its tokens arrive."
+    )
     http_backend: Literal["aiohttp", "httpx"] = Field(
         "aiohttp",
         description="The openai client's HTTP transport: aiohttp (openai's DefaultAioHttpClient, about 40% less CPU per call "
         "under concurrency) or httpx (the SDK's default).",
     )
-    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = Field(
-        "max_tokens", description="How the endpoint names the output limit (OpenAI reasoning models want max_completion_tokens)."
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] | None = Field(
+        None,
+        description="How the endpoint names the output limit. Unset: by the model's family (max_completion_tokens for OpenAI's "
+        "reasoning models), else max_tokens until the model refuses it.",
+    )
+    thinks: bool | None = Field(
+        None, description="The model thinks before it answers (its calls get thinking_room more tokens). Unset: by its family."
+    )
+    refuses: list[
+        Literal[
+            "max_tokens", "temperature", "top_p", "stop", "logprobs", "presence_penalty", "frequency_penalty", "reasoning_effort", "system"
+        ]
+    ] = Field(
+        default_factory=list,
+        description="Parameters the model refuses, left out from the first call (with its family's and those it is seen refusing).",
+    )
+    takes_reasoning_effort: bool | None = Field(
+        None, description="The model takes reasoning_effort; else an effort becomes a thinking budget. Unset: by its family."
+    )
+    prefix_continuation: Literal["none", "continue_final_message", "deepseek_prefix"] | None = Field(
+        None,
+        description="How the endpoint continues a reply from given text, for thinking budgets and continued thinking: vLLM's "
+        "continue_final_message, DeepSeek's prefix completion, or none. Unset: by the model's family.",
+    )
+    thinking_room: int | None = Field(
+        None, ge=0, description="Tokens a thinking model's call gets for its thinking on top of its visible cap. Unset: by its family."
+    )
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None, description="The reasoning_effort of calls that set none (unset: the model's own default)."
+    )
+    thinking_budget: int | None = Field(None, ge=1, description="The thinking budget in tokens of calls that set none (unset: none).")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Fields added to every call's JSON body, e.g. {chat_template_kwargs = {enable_thinking = false}} for Qwen3; "
+        "a request's own extra_body wins.",
     )
     context_length: int | None = Field(
         None,

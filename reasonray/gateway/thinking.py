@@ -1,0 +1,91 @@
+"""How long a model thinks: its own control where it has one, else budget forcing through prefix continuation.
+
+Budget forcing (Muennighoff et al., s1): the reply is generated with the thinking budget as its limit; thinking the
+limit cut is closed (`</think>`) and continued from, as the model's own reply, so that the model answers. Thinking
+that closes before `min_thinking` is reopened with "Wait" and continued. A request's `continue_thinking` goes through
+the same continuation: the reply carries on that text as its own thinking. The continuation is the endpoint's
+(`ModelTraits.prefix_continuation`); where it has none and no effort control, `Completion.thinking_control` says
+the budget was not enforced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from reasonray.gateway.families import EFFORT_BUDGET, ModelTraits, effort_for_budget
+from reasonray.gateway.protocol import Completion, LLMRequest, Usage
+
+OPEN, CLOSE, WAIT = "<think>\n", "\n</think>\n\n", "\nWait"
+MAX_EXTENSIONS = 3
+"""Times thinking that closed too early is extended before the reply stands as it is."""
+
+Send = Callable[[LLMRequest, "str | None", "int | None"], Awaitable[Completion]]
+"""One call: the request, the text the reply continues (None: a fresh reply), and its output limit (None: the usual)."""
+
+
+class Plan(msgspec.Struct, frozen=True):
+    """How one call's thinking is controlled."""
+
+    control: str
+    """"" (nothing asked), "native" (the server's effort control), "forced" (budget forcing), "unsupported"."""
+    effort: str | None = None
+    """The `reasoning_effort` sent upstream (None: none)."""
+    budget: int | None = None
+    """The thinking budget in tokens, where it is enforced or at least made room for."""
+
+
+def plan(
+    request: LLMRequest, traits: ModelTraits, *, refused: frozenset[str], default_effort: str | None, default_budget: int | None
+) -> Plan:
+    """What a request's effort and budget become on a model of `traits`."""
+    effort = request.reasoning_effort or default_effort
+    budget = request.thinking_budget or default_budget
+    takes_effort = "reasoning_effort" not in refused and (traits.takes_reasoning_effort or not traits.family)
+    forcing = traits.prefix_continuation != "none"
+    if budget is None and request.min_thinking is None and request.continue_thinking is None:
+        if effort is None:
+            return Plan("")
+        if takes_effort:
+            return Plan("native", effort=effort)
+        budget = EFFORT_BUDGET[effort]
+    if request.continue_thinking is not None and not forcing:
+        return Plan("unsupported", budget=budget)
+    if budget is not None and not forcing and traits.takes_reasoning_effort and "reasoning_effort" not in refused:
+        return Plan("native", effort=effort or effort_for_budget(budget), budget=budget)
+    return Plan("forced" if forcing else "unsupported", budget=budget)
+
+
+async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_cap: int | None) -> Completion:
+    """The reply to `request`, its thinking held to `chosen.budget` and `request.min_thinking` by continuation."""
+    used = Usage()
+    prefix = OPEN + request.continue_thinking if request.continue_thinking is not None else None
+    thinking, text = "", ""
+    reply = await send(request, prefix, chosen.budget)
+    used = _add(used, reply.usage)
+    choice = reply.choices[0]
+    thinking, text = choice.reasoning, choice.text
+    for _ in range(MAX_EXTENSIONS):
+        closed = not choice.thinking_unfinished
+        if not closed or request.min_thinking is None or used.reasoning_tokens >= request.min_thinking:
+            break
+        reply = await send(request, OPEN + (request.continue_thinking or "") + thinking + WAIT, chosen.budget)
+        used = _add(used, reply.usage)
+        choice = reply.choices[0]
+        thinking, text = thinking + WAIT + choice.reasoning, choice.text
+    if choice.finish_reason == "length" and not choice.tool_calls:
+        # the budget ran out while thinking (or the answer was cut): close what there is and have the model answer
+        base = OPEN + (request.continue_thinking or "") + thinking + CLOSE + text
+        reply = await send(request, base, visible_cap)
+        used = _add(used, reply.usage)
+        after = reply.choices[0]
+        answer = after.text or after.reasoning  # all of it is answer: the thinking was closed in the prompt
+        choice = msgspec.structs.replace(after, text=text + answer, reasoning=thinking, thinking_unfinished=False)
+    else:
+        choice = msgspec.structs.replace(choice, text=text, reasoning=thinking)
+    return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=used, thinking_control=chosen.control)
+
+
+def _add(a: Usage, b: Usage) -> Usage:
+    return Usage(a.prompt_tokens + b.prompt_tokens, a.completion_tokens + b.completion_tokens, a.reasoning_tokens + b.reasoning_tokens)
