@@ -28,9 +28,9 @@ import _env  # noqa: F401  (sets up the environment first)
 
 from reasonray.gateway.protocol import Message
 from reasonray.reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, ToolLedger
-from reasonray.reasoner.repository import PgSessionRepository, session_repository
 from reasonray.reasoner.session import SessionRepository, SessionSpec, SessionState
 from reasonray.stores.postgres import PgStore
+from reasonray.stores.sessions import PgSessionStore, open_sessions
 from tests.pg import TempPostgres  # the throw-away server the tests use (the repository is on sys.path: _env)
 
 
@@ -93,7 +93,7 @@ async def measure(args: argparse.Namespace, pg_url: str, tmp: str) -> dict[tuple
     results: dict[tuple[str, int], dict[str, float]] = {}
     for name, url in (("sqlite", None), ("postgresql", pg_url)):
         store = PgStore(url, max_size=args.pool) if url is not None else None
-        repo = session_repository(None, Path(tmp) / name) if store is None else PgSessionRepository(store)
+        repo = open_sessions(SessionState, None, Path(tmp) / name) if store is None else PgSessionStore(SessionState, store)
         for state in states:
             await repo.save(state)
         ids = [s.session_id for s in states]

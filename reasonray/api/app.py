@@ -36,11 +36,11 @@ from reasonray.kernel.telemetry import Metrics, NoMetrics
 from reasonray.memory.loop import MemoryLoop
 from reasonray.memory.service import BankService, LocalMemory, MemoryClient, check_memory, open_bank
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.repository import session_repository
-from reasonray.reasoner.session import LocalSessions, SessionPipeline, Sessions
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, Sessions, SessionState
 from reasonray.stores.counters import open_counters
 from reasonray.stores.ownership import open_ownership
 from reasonray.stores.runs import open_runs
+from reasonray.stores.sessions import open_sessions
 from reasonray.strategies.base import Fanout, local_fanout
 from reasonray.strategies.registry import Catalogue, StrategyRegistry, build_catalogue
 
@@ -160,7 +160,7 @@ def session_pipeline(settings: Settings, llm: LLM, memory: MemoryClient | None) 
     )
     passive = MemoryLoop(memory, settings.memory) if memory is not None and settings.memory.passive_learning else None
     return SessionPipeline(
-        session_repository(settings.store.url, data_dir, settings.limits.session_retention_days),
+        open_sessions(SessionState, settings.store.url, data_dir, settings.limits.session_retention_days),
         llm,
         toolbox,
         data_dir=data_dir,

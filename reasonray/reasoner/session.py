@@ -14,9 +14,7 @@ fails or is skipped changes nothing in the session and is reported in the turn's
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
 import time
 import uuid
 from datetime import UTC, datetime
@@ -36,8 +34,6 @@ from reasonray.kernel.errors import (
     SessionStateError,
 )
 from reasonray.kernel.events import Event, EventRecorder, LLMInvocation, RecordMode, event_log_path
-from reasonray.stores.runs import RunIndex, RunRecord
-from reasonray.kernel.storage import LocalDatabase
 from reasonray.memory.loop import MemoryLoop, MemoryReport
 from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor
 from reasonray.reasoner.providers import (
@@ -58,6 +54,8 @@ from reasonray.reasoner.reasoner import (
 )
 from reasonray.reasoner.tools import ClientTool, ToolBox
 from reasonray.reasoner.trace import TurnStarted, as_dicts
+from reasonray.stores.runs import RunIndex, RunRecord
+from reasonray.stores.sessions import SessionStore, SqliteSessionStore, StoredSession
 
 log = structlog.get_logger(__name__)
 
@@ -101,10 +99,9 @@ class SessionSpec(BaseModel):
         return self
 
 
-class SessionState(BaseModel):
+class SessionState(StoredSession):
     """A session as the repository stores it."""
 
-    session_id: str
     status: Status
     created_at: AwareDatetime
     updated_at: AwareDatetime
@@ -116,97 +113,20 @@ class SessionState(BaseModel):
     trace: list[dict[str, Any]] = Field(default_factory=list)
     last_answer: str | None = None
     last_error: dict[str, Any] | None = None
-    version: int = 0  # as stored; the repository's optimistic concurrency (SessionRepository)
     # the request id of the last turn or re-entry whose outcome is saved, and that outcome ({"result": ...}
     # or {"error": ...}): a retry of that request (its host died before answering) gets it back, never a second run
     last_request_id: str | None = None
     last_outcome: dict[str, Any] | None = None
 
 
-class SessionRepository(Protocol):
-    """Save and load session state. `save` must be atomic: a crash mid-save leaves the previous state.
-
-    Optimistic concurrency: `load` returns the state with the `version` it was stored as; `save`
-    stores `state` as `version + 1` only if the stored version is still `state.version` (0: the
-    session must not exist yet), and raises SessionStateError otherwise, so two replicas that load
-    the same session never interleave their turns: the later save fails and nothing of it is kept.
-    Implementations: `LocalSessionRepository` here, `PgSessionRepository` (reasonray.reasoner.repository).
-    """
-
-    async def load(self, session_id: str) -> SessionState | None: ...
-
-    async def save(self, state: SessionState) -> None: ...
+SessionRepository = SessionStore[SessionState]
 
 
-class LocalSessionRepository:
-    """Sessions in `<root>/sessions.sqlite3` (one row each: the state as JSON, its version, when it was last
-    written), which the processes of one machine share; survives process restarts.
-
-    A save is one statement, so its version check and its write are atomic across the session hosts and
-    replicas of the machine (SQLite's own locking: no lock file). Cluster-safe only when `root` is storage
-    every node sees; a cluster should use the PostgreSQL store instead (`[store] url`). Sessions an earlier
-    version kept as `<root>/<id>.json` files are imported once, when the database is made.
-    """
-
-    SWEEP_EVERY_S = 3600.0
-    SCHEMA = (
-        "CREATE TABLE IF NOT EXISTS sessions (session_id TEXT PRIMARY KEY, version INTEGER NOT NULL, "
-        "state TEXT NOT NULL, written_at REAL NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS sessions_by_age ON sessions (written_at)",
-    )
+class LocalSessionRepository(SqliteSessionStore[SessionState]):
+    """`SessionState`s in `<root>/sessions.sqlite3` (`reasonray.stores.sessions.SqliteSessionStore`)."""
 
     def __init__(self, root: Path, retention_days: float | None = None) -> None:
-        self.root = Path(root)
-        self.path = self.root / "sessions.sqlite3"
-        # sessions untouched this long are deleted ([limits] session_retention_days); None keeps them
-        self.retention_s = retention_days * 86400 if retention_days else None
-        self._swept_at = float("-inf")
-        self._db = LocalDatabase(self.path, self.SCHEMA, on_create=self._import_files)
-
-    def _import_files(self, db: sqlite3.Connection) -> None:
-        for path in sorted(self.root.glob("*.json")):
-            try:
-                state = SessionState.model_validate_json(path.read_bytes())
-            except ValueError as exc:  # not a session an earlier version wrote: left where it is
-                log.warning("sessions.import_skipped", file=str(path), error=str(exc)[:200])
-                continue
-            row = (state.session_id, state.version or 1, state.model_dump_json(exclude={"version"}), path.stat().st_mtime)
-            db.execute("INSERT OR IGNORE INTO sessions VALUES (?, ?, ?, ?)", row)
-            path.unlink()
-            path.with_name(f".{path.stem}.lock").unlink(missing_ok=True)
-
-    def sweep(self, now: float | None = None) -> int:
-        """Delete the sessions not written for longer than the retention; how many went."""
-        if self.retention_s is None:
-            return 0
-        cutoff = (time.time() if now is None else now) - self.retention_s
-        gone = self._db.run(lambda db: db.execute("DELETE FROM sessions WHERE written_at < ?", (cutoff,)).rowcount)
-        if gone:
-            log.info("sessions.swept", deleted=gone, retention_days=self.retention_s / 86400)
-        return int(gone)
-
-    async def load(self, session_id: str) -> SessionState | None:
-        query = "SELECT state, version FROM sessions WHERE session_id = ?"
-        row = await asyncio.to_thread(self._db.run, lambda db: db.execute(query, (session_id,)).fetchone())
-        return None if row is None else SessionState.model_validate_json(row[0]).model_copy(update={"version": row[1]})
-
-    async def save(self, state: SessionState) -> None:
-        doc, now = state.model_dump_json(exclude={"version"}), time.time()
-        if state.version == 0:  # a new session: only if no other process made it first
-            statement = "INSERT INTO sessions VALUES (?, 1, ?, ?) ON CONFLICT (session_id) DO NOTHING"
-            args: tuple[Any, ...] = (state.session_id, doc, now)
-        else:
-            statement = "UPDATE sessions SET version = version + 1, state = ?, written_at = ? WHERE session_id = ? AND version = ?"
-            args = (doc, now, state.session_id, state.version)
-        try:
-            saved = await asyncio.to_thread(self._db.run, lambda db: db.execute(statement, args).rowcount)
-        except sqlite3.OperationalError as exc:  # a full disk, an I/O error: a storage failure like any other
-            raise OSError(f"session {state.session_id!r} could not be saved in {self.path}: {exc}") from exc
-        if saved != 1:
-            raise stale_version(state.session_id, state.version)
-        if time.monotonic() - self._swept_at > self.SWEEP_EVERY_S:  # at most hourly, on the write path
-            self._swept_at = time.monotonic()
-            await asyncio.to_thread(self.sweep)
+        super().__init__(SessionState, root, retention_days)
 
 
 def trim_history(history: list[Message], cap: int) -> None:
@@ -215,14 +135,6 @@ def trim_history(history: list[Message], cap: int) -> None:
     del history[:-cap]
     while history and (history[0].role == "tool" or history[0].tool_calls):
         del history[0]
-
-
-def stale_version(session_id: str, version: int) -> SessionStateError:
-    return SessionStateError(
-        f"session {session_id!r} was saved by another replica while this one worked on it (version {version} is stale); "
-        "send the request again",
-        {"session_id": session_id, "stale_version": version},
-    )
 
 
 class TurnUsage(BaseModel):

@@ -21,8 +21,9 @@ import pytest
 import uvicorn
 
 from reasonray.gateway.simulator.server import SimulatorSettings, create_app, free_port
+from reasonray.reasoner.session import SessionState
 from reasonray.stores.postgres import PgStore
-from reasonray.stores.sessions import PgSessionRows
+from reasonray.stores.sessions import PgSessionStore
 from tests.integration.conftest import result_of, rpc, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +121,7 @@ def test_sigterm_drains_the_in_flight_turn_and_saves_the_session(pg_url, gated_m
             proc.wait()
     store = PgStore(pg_url)
     try:
-        text, _ = store.blocking(PgSessionRows(store).load(sid))
+        text, _ = store.blocking(PgSessionStore(SessionState, store).row(sid))
         state = json.loads(text)
         assert state["turn"] == 1 and state["status"] == "idle" and state["last_answer"] == answer["result"]["answer"]
     finally:

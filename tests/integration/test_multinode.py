@@ -25,9 +25,10 @@ import httpx
 import pytest
 
 from reasonray.gateway.simulator.server import free_port
+from reasonray.reasoner.session import SessionState
 from reasonray.stores.postgres import PgStore
 from reasonray.stores.runs import PgRunIndex
-from reasonray.stores.sessions import PgSessionRows
+from reasonray.stores.sessions import PgSessionStore
 from tests.integration import stack
 from tests.integration.conftest import kill_tree, result_of, rpc, settings_for
 
@@ -292,7 +293,7 @@ def test_a_node_killed_under_load_loses_nothing(cluster, pg_url, chroma_server, 
             got = result_of(rpc(client, "session.get", {"session_id": sid}))
             # every answered turn is saved; a turn whose answer died with the node may be saved too
             assert got["turn"] >= len(answered[sid]) and got["status"] == "idle", got
-            text, version = store.blocking(PgSessionRows(store).load(sid))
+            text, version = store.blocking(PgSessionStore(SessionState, store).row(sid))
             state = json.loads(text)
             said = [m["content"] for m in state["providers"]["conversation"] if m["role"] == "user"]
             for result in answered[sid]:

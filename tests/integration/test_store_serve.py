@@ -16,10 +16,11 @@ import httpx
 import pytest
 
 from reasonray.gateway.simulator.server import free_port
+from reasonray.reasoner.session import SessionState
 from reasonray.stores.agent_cards import PgCardRows
 from reasonray.stores.postgres import PgStore
 from reasonray.stores.runs import PgRunIndex
-from reasonray.stores.sessions import PgSessionRows
+from reasonray.stores.sessions import PgSessionStore
 from tests.integration.conftest import result_of, rpc, wait_until_serving
 
 BIN = Path(sys.executable).parent
@@ -77,7 +78,7 @@ def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(pg_
     store = PgStore(pg_url)  # the schema exists: the first service migrated it on start
     try:
         local = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "first").rglob("*") if p.suffix == ".json")
-        assert sid in store.blocking(PgSessionRows(store).ids()), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
+        assert sid in store.blocking(PgSessionStore(SessionState, store).ids()), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
         assert [c["id"] for c in PgCardRows(store).all()] == [CARD["id"]]
         assert store.blocking(PgRunIndex(store).ids(10)), "the turn is in the run index"
     finally:

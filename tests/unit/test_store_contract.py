@@ -21,13 +21,13 @@ from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.repository import session_repository
-from reasonray.reasoner.session import SessionPipeline, SessionSpec
+from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
 from reasonray.stores.a2a import open_a2a
 from reasonray.stores.audit import AuditRecord, open_audit
 from reasonray.stores.counters import open_counters, window_start
 from reasonray.stores.ownership import open_ownership
 from reasonray.stores.runs import RunRecord, open_runs
+from reasonray.stores.sessions import open_sessions
 from reasonray.strategies.agents import AgentCard, agent_repository
 
 
@@ -42,7 +42,7 @@ class Store:
         return self.data_dir if self.url is None else self.tmp_path / "fresh"
 
     def sessions(self, data_dir: Path | None = None):
-        return session_repository(self.url, data_dir or self.data_dir)
+        return open_sessions(SessionState, self.url, data_dir or self.data_dir)
 
 
 @pytest.fixture(params=["files", "postgresql"])
@@ -261,7 +261,7 @@ def test_migrating_again_applies_nothing(postgres):
 
 
 async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
-    repo = session_repository(postgres.url, tmp_path)
+    repo = open_sessions(SessionState, postgres.url, tmp_path)
     pipeline = SessionPipeline(repo, ScriptedLLM([]), builtin_toolbox(), data_dir=tmp_path)
     sid = (await pipeline.create(SessionSpec())).session_id
     cards = agent_repository(postgres.url, tmp_path)
