@@ -16,24 +16,20 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import (
     AwareDatetime,
-    BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
 )
 
-from reasonray.kernel.config import ConfigError
-from reasonray.kernel.errors import InvalidParamsError, NotFoundError, describe_errors
-from reasonray.kernel.storage import write_atomic
+from reasonray.kernel.errors import InvalidParamsError, NotFoundError
+from reasonray.stores.agent_cards import CardStore, FileCardStore, StoredCard
 
 if TYPE_CHECKING:
-    from reasonray.stores.agent_cards import PgCardRows
     from reasonray.strategies.registry import Catalogue
 
 log = structlog.get_logger(__name__)
@@ -50,7 +46,7 @@ def remote_strategy(agent_id: str) -> str:
 AGENT_ID = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 
-class AgentRegistration(BaseModel):
+class AgentRegistration(StoredCard):
     """An agent as it registers itself: the parameters of `agent.register`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -99,13 +95,6 @@ class AgentCard(AgentRegistration):
     """A registered agent, as `agent.get` returns it."""
 
     registered_at: AwareDatetime = Field(description="When the server registered this version of the card.")
-
-
-class AgentFile(BaseModel):
-    """`<data_dir>/agents.json`."""
-
-    version: int = 1
-    agents: list[AgentCard]
 
 
 def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: list[str]) -> AgentRegistration:
@@ -168,85 +157,14 @@ def _validate_remote(card: AgentRegistration, known_methods: list[str]) -> Agent
     return card
 
 
-class AgentRepository(Protocol):
-    """Where AgentCards are kept: `FileAgentRepository` (one JSON file) or `PgAgentRepository` (`[store] url`)."""
-
-    def all(self) -> dict[str, AgentCard]: ...
-
-    def put(self, card: AgentCard) -> None: ...
-
-    def delete(self, agent_id: str) -> None: ...
-
-
-class FileAgentRepository:
-    """Every card in `<data_dir>/agents.json`, replaced atomically on every change (None: in memory only)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.cards: dict[str, AgentCard] = self._load()
-
-    def _load(self) -> dict[str, AgentCard]:
-        if self.path is None or not self.path.exists():
-            return {}
-        try:
-            cards = AgentFile.model_validate_json(self.path.read_bytes()).agents
-        except (OSError, ValidationError) as exc:
-            detail = describe_errors(exc) if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {exc}"
-            raise ConfigError(
-                f"the agent directory {self.path} is unreadable ({detail}); fix or move the file away "
-                "(every card in it must be a valid AgentCard) and start again"
-            ) from None
-        return {card.id: card for card in cards}
-
-    def all(self) -> dict[str, AgentCard]:
-        return dict(self.cards)
-
-    def put(self, card: AgentCard) -> None:
-        self._change(lambda cards: cards.__setitem__(card.id, card))
-
-    def delete(self, agent_id: str) -> None:
-        self._change(lambda cards: cards.pop(agent_id, None))
-
-    def _change(self, change: Any) -> None:
-        cards = dict(self.cards)
-        change(cards)
-        if self.path is not None:  # written first: a failed write leaves the directory as it was
-            write_atomic(self.path, AgentFile(agents=list(cards.values())).model_dump_json(indent=2).encode())
-        self.cards = cards
-
-
-class PgAgentRepository:
-    """The `agent_cards` table: every replica and every node reads the same cards. Synchronous like its caller,
-    the registry (a sync actor, so registrations never interleave)."""
-
-    def __init__(self, rows: PgCardRows) -> None:
-        self.rows = rows
-
-    def all(self) -> dict[str, AgentCard]:
-        return {card.id: card for card in (AgentCard.model_validate(doc) for doc in self.rows.all())}
-
-    def put(self, card: AgentCard) -> None:
-        self.rows.put(card.id, card.model_dump(mode="json"))
-
-    def delete(self, agent_id: str) -> None:
-        self.rows.delete(agent_id)
-
-
-def agent_repository(store_url: str | None, data_dir: Path | None) -> AgentRepository:
-    """PostgreSQL when a store URL is configured, else `<data_dir>/agents.json` (no data_dir: in memory)."""
-    if store_url is not None:
-        from reasonray.stores.agent_cards import PgCardRows
-        from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-        return PgAgentRepository(PgCardRows(pg_store(store_url)))
-    return FileAgentRepository(Path(data_dir) / "agents.json" if data_dir is not None else None)
+AgentRepository = CardStore[AgentCard]
 
 
 class AgentDirectory:
-    """Registered AgentCards, kept in an AgentRepository (a path or None: `FileAgentRepository`)."""
+    """Registered AgentCards, kept in an AgentRepository (a path or None: `FileCardStore`)."""
 
     def __init__(self, path: Path | None = None, repository: AgentRepository | None = None) -> None:
-        self.repository = repository or FileAgentRepository(path)
+        self.repository = repository or FileCardStore(AgentCard, path)
 
     @property
     def cards(self) -> dict[str, AgentCard]:

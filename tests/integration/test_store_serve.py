@@ -17,10 +17,11 @@ import pytest
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.reasoner.session import SessionState
-from reasonray.stores.agent_cards import PgCardRows
+from reasonray.stores.agent_cards import PgCardStore
 from reasonray.stores.postgres import PgStore
 from reasonray.stores.runs import PgRunIndex
 from reasonray.stores.sessions import PgSessionStore
+from reasonray.strategies.agents import AgentCard
 from tests.integration.conftest import result_of, rpc, wait_until_serving
 
 BIN = Path(sys.executable).parent
@@ -79,7 +80,7 @@ def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(pg_
     try:
         local = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "first").rglob("*") if p.suffix == ".json")
         assert sid in store.blocking(PgSessionStore(SessionState, store).ids()), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
-        assert [c["id"] for c in PgCardRows(store).all()] == [CARD["id"]]
+        assert list(PgCardStore(AgentCard, store).all()) == [CARD["id"]]
         assert store.blocking(PgRunIndex(store).ids(10)), "the turn is in the run index"
     finally:
         store.close()

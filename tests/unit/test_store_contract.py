@@ -23,12 +23,13 @@ from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
 from reasonray.stores.a2a import open_a2a
+from reasonray.stores.agent_cards import open_cards
 from reasonray.stores.audit import AuditRecord, open_audit
 from reasonray.stores.counters import open_counters, window_start
 from reasonray.stores.ownership import open_ownership
 from reasonray.stores.runs import RunRecord, open_runs
 from reasonray.stores.sessions import open_sessions
-from reasonray.strategies.agents import AgentCard, agent_repository
+from reasonray.strategies.agents import AgentCard
 
 
 class Store:
@@ -136,16 +137,16 @@ def card(agent_id: str, *capabilities: str) -> AgentCard:
 
 
 def test_agent_cards_are_put_replaced_deleted_and_seen_by_another_process(store):
-    repo = agent_repository(store.url, store.data_dir)
+    repo = open_cards(AgentCard, store.url, store.data_dir)
     assert repo.all() == {}
     repo.put(card("alpha"))
     repo.put(card("beta", "reasoning.strategy.react", "reasoning.parallel"))
     repo.put(card("alpha", "reasoning.strategy.refine"))  # replaces
-    other = agent_repository(store.url, store.other_data_dir())
+    other = open_cards(AgentCard, store.url, store.other_data_dir())
     assert sorted(other.all()) == ["alpha", "beta"]
     assert other.all()["alpha"].capabilities == ["reasoning.strategy.refine"] and other.all()["beta"] == repo.all()["beta"]
     other.delete("beta")
-    assert sorted(agent_repository(store.url, store.other_data_dir()).all()) == ["alpha"]
+    assert sorted(open_cards(AgentCard, store.url, store.other_data_dir()).all()) == ["alpha"]
 
 
 # -- runs, audit, counters -------------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ async def test_a_restart_of_the_database_is_ridden_out(postgres, tmp_path):
     repo = open_sessions(SessionState, postgres.url, tmp_path)
     pipeline = SessionPipeline(repo, ScriptedLLM([]), builtin_toolbox(), data_dir=tmp_path)
     sid = (await pipeline.create(SessionSpec())).session_id
-    cards = agent_repository(postgres.url, tmp_path)
+    cards = open_cards(AgentCard, postgres.url, tmp_path)
     cards.put(card("before"))  # the synchronous path (`PgStore.blocking`) has its pool too
     postgres.stop()  # every pooled connection breaks
     restarted = threading.Timer(0.5, postgres.start)

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import structlog
 
 from reasonray.kernel.config import ReasoningSettings
-from reasonray.strategies.agents import AgentCard, AgentDirectory, AgentRegistration, agent_repository
+from reasonray.stores.agent_cards import open_cards
+from reasonray.strategies.agents import AgentCard, AgentDirectory, AgentRegistration
 from reasonray.strategies.registry import Catalogue, StrategyRegistry, build_catalogue
 
 log = structlog.get_logger(__name__)
@@ -29,7 +30,7 @@ class RegistryService:
         self.catalogue: Catalogue = build_catalogue(self.registry, reasoning)  # ConfigError names a bad key
         self._described: dict[str, Any] | None = None
         # ConfigError names an unreadable directory file or an unreachable store
-        self.agents = AgentDirectory(repository=agent_repository(store_url, data_dir))
+        self.agents = AgentDirectory(repository=open_cards(AgentCard, store_url, data_dir))
         for card in self.agents.cards.values():
             stale = [name for name in card.strategies if name not in self.catalogue.entries]
             if stale:  # registered while enabled, disabled since: requests for them get a clear error
