@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reasonray import __version__
 from reasonray.actors.a2a_board import task_board
+from reasonray.actors.endpoint import share_endpoints, warm, warm_now
 from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
 from reasonray.actors.memory import RayMemory, retire_stale_memory
 from reasonray.actors.metrics import node_metric_pages, ray_metrics
@@ -175,6 +176,7 @@ class ReasonRayIngress:
         )
         tracing.set_content(tracing.content_from(self.settings))  # prompt text in spans only with [events] record = "full"
         spec = LLMSpec(self.settings.model_dump_json(), app_name)
+        share_endpoints(app_name)  # a small endpoint's slots and the refusals learnt are the cluster's, not this replica's
         self.pool = BranchPool(app_name, spec, self.settings.fanout)
         # the application's named actors follow these settings: kept when built from them, replaced when not.
         # Each start is a process importing the package (seconds on a small node): they start side by side
@@ -236,6 +238,13 @@ class ReasonRayIngress:
             self._guard(*tenancy)
         self._session_gauge: asyncio.Task | None = None
         self._llm_probe: tuple[float, dict[str, Any]] = (0.0, {})
+        # before the replica takes requests: the endpoint discovered and its tokenizer loaded here (blocking, the
+        # constructor is the replica's readiness), the connection opened on the replica's loop right after
+        warm_now(self.client)
+        try:
+            self._warming: asyncio.Task[dict[str, Any]] | None = asyncio.get_running_loop().create_task(warm(self.client))
+        except RuntimeError:  # no loop here (a test building the class directly): the first call opens it
+            self._warming = None
         log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=self.client.model)
 
     def _tenancy_actors(self, app_name: str) -> tuple[RayOwners, RayLimits]:

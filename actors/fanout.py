@@ -62,11 +62,13 @@ class LLMSpec:
     app_name: str
 
     def build(self) -> LLM:
+        from reasonray.actors.endpoint import share_endpoints
         from reasonray.actors.metrics import ray_metrics
         from reasonray.gateway.factory import build_llm, client_for, shared_cache
 
         settings = Settings.model_validate_json(self.settings_json)
         configure_logging(settings.logging)  # runners and session hosts log as the ingress does (level, JSON)
+        share_endpoints(self.app_name)  # a small endpoint's slots and the refusals learnt are the cluster's, not this process's
         tracing.set_content(tracing.content_from(settings))
         store = shared_cache(settings, self.app_name)
         llm, _ = build_llm(settings, client_for(settings), store, ray_metrics(settings.reasoning.performance.enable_metrics))
@@ -128,11 +130,14 @@ class BranchRunner:
         return self._llms[spec]
 
     async def warm(self, spec: LLMSpec) -> dict[str, Any]:
-        """Build the LLM stack and import what branches need, so the first real branch pays nothing."""
+        """Build the LLM stack, import what branches need, discover the endpoint and open a connection on this
+        runner's loop, so the first real branch pays nothing."""
+        from reasonray.actors.endpoint import warm
         from reasonray.strategies.registry import StrategyRegistry
 
         StrategyRegistry().discover()  # imports every strategy module (branches unpickle into them)
         counter_for_model(self._llm(spec).model).count("warm")  # loads the tokenizer
+        await warm(self._llm(spec))
         runtime = ray.get_runtime_context()
         return {"actor_id": runtime.get_actor_id(), "name": runtime.get_actor_name(), "node_id": runtime.get_node_id(), "pid": os.getpid()}
 

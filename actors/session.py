@@ -75,6 +75,12 @@ class SessionHost(Fingerprinted):
         self.live = LiveSessions(s.max_live_per_host, s.idle_timeout_s, RETRY_AFTER_S)
         self._sweeper: asyncio.Task[None] | None = None
 
+    async def warm(self) -> dict[str, Any]:
+        """Discover the endpoint and open a connection on this host's loop before its first turn."""
+        from reasonray.actors.endpoint import warm
+
+        return await warm(self.pipeline.llm)
+
     async def turn(self, session_id: str, message: str, trace_id: str, request_id: str, cache_scope: str | None = None) -> dict[str, Any]:
         scope_cache(cache_scope)  # the caller's cache entries only, as in the replica (this call runs in its own task)
         async with self._using(session_id):
@@ -171,6 +177,7 @@ def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[Sess
     names = [host_name(app_name, i) for i in range(settings.sessions.hosts)]
     if settings.server.prestart:
         hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec, **HOST_OPTIONS)) for name in names]
+        ray.get([h.handle.warm.remote() for h in hosts], timeout=120)  # the first turn finds the endpoint known
     else:
         for name in names:
             retire_if_stale(name, fp)

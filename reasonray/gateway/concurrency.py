@@ -8,6 +8,14 @@ only after another call's whole generation (one that started after this call was
 `MIN_EVIDENCE_S`) had finished, the server did not run them together: the limit drops to the most calls ever
 seen generating at once. Every `RECOVERY_CALLS` calls without such evidence it grows by one again, so a
 server that was only busy with someone else's work gets its parallelism back.
+
+A small limit holds for the whole cluster, not per process: where one is installed (`use_shared_slots`), a call
+to an endpoint whose limit is at most `SHARED_LIMIT_MAX` also takes a slot of `SharedSlots` (on Ray, the
+application's endpoint actor), so five processes send a one-at-a-time server one call, not five. A larger limit
+(vLLM, an unknown server) skips that round trip. A server that ends a stream without a finish reason cut it for
+another request (llama-cpp-python's default `--interrupt_requests`): after the first such cut the endpoint is
+serial (limit 1, told to every process); cut again while serial (by a caller outside the cluster), its calls go
+plain, which such a server queues instead of cutting.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
 import structlog
 
@@ -30,15 +39,47 @@ OVERLAP_S = 0.2
 """Two calls generating together for less than this may only be one ending as the next begins."""
 
 
+SHARED_LIMIT_MAX = 8
+"""An endpoint that takes at most this many calls at once gets its slots from `SharedSlots` too; above it, the
+process's own limit is enough (a parallel server queues the excess itself without cutting or timing out)."""
+
+
+class Lease:
+    """A slot of an endpoint held across processes; `serial`: the cluster knows this endpoint runs one call at a time."""
+
+    __slots__ = ("endpoint", "id", "serial")
+
+    def __init__(self, endpoint: str, lease_id: str, serial: bool = False) -> None:
+        self.endpoint, self.id, self.serial = endpoint, lease_id, serial
+
+
+@runtime_checkable
+class SharedSlots(Protocol):
+    """An endpoint's slots shared by every process that calls it: FIFO, and a holder that dies loses its slots."""
+
+    async def acquire(self, endpoint: str, limit: int) -> Lease:
+        """Wait in order for one of `limit` slots of `endpoint` (cancel-safe: a cancelled wait holds nothing)."""
+        ...
+
+    def release(self, lease: Lease) -> None:
+        """Give the slot back (never blocks)."""
+        ...
+
+    def serialise(self, endpoint: str) -> None:
+        """Tell every process that `endpoint` runs one call at a time (never blocks)."""
+        ...
+
+
 class Ticket:
     """One call's slot, and when it reached the server's generation."""
 
-    __slots__ = ("dispatched_at", "finished_at", "first_token_at")
+    __slots__ = ("dispatched_at", "finished_at", "first_token_at", "lease")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, lease: Lease | None = None) -> None:
         self.dispatched_at = now
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        self.lease = lease
 
 
 class EndpointLimiter:
@@ -59,9 +100,17 @@ class EndpointLimiter:
         self._recent: deque[Ticket] = deque(maxlen=256)  # finished, for the queueing test
         self._clean = 0
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self.shared: SharedSlots | None = _shared
+        """The cluster's slots for a small limit (None: this process's slots only)."""
+        self.serial = False
+        """The server cut a stream for another call: one call at a time, whatever discovery says."""
+        self.plain = False
+        """Cut again while serial: streams from this endpoint are not safe, send plain calls."""
 
     @property
     def limit(self) -> int:
+        if self.serial:
+            return 1
         if self.fixed is not None:
             return self.fixed
         return self.learned if self.learned is not None else self.ceiling
@@ -97,11 +146,28 @@ class EndpointLimiter:
             self._grant()
 
     async def acquire(self) -> Ticket:
+        """A slot of this process, then (for a small limit) one of the cluster's; the waits are in order."""
+        await self._acquire_local()
+        lease = None
+        shared, limit = self.shared, self.limit
+        if shared is not None and limit <= SHARED_LIMIT_MAX:
+            try:
+                lease = await shared.acquire(self.name, limit)
+            except asyncio.CancelledError:
+                self._give_back()
+                raise
+            except Exception as exc:  # the cluster's slots are a courtesy to the server: the call still goes
+                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
+            if lease is not None and lease.serial and not self.serial:
+                self._serialise(shared=False)
+        return Ticket(self._clock(), lease)
+
+    async def _acquire_local(self) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._in_flight < self.limit and not self._waiters:
                 self._in_flight += 1
-                return Ticket(self._clock())
+                return
             future: asyncio.Future[None] = loop.create_future()
             self._waiters.append((loop, future))
         try:
@@ -114,7 +180,30 @@ class EndpointLimiter:
                     self._in_flight -= 1
                     self._grant()
             raise
-        return Ticket(self._clock())
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._grant()
+
+    def stream_cut(self) -> None:
+        """A stream ended without a finish reason: the server cut it for another call. The first cut makes the
+        endpoint serial here and across the cluster; a cut while serial sends this endpoint plain calls."""
+        if not self.serial:
+            self._serialise(shared=True)
+        elif not self.plain:
+            self.plain = True
+            log.warning("llm.concurrency.plain_calls", endpoint=self.name, reason="streams cut while calls were serial")
+
+    def _serialise(self, *, shared: bool) -> None:
+        with self._lock:
+            self.serial = True
+        log.warning("llm.concurrency.serial", endpoint=self.name, reason="the server cut a stream for another call")
+        if shared and self.shared is not None:
+            try:
+                self.shared.serialise(self.name)
+            except Exception as exc:
+                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
 
     def _grant(self) -> None:
         # the lock is held
@@ -171,10 +260,28 @@ class EndpointLimiter:
                     self.learned, self._clean = self.learned + 1, 0
             self._in_flight -= 1
             self._grant()
+        if ticket.lease is not None and self.shared is not None:
+            lease, ticket.lease = ticket.lease, None
+            try:
+                self.shared.release(lease)
+            except Exception as exc:  # the holder's lease then expires with its heartbeat
+                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
 
 
 _limiters: dict[str, EndpointLimiter] = {}
 _limiters_lock = threading.Lock()
+_shared: SharedSlots | None = None
+
+
+def use_shared_slots(slots: SharedSlots | None) -> SharedSlots | None:
+    """Have every limiter of this process (present and future) take small limits' slots from `slots`; returns the
+    previous ones."""
+    global _shared
+    with _limiters_lock:
+        previous, _shared = _shared, slots
+        for limiter in _limiters.values():
+            limiter.shared = slots
+    return previous
 
 
 def limiter_for(endpoint: str, *, ceiling: int = 256) -> EndpointLimiter:

@@ -1,0 +1,302 @@
+"""What every process of an application shares about its model endpoints: the slots of a small-capacity endpoint
+and the parameters its model refuses.
+
+One named detached actor per application (`<app>-endpoints`) holds, per endpoint, a fair FIFO semaphore whose
+slots are leases: each lease belongs to an owner (one process) that heartbeats every `HEARTBEAT_S`; an owner
+not heard from for `LEASE_TTL_S` (a replica, runner or host that died) loses its leases and its place in the
+queue, so a dead process never keeps a one-slot server locked. The actor also keeps the refusals learnt by any
+process (`reasonray.gateway.refusals`), which the others take in with their next heartbeat.
+
+`share_endpoints(app_name)` installs both in the calling process (the replica, each branch runner, session host
+and evaluation worker); `warm(llm)` discovers the endpoint and opens a connection before the process takes work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import structlog
+
+from reasonray.actors import NAMESPACE
+from reasonray.gateway.concurrency import Lease, use_shared_slots
+from reasonray.gateway.refusals import LocalRefusalBook, use_refusal_book
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_S = 2.0
+LEASE_TTL_S = 15.0
+"""An owner silent this long is gone: its leases are freed (a long generation is covered by its heartbeats)."""
+
+
+@dataclass
+class _Endpoint:
+    limit: int = 1
+    serial: bool = False
+    held: dict[str, str] = field(default_factory=dict)  # lease id -> owner
+    waiting: deque[tuple[str, str, asyncio.Future[None]]] = field(default_factory=deque)
+    gone: set[str] = field(default_factory=set)  # released before their acquire arrived
+
+
+class SlotBoard:
+    """The endpoints' FIFO slots with owner expiry, and the refusals learnt; the endpoint actor's state."""
+
+    def __init__(self, ttl_s: float = LEASE_TTL_S, clock: Any = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self.endpoints: dict[str, _Endpoint] = {}
+        self.seen: dict[str, float] = {}
+        self.refusals: list[tuple[str, str, str]] = []
+        self.peak: dict[str, int] = {}
+
+    def _endpoint(self, name: str) -> _Endpoint:
+        return self.endpoints.setdefault(name, _Endpoint())
+
+    async def acquire(self, endpoint: str, limit: int, lease_id: str, owner: str) -> bool:
+        """Wait for a slot in arrival order; True when the endpoint is known to be serial."""
+        self.seen[owner] = self._clock()
+        e = self._endpoint(endpoint)
+        e.limit = max(1, limit)
+        if lease_id in e.gone:
+            e.gone.discard(lease_id)
+            return e.serial
+        if len(e.held) < self._limit(e) and not e.waiting:
+            self._hold(endpoint, e, lease_id, owner)
+            return e.serial
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        e.waiting.append((lease_id, owner, future))
+        await future  # cancelled with the caller: `release` then finds it waiting or holding
+        return e.serial
+
+    def _limit(self, e: _Endpoint) -> int:
+        return 1 if e.serial else e.limit
+
+    def _hold(self, name: str, e: _Endpoint, lease_id: str, owner: str) -> None:
+        e.held[lease_id] = owner
+        self.peak[name] = max(self.peak.get(name, 0), len(e.held))
+
+    def release(self, endpoint: str, lease_id: str) -> None:
+        e = self._endpoint(endpoint)
+        if e.held.pop(lease_id, None) is None:
+            for waiter in e.waiting:
+                if waiter[0] == lease_id:
+                    e.waiting.remove(waiter)
+                    waiter[2].cancel()
+                    break
+            else:
+                e.gone.add(lease_id)
+                if len(e.gone) > 1024:
+                    e.gone.pop()
+        self._grant(endpoint, e)
+
+    def _grant(self, name: str, e: _Endpoint) -> None:
+        while e.waiting and len(e.held) < self._limit(e):
+            lease_id, owner, future = e.waiting.popleft()
+            if future.done():
+                continue
+            self._hold(name, e, lease_id, owner)
+            future.set_result(None)
+
+    def serialise(self, endpoint: str) -> None:
+        e = self._endpoint(endpoint)
+        if not e.serial:
+            e.serial = True
+            log.warning("llm.concurrency.serial_cluster", endpoint=endpoint)
+
+    def heartbeat(self, owner: str, refusals_seen: int) -> tuple[list[tuple[str, str, str]], int]:
+        """The owner is alive; the refusals recorded since it last looked, and how many there are now."""
+        self.seen[owner] = self._clock()
+        return self.refusals[refusals_seen:], len(self.refusals)
+
+    def expire(self) -> list[str]:
+        """Free the slots and queue places of owners not heard from within the TTL; returns those owners."""
+        now = self._clock()
+        dead = [o for o, at in self.seen.items() if now - at > self.ttl_s]
+        for owner in dead:
+            del self.seen[owner]
+        if not dead:
+            return []
+        gone = set(dead)
+        for name, e in self.endpoints.items():
+            for lease_id in [i for i, o in e.held.items() if o in gone]:
+                del e.held[lease_id]
+            for waiter in [w for w in e.waiting if w[1] in gone]:
+                e.waiting.remove(waiter)
+                waiter[2].cancel()
+            self._grant(name, e)
+        log.warning("llm.concurrency.leases_expired", owners=dead)
+        return dead
+
+    def record_refusal(self, base_url: str, model: str, param: str) -> bool:
+        entry = (base_url, model, param)
+        if entry in self.refusals:
+            return False
+        self.refusals.append(entry)
+        return True
+
+    def stats(self, endpoint: str) -> dict[str, Any]:
+        e = self._endpoint(endpoint)
+        return {
+            "limit": self._limit(e),
+            "serial": e.serial,
+            "in_flight": len(e.held),
+            "waiting": len(e.waiting),
+            "peak": self.peak.get(endpoint, 0),
+        }
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class EndpointBoard:
+    """The application's endpoint actor (async: every waiting call is a coroutine, the queue is in order)."""
+
+    def __init__(self, ttl_s: float = LEASE_TTL_S) -> None:
+        self.board = SlotBoard(ttl_s)
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def _sweep_started(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.board.ttl_s / 3))
+            self.board.expire()
+
+    async def acquire(self, endpoint: str, limit: int, lease_id: str, owner: str) -> bool:
+        self._sweep_started()
+        return await self.board.acquire(endpoint, limit, lease_id, owner)
+
+    async def release(self, endpoint: str, lease_id: str) -> None:
+        self.board.release(endpoint, lease_id)
+
+    async def serialise(self, endpoint: str) -> None:
+        self.board.serialise(endpoint)
+
+    async def heartbeat(self, owner: str, refusals_seen: int) -> tuple[list[tuple[str, str, str]], int]:
+        self._sweep_started()
+        return self.board.heartbeat(owner, refusals_seen)
+
+    async def record_refusal(self, base_url: str, model: str, param: str) -> bool:
+        return self.board.record_refusal(base_url, model, param)
+
+    async def stats(self, endpoint: str) -> dict[str, Any]:
+        return self.board.stats(endpoint)
+
+
+def board_name(app_name: str) -> str:
+    return f"{app_name}-endpoints"
+
+
+def endpoint_board(app_name: str) -> Any:
+    """The application's endpoint actor, created by whichever process asks first."""
+    return EndpointBoard.options(name=board_name(app_name), namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
+
+
+class RayEndpointSlots:
+    """`SharedSlots` and a refusal sink over the endpoint actor, for one process (its owner id, its heartbeat)."""
+
+    def __init__(self, handle: Any, book: LocalRefusalBook | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.handle = handle
+        self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.book = book
+        self._refusals_seen = 0
+        self._stop = threading.Event()
+        self._heartbeat_s = heartbeat_s
+        self.beat()  # registers the owner, takes in what the cluster learnt so far
+        self._thread = threading.Thread(target=self._beating, name="reasonray-endpoint-heartbeat", daemon=True)
+        self._thread.start()
+
+    async def acquire(self, endpoint: str, limit: int) -> Lease:
+        lease = Lease(endpoint, uuid.uuid4().hex)
+        try:
+            lease.serial = await self.handle.acquire.remote(endpoint, limit, lease.id, self.owner)
+        except asyncio.CancelledError:
+            self.release(lease)  # waiting or granted meanwhile: either way the slot is not kept
+            raise
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        self.handle.release.remote(lease.endpoint, lease.id)
+
+    def serialise(self, endpoint: str) -> None:
+        self.handle.serialise.remote(endpoint)
+
+    def record_refusal(self, base_url: str, model: str, param: str) -> None:
+        self.handle.record_refusal.remote(base_url, model, param)
+
+    def beat(self) -> None:
+        new, self._refusals_seen = ray.get(self.handle.heartbeat.remote(self.owner, self._refusals_seen), timeout=30)
+        if new and self.book is not None:
+            self.book.load(new)
+
+    def _beating(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            try:
+                self.beat()
+            except Exception as exc:  # the actor restarting: the next beat registers again
+                log.warning("llm.endpoint_board.heartbeat_failed", reason=str(exc)[:200])
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+_installed: dict[str, RayEndpointSlots] = {}
+_install_lock = threading.Lock()
+
+
+def share_endpoints(app_name: str) -> RayEndpointSlots:
+    """Make this process take small endpoints' slots from the application's endpoint actor and learn refusals
+    with the whole cluster (idempotent per process)."""
+    with _install_lock:
+        slots = _installed.get(app_name)
+        if slots is None:
+            book = LocalRefusalBook()
+            slots = _installed[app_name] = RayEndpointSlots(endpoint_board(app_name), book)
+            book.sink = slots.record_refusal
+            use_refusal_book(book)
+            use_shared_slots(slots)
+        return slots
+
+
+def warm_now(llm: Any) -> None:
+    """The blocking part of `warm`, for a constructor: discovery (a few probe requests) and the tokenizer."""
+    from reasonray.gateway.capabilities import endpoint_client
+
+    client = endpoint_client(llm)
+    try:
+        if client is not None and hasattr(client, "discover_now"):
+            client.discover_now()
+        tokens = getattr(client, "tokens", None)
+        if tokens is not None:
+            tokens.count("warm")
+    except Exception as exc:  # a model server not up yet is found at the first call, as before
+        log.warning("llm.warm_failed", reason=str(exc)[:200])
+
+
+async def warm(llm: Any) -> dict[str, Any]:
+    """Before a process takes work: discover the endpoint (its capacity, context, tokenizer) and open a connection
+    from this event loop, so the first request pays for neither. Never raises: a model server that is not up yet is
+    found at the first call, as before."""
+    from reasonray.gateway.capabilities import endpoint_client
+
+    started = time.perf_counter()
+    client = endpoint_client(llm)
+    if client is None:
+        return {"warmed": False}
+    try:
+        await client.discover()
+        tokens = getattr(client, "tokens", None)
+        if tokens is not None:
+            tokens.count("warm")  # loads the tokenizer (tiktoken's file, or the server's)
+        await client.ping()  # GET /models: a pooled connection is open for the first call
+    except Exception as exc:
+        log.warning("llm.warm_failed", reason=str(exc)[:200])
+        return {"warmed": False, "ms": round((time.perf_counter() - started) * 1000, 1)}
+    return {"warmed": True, "ms": round((time.perf_counter() - started) * 1000, 1)}
