@@ -1,9 +1,10 @@
 """What a method may touch, declared where it is registered: the roles that may call it, the resources it
 names (session, workspace, agent card, task) and how, the strategy it runs and the limits it is charged
-against. `Dispatcher.method` refuses a method without a declaration; the one guard
+against (`reasonray.api.jsonrpc.declare`). `Dispatcher.method` refuses a method without a declaration; the one guard
 (`reasonray.api.access.tenancy.Guard`) reads it for every surface and never looks at a method's name.
 
-    @rpc.method("session.turn", TurnParams, access=Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run"))
+    @declare(SESSIONS, "session.turn", TurnParams, result=TurnResult,
+             access=Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run"))
 
 Transport-free and Ray-free.
 """

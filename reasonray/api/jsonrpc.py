@@ -30,11 +30,12 @@ and max iterations was -32009. -32009 is retired: nothing answers it, so no clie
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -158,6 +159,7 @@ class Call:
 
 
 Handler = Callable[[Any, Call], Awaitable[Any]]
+_Fn = TypeVar("_Fn", bound=Callable[..., Awaitable[Any]])
 Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 """Wraps every method call: admits the caller by the method's declared access before `invoke()`
 (reasonray.api.access.tenancy)."""
@@ -172,6 +174,39 @@ class Method:
     result: type[BaseModel] | None = None  # what it answers, as rpc.discover advertises it (reasonray.api.results)
     stream: bool = False  # POST /rpc may answer it as SSE (`"stream": true` in its params)
     mcp_tool: str | None = None  # the MCP tool it is served as, if any
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A method as its domain module declares it: a module-level `async def fn(ctx, params, call)` with its
+    name, params model, result model and access, bound to the application's context by `Dispatcher.add`."""
+
+    name: str
+    fn: Callable[[Any, Any, Call], Awaitable[Any]]
+    params: type[BaseModel]
+    result: type[BaseModel]
+    access: Access
+    stream: bool = False
+    mcp_tool: str | None = None
+
+
+def declare(
+    table: list[Declared],
+    name: str,
+    params: type[BaseModel],
+    *,
+    result: type[BaseModel],
+    access: Access,
+    stream: bool = False,
+    mcp_tool: str | None = None,
+) -> Callable[[_Fn], _Fn]:
+    """Declare the decorated function as method `name` in a domain's `table` (the function stays as it is)."""
+
+    def add(fn: _Fn) -> _Fn:
+        table.append(Declared(name, fn, params, result, access, stream, mcp_tool))
+        return fn
+
+    return add
 
 
 class Dispatcher:
@@ -209,6 +244,14 @@ class Dispatcher:
             return handler
 
         return register
+
+    def add(self, table: list[Declared], ctx: Any) -> None:
+        """Serve every method of a domain's table, each called with `ctx` (reasonray.api.context.Context)."""
+        for d in table:
+            description = (d.fn.__doc__ or "").strip()
+            self.method(d.name, d.params, description, access=d.access, result=d.result, stream=d.stream, mcp_tool=d.mcp_tool)(
+                functools.partial(d.fn, ctx)
+            )
 
     async def handle(self, body: bytes | str, trace_id: str | None = None) -> tuple[Any, list[str]]:
         """The response payload (None when nothing is to be sent) and the trace ids of the calls."""

@@ -15,18 +15,16 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
-from reasonray.api.access.limits import own_statistics
-from reasonray.api.declarations import EVERYONE, OPERATORS, REASONERS, Access, Resource, Visible
-from reasonray.api.jsonrpc import Call, Dispatcher
-from reasonray.api.service import ExecuteParams, ReasoningService
-from reasonray.kernel.config import MemorySettings
+from reasonray.api.context import Context, NoParams
+from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource, Visible
+from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.service import ExecuteParams
 from reasonray.kernel.errors import InvalidParamsError, describe_errors
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
 from reasonray.memory.loop import MemoryParams
-from reasonray.memory.service import MemoryClient
 
-CacheStats = Callable[[], Awaitable[dict[str, Any]]]
+MEMORY: list[Declared] = []
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
@@ -89,10 +87,6 @@ class DeleteWorkspaceParams(_Params):
     confirm: bool = Field(False, description="Must be true: the deletion cannot be undone.")
 
 
-class NoParams(_Params):
-    pass
-
-
 class SolveCodingTaskParams(_Params):
     """The ReasoningBank MCP server's `solve_coding_task` tool, with its parameters."""
 
@@ -142,181 +136,159 @@ READ_WORKSPACE = Access(EVERYONE, (Resource("workspace", "workspace", personal=T
 
 
 def _only(workspaces: Any, seen: Visible) -> Any:
+    """The workspaces the caller may see."""
     if isinstance(workspaces, dict):
         return {k: v for k, v in workspaces.items() if seen.allows(k)}
     return [w for w in workspaces if seen.allows(w.get("workspace") or w.get("name"))]
 
 
-def add_memory_methods(
-    rpc: Dispatcher,
-    memory: MemoryClient,
-    settings: MemorySettings,
-    service: ReasoningService,
-    *,
-    cache_stats: CacheStats | None = None,
-    sandbox: SandboxLimits = SandboxLimits(),
-) -> None:
-    def ws(name: str | None) -> str:
-        return name or settings.default_workspace
+@declare(MEMORY, "memory.retrieve", RetrieveParams, result=results.RetrieveResult, access=READ_WORKSPACE)
+async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> dict[str, Any]:
+    """Memories for a task, ranked by composite score (similarity, recency, error context)."""
+    options = params.model_dump(exclude={"query", "workspace"})
+    found = await ctx.memory.retrieve(params.query, ctx.workspace(params.workspace), **options)
+    return {"workspace": ctx.workspace(params.workspace), "memories": found}
 
-    @rpc.method("memory.retrieve", RetrieveParams, result=results.RetrieveResult, access=READ_WORKSPACE)
-    async def retrieve(params: RetrieveParams, call: Call) -> dict[str, Any]:
-        """Memories for a task, ranked by composite score (similarity, recency, error context)."""
-        options = params.model_dump(exclude={"query", "workspace"})
-        found = await memory.retrieve(params.query, ws(params.workspace), **options)
-        return {"workspace": ws(params.workspace), "memories": found}
 
-    @rpc.method(
-        "memory.store",
-        StoreParams,
-        result=results.StoreResult,
-        access=Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),)),
+STORE_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),))
+
+
+@declare(MEMORY, "memory.store", StoreParams, result=results.StoreResult, access=STORE_ACCESS)
+async def store(ctx: Context, params: StoreParams, call: Call) -> dict[str, Any]:
+    """Store memory items (validated, parents checked) in one workspace; all or nothing."""
+    items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
+    keys = [params.key] * len(items) if params.key else None
+    stored = await ctx.memory.store_items(items, ctx.workspace(params.workspace), keys)
+    return {"workspace": ctx.workspace(params.workspace), "stored": stored}
+
+
+@declare(MEMORY, "memory.get", MemoryIdParams, result=results.MemoryResult, access=READ_WORKSPACE)
+async def get(ctx: Context, params: MemoryIdParams, call: Call) -> dict[str, Any]:
+    """One memory by id."""
+    return await ctx.memory.get(params.memory_id, ctx.workspace(params.workspace))
+
+
+@declare(MEMORY, "memory.genealogy", MemoryIdParams, result=results.GenealogyResult, access=READ_WORKSPACE)
+async def genealogy(ctx: Context, params: MemoryIdParams, call: Call) -> dict[str, Any]:
+    """A memory's ancestors (root first) and the tree of memories derived from it."""
+    return await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace))
+
+
+@declare(MEMORY, "memory.descendants", MemoryIdParams, result=results.DescendantsResult, access=READ_WORKSPACE)
+async def descendants(ctx: Context, params: MemoryIdParams, call: Call) -> dict[str, Any]:
+    """Every memory derived from this one, at any depth."""
+    return {"memory_id": params.memory_id, "descendants": await ctx.memory.descendants(params.memory_id, ctx.workspace(params.workspace))}
+
+
+@declare(MEMORY, "memory.errors", ErrorsParams, result=results.MemoriesResult, access=READ_WORKSPACE)
+async def errors(ctx: Context, params: ErrorsParams, call: Call) -> dict[str, Any]:
+    """Memories with error context (lessons from failures), optionally of one error type or domain."""
+    found = await ctx.memory.errors(ctx.workspace(params.workspace), params.error_type, params.domain, params.limit)
+    return {"workspace": ctx.workspace(params.workspace), "memories": found}
+
+
+@declare(MEMORY, "memory.traces", TracesParams, result=results.TracesResult, access=READ_WORKSPACE)
+async def traces(ctx: Context, params: TracesParams, call: Call) -> dict[str, Any]:
+    """The stored reasoning traces of a task: query, trajectory, outcome and item ids."""
+    return {"task_id": params.task_id, "traces": await ctx.memory.traces(params.task_id, ctx.workspace(params.workspace))}
+
+
+@declare(MEMORY, "memory.list_workspaces", NoParams, result=results.WorkspacesResult, access=Access(EVERYONE, lists="workspace"))
+async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
+    """Every workspace with its memory and trace counts."""
+    workspaces = await ctx.memory.list_workspaces()
+    seen = call.visible if call is not None else None  # what the guard says the caller may see (None: all)
+    if seen is None:
+        return {"default_workspace": ctx.memory_settings.default_workspace, "workspaces": workspaces}
+    return {"default_workspace": seen.default, "workspaces": _only(workspaces, seen)}
+
+
+DROP_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),))
+
+
+@declare(MEMORY, "memory.delete_workspace", DeleteWorkspaceParams, result=results.DeleteWorkspaceResult, access=DROP_ACCESS)
+async def delete_workspace(ctx: Context, params: DeleteWorkspaceParams, call: Call) -> dict[str, Any]:
+    """Delete a workspace with all its memories and traces (needs confirm: true)."""
+    if not params.confirm:
+        raise InvalidParamsError(
+            f"deleting workspace {params.workspace!r} removes all its memories and cannot be undone; send confirm: true",
+            {"workspace": params.workspace},
+        )
+    return await ctx.memory.delete_workspace(params.workspace)
+
+
+# -- the ReasoningBank MCP tool names, kept as aliases ---------------------------------------
+SOLVE_ACCESS = Access(
+    REASONERS,
+    (Resource("workspace", "workspace", personal=True, claims=lambda p: bool(p.store_result)),),
+    strategy="matts",
+    limits="run",
+)
+
+
+def _solve_params(params: SolveCodingTaskParams) -> ExecuteParams:
+    """The run a coding task asks for: refine under MaTTS, memory-aware, in the coding domain."""
+    base = {"base_strategy": "refine", "k": params.matts_k, "mode": params.matts_mode, "enabled": params.enable_matts}
+    memory = MemoryParams(
+        enabled=params.use_memory, workspace=params.workspace, learn=params.store_result, task_id=params.task_id, domain="coding"
     )
-    async def store(params: StoreParams, call: Call) -> dict[str, Any]:
-        """Store memory items (validated, parents checked) in one workspace; all or nothing."""
-        items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
-        keys = [params.key] * len(items) if params.key else None
-        stored = await memory.store_items(items, ws(params.workspace), keys)
-        return {"workspace": ws(params.workspace), "stored": stored}
+    try:  # ExecuteParams cleans the task further (found by fuzzing: a task of " " was an internal error)
+        return ExecuteParams(query=params.task, strategy="matts", strategy_config=base, memory=memory)
+    except ValidationError as exc:
+        raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
 
-    @rpc.method("memory.get", MemoryIdParams, result=results.MemoryResult, access=READ_WORKSPACE)
-    async def get(params: MemoryIdParams, call: Call) -> dict[str, Any]:
-        """One memory by id."""
-        return await memory.get(params.memory_id, ws(params.workspace))
 
-    @rpc.method("memory.genealogy", MemoryIdParams, result=results.GenealogyResult, access=READ_WORKSPACE)
-    async def genealogy(params: MemoryIdParams, call: Call) -> dict[str, Any]:
-        """A memory's ancestors (root first) and the tree of memories derived from it."""
-        return await memory.genealogy(params.memory_id, ws(params.workspace))
+@declare(
+    MEMORY,
+    "solve_coding_task",
+    SolveCodingTaskParams,
+    result=results.SolveCodingTaskResult,
+    access=SOLVE_ACCESS,
+    mcp_tool="solve_coding_task",
+)
+async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: Call) -> dict[str, Any]:
+    """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
+    verifier = tests_verifier(params.tests, ctx.sandbox) if params.tests else None
+    result = await ctx.service.execute(_solve_params(params), call.trace_id, verifier=verifier)
+    report = result.memory
+    return {
+        "solution": extract_code(result.answer),
+        "answer": result.answer,
+        "outcome": report.outcome if report else None,
+        "judged_by": report.judged_by if report else None,
+        "memories_used": [r.model_dump() for r in report.retrieved] if report else [],
+        "memories_stored": report.stored if report else [],
+        "learn_error": report.learn_error if report else None,
+        "matts": {k: result.metrics.strategy_specific.get(k) for k in ("mode", "k", "selected", "scores", "fallback")},
+        "metrics": result.metrics.model_dump(),
+        "trace_id": result.trace_id,
+    }
 
-    @rpc.method("memory.descendants", MemoryIdParams, result=results.DescendantsResult, access=READ_WORKSPACE)
-    async def descendants(params: MemoryIdParams, call: Call) -> dict[str, Any]:
-        """Every memory derived from this one, at any depth."""
-        return {"memory_id": params.memory_id, "descendants": await memory.descendants(params.memory_id, ws(params.workspace))}
 
-    @rpc.method("memory.errors", ErrorsParams, result=results.MemoriesResult, access=READ_WORKSPACE)
-    async def errors(params: ErrorsParams, call: Call) -> dict[str, Any]:
-        """Memories with error context (lessons from failures), optionally of one error type or domain."""
-        found = await memory.errors(ws(params.workspace), params.error_type, params.domain, params.limit)
-        return {"workspace": ws(params.workspace), "memories": found}
+@declare(
+    MEMORY,
+    "retrieve_memories",
+    RetrieveMemoriesParams,
+    result=results.RetrieveMemoriesResult,
+    access=READ_WORKSPACE,
+    mcp_tool="retrieve_memories",
+)
+async def retrieve_memories(ctx: Context, params: RetrieveMemoriesParams, call: Call) -> dict[str, Any]:
+    """Alias of memory.retrieve with the ReasoningBank tool's parameters (`n_results`, `include_errors`)."""
+    found = await ctx.memory.retrieve(params.query, ctx.workspace(params.workspace), top_k=params.n_results, domain=params.domain)
+    if not params.include_errors:
+        found = [r for r in found if not r["warning"]]
+    return {"query": params.query, "workspace": ctx.workspace(params.workspace), "memories": found}
 
-    @rpc.method("memory.traces", TracesParams, result=results.TracesResult, access=READ_WORKSPACE)
-    async def traces(params: TracesParams, call: Call) -> dict[str, Any]:
-        """The stored reasoning traces of a task: query, trajectory, outcome and item ids."""
-        return {"task_id": params.task_id, "traces": await memory.traces(params.task_id, ws(params.workspace))}
 
-    @rpc.method("memory.list_workspaces", NoParams, result=results.WorkspacesResult, access=Access(EVERYONE, lists="workspace"))
-    async def list_workspaces(params: NoParams, call: Call) -> dict[str, Any]:
-        """Every workspace with its memory and trace counts."""
-        workspaces = await memory.list_workspaces()
-        seen = call.visible if call is not None else None  # what the guard says the caller may see (None: all)
-        if seen is None:
-            return {"default_workspace": settings.default_workspace, "workspaces": workspaces}
-        return {"default_workspace": seen.default, "workspaces": _only(workspaces, seen)}
-
-    @rpc.method(
-        "memory.delete_workspace",
-        DeleteWorkspaceParams,
-        result=results.DeleteWorkspaceResult,
-        access=Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),)),
-    )
-    async def delete_workspace(params: DeleteWorkspaceParams, call: Call) -> dict[str, Any]:
-        """Delete a workspace with all its memories and traces (needs confirm: true)."""
-        if not params.confirm:
-            raise InvalidParamsError(
-                f"deleting workspace {params.workspace!r} removes all its memories and cannot be undone; send confirm: true",
-                {"workspace": params.workspace},
-            )
-        return await memory.delete_workspace(params.workspace)
-
-    async def statistics() -> dict[str, Any]:
-        stats = await memory.stats()
-        if cache_stats is not None:
-            stats["llm_cache"] = await cache_stats()
-        return stats
-
-    @rpc.method("stats.get", NoParams, result=results.StatsResult, access=Access(EVERYONE, own_usage=True))
-    async def stats_get(params: NoParams, call: Call) -> dict[str, Any]:
-        """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency (a caller who
-        may not see every principal's data gets its own usage instead)."""
-        stats = await statistics()
-        return own_statistics(stats, call.usage) if call.usage is not None else stats
-
-    @rpc.method("stats.reset", NoParams, result=results.StatsResult, access=Access(OPERATORS))
-    async def stats_reset(params: NoParams, call: Call) -> dict[str, Any]:
-        """Zero the counters (for tests and benchmarks); stored memories are untouched."""
-        return await memory.reset_stats()
-
-    # -- the ReasoningBank MCP tool names, kept as aliases ---------------------------------------
-    @rpc.method(
-        "solve_coding_task",
-        SolveCodingTaskParams,
-        result=results.SolveCodingTaskResult,
-        access=Access(
-            REASONERS,
-            (Resource("workspace", "workspace", personal=True, claims=lambda p: bool(p.store_result)),),
-            strategy="matts",
-            limits="run",
-        ),
-        mcp_tool="solve_coding_task",
-    )
-    async def solve_coding_task(params: SolveCodingTaskParams, call: Call) -> dict[str, Any]:
-        """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
-        base = {"base_strategy": "refine", "k": params.matts_k, "mode": params.matts_mode, "enabled": params.enable_matts}
-        try:  # ExecuteParams cleans the task further (found by fuzzing: a task of " " was an internal error)
-            execute = ExecuteParams(
-                query=params.task,
-                strategy="matts",
-                strategy_config=base,
-                memory=MemoryParams(
-                    enabled=params.use_memory,
-                    workspace=params.workspace,
-                    learn=params.store_result,
-                    task_id=params.task_id,
-                    domain="coding",
-                ),
-            )
-        except ValidationError as exc:
-            raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
-        verifier = tests_verifier(params.tests, sandbox) if params.tests else None
-        result = await service.execute(execute, call.trace_id, verifier=verifier)
-        report = result.memory
-        return {
-            "solution": extract_code(result.answer),
-            "answer": result.answer,
-            "outcome": report.outcome if report else None,
-            "judged_by": report.judged_by if report else None,
-            "memories_used": [r.model_dump() for r in report.retrieved] if report else [],
-            "memories_stored": report.stored if report else [],
-            "learn_error": report.learn_error if report else None,
-            "matts": {k: result.metrics.strategy_specific.get(k) for k in ("mode", "k", "selected", "scores", "fallback")},
-            "metrics": result.metrics.model_dump(),
-            "trace_id": result.trace_id,
-        }
-
-    @rpc.method(
-        "retrieve_memories",
-        RetrieveMemoriesParams,
-        result=results.RetrieveMemoriesResult,
-        access=READ_WORKSPACE,
-        mcp_tool="retrieve_memories",
-    )
-    async def retrieve_memories(params: RetrieveMemoriesParams, call: Call) -> dict[str, Any]:
-        """Alias of memory.retrieve with the ReasoningBank tool's parameters (`n_results`, `include_errors`)."""
-        found = await memory.retrieve(params.query, ws(params.workspace), top_k=params.n_results, domain=params.domain)
-        if not params.include_errors:
-            found = [r for r in found if not r["warning"]]
-        return {"query": params.query, "workspace": ws(params.workspace), "memories": found}
-
-    @rpc.method(
-        "get_memory_genealogy", GenealogyAliasParams, result=results.GenealogyResult, access=READ_WORKSPACE, mcp_tool="get_memory_genealogy"
-    )
-    async def get_memory_genealogy(params: GenealogyAliasParams, call: Call) -> dict[str, Any]:
-        """Alias of memory.genealogy."""
-        return await memory.genealogy(params.memory_id, ws(params.workspace))
-
-    @rpc.method("get_statistics", NoParams, result=results.StatsResult, access=Access(EVERYONE, own_usage=True), mcp_tool="get_statistics")
-    async def get_statistics(params: NoParams, call: Call) -> dict[str, Any]:
-        """Alias of stats.get."""
-        stats = await statistics()
-        return own_statistics(stats, call.usage) if call.usage is not None else stats
+@declare(
+    MEMORY,
+    "get_memory_genealogy",
+    GenealogyAliasParams,
+    result=results.GenealogyResult,
+    access=READ_WORKSPACE,
+    mcp_tool="get_memory_genealogy",
+)
+async def get_memory_genealogy(ctx: Context, params: GenealogyAliasParams, call: Call) -> dict[str, Any]:
+    """Alias of memory.genealogy."""
+    return await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace))

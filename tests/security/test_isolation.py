@@ -6,7 +6,7 @@ import asyncio
 import re
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, principal_trace_id
-from reasonray.api.methods import RESERVED_AGENT_IDS
+from reasonray.api.directory import RESERVED_AGENT_IDS
 from reasonray.gateway.cache import CACHE_SCOPE, CachingLLM, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.protocol import LLMRequest, Message
 from reasonray.gateway.testing import FunctionLLM

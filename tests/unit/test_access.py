@@ -8,8 +8,8 @@ import pytest
 from reasonray.api.access.auth import Policy, Principal
 from reasonray.api.access.tenancy import ShareParams, install_guard
 from reasonray.api.app import local_dispatcher
+from reasonray.api.context import NoParams
 from reasonray.api.declarations import EVERYONE, Access, Resource, Visible
-from reasonray.api.methods import NoParams
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import DEFAULT_ROLES, AuthSettings
 from reasonray.kernel.config import ReasoningSettings

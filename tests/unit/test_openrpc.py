@@ -13,8 +13,8 @@ from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits
 from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
+from reasonray.api.context import NoParams
 from reasonray.api.declarations import EVERYONE, Access
-from reasonray.api.methods import NoParams
 from reasonray.api.openrpc import discover_document
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import AuthSettings

@@ -1,0 +1,104 @@
+"""The reasoning methods: `reasoning.execute`, `reasoning.bounded_context`, `reasoning.strategies`.
+
+Each is a module-level function declared once with its params, result and access (`REASONING`), served by
+`Dispatcher.add` on every surface.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reasonray.api import results
+from reasonray.api.a2a_remote import forward
+from reasonray.api.context import Context, NoParams
+from reasonray.api.declarations import EVERYONE, REASONERS, RESOLVED, Access, Resource
+from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult
+from reasonray.kernel.errors import InvalidParamsError, describe_errors
+
+REASONING: list[Declared] = []
+
+
+class BoundedContextParams(BaseModel):
+    """Parameters of `reasoning.bounded_context`; omitted settings take the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, description="The problem to solve (at most `[limits] max_query_chars` characters).")
+    chunk_size: int | None = Field(None, description="Max tokens per iteration (128-32768).")
+    carryover_size: int | None = Field(None, description="Tokens carried forward (16-16384, below chunk_size).")
+    max_iterations: int | None = Field(None, description="Max reasoning iterations (1-50).")
+    carryover_mode: Literal["auto", "delethink", "tail", "summary"] | None = Field(
+        None, description="auto, delethink (continue the model's thinking), tail or summary."
+    )
+    on_max_iterations: Literal["auto", "error", "final_answer"] | None = Field(None, description="What happens when iterations run out.")
+    include_trace: bool = Field(False, description="Return the run's events as `trace`.")
+
+
+def _uses_memory(params: ExecuteParams) -> bool:
+    return params.memory is not None and (params.memory.enabled or params.memory.learn)
+
+
+def _learns(params: ExecuteParams) -> bool:
+    return params.memory is not None and params.memory.learn
+
+
+EXECUTE_ACCESS = Access(
+    REASONERS,
+    (Resource("workspace", "memory.workspace", personal=True, applies=_uses_memory, claims=_learns),),
+    strategy=RESOLVED,
+    limits="run",
+    # fields passed unchecked to the model endpoint: a trusted caller's right, not every reasoner's
+    right=lambda params: EXTRA_BODY_RIGHT if params.extra_body else None,
+)
+
+
+@declare(REASONING, "reasoning.execute", ExecuteParams, result=ExecuteResult, access=EXECUTE_ACCESS, stream=True, mcp_tool="reason")
+async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
+    """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
+    if params.agent_id is not None and (card := await ctx.registry.get_agent(params.agent_id)).get("a2a_card_url"):
+        budget_s = params.budget.deadline_s if params.budget else None
+        deadline_s = min((d for d in (ctx.service.deadline_s, budget_s) if d), default=None)
+        return await forward(card, params.query, params.strategy, call.trace_id, ctx.egress, deadline_s=deadline_s)  # docs/interop.md
+    return await ctx.service.execute(params, call.trace_id)
+
+
+@declare(
+    REASONING,
+    "reasoning.bounded_context",
+    BoundedContextParams,
+    result=results.BoundedContextResult,
+    access=Access(REASONERS, strategy="bounded_context", limits="run"),
+)
+async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call) -> dict[str, Any]:
+    """Bounded-context reasoning with its settings as flat parameters, answered with per-iteration results and savings."""
+    config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
+    try:  # ExecuteParams cleans the query further (found by tests/security fuzzing: a query of " ")
+        execute_params = ExecuteParams(
+            query=params.query, strategy="bounded_context", strategy_config=config, include_trace=params.include_trace
+        )
+    except ValidationError as exc:
+        raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
+    result = await ctx.service.execute(execute_params, call.trace_id)
+    specific = result.metrics.strategy_specific
+    # the iterations pass through as the strategy records them (more members than BoundedIteration lists)
+    return {
+        "answer": result.answer,
+        "reasoning": result.reasoning,
+        "iterations": specific["iterations"],
+        "total_tokens": result.metrics.total_tokens,
+        "compute_savings_pct": specific["compute_savings_pct"],
+        "total_iterations": specific["total_iterations"],
+        "execution_time_ms": result.metrics.execution_time_ms,
+        "metrics": result.metrics.model_dump(),
+        "trace": result.trace,
+        "trace_id": result.trace_id,
+    }
+
+
+@declare(REASONING, "reasoning.strategies", NoParams, result=results.StrategiesResult, access=Access(EVERYONE))
+async def strategies(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
+    """The enabled strategies with their capabilities and config schemas, the default, and plugin failures."""
+    return await ctx.registry.describe()
