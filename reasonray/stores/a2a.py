@@ -10,6 +10,7 @@ import asyncio
 import json
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -21,6 +22,18 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
+@dataclass(frozen=True)
+class TaskQuery:
+    """Which of an owner's tasks to list: filters (None: any), the page's cursor and its size."""
+
+    owner: str | None
+    context_id: str | None = None
+    state: int | None = None
+    since_ns: int | None = None
+    after: tuple[int, str] | None = None  # (status_ns, task_id) of the last task of the previous page
+    limit: int = 100
+
+
 class Repository(Protocol):
     """Owned A2A records as JSON: `SqliteRepository` and `PgRepository` implement it."""
 
@@ -30,16 +43,9 @@ class Repository(Protocol):
 
     async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None: ...
 
-    async def a2a_tasks(
-        self,
-        owner: str | None,
-        *,
-        context_id: str | None,
-        state: int | None,
-        since_ns: int | None,
-        after: tuple[int, str] | None,
-        limit: int,
-    ) -> tuple[list[dict[str, Any]], int]: ...
+    async def a2a_tasks(self, query: TaskQuery) -> tuple[list[dict[str, Any]], int]:
+        """The owner's tasks newest first (by status time, then id), from just after `after`; and how many match in all."""
+        ...
 
     async def delete_a2a_task(self, task_id: str, owner: str | None) -> None: ...
 
@@ -109,25 +115,17 @@ class SqliteRepository:
         )
         return json.loads(row[0]) if row is not None else None
 
-    async def a2a_tasks(
-        self,
-        owner: str | None,
-        *,
-        context_id: str | None,
-        state: int | None,
-        since_ns: int | None,
-        after: tuple[int, str] | None,
-        limit: int,
-    ) -> tuple[list[dict[str, Any]], int]:
+    async def a2a_tasks(self, query: TaskQuery) -> tuple[list[dict[str, Any]], int]:
+        q = query
         where = "owner IS ? AND (? IS NULL OR context_id = ?) AND (? IS NULL OR state = ?) AND (? IS NULL OR status_ns >= ?)"
-        args: tuple[Any, ...] = (owner, context_id, context_id, state, state, since_ns, since_ns)
+        args: tuple[Any, ...] = (q.owner, q.context_id, q.context_id, q.state, q.state, q.since_ns, q.since_ns)
 
         def page(db: sqlite3.Connection) -> tuple[list[str], int]:
             (total,) = db.execute(f"SELECT count(*) FROM a2a_tasks WHERE {where}", args).fetchone()
-            cursor = "" if after is None else " AND (status_ns, task_id) < (?, ?)"
+            cursor = "" if q.after is None else " AND (status_ns, task_id) < (?, ?)"
             rows = db.execute(
                 f"SELECT task FROM a2a_tasks WHERE {where}{cursor} ORDER BY status_ns DESC, task_id DESC LIMIT ?",
-                (*args, *(after or ()), limit),
+                (*args, *(q.after or ()), q.limit),
             ).fetchall()
             return [r[0] for r in rows], int(total)
 
@@ -193,28 +191,20 @@ class PgRepository:
         rows = await self.store.fetch(f"SELECT task FROM a2a_tasks WHERE task_id = %s AND {where}", (task_id, *params))
         return rows[0][0] if rows else None
 
-    async def a2a_tasks(
-        self,
-        owner: str | None,
-        *,
-        context_id: str | None,
-        state: int | None,
-        since_ns: int | None,
-        after: tuple[int, str] | None,
-        limit: int,
-    ) -> tuple[list[dict[str, Any]], int]:
-        where, params = _owned(owner)
+    async def a2a_tasks(self, query: TaskQuery) -> tuple[list[dict[str, Any]], int]:
+        q = query
+        where, params = _owned(q.owner)
         clauses, values = [where], list(params)
-        for clause, value in (("context_id = %s", context_id), ("state = %s", state), ("status_ns >= %s", since_ns)):
+        for clause, value in (("context_id = %s", q.context_id), ("state = %s", q.state), ("status_ns >= %s", q.since_ns)):
             if value is not None:
                 clauses.append(clause)
                 values.append(value)
         filtered = " AND ".join(clauses)
         total = int((await self.store.fetch(f"SELECT count(*) FROM a2a_tasks WHERE {filtered}", tuple(values)))[0][0])
-        page = f"{filtered} AND (status_ns, task_id) < (%s, %s)" if after is not None else filtered
+        page = f"{filtered} AND (status_ns, task_id) < (%s, %s)" if q.after is not None else filtered
         rows = await self.store.fetch(
             f"SELECT task FROM a2a_tasks WHERE {page} ORDER BY status_ns DESC, task_id DESC LIMIT %s",
-            (*values, *(after or ()), limit),
+            (*values, *(q.after or ()), q.limit),
         )
         return [r[0] for r in rows], total
 

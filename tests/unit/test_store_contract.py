@@ -22,7 +22,7 @@ from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.events import EventRecorder, RunEnd, event_log_path
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
-from reasonray.stores.a2a import open_a2a
+from reasonray.stores.a2a import TaskQuery, open_a2a
 from reasonray.stores.agent_cards import open_cards
 from reasonray.stores.audit import AuditRecord, open_audit
 from reasonray.stores.counters import open_counters, window_start
@@ -405,14 +405,14 @@ async def test_a2a_tasks_are_their_owners_alone_and_list_newest_first_in_pages(s
     def ids(page):
         return [t["id"] for t in page[0]], page[1]
 
-    everything = {"context_id": None, "state": None, "since_ns": None, "after": None, "limit": 10}
-    assert ids(await other.a2a_tasks("alice", **everything)) == (["t3", "t2", "t1", "t0"], 4)
-    assert ids(await other.a2a_tasks("alice", **everything | {"context_id": "c1", "state": 3})) == (["t3", "t0"], 2)
-    assert ids(await other.a2a_tasks("alice", **everything | {"since_ns": 1002})) == (["t3", "t2"], 2)
-    first = await other.a2a_tasks("alice", **everything | {"limit": 2})
+    everything = {"limit": 10}
+    assert ids(await other.a2a_tasks(TaskQuery("alice", **everything))) == (["t3", "t2", "t1", "t0"], 4)
+    assert ids(await other.a2a_tasks(TaskQuery("alice", **everything | {"context_id": "c1", "state": 3}))) == (["t3", "t0"], 2)
+    assert ids(await other.a2a_tasks(TaskQuery("alice", **everything | {"since_ns": 1002}))) == (["t3", "t2"], 2)
+    first = await other.a2a_tasks(TaskQuery("alice", **everything | {"limit": 2}))
     assert ids(first) == (["t3", "t2"], 4)
-    assert ids(await other.a2a_tasks("alice", **everything | {"limit": 2, "after": (1002, "t2")})) == (["t1", "t0"], 4)
-    assert await other.a2a_tasks("bob", **everything) == ([], 0)
+    assert ids(await other.a2a_tasks(TaskQuery("alice", **everything | {"limit": 2, "after": (1002, "t2")}))) == (["t1", "t0"], 4)
+    assert await other.a2a_tasks(TaskQuery("bob", **everything)) == ([], 0)
 
     await other.delete_a2a_task("t1", "bob")  # not his: nothing happens
     assert await repo.a2a_task("t1", "alice") is not None

@@ -33,7 +33,7 @@ from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_lis
 from google.protobuf import json_format
 
 from reasonray.kernel.errors import SessionStateError
-from reasonray.stores.a2a import Repository
+from reasonray.stores.a2a import Repository, TaskQuery
 
 log = structlog.get_logger(__name__)
 
@@ -99,12 +99,14 @@ class OwnedTaskStore(TaskStore):
         size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
         since = params.status_timestamp_after.ToNanoseconds() if params.HasField("status_timestamp_after") else None
         docs, total = await self.repo.a2a_tasks(
-            owner_of(context),
-            context_id=params.context_id or None,
-            state=params.status or None,
-            since_ns=since,
-            after=after,
-            limit=size + 1,  # one more than the page: whether another page follows
+            TaskQuery(
+                owner_of(context),
+                context_id=params.context_id or None,
+                state=params.status or None,
+                since_ns=since,
+                after=after,
+                limit=size + 1,  # one more than the page: whether another page follows
+            )
         )
         tasks = [json_format.ParseDict(d, Task()) for d in docs[:size]]
         following = ""
