@@ -39,7 +39,7 @@ class Cell:
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     arm: str = ""  # memory study: "on" (learns), "off" (no memory) or "placebo"; "" outside one
     order: int = 0  # memory study: the seed of the stream's order of the examples
-    budget: int | None = None  # budget axis: tokens the strategy's limits were set from (None: its own config)
+    budget: int | None = None  # per-call token cap: every call's max_tokens at most this (None: the config's own limits)
 
     @property
     def key(self) -> str:
@@ -79,8 +79,11 @@ def _at_least(floor: int) -> Callable[[int], int]:
     return lambda budget: max(floor, budget)
 
 
-# The budget axis: a budget B is each call's token limit, set in each strategy's own config fields. Floors are
-# the strategies' own minimums (their schemas refuse less). MaTTS passes B on to its base strategy's config.
+# The budget axis: a budget B is each call's token limit, set in each strategy's own config fields and sent as the
+# request's `budget.max_output_tokens`, which caps every call of the run (judges, iterations, tool steps). Floors
+# are the strategies' own minimums (their schemas refuse less). MaTTS passes B on to its base strategy's config.
+# Bounded context has no per-call field: an iteration generates what its chunk leaves, so the request's cap is
+# what holds it to B (its chunk must leave room for the prompt and carryover: set chunk_size in its config).
 BUDGET_FIELDS: dict[str, dict[str, Callable[[int], int]]] = {
     "chain_of_thought": {"max_tokens": _at_least(1)},
     "self_consistency": {"max_tokens": _at_least(1)},
@@ -88,9 +91,7 @@ BUDGET_FIELDS: dict[str, dict[str, Callable[[int], int]]] = {
     "tree_of_thought": {"max_tokens": _at_least(16)},
     "react": {"max_tokens": _at_least(16)},
     "matts": {"judge_max_tokens": _at_least(16)},
-    # an iteration's context holds the question and carryover as well as B generated tokens: chunk B + 96
-    # (at least its 128 floor), carryover B / 2 (at least 16)
-    "bounded_context": {"chunk_size": lambda b: max(128, b + 96), "carryover_size": lambda b: max(16, b // 2)},
+    "bounded_context": {},
 }
 
 
@@ -119,9 +120,17 @@ def build_grid(
     budgets: list[int] | None = None,
     arms: tuple[str, ...] = (),
     orders: int = 1,
+    call_caps: dict[str, int] | None = None,
 ) -> list[Cell]:
     """Every cell, validated against the catalogue before anything runs. With `budgets`, every config runs
-    at every budget (named `NAME@B`); with memory `arms`, every cell runs once per arm and stream order."""
+    at every budget (named `NAME@B`); `call_caps` caps a strategy's every call without changing its config (also
+    named `NAME@B`; e.g. bounded context's iterations); with memory `arms`, every cell runs once per arm and
+    stream order."""
+    call_caps = call_caps or {}
+    if budgets and call_caps:
+        raise GridError("--budgets and per-strategy call caps both set the per-call cap; give one of them")
+    if set(call_caps) - set(strategies):
+        raise GridError(f"call caps name strategies not in --strategies: {', '.join(sorted(set(call_caps) - set(strategies)))}")
     if orders < 1:
         raise GridError(f"--orders must be at least 1, got {orders}")
     if set(arms) - set(MEMORY_ARMS):
@@ -154,6 +163,8 @@ def build_grid(
             for name, config in named.items()
             for budget in (budgets or [None])
         ]
+        if strategy in call_caps:
+            variants = [(f"{name}@{call_caps[strategy]}", config, call_caps[strategy]) for name, config, _ in variants]
         for name, config, budget in variants:
             for seed in seeds:
                 full = {**config, "seed": seed} if takes_seed else dict(config)

@@ -174,7 +174,7 @@ def build_report(
         asdict(non_inferiority(a, outcomes[a], b, outcomes[b], margin=NON_INFERIORITY_MARGIN))
         for a in names
         for b in names
-        if a.startswith("bounded_context/") and b == "chain_of_thought/" + a.removeprefix("bounded_context/")
+        if a.startswith("bounded_context/") and b.startswith("chain_of_thought/") and _base(a) == _base(b)
     ]
     return {
         **meta,
@@ -191,6 +191,13 @@ def build_report(
         "k_curves": k_curves(records),
         "_rows": rows,
     }
+
+
+def _base(group: str) -> str:
+    """A row's config name without its per-call cap (`cap256@64` -> `cap256`), memory arm kept."""
+    _, _, rest = group.partition("/")
+    config, _, arm = rest.partition("/")
+    return "/".join(p for p in (config.split("@")[0], arm) if p)
 
 
 def _public(row: Row) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class EvalOptions:
     budgets: list[int] = field(default_factory=list)  # per-call token budgets: a curve per strategy (grid.BUDGET_FIELDS)
     orders: int = 1  # with memory: stream orders; the study runs memory on and off on each
     memory_study: bool = False  # with memory: both arms (on and off) on the same streams, not memory on alone
+    call_caps: dict[str, int] = field(default_factory=dict)  # strategy -> every call's max_tokens cap (config unchanged)
 
 
 def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
@@ -103,6 +104,7 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
         budgets=options.budgets or None,
         arms=("on", "off") if options.memory_study else (),
         orders=options.orders,
+        call_caps=options.call_caps,
     )
     if not 0.0 <= options.sim_skill <= 1.0:
         raise EvalError(f"--sim-skill must be between 0 and 1, got {options.sim_skill}")

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import structlog
 
 from reasonray.api.jsonrpc import error_for
-from reasonray.api.service import ExecuteParams, ReasoningService
+from reasonray.api.service import BudgetParams, ExecuteParams, ReasoningService
 from reasonray.evals.datasets import Example
 from reasonray.evals.grid import Cell, cell_key
 from reasonray.evals.scoring import lenient_correct, score
@@ -69,7 +69,7 @@ class Record:
     arm: str = ""  # memory study: on, off or placebo ("" outside one)
     order: int = 0  # memory study: the stream order's seed
     position: int | None = None  # memory study: the example's place in its cell's stream (0 first)
-    budget: int | None = None  # budget axis: the per-call token budget the config was set from
+    budget: int | None = None  # the per-call token cap the run had (budget axis or call cap), None: none
     attempts: list[dict[str, Any]] | None = None  # MaTTS: every attempt (answer, judge score, chosen, failed)
     finished_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
@@ -102,6 +102,7 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
         query=example.query,
         strategy=cell.strategy,
         strategy_config=cell.config,
+        budget=BudgetParams(max_output_tokens=cell.budget) if cell.budget is not None else None,
         memory=MemoryParams(workspace=cell.workspace, learn=True, task_id=example.id) if memory else None,
     )
 
@@ -221,6 +222,7 @@ class HttpEngine:
                 example.query,
                 strategy=cell.strategy,
                 strategy_config=cell.config or None,
+                budget={"max_output_tokens": cell.budget} if cell.budget is not None else None,
                 memory=memory_request(example, cell) if memory else None,
             )
         except ReasonRayError as exc:

@@ -202,10 +202,31 @@ def test_the_budget_axis_sets_each_strategys_token_limits():
     assert {c.config_name for c in cells} == {"t@16", "t@64"}
     assert by[("chain_of_thought", 16)].config["max_tokens"] == 16 and by[("chain_of_thought", 16)].config["temperature"] == 0.7
     assert by[("matts", 64)].config["base_config"]["max_tokens"] == 64 and by[("matts", 16)].config["judge_max_tokens"] == 16
-    assert by[("bounded_context", 16)].config["chunk_size"] == 128 and by[("bounded_context", 64)].config["carryover_size"] == 32
-    assert len({c.key for c in cells}) == 6
+    assert by[("bounded_context", 16)].config == {"temperature": 0.7, "seed": 0}  # held to B by the request's per-call cap alone
+    assert len({c.key for c in cells}) == 6 and all(c.budget in (16, 64) for c in cells)
     with pytest.raises(GridError, match="positive"):
         build_grid(_catalogue(), ["chain_of_thought"], {}, [0], budgets=[0])
+    capped = build_grid(_catalogue(), ["chain_of_thought", "bounded_context"], {None: {"c": {}}}, [0], call_caps={"bounded_context": 64})
+    assert sorted((c.group, c.budget) for c in capped) == [("bounded_context/c@64", 64), ("chain_of_thought/c", None)]
+    with pytest.raises(GridError, match="one of them"):
+        build_grid(_catalogue(), ["chain_of_thought"], {}, [0], budgets=[16], call_caps={"chain_of_thought": 8})
+
+
+async def test_a_per_call_cap_reaches_every_call_of_the_run(tmp_path):
+    from reasonray.api.service import ReasoningService
+    from reasonray.evals.grid import Cell
+    from reasonray.evals.runner import InProcessEngine, ResultLog, run_grid
+    from reasonray.gateway.simulator.engine import SimulatedModel
+    from reasonray.gateway.simulator.inprocess import SimulatedLLM
+    from reasonray.gateway.tokens import counter_for_model
+
+    examples = [Example(id="q", kind="gsm8k", query="What is 2 + 3?", reference="5", key="What is 2 + 3?")]
+    service = ReasoningService(_catalogue(), SimulatedLLM(SimulatedModel(counter_for_model("simulated"))), counter_for_model("simulated"))
+    cells = [Cell("self_consistency", "s3@8", 0, {"samples": 3, "max_tokens": 400, "seed": 0}, budget=8)]
+    log = ResultLog(tmp_path / "results.jsonl")
+    await run_grid(InProcessEngine(service), examples, cells, log)
+    (record,) = log.select(examples, cells)
+    assert record.budget == 8 and 0 < record.completion_tokens <= 8 * record.llm_calls
 
 
 def test_the_report_has_baselines_lenient_scores_holm_and_budget_curves(tmp_path):

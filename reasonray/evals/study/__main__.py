@@ -1,0 +1,3 @@
+from reasonray.evals.study import main
+
+main()
