@@ -38,7 +38,6 @@ from reasonray.actors.ray_compat import serve_http
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
 from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, limiter_actor, owners_actor
-from reasonray.api.access.audit import audit_refusal
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier, principal_trace_id
 from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Backends, build_application
@@ -46,7 +45,6 @@ from reasonray.api.errors import error_headers, rest_error, view_of
 from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for
 from reasonray.api.methods import accept_trace_id, new_trace_id
 from reasonray.api.service import ExecuteParams, ExecuteResult
-from reasonray.stores.a2a import open_a2a as a2a_repository
 from reasonray.api.stores.registry import RegistryService
 from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.surfaces.gate import AuthGate, GateConfig
@@ -67,6 +65,8 @@ from reasonray.kernel.errors import ForbiddenError
 from reasonray.kernel.logs import configure_logging
 from reasonray.kernel.ports import instance_ports
 from reasonray.memory.service import check_memory
+from reasonray.stores.a2a import open_a2a as a2a_repository
+from reasonray.stores.audit import audit_refusal
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 
 log = structlog.get_logger("reasonray.serve")

@@ -9,17 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reasonray.kernel.storage import LocalDatabase
+from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -76,9 +74,6 @@ class SqliteRepository:
         self.path = self.root / "a2a.sqlite3"
         self._db = LocalDatabase(self.path, self.SCHEMA, on_create=self._import_files)
 
-    def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        return self._db.run(work)
-
     def _import_files(self, db: sqlite3.Connection) -> None:
         for path in sorted((self.root / "tasks").glob("*.json")):
             d = json.loads(path.read_bytes())
@@ -99,7 +94,7 @@ class SqliteRepository:
         # another owner's task stays as it was: the update's WHERE fails and nothing is returned
         row = (task_id, owner, context_id, state, status_ns, json.dumps(task))
         saved = await asyncio.to_thread(
-            self._run,
+            self._db.run,
             lambda db: db.execute(
                 "INSERT INTO a2a_tasks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET "
                 "context_id = excluded.context_id, state = excluded.state, status_ns = excluded.status_ns, task = excluded.task "
@@ -111,7 +106,7 @@ class SqliteRepository:
 
     async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None:
         row = await asyncio.to_thread(
-            self._run, lambda db: db.execute("SELECT task FROM a2a_tasks WHERE task_id = ? AND owner IS ?", (task_id, owner)).fetchone()
+            self._db.run, lambda db: db.execute("SELECT task FROM a2a_tasks WHERE task_id = ? AND owner IS ?", (task_id, owner)).fetchone()
         )
         return json.loads(row[0]) if row is not None else None
 
@@ -129,17 +124,17 @@ class SqliteRepository:
             ).fetchall()
             return [r[0] for r in rows], int(total)
 
-        tasks, total = await asyncio.to_thread(self._run, page)
+        tasks, total = await asyncio.to_thread(self._db.run, page)
         return [json.loads(t) for t in tasks], total
 
     async def delete_a2a_task(self, task_id: str, owner: str | None) -> None:
         await asyncio.to_thread(
-            self._run, lambda db: db.execute("DELETE FROM a2a_tasks WHERE task_id = ? AND owner IS ?", (task_id, owner))
+            self._db.run, lambda db: db.execute("DELETE FROM a2a_tasks WHERE task_id = ? AND owner IS ?", (task_id, owner))
         )
 
     async def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None:
         row = await asyncio.to_thread(
-            self._run,
+            self._db.run,
             lambda db: db.execute(
                 "SELECT exchanges, version FROM a2a_conversations WHERE conversation_id = ?", (conversation_id,)
             ).fetchone(),
@@ -165,7 +160,7 @@ class SqliteRepository:
                 )
             return cursor.rowcount == 1
 
-        return await asyncio.to_thread(self._run, save)
+        return await asyncio.to_thread(self._db.run, save)
 
 
 class PgRepository:
@@ -242,8 +237,4 @@ def _owned(owner: str | None) -> tuple[str, tuple[Any, ...]]:
 
 def open_a2a(store_url: str | None, sessions_dir: Path) -> Repository:
     """PostgreSQL when a store URL is configured (as for sessions), else SQLite beside the sessions."""
-    if store_url is None:
-        return SqliteRepository(sessions_dir)
-    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-    return PgRepository(pg_store(store_url))
+    return SqliteRepository(sessions_dir) if store_url is None else PgRepository(cluster_store(store_url))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from reasonray.kernel.config import ConfigError
 from reasonray.kernel.errors import describe_errors
 from reasonray.kernel.storage import write_atomic
+from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
@@ -108,7 +109,5 @@ class PgCardStore(Generic[C]):
 def open_cards(model: type[C], store_url: str | None, data_dir: Path | None) -> CardStore[C]:
     """PostgreSQL when a store URL is configured, else `<data_dir>/agents.json` (no data_dir: in memory)."""
     if store_url is not None:
-        from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-        return PgCardStore(model, pg_store(store_url))
+        return PgCardStore(model, cluster_store(store_url))
     return FileCardStore(model, Path(data_dir) / "agents.json" if data_dir is not None else None)

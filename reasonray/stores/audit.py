@@ -13,10 +13,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+import structlog
 from pydantic import BaseModel, Field
+
+from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
+
+log = structlog.get_logger(__name__)
 
 ANONYMOUS = "anonymous"
 """The principal recorded for a caller without a valid token."""
@@ -88,14 +93,21 @@ class PgAuditLog:
         return [AuditRecord(at=at, principal=who, method=action, **detail) for at, who, action, detail in rows]
 
 
+async def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: str, trace_id: str, principal: str | None = None) -> None:
+    """Record a request refused before any method ran (no or a bad token at the gate, a route for other roles).
+    An audit writer that fails is logged, never turned into a 500 for the caller."""
+    try:
+        await audit.write(
+            AuditRecord(principal=principal or ANONYMOUS, method=method, outcome=outcome, trace_id=trace_id, reason=reason[:500])
+        )
+    except Exception as exc:
+        log.warning("audit.write_failed", method=method, outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:200])
+
+
 def audit_log_path(data_dir: Path) -> Path:
     return data_dir / "audit" / "audit.jsonl"
 
 
 def open_audit(store_url: str | None, data_dir: Path) -> AuditLog:
     """The cluster store's table with a store URL; the data directory's private JSONL file without one."""
-    if store_url is None:
-        return JsonlAuditLog(audit_log_path(data_dir))
-    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-    return PgAuditLog(pg_store(store_url))
+    return JsonlAuditLog(audit_log_path(data_dir)) if store_url is None else PgAuditLog(cluster_store(store_url))

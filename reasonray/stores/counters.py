@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from reasonray.kernel.storage import LocalDatabase
+from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
@@ -113,8 +114,4 @@ class PgCounters:
 
 def open_counters(store_url: str | None, data_dir: Path) -> Counters:
     """PostgreSQL with a store URL, else `<data_dir>/counters.sqlite3`."""
-    if store_url is None:
-        return SqliteCounters(data_dir)
-    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-    return PgCounters(pg_store(store_url))
+    return SqliteCounters(data_dir) if store_url is None else PgCounters(cluster_store(store_url))

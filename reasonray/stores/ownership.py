@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from reasonray.stores import cluster_store
+
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
 
@@ -130,7 +132,5 @@ class PgOwnershipTable:
 def open_ownership(store_url: str | None, data_dir: Path | None) -> OwnershipRepository:
     """PostgreSQL with a store URL; else `<data_dir>/tenancy/owners.json` (only memory without a data directory)."""
     if store_url is not None:
-        from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-        return PgOwnershipTable(pg_store(store_url))
+        return PgOwnershipTable(cluster_store(store_url))
     return OwnershipTable(data_dir / "tenancy" / "owners.json" if data_dir is not None else None)

@@ -16,6 +16,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 
 from reasonray.kernel.events import read_event_log
 from reasonray.kernel.storage import LocalDatabase
+from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
@@ -117,8 +118,4 @@ class PgRunIndex:
 
 def open_runs(store_url: str | None, data_dir: Path) -> RunIndex:
     """PostgreSQL with a store URL, else `<data_dir>/runs/runs.sqlite3`."""
-    if store_url is None:
-        return SqliteRunIndex(data_dir)
-    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-    return PgRunIndex(pg_store(store_url))
+    return SqliteRunIndex(data_dir) if store_url is None else PgRunIndex(cluster_store(store_url))

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from reasonray.kernel.errors import SessionStateError
 from reasonray.kernel.storage import LocalDatabase
+from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
@@ -184,6 +185,4 @@ def open_sessions(model: type[S], store_url: str | None, data_dir: Path, retenti
     """PostgreSQL when a store URL is configured, else `<data_dir>/sessions/` (swept by `retention_days`)."""
     if store_url is None:
         return SqliteSessionStore(model, Path(data_dir) / "sessions", retention_days)
-    from reasonray.stores.postgres import pg_store  # psycopg only where a URL is configured
-
-    return PgSessionStore(model, pg_store(store_url))
+    return PgSessionStore(model, cluster_store(store_url))

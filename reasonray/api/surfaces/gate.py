@@ -18,14 +18,13 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from reasonray.api.access.audit import audit_refusal
 from reasonray.api.access.auth import Policy, Principal, TokenVerifier
 from reasonray.api.access.tenancy import HTTP_ADMISSION
 from reasonray.api.errors import error_headers, openai_error, view_of
 from reasonray.api.jsonrpc import error_for, error_response
 from reasonray.api.methods import accept_trace_id, new_trace_id
 from reasonray.kernel.errors import ForbiddenError, RateLimitedError, ReasonRayError, UnauthenticatedError
-from reasonray.stores.audit import AuditLog, NoAudit
+from reasonray.stores.audit import AuditLog, NoAudit, audit_refusal
 
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/.well-known/agent-card.json"})
 """The only routes that answer without a bearer token."""
