@@ -8,7 +8,7 @@ export TIKTOKEN_CACHE_DIR ?= $(abspath ../shared/tiktoken)
 endif
 export RAY_AUTH_MODE ?= token
 
-.PHONY: help setup setup-slow lint serve test test-slow bench bench-peers eval setup-real test-real bench-real
+.PHONY: help setup setup-slow lint serve test test-slow bench bench-peers eval setup-real test-real bench-real eval-real
 
 help:
 	@echo "make serve      set up .venv and run the Serve API on a local Ray cluster"
@@ -21,6 +21,7 @@ help:
 	@echo "make test-real  the real-model suite against SmolLM2-135M on llama.cpp (about 7 minutes)"
 	@echo "make bench-real ReasonRay against direct calls to the same llama.cpp server"
 	@echo "make eval ARGS=\"--dataset F --strategies A,B --out DIR\"   a batch evaluation (docs/evaluation.md)"
+	@echo "make eval-real  the published real-model study, every table and plot (parts of under an hour; OUT=runs/eval-real)"
 
 setup:
 	@scripts/setup.sh
@@ -79,3 +80,6 @@ test-real: setup-real
 
 bench-real: setup-real
 	.venv/bin/python bench/real_model.py $(ARGS)
+
+eval-real: setup-real
+	scripts/eval-real.sh $(ARGS)
