@@ -27,7 +27,7 @@ from reasonray.gateway.arithmetic import evaluate, format_number
 from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
 from reasonray.gateway.simulator import structured
 from reasonray.gateway.simulator.disobedience import Disobedience, in_prose, malformed_arguments, ramble
-from reasonray.gateway.simulator.reasoning import CLOSE, ReasoningPlan, resume_point, think
+from reasonray.gateway.simulator.reasoning import CLOSE, THOUGHT, ReasoningPlan, resume_point, think
 from reasonray.gateway.tokens import TokenCounter, count_messages
 from reasonray.kernel.errors import ReasonRayError
 
@@ -324,6 +324,15 @@ class SimulatedModel:
         if not done and request.purpose is None:  # thinking carried forward in the prompt (a tail or a summary) resumes too
             done = resume_point(_all_text(request.messages), total)
         text, _, finished = think(total, done, budget, self.counter)
+        if not finished:
+            # cut by max_tokens: a server generates the first `budget` tokens of its thinking and says so (length, all
+            # of max_tokens used); the pieces were counted one by one, and joined they count fewer, which a client
+            # reads as a context window met before max_tokens ran out
+            more, _, more_finished = think(total, done, budget + 64, self.counter)
+            if self.counter.count(more) <= budget:
+                text, finished = more, more_finished
+            else:
+                text = self.counter.head(more, budget)
         tokens = self.counter.count(text)
         if tokens > budget:  # the pieces were counted one by one; the whole must fit too
             text, finished = self.counter.head(text, budget), False
@@ -759,6 +768,11 @@ class SimulatedModel:
             done = _progress(_all_text(request.messages), total)
             progress = f"[progress {done}/{total}] reasoning tokens completed."
             step = f"step {done // 20}"
+        elif marks := THOUGHT.findall(_all_text(request.messages)):
+            # the thinking it was shown: a model summing up where its thinking got to says how far, so the next
+            # chunk resumes from there (a summary that forgot would make it start over)
+            reached, total = max((int(d), int(t)) for d, t in marks)
+            progress, step = f"the thinking reached [thought {reached}/{total}].", f"thought {reached // 20}"
         else:
             progress, step = "the problem has been restated.", "the first step"
         return (
