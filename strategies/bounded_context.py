@@ -302,6 +302,12 @@ class BoundedContext(Strategy):
             continue_thinking=thinking or None,
         )
         completion = await context.llm.complete(request)
+        if thinking and completion.thinking_control == "unsupported":
+            # the endpoint cannot continue a reply (no prefix continuation): this chunk thought afresh and every later
+            # one would too; the head and raw tail of the thinking go in the prompt instead, which any model reads
+            state.mode = "tail"
+            self._warn(context, "carryover_fallback", "the endpoint cannot continue the thinking; carrying its raw tail in the prompt")
+            return await self._reason_chunk(query, state, iteration, cfg, context)
         sent = (*messages, Message(role="assistant", content=thinking)) if thinking else messages  # the continued thinking is prompt too
         state.calibrate(count_messages(context.tokens, sent), completion.usage.prompt_tokens)
         reasoning = completion.reasoning
