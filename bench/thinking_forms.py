@@ -115,16 +115,25 @@ def restarted(llm: Recorded) -> int:
 
 async def carryover_table(http: httpx.AsyncClient, url: str) -> None:
     print("\n## Bounded context on the thinking model (thinking=3000, chunk_size=1024, carryover_size=512)\n")
-    print("| form | carryover | outcome | iterations | calls | prompt | completion | reasoning | chunks restarted |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| form | carryover | outcome | iterations | calls | prompt | completion | reasoning | ours match | thinking reached | chunks restarted |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for form in ("field", "r1"):
         for mode in ("delethink", "summary"):
             config = {"chunk_size": 1024, "carryover_size": 512, "carryover_mode": mode, "max_iterations": 10}
             payload, server, llm = await run(http, url, form, "bounded_context", config, 3000)
-            chunks = sum(1 for request, _ in llm.calls if request.purpose is None)
+            chunks = [completion for request, completion in llm.calls if request.purpose is None]
+            reached = max((int(done) for c in chunks for done, _ in THOUGHT.findall(c.reasoning)), default=0)
+            mine = ours(payload) or {}
+            match = (
+                "yes"
+                if all(mine.get(k) == server[k] for k in KEYS)
+                else "NO: " + ", ".join(f"{k} {mine.get(k)}" for k in KEYS if mine.get(k) != server[k])
+            )
             print(
-                f"| {form} | {mode} | {outcome(payload)} | {chunks} | {server['calls']} | {server['prompt_tokens']} | "
-                f"{server['completion_tokens']} | {server['reasoning_tokens']} | {restarted(llm)} |"
+                f"| {form} | {mode} | {outcome(payload)} | {len(chunks)} | {server['calls']} | {server['prompt_tokens']} | "
+                f"{server['completion_tokens']} | {server['reasoning_tokens']} | {match} | {reached}/3000 | {restarted(llm)} |"
             )
 
 
