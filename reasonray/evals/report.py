@@ -316,6 +316,11 @@ def _studies_markdown(report: dict[str, Any]) -> list[str]:
                 f"{point[r]['accuracy']:.1%} ({point[r]['ci_low']:.0%}-{point[r]['ci_high']:.0%})" for r in ("majority", "judge", "oracle")
             ]
             lines.append(f"| {point['k']} | " + " | ".join(cells) + " |")
+        for c in curve.get("comparisons") or []:
+            lines.append(
+                f"\n{c['a']} - {c['b']}: {c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}), "
+                f"{c['only_a']} examples better, {c['only_b']} worse, exact p {_p(c['mcnemar_p'])}."
+            )
     return lines
 
 

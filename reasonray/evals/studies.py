@@ -11,7 +11,8 @@ how it failed). The first k attempts of a run at K are a run at k (attempt i is 
 same temperature whatever K is), so for k = 1..K: majority@k is the most common answer among the first k
 finished attempts (ties to the earlier), judge-selected@k is the attempt the run's own rule would choose among
 them (`strategies.matts.judge_selected`), oracle pass@k is whether any of them is right (an upper bound no
-selector reaches). Intervals resample examples.
+selector reaches). Intervals resample examples. Three paired tests go with each curve: majority@K and
+judge-selected@K against the same rule at k = 1, and judge-selected@K against majority@K.
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
         start = math.floor(length * later_from)
         later = {arm: {(r.example_id, _repeat(r)): r.correct for r in members if r.arm == arm and r.position >= start} for arm in arms}
         if {"on", "off"} <= later.keys() and later["on"].keys() & later["off"].keys():
-            c = asdict(compare("memory on", later["on"], "memory off", later["off"]))
-            curve["later"] = {"from_position": start, **{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()}}
+            curve["later"] = {"from_position": start, **_rounded(asdict(compare("memory on", later["on"], "memory off", later["off"])))}
         curves.append(curve)
     return curves
 
@@ -123,12 +123,21 @@ def k_curves(records: list[Any]) -> list[dict[str, Any]]:
     curves = []
     for group, members in groups.items():
         top = min(len(r.attempts or []) for r in members)
-        points = []
+        points, by_k = [], {}
         for k in range(1, top + 1):
             per_rule: dict[str, dict[tuple[str, int], bool]] = {"majority": {}, "judge": {}, "oracle": {}}
             for r in members:
                 for rule, right in k_outcomes(r.attempts or [], r.reference, k).items():
                     per_rule[rule][(r.example_id, _repeat(r))] = right
+            by_k[k] = per_rule
             points.append({"k": k, **{rule: _accuracy(outcomes) for rule, outcomes in per_rule.items()}})
-        curves.append({"group": group, "k_max": top, "points": points})
+        # the paired questions a scaling claim rests on: does k = K beat k = 1, and does the judge beat the vote?
+        tests = [(f"{rule}@{top}", by_k[top][rule], f"{rule}@1", by_k[1][rule]) for rule in ("majority", "judge")]
+        tests.append((f"judge@{top}", by_k[top]["judge"], f"majority@{top}", by_k[top]["majority"]))
+        gains = [_rounded(asdict(compare(*test))) for test in tests] if top > 1 else []
+        curves.append({"group": group, "k_max": top, "points": points, "comparisons": gains})
     return curves
+
+
+def _rounded(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}

@@ -162,6 +162,9 @@ def test_k_curves_from_one_attempt_log():
     by_k = {p["k"]: p for p in curve["points"]}
     assert by_k[1]["oracle"]["accuracy"] == 0.5 and by_k[2]["oracle"]["accuracy"] == 1.0 and by_k[2]["judge"]["accuracy"] == 1.0
     assert by_k[3]["majority"]["accuracy"] == 0.5
+    gains = {(c["a"], c["b"]): c for c in curve["comparisons"]}
+    assert gains[("judge@5", "judge@1")]["only_a"] == 1 and gains[("judge@5", "judge@1")]["paired"] == 2
+    assert set(gains) == {("majority@5", "majority@1"), ("judge@5", "judge@1"), ("judge@5", "majority@5")}
 
 
 def test_the_learning_curve_has_both_arms_by_block_and_the_later_difference():
