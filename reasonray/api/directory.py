@@ -57,17 +57,18 @@ REGISTER_ACCESS = Access(
 
 
 @declare(AGENTS, "agent.register", AgentRegistration, result=results.AgentRegisterResult, access=REGISTER_ACCESS)
-async def agent_register(ctx: Context, params: AgentRegistration, call: Call) -> dict[str, Any]:
+async def agent_register(ctx: Context, params: AgentRegistration, call: Call) -> results.AgentRegisterResult:
     """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
     if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
         params = await remote_registration(params, ctx.egress)
-    return await ctx.registry.register_agent(params.model_dump(mode="json"), sorted(ctx.methods))
+    registered = await ctx.registry.register_agent(params.model_dump(mode="json"), sorted(ctx.methods))
+    return results.AgentRegisterResult.of(registered, call.trace_id)
 
 
 @declare(AGENTS, "agent.get", AgentIdParams, result=results.AgentResult, access=Access(EVERYONE, (Resource("agent", "agent_id"),)))
-async def agent_get(ctx: Context, params: AgentIdParams, call: Call) -> dict[str, Any]:
+async def agent_get(ctx: Context, params: AgentIdParams, call: Call) -> results.AgentResult:
     """One registered AgentCard."""
-    return await ctx.registry.get_agent(params.agent_id)
+    return results.AgentResult.of(await ctx.registry.get_agent(params.agent_id), call.trace_id)
 
 
 def visible(agents: list[dict[str, Any]], call: Call | None) -> list[dict[str, Any]]:
@@ -77,15 +78,16 @@ def visible(agents: list[dict[str, Any]], call: Call | None) -> list[dict[str, A
 
 
 @declare(AGENTS, "agent.list", NoParams, result=results.AgentListResult, access=Access(EVERYONE, lists="agent"))
-async def agent_list(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
+async def agent_list(ctx: Context, params: NoParams, call: Call) -> results.AgentListResult:
     """Every registered AgentCard."""
-    return {"agents": visible(await ctx.registry.list_agents(), call)}
+    return results.AgentListResult.of({"agents": visible(await ctx.registry.list_agents(), call)}, call.trace_id)
 
 
 @declare(AGENTS, "agent.discover", DiscoverParams, result=results.AgentDiscoverResult, access=Access(EVERYONE, lists="agent"))
-async def agent_discover(ctx: Context, params: DiscoverParams, call: Call) -> dict[str, Any]:
+async def agent_discover(ctx: Context, params: DiscoverParams, call: Call) -> results.AgentDiscoverResult:
     """The agents advertising all the given capabilities."""
-    return {"capabilities": params.capabilities, "agents": visible(await ctx.registry.discover_agents(params.capabilities), call)}
+    agents = visible(await ctx.registry.discover_agents(params.capabilities), call)
+    return results.AgentDiscoverResult.of({"capabilities": params.capabilities, "agents": agents}, call.trace_id)
 
 
 @declare(
@@ -95,6 +97,6 @@ async def agent_discover(ctx: Context, params: DiscoverParams, call: Call) -> di
     result=results.AgentUnregisterResult,
     access=Access(REASONERS, (Resource("agent", "agent_id", "drop"),)),
 )
-async def agent_unregister(ctx: Context, params: AgentIdParams, call: Call) -> dict[str, Any]:
+async def agent_unregister(ctx: Context, params: AgentIdParams, call: Call) -> results.AgentUnregisterResult:
     """Remove an AgentCard; requests naming it fail from then on."""
-    return {"unregistered": await ctx.registry.unregister_agent(params.agent_id)}
+    return results.AgentUnregisterResult.of({"unregistered": await ctx.registry.unregister_agent(params.agent_id)}, call.trace_id)

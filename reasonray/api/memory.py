@@ -143,78 +143,82 @@ def _only(workspaces: Any, seen: Visible) -> Any:
 
 
 @declare(MEMORY, "memory.retrieve", RetrieveParams, result=results.RetrieveResult, access=READ_WORKSPACE)
-async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> dict[str, Any]:
+async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> results.RetrieveResult:
     """Memories for a task, ranked by composite score (similarity, recency, error context)."""
     options = params.model_dump(exclude={"query", "workspace"})
     found = await ctx.memory.retrieve(params.query, ctx.workspace(params.workspace), **options)
-    return {"workspace": ctx.workspace(params.workspace), "memories": found}
+    return results.RetrieveResult.of({"workspace": ctx.workspace(params.workspace), "memories": found}, call.trace_id)
 
 
 STORE_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),))
 
 
 @declare(MEMORY, "memory.store", StoreParams, result=results.StoreResult, access=STORE_ACCESS)
-async def store(ctx: Context, params: StoreParams, call: Call) -> dict[str, Any]:
+async def store(ctx: Context, params: StoreParams, call: Call) -> results.StoreResult:
     """Store memory items (validated, parents checked) in one workspace; all or nothing."""
     items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
     keys = [params.key] * len(items) if params.key else None
     stored = await ctx.memory.store_items(items, ctx.workspace(params.workspace), keys)
-    return {"workspace": ctx.workspace(params.workspace), "stored": stored}
+    return results.StoreResult.of({"workspace": ctx.workspace(params.workspace), "stored": stored}, call.trace_id)
 
 
 @declare(MEMORY, "memory.get", MemoryIdParams, result=results.MemoryResult, access=READ_WORKSPACE)
-async def get(ctx: Context, params: MemoryIdParams, call: Call) -> dict[str, Any]:
+async def get(ctx: Context, params: MemoryIdParams, call: Call) -> results.MemoryResult:
     """One memory by id."""
-    return await ctx.memory.get(params.memory_id, ctx.workspace(params.workspace))
+    return results.MemoryResult.of(await ctx.memory.get(params.memory_id, ctx.workspace(params.workspace)), call.trace_id)
 
 
 @declare(MEMORY, "memory.genealogy", MemoryIdParams, result=results.GenealogyResult, access=READ_WORKSPACE)
-async def genealogy(ctx: Context, params: MemoryIdParams, call: Call) -> dict[str, Any]:
+async def genealogy(ctx: Context, params: MemoryIdParams, call: Call) -> results.GenealogyResult:
     """A memory's ancestors (root first) and the tree of memories derived from it."""
-    return await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace))
+    return results.GenealogyResult.of(await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace)), call.trace_id)
 
 
 @declare(MEMORY, "memory.descendants", MemoryIdParams, result=results.DescendantsResult, access=READ_WORKSPACE)
-async def descendants(ctx: Context, params: MemoryIdParams, call: Call) -> dict[str, Any]:
+async def descendants(ctx: Context, params: MemoryIdParams, call: Call) -> results.DescendantsResult:
     """Every memory derived from this one, at any depth."""
-    return {"memory_id": params.memory_id, "descendants": await ctx.memory.descendants(params.memory_id, ctx.workspace(params.workspace))}
+    found = await ctx.memory.descendants(params.memory_id, ctx.workspace(params.workspace))
+    return results.DescendantsResult.of({"memory_id": params.memory_id, "descendants": found}, call.trace_id)
 
 
 @declare(MEMORY, "memory.errors", ErrorsParams, result=results.MemoriesResult, access=READ_WORKSPACE)
-async def errors(ctx: Context, params: ErrorsParams, call: Call) -> dict[str, Any]:
+async def errors(ctx: Context, params: ErrorsParams, call: Call) -> results.MemoriesResult:
     """Memories with error context (lessons from failures), optionally of one error type or domain."""
     found = await ctx.memory.errors(ctx.workspace(params.workspace), params.error_type, params.domain, params.limit)
-    return {"workspace": ctx.workspace(params.workspace), "memories": found}
+    return results.MemoriesResult.of({"workspace": ctx.workspace(params.workspace), "memories": found}, call.trace_id)
 
 
 @declare(MEMORY, "memory.traces", TracesParams, result=results.TracesResult, access=READ_WORKSPACE)
-async def traces(ctx: Context, params: TracesParams, call: Call) -> dict[str, Any]:
+async def traces(ctx: Context, params: TracesParams, call: Call) -> results.TracesResult:
     """The stored reasoning traces of a task: query, trajectory, outcome and item ids."""
-    return {"task_id": params.task_id, "traces": await ctx.memory.traces(params.task_id, ctx.workspace(params.workspace))}
+    found = await ctx.memory.traces(params.task_id, ctx.workspace(params.workspace))
+    return results.TracesResult.of({"task_id": params.task_id, "traces": found}, call.trace_id)
 
 
 @declare(MEMORY, "memory.list_workspaces", NoParams, result=results.WorkspacesResult, access=Access(EVERYONE, lists="workspace"))
-async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
+async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> results.WorkspacesResult:
     """Every workspace with its memory and trace counts."""
     workspaces = await ctx.memory.list_workspaces()
-    seen = call.visible if call is not None else None  # what the guard says the caller may see (None: all)
+    seen = call.visible  # what the guard says the caller may see (None: all)
     if seen is None:
-        return {"default_workspace": ctx.memory_settings.default_workspace, "workspaces": workspaces}
-    return {"default_workspace": seen.default, "workspaces": _only(workspaces, seen)}
+        return results.WorkspacesResult.of(
+            {"default_workspace": ctx.memory_settings.default_workspace, "workspaces": workspaces}, call.trace_id
+        )
+    return results.WorkspacesResult.of({"default_workspace": seen.default, "workspaces": _only(workspaces, seen)}, call.trace_id)
 
 
 DROP_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),))
 
 
 @declare(MEMORY, "memory.delete_workspace", DeleteWorkspaceParams, result=results.DeleteWorkspaceResult, access=DROP_ACCESS)
-async def delete_workspace(ctx: Context, params: DeleteWorkspaceParams, call: Call) -> dict[str, Any]:
+async def delete_workspace(ctx: Context, params: DeleteWorkspaceParams, call: Call) -> results.DeleteWorkspaceResult:
     """Delete a workspace with all its memories and traces (needs confirm: true)."""
     if not params.confirm:
         raise InvalidParamsError(
             f"deleting workspace {params.workspace!r} removes all its memories and cannot be undone; send confirm: true",
             {"workspace": params.workspace},
         )
-    return await ctx.memory.delete_workspace(params.workspace)
+    return results.DeleteWorkspaceResult.of(await ctx.memory.delete_workspace(params.workspace), call.trace_id)
 
 
 # -- the ReasoningBank MCP tool names, kept as aliases ---------------------------------------
@@ -246,12 +250,12 @@ def _solve_params(params: SolveCodingTaskParams) -> ExecuteParams:
     access=SOLVE_ACCESS,
     mcp_tool="solve_coding_task",
 )
-async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: Call) -> dict[str, Any]:
+async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: Call) -> results.SolveCodingTaskResult:
     """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
     verifier = tests_verifier(params.tests, ctx.sandbox) if params.tests else None
     result = await ctx.service.execute(_solve_params(params), call.trace_id, verifier=verifier)
     report = result.memory
-    return {
+    summary = {
         "solution": extract_code(result.answer),
         "answer": result.answer,
         "outcome": report.outcome if report else None,
@@ -261,8 +265,8 @@ async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: C
         "learn_error": report.learn_error if report else None,
         "matts": {k: result.metrics.strategy_specific.get(k) for k in ("mode", "k", "selected", "scores", "fallback")},
         "metrics": result.metrics.model_dump(),
-        "trace_id": result.trace_id,
     }
+    return results.SolveCodingTaskResult.of(summary, result.trace_id)
 
 
 @declare(
@@ -273,12 +277,13 @@ async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: C
     access=READ_WORKSPACE,
     mcp_tool="retrieve_memories",
 )
-async def retrieve_memories(ctx: Context, params: RetrieveMemoriesParams, call: Call) -> dict[str, Any]:
+async def retrieve_memories(ctx: Context, params: RetrieveMemoriesParams, call: Call) -> results.RetrieveMemoriesResult:
     """Alias of memory.retrieve with the ReasoningBank tool's parameters (`n_results`, `include_errors`)."""
     found = await ctx.memory.retrieve(params.query, ctx.workspace(params.workspace), top_k=params.n_results, domain=params.domain)
     if not params.include_errors:
         found = [r for r in found if not r["warning"]]
-    return {"query": params.query, "workspace": ctx.workspace(params.workspace), "memories": found}
+    answer = {"query": params.query, "workspace": ctx.workspace(params.workspace), "memories": found}
+    return results.RetrieveMemoriesResult.of(answer, call.trace_id)
 
 
 @declare(
@@ -289,6 +294,6 @@ async def retrieve_memories(ctx: Context, params: RetrieveMemoriesParams, call: 
     access=READ_WORKSPACE,
     mcp_tool="get_memory_genealogy",
 )
-async def get_memory_genealogy(ctx: Context, params: GenealogyAliasParams, call: Call) -> dict[str, Any]:
+async def get_memory_genealogy(ctx: Context, params: GenealogyAliasParams, call: Call) -> results.GenealogyResult:
     """Alias of memory.genealogy."""
-    return await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace))
+    return results.GenealogyResult.of(await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace)), call.trace_id)

@@ -99,6 +99,6 @@ async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call
 
 
 @declare(REASONING, "reasoning.strategies", NoParams, result=results.StrategiesResult, access=Access(EVERYONE))
-async def strategies(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
+async def strategies(ctx: Context, params: NoParams, call: Call) -> results.StrategiesResult:
     """The enabled strategies with their capabilities and config schemas, the default, and plugin failures."""
-    return await ctx.registry.describe()
+    return results.StrategiesResult.of(await ctx.registry.describe(), call.trace_id)

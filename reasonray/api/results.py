@@ -2,9 +2,9 @@
 
 Every method of the table names its result model (`Dispatcher.method(..., result=...)`); the OpenRPC
 document takes the result schemas from these models, and a unit test runs every method and checks
-its real result against the advertised schema, so the two cannot drift. Handlers that pass a store's
-records through (agent cards, memories, sessions) return them as plain dicts, checked against these
-models by that test; `reasoning.execute` answers its typed `ExecuteResult`. Nested records that
+its real result against the advertised schema, so the two cannot drift. Methods return these models
+(a store's record made one by `Result.of`), and the dispatcher serialises them only at the JSON-RPC
+boundary; `reasoning.execute` answers its typed `ExecuteResult`. Nested records that
 already have a model (memory items, agent cards, run metrics) reuse it. Objects admit members the
 model does not list (servers may add some; clients ignore what they do not know); the listed ones
 are typed and the required ones always present.
@@ -12,7 +12,8 @@ are typed and the required ones always present.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +30,11 @@ class Result(BaseModel):
     """What every method's result carries (rpc.discover's excepted)."""
 
     trace_id: str = Field(description=TRACE_ID_DOC)
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any], trace_id: str) -> Self:
+        """The typed result of a store's record, which carries the call's trace id unless it names its own."""
+        return cls.model_validate({"trace_id": trace_id, **record})
 
 
 # -- reasoning -------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from reasonray.api.access.tenancy import (
     personal_workspace,
 )
 from reasonray.api.app import local_dispatcher
+from reasonray.api.jsonrpc import Call
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
@@ -48,7 +49,8 @@ def api(tmp_path, *, memory=False, llm=None, **auth):
     settings = AuthSettings(jwt_secret="s" * 40, **auth)
 
     async def get_agent(agent_id):
-        return await rpc.methods["agent.get"].handler(rpc.methods["agent.get"].params(agent_id=agent_id), None)
+        method = rpc.methods["agent.get"]  # the handler itself: the guard asks for cards before it admits a call
+        return (await method.handler(method.params(agent_id=agent_id), Call("lookup", "agent.get"))).model_dump(mode="json")
 
     async def strategy_of(params):
         return params.strategy or "chain_of_thought"
