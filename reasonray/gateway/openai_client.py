@@ -439,8 +439,10 @@ class OpenAILLM:
         chosen = thinking.plan(
             request, self.traits, refused=self.refused(), default_effort=self._reasoning_effort, default_budget=self._thinking_budget
         )
-        if chosen.control == "forced":
-            visible = self._max_tokens(msgspec.structs.replace(request, thinking_budget=None), None)
+        if chosen.control in ("forced", "continued"):
+            visible = request.max_tokens or self._default_max_tokens.get(
+                request.purpose or "default", self._default_max_tokens.get("default")
+            )
             completion = await thinking.controlled(self._learning, request, chosen, visible_cap=visible)
         else:
             limit = None
@@ -591,7 +593,7 @@ class OpenAILLM:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._generation_deadline_s
         try:
-            async with asyncio.timeout(min(loop.time() + self._idle_timeout_s, deadline)) as timer:
+            async with asyncio.timeout_at(min(loop.time() + self._idle_timeout_s, deadline)) as timer:
                 async for chunk in chunks:
                     parts.add(chunk)
                     timer.reschedule(min(loop.time() + self._idle_timeout_s, deadline))

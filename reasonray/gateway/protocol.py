@@ -137,7 +137,8 @@ class Completion(msgspec.Struct, frozen=True):
     simulated: bool = False
     thinking_control: str = ""
     """How the call's thinking budget or effort was held: "native" (the server's control), "forced" (budget forcing by
-    prefix continuation), "unsupported" (the endpoint can do neither: only room was made), "" (none was asked)."""
+    prefix continuation), "continued" (the reply continued `continue_thinking`, no budget), "unsupported" (the endpoint can
+    do neither: only room was made), "" (none was asked)."""
 
     @property
     def text(self) -> str:

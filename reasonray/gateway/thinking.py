@@ -29,7 +29,8 @@ class Plan(msgspec.Struct, frozen=True):
     """How one call's thinking is controlled."""
 
     control: str
-    """"" (nothing asked), "native" (the server's effort control), "forced" (budget forcing), "unsupported"."""
+    """"" (nothing asked), "native" (the server's effort control), "forced" (budget forcing), "continued" (thinking
+    continued from given text, no budget), "unsupported" (neither possible on the endpoint)."""
     effort: str | None = None
     """The `reasoning_effort` sent upstream (None: none)."""
     budget: int | None = None
@@ -54,11 +55,17 @@ def plan(
         return Plan("unsupported", budget=budget)
     if budget is not None and not forcing and traits.takes_reasoning_effort and "reasoning_effort" not in refused:
         return Plan("native", effort=effort or effort_for_budget(budget), budget=budget)
-    return Plan("forced" if forcing else "unsupported", budget=budget)
+    if not forcing:
+        return Plan("unsupported", budget=budget)
+    return Plan("forced" if budget is not None or request.min_thinking is not None else "continued", budget=budget)
 
 
 async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_cap: int | None) -> Completion:
-    """The reply to `request`, its thinking held to `chosen.budget` and `request.min_thinking` by continuation."""
+    """The reply to `request`, its thinking held to `chosen.budget` and `request.min_thinking` by continuation.
+
+    Its `reasoning` is the thinking this reply did (after `request.continue_thinking`, which it does not repeat), and its
+    usage that of every call it took. Without a budget, a reply cut while thinking stays unfinished (a caller carrying
+    the thinking from call to call continues it); with one, the cut thinking is closed and the model made to answer."""
     used = Usage()
     prefix = OPEN + request.continue_thinking if request.continue_thinking is not None else None
     thinking, text = "", ""
@@ -74,7 +81,7 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
         used = _add(used, reply.usage)
         choice = reply.choices[0]
         thinking, text = thinking + WAIT + choice.reasoning, choice.text
-    if choice.finish_reason == "length" and not choice.tool_calls:
+    if chosen.budget is not None and choice.finish_reason == "length" and not choice.tool_calls:
         # the budget ran out while thinking (or the answer was cut): close what there is and have the model answer
         base = OPEN + (request.continue_thinking or "") + thinking + CLOSE + text
         reply = await send(request, base, visible_cap)
