@@ -115,11 +115,20 @@ class ParameterRefused(ProviderRejectedError):
         self.param = param
 
 
+# how servers say a parameter is refused outright, not merely out of range ("temperature must be at most 2" is the caller's)
+_REFUSING = re.compile(
+    r"unsupported|not supported|does not support|unrecognized|unknown (parameter|field|argument)|not allowed|not permitted"
+    r"|only the default|is not available|extra (inputs|fields)",
+    re.IGNORECASE,
+)
 _QUOTED = re.compile(r"['\"`]([a-z_\[\]0-9.]+)['\"`]")
 
 
 def refused_param(message: str, param: Any, params: dict[str, Any]) -> str | None:
-    """The parameter a 400 refuses, from its `param` member or the names it quotes, among those `params` sent."""
+    """The parameter a 400 refuses, from its `param` member or the names it quotes, among those `params` sent; None
+    when the message does not say it is refused (a value out of range is the caller's to fix, not a refusal)."""
+    if not _REFUSING.search(message):
+        return None
     named = [param] if isinstance(param, str) else []
     named += _QUOTED.findall(message)
     lowered = message.lower()

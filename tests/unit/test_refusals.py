@@ -181,7 +181,10 @@ def test_a_refusal_is_read_from_the_param_member_or_the_names_the_message_quotes
         refused_param("Unsupported parameter: 'max_tokens' is not supported. Use 'max_completion_tokens' instead.", None, sent)
         == "max_tokens"
     )
-    assert refused_param("bad", "stop", sent) == "stop"
+    assert refused_param("Unsupported parameter.", "stop", sent) == "stop"
     assert refused_param("Unrecognized request argument supplied: temperature", None, sent) == "temperature"
     assert refused_param("Unsupported parameter: 'top_p'", None, sent) is None  # not sent: not what it refused
     assert refused_param("the prompt is too long", None, sent) is None
+    # a value out of range is not a refusal: temperature stays for the next calls
+    assert refused_param("'temperature' must be less than or equal to 2", "temperature", sent) is None
+    assert refused_param("stop: Extra inputs are not permitted", None, sent) == "stop"  # vLLM's strict schema
