@@ -239,7 +239,7 @@ class ReasoningService:
         events: EventsSettings | None = None,
         limits: CapSettings | None = None,
     ) -> None:
-        self.runs = runs  # every run indexed with its event log (reasonray.kernel.repositories); None: not indexed
+        self.runs = runs  # every run indexed with its event log (reasonray.stores.runs); None: not indexed
         self.catalogue = catalogue
         self.limits = limits or CapSettings()
         self.llm = llm
