@@ -37,7 +37,7 @@ class Cell:
     config_name: str
     seed: int
     config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    arm: str = ""  # memory study: "on" (learns), "off" (no memory) or "placebo"; "" outside one
+    arm: str = ""  # memory study: "on" (learns), "off" (no memory) or "placebo" (placebo memories); "" outside one
     order: int = 0  # memory study: the seed of the stream's order of the examples
     budget: int | None = None  # per-call token cap: every call's max_tokens at most this (None: the config's own limits)
 
@@ -108,7 +108,7 @@ def with_budget(strategy: str, config: dict[str, Any], budget: int) -> dict[str,
     return limited
 
 
-MEMORY_ARMS = ("on", "off")
+MEMORY_ARMS = ("on", "off", "placebo")
 
 
 def build_grid(

@@ -221,6 +221,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"- model: `{report['model']}`{' (SIMULATED)' if report['simulated'] else ''}",
         f"- dataset: `{report['dataset']['path']}` ({report['dataset']['kind']}, selection {report['dataset']['digest']})",
         f"- seeds: {', '.join(map(str, report['seeds']))}; memory-aware: {'yes' if report['memory'] else 'no'}",
+        *_provenance_lines(report),
         f"- cost at ${report['prices_usd_per_million_tokens']['input_per_m']}/M input and "
         f"${report['prices_usd_per_million_tokens']['output_per_m']}/M output tokens (an estimate)",
         "",
@@ -270,8 +271,24 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("pareto_front"):
         lines += ["", f"Cost-accuracy Pareto front (tokens per example against accuracy): {', '.join(report['pareto_front'])}."]
     lines += _studies_markdown(report)
-    lines += ["", "Plots: `accuracy_vs_tokens.png`, `pareto.png`, `latency.png`. Every example: `results.jsonl`.", ""]
+    plots = ["accuracy_vs_tokens.png", "pareto.png", "latency.png"]
+    plots += ["learning_curve.png"] * bool(report.get("learning_curves")) + ["k_curve.png"] * bool(report.get("k_curves"))
+    lines += ["", f"Plots: {', '.join(f'`{p}`' for p in plots)}. Every example: `results.jsonl`; what ran: `run.json`.", ""]
     return "\n".join(lines)
+
+
+def _provenance_lines(report: dict[str, Any]) -> list[str]:
+    lines = []
+    if sha := report["dataset"].get("sha256"):
+        lines.append(f"- dataset sha256: `{sha}`")
+    if budgets := report.get("budgets"):
+        lines.append(f"- per-call budgets: {', '.join(map(str, budgets))} tokens")
+    if study := report.get("memory_study"):
+        lines.append(f"- memory study: arms {', '.join(study['arms'])} on {study['orders']} stream order(s)")
+    prov = report.get("provenance") or {}
+    if prov.get("git_commit"):
+        lines.append(f"- code: `{prov['git_commit'][:12]}`{' with uncommitted changes' if prov.get('git_dirty') else ''}")
+    return lines
 
 
 def _studies_markdown(report: dict[str, Any]) -> list[str]:
@@ -297,12 +314,13 @@ def _studies_markdown(report: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| memory {arm} | " + " | ".join(f"{b['accuracy']:.1%} ({b['ci_low']:.0%}-{b['ci_high']:.0%})" for b in blocks) + " |"
             )
-        if later := curve.get("later"):
-            lines += [
-                "",
-                f"Later part of the stream (positions {later['from_position']} on, {later['paired']} examples): on - off "
-                f"{later['difference']:+.1%} (95% CI {later['ci_low']:+.1%} to {later['ci_high']:+.1%}), exact p {_p(later['mcnemar_p'])}.",
-            ]
+        for field, other in (("later", "off"), ("later_vs_placebo", "placebo")):
+            if later := curve.get(field):
+                lines += [
+                    "",
+                    f"Later part of the stream (positions {later['from_position']} on, {later['paired']} examples): on - {other} "
+                    f"{later['difference']:+.1%} (95% CI {later['ci_low']:+.1%} to {later['ci_high']:+.1%}), exact p {_p(later['mcnemar_p'])}.",
+                ]
     for curve in report.get("k_curves") or []:
         lines += [
             "",

@@ -71,6 +71,7 @@ class EvalOptions:
     orders: int = 1  # with memory: stream orders; the study runs memory on and off on each
     memory_study: bool = False  # with memory: both arms (on and off) on the same streams, not memory on alone
     call_caps: dict[str, int] = field(default_factory=dict)  # strategy -> every call's max_tokens cap (config unchanged)
+    placebo: bool = False  # memory study: a third arm whose memories are placebos of a learned item's length
 
 
 def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
@@ -96,13 +97,17 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
     catalogue = build_catalogue(StrategyRegistry().discover(), settings.reasoning)
     if options.memory_study and not options.memory:
         raise EvalError("--memory-study compares memory on with memory off: add --memory")
+    if options.placebo and not options.memory_study:
+        raise EvalError("--placebo adds an arm to a memory study: add --memory --memory-study")
+    if options.placebo and options.url is None and options.client is None:
+        raise EvalError("--placebo stores its placebo memories through a service: give --url")
     cells = build_grid(
         catalogue,
         options.strategies,
         parse_configs(options.configs),
         options.seeds,
         budgets=options.budgets or None,
-        arms=("on", "off") if options.memory_study else (),
+        arms=(("on", "off", "placebo") if options.placebo else ("on", "off")) if options.memory_study else (),
         orders=options.orders,
         call_caps=options.call_caps,
     )
@@ -111,6 +116,10 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
     if options.url is not None and not options.url.startswith(("http://", "https://")):
         raise EvalError(f"--url {options.url!r} is not an http(s) URL of a running service, e.g. http://127.0.0.1:8000")
     return settings, dataset, cells
+
+
+def _arms(options: EvalOptions) -> list[str]:
+    return ["on", "off", "placebo"] if options.placebo else ["on", "off"]
 
 
 def _dataset_name(dataset: Dataset) -> str:
@@ -134,7 +143,7 @@ def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: Eva
         "dataset": _dataset_name(dataset),
         "kind": dataset.kind,
         "memory": options.memory,
-        "memory_study": {"arms": ["on", "off"], "orders": options.orders} if options.memory_study else None,
+        "memory_study": {"arms": _arms(options), "orders": options.orders} if options.memory_study else None,
         "budgets": options.budgets,
         "configs": {**previous.get("configs", {}), **configs},
         "updated_at": datetime.now(UTC).isoformat(),
@@ -322,7 +331,7 @@ def _finish(
         "simulator_skill": options.sim_skill if simulated and options.url is None and options.client is None else None,
         "seeds": options.seeds,
         "memory": options.memory,
-        "memory_study": {"arms": ["on", "off"], "orders": options.orders} if options.memory_study else None,
+        "memory_study": {"arms": _arms(options), "orders": options.orders} if options.memory_study else None,
         "budgets": options.budgets,
         "provenance": _served(options.out, model),
         "cluster": cluster,
@@ -456,6 +465,12 @@ def _int_list(value: str) -> list[int]:
     default=False,
     help="With --memory: run memory on and memory off on the same streams (both arms), for a learning curve.",
 )
+@click.option(
+    "--placebo",
+    is_flag=True,
+    default=False,
+    help="With --memory-study and --url: a third arm that retrieves placebo memories (a learned item's length, no content).",
+)
 @click.option("--orders", type=int, default=1, show_default=True, help="With --memory: seeded stream orders (0 is the dataset's order).")
 @click.option(
     "--budgets",
@@ -497,6 +512,7 @@ def main(
     concurrency,
     memory,
     memory_study,
+    placebo,
     orders,
     budgets,
     use_ray,
@@ -524,6 +540,7 @@ def main(
         concurrency=concurrency,
         memory=memory,
         memory_study=memory_study,
+        placebo=placebo,
         orders=orders,
         budgets=_int_list(budgets) if budgets else [],
         use_ray=use_ray and url is None,

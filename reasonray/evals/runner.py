@@ -171,9 +171,23 @@ def _answer_fields(answer: str, reasoning: str, specific: dict[str, Any], exampl
     }
 
 
+# A placebo memory: as long as a typical learned item (title, description, content), retrieved like one, and
+# holding no method, no answer and no advice, so that what it shows is the effect of memories' mere presence.
+PLACEBO_SENTENCE = "This note records only that a task of this kind was seen; it holds no method, answer or advice. "
+PLACEBO_ITEM = {
+    "title": "A note about a task of this kind",
+    "description": "A record that a task of this kind was seen before, with nothing learned from it.",
+    "content": (PLACEBO_SENTENCE * 5).strip(),
+    "source_type": "manual",
+}
+
+
 def memory_request(example: Example, cell: Cell) -> dict[str, Any]:
-    """The `memory` params of a learning run over HTTP: the cell's own workspace, and the reference as the
-    expected answer, so the service's verifier (not its LLM judge) labels the run as the scorer would."""
+    """The `memory` params of a memory-aware run over HTTP: the cell's own workspace, and the reference as the
+    expected answer, so the service's verifier (not its LLM judge) labels the run as the scorer would. A placebo
+    run retrieves but does not learn: the evaluation stores a placebo memory after it instead."""
+    if cell.arm == "placebo":
+        return {"workspace": cell.workspace, "learn": False, "task_id": example.id}
     request: dict[str, Any] = {"workspace": cell.workspace, "learn": True, "task_id": example.id}
     if example.kind == "gsm8k":
         request["expected_answer"] = example.reference
@@ -236,6 +250,8 @@ class HttpEngine:
                 trace_id=exc.trace_id or "",
             )
         latency = _ms(started)
+        if memory and cell.arm == "placebo":  # found by the task's text, as a learned memory would be
+            await self.client.store_memories([PLACEBO_ITEM], workspace=cell.workspace, key=example.query)
         scored = await score(result["answer"], example)
         m = result["metrics"]
         report = result.get("memory")
@@ -339,7 +355,7 @@ async def run_grid(
         on_record(record)
 
     def learns(cell: Cell) -> bool:
-        return cell.arm == "on" or (memory and not cell.arm)
+        return cell.arm in ("on", "placebo") or (memory and not cell.arm)
 
     async def stream(cell: Cell) -> None:
         for position, example in enumerate(stream_order(examples, cell.order)):

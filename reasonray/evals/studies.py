@@ -4,7 +4,8 @@ streams) and test-time scaling curves from one MaTTS run at k = K (majority@k, j
 Learning curve: each arm's accuracy by block of the stream (the stream split into `BLOCKS` consecutive blocks
 by position, seeds and stream orders pooled), and the paired on - off difference over the later part of the
 stream (positions from `LATER_FROM` of its length on: the memory has had the earlier part to learn from), as
-an exact sign test and an interval from a bootstrap that resamples examples (evals/compare.py).
+an exact sign test and an interval from a bootstrap that resamples examples (evals/compare.py); with a placebo
+arm (memories of a learned item's length that hold nothing), the same difference of memory on against placebo.
 
 Scaling curves: MaTTS logs every attempt in order (`attempts`: its normalized answer, judge score, chosen, or
 how it failed). The first k attempts of a run at K are a run at k (attempt i is sampled with seed + i at the
@@ -72,10 +73,13 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
                 for b in range(math.ceil(length / size))
             ]
         curve: dict[str, Any] = {"group": group, "stream_length": length, "block_size": size, "arms": arms, "later": None}
+        curve["later_vs_placebo"] = None
         start = math.floor(length * later_from)
         later = {arm: {(r.example_id, _repeat(r)): r.correct for r in members if r.arm == arm and r.position >= start} for arm in arms}
-        if {"on", "off"} <= later.keys() and later["on"].keys() & later["off"].keys():
-            curve["later"] = {"from_position": start, **_rounded(asdict(compare("memory on", later["on"], "memory off", later["off"])))}
+        for other, field in (("off", "later"), ("placebo", "later_vs_placebo")):
+            if {"on", other} <= later.keys() and later["on"].keys() & later[other].keys():
+                c = compare("memory on", later["on"], f"memory {other}", later[other])
+                curve[field] = {"from_position": start, **_rounded(asdict(c))}
         curves.append(curve)
     return curves
 

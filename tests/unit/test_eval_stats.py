@@ -198,6 +198,8 @@ def test_an_evaluation_url_must_be_http_and_a_memory_study_needs_memory(tmp_path
         prepare(EvalOptions(**base, url="127.0.0.1:8000"))
     with pytest.raises(EvalError, match="--memory"):
         prepare(EvalOptions(**base, url="http://127.0.0.1:8000", memory_study=True))
+    with pytest.raises(EvalError, match="--url"):  # placebo memories are stored through a service
+        prepare(EvalOptions(**base, memory=True, memory_study=True, placebo=True))
     _, _, cells = prepare(EvalOptions(**base, url="http://127.0.0.1:8000", memory=True, memory_study=True, orders=3))
     # both arms on each of three stream orders, each cell its own workspace
     assert sorted((c.arm, c.order) for c in cells) == [(arm, o) for arm in ("off", "on") for o in range(3)]

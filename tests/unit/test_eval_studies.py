@@ -312,11 +312,16 @@ async def test_a_memory_study_over_a_client_runs_both_arms_on_seeded_streams(tmp
             client=rr,
             memory=True,
             memory_study=True,
+            placebo=True,
             orders=2,
             progress=False,
         )
         report = await run_async(options)
     records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    placebo = [r for r in records if r["arm"] == "placebo"]
+    assert len(placebo) == 8 and all(r["memory"]["stored"] == 0 for r in placebo)  # retrieves, never learns
+    assert [r["memory"]["retrieved"] for r in sorted(placebo, key=lambda r: (r["order"], r["position"]))][:2] == [0, 1]
+    records = [r for r in records if r["arm"] != "placebo"]
     assert len(records) == 16 and {(r["arm"], r["order"]) for r in records} == {(a, o) for a in ("on", "off") for o in (0, 1)}
     for arm, order in [("on", 0), ("on", 1), ("off", 0), ("off", 1)]:
         ours = sorted((r for r in records if (r["arm"], r["order"]) == (arm, order)), key=lambda r: r["position"])
@@ -327,10 +332,12 @@ async def test_a_memory_study_over_a_client_runs_both_arms_on_seeded_streams(tmp
     assert sorted(shuffled) == [f"sums-s0-{i}" for i in range(4)]
     assert all(r["memory"] is None for r in records if r["arm"] == "off")
     assert all(r["memory"]["outcome"] == "success" for r in records if r["arm"] == "on")  # labelled by the expected answer
-    assert sorted(w["traces"] for w in bank.list_workspaces()) == [4, 4]  # the two "on" streams, nothing else
+    learned = sorted(w["traces"] for w in bank.list_workspaces() if w["traces"])
+    assert learned == [4, 4]  # the two "on" streams learned; placebo workspaces hold placebo items, no traces
     (curve,) = report["learning_curves"]
     later = {r["example_id"] for r in records if r["position"] >= 2}  # the later half of either order: examples, not records
-    assert set(curve["arms"]) == {"on", "off"} and curve["later"]["paired"] == len(later)
+    assert set(curve["arms"]) == {"on", "off", "placebo"} and curve["later"]["paired"] == len(later)
+    assert curve["later_vs_placebo"]["b"] == "memory placebo"
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     prov = run["provenance"]
     assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)
@@ -338,7 +345,7 @@ async def test_a_memory_study_over_a_client_runs_both_arms_on_seeded_streams(tmp
     assert prov["model"]["served_name"] == "simulated" and prov["command"] and prov["machine"]["cpus"] >= 1
     local = prov["local_model"]  # the file `--llm local` would serve, hashed when it is on this machine
     assert local["sha256"] is None or len(local["sha256"]) == 64
-    assert run["memory_study"] == {"arms": ["on", "off"], "orders": 2}
+    assert run["memory_study"] == {"arms": ["on", "off", "placebo"], "orders": 2}
 
 
 def test_an_endpoint_is_described_by_what_it_says_of_itself_and_its_model_files_hash(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ import click
 from reasonray.evals.run import EvalOptions, run_async
 
 STUDY = Path(__file__).with_name("real.toml")
-PART_KEYS = {"dataset", "strategies", "configs", "budgets", "call_caps", "memory", "memory_study", "orders", "seeds"}
+PART_KEYS = {"dataset", "strategies", "configs", "budgets", "call_caps", "memory", "memory_study", "placebo", "orders", "seeds"}
 
 
 def load_study(path: Path = STUDY) -> dict[str, Any]:
@@ -53,6 +53,7 @@ def part_options(
         call_caps=dict(part.get("call_caps", {})),
         memory=bool(part.get("memory", False)),
         memory_study=bool(part.get("memory_study", False)),
+        placebo=bool(part.get("placebo", False)) and (url is not None or client is not None),
         orders=int(part.get("orders", 1)),
         url=url,
         client=client,
