@@ -350,7 +350,8 @@ class OpenAILLM:
         if wanted is None and self._default_max_tokens:
             wanted = self._default_max_tokens.get(request.purpose or "default", self._default_max_tokens.get("default"))
         if limit is None and wanted is not None and self.traits.thinks and (request.purpose or request.max_tokens is None):
-            wanted += request.thinking_budget or self._thinking_budget or self.traits.thinking_room
+            budgets = (request.thinking_budget, self._thinking_budget, self.traits.thinking_room)
+            wanted += next(b for b in budgets if b is not None)
         context = self.context_length
         if context is None:
             return wanted

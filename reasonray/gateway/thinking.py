@@ -42,7 +42,7 @@ def plan(
 ) -> Plan:
     """What a request's effort and budget become on a model of `traits`."""
     effort = request.reasoning_effort or default_effort
-    budget = request.thinking_budget or default_budget
+    budget = request.thinking_budget if request.thinking_budget is not None else default_budget
     takes_effort = "reasoning_effort" not in refused and (traits.takes_reasoning_effort or not traits.family)
     forcing = traits.prefix_continuation != "none"
     if budget is None and request.min_thinking is None and request.continue_thinking is None:
@@ -66,9 +66,13 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
     Its `reasoning` is the thinking this reply did (after `request.continue_thinking`, which it does not repeat), and its
     usage that of every call it took. Without a budget, a reply cut while thinking stays unfinished (a caller carrying
     the thinking from call to call continues it); with one, the cut thinking is closed and the model made to answer."""
+    if chosen.budget == 0:  # no (more) thinking: close it at once and have the model answer
+        reply = await send(request, OPEN + (request.continue_thinking or "") + CLOSE, visible_cap)
+        after = reply.choices[0]
+        choice = msgspec.structs.replace(after, text=after.text or after.reasoning, reasoning="", thinking_unfinished=False)
+        return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), thinking_control=chosen.control)
     used = Usage()
     prefix = OPEN + request.continue_thinking if request.continue_thinking is not None else None
-    thinking, text = "", ""
     reply = await send(request, prefix, chosen.budget)
     used = _add(used, reply.usage)
     choice = reply.choices[0]

@@ -187,3 +187,13 @@ async def test_a_slow_steady_stream_is_not_cut_by_its_total_time_only_by_the_ove
     capped = scripted("m", streaming(steady), stream=True, idle_timeout_s=0.2, generation_deadline_s=0.15)
     with pytest.raises(TransientProviderError, match=r"generation_deadline_s=0\.15"):
         await capped.complete(LLMRequest(messages=(user("Hi"),)))
+
+
+async def test_a_budget_of_zero_closes_the_thinking_given_and_answers_at_once(server):
+    llm = simulated(server, "Qwen/Qwen3-8B")
+    cut = await llm.complete(ask("field", 300, max_tokens=60))
+    forced = await llm.complete(
+        ask("field", 300, continue_thinking=cut.reasoning, thinking_budget=0, max_tokens=100, purpose="final_answer")
+    )
+    assert forced.thinking_control == "forced" and extract_answer(forced.text) == "391"
+    assert forced.reasoning == "" and forced.usage.reasoning_tokens == 0
