@@ -179,3 +179,17 @@ async def test_the_cluster_tells_a_process_that_the_endpoint_is_serial():
     limiter.shared = BoardSlots(board, "me")
     limiter.release(await limiter.acquire())
     assert limiter.serial and limiter.limit == 1
+
+
+def test_a_refusal_learnt_in_one_process_is_known_in_the_others_after_their_heartbeat():
+    from reasonray.gateway.refusals import LocalRefusalBook
+
+    board = SlotBoard()
+    first, second = LocalRefusalBook(), LocalRefusalBook()
+    first.sink = lambda url, model, param: board.record_refusal(url, model, param)  # what RayEndpointSlots sends
+    assert first.record("http://llm/v1", "o4-mini", "temperature") is True
+    assert first.record("http://llm/v1", "o4-mini", "temperature") is False  # told once
+    new, seen = board.heartbeat("second", 0)
+    second.load(new)
+    assert second.refused("http://llm/v1", "o4-mini") == {"temperature"}
+    assert board.heartbeat("second", seen) == ([], 1)  # nothing new since
