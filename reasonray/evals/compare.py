@@ -111,6 +111,18 @@ def clustered_interval(
     return float(low), float(high)
 
 
+def _paired(
+    name_a: str, a: Mapping[tuple[str, int], bool], name_b: str, b: Mapping[tuple[str, int], bool]
+) -> tuple[list[tuple[str, int]], list[float], list[float]]:
+    """The (example, seed) keys both ran, and each example's mean outcome over them in a and in b, by example id."""
+    keys = sorted(a.keys() & b.keys())
+    if not keys:
+        raise ValueError(f"{name_a} and {name_b} ran no example in common")
+    mean_a, mean_b = per_example({k: a[k] for k in keys}), per_example({k: b[k] for k in keys})
+    examples = sorted(mean_a)
+    return keys, [mean_a[e] for e in examples], [mean_b[e] for e in examples]
+
+
 @dataclass(frozen=True)
 class Comparison:
     a: str
@@ -140,12 +152,7 @@ def compare(
 ) -> Comparison:
     """`a` and `b` map (example id, seed) to correctness; only the (example, seed) keys both hold are compared,
     and they are then pooled by example."""
-    keys = sorted(a.keys() & b.keys())
-    if not keys:
-        raise ValueError(f"{name_a} and {name_b} ran no example in common")
-    mean_a, mean_b = per_example({k: a[k] for k in keys}), per_example({k: b[k] for k in keys})
-    examples = sorted(mean_a)
-    xs, ys = [mean_a[e] for e in examples], [mean_b[e] for e in examples]
+    keys, xs, ys = _paired(name_a, a, name_b, b)
     only_a = sum(x > y for x, y in zip(xs, ys, strict=True))
     only_b = sum(y > x for x, y in zip(xs, ys, strict=True))
     both = sum(x == y == 1.0 for x, y in zip(xs, ys, strict=True))
@@ -156,12 +163,12 @@ def compare(
     return Comparison(
         a=name_a,
         b=name_b,
-        paired=len(examples),
+        paired=len(xs),
         seeds=max(seeds_per_example.values()),
         both=both,
         only_a=only_a,
         only_b=only_b,
-        neither=len(examples) - both - only_a - only_b,
+        neither=len(xs) - both - only_a - only_b,
         mcnemar_p=mcnemar_exact(only_a, only_b),
         difference=boot.difference,
         ci_low=boot.ci_low,
@@ -196,11 +203,8 @@ def non_inferiority(
     example-clustered difference a - b must lie above -margin."""
     if not 0 < margin < 1:
         raise ValueError(f"the margin is a fraction between 0 and 1, got {margin}")
-    keys = sorted(a.keys() & b.keys())
-    if not keys:
-        raise ValueError(f"{name_a} and {name_b} ran no example in common")
-    mean_a, mean_b = per_example({k: a[k] for k in keys}), per_example({k: b[k] for k in keys})
-    diff = np.asarray([mean_a[e] - mean_b[e] for e in sorted(mean_a)], dtype=float)
+    _, xs, ys = _paired(name_a, a, name_b, b)
+    diff = np.asarray(xs, dtype=float) - np.asarray(ys, dtype=float)
     picks = np.random.default_rng(seed).integers(0, diff.size, size=(resamples, diff.size))
     lower = float(np.percentile(diff[picks].mean(axis=1), 5))
     return NonInferiority(name_a, name_b, int(diff.size), margin, float(diff.mean()), lower, lower > -margin)
