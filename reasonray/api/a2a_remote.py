@@ -30,10 +30,11 @@ from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 from pydantic import ValidationError
 
-from reasonray.stores.audit import ANONYMOUS
 from reasonray.api.access.auth import CURRENT_PRINCIPAL
 from reasonray.api.access.egress import Egress
+from reasonray.api.service import ExecuteResult
 from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
+from reasonray.stores.audit import ANONYMOUS
 from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, AgentRegistration, remote_strategy
 
 log = structlog.get_logger(__name__)
@@ -121,7 +122,7 @@ async def forward(
     *,
     deadline_s: float | None = None,
     http: httpx.AsyncClient | None = None,
-) -> dict[str, Any]:
+) -> ExecuteResult:
     """Send `query` to the remote agent `agent` (a registered card) as one A2A message; its answer as a
     `reasoning.execute` result (`strategy_used` is `a2a:<agent id>`; token counts are the remote's business: 0).
 
@@ -143,34 +144,36 @@ async def forward(
     answer, remote = _answer(agent["id"], replies)
     took = round((time.perf_counter() - started) * 1000)
     used = remote_strategy(agent["id"])
-    return {
-        "answer": answer,
-        "strategy_used": used,
-        "metrics": {
-            "total_tokens": 0,
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
-            "execution_time_ms": took,
-            "llm_calls": 0,
-            "cache_hits": 0,
-            "retries": 0,
-            "model": f"a2a:{agent['id']}",
-            "simulated": False,
-            "strategy_specific": {"remote": remote},
-        },
-        "trace": None,
-        "trace_id": trace_id,
-        "resolution": {
-            "strategy": used,
-            "agent_id": agent["id"],
-            "strategy_decided_by": "agent",
-            "config": {},
-            "config_sources": {},
-        },
-        "memory": None,
-        "degraded": False,
-        "degraded_error": None,
-    }
+    return ExecuteResult.model_validate(
+        {
+            "answer": answer,
+            "strategy_used": used,
+            "metrics": {
+                "total_tokens": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "execution_time_ms": took,
+                "llm_calls": 0,
+                "cache_hits": 0,
+                "retries": 0,
+                "model": f"a2a:{agent['id']}",
+                "simulated": False,
+                "strategy_specific": {"remote": remote},
+            },
+            "trace": None,
+            "trace_id": trace_id,
+            "resolution": {
+                "strategy": used,
+                "agent_id": agent["id"],
+                "strategy_decided_by": "agent",
+                "config": {},
+                "config_sources": {},
+            },
+            "memory": None,
+            "degraded": False,
+            "degraded_error": None,
+        }
+    )
 
 
 async def _send(

@@ -300,12 +300,17 @@ class Dispatcher:
         return result_response(request_id, result)
 
     async def call(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
+        """`run`, its result made JSON-ready: what JSON-RPC, the REST mirrors and MCP answer."""
+        return wire(await self.run(name, params, trace_id, admitted=admitted))
+
+    async def run(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
         """Run one method by name, as every surface does (JSON-RPC, the REST mirrors, the OpenAI and MCP
         surfaces, streams): params validated, the guard applied, the call counted (method, `unknown` for
-        unregistered names; strategy; status). Returns the JSON-ready result; raises `RpcError` (with the
-        trace id in its data and the error class's `http_status`). Without `trace_id` the call gets a new one.
-        `admitted` is called when the params are valid and the guard let the call through, just before the
-        handler runs (a stream answers its HTTP status then: refusals come before it)."""
+        unregistered names; strategy; status). Returns the method's typed result (its result model; a
+        record for the few methods that answer one); raises `RpcError` (with the trace id in its data and
+        the error class's `http_status`). Without `trace_id` the call gets a new one. `admitted` is called
+        when the params are valid and the guard let the call through, just before the handler runs (a
+        stream answers its HTTP status then: refusals come before it)."""
         trace_id = trace_id or self._new_trace_id()
         structlog.contextvars.bind_contextvars(trace_id=trace_id)
         started = time.perf_counter()
@@ -314,7 +319,7 @@ class Dispatcher:
         status = "ok"
         try:
             result = await self._answer(name, params, trace_id, admitted)
-            strategy = result.get("strategy_used") if isinstance(result, dict) else None
+            strategy = result.get("strategy_used") if isinstance(result, dict) else getattr(result, "strategy_used", None)
             return result
         except RpcError as error:
             strategy = error.data.get("strategy")
@@ -359,13 +364,16 @@ class Dispatcher:
                 detail = str(exc)[:500] if isinstance(exc, LLMError) else None
                 log.warning("rpc.error", method=name, code=error.code, error_type=error.data.get("error_type"), detail=detail)
             raise _with_trace(error, trace_id) from exc
-        if isinstance(result, BaseModel):
-            result = result.model_dump(mode="json")
         # docs/api.md: every response carries its trace id, results included; rpc.discover's result is
         # the OpenRPC document itself, which admits no other member (its trace id is in X-Trace-Id)
         if isinstance(result, dict) and name not in VERBATIM_RESULTS:
             result.setdefault("trace_id", trace_id)
         return result
+
+
+def wire(result: Any) -> Any:
+    """A method's result as it goes on the wire: a result model serialised (JSON mode), a record as it is."""
+    return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 
 
 MAX_ID_CHARS = 256

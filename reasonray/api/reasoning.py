@@ -56,7 +56,7 @@ EXECUTE_ACCESS = Access(
 
 
 @declare(REASONING, "reasoning.execute", ExecuteParams, result=ExecuteResult, access=EXECUTE_ACCESS, stream=True, mcp_tool="reason")
-async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteResult | dict[str, Any]:
+async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteResult:
     """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
     if params.agent_id is not None and (card := await ctx.registry.get_agent(params.agent_id)).get("a2a_card_url"):
         budget_s = params.budget.deadline_s if params.budget else None

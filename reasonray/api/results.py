@@ -13,9 +13,9 @@ are typed and the required ones always present.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 
 from reasonray.memory.bank import Retrieved
 from reasonray.memory.items import MemoryItem
@@ -104,7 +104,10 @@ SessionStatus = Literal["idle", "running", "awaiting_client_tools", "closed", "f
 class PendingToolCall(BaseModel):
     tool_call_id: str = Field(description="Answer it in session.resume's tool_results.")
     name: str = Field(description="The client tool to run.")
-    arguments: dict[str, Any] = Field(description="Its arguments, as the model wrote them.")
+    # documented as the object they should be; a model that wrote no JSON object is answered with what it wrote
+    arguments: Annotated[Any, WithJsonSchema({"type": "object", "additionalProperties": True})] = Field(
+        description="Its arguments, as the model wrote them."
+    )
 
 
 class Usage(BaseModel):

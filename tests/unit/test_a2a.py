@@ -514,8 +514,8 @@ async def test_a_remote_agent_registers_by_its_card_url_advertises_its_skills_an
         assert registered.capabilities == ["a2a.skill.chain_of_thought", "remote"] and registered.remote_skills == ["chain_of_thought"]
         assert registered.description.startswith("LLM reasoning on Ray")  # the card's, as none was given
         result = await forward(registered.model_dump(), "What is 6 * 7?", "chain_of_thought", "trace-x", egress, http=remote.http)
-        assert result["answer"] == "remote says 42" and result["strategy_used"] == "a2a:far"
-        assert result["metrics"]["strategy_specific"]["remote"]["state"] == "TASK_STATE_COMPLETED"
+        assert result.answer == "remote says 42" and result.strategy_used == "a2a:far"
+        assert result.metrics.strategy_specific["remote"]["state"] == "TASK_STATE_COMPLETED"
         assert remote.llm.requests  # the remote agent's model answered
         with pytest.raises(InvalidParamsError, match="no valid A2A agent card"):
             await remote_registration(asked.model_copy(update={"a2a_card_url": "http://remote.test/nothing.json"}), egress, remote.http)

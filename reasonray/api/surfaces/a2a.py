@@ -63,6 +63,8 @@ from starlette.routing import Match, Route
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, principal_trace_id
 from reasonray.api.errors import a2a_refused, view_of
 from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Call, Dispatcher, RpcError, error_for
+from reasonray.api.results import SessionCreateResult, SessionGetResult, TurnResult
+from reasonray.api.service import ExecuteResult
 from reasonray.api.stores.a2a_store import (
     Board,
     BoardEventStream,
@@ -262,17 +264,17 @@ class ReasoningExecutor(AgentExecutor):
         response = run.result()
         if "error" in response:
             return await self._not_answered(updater, say, response["error"], task_id)
-        result = response["result"]
-        if method == "session.turn" and result.get("status") != "completed":
+        result: ExecuteResult | TurnResult = response["result"]
+        if isinstance(result, TurnResult) and result.status != "completed":
             tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
             return await self._not_answered(updater, say, tools, task_id)
         # camelCase keys: A2A's JSON serialization rule holds for metadata too
         metadata: dict[str, Any] = {"traceId": trace_id}
-        if method == "session.turn":
-            metadata |= {"sessionId": result["session_id"], "turn": result["turn"], "totalTokens": result["usage"]["total_tokens"]}
+        if isinstance(result, TurnResult):
+            metadata |= {"sessionId": result.session_id, "turn": result.turn, "totalTokens": result.usage.total_tokens}
         else:
-            metadata |= {"strategyUsed": result["strategy_used"], "totalTokens": result["metrics"]["total_tokens"]}
-        await updater.add_artifact([new_text_part(result["answer"] or "")], name="answer", metadata=metadata, last_chunk=True)
+            metadata |= {"strategyUsed": result.strategy_used, "totalTokens": result.metrics.total_tokens}
+        await updater.add_artifact([new_text_part(result.answer or "")], name="answer", metadata=metadata, last_chunk=True)
         await updater.complete()
 
     @staticmethod
@@ -354,16 +356,17 @@ class ReasoningExecutor(AgentExecutor):
         current = await self.contexts.session_of(owner, context_id)
         if current is not None:
             try:
-                if (await self.rpc.call("session.get", {"session_id": current}, trace_id))["status"] != "closed":
+                state: SessionGetResult = await self.rpc.run("session.get", {"session_id": current}, trace_id)
+                if state.status != "closed":
                     return current
             except RpcError as error:
                 if error.code not in (NOT_FOUND, FORBIDDEN):  # anything but "gone" (expired, deleted): say so
                     return error.body()
         try:
-            created = await self.rpc.call("session.create", spec or {}, trace_id)
+            created: SessionCreateResult = await self.rpc.run("session.create", spec or {}, trace_id)
         except RpcError as error:
             return error.body()
-        return await self.contexts.bind(owner, context_id, created["session_id"], replacing=current)
+        return await self.contexts.bind(owner, context_id, created.session_id, replacing=current)
 
     @staticmethod
     async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> dict[str, Any]:

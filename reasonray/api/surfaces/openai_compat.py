@@ -43,7 +43,8 @@ from reasonray.api.jsonrpc import (
     Dispatcher,
     RpcError,
 )
-from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ResponseFormatParams
+from reasonray.api.results import SessionCreateResult, StrategiesResult, TurnResult
+from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult, ResponseFormatParams
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel.errors import describe_errors
@@ -424,16 +425,16 @@ class OpenAICompat:
         self.served_model = served_model
         self.created = int(time.time())
 
-    async def _call(self, method: str, params: dict[str, Any], trace_id: str | None = None) -> dict[str, Any]:
+    async def _call(self, method: str, params: dict[str, Any], trace_id: str | None = None) -> Any:
+        """The method's typed result (`Dispatcher.run`); its error in OpenAI's shape."""
         try:
-            result: dict[str, Any] = await self.rpc.call(method, params, trace_id)
+            return await self.rpc.run(method, params, trace_id)
         except RpcError as error:
             raise error_from_rpc(error.body()) from None
-        return result
 
     async def strategies(self) -> tuple[list[str], str | None]:
-        described = await self._call("reasoning.strategies", {})
-        return [s["name"] for s in described["strategies"]], described.get("default_strategy")
+        described: StrategiesResult = await self._call("reasoning.strategies", {})
+        return [s.name for s in described.strategies], described.default_strategy
 
     async def models(self) -> dict[str, Any]:
         names, default = await self.strategies()
@@ -505,7 +506,7 @@ class OpenAICompat:
         """One run. A run that used up max_completion_tokens answers what it had, with finish_reason "length",
         as OpenAI's models do."""
         try:
-            result: dict[str, Any] = await self.rpc.call("reasoning.execute", params, trace_id)
+            result: ExecuteResult = await self.rpc.run("reasoning.execute", params, trace_id)
         except RpcError as error:
             partial = _completion_budget_partial(error.body(), request.completion_limit)
             if partial is None:
@@ -515,16 +516,17 @@ class OpenAICompat:
             return Answered(apply_stop(str(partial.get("answer") or ""), request.stops), "length", tokens, extra)
         return self._finished(request, result)
 
-    def _finished(self, request: ChatCompletionRequest, result: dict[str, Any]) -> Answered:
-        m = result["metrics"]
+    def _finished(self, request: ChatCompletionRequest, result: ExecuteResult) -> Answered:
+        m = result.metrics
         limit = request.completion_limit
-        hit = (limit is not None and m["completion_tokens"] >= limit) or (result.get("degraded_error") or {}).get("code") == BUDGET_EXCEEDED
-        answer = result["answer"] if request.response_format is not None else apply_stop(result["answer"], request.stops)
-        return Answered(answer, "length" if hit else "stop", m, _extra(result), result.get("reasoning") or "")
+        hit = (limit is not None and m.completion_tokens >= limit) or (result.degraded_error or {}).get("code") == BUDGET_EXCEEDED
+        answer = result.answer if request.response_format is not None else apply_stop(result.answer, request.stops)
+        tokens = {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens, "reasoning_tokens": m.reasoning_tokens}
+        return Answered(answer, "length" if hit else "stop", tokens, _extra(result), result.reasoning)
 
-    def _usage(self, result: dict[str, Any]) -> dict[str, Any]:
-        m = result["metrics"]
-        return usage_of(m["prompt_tokens"], m["completion_tokens"], self.tokens.count(result["answer"]), m.get("reasoning_tokens", 0))
+    def _usage(self, result: ExecuteResult) -> dict[str, Any]:
+        m = result.metrics
+        return usage_of(m.prompt_tokens, m.completion_tokens, self.tokens.count(result.answer), m.reasoning_tokens)
 
     def _completion(
         self,
@@ -591,7 +593,7 @@ class OpenAICompat:
         return self._completion(request, extra["trace_id"], message, finish, usage, extra)
 
     # -- tools: a session turn ------------------------------------------------------------------------
-    async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> dict[str, Any]:
+    async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> TurnResult:
         tail = _trailing_tool_messages(request.messages)
         if _resumes(request):  # re-entry: the tool messages answer the pending calls of the session named in their ids
             session_id = _session_of(tail[0].tool_call_id or "")
@@ -600,26 +602,26 @@ class OpenAICompat:
                 raise OpenAIError(
                     400, "tool messages answer calls of different conversations", "invalid_request_error", "invalid_request", "messages"
                 )
-            return await self._call("session.resume", {"session_id": session_id, "tool_results": results}, trace_id)
+            resumed: TurnResult = await self._call("session.resume", {"session_id": session_id, "tool_results": results}, trace_id)
+            return resumed
         # a new conversation, or results of calls no session is waiting for (a forced call, another
         # server's): a new turn, the whole conversation its context
         query, system = conversation_query(request.messages)
         spec: dict[str, Any] = {"client_tools": request.tools or []}
         if system:
             spec["system_prompt"] = system
-        created = await self._call("session.create", spec)
-        return await self._call("session.turn", {"session_id": created["session_id"], "message": query}, trace_id)
+        created: SessionCreateResult = await self._call("session.create", spec)
+        turn: TurnResult = await self._call("session.turn", {"session_id": created.session_id, "message": query}, trace_id)
+        return turn
 
-    def _tool_turn_response(self, request: ChatCompletionRequest, turn: dict[str, Any]) -> dict[str, Any]:
+    def _tool_turn_response(self, request: ChatCompletionRequest, turn: TurnResult) -> dict[str, Any]:
         message, finish = _turn_message(turn)
         if message.get("content") is not None:
             message["content"] = apply_stop(message["content"], request.stops)
-        prompt, completion = _turn_tokens(turn["trace"])
-        usage = usage_of(
-            prompt, completion, self.tokens.count(turn.get("answer") or ""), (turn.get("usage") or {}).get("reasoning_tokens", 0)
-        )
-        trace_id = next((s["trace_id"] for s in reversed(turn["trace"]) if s.get("trace_id")), uuid.uuid4().hex)
-        extra = {"trace_id": trace_id, "session_id": turn["session_id"], "turn": turn["turn"], "llm_calls": turn["llm_calls"]}
+        prompt, completion = _turn_tokens(turn.trace)
+        usage = usage_of(prompt, completion, self.tokens.count(turn.answer or ""), turn.usage.reasoning_tokens)
+        trace_id = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
+        extra = {"trace_id": trace_id, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
         return self._completion(request, trace_id, message, finish, usage, extra)
 
     # -- streaming ------------------------------------------------------------------------------------
@@ -650,7 +652,7 @@ class OpenAICompat:
         try:
             async for item in run:
                 if isinstance(item, CallResult):
-                    result: dict[str, Any] = item.value
+                    result: ExecuteResult = item.value
                 elif progress and isinstance(item, Event) and (text := progress_text(item)):
                     yield chunk({"reasoning_content": text}, kind={"kind": "progress", "event": str(item.__struct_config__.tag)})
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
@@ -742,14 +744,9 @@ def _chunk(chunk_id: str, model: str, delta: dict[str, Any], finish: str | None 
     return json.dumps(body)
 
 
-def _extra(result: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "trace_id": result["trace_id"],
-        "strategy_used": result["strategy_used"],
-        "metrics": result["metrics"],
-        "resolution": result["resolution"],
-        "memory": result.get("memory"),
-    }
+def _extra(result: ExecuteResult) -> dict[str, Any]:
+    """What ReasonRay adds to a completion (`reasonray`): the run's trace id, strategy, metrics, resolution and memory."""
+    return result.model_dump(mode="json", include={"trace_id", "strategy_used", "metrics", "resolution", "memory"})
 
 
 def _completion_budget_partial(error: dict[str, Any], limit: int | None) -> dict[str, Any] | None:
@@ -792,16 +789,16 @@ def _session_of(tool_call_id: str) -> str:
     return tool_call_id.partition("-")[0]
 
 
-def _turn_message(turn: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    if turn["status"] == "completed":
-        return {"role": "assistant", "content": turn["answer"]}, "stop"
+def _turn_message(turn: TurnResult) -> tuple[dict[str, Any], str]:
+    if turn.status == "completed":
+        return {"role": "assistant", "content": turn.answer}, "stop"
     calls = [
         {
-            "id": f"{turn['session_id']}-{c['tool_call_id']}",
+            "id": f"{turn.session_id}-{c.tool_call_id}",
             "type": "function",
-            "function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"])},
+            "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)},
         }
-        for c in turn["pending_tool_calls"]
+        for c in turn.pending_tool_calls
     ]
     return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from reasonray.api.jsonrpc import Dispatcher, RpcError, error_response, result_response, well_formed
+from reasonray.api.jsonrpc import Dispatcher, RpcError, error_response, result_response, well_formed, wire
 from reasonray.api.service import RUN_LISTENER
 from reasonray.kernel.events import Event, to_dict
 from reasonray.kernel.tags import strip_thinking
@@ -49,7 +49,7 @@ class Admitted:
 
 @dataclass(frozen=True)
 class CallResult:
-    """The last item of a stream: the call's JSON-ready result."""
+    """The last item of a stream: the call's typed result (`Dispatcher.run`)."""
 
     value: Any
 
@@ -65,7 +65,7 @@ async def stream_call(
     events = RunEvents()
     context = contextvars.copy_context()  # the caller's principal (auth) and trace go along with the call
     context.run(RUN_LISTENER.set, events)
-    call = rpc.call(method, params, trace_id, admitted=lambda: events.queue.put_nowait(ADMITTED))
+    call = rpc.run(method, params, trace_id, admitted=lambda: events.queue.put_nowait(ADMITTED))
     task = asyncio.create_task(call, context=context)
     task.add_done_callback(lambda _: events.queue.put_nowait(_DONE))
     try:
@@ -124,7 +124,7 @@ async def rpc_sse(rpc: Dispatcher, call: dict[str, Any], trace_id: str | None) -
     try:
         async for item in stream_call(rpc, call["method"], call["params"], trace_id):
             if isinstance(item, CallResult):
-                response = result_response(request_id, item.value)
+                response = result_response(request_id, wire(item.value))
             elif not isinstance(item, Admitted):
                 data = public_event(item, full_text=full_text)
                 yield {"event": data["type"], "data": json.dumps(data)}
