@@ -365,3 +365,22 @@ def test_an_endpoint_is_described_by_what_it_says_of_itself_and_its_model_files_
     assert info["model_path"] == str(gguf) and info["model_sha256"] == hashlib.sha256(b"weights").hexdigest()
     assert info["server_build"] == "b4000"
     assert provenance.endpoint_model(None, "x")["models_entry"] is None
+
+
+def test_every_part_of_the_published_study_is_a_valid_grid_and_the_pilot_rule_swaps_the_family(tmp_path):
+    from reasonray.evals.run import prepare
+    from reasonray.evals.study import after_pilot, load_study, part_options
+
+    study = load_study()
+    assert list(study["parts"]) == ["pilot", "budgets_a", "budgets_b", "memory", "matts", "running_sums"]
+    groups = {}
+    for name in study["parts"]:
+        _, _, cells = prepare(part_options(name, tmp_path, url="http://127.0.0.1:1", study=study))
+        groups[name] = {c.group for c in cells}
+    assert "chain_of_thought/greedy@32" in groups["budgets_a"] and len(groups["budgets_a"]) == 12
+    assert groups["memory"] == {f"chain_of_thought/m32/memory={arm}" for arm in ("on", "off", "placebo")}
+    assert groups["running_sums"] == {"chain_of_thought/cap256", "bounded_context/cap256@64"}
+    assert after_pilot(study, 0.5) is study  # inside the band: nothing changes
+    swapped = after_pilot(study, 0.05)
+    assert swapped["parts"]["budgets_a"]["dataset"] == "gen:comparisons?n=50&seed=1"
+    assert swapped["parts"]["pilot"] == study["parts"]["pilot"] and swapped["parts"]["running_sums"] == study["parts"]["running_sums"]

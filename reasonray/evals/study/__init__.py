@@ -11,6 +11,7 @@ not done and regenerates every table and plot from results.jsonl. OUT/SUMMARY.md
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 import tomllib
@@ -99,6 +100,9 @@ def main(url: str, out: Path, parts: tuple[str, ...], timeout_s: float) -> None:
     """Run the published real-model study (reasonray/evals/study/real.toml) against a running service."""
     study = load_study()
     names = list(parts) or list(study["parts"])
+    pilot = out / "pilot" / "report.json"
+    if "pilot" not in names and pilot.exists():  # a part run alone still follows the pilot's rule
+        study = after_pilot(study, json.loads(pilot.read_text())["rows"][0]["accuracy"])
     seconds: dict[str, float] = {}
     failed = 0
     for name in names:
