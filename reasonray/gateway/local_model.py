@@ -56,6 +56,10 @@ def _free_port(host: str) -> int:
         return port
 
 
+SERVER_ENV_OVERRIDES = frozenset({"HOST", "PORT", "CONFIG_FILE"})
+"""Environment variables llama_cpp.server reads in place of the flags it is started with."""
+
+
 class LocalModelServer:
     """llama.cpp's server for one GGUF model, as a managed child process.
 
@@ -131,7 +135,10 @@ class LocalModelServer:
         self._log = self.log_path.open("wb")
         # a session of its own: stop() ends the whole group, and a Ctrl-C meant for the parent reaches
         # the parent, which then stops it in order
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        # llama_cpp.server binds $HOST and $PORT over its own --host and --port, and reads $CONFIG_FILE over its flags:
+        # a PORT a launcher (a PaaS, a script) exported would move the model server onto the API's own port
+        env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_OVERRIDES}
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             self._wait_until_ready()
         except BaseException:

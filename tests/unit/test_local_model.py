@@ -35,7 +35,8 @@ STAND_IN = textwrap.dedent(
             self.wfile.write(body)
         def log_message(self, *a): pass
 
-    HTTPServer((args["--host"], int(args["--port"])), H).serve_forever()
+    import os  # as llama_cpp.server does: $HOST and $PORT win over the flags
+    HTTPServer((os.getenv("HOST", args["--host"]), int(os.getenv("PORT", args["--port"]))), H).serve_forever()
     """
 )
 
@@ -109,3 +110,11 @@ def test_documented_defaults_start_the_server_as_its_own_docs_do(stand_in):
     argv = LocalModelServer(section, documented_defaults=True).command()
     assert argv[1:4] == ["-m", "llama_cpp.server", "--model"] and "--model_alias" in argv and "--n_ctx" in argv
     assert not {"--interrupt_requests", "--chat_format", "--n_threads_batch"} & set(argv)
+
+
+def test_a_port_in_the_environment_does_not_move_the_model_server(stand_in, monkeypatch):
+    """llama_cpp.server binds $PORT over its --port: a PORT exported by a launcher must not reach it."""
+    monkeypatch.setenv("PORT", "1")  # a port it could never bind: the server would die or answer elsewhere
+    monkeypatch.setenv("HOST", "203.0.113.1")
+    with LocalModelServer(LocalModelSection(model_path=str(stand_in), alias="tiny", n_ctx=2048, n_threads=1)) as server:
+        assert httpx.get(f"{server.url}/models").json() == {"data": [{"id": "tiny"}]}
