@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import mcp_types as types
 from mcp import MCPError
@@ -29,9 +29,6 @@ from reasonray.api.openrpc import result_schema
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import UnauthenticatedError
 
-if TYPE_CHECKING:
-    pass
-
 STRATEGIES_URI = "reasonray://strategies"
 WORKSPACES_URI = "reasonray://memory/workspaces"
 MEMORY_TEMPLATE = "reasonray://memory/{workspace}/{memory_id}"
@@ -42,18 +39,8 @@ TOKEN_ENV = "REASONRAY_TOKEN"  # the stdio server's bearer token (or `reasonray 
 def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[], Principal | None] | None = None) -> Server:
     """The MCP server over `rpc`. Calls run as the request's principal (`CURRENT_PRINCIPAL`, which the HTTP
     auth gate sets), or as `principal()` when given: the stdio server's own verified caller."""
-    # a tool per method registered with `mcp_tool` (memory tools exist only where the server has a bank)
-    served = {m.mcp_tool: name for name, m in rpc.methods.items() if m.mcp_tool is not None}
-    tools = [
-        types.Tool(
-            name=tool,
-            description=rpc.methods[method].description,
-            input_schema=fillable(rpc.methods[method].params.model_json_schema()),
-            output_schema=result_schema(rpc.methods[method]),
-        )
-        for tool, method in served.items()
-    ]
-    by_name = {t.name: served[t.name] for t in tools}
+    tools = tool_list(rpc)
+    by_name = {m.mcp_tool: name for name, m in rpc.methods.items() if m.mcp_tool is not None}
     has_memory = "memory.get" in rpc.methods
 
     async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -87,38 +74,10 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(result))], structured_content=result)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
-        resources = [
-            types.Resource(
-                name="strategies",
-                uri=STRATEGIES_URI,
-                mime_type="application/json",
-                description="The enabled strategies and their config schemas.",
-            )
-        ]
-        if has_memory:
-            resources.append(
-                types.Resource(
-                    name="memory-workspaces",
-                    uri=WORKSPACES_URI,
-                    mime_type="application/json",
-                    description="Memory workspaces and their sizes.",
-                )
-            )
-        return types.ListResourcesResult(resources=resources)
+        return types.ListResourcesResult(resources=resources(has_memory))
 
     async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        templates = [
-            types.ResourceTemplate(
-                name="session", uri_template=SESSION_TEMPLATE, mime_type="application/json", description="A session's state and last trace."
-            )
-        ]
-        if has_memory:
-            templates.append(
-                types.ResourceTemplate(
-                    name="memory", uri_template=MEMORY_TEMPLATE, mime_type="application/json", description="One memory item of a workspace."
-                )
-            )
-        return types.ListResourceTemplatesResult(resource_templates=templates)
+        return types.ListResourceTemplatesResult(resource_templates=templates(has_memory))
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
@@ -140,6 +99,56 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
     )
+
+
+def tool_list(rpc: Dispatcher) -> list[types.Tool]:
+    """A tool per method declared with `mcp_tool` (memory tools exist only where the server has a bank):
+    its input schema the params model, its output schema the result model."""
+    return [
+        types.Tool(
+            name=m.mcp_tool,
+            description=m.description,
+            input_schema=fillable(m.params.model_json_schema()),
+            output_schema=result_schema(m),
+        )
+        for m in rpc.methods.values()
+        if m.mcp_tool is not None
+    ]
+
+
+def resources(has_memory: bool) -> list[types.Resource]:
+    """The strategies and, with a memory bank, its workspaces."""
+    listed = [
+        types.Resource(
+            name="strategies",
+            uri=STRATEGIES_URI,
+            mime_type="application/json",
+            description="The enabled strategies and their config schemas.",
+        )
+    ]
+    if has_memory:
+        listed.append(
+            types.Resource(
+                name="memory-workspaces", uri=WORKSPACES_URI, mime_type="application/json", description="Memory workspaces and their sizes."
+            )
+        )
+    return listed
+
+
+def templates(has_memory: bool) -> list[types.ResourceTemplate]:
+    """A session by id and, with a memory bank, a memory item by workspace and id."""
+    listed = [
+        types.ResourceTemplate(
+            name="session", uri_template=SESSION_TEMPLATE, mime_type="application/json", description="A session's state and last trace."
+        )
+    ]
+    if has_memory:
+        listed.append(
+            types.ResourceTemplate(
+                name="memory", uri_template=MEMORY_TEMPLATE, mime_type="application/json", description="One memory item of a workspace."
+            )
+        )
+    return listed
 
 
 def fillable(schema: dict[str, Any]) -> dict[str, Any]:
