@@ -32,6 +32,9 @@ from reasonray.gateway.refusals import LocalRefusalBook, use_refusal_book
 log = structlog.get_logger(__name__)
 
 HEARTBEAT_S = 2.0
+ORPHAN_GRACE_S = 10.0
+"""A lease its living owner no longer lists (its release was lost: a call Ray cancelled with the request that
+sent it) is freed once it is this old, so a grant still on its way to the owner is never taken back."""
 LEASE_TTL_S = 15.0
 """An owner silent this long is gone: its leases are freed (a long generation is covered by its heartbeats)."""
 
@@ -41,6 +44,7 @@ class _Endpoint:
     limit: int = 1
     serial: bool = False
     held: dict[str, str] = field(default_factory=dict)  # lease id -> owner
+    granted_at: dict[str, float] = field(default_factory=dict)
     waiting: deque[tuple[str, str, asyncio.Future[None]]] = field(default_factory=deque)
     gone: set[str] = field(default_factory=set)  # released before their acquire arrived
 
@@ -80,10 +84,12 @@ class SlotBoard:
 
     def _hold(self, name: str, e: _Endpoint, lease_id: str, owner: str) -> None:
         e.held[lease_id] = owner
+        e.granted_at[lease_id] = self._clock()
         self.peak[name] = max(self.peak.get(name, 0), len(e.held))
 
     def release(self, endpoint: str, lease_id: str) -> None:
         e = self._endpoint(endpoint)
+        e.granted_at.pop(lease_id, None)
         if e.held.pop(lease_id, None) is None:
             for waiter in e.waiting:
                 if waiter[0] == lease_id:
@@ -110,9 +116,18 @@ class SlotBoard:
             e.serial = True
             log.warning("llm.concurrency.serial_cluster", endpoint=endpoint)
 
-    def heartbeat(self, owner: str, refusals_seen: int) -> tuple[list[tuple[str, str, str]], int]:
-        """The owner is alive; the refusals recorded since it last looked, and how many there are now."""
-        self.seen[owner] = self._clock()
+    def heartbeat(self, owner: str, refusals_seen: int, holding: list[str] | None = None) -> tuple[list[tuple[str, str, str]], int]:
+        """The owner is alive (and holds the leases `holding`: its others older than the grace are freed); the
+        refusals recorded since it last looked, and how many there are now."""
+        now = self.seen[owner] = self._clock()
+        if holding is not None:
+            kept = set(holding)
+            for name, e in self.endpoints.items():
+                lost = [i for i, o in e.held.items() if o == owner and i not in kept and now - e.granted_at.get(i, now) > ORPHAN_GRACE_S]
+                for lease_id in lost:
+                    self.release(name, lease_id)
+                if lost:
+                    log.warning("llm.concurrency.leases_orphaned", endpoint=name, owner=owner, leases=len(lost))
         return self.refusals[refusals_seen:], len(self.refusals)
 
     def expire(self) -> list[str]:
@@ -127,6 +142,7 @@ class SlotBoard:
         for name, e in self.endpoints.items():
             for lease_id in [i for i, o in e.held.items() if o in gone]:
                 del e.held[lease_id]
+                e.granted_at.pop(lease_id, None)
             for waiter in [w for w in e.waiting if w[1] in gone]:
                 e.waiting.remove(waiter)
                 waiter[2].cancel()
@@ -179,9 +195,9 @@ class EndpointBoard:
     async def serialise(self, endpoint: str) -> None:
         self.board.serialise(endpoint)
 
-    async def heartbeat(self, owner: str, refusals_seen: int) -> tuple[list[tuple[str, str, str]], int]:
+    async def heartbeat(self, owner: str, refusals_seen: int, holding: list[str] | None = None) -> tuple[list[tuple[str, str, str]], int]:
         self._sweep_started()
-        return self.board.heartbeat(owner, refusals_seen)
+        return self.board.heartbeat(owner, refusals_seen, holding)
 
     async def record_refusal(self, base_url: str, model: str, param: str) -> bool:
         return self.board.record_refusal(base_url, model, param)
@@ -207,6 +223,7 @@ class RayEndpointSlots:
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.book = book
         self._refusals_seen = 0
+        self.holding: set[str] = set()
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
         self.beat()  # registers the owner, takes in what the cluster learnt so far
@@ -220,9 +237,11 @@ class RayEndpointSlots:
         except asyncio.CancelledError:
             self.release(lease)  # waiting or granted meanwhile: either way the slot is not kept
             raise
+        self.holding.add(lease.id)
         return lease
 
     def release(self, lease: Lease) -> None:
+        self.holding.discard(lease.id)  # a release Ray drops is made good by the next heartbeat's list
         self.handle.release.remote(lease.endpoint, lease.id)
 
     def serialise(self, endpoint: str) -> None:
@@ -232,7 +251,8 @@ class RayEndpointSlots:
         self.handle.record_refusal.remote(base_url, model, param)
 
     def beat(self) -> None:
-        new, self._refusals_seen = ray.get(self.handle.heartbeat.remote(self.owner, self._refusals_seen), timeout=30)
+        holding = list(self.holding)
+        new, self._refusals_seen = ray.get(self.handle.heartbeat.remote(self.owner, self._refusals_seen, holding), timeout=30)
         if new and self.book is not None:
             self.book.load(new)
 

@@ -193,3 +193,19 @@ def test_a_refusal_learnt_in_one_process_is_known_in_the_others_after_their_hear
     second.load(new)
     assert second.refused("http://llm/v1", "o4-mini") == {"temperature"}
     assert board.heartbeat("second", seen) == ([], 1)  # nothing new since
+
+
+async def test_a_lease_whose_release_was_lost_is_freed_by_its_owners_next_heartbeat():
+    now = [0.0]
+    board = SlotBoard(clock=lambda: now[0])
+    await board.acquire("e", 1, "lost", "me")  # held, then its release never arrived
+    waiting = asyncio.create_task(board.acquire("e", 1, "next", "other"))
+    await _settle()
+    board.heartbeat("me", 0, ["lost"])
+    now[0] = 30.0
+    board.heartbeat("other", 0, [])
+    board.heartbeat("me", 0, ["lost"])  # still held by the owner's own account: kept
+    assert not waiting.done()
+    board.heartbeat("me", 0, [])  # the owner no longer holds it
+    await _settle()
+    assert waiting.done() and board.stats("e")["in_flight"] == 1
