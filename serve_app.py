@@ -43,8 +43,8 @@ from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Backends, build_application
 from reasonray.api.errors import error_headers, rest_error, view_of
 from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for
-from reasonray.api.methods import accept_trace_id, new_trace_id
-from reasonray.api.service import ExecuteParams, ExecuteResult
+from reasonray.api.methods import accept_trace_id, declared, new_trace_id
+from reasonray.api.service import ExecuteParams
 from reasonray.api.stores.registry import RegistryService
 from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.surfaces.gate import AuthGate, GateConfig
@@ -279,11 +279,11 @@ class ReasonRayIngress:
         limited = rate_limit_headers(payload.get("error") or {}) if isinstance(payload, dict) else {}
         return JSONResponse(payload, headers={**headers, **limited}, status_code=view_of(RATE_LIMITED).http_status if limited else 200)
 
-    @api.post("/v1/reasoning/execute", response_model=ExecuteResult, summary="REST mirror of reasoning.execute")
+    @api.post("/v1/reasoning/execute", response_model=declared("reasoning.execute").result, summary="REST mirror of reasoning.execute")
     async def execute(self, params: ExecuteParams, request: Request) -> Response:
         return await self._rest("reasoning.execute", params.model_dump(exclude_none=True), request)
 
-    @api.get("/v1/strategies", summary="REST mirror of reasoning.strategies")
+    @api.get("/v1/strategies", response_model=declared("reasoning.strategies").result, summary="REST mirror of reasoning.strategies")
     async def strategies(self, request: Request) -> Response:
         return await self._rest("reasoning.strategies", {}, request)
 

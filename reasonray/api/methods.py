@@ -16,7 +16,7 @@ import uuid
 from reasonray.api.access.egress import Egress
 from reasonray.api.context import CacheStats, Context
 from reasonray.api.directory import AGENTS
-from reasonray.api.jsonrpc import Dispatcher
+from reasonray.api.jsonrpc import Declared, Dispatcher
 from reasonray.api.memory import MEMORY
 from reasonray.api.openrpc import add_discover
 from reasonray.api.reasoning import REASONING
@@ -39,6 +39,14 @@ def new_trace_id() -> str:
 def accept_trace_id(header: str | None) -> str | None:
     """A caller-supplied trace id (X-Trace-Id), when it is well formed."""
     return header if header and _TRACE_ID.match(header) else None
+
+
+TABLES = (REASONING, AGENTS, SESSIONS, MEMORY, STATS)
+
+
+def declared(name: str) -> Declared:
+    """A method's declaration by name (the REST mirrors take their models from it)."""
+    return next(d for table in TABLES for d in table if d.name == name)
 
 
 def build_dispatcher(
