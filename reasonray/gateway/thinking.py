@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from reasonray.gateway.families import EFFORT_BUDGET, ModelTraits, effort_for_budget
-from reasonray.gateway.protocol import Completion, LLMRequest, Usage
+from reasonray.gateway.protocol import Choice, Completion, LLMRequest, Usage
 
 OPEN, CLOSE, WAIT = "<think>\n", "\n</think>\n\n", "\nWait"
 MAX_EXTENSIONS = 3
@@ -68,9 +68,8 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
     the thinking from call to call continues it); with one, the cut thinking is closed and the model made to answer."""
     if chosen.budget == 0:  # no (more) thinking: close it at once and have the model answer
         reply = await send(request, OPEN + (request.continue_thinking or "") + CLOSE, visible_cap)
-        after = reply.choices[0]
-        choice = msgspec.structs.replace(after, text=after.text or after.reasoning, reasoning="", thinking_unfinished=False)
-        return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), thinking_control=chosen.control)
+        choice, usage = _answered(reply, "", Usage())
+        return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=usage, thinking_control=chosen.control)
     used = Usage()
     prefix = OPEN + request.continue_thinking if request.continue_thinking is not None else None
     reply = await send(request, prefix, chosen.budget)
@@ -89,13 +88,21 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
         # the budget ran out while thinking (or the answer was cut): close what there is and have the model answer
         base = OPEN + (request.continue_thinking or "") + thinking + CLOSE + text
         reply = await send(request, base, visible_cap)
-        used = _add(used, reply.usage)
-        after = reply.choices[0]
-        answer = after.text or after.reasoning  # all of it is answer: the thinking was closed in the prompt
-        choice = msgspec.structs.replace(after, text=text + answer, reasoning=thinking, thinking_unfinished=False)
+        choice, used = _answered(reply, thinking, used)
+        choice = msgspec.structs.replace(choice, text=text + choice.text)
     else:
         choice = msgspec.structs.replace(choice, text=text, reasoning=thinking)
     return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=used, thinking_control=chosen.control)
+
+
+def _answered(reply: Completion, thinking: str, used: Usage) -> tuple[Choice, Usage]:
+    """The answer to a prefix whose thinking was closed: all of the reply is answer, even what a reader took for thinking
+    (an R1 parser sees no closing tag in it; a model known to think in its text may open an aside), and counted as
+    answer, as the server counts it."""
+    after = reply.choices[0]
+    usage = Usage(reply.usage.prompt_tokens, reply.usage.completion_tokens, 0)
+    choice = msgspec.structs.replace(after, text=after.text or after.reasoning, reasoning=thinking, thinking_unfinished=False)
+    return choice, _add(used, usage)
 
 
 def _add(a: Usage, b: Usage) -> Usage:

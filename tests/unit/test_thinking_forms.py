@@ -52,11 +52,6 @@ CONTINUATION_FORCED = pytest.mark.xfail(
     reason="reasonray/gateway/thinking.py closes a continued thinking that max_tokens cut and forces the answer even "
     "when no thinking_budget was asked: a delethink chunk answers from a third of the thinking instead of continuing",
 )
-FORCED_ANSWER_COUNTED_AS_THINKING = pytest.mark.xfail(
-    strict=True,
-    reason="R1 form: the answer to a closed-thinking prefix (budget forcing) is read as thinking and its tokens "
-    "counted as reasoning_tokens (reasonray/gateway/thinking.py, replies.read_usage)",
-)
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +216,7 @@ async def test_v1_plain_and_streamed_carries_the_thinking_and_the_servers_counts
 # -- thinking that uses up max_tokens ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("form", ["field", pytest.param("r1", marks=FORCED_ANSWER_COUNTED_AS_THINKING), "hidden"])
+@pytest.mark.parametrize("form", ["field", "r1", "hidden"])
 async def test_chain_of_thought_never_reads_thinking_cut_by_max_tokens_as_an_answer(server, form):
     llm = thinking_model(server, form, thinking=2000)
     params = {"query": "What is 17 * 23?", "strategy": "chain_of_thought", "strategy_config": {"max_tokens": 128}}
@@ -245,8 +240,8 @@ def furthest_thought(completion: Completion) -> int:
 
 @pytest.mark.parametrize(
     "form,mode",
-    [("field", "auto"), ("field", "delethink"), ("field", "summary"), ("r1", "summary")]
-    + [pytest.param("r1", mode, marks=CONTINUATION_FORCED) for mode in ("auto", "delethink")],
+    [("field", "auto"), ("field", "delethink"), ("field", "summary"), ("r1", "summary"), ("r1", "delethink")]
+    + [pytest.param("r1", "auto", marks=CONTINUATION_FORCED)],
 )
 async def test_bounded_context_progresses_every_chunk_when_thinking_uses_up_each_one(server, form, mode):
     """The simulator's thinking model as the measurement runs it (thinking=3000, chunk_size=1024). The field form's
