@@ -271,9 +271,12 @@ _installed: dict[str, RayEndpointSlots] = {}
 _install_lock = threading.Lock()
 
 
-def share_endpoints(app_name: str) -> RayEndpointSlots:
+def share_endpoints(app_name: str) -> RayEndpointSlots | None:
     """Make this process take small endpoints' slots from the application's endpoint actor and learn refusals
-    with the whole cluster (idempotent per process)."""
+    with the whole cluster (idempotent per process); None outside Ray (nothing to share with, and no cluster is
+    started for it)."""
+    if not ray.is_initialized():
+        return None
     with _install_lock:
         slots = _installed.get(app_name)
         if slots is None:

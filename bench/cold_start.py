@@ -53,6 +53,7 @@ async def lease_round_trip(n: int) -> list[float]:
     from reasonray.actors.endpoint import share_endpoints
 
     slots = share_endpoints("bench-cold-slots")
+    assert slots is not None
     samples = []
     for _ in range(n):
         started = time.perf_counter()
