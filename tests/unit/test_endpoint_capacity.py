@@ -166,9 +166,10 @@ async def test_a_server_that_says_nothing_is_learned_to_run_one_call_at_a_time(d
 
 @pytest.mark.parametrize("double", [{"seconds_per_token": 0.1}], indirect=True)
 async def test_a_timed_out_stream_is_closed_and_the_server_stops_generating(double):
-    llm, _ = stack_for(double, context_length=4096, request_timeout_s=0.5, retry={"max_attempts": 1})
+    # a steady stream is cut only by the overall deadline (request_timeout_s is the longest wait for the next token)
+    llm, _ = stack_for(double, context_length=4096, generation_deadline_s=0.5, retry={"max_attempts": 1})
     observed = ObservedLLM(llm, lambda event: None, trace_id="t", strategy="s")
-    with pytest.raises(ProviderUnavailableError, match="request_timeout_s") as failed:
+    with pytest.raises(ProviderUnavailableError, match="generation_deadline_s") as failed:
         await observed.complete(ask("[[say 40]]"))
     await asyncio.sleep(0.5)
     assert double.stats.abandoned_at and double.stats.abandoned_at[0] < 12  # of 40: it stopped when the stream closed
