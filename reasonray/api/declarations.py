@@ -3,8 +3,8 @@ names (session, workspace, agent card, task) and how, the strategy it runs and t
 against (`reasonray.api.jsonrpc.declare`). `Dispatcher.method` refuses a method without a declaration; the one guard
 (`reasonray.api.access.tenancy.Guard`) reads it for every surface and never looks at a method's name.
 
-    @declare(SESSIONS, "session.turn", TurnParams, result=TurnResult,
-             access=Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run"))
+    @declare(SESSIONS, "session.turn", access=Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run"))
+    async def session_turn(ctx: Context, params: TurnParams, call: Call) -> TurnResult: ...
 
 Transport-free and Ray-free.
 """

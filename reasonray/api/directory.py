@@ -56,7 +56,7 @@ REGISTER_ACCESS = Access(
 )
 
 
-@declare(AGENTS, "agent.register", AgentRegistration, result=results.AgentRegisterResult, access=REGISTER_ACCESS)
+@declare(AGENTS, "agent.register", access=REGISTER_ACCESS)
 async def agent_register(ctx: Context, params: AgentRegistration, call: Call) -> results.AgentRegisterResult:
     """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
     if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
@@ -65,7 +65,7 @@ async def agent_register(ctx: Context, params: AgentRegistration, call: Call) ->
     return results.AgentRegisterResult.of(registered, call.trace_id)
 
 
-@declare(AGENTS, "agent.get", AgentIdParams, result=results.AgentResult, access=Access(EVERYONE, (Resource("agent", "agent_id"),)))
+@declare(AGENTS, "agent.get", access=Access(EVERYONE, (Resource("agent", "agent_id"),)))
 async def agent_get(ctx: Context, params: AgentIdParams, call: Call) -> results.AgentResult:
     """One registered AgentCard."""
     return results.AgentResult.of(await ctx.registry.get_agent(params.agent_id), call.trace_id)
@@ -77,26 +77,20 @@ def visible(agents: list[dict[str, Any]], call: Call | None) -> list[dict[str, A
     return agents if seen is None else [a for a in agents if seen.allows(a["id"])]
 
 
-@declare(AGENTS, "agent.list", NoParams, result=results.AgentListResult, access=Access(EVERYONE, lists="agent"))
+@declare(AGENTS, "agent.list", access=Access(EVERYONE, lists="agent"))
 async def agent_list(ctx: Context, params: NoParams, call: Call) -> results.AgentListResult:
     """Every registered AgentCard."""
     return results.AgentListResult.of({"agents": visible(await ctx.registry.list_agents(), call)}, call.trace_id)
 
 
-@declare(AGENTS, "agent.discover", DiscoverParams, result=results.AgentDiscoverResult, access=Access(EVERYONE, lists="agent"))
+@declare(AGENTS, "agent.discover", access=Access(EVERYONE, lists="agent"))
 async def agent_discover(ctx: Context, params: DiscoverParams, call: Call) -> results.AgentDiscoverResult:
     """The agents advertising all the given capabilities."""
     agents = visible(await ctx.registry.discover_agents(params.capabilities), call)
     return results.AgentDiscoverResult.of({"capabilities": params.capabilities, "agents": agents}, call.trace_id)
 
 
-@declare(
-    AGENTS,
-    "agent.unregister",
-    AgentIdParams,
-    result=results.AgentUnregisterResult,
-    access=Access(REASONERS, (Resource("agent", "agent_id", "drop"),)),
-)
+@declare(AGENTS, "agent.unregister", access=Access(REASONERS, (Resource("agent", "agent_id", "drop"),)))
 async def agent_unregister(ctx: Context, params: AgentIdParams, call: Call) -> results.AgentUnregisterResult:
     """Remove an AgentCard; requests naming it fail from then on."""
     return results.AgentUnregisterResult.of({"unregistered": await ctx.registry.unregister_agent(params.agent_id)}, call.trace_id)

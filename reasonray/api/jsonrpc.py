@@ -33,6 +33,7 @@ import asyncio
 import functools
 import json
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -193,17 +194,22 @@ class Declared:
 def declare(
     table: list[Declared],
     name: str,
-    params: type[BaseModel],
     *,
-    result: type[BaseModel],
     access: Access,
+    result: type[BaseModel] | None = None,
     stream: bool = False,
     mcp_tool: str | None = None,
 ) -> Callable[[_Fn], _Fn]:
-    """Declare the decorated function as method `name` in a domain's `table` (the function stays as it is)."""
+    """Declare the decorated function as method `name` in a domain's `table` (the function stays as it is).
+    Its signature is the schema: the params model is its `params` annotation, the result model its return
+    annotation (`result` names it for a method that answers a record)."""
 
     def add(fn: _Fn) -> _Fn:
-        table.append(Declared(name, fn, params, result, access, stream, mcp_tool))
+        hints = typing.get_type_hints(fn)
+        model = result or hints.get("return")
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise TypeError(f"method {name!r} needs a result model: annotate what it returns, or pass result=")
+        table.append(Declared(name, fn, hints["params"], model, access, stream, mcp_tool))
         return fn
 
     return add

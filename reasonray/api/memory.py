@@ -142,7 +142,7 @@ def _only(workspaces: Any, seen: Visible) -> Any:
     return [w for w in workspaces if seen.allows(w.get("workspace") or w.get("name"))]
 
 
-@declare(MEMORY, "memory.retrieve", RetrieveParams, result=results.RetrieveResult, access=READ_WORKSPACE)
+@declare(MEMORY, "memory.retrieve", access=READ_WORKSPACE)
 async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> results.RetrieveResult:
     """Memories for a task, ranked by composite score (similarity, recency, error context)."""
     options = params.model_dump(exclude={"query", "workspace"})
@@ -153,7 +153,7 @@ async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> results.
 STORE_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),))
 
 
-@declare(MEMORY, "memory.store", StoreParams, result=results.StoreResult, access=STORE_ACCESS)
+@declare(MEMORY, "memory.store", access=STORE_ACCESS)
 async def store(ctx: Context, params: StoreParams, call: Call) -> results.StoreResult:
     """Store memory items (validated, parents checked) in one workspace; all or nothing."""
     items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
@@ -162,40 +162,40 @@ async def store(ctx: Context, params: StoreParams, call: Call) -> results.StoreR
     return results.StoreResult.of({"workspace": ctx.workspace(params.workspace), "stored": stored}, call.trace_id)
 
 
-@declare(MEMORY, "memory.get", MemoryIdParams, result=results.MemoryResult, access=READ_WORKSPACE)
+@declare(MEMORY, "memory.get", access=READ_WORKSPACE)
 async def get(ctx: Context, params: MemoryIdParams, call: Call) -> results.MemoryResult:
     """One memory by id."""
     return results.MemoryResult.of(await ctx.memory.get(params.memory_id, ctx.workspace(params.workspace)), call.trace_id)
 
 
-@declare(MEMORY, "memory.genealogy", MemoryIdParams, result=results.GenealogyResult, access=READ_WORKSPACE)
+@declare(MEMORY, "memory.genealogy", access=READ_WORKSPACE)
 async def genealogy(ctx: Context, params: MemoryIdParams, call: Call) -> results.GenealogyResult:
     """A memory's ancestors (root first) and the tree of memories derived from it."""
     return results.GenealogyResult.of(await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace)), call.trace_id)
 
 
-@declare(MEMORY, "memory.descendants", MemoryIdParams, result=results.DescendantsResult, access=READ_WORKSPACE)
+@declare(MEMORY, "memory.descendants", access=READ_WORKSPACE)
 async def descendants(ctx: Context, params: MemoryIdParams, call: Call) -> results.DescendantsResult:
     """Every memory derived from this one, at any depth."""
     found = await ctx.memory.descendants(params.memory_id, ctx.workspace(params.workspace))
     return results.DescendantsResult.of({"memory_id": params.memory_id, "descendants": found}, call.trace_id)
 
 
-@declare(MEMORY, "memory.errors", ErrorsParams, result=results.MemoriesResult, access=READ_WORKSPACE)
+@declare(MEMORY, "memory.errors", access=READ_WORKSPACE)
 async def errors(ctx: Context, params: ErrorsParams, call: Call) -> results.MemoriesResult:
     """Memories with error context (lessons from failures), optionally of one error type or domain."""
     found = await ctx.memory.errors(ctx.workspace(params.workspace), params.error_type, params.domain, params.limit)
     return results.MemoriesResult.of({"workspace": ctx.workspace(params.workspace), "memories": found}, call.trace_id)
 
 
-@declare(MEMORY, "memory.traces", TracesParams, result=results.TracesResult, access=READ_WORKSPACE)
+@declare(MEMORY, "memory.traces", access=READ_WORKSPACE)
 async def traces(ctx: Context, params: TracesParams, call: Call) -> results.TracesResult:
     """The stored reasoning traces of a task: query, trajectory, outcome and item ids."""
     found = await ctx.memory.traces(params.task_id, ctx.workspace(params.workspace))
     return results.TracesResult.of({"task_id": params.task_id, "traces": found}, call.trace_id)
 
 
-@declare(MEMORY, "memory.list_workspaces", NoParams, result=results.WorkspacesResult, access=Access(EVERYONE, lists="workspace"))
+@declare(MEMORY, "memory.list_workspaces", access=Access(EVERYONE, lists="workspace"))
 async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> results.WorkspacesResult:
     """Every workspace with its memory and trace counts."""
     workspaces = await ctx.memory.list_workspaces()
@@ -210,7 +210,7 @@ async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> results
 DROP_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),))
 
 
-@declare(MEMORY, "memory.delete_workspace", DeleteWorkspaceParams, result=results.DeleteWorkspaceResult, access=DROP_ACCESS)
+@declare(MEMORY, "memory.delete_workspace", access=DROP_ACCESS)
 async def delete_workspace(ctx: Context, params: DeleteWorkspaceParams, call: Call) -> results.DeleteWorkspaceResult:
     """Delete a workspace with all its memories and traces (needs confirm: true)."""
     if not params.confirm:
@@ -242,14 +242,7 @@ def _solve_params(params: SolveCodingTaskParams) -> ExecuteParams:
         raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
 
 
-@declare(
-    MEMORY,
-    "solve_coding_task",
-    SolveCodingTaskParams,
-    result=results.SolveCodingTaskResult,
-    access=SOLVE_ACCESS,
-    mcp_tool="solve_coding_task",
-)
+@declare(MEMORY, "solve_coding_task", access=SOLVE_ACCESS, mcp_tool="solve_coding_task")
 async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: Call) -> results.SolveCodingTaskResult:
     """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
     verifier = tests_verifier(params.tests, ctx.sandbox) if params.tests else None
@@ -269,14 +262,7 @@ async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: C
     return results.SolveCodingTaskResult.of(summary, result.trace_id)
 
 
-@declare(
-    MEMORY,
-    "retrieve_memories",
-    RetrieveMemoriesParams,
-    result=results.RetrieveMemoriesResult,
-    access=READ_WORKSPACE,
-    mcp_tool="retrieve_memories",
-)
+@declare(MEMORY, "retrieve_memories", access=READ_WORKSPACE, mcp_tool="retrieve_memories")
 async def retrieve_memories(ctx: Context, params: RetrieveMemoriesParams, call: Call) -> results.RetrieveMemoriesResult:
     """Alias of memory.retrieve with the ReasoningBank tool's parameters (`n_results`, `include_errors`)."""
     found = await ctx.memory.retrieve(params.query, ctx.workspace(params.workspace), top_k=params.n_results, domain=params.domain)
@@ -286,14 +272,7 @@ async def retrieve_memories(ctx: Context, params: RetrieveMemoriesParams, call: 
     return results.RetrieveMemoriesResult.of(answer, call.trace_id)
 
 
-@declare(
-    MEMORY,
-    "get_memory_genealogy",
-    GenealogyAliasParams,
-    result=results.GenealogyResult,
-    access=READ_WORKSPACE,
-    mcp_tool="get_memory_genealogy",
-)
+@declare(MEMORY, "get_memory_genealogy", access=READ_WORKSPACE, mcp_tool="get_memory_genealogy")
 async def get_memory_genealogy(ctx: Context, params: GenealogyAliasParams, call: Call) -> results.GenealogyResult:
     """Alias of memory.genealogy."""
     return results.GenealogyResult.of(await ctx.memory.genealogy(params.memory_id, ctx.workspace(params.workspace)), call.trace_id)

@@ -1,15 +1,14 @@
 """`rpc.discover`: the OpenRPC 1.x document of the API, generated from the method table.
 
 Every method's params come from its Pydantic model (one `by-name` param per field, `required` as the
-model says), its result from its result model (`Dispatcher.method(..., result=...)`, reasonray.api.results,
-else the handler's return annotation; a method with neither is a bug that `discover_document` refuses),
+model says), its result from the result model it was declared with (`declare(..., result=...)`,
+reasonray.api.results; a method without one is a bug that `discover_document` refuses),
 and the errors from the error tree (`error_classes`) and the codes JSON-RPC reserves, so clients and tools can be
 generated from the running server and never drift from it.
 """
 
 from __future__ import annotations
 
-import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -43,21 +42,9 @@ class DiscoverParams(BaseModel):
     """rpc.discover takes no params."""
 
 
-def result_model(method: Method) -> type[BaseModel] | None:
-    """The method's result model: the one it was registered with, else the one its handler's annotation names."""
-    if method.result is not None:
-        return method.result
-    try:
-        returned = typing.get_type_hints(method.handler).get("return")
-    except (NameError, TypeError):  # an annotation that does not resolve: described as an object
-        return None
-    return returned if isinstance(returned, type) and issubclass(returned, BaseModel) else None
-
-
 def result_schema(method: Method) -> dict[str, Any] | None:
-    """The JSON Schema of what the method returns (standalone, `$defs` inside), or None when it is a plain object."""
-    model = result_model(method)
-    return model.model_json_schema(mode="serialization") if model is not None else None
+    """The JSON Schema of what the method returns (standalone, `$defs` inside), or None when it has no result model."""
+    return method.result.model_json_schema(mode="serialization") if method.result is not None else None
 
 
 def _errors() -> list[dict[str, Any]]:
@@ -104,7 +91,7 @@ def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: 
         ]
         if method.stream:  # a transport option, not a model field: POST /rpc answers it as SSE
             params.append({"name": "stream", "required": False, "schema": {"type": "boolean", "default": False}, "description": STREAM_DOC})
-        model = result_model(method)
+        model = method.result
         if model is None:  # every method documents its result: generated clients get real types, not `object`
             raise TypeError(f"method {name!r} has no result model: register it with result=... (reasonray.api.results)")
         result = schemas.of(model, "serialization")

@@ -55,7 +55,7 @@ EXECUTE_ACCESS = Access(
 )
 
 
-@declare(REASONING, "reasoning.execute", ExecuteParams, result=ExecuteResult, access=EXECUTE_ACCESS, stream=True, mcp_tool="reason")
+@declare(REASONING, "reasoning.execute", access=EXECUTE_ACCESS, stream=True, mcp_tool="reason")
 async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteResult:
     """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
     if params.agent_id is not None and (card := await ctx.registry.get_agent(params.agent_id)).get("a2a_card_url"):
@@ -68,7 +68,6 @@ async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteRes
 @declare(
     REASONING,
     "reasoning.bounded_context",
-    BoundedContextParams,
     result=results.BoundedContextResult,
     access=Access(REASONERS, strategy="bounded_context", limits="run"),
 )
@@ -98,7 +97,7 @@ async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call
     }
 
 
-@declare(REASONING, "reasoning.strategies", NoParams, result=results.StrategiesResult, access=Access(EVERYONE))
+@declare(REASONING, "reasoning.strategies", access=Access(EVERYONE))
 async def strategies(ctx: Context, params: NoParams, call: Call) -> results.StrategiesResult:
     """The enabled strategies with their capabilities and config schemas, the default, and plugin failures."""
     return results.StrategiesResult.of(await ctx.registry.describe(), call.trace_id)

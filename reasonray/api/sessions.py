@@ -50,53 +50,39 @@ SESSION_RUN = Access(REASONERS, (Resource("session", "session_id", "write"),), l
 CREATE_ACCESS = Access(REASONERS, creates="session", checks=(memory_search_for_admins,))
 
 
-@declare(SESSIONS, "session.create", SessionSpec, result=results.SessionCreateResult, access=CREATE_ACCESS, mcp_tool="session_create")
+@declare(SESSIONS, "session.create", access=CREATE_ACCESS, mcp_tool="session_create")
 async def session_create(ctx: Context, params: SessionSpec, call: Call) -> results.SessionCreateResult:
     """Start a session with its mode(s), server tools by name, client tools as schemas and bootstrap text."""
     return results.SessionCreateResult.of(await ctx.session_store.create(params), call.trace_id)
 
 
-@declare(SESSIONS, "session.turn", TurnParams, result=results.TurnResult, access=SESSION_RUN, mcp_tool="session_turn")
+@declare(SESSIONS, "session.turn", access=SESSION_RUN, mcp_tool="session_turn")
 async def session_turn(ctx: Context, params: TurnParams, call: Call) -> results.TurnResult:
     """A new turn: the final answer (exit mode 1) or pending client tool calls (exit mode 2), with the trace."""
     check_text("message", params.message, ctx.limits)
     return results.TurnResult.of(await ctx.session_store.turn(params.session_id, params.message, call.trace_id), call.trace_id)
 
 
-@declare(SESSIONS, "session.resume", ResumeParams, result=results.TurnResult, access=SESSION_RUN, mcp_tool="session_resume")
+@declare(SESSIONS, "session.resume", access=SESSION_RUN, mcp_tool="session_resume")
 async def session_resume(ctx: Context, params: ResumeParams, call: Call) -> results.TurnResult:
     """Re-enter a turn with the results of its pending client tool calls."""
     tool_results = [r.model_dump() for r in params.tool_results]
     return results.TurnResult.of(await ctx.session_store.resume(params.session_id, tool_results, call.trace_id), call.trace_id)
 
 
-@declare(
-    SESSIONS,
-    "session.get",
-    SessionIdParams,
-    result=results.SessionGetResult,
-    access=Access(EVERYONE, (Resource("session", "session_id"),)),
-    mcp_tool="session_get",
-)
+@declare(SESSIONS, "session.get", access=Access(EVERYONE, (Resource("session", "session_id"),)), mcp_tool="session_get")
 async def session_get(ctx: Context, params: SessionIdParams, call: Call) -> results.SessionGetResult:
     """The session's status, mode, pending calls and last turn's trace."""
     return results.SessionGetResult.of(await ctx.session_store.get(params.session_id), call.trace_id)
 
 
-@declare(
-    SESSIONS,
-    "session.close",
-    SessionIdParams,
-    result=results.SessionCloseResult,
-    access=Access(REASONERS, (Resource("session", "session_id", "write"),)),
-    mcp_tool="session_close",
-)
+@declare(SESSIONS, "session.close", access=Access(REASONERS, (Resource("session", "session_id", "write"),)), mcp_tool="session_close")
 async def session_close(ctx: Context, params: SessionIdParams, call: Call) -> results.SessionCloseResult:
     """Close the session: later turns are refused; its state stays readable."""
     return results.SessionCloseResult.of(await ctx.session_store.close(params.session_id), call.trace_id)
 
 
-@declare(SESSIONS, "session.tools", NoParams, result=results.SessionToolsResult, access=Access(EVERYONE))
+@declare(SESSIONS, "session.tools", access=Access(EVERYONE))
 async def session_tools(ctx: Context, params: NoParams, call: Call) -> results.SessionToolsResult:
     """The server tools sessions can use, with their schemas."""
     return results.SessionToolsResult(server_tools=ctx.session_store.tools(), trace_id=call.trace_id)

@@ -23,20 +23,20 @@ async def statistics(ctx: Context, call: Call) -> dict[str, Any]:
     return own_statistics(stats, call.usage) if call.usage is not None else stats
 
 
-@declare(STATS, "stats.get", NoParams, result=results.StatsResult, access=OWN_USAGE)
+@declare(STATS, "stats.get", result=results.StatsResult, access=OWN_USAGE)
 async def stats_get(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
     """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency (a caller who
     may not see every principal's data gets its own usage instead)."""
     return await statistics(ctx, call)
 
 
-@declare(STATS, "stats.reset", NoParams, result=results.StatsResult, access=Access(OPERATORS))
+@declare(STATS, "stats.reset", result=results.StatsResult, access=Access(OPERATORS))
 async def stats_reset(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
     """Zero the counters (for tests and benchmarks); stored memories are untouched."""
     return await ctx.memory.reset_stats()
 
 
-@declare(STATS, "get_statistics", NoParams, result=results.StatsResult, access=OWN_USAGE, mcp_tool="get_statistics")
+@declare(STATS, "get_statistics", result=results.StatsResult, access=OWN_USAGE, mcp_tool="get_statistics")
 async def get_statistics(ctx: Context, params: NoParams, call: Call) -> dict[str, Any]:
     """Alias of stats.get."""
     return await statistics(ctx, call)
