@@ -118,7 +118,7 @@ class ParameterRefused(ProviderRejectedError):
 # how servers say a parameter is refused outright, not merely out of range ("temperature must be at most 2" is the caller's)
 _REFUSING = re.compile(
     r"unsupported|not supported|does not support|unrecognized|unknown (parameter|field|argument)|not allowed|not permitted"
-    r"|only the default|is not available|extra (inputs|fields)",
+    r"|only the default|is not available|extra (inputs|fields)|deprecated for this model",
     re.IGNORECASE,
 )
 _QUOTED = re.compile(r"['\"`]([a-z_\[\]0-9.]+)['\"`]")

@@ -188,3 +188,4 @@ def test_a_refusal_is_read_from_the_param_member_or_the_names_the_message_quotes
     # a value out of range is not a refusal: temperature stays for the next calls
     assert refused_param("'temperature' must be less than or equal to 2", "temperature", sent) is None
     assert refused_param("stop: Extra inputs are not permitted", None, sent) == "stop"  # vLLM's strict schema
+    assert refused_param("`temperature` is deprecated for this model.", None, sent) == "temperature"  # Anthropic's newer models
