@@ -64,6 +64,7 @@ def _endpoint_options(settings: Settings, *, simulated: bool = False) -> dict[st
         "idle_timeout_s": llm.idle_timeout_s,
         "generation_deadline_s": llm.generation_deadline_s,
         "thinks": llm.thinks,
+        "thinks_in_text": llm.thinks_in_text,
         "refuses": llm.refuses,
         "takes_reasoning_effort": llm.takes_reasoning_effort,
         "prefix_continuation": llm.prefix_continuation,

@@ -110,6 +110,7 @@ class OpenAILLM:
         idle_timeout_s: float | None = None,
         generation_deadline_s: float = 1800.0,
         thinks: bool | None = None,
+        thinks_in_text: bool | None = None,
         refuses: Iterable[str] = (),
         takes_reasoning_effort: bool | None = None,
         prefix_continuation: PrefixContinuation | None = None,
@@ -171,8 +172,8 @@ class OpenAILLM:
         self.endpoint: EndpointInfo = EndpointInfo(flavour="openai" if base_url is None else "unknown")
         self._learned_context: int | None = None
         self._framing_learned_for: str | None = None
-        # reads every reply form into one Choice; set `replies.thinks_in_text` for a model that thinks in its text unnamed
-        self.replies = ReplyReader(model)
+        # reads every reply form into one Choice; `thinks_in_text` for a model that thinks in its text under a name not known
+        self.replies = ReplyReader(model, thinks=thinks_in_text)
 
     def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
         base = counter_for_model(self._model)

@@ -191,6 +191,12 @@ class LLMSettings(_Section):
     thinks: bool | None = Field(
         None, description="The model thinks before it answers (its calls get thinking_room more tokens). Unset: by its family."
     )
+    thinks_in_text: bool | None = Field(
+        None,
+        description="The model writes its thinking in its reply text, its chat template having opened the thinking block "
+        "(R1 form: thinking, then </think>, then the answer; a reply cut by max_tokens is unfinished thinking). Unset: by its "
+        "name (R1 and its distills, QwQ, Qwen3's thinking models), or learnt from a reply that closes thinking it never opened.",
+    )
     refuses: list[
         Literal[
             "max_tokens", "temperature", "top_p", "stop", "logprobs", "presence_penalty", "frequency_penalty", "reasoning_effort", "system"

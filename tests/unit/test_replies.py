@@ -311,3 +311,19 @@ def test_a_failed_streams_cost_includes_the_thinking_it_streamed():
         parts.add(ChatCompletionChunk.model_validate(chunk))
     error = parts.spent_on(TransientProviderError("timed out"), model, REQUEST)
     assert error.spent[1] == model.tokens.count(THOUGHT) * 2
+
+
+def test_llm_thinks_in_text_reads_an_unnamed_models_cut_reply_as_unfinished_thinking():
+    """`[llm] thinks_in_text`: a model whose template opens the thinking block, under a name nothing recognises, has a
+    reply cut by max_tokens read as unfinished thinking (never an answer), from its first call on."""
+    from reasonray.gateway.factory import client_for
+    from reasonray.kernel.config import Settings
+
+    def client(**llm):
+        base = {"provider": "openai", "model": "smollm2-think", "base_url": "http://127.0.0.1:9/v1", "api_key_required": False}
+        return client_for(Settings.model_validate({"llm": {**base, **llm}}))
+
+    assert not client().replies.thinks_in_text  # a name that says nothing: plain text until a reply shows otherwise
+    reader = client(thinks_in_text=True).replies
+    assert reader.thinks_in_text
+    assert split_thinking("7 plus 5 is, counting up", "length", thinks=reader.thinks_in_text) == ("", "7 plus 5 is, counting up", True, 24)
