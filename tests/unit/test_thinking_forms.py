@@ -240,8 +240,14 @@ def furthest_thought(completion: Completion) -> int:
 
 @pytest.mark.parametrize(
     "form,mode",
-    [("field", "auto"), ("field", "delethink"), ("field", "summary"), ("r1", "summary"), ("r1", "delethink")]
-    + [pytest.param("r1", "auto", marks=CONTINUATION_FORCED)],
+    [
+        ("field", "auto"),
+        ("field", "delethink"),
+        ("field", "summary"),
+        ("r1", "summary"),
+        ("r1", "delethink"),
+        pytest.param("r1", "auto", marks=CONTINUATION_FORCED),
+    ],
 )
 async def test_bounded_context_progresses_every_chunk_when_thinking_uses_up_each_one(server, form, mode):
     """The simulator's thinking model as the measurement runs it (thinking=3000, chunk_size=1024). The field form's
