@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -67,13 +68,19 @@ class LocalModelServer:
     (the server and anything it started). Usable as a context manager."""
 
     def __init__(
-        self, section: LocalModelSection | None = None, *, python: str = sys.executable, documented_defaults: bool = False
+        self,
+        section: LocalModelSection | None = None,
+        *,
+        python: str = sys.executable,
+        documented_defaults: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.section = section or LocalModelSection()
         self.python = python
         self.documented_defaults = documented_defaults
         """Start it as its own documentation does (model, alias, context, threads, address: every other setting the
         server's default, `--interrupt_requests` on among them), as users start it, instead of as ReasonRay would."""
+        self.extra_args = tuple(extra_args)  # more of the server's own flags, e.g. a chat template of the user's
         self.process: subprocess.Popen[bytes] | None = None
         self.port = self.section.port
         self.log_path: Path | None = None
@@ -95,6 +102,7 @@ class LocalModelServer:
             return [
                 *(self.python, "-m", "llama_cpp.server", "--model", str(model_path(s)), "--model_alias", s.alias),
                 *("--n_ctx", str(s.n_ctx), "--n_threads", str(s.n_threads), "--host", s.host, "--port", str(self.port)),
+                *self.extra_args,
             ]
         argv = [
             self.python,
