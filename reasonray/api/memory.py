@@ -1,8 +1,9 @@
-"""The memory and statistics methods of the JSON-RPC API, and the ReasoningBank MCP tool names as aliases.
+"""The memory methods of the JSON-RPC API (`MEMORY`), and the ReasoningBank MCP tool names as aliases.
 
-`memory.*` and `stats.*` reach the memory bank through a `MemoryClient` (the actor behind Serve,
-the bank itself in-process). `solve_coding_task`, `retrieve_memories`, `get_memory_genealogy` and
-`get_statistics` keep the parameters of the ReasoningBank's MCP tools, so MCP clients and JSON-RPC callers send the same thing.
+`memory.*` reach the memory bank through the context's `MemoryClient` (the actor behind Serve, the bank
+itself in-process). `solve_coding_task`, `retrieve_memories` and `get_memory_genealogy` (and
+`get_statistics`, in stats.py) keep the parameters of the ReasoningBank's MCP tools, so MCP clients and
+JSON-RPC callers send the same thing.
 """
 
 from __future__ import annotations
@@ -135,11 +136,9 @@ def tests_verifier(tests: str, limits: SandboxLimits) -> Callable[[str], Awaitab
 READ_WORKSPACE = Access(EVERYONE, (Resource("workspace", "workspace", personal=True),))
 
 
-def _only(workspaces: Any, seen: Visible) -> Any:
+def _only(workspaces: list[dict[str, Any]], seen: Visible) -> list[dict[str, Any]]:
     """The workspaces the caller may see."""
-    if isinstance(workspaces, dict):
-        return {k: v for k, v in workspaces.items() if seen.allows(k)}
-    return [w for w in workspaces if seen.allows(w.get("workspace") or w.get("name"))]
+    return [w for w in workspaces if seen.allows(w["workspace"])]
 
 
 @declare(MEMORY, "memory.retrieve", access=READ_WORKSPACE)
