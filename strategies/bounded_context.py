@@ -320,6 +320,8 @@ class BoundedContext(Strategy):
         state.thinks = state.thinks or thinks or completion.usage.reasoning_tokens > 0
         if state.mode is None:  # auto: the first reply tells how the model reasons
             state.mode = "delethink" if thinks_then_answers(completion, reasoning) else "tail"
+            if state.mode == "delethink":  # later chunks continue the thinking under delethink's own (shorter) instructions
+                state.first = self._messages(query, state, 0, cfg)
         chunk = self._read_chunk(query, completion, reasoning, state)
         thinking_tokens = completion.usage.reasoning_tokens or context.tokens.count(reasoning)
         state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)

@@ -47,7 +47,8 @@ async def test_delethink_continues_the_thinking_every_chunk_and_forces_the_answe
     head = COUNTER.head(chunks[0].thinking, 32)
     for before, chunk in itertools.pairwise(chunks):
         kept = chunk.request.continue_thinking
-        assert chunk.request.messages == chunks[0].request.messages  # the query, as the first chunk had it
+        # the query, as the first chunk had it; from the second chunk on under delethink's own instructions
+        assert chunk.request.messages[-1] == chunks[0].request.messages[-1] and chunk.request.messages == chunks[1].request.messages
         assert kept.startswith(head)  # the first thinking tokens, verbatim
         assert kept.endswith(COUNTER.tail(before.thinking, 100))  # the raw tail: the newest thinking, continued
         assert COUNTER.count(kept) <= 32 + 128 + 2

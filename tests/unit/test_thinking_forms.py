@@ -46,13 +46,6 @@ REASONING = ReasoningSettings(enabled_strategies=list(STRATEGIES), default_strat
 MODEL = {"plain": "simulated", "field": "simulated", "r1": "deepseek-r1-distill-qwen-7b", "hidden": "simulated"}
 THINKING_TEXT = re.compile(r"Thought \d+:|\[thought \d+/\d+\]|think>|thinking>", re.IGNORECASE)
 
-# strict: once the gateway's request side does these, the cases pass and the marks must go
-CONTINUATION_FORCED = pytest.mark.xfail(
-    strict=True,
-    reason="reasonray/gateway/thinking.py closes a continued thinking that max_tokens cut and forces the answer even "
-    "when no thinking_budget was asked: a delethink chunk answers from a third of the thinking instead of continuing",
-)
-
 
 @pytest.fixture(scope="module")
 def server():
@@ -246,7 +239,7 @@ def furthest_thought(completion: Completion) -> int:
         ("field", "summary"),
         ("r1", "summary"),
         ("r1", "delethink"),
-        pytest.param("r1", "auto", marks=CONTINUATION_FORCED),
+        ("r1", "auto"),
     ],
 )
 async def test_bounded_context_progresses_every_chunk_when_thinking_uses_up_each_one(server, form, mode):
