@@ -39,7 +39,6 @@ from reasonray.kernel.errors import (
 )
 from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, event_log_path
 from reasonray.kernel.redact import redact
-from reasonray.stores.runs import RunIndex, RunRecord
 from reasonray.kernel.retention import sweep
 from reasonray.kernel.tags import extract_answer, normalize_answer, strip_thinking
 from reasonray.kernel.telemetry import Metrics, NoMetrics, record_bounded_context, record_outcome, record_run
@@ -51,6 +50,7 @@ from reasonray.memory.loop import (
     TrajectoryCapture,
 )
 from reasonray.memory.service import MemoryClient
+from reasonray.stores.runs import RunIndex, RunRecord
 from reasonray.strategies.agents import AGENT_ID, AgentCard
 from reasonray.strategies.base import (
     Fanout,

@@ -110,7 +110,7 @@ def use_refusal_book(book: RefusalBook) -> RefusalBook:
 class ParameterRefused(ProviderRejectedError):
     """The model refused one parameter of the request (a 400 naming it): the same call without it can be answered."""
 
-    def __init__(self, message: str, *, param: str, status_code: int | None = 400) -> None:
+    def __init__(self, message: str, *, param: str = "", status_code: int | None = 400) -> None:
         super().__init__(message, status_code=status_code)
         self.param = param
 

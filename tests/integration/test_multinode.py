@@ -305,7 +305,9 @@ def test_a_node_killed_under_load_loses_nothing(cluster, pg_url, chroma_server, 
                 )
             for result in answered[sid]:
                 trace_id = result["trace"][0]["trace_id"]
-                assert store.blocking(PgRunIndex(store).get(trace_id)) is not None, f"run {trace_id} of session {sid} is missing from the run index"
+                assert store.blocking(PgRunIndex(store).get(trace_id)) is not None, (
+                    f"run {trace_id} of session {sid} is missing from the run index"
+                )
         for sid in moved:
             assert host_of(ray, sid) != victim, f"session {sid} still claims the dead node"
     finally:

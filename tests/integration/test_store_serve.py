@@ -79,7 +79,9 @@ def test_a_second_service_with_a_fresh_data_dir_finds_every_session_and_card(pg_
     store = PgStore(pg_url)  # the schema exists: the first service migrated it on start
     try:
         local = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "first").rglob("*") if p.suffix == ".json")
-        assert sid in store.blocking(PgSessionStore(SessionState, store).ids()), f"session {sid} is not in PostgreSQL; local JSON files: {local}"
+        assert sid in store.blocking(PgSessionStore(SessionState, store).ids()), (
+            f"session {sid} is not in PostgreSQL; local JSON files: {local}"
+        )
         assert list(PgCardStore(AgentCard, store).all()) == [CARD["id"]]
         assert store.blocking(PgRunIndex(store).ids(10)), "the turn is in the run index"
     finally:
