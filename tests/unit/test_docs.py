@@ -36,3 +36,25 @@ def test_custom_strategy_entry_point_example_matches_our_own_group():
     toml = blocks("docs/custom-strategies.md", "toml")[0]
     assert '[project.entry-points."reasonray.strategies"]' in toml
     assert '[project.entry-points."reasonray.strategies"]' in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_reasoning_model_recipes_configure_the_gateway_as_they_say(monkeypatch):
+    """docs/reasoning-models.md's [llm] blocks: each is a valid configuration, and the client built from it treats
+    the model as the page says (family, output limit, what it leaves out, thinking read from the text)."""
+    import tomllib
+
+    from reasonray.gateway.factory import client_for
+    from reasonray.kernel.config import Settings
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "sk-test")
+    recipes = [tomllib.loads(block) for block in blocks("docs/reasoning-models.md", "toml")]
+    clients = {r["llm"]["model"]: client_for(Settings.model_validate(r)) for r in recipes}
+    assert set(clients) == {"Qwen/Qwen3-8B", "deepseek-reasoner", "o4-mini", "my-r1-finetune"}
+    assert clients["Qwen/Qwen3-8B"].traits.family == "qwen3" and clients["Qwen/Qwen3-8B"].traits.thinks
+    assert clients["deepseek-reasoner"].traits.family == "deepseek-reasoner" and "logprobs" in clients["deepseek-reasoner"].traits.refuses
+    o4 = clients["o4-mini"].traits
+    assert o4.max_tokens_param == "max_completion_tokens" and {"temperature", "stop"} <= o4.refuses and o4.takes_reasoning_effort
+    custom = clients["my-r1-finetune"]
+    assert custom.traits.family == "" and custom.traits.thinks and custom.replies.thinks_in_text
+    assert custom.traits.prefix_continuation == "continue_final_message"
