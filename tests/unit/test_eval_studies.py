@@ -372,7 +372,7 @@ def test_every_part_of_the_published_study_is_a_valid_grid_and_the_pilot_rule_sw
     from reasonray.evals.study import after_pilot, load_study, part_options
 
     study = load_study()
-    assert list(study["parts"]) == ["pilot", "budgets_a", "budgets_b", "memory", "matts", "running_sums"]
+    assert list(study["parts"]) == ["pilot", "budgets_a", "budgets_b", "memory", "matts", "running_sums", "adaptive"]
     groups = {}
     for name in study["parts"]:
         _, _, cells = prepare(part_options(name, tmp_path, url="http://127.0.0.1:1", study=study))
@@ -380,6 +380,7 @@ def test_every_part_of_the_published_study_is_a_valid_grid_and_the_pilot_rule_sw
     assert "chain_of_thought/greedy@32" in groups["budgets_a"] and len(groups["budgets_a"]) == 12
     assert groups["memory"] == {f"chain_of_thought/m32/memory={arm}" for arm in ("on", "off", "placebo")}
     assert groups["running_sums"] == {"chain_of_thought/cap256", "bounded_context/cap256@64"}
+    assert groups["adaptive"] == {f"self_consistency/{name}" for name in ("fixed5", "adaptive5", "beta95")}
     assert after_pilot(study, 0.5) is study  # inside the band: nothing changes
     swapped = after_pilot(study, 0.05)
     assert swapped["parts"]["budgets_a"]["dataset"] == "gen:comparisons?n=50&seed=1"
