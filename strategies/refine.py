@@ -132,80 +132,107 @@ class Refine(Strategy):
         stop = "max_iterations"
         failures: list[Exception] = []
         for iteration in range(1, cfg.max_iterations + 1):
-            before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
-            enforced = structured(context)
-            request = self._attempt_request(query, attempts, iteration, cfg, context, enforced)
-            try:
-                completion = await context.llm.complete(request)
-            except Exception as exc:
-                if not attempts or ends_run(exc):
-                    raise  # nothing finished to answer with, or the run itself is over
-                failures.append(exc)
-                stop = "failed"
-                self._iteration_end(context, iteration, before, False, stop)
+            step = await self._iteration(query, iteration, attempts, seen, failures, cfg, context)
+            if step != "continue":
+                stop = step
                 break
-            text = completion.text
-            found = find_answer(text, numeric=numeric_question(query), structured=enforced)
-            answer = found.answer if found is not None else ""
-            if found is not None:
-                note_found_by(context, self.name, found, f"the answer of iteration {iteration}")
-            context.progress.update(
-                iterations=len(attempts), last_draft=strip_thinking(text), last_answer=answer, last_score=None, last_critique=None
+        return self._finish(attempts, stop, failures, context)
+
+    async def _iteration(
+        self,
+        query: str,
+        iteration: int,
+        attempts: list[dict[str, Any]],
+        seen: set[str],
+        failures: list[Exception],
+        cfg: RefineConfig,
+        context: StrategyContext,
+    ) -> str:
+        """One attempt and its review, appended to `attempts`; the stop reason, or "continue"."""
+        before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
+        enforced = structured(context)
+        request = self._attempt_request(query, attempts, iteration, cfg, context, enforced)
+        try:
+            completion = await context.llm.complete(request)
+        except Exception as exc:
+            if not attempts or ends_run(exc):
+                raise  # nothing finished to answer with, or the run itself is over
+            failures.append(exc)
+            self._iteration_end(context, iteration, before, False, "failed")
+            return "failed"
+        text = completion.text
+        found = find_answer(text, numeric=numeric_question(query), structured=enforced)
+        answer = found.answer if found is not None else ""
+        if found is not None:
+            note_found_by(context, self.name, found, f"the answer of iteration {iteration}")
+        context.progress.update(
+            iterations=len(attempts), last_draft=strip_thinking(text), last_answer=answer, last_score=None, last_critique=None
+        )
+        digest = trajectory_hash(text, answer)
+        if digest in seen:
+            self._warn(context, "loop_detected", f"iteration {iteration} repeated an earlier attempt; refining stopped")
+            self._iteration_end(context, iteration, before, True, "loop_detected")
+            return "loop_detected"
+        seen.add(digest)
+        score, feedback, failed = await self._critique(query, iteration, text, answer, failures, cfg, context)
+        attempts.append(
+            {
+                "iteration": iteration,
+                "text": text,
+                "answer": answer,
+                "score": score,
+                "feedback": feedback,
+                "hash": digest,
+                "found_by": found.found_by if found is not None else None,
+                "degenerate": degenerate(iteration, text, found),
+            }
+        )
+        context.progress.update(
+            iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
+        )
+        step = "failed" if failed else self._stop_decision(attempts[-1], cfg)
+        self._iteration_end(context, iteration, before, True, step)
+        return step
+
+    async def _critique(
+        self,
+        query: str,
+        iteration: int,
+        text: str,
+        answer: str,
+        failures: list[Exception],
+        cfg: RefineConfig,
+        context: StrategyContext,
+    ) -> tuple[float | None, str, bool]:
+        """The attempt's score and feedback, and whether the evaluation failed (the attempt then stands, unscored)."""
+        try:
+            score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
+        except Exception as exc:
+            if ends_run(exc):
+                raise
+            failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
+            return None, "", True
+        if score is None:
+            self._warn(
+                context,
+                "unscored",
+                f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
+                "(it cannot stop the loop or beat a scored attempt)",
             )
-            digest = trajectory_hash(text, answer)
-            if digest in seen:
-                stop = "loop_detected"
-                context.emit(
-                    RunWarning(
-                        trace_id=context.trace_id,
-                        strategy=self.name,
-                        code="loop_detected",
-                        message=f"iteration {iteration} repeated an earlier attempt; refining stopped",
-                    )
-                )
-                self._iteration_end(context, iteration, before, True, stop)
-                break
-            seen.add(digest)
-            try:
-                score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
-            except Exception as exc:
-                if ends_run(exc):
-                    raise
-                failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
-                score, feedback, stop = None, "", "failed"
-            if score is None and stop != "failed":
-                context.emit(
-                    RunWarning(
-                        trace_id=context.trace_id,
-                        strategy=self.name,
-                        code="unscored",
-                        message=f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
-                        "(it cannot stop the loop or beat a scored attempt)",
-                    )
-                )
-            attempts.append(
-                {
-                    "iteration": iteration,
-                    "text": text,
-                    "answer": answer,
-                    "score": score,
-                    "feedback": feedback,
-                    "hash": digest,
-                    "found_by": found.found_by if found is not None else None,
-                    "degenerate": degenerate(iteration, text, found),
-                }
-            )
-            context.progress.update(
-                iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
-            )
-            if stop == "failed":
-                self._iteration_end(context, iteration, before, True, stop)
-                break
-            passed = score is not None and score > cfg.threshold and not attempts[-1]["degenerate"]
-            self._iteration_end(context, iteration, before, True, "threshold" if passed else "continue")
-            if passed:
-                stop = "threshold"
-                break
+        return score, feedback, False
+
+    @staticmethod
+    def _stop_decision(attempt: dict[str, Any], cfg: RefineConfig) -> str:
+        """ "threshold" when a real attempt scored above the threshold, else "continue"."""
+        score = attempt["score"]
+        passed = score is not None and score > cfg.threshold and not attempt["degenerate"]
+        return "threshold" if passed else "continue"
+
+    def _warn(self, context: StrategyContext, code: str, message: str) -> None:
+        context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code=code, message=message))
+
+    def _finish(self, attempts: list[dict[str, Any]], stop: str, failures: list[Exception], context: StrategyContext) -> ReasoningResult:
+        """The best attempt's answer, with the whole trajectory kept for memory learning."""
         best = max(attempts, key=rank)  # ties go to the earlier attempt
         if not best["answer"].strip():
             raise ModelBehaviorError(
