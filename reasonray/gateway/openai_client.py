@@ -76,6 +76,29 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return None
 
 
+def _model_traits(
+    model: str,
+    *,
+    refuses: Iterable[str],
+    max_tokens_param: str | None,
+    thinks: bool | None,
+    takes_reasoning_effort: bool | None,
+    prefix_continuation: PrefixContinuation | None,
+    thinking_room: int | None,
+) -> ModelTraits:
+    """The model family's traits, each overridden where the configuration names it."""
+    family = traits_for(model)
+    return ModelTraits(
+        family=family.family,
+        refuses=family.refuses | frozenset(refuses),
+        max_tokens_param=max_tokens_param or family.max_tokens_param,
+        thinks=family.thinks if thinks is None else thinks,
+        takes_reasoning_effort=family.takes_reasoning_effort if takes_reasoning_effort is None else takes_reasoning_effort,
+        prefix_continuation=prefix_continuation or family.prefix_continuation,
+        thinking_room=family.thinking_room if thinking_room is None else thinking_room,
+    )
+
+
 class OpenAILLM:
     """Chat completions through the official openai client, within what the endpoint can take.
 
@@ -127,26 +150,15 @@ class OpenAILLM:
         self._timeout_s = timeout_s
         self._queue_timeout_s = queue_timeout_s
         self._stream = stream
-        # a streamed call fails when its tokens stop coming, not while they come, up to a generous overall deadline
-        self._idle_timeout_s = idle_timeout_s or timeout_s
-        self._generation_deadline_s = generation_deadline_s
-        # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
-        transport_timeout = self._idle_timeout_s + queue_timeout_s if stream else timeout_s
-        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
-        self._http_backend = http_backend
-        # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
-        # evaluation workers may drive one LLM from several loops)
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
-        self.base_url = str(self._new_client().base_url)
-        family = traits_for(model)
-        self.traits = ModelTraits(
-            family=family.family,
-            refuses=family.refuses | frozenset(refuses),
-            max_tokens_param=max_tokens_param or family.max_tokens_param,
-            thinks=family.thinks if thinks is None else thinks,
-            takes_reasoning_effort=family.takes_reasoning_effort if takes_reasoning_effort is None else takes_reasoning_effort,
-            prefix_continuation=prefix_continuation or family.prefix_continuation,
-            thinking_room=family.thinking_room if thinking_room is None else thinking_room,
+        self._open_transport(base_url, api_key, http_backend, idle_timeout_s, generation_deadline_s)
+        self.traits = _model_traits(
+            model,
+            refuses=refuses,
+            max_tokens_param=max_tokens_param,
+            thinks=thinks,
+            takes_reasoning_effort=takes_reasoning_effort,
+            prefix_continuation=prefix_continuation,
+            thinking_room=thinking_room,
         )
         self._reasoning_effort, self._thinking_budget = reasoning_effort, thinking_budget
         self._extra_body = dict(extra_body or {})
@@ -174,6 +186,22 @@ class OpenAILLM:
         self._framing_learned_for: str | None = None
         # reads every reply form into one Choice; `thinks_in_text` for a model that thinks in its text under a name not known
         self.replies = ReplyReader(model, thinks=thinks_in_text)
+
+    def _open_transport(
+        self, base_url: str | None, api_key: str | None, http_backend: str, idle_timeout_s: float | None, generation_deadline_s: float
+    ) -> None:
+        """The deadlines, the client options and the first client (which settles `base_url`)."""
+        # a streamed call fails when its tokens stop coming, not while they come, up to a generous overall deadline
+        self._idle_timeout_s = idle_timeout_s or self._timeout_s
+        self._generation_deadline_s = generation_deadline_s
+        # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
+        transport_timeout = self._idle_timeout_s + self._queue_timeout_s if self._stream else self._timeout_s
+        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
+        self._http_backend = http_backend
+        # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
+        # evaluation workers may drive one LLM from several loops)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self.base_url = str(self._new_client().base_url)
 
     def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
         base = counter_for_model(self._model)
