@@ -98,8 +98,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     import ray
     from ray import serve as ray_serve
 
-    from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
-    from reasonray.serve_app import build_app, ray_environment
+    from reasonray.serve_app import build_app
 
     try:  # build_app checks this too; here it fails before a simulator starts
         require_auth_off_loopback(settings.server.host, settings)
@@ -107,99 +106,20 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
         _fail(str(exc), error_type="config_error")
     if address == "local" and (busy := _port_in_use(settings.server.host, settings.server.port)):
         _fail(busy, error_type="config_error")
-    simulator = None
-    local_model = None
-    if local:
-        local_model, settings = _start_local_model(settings)
-    elif settings.resolved_provider() == "simulated" and not settings.llm.base_url:
-        s = settings.llm.simulator
-        simulator = SimulatorServer(
-            SimulatorSettings(
-                host=s.host,
-                port=s.port,
-                ttft_ms=s.ttft_ms,
-                tokens_per_second=s.tokens_per_second,
-                fault_rate=s.fault_rate,
-                fault_kinds=tuple(s.fault_kinds),
-                seed=s.seed,
-                disobey_rate=s.disobey_rate,
-                disobey_kinds=tuple(s.disobey_kinds),
-                tokenizer=s.tokenizer,
-                max_concurrency=s.max_concurrency,
-                context_length=s.context_length,
-            )
-        ).start()
-        update = {"provider": "simulated", "base_url": simulator.url, "provider_reason": settings.provider_reason()}
-        settings = settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
+    settings, simulator, local_model = _start_provider(settings, local)
     try:
         app = build_app({"settings": settings.model_dump(mode="json")})
     except (ConfigError, LLMConfigError) as exc:
-        if simulator:
-            simulator.stop()
-        if local_model:
-            local_model.stop()
+        _stop_children(simulator, local_model)
         _fail(str(exc), error_type=error_type_of(exc))
-
-    # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
-    own: dict[str, Any] = {}
-    os.umask(0o077)  # files the cluster we start writes (event logs, sessions, Chroma): 0600 / 0700
-    if address == "local":
-        for name, value in ray_environment(settings).items():
-            os.environ.setdefault(name, value)
-        try:  # a port set in the environment that another process holds: that process would answer for us
-            check_instance_ports(os.environ)
-        except PortCollisionError as exc:
-            if simulator:
-                simulator.stop()
-            _fail(str(exc), error_type="config_error")
-        own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
-    try:
-        context = ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
-    except BaseException:
-        for child in (simulator, local_model):
-            if child:
-                child.stop()
-        raise
+    context = _start_cluster(settings, address, num_cpus, dashboard, dashboard_port, simulator, local_model)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         ray_serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
         ray_serve.run(app, name="reasonray", route_prefix="/")
-        base = f"http://{settings.server.host}:{settings.server.port}"
-        model = (
-            "the SIMULATED model (not a real LLM; see docs/simulator.md)"
-            if settings.resolved_provider() == "simulated"
-            else f"{settings.llm.model} at {settings.llm.base_url or 'OpenAI'}"
-        )
-        click.echo(f"ReasonRay is serving on a Ray cluster, answering with {model}.")
-        click.echo(f"  provider   {settings.provider_reason()}")
-        if settings.haproxy_ingress():
-            click.echo("  ingress    HAProxy ([server] fast_ingress)")
-        elif settings.server.fast_ingress:
-            click.echo("  ingress    Serve's proxy: HAProxy ([server] fast_ingress) needs [auth] on a host name (docs/security.md#ports)")
-        if settings.auth.enabled:
-            click.echo("  auth       ON: every endpoint but /healthz needs `Authorization: Bearer <token>` (reasonray token create)")
-        else:
-            click.echo("  !!! AUTHENTICATION IS OFF: anyone who can reach this port can call every method !!!")
-            click.echo("  !!! loopback only; set [auth] jwt_secret to turn it on (docs/security.md)        !!!")
-        click.echo(f"  JSON-RPC   POST {base}/rpc")
-        click.echo(f"  API docs   {base}/docs")
-        click.echo(f"  health     {base}/healthz")
-        click.echo(f"  A2A        {base}/.well-known/agent-card.json  (docs/interop.md)")
-        click.echo(f"  Prometheus {base}/metrics  (every node's; docs/operations.md#get-metrics-on-the-api-port)")
-        if context.dashboard_url:
-            click.echo(f"  dashboard  http://{context.dashboard_url}")
-        node = next((n for n in ray.nodes() if n.get("Alive") and n["NodeID"] == ray.get_runtime_context().get_node_id()), None)
-        if node is not None:
-            click.echo(
-                f"  metrics    http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics  (docs/operations.md#metrics)"
-            )
-        if simulator:
-            click.echo(f"  simulated model  {simulator.url}")
-        if local_model:
-            click.echo(f"  local model  {local_model.url}  (llama.cpp, pid {local_model.process.pid if local_model.process else '?'})")
-        click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')
+        _banner(settings, context, simulator, local_model)
         stop.wait()
     finally:
         click.echo("stopping...")
@@ -211,10 +131,109 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
             click.echo(f"  could not drain the application ({type(exc).__name__}: {exc})", err=True)
         ray_serve.shutdown()
         ray.shutdown()
-        if simulator:
-            simulator.stop()
-        if local_model:
-            local_model.stop()
+        _stop_children(simulator, local_model)
+
+
+def _stop_children(*children: Any) -> None:
+    for child in children:
+        if child:
+            child.stop()
+
+
+def _start_provider(settings: Settings, local: bool) -> tuple[Settings, Any, Any]:
+    """The settings pointed at the model server serve starts, if any: llama.cpp for `--llm local`, the
+    simulator for a simulated provider without a base_url; with the simulator and the local model (or None)."""
+    from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+
+    if local:
+        local_model, settings = _start_local_model(settings)
+        return settings, None, local_model
+    if settings.resolved_provider() != "simulated" or settings.llm.base_url:
+        return settings, None, None
+    s = settings.llm.simulator
+    simulator = SimulatorServer(
+        SimulatorSettings(
+            host=s.host,
+            port=s.port,
+            ttft_ms=s.ttft_ms,
+            tokens_per_second=s.tokens_per_second,
+            fault_rate=s.fault_rate,
+            fault_kinds=tuple(s.fault_kinds),
+            seed=s.seed,
+            disobey_rate=s.disobey_rate,
+            disobey_kinds=tuple(s.disobey_kinds),
+            tokenizer=s.tokenizer,
+            max_concurrency=s.max_concurrency,
+            context_length=s.context_length,
+        )
+    ).start()
+    update = {"provider": "simulated", "base_url": simulator.url, "provider_reason": settings.provider_reason()}
+    return settings.model_copy(update={"llm": settings.llm.model_copy(update=update)}), simulator, None
+
+
+def _start_cluster(
+    settings: Settings, address: str, num_cpus: Any, dashboard: Any, dashboard_port: Any, simulator: Any, local_model: Any
+) -> Any:
+    """ray.init, joining `address` or starting a local cluster; the model servers stop if it fails."""
+    import ray
+
+    from reasonray.serve_app import ray_environment
+
+    # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
+    own: dict[str, Any] = {}
+    os.umask(0o077)  # files the cluster we start writes (event logs, sessions, Chroma): 0600 / 0700
+    if address == "local":
+        for name, value in ray_environment(settings).items():
+            os.environ.setdefault(name, value)
+        try:  # a port set in the environment that another process holds: that process would answer for us
+            check_instance_ports(os.environ)
+        except PortCollisionError as exc:
+            _stop_children(simulator)
+            _fail(str(exc), error_type="config_error")
+        own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
+    try:
+        return ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
+    except BaseException:
+        _stop_children(simulator, local_model)
+        raise
+
+
+def _banner(settings: Settings, context: Any, simulator: Any, local_model: Any) -> None:
+    """What serve prints once the API answers: the model, the auth state and every address."""
+    import ray
+
+    base = f"http://{settings.server.host}:{settings.server.port}"
+    model = (
+        "the SIMULATED model (not a real LLM; see docs/simulator.md)"
+        if settings.resolved_provider() == "simulated"
+        else f"{settings.llm.model} at {settings.llm.base_url or 'OpenAI'}"
+    )
+    click.echo(f"ReasonRay is serving on a Ray cluster, answering with {model}.")
+    click.echo(f"  provider   {settings.provider_reason()}")
+    if settings.haproxy_ingress():
+        click.echo("  ingress    HAProxy ([server] fast_ingress)")
+    elif settings.server.fast_ingress:
+        click.echo("  ingress    Serve's proxy: HAProxy ([server] fast_ingress) needs [auth] on a host name (docs/security.md#ports)")
+    if settings.auth.enabled:
+        click.echo("  auth       ON: every endpoint but /healthz needs `Authorization: Bearer <token>` (reasonray token create)")
+    else:
+        click.echo("  !!! AUTHENTICATION IS OFF: anyone who can reach this port can call every method !!!")
+        click.echo("  !!! loopback only; set [auth] jwt_secret to turn it on (docs/security.md)        !!!")
+    click.echo(f"  JSON-RPC   POST {base}/rpc")
+    click.echo(f"  API docs   {base}/docs")
+    click.echo(f"  health     {base}/healthz")
+    click.echo(f"  A2A        {base}/.well-known/agent-card.json  (docs/interop.md)")
+    click.echo(f"  Prometheus {base}/metrics  (every node's; docs/operations.md#get-metrics-on-the-api-port)")
+    if context.dashboard_url:
+        click.echo(f"  dashboard  http://{context.dashboard_url}")
+    node = next((n for n in ray.nodes() if n.get("Alive") and n["NodeID"] == ray.get_runtime_context().get_node_id()), None)
+    if node is not None:
+        click.echo(f"  metrics    http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics  (docs/operations.md#metrics)")
+    if simulator:
+        click.echo(f"  simulated model  {simulator.url}")
+    if local_model:
+        click.echo(f"  local model  {local_model.url}  (llama.cpp, pid {local_model.process.pid if local_model.process else '?'})")
+    click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')
 
 
 def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
