@@ -233,6 +233,32 @@ def _model_card(settings: SimulatorSettings, tokenizer: SimTokenizer) -> dict[st
     }
 
 
+@dataclass
+class _Served:
+    """What the routes share: the settings, the model, its tokenizer and the generation slots."""
+
+    settings: SimulatorSettings
+    model: SimulatedModel
+    tokenizer: SimTokenizer
+    slots: asyncio.Semaphore | None
+
+    @contextlib.asynccontextmanager
+    async def generating(self) -> AsyncIterator[None]:
+        async with self.slots or contextlib.nullcontext():
+            stats = self.model.stats
+            stats.generating += 1
+            stats.most_generating = max(stats.most_generating, stats.generating)
+            try:
+                yield
+            finally:
+                stats.generating -= 1
+
+    def rejected(self, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
+        self.model.stats.rejected += 1
+        self.model.stats.last_rejection = message
+        return _error(400, f"simulated model: {message}", code=code, param=param)
+
+
 def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
     tokenizer = SimTokenizer(settings.resolved_tokenizer)
     model = model or SimulatedModel(
@@ -247,23 +273,15 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     app.state.model = model
     # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
     limit = settings.resolved_max_concurrency
-    slots = asyncio.Semaphore(limit) if limit else None
+    served = _Served(settings, model, tokenizer, asyncio.Semaphore(limit) if limit else None)
+    for add_routes in (_token_routes, _chat_routes, _script_routes, _plan_routes):
+        add_routes(app, served)
+    return app
 
-    @contextlib.asynccontextmanager
-    async def generating() -> AsyncIterator[None]:
-        async with slots or contextlib.nullcontext():
-            stats = model.stats
-            stats.generating += 1
-            stats.most_generating = max(stats.most_generating, stats.generating)
-            try:
-                yield
-            finally:
-                stats.generating -= 1
 
-    def rejected(message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
-        model.stats.rejected += 1
-        model.stats.last_rejection = message
-        return _error(400, f"simulated model: {message}", code=code, param=param)
+def _token_routes(app: FastAPI, served: _Served) -> None:
+    """The model card, health and llama.cpp's tokenizer endpoints."""
+    settings, tokenizer, rejected = served.settings, served.tokenizer, served.rejected
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -304,6 +322,11 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "simulated": True}, headers=SIM_HEADER)
+
+
+def _chat_routes(app: FastAPI, served: _Served) -> None:
+    """Chat completions (streamed or not) and embeddings."""
+    settings, model, rejected, generating = served.settings, served.model, served.rejected, served.generating
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -363,6 +386,11 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             headers=SIM_HEADER,
         )
 
+
+def _script_routes(app: FastAPI, served: _Served) -> None:
+    """What tests teach the model (scripts, answer keys) and what they read back (stats, exchanges)."""
+    model = served.model
+
     @app.post("/v1/sim/scripts")
     async def add_script(request: Request) -> JSONResponse:
         body = await request.json()
@@ -382,15 +410,6 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         except (TypeError, ValueError) as exc:
             return _error(400, str(exc))
         return JSONResponse({"known": known, "skill": model.skill}, headers=SIM_HEADER)
-
-    @app.post("/v1/sim/faults")
-    async def set_faults(request: Request) -> JSONResponse:
-        body = await request.json()
-        try:
-            model.faults = FaultPlan(float(body.get("rate", 0.0)), tuple(body.get("kinds") or FAULT_KINDS))
-        except ValueError as exc:
-            return _error(400, str(exc))
-        return JSONResponse({"rate": model.faults.rate, "kinds": list(model.faults.kinds)}, headers=SIM_HEADER)
 
     @app.get("/v1/sim/stats")
     async def stats() -> JSONResponse:
@@ -418,6 +437,20 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     async def exchanges() -> JSONResponse:
         return JSONResponse({"exchanges": msgspec.to_builtins(list(model.exchanges))}, headers=SIM_HEADER)
 
+
+def _plan_routes(app: FastAPI, served: _Served) -> None:
+    """The fault, disobedience and reasoning plans, and the reset to the configured ones."""
+    settings, model = served.settings, served.model
+
+    @app.post("/v1/sim/faults")
+    async def set_faults(request: Request) -> JSONResponse:
+        body = await request.json()
+        try:
+            model.faults = FaultPlan(float(body.get("rate", 0.0)), tuple(body.get("kinds") or FAULT_KINDS))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"rate": model.faults.rate, "kinds": list(model.faults.kinds)}, headers=SIM_HEADER)
+
     @app.post("/v1/sim/disobey")
     async def set_disobedience(request: Request) -> JSONResponse:
         body = await request.json()
@@ -443,8 +476,6 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         model.faults = FaultPlan(settings.fault_rate, tuple(settings.fault_kinds))
         model.disobedience = Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds))
         return JSONResponse({"ok": True}, headers=SIM_HEADER)
-
-    return app
 
 
 async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
