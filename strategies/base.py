@@ -51,6 +51,11 @@ class ReasoningMetrics(BaseModel):
     reasoning_tokens: int = Field(
         0, description="Of completion_tokens, those the model spent thinking over the run (visible or hidden), as its server counted them."
     )
+    thinking_unenforced: int = Field(
+        0,
+        description="LLM calls whose thinking budget the endpoint could neither take (reasoning_effort) nor enforce (prefix "
+        "continuation): their thinking ran unbounded by it.",
+    )
     execution_time_ms: int = Field(description="Wall time of the strategy, in milliseconds.")
     llm_calls: int = Field(description="LLM calls made, cache hits included.")
     cache_hits: int = Field(description="LLM calls answered from the response cache.")
@@ -253,6 +258,7 @@ class StrategyContext:
             prompt_tokens=t.prompt_tokens,
             completion_tokens=t.completion_tokens,
             reasoning_tokens=t.reasoning_tokens,
+            thinking_unenforced=t.thinking_unenforced,
             execution_time_ms=self.elapsed_ms(),
             llm_calls=t.calls,
             cache_hits=t.cache_hits,

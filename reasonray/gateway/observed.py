@@ -227,6 +227,18 @@ class ObservedLLM:
         t.prompt_tokens += completion.usage.prompt_tokens
         t.completion_tokens += completion.usage.completion_tokens
         t.reasoning_tokens += completion.usage.reasoning_tokens
+        if completion.thinking_control == "unsupported":  # a budget, an effort or a continuation was asked, none held
+            t.thinking_unenforced += 1
+            if t.thinking_unenforced == 1:  # said once a run: the result's metrics count them all
+                self.emit(
+                    RunWarning(
+                        trace_id=self.trace_id,
+                        strategy=self.strategy,
+                        code="thinking_budget_unenforced",
+                        message=f"{self.model} at this endpoint can neither take a reasoning effort nor continue a reply: "
+                        "the thinking budget was not enforced (docs/reasoning-models.md)",
+                    )
+                )
         t.calls += 1
         t.cache_hits += completion.cached
         t.retries += max(completion.attempts - 1, 0)

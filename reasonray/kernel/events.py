@@ -249,6 +249,7 @@ class Tally(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens, those spent thinking
+    thinking_unenforced: int = 0  # calls whose thinking budget or effort the endpoint could neither take nor force
     calls: int = 0
     cache_hits: int = 0
     retries: int = 0
@@ -260,6 +261,7 @@ class Tally(msgspec.Struct):
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.reasoning_tokens += other.reasoning_tokens
+        self.thinking_unenforced += other.thinking_unenforced
         self.calls += other.calls
         self.cache_hits += other.cache_hits
         self.retries += other.retries

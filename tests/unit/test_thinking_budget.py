@@ -197,3 +197,27 @@ async def test_a_budget_of_zero_closes_the_thinking_given_and_answers_at_once(se
     )
     assert forced.thinking_control == "forced" and extract_answer(forced.text) == "391"
     assert forced.reasoning == "" and forced.usage.reasoning_tokens == 0
+
+
+async def test_a_budget_the_endpoint_can_neither_take_nor_force_is_said_in_the_results_metrics():
+    """Where an endpoint takes no effort and continues no reply, the run's result says its budget went unenforced."""
+    from reasonray.api.app import local_dispatcher
+    from reasonray.gateway.protocol import Choice, Completion, Usage
+    from reasonray.kernel.config import ReasoningSettings
+
+    class Unforced:
+        model = "plain-model"
+
+        async def complete(self, request):
+            control = "unsupported" if request.thinking_budget is not None else ""
+            choice = Choice(text="<answer>4</answer>")
+            return Completion(choices=(choice,), usage=Usage(10, 5), model=self.model, thinking_control=control)
+
+    rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), Unforced())
+    call = {"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": "What is 2 + 2?"}}
+    plain, _ = await rpc.handle_payload(call)
+    assert plain["result"]["metrics"]["thinking_unenforced"] == 0
+    budgeted, _ = await rpc.handle_payload({**call, "params": {**call["params"], "thinking_budget": 256, "include_trace": True}})
+    result = budgeted["result"]
+    assert result["answer"] == "4" and result["metrics"]["thinking_unenforced"] == 1
+    assert any(e.get("code") == "thinking_budget_unenforced" for e in result["trace"])
