@@ -295,4 +295,10 @@ class ResilientLLM:
             )
             error.spent = (spent[0], spent[1])
             raise error from exc
+        if spent != [0, 0]:  # the attempts before it were made and paid for (a stream cut midway, a timeout)
+            used = completion.usage
+            usage = msgspec.structs.replace(
+                used, prompt_tokens=used.prompt_tokens + spent[0], completion_tokens=used.completion_tokens + spent[1]
+            )
+            completion = msgspec.structs.replace(completion, usage=usage)
         return msgspec.structs.replace(completion, attempts=attempts)

@@ -59,6 +59,18 @@ async def test_transient_failures_are_retried_with_exponential_backoff():
     inner.assert_complete()
 
 
+async def test_a_success_after_failed_attempts_is_charged_what_they_cost():
+    """A stream the server cut midway was generated and paid for: its tokens join the call that succeeded after it."""
+    cut = fault(500)
+    cut.spent = (55, 40)
+    llm, _, _ = resilient([cut, "ok"])
+    plain, _, _ = resilient(["ok"])
+    retried, once = await llm.complete(REQUEST), await plain.complete(REQUEST)
+    assert retried.attempts == 2
+    assert retried.usage.prompt_tokens == once.usage.prompt_tokens + 55
+    assert retried.usage.completion_tokens == once.usage.completion_tokens + 40
+
+
 async def test_a_rejected_request_fails_at_once():
     llm, inner, sleeps = resilient([ProviderRejectedError("HTTP 401", status_code=401)])
     with pytest.raises(ProviderRejectedError):
