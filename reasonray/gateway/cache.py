@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from reasonray.gateway.capabilities import Capabilities, capabilities_of, endpoint_client
+from reasonray.gateway.capabilities import endpoint_client
+from reasonray.gateway.layer import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
-from reasonray.gateway.tokens import TokenCounter, counter_of
 from reasonray.kernel.storage import LocalDatabase
 
 CACHE_SCOPE: ContextVar[str | None] = ContextVar("reasonray_cache_scope", default=None)
@@ -252,26 +252,12 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Completion)
 
 
-class CachingLLM:
+class CachingLLM(Layer):
     """Serves repeatable calls from a store; sampled calls always reach the model."""
 
     def __init__(self, inner: LLM, store: CacheStore) -> None:
         self.inner = inner
         self.store = store
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """The endpoint's capabilities, from the layer below."""
-        return capabilities_of(self.inner)
-
-    @property
-    def tokens(self) -> TokenCounter:
-        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
-        return counter_of(self.inner)
 
     async def complete(self, request: LLMRequest) -> Completion:
         if request.sampled:

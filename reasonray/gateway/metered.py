@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from reasonray.gateway.capabilities import Capabilities, capabilities_of
+from reasonray.gateway.layer import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
-from reasonray.gateway.tokens import TokenCounter, counter_of
 from reasonray.kernel.telemetry import BREAKER_STATES, Metrics
 
 
-class MeteredLLM:
+class MeteredLLM(Layer):
     """The outermost layer of the LLM stack: counts calls, cache hits and misses, retries, failures
     and latency, and publishes the breaker's state after each call."""
 
@@ -22,20 +21,6 @@ class MeteredLLM:
         self.caching = caching  # the stack has a response cache: repeatable calls are hits or misses
         self.breaker = breaker
         self.endpoint = endpoint or "default"
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """The endpoint's capabilities, from the layer below."""
-        return capabilities_of(self.inner)
-
-    @property
-    def tokens(self) -> TokenCounter:
-        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
-        return counter_of(self.inner)
 
     async def complete(self, request: LLMRequest) -> Completion:
         model = self.inner.model

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from reasonray.gateway.capabilities import Capabilities, capabilities_of
+from reasonray.gateway.layer import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_of
 from reasonray.kernel import tracing
@@ -41,7 +41,7 @@ class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
 OMITTED = "\n[... {n} tokens omitted to fit the prompt budget ...]\n"
 
 
-class ObservedLLM:
+class ObservedLLM(Layer):
     """Emits an LLM_INVOCATION event per call and keeps the run's tally.
 
     It also applies what is the run's, not the strategy's, to every request: retrieved memories
@@ -78,15 +78,6 @@ class ObservedLLM:
         self.sampling = sampling
         self.counter = counter
         self.tally = Tally()
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """What the endpoint behind this run enforces, as the LLM stack below declares it."""
-        return capabilities_of(self.inner)
 
     @property
     def tokens(self) -> TokenCounter:

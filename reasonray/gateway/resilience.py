@@ -29,14 +29,13 @@ import msgspec
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from reasonray.gateway.capabilities import Capabilities, capabilities_of
 from reasonray.gateway.errors import (
     CircuitOpenError,
     ProviderUnavailableError,
     TransientProviderError,
 )
+from reasonray.gateway.layer import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
-from reasonray.gateway.tokens import TokenCounter, counter_of
 
 log = structlog.get_logger(__name__)
 
@@ -197,7 +196,7 @@ def breaker_for(endpoint: str, **settings: float) -> CircuitBreaker:
         return _breakers[key]
 
 
-class ResilientLLM:
+class ResilientLLM(Layer):
     """Retries transient failures within the policy's deadline and guards the endpoint with its breaker."""
 
     def __init__(
@@ -216,20 +215,6 @@ class ResilientLLM:
         self.endpoint = endpoint
         self._sleep = sleep
         self._clock = clock
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """The endpoint's capabilities, from the layer below."""
-        return capabilities_of(self.inner)
-
-    @property
-    def tokens(self) -> TokenCounter:
-        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
-        return counter_of(self.inner)
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
