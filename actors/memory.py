@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import ray
 import structlog
@@ -34,6 +34,7 @@ from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, lo
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
 from reasonray.kernel.logs import configure_logging
+from reasonray.memory.bank import RetrievalOptions
 from reasonray.memory.service import BankService, LocalMemory, open_bank
 
 log = structlog.get_logger(__name__)
@@ -131,30 +132,8 @@ class RayMemory:
             await asyncio.sleep(0.2)  # let Ray release the dead actor's name
             return await unwrap(send(self.handle))
 
-    async def retrieve(
-        self,
-        query: str,
-        workspace: str,
-        *,
-        top_k: int | None = None,
-        exclude_task_ids: Sequence[str] = (),
-        domain: str | None = None,
-        error_patterns: Sequence[str] = (),
-        error_only: bool = False,
-        min_similarity: float | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._call(
-            lambda h: h.retrieve.remote(
-                query,
-                workspace,
-                top_k=top_k,
-                exclude_task_ids=list(exclude_task_ids),
-                domain=domain,
-                error_patterns=list(error_patterns),
-                error_only=error_only,
-                min_similarity=min_similarity,
-            )
-        )
+    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
+        return await self._call(lambda h: h.retrieve.remote(query, workspace, **options))
 
     async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
         return await self._call(lambda h: h.store_items.remote(items, workspace, keys))

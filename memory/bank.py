@@ -20,7 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +32,17 @@ from reasonray.memory.scoring import Scores, composite, similarity_from_cosine_d
 from reasonray.memory.store import ChromaStore
 
 LATENCY_WINDOW = 2048
+
+
+class RetrievalOptions(TypedDict, total=False):
+    """What narrows a retrieval (`ReasoningBank.ranked` holds the defaults), passed through every memory client."""
+
+    top_k: int | None
+    exclude_task_ids: Sequence[str]
+    domain: str | None
+    error_patterns: Sequence[str]
+    error_only: bool
+    min_similarity: float | None
 
 
 class Retrieved(BaseModel):
@@ -221,7 +232,7 @@ class ReasoningBank:
         return prepared, trace_id
 
     # -- retrieval --------------------------------------------------------------------------------
-    def retrieve(self, query: str, *, workspace: str, **options: Any) -> list[Retrieved]:
+    def retrieve(self, query: str, *, workspace: str, **options: Unpack[RetrievalOptions]) -> list[Retrieved]:
         """Embed the task and rank the workspace's memories for it (`ranked` lists the options)."""
         started = time.perf_counter()
         [vector] = self.embed([query])

@@ -9,16 +9,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
 import httpx
 
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import MemoryUnavailableError
 from reasonray.kernel.telemetry import Metrics, NoMetrics
-from reasonray.memory.bank import ReasoningBank
+from reasonray.memory.bank import ReasoningBank, RetrievalOptions
 from reasonray.memory.embeddings import (
     ChromaDefaultEmbedder,
     Embedder,
@@ -62,7 +62,7 @@ class BankService:
         self.bank = bank
         self.metrics = metrics or NoMetrics()
 
-    def retrieve(self, query: str, workspace: str, **options: Any) -> list[dict[str, Any]]:
+    def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
         started = time.perf_counter()
         found = self.bank.retrieve(query, workspace=workspace, **options)
         self.metrics.record("reasonray_memory_retrieval_latency_seconds", time.perf_counter() - started)
@@ -137,18 +137,7 @@ def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 class MemoryClient(Protocol):
     """BankService's methods, awaited: in this process (`LocalMemory`) or on the actor (`actors.memory.RayMemory`)."""
 
-    async def retrieve(
-        self,
-        query: str,
-        workspace: str,
-        *,
-        top_k: int | None = None,
-        exclude_task_ids: Sequence[str] = (),
-        domain: str | None = None,
-        error_patterns: Sequence[str] = (),
-        error_only: bool = False,
-        min_similarity: float | None = None,
-    ) -> list[dict[str, Any]]: ...
+    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]: ...
 
     async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]: ...
 
@@ -189,29 +178,8 @@ class LocalMemory:
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(_guarded, fn, *args, **kwargs)
 
-    async def retrieve(
-        self,
-        query: str,
-        workspace: str,
-        *,
-        top_k: int | None = None,
-        exclude_task_ids: Sequence[str] = (),
-        domain: str | None = None,
-        error_patterns: Sequence[str] = (),
-        error_only: bool = False,
-        min_similarity: float | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._run(
-            self.service.retrieve,
-            query,
-            workspace,
-            top_k=top_k,
-            exclude_task_ids=exclude_task_ids,
-            domain=domain,
-            error_patterns=error_patterns,
-            error_only=error_only,
-            min_similarity=min_similarity,
-        )
+    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
+        return await self._run(self.service.retrieve, query, workspace, **options)
 
     async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
         return await self._run(self.service.store_items, items, workspace, keys)
