@@ -118,10 +118,7 @@ class MemoryLoop:
         ]
         emit(
             MemoryRetrieval(
-                trace_id=llm.trace_id,
-                strategy=llm.strategy,
-                workspace=report.workspace,
-                task_id=report.task_id,
+                **_about(llm, report),
                 memories=[r.model_dump() for r in report.retrieved],
                 latency_ms=round((time.perf_counter() - started) * 1000, 3),
             )
@@ -155,10 +152,7 @@ class MemoryLoop:
         report.stored = [i["id"] for i in stored["items"]]
         emit(
             MemoryLearning(
-                trace_id=llm.trace_id,
-                strategy=llm.strategy,
-                workspace=report.workspace,
-                task_id=report.task_id,
+                **_about(llm, report),
                 outcome=entry.outcome,
                 judged_by=entry.judged_by,
                 trajectories=len(trajectories),
@@ -194,10 +188,7 @@ class MemoryLoop:
         if why_not is None:
             emit(
                 MemoryLearning(
-                    trace_id=llm.trace_id,
-                    strategy=llm.strategy,
-                    workspace=report.workspace,
-                    task_id=report.task_id,
+                    **_about(llm, report),
                     outcome="success",
                     judged_by="passive",
                     trajectories=1,
@@ -205,6 +196,11 @@ class MemoryLoop:
                     source="passive",
                 )
             )
+
+
+def _about(llm: ObservedLLM, report: MemoryReport) -> dict[str, Any]:
+    """The run and the task a memory event is about."""
+    return {"trace_id": llm.trace_id, "strategy": llm.strategy, "workspace": report.workspace, "task_id": report.task_id}
 
 
 class TrajectoryCapture:
