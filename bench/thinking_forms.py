@@ -21,40 +21,11 @@ import httpx
 
 from reasonray.api.app import local_dispatcher
 from reasonray.gateway.openai_client import OpenAILLM
-from reasonray.gateway.protocol import Completion, LLMRequest
 from reasonray.gateway.simulator.reasoning import THOUGHT
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
-from reasonray.kernel.config import ReasoningSettings
+from tests.unit.thinking_forms_setup import FORMS, MODEL, REASONING, STRATEGIES, Recorded
 
-FORMS = ["plain", "field", "r1", "hidden"]
-STRATEGIES: dict[str, dict[str, Any]] = {
-    "chain_of_thought": {},
-    "bounded_context": {},
-    "react": {},
-    "tree_of_thought": {"breadth": 2, "depth": 2},
-    "self_consistency": {"samples": 3},
-    "refine": {"max_iterations": 2},
-    "matts": {"k": 2},
-}
-MODEL = {"plain": "simulated", "field": "simulated", "r1": "deepseek-r1-distill-qwen-7b", "hidden": "simulated"}
-REASONING = ReasoningSettings(enabled_strategies=list(STRATEGIES), default_strategy="chain_of_thought")
 KEYS = ("calls", "prompt_tokens", "completion_tokens", "reasoning_tokens")
-
-
-class Recorded:
-    """The client, keeping every request and completion."""
-
-    def __init__(self, inner: OpenAILLM) -> None:
-        self.inner = inner
-        self.calls: list[tuple[LLMRequest, Completion]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def complete(self, request: LLMRequest) -> Completion:
-        completion = await self.inner.complete(request)
-        self.calls.append((request, completion))
-        return completion
 
 
 async def run(

@@ -22,28 +22,15 @@ from reasonray.evals.datasets import load_dataset
 from reasonray.evals.grid import build_grid
 from reasonray.evals.runner import InProcessEngine, ResultLog, run_grid
 from reasonray.gateway.openai_client import OpenAILLM
-from reasonray.gateway.protocol import Completion, LLMRequest
+from reasonray.gateway.protocol import Completion
 from reasonray.gateway.simulator.reasoning import THOUGHT
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.gateway.tokens import counter_for_model
-from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
+from tests.unit.thinking_forms_setup import FORMS, MODEL, REASONING, STRATEGIES, Recorded
 
-FORMS = ["plain", "field", "r1", "hidden"]
-STRATEGIES: dict[str, dict[str, Any]] = {
-    "chain_of_thought": {},
-    "bounded_context": {},
-    "react": {},
-    "tree_of_thought": {"breadth": 2, "depth": 2},
-    "self_consistency": {"samples": 3},
-    "refine": {"max_iterations": 2},
-    "matts": {"k": 2},
-}
-REASONING = ReasoningSettings(enabled_strategies=list(STRATEGIES), default_strategy="chain_of_thought")
-# an R1 distill served without a reasoning parser: its name says it thinks in its text
-MODEL = {"plain": "simulated", "field": "simulated", "r1": "deepseek-r1-distill-qwen-7b", "hidden": "simulated"}
 THINKING_TEXT = re.compile(r"Thought \d+:|\[thought \d+/\d+\]|think>|thinking>", re.IGNORECASE)
 
 
@@ -52,22 +39,6 @@ def server():
     srv = SimulatorServer(SimulatorSettings(port=0)).start()
     yield srv
     srv.stop()
-
-
-class Recorded:
-    """The client, keeping every request and completion: what each chunk thought, what each turn was shown."""
-
-    def __init__(self, inner: OpenAILLM) -> None:
-        self.inner = inner
-        self.calls: list[tuple[LLMRequest, Completion]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def complete(self, request: LLMRequest) -> Completion:
-        completion = await self.inner.complete(request)
-        self.calls.append((request, completion))
-        return completion
 
 
 def thinking_model(server: SimulatorServer, form: str, thinking: int = 200) -> Recorded:
