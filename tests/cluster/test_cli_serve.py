@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,8 +19,7 @@ import pytest
 
 from reasonray.gateway.simulator.server import free_port
 from tests.integration.conftest import wait_until_serving
-
-BIN = Path(sys.executable).parent
+from tests.serving import BIN, held_port, serving, user_env
 
 
 def process_tree(root: int) -> set[int]:
@@ -83,11 +81,7 @@ def test_serve_with_a_bad_config_reports_the_key(tmp_path):
 
 def test_serve_refuses_a_port_another_service_listens_on():
     """HAProxy binds with SO_REUSEPORT: without this check a second service would share the first's port."""
-    with socket.socket() as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as HAProxy holds it
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        port = holder.getsockname()[1]
+    with held_port() as port:
         done = subprocess.run([BIN / "reasonray", "serve", "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"the API port 127.0.0.1:{port} is in use" in done.stderr and "--port" in done.stderr
@@ -95,20 +89,7 @@ def test_serve_refuses_a_port_another_service_listens_on():
 
 def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboard_is_up():
     port, dashboard = free_port(), free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
-    }
-    proc = subprocess.Popen(
-        [BIN / "reasonray", "serve", "--port", str(port), "--dashboard-port", str(dashboard), "--num-cpus", "2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with serving("--port", str(port), "--dashboard-port", str(dashboard), env=user_env()) as proc:
         wait_until_serving(proc, port, 120, lambda: proc.communicate(timeout=30)[0])
         asked = subprocess.run(
             [BIN / "reasonray", "ask", "What is 17 * 23?", "--url", f"http://127.0.0.1:{port}"],
@@ -137,10 +118,6 @@ def test_serve_then_ask_returns_391_with_metrics_and_a_trace_id_and_the_dashboar
         assert f"POST http://127.0.0.1:{port}/rpc" in output and "stopping..." in output
         assert f"dashboard  http://127.0.0.1:{dashboard}" in output
         assert "metrics    http://" in output and "/metrics" in output
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.mark.slow  # a service of its own with HAProxy (about a minute); the loopback check of the default ingress runs by default
@@ -149,25 +126,12 @@ def test_serve_with_auth_runs_haproxy_and_binds_its_stats_and_metrics_on_loopbac
     interface, and `ray_environment` hands Ray a wrapper binary that binds them on the API's host."""
     port = free_port()
     stats, metrics = free_port(), free_port()
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
-        },
-        "REASONRAY_AUTH__JWT_SECRET": "listener-test-secret-" + "x" * 32,
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics),
-    }
-    proc = subprocess.Popen(
-        [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    env = user_env(
+        REASONRAY_AUTH__JWT_SECRET="listener-test-secret-" + "x" * 32,
+        RAY_SERVE_HAPROXY_STATS_PORT=str(stats),
+        RAY_SERVE_HAPROXY_METRICS_PORT=str(metrics),
     )
-    try:
+    with serving("--port", str(port), "--no-dashboard", env=env) as proc:
         wait_until_serving(proc, port, 300, lambda: proc.communicate(timeout=30)[0])  # a Ray node and HAProxy on 2 busy cores
         assert httpx.get(f"http://127.0.0.1:{port}/v1/strategies", timeout=10).status_code == 401
         names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid in process_tree(proc.pid) if Path(f"/proc/{pid}").exists()}
@@ -184,7 +148,3 @@ def test_serve_with_auth_runs_haproxy_and_binds_its_stats_and_metrics_on_loopbac
         output, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, output
         assert "ingress    HAProxy" in output, output
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

@@ -4,10 +4,7 @@ fresh, empty `REASONRAY_DATA_DIR` and the same URL finds every session and card 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,48 +20,31 @@ from reasonray.stores.runs import PgRunIndex
 from reasonray.stores.sessions import PgSessionStore
 from reasonray.strategies.agents import AgentCard
 from tests.integration.conftest import result_of, rpc, wait_until_serving
+from tests.serving import serving, user_env
 
-BIN = Path(sys.executable).parent
 CARD = {"id": "pg-planner", "name": "Planner", "capabilities": ["reasoning.strategy.chain_of_thought"]}
 
 
 @contextmanager
 def serve(store_url: str, data_dir: Path) -> Iterator[httpx.Client]:
     port = free_port()
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith("RAY_SERVE_")
-        },
-        "REASONRAY_STORE__URL": store_url,
-        "REASONRAY_DATA_DIR": str(data_dir),
-        "REASONRAY_MEMORY__ENABLED": "false",  # the memory bank is not what this test is about
-        "REASONRAY_LOGGING__LEVEL": "warning",
+    env = user_env(
+        REASONRAY_STORE__URL=store_url,
+        REASONRAY_DATA_DIR=str(data_dir),
+        REASONRAY_MEMORY__ENABLED="false",  # the memory bank is not what this test is about
+        REASONRAY_LOGGING__LEVEL="warning",
         # Serve's own proxy: HAProxy binds with SO_REUSEPORT, so a service of another test that picked the
         # same free port would silently share it and answer half of our requests
-        "REASONRAY_SERVER__FAST_INGRESS": "false",
-        "RAY_raylet_start_wait_time_s": "120",  # a loaded machine registers the node slowly
-    }
-    proc = subprocess.Popen(
-        [BIN / "reasonray", "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        REASONRAY_SERVER__FAST_INGRESS="false",
+        RAY_raylet_start_wait_time_s="120",  # a loaded machine registers the node slowly
     )
-    try:
+    with serving("--port", str(port), "--no-dashboard", env=env) as proc:
         wait_until_serving(proc, port, 300, lambda: proc.communicate(timeout=30)[0])  # a loaded machine starts Ray slowly
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             yield client
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, output
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.mark.timeout(900)  # starts Ray twice; a loaded machine takes minutes

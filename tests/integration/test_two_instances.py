@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,7 @@ import pytest
 from reasonray.api.access.auth import mint_token
 from reasonray.gateway.simulator.server import free_port
 from tests.integration.conftest import kill_tree
+from tests.serving import held_port, start_serve, user_env
 from tests.tarpit import CARD_PATH, Tarpit
 
 
@@ -31,31 +31,19 @@ def _bin() -> str:
 
 
 def _env(secret: str, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith(("RAY_SERVE_", "REASONRAY_"))
-    }
-    return {
-        **env,
-        "REASONRAY_AUTH__JWT_SECRET": secret,
-        "REASONRAY_DATA_DIR": tempfile.mkdtemp(prefix="reasonray-two-"),
-        "REASONRAY_MEMORY__ENABLED": "false",  # no embedding model to load twice on two cores
-        "REASONRAY_SESSIONS__HOSTS": "1",
-        "REASONRAY_FANOUT__POOL_SIZE": "1",
+    return user_env(
+        "REASONRAY_",
+        REASONRAY_AUTH__JWT_SECRET=secret,
+        REASONRAY_DATA_DIR=tempfile.mkdtemp(prefix="reasonray-two-"),
+        REASONRAY_MEMORY__ENABLED="false",  # no embedding model to load twice on two cores
+        REASONRAY_SESSIONS__HOSTS="1",
+        REASONRAY_FANOUT__POOL_SIZE="1",
         **extra,
-    }
+    )
 
 
 def _start(port: int, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [_bin(), "serve", "--port", str(port), "--no-dashboard", "--num-cpus", "2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return start_serve("--port", str(port), "--no-dashboard", env=env)
 
 
 def _healthy(port: int) -> bool:
@@ -74,11 +62,7 @@ def _call(port: int, token: str) -> int:
 
 
 def test_a_port_of_this_instance_held_by_another_process_stops_the_start_naming_it():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as Serve's proxies bind
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        held = holder.getsockname()[1]
+    with held_port() as held:
         env = _env("collision-secret-" + "x" * 32, RAY_SERVE_FALLBACK_PROXY_HTTP_PORT=str(held))
         done = subprocess.run(
             [_bin(), "serve", "--port", str(free_port()), "--no-dashboard"], env=env, capture_output=True, text=True, timeout=120

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 
 from reasonray.kernel import ports
 from reasonray.kernel.ports import PortCollisionError, check_instance_ports, free_block, instance_ports, port_free
+from tests.serving import held_port
 
 
 def test_two_instances_get_disjoint_free_ports_none_of_them_serves_defaults():
@@ -24,11 +24,7 @@ def test_two_instances_get_disjoint_free_ports_none_of_them_serves_defaults():
 
 
 def test_a_port_held_by_another_process_even_with_so_reuseport_stops_the_start_naming_the_variable():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as Serve's proxies bind
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        held = holder.getsockname()[1]
+    with held_port() as held:
         assert not port_free(held)
         with pytest.raises(PortCollisionError, match=rf"{ports.FALLBACK_HTTP}={held}.*answer this instance's callers"):
             check_instance_ports({**instance_ports(), ports.FALLBACK_HTTP: str(held)})

@@ -1,0 +1,59 @@
+"""For the tests that start `reasonray serve` of their own (tests/cluster, tests/integration): the environment a
+user's shell would give it, the process in a process group of its own, and a port another process holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def user_env(*drop_prefixes: str, **extra: str) -> dict[str, str]:
+    """This process's environment without the test session's own model, cluster and Serve settings (nor any
+    variable starting with one of `drop_prefixes`), then `extra`."""
+    drop = ("RAY_SERVE_", *drop_prefixes)
+    kept = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "RAY_ADDRESS") and not k.startswith(drop)}
+    return {**kept, **extra}
+
+
+def start_serve(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`reasonray serve ARGS --num-cpus 2` in a session of its own (so its whole tree can be signalled), its
+    output and errors merged as text."""
+    return subprocess.Popen(
+        [BIN / "reasonray", "serve", *args, "--num-cpus", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@contextmanager
+def serving(*args: str, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """`start_serve`, its process group killed at the end if the test left it running."""
+    proc = start_serve(*args, env=env)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback port another socket listens on, bound with SO_REUSEPORT as Serve's proxies and HAProxy bind (so
+    a bind without the check would share it), held until the block ends."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
