@@ -4,6 +4,7 @@ towards the run's tally, and is held to the run's token budget."""
 from __future__ import annotations
 
 import json
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import msgspec
@@ -41,6 +42,7 @@ class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
 OMITTED = "\n[... {n} tokens omitted to fit the prompt budget ...]\n"
 
 
+@dataclass(eq=False)
 class ObservedLLM(Layer):
     """Emits an LLM_INVOCATION event per call and keeps the run's tally.
 
@@ -53,31 +55,18 @@ class ObservedLLM(Layer):
     in the run (a fan-out branch starts from its parent's total).
     """
 
-    def __init__(
-        self,
-        inner: LLM,
-        emit: EventSink,
-        *,
-        trace_id: str,
-        strategy: str,
-        guidance: str | None = None,
-        budget: Budget | None = None,
-        spent: int = 0,
-        counter: TokenCounter | None = None,
-        spent_completion: int = 0,
-        sampling: Sampling | None = None,
-    ) -> None:
-        self.inner = inner
-        self.emit = emit
-        self.trace_id = trace_id
-        self.strategy = strategy
-        self.guidance = guidance
-        self.budget = budget or Budget()
-        self.spent = spent
-        self.spent_completion = spent_completion
-        self.sampling = sampling
-        self.counter = counter
-        self.tally = Tally()
+    inner: LLM
+    emit: EventSink
+    _: KW_ONLY
+    trace_id: str
+    strategy: str
+    guidance: str | None = None
+    budget: Budget = field(default_factory=Budget)
+    spent: int = 0
+    counter: TokenCounter | None = None
+    spent_completion: int = 0
+    sampling: Sampling | None = None
+    tally: Tally = field(default_factory=Tally, init=False)
 
     @property
     def tokens(self) -> TokenCounter:
@@ -136,30 +125,29 @@ class ObservedLLM(Layer):
                     {"max_total_tokens": b.max_total_tokens, "spent_tokens": self.spent_tokens, "next_prompt_tokens": prompt},
                 )
             max_tokens = min(max_tokens or left, left)
-        if b.max_completion_tokens is not None:
-            generated = self.spent_completion + self.tally.completion_tokens
-            left = b.max_completion_tokens - generated
-            if left < 1:
-                raise BudgetExceededError(
-                    f"the request's completion budget ({b.max_completion_tokens} tokens, reasoning included) is spent: "
-                    f"{generated} generated so far; raise max_completion_tokens",
-                    {"max_completion_tokens": b.max_completion_tokens, "completion_tokens": generated},
-                )
-            max_tokens = min(max_tokens or left, left)
+        if (room := self._completion_left(1)) is not None:
+            max_tokens = min(max_tokens or room, room)
         return msgspec.structs.replace(request, messages=messages, max_tokens=max_tokens)
+
+    def _completion_left(self, tokens: int) -> int | None:
+        """What the completion budget leaves to generate (None: no such budget); raises when under `tokens`."""
+        b = self.budget
+        if b.max_completion_tokens is None:
+            return None
+        generated = self.spent_completion + self.tally.completion_tokens
+        if (left := b.max_completion_tokens - generated) < tokens:
+            raise BudgetExceededError(
+                f"the request's completion budget ({b.max_completion_tokens} tokens, reasoning included) is spent: "
+                f"{generated} generated so far; raise max_completion_tokens",
+                {"max_completion_tokens": b.max_completion_tokens, "completion_tokens": generated},
+            )
+        return left
 
     def require_room(self, tokens: int) -> None:
         """Raise the budget's own error when the run's budget leaves fewer than `tokens` tokens to generate: a
         strategy whose last call the budget cut short learns that the budget, not the model, stopped it."""
         b = self.budget
-        if b.max_completion_tokens is not None:
-            generated = self.spent_completion + self.tally.completion_tokens
-            if b.max_completion_tokens - generated < tokens:
-                raise BudgetExceededError(
-                    f"the request's completion budget ({b.max_completion_tokens} tokens, reasoning included) is spent: "
-                    f"{generated} generated so far; raise max_completion_tokens",
-                    {"max_completion_tokens": b.max_completion_tokens, "completion_tokens": generated},
-                )
+        self._completion_left(tokens)
         if b.max_total_tokens is not None and b.max_total_tokens - self.spent_tokens < tokens:
             raise BudgetExceededError(
                 f"the request's token budget ({b.max_total_tokens} tokens) is spent: {self.spent_tokens} used so far; "
@@ -181,14 +169,10 @@ class ObservedLLM(Layer):
         cut = counter.head(text, keep // 2) + OMITTED.format(n=excess) + counter.tail(text, keep - keep // 2)
         messages = (*messages[:index], msgspec.structs.replace(messages[index], content=cut), *messages[index + 1 :])
         after = count_messages(counter, messages)
-        self.emit(
-            RunWarning(
-                trace_id=self.trace_id,
-                strategy=self.strategy,
-                code="prompt_truncated",
-                message=f"the prompt was {prompt} tokens, above max_prompt_tokens={limit}: the middle of message "
-                f"{index} ({messages[index].role}) was omitted, head and tail kept ({after} tokens now)",
-            )
+        self._warn(
+            "prompt_truncated",
+            f"the prompt was {prompt} tokens, above max_prompt_tokens={limit}: the middle of message "
+            f"{index} ({messages[index].role}) was omitted, head and tail kept ({after} tokens now)",
         )
         return messages, after
 
@@ -221,14 +205,10 @@ class ObservedLLM(Layer):
         if completion.thinking_control == "unsupported":  # a budget, an effort or a continuation was asked, none held
             t.thinking_unenforced += 1
             if t.thinking_unenforced == 1:  # said once a run: the result's metrics count them all
-                self.emit(
-                    RunWarning(
-                        trace_id=self.trace_id,
-                        strategy=self.strategy,
-                        code="thinking_budget_unenforced",
-                        message=f"{self.model} at this endpoint can neither take a reasoning effort nor continue a reply: "
-                        "the thinking budget was not enforced (docs/reasoning-models.md)",
-                    )
+                self._warn(
+                    "thinking_budget_unenforced",
+                    f"{self.model} at this endpoint can neither take a reasoning effort nor continue a reply: "
+                    "the thinking budget was not enforced (docs/reasoning-models.md)",
                 )
         t.calls += 1
         t.cache_hits += completion.cached
@@ -254,6 +234,9 @@ class ObservedLLM(Layer):
             )
         )
         return completion
+
+    def _warn(self, code: str, message: str) -> None:
+        self.emit(RunWarning(trace_id=self.trace_id, strategy=self.strategy, code=code, message=message))
 
     def _count_failed(self, exc: Exception) -> None:
         """A call that failed was still made: it counts, with what its attempts are known to have cost."""

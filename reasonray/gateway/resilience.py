@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
@@ -68,45 +68,37 @@ class RetryPolicy:
         return float(min(wait, self.max_backoff_s))
 
 
+@dataclass(eq=False)
 class CircuitBreaker:
     """Failure-rate breaker over a sliding time window. One instance guards one endpoint in one process
     (`breaker_for`); it is used from one event loop per process, and a lock keeps threads safe too."""
 
-    def __init__(
-        self,
-        failure_rate_threshold: float = 0.5,
-        minimum_calls: int = 20,
-        window_s: float = 2.0,
-        reset_timeout_s: float = 10.0,
-        half_open_probes: int = 3,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        self.failure_rate_threshold = failure_rate_threshold
-        self.minimum_calls = minimum_calls
-        self.window_s = window_s
-        self.reset_timeout_s = reset_timeout_s
-        self.half_open_probes = half_open_probes
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._outcomes: deque[tuple[float, bool]] = deque()  # (when, was a fault), oldest first
-        self._faults = 0
-        self._opened_at: float | None = None
-        self._last_rate = 0.0
-        self._probes_started = 0
-        self._probes_succeeded = 0
+    failure_rate_threshold: float = 0.5
+    minimum_calls: int = 20
+    window_s: float = 2.0
+    reset_timeout_s: float = 10.0
+    half_open_probes: int = 3
+    clock: Clock = time.monotonic
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _outcomes: deque[tuple[float, bool]] = field(default_factory=deque, init=False, repr=False)  # (when, was a fault), oldest first
+    _faults: int = field(default=0, init=False)
+    _opened_at: float | None = field(default=None, init=False)
+    _last_rate: float = field(default=0.0, init=False)
+    _probes_started: int = field(default=0, init=False)
+    _probes_succeeded: int = field(default=0, init=False)
 
     @property
     def state(self) -> BreakerState:
         if self._opened_at is None:
             return "closed"
-        if self._clock() - self._opened_at >= self.reset_timeout_s:
+        if self.clock() - self._opened_at >= self.reset_timeout_s:
             return "half_open"
         return "open"
 
     def failure_rate(self) -> float:
         """The share of faults among the calls of the current window (0 when there were none)."""
         with self._lock:
-            self._expire(self._clock())
+            self._expire(self.clock())
             return self._faults / len(self._outcomes) if self._outcomes else 0.0
 
     def before_call(self) -> None:
@@ -119,7 +111,7 @@ class CircuitBreaker:
                 self._probes_started += 1
                 return
             assert self._opened_at is not None
-            retry_after = max(0.0, self.reset_timeout_s - (self._clock() - self._opened_at))
+            retry_after = max(0.0, self.reset_timeout_s - (self.clock() - self._opened_at))
         if state == "half_open":
             retry_after = 0.0  # the probes are out; their outcome decides within one call's time
         raise CircuitOpenError(
@@ -158,7 +150,7 @@ class CircuitBreaker:
                 self._probes_started -= 1
 
     def _record(self, fault: bool) -> None:
-        now = self._clock()
+        now = self.clock()
         self._outcomes.append((now, fault))
         self._faults += fault
         self._expire(now)
@@ -169,7 +161,7 @@ class CircuitBreaker:
             self._faults -= fault
 
     def _open(self, rate: float) -> None:
-        self._opened_at = self._clock()
+        self._opened_at = self.clock()
         self._last_rate = rate
         self._probes_started = self._probes_succeeded = 0
         log.warning("llm.breaker.opened", failure_rate=round(rate, 3), calls=len(self._outcomes))
@@ -213,8 +205,8 @@ class ResilientLLM(Layer):
         self.retry = retry or RetryPolicy()
         self.breaker = breaker or CircuitBreaker(clock=clock)
         self.endpoint = endpoint
-        self._sleep = sleep
-        self._clock = clock
+        self.sleep = sleep
+        self.clock = clock
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -226,7 +218,7 @@ class ResilientLLM(Layer):
             if state.attempt_number >= self.retry.max_attempts:
                 return True
             deadline = self.retry.deadline_s
-            return deadline is not None and self._clock() + state.upcoming_sleep - started > deadline
+            return deadline is not None and self.clock() + state.upcoming_sleep - started > deadline
 
         return stop
 
@@ -253,11 +245,11 @@ class ResilientLLM(Layer):
 
     async def complete(self, request: LLMRequest) -> Completion:
         retrying = AsyncRetrying(
-            stop=self._stop(self._clock()),
+            stop=self._stop(self.clock()),
             wait=self._wait,
             retry=retry_if_exception_type(TransientProviderError),
             before_sleep=self._before_sleep,
-            sleep=self._sleep,
+            sleep=self.sleep,
             reraise=True,
         )
         attempts = 0
