@@ -20,17 +20,10 @@ from mcp import Client as McpClient
 
 from reasonray import AsyncClient, Client, ReasonRayError
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+from tests.client_tools import WEATHER
 from tests.integration.conftest import own_app
 from tests.unit.test_openrpc import meta_validator
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 # 30 bounded-context iterations, then the final answer (the reasoning needs about 60 chunks)
 THIRTY_CHUNKS = {"chunk_size": 1024, "carryover_size": 512, "max_iterations": 30, "on_max_iterations": "final_answer"}
 

@@ -12,16 +12,9 @@ import ray
 
 from reasonray.actors import NAMESPACE
 from reasonray.actors.session import host_index, host_name
+from tests.client_tools import HANDED_OFF_THEN_RESUMED, WEATHER
 from tests.integration.conftest import deploy, own_app, result_of, rpc
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 IDLE_S = 3
 HOSTS = 2
 
@@ -63,18 +56,7 @@ def test_server_tool_then_client_tool_then_resume_after_the_host_was_killed(sess
         )
     )
     assert resumed["status"] == "completed" and resumed["answer"] == "Sunny, 21 C (69.8 F)"
-    assert [s["type"] for s in resumed["trace"]] == [
-        "TURN_STARTED",
-        "LLM_CALL",
-        "TOOL_EXECUTED",
-        "LLM_CALL",
-        "CLIENT_TOOL_PENDING",
-        "EXIT",
-        "REENTRY_VERIFIED",
-        "CONTINUATION",
-        "LLM_CALL",
-        "EXIT",
-    ]
+    assert [s["type"] for s in resumed["trace"]] == HANDED_OFF_THEN_RESUMED
     calculator = next(s for s in resumed["trace"] if s["type"] == "TOOL_EXECUTED")
     assert calculator["tool"] == "calculator" and calculator["status"] == "ok"
     assert resumed["trace"][5]["exit_mode"] == 2 and resumed["trace"][-1]["exit_mode"] == 1

@@ -21,6 +21,7 @@ import pytest
 import ray
 
 from reasonray.actors import NAMESPACE
+from tests.client_tools import WEATHER
 from tests.integration.conftest import own_app, result_of, rpc
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -28,14 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SOAK_S = float(os.environ.get("REASONRAY_SOAK_S", "120"))
 CLIENTS = 6
 IDLE_S = 4
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 STRATEGIES = ["chain_of_thought", "self_consistency", "tree_of_thought", "refine"]
 
 

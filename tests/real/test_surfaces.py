@@ -11,16 +11,8 @@ import openai
 from mcp import Client as McpClient
 
 from reasonray.client import ReasonRayError
+from tests.client_tools import WEATHER
 from tests.real.conftest import assert_classified, assert_counts_match, measured
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 def _turns(client, session_id: str, message: str) -> tuple[list[dict[str, Any]], ReasonRayError | None]:

@@ -27,15 +27,7 @@ from reasonray.reasoner.session import (
     SessionSpec,
 )
 from reasonray.reasoner.tools import ToolBox, server_tool
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
+from tests.client_tools import HANDED_OFF_THEN_RESUMED, WEATHER
 
 
 def call(id, name, **arguments):
@@ -150,18 +142,7 @@ async def test_exit_mode_2_hands_off_and_a_restarted_pipeline_continues(tmp_path
     final = await restarted.resume(sid, [SubmittedResult("w1", "Sunny, 21 C")], "t3")
     llm.assert_complete()
     assert final.status == "completed" and final.answer == "Sunny in Paris" and final.llm_calls == 3
-    assert steps(final) == [
-        "TURN_STARTED",
-        "LLM_CALL",
-        "TOOL_EXECUTED",
-        "LLM_CALL",
-        "CLIENT_TOOL_PENDING",
-        "EXIT",
-        "REENTRY_VERIFIED",
-        "CONTINUATION",
-        "LLM_CALL",
-        "EXIT",
-    ]
+    assert steps(final) == HANDED_OFF_THEN_RESUMED
     assert llm.requests[2].messages[-1].role == "tool" and llm.requests[2].messages[-1].content == "Sunny, 21 C"
 
 
