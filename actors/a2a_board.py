@@ -1,6 +1,6 @@
 """The application's A2A task board in a named actor: every replica commits its tasks' states there and
 publishes their events, so a cancel or a resubscription sent to any replica reaches a task running on another
-(`reasonray.api.stores.a2a_store.TaskBoard`, docs/interop.md).
+(`reasonray.api.surfaces.a2a_tasks.TaskBoard`, docs/interop.md).
 
 An async actor (event long polls wait without holding it); it keeps only live and just-ended tasks, in
 memory: the durable copy of every task is in the store. After a restart a running task is adopted at its
@@ -15,7 +15,7 @@ import ray
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, actor_for, ensure_actor, fingerprint, retire_if_stale
-from reasonray.api.stores.a2a_store import TaskBoard
+from reasonray.api.surfaces.a2a_tasks import TaskBoard
 from reasonray.kernel.errors import RunCancelledError
 
 
@@ -57,7 +57,7 @@ async def _call(method: Any, *args: Any) -> Any:
 
 
 class RayTaskBoard:
-    """`reasonray.api.stores.a2a_store.Board` over the application's board actor."""
+    """`reasonray.api.surfaces.a2a_tasks.Board` over the application's board actor."""
 
     def __init__(self, name: str, fp: str, handle: Any = None) -> None:
         self.name, self.fp = name, fp

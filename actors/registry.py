@@ -1,5 +1,5 @@
 """The strategy registry actor: one per application, the source of truth for the enabled catalogue and
-the AgentCards (`reasonray.api.stores.registry.RegistryService`, served to every replica through `RayRegistry`).
+the AgentCards (`reasonray.api.registry_service.RegistryService`, served to every replica through `RayRegistry`).
 
 A sync actor: Ray runs its calls one at a time, so agent registrations never interleave their
 writes to `<data_dir>/agents.json`. It restarts on failure and reloads the cards from that file.
@@ -16,8 +16,9 @@ import ray
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
-from reasonray.api.stores.registry import RegistryService
+from reasonray.api.registry_service import CatalogueSnapshot, RegisteredAgent, RegistryService, StrategiesDescription
 from reasonray.kernel.config import ReasoningSettings
+from reasonray.strategies.agents import AgentCard, AgentRegistration
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -31,31 +32,31 @@ class StrategyRegistryActor(RegistryService, Fingerprinted):
 
 
 class RayRegistry:
-    """The typed `reasonray.api.stores.registry.Registry` over the application's registry actor."""
+    """The typed `reasonray.api.registry_service.Registry` over the application's registry actor."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def snapshot(self) -> dict[str, Any]:
-        return await unwrap(self.handle.snapshot.remote())
+    async def snapshot(self) -> CatalogueSnapshot:
+        return await unwrap(self.handle.snapshot.remote())  # type: ignore[no-any-return]
 
-    async def describe(self) -> dict[str, Any]:
-        return await unwrap(self.handle.describe.remote())
+    async def describe(self) -> StrategiesDescription:
+        return await unwrap(self.handle.describe.remote())  # type: ignore[no-any-return]
 
-    async def register_agent(self, registration: dict[str, Any], known_methods: list[str]) -> dict[str, Any]:
-        return await unwrap(self.handle.register_agent.remote(registration, known_methods))
+    async def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent:
+        return await unwrap(self.handle.register_agent.remote(registration, known_methods))  # type: ignore[no-any-return]
 
-    async def get_agent(self, agent_id: str) -> dict[str, Any]:
-        return await unwrap(self.handle.get_agent.remote(agent_id))
+    async def get_agent(self, agent_id: str) -> AgentCard:
+        return await unwrap(self.handle.get_agent.remote(agent_id))  # type: ignore[no-any-return]
 
-    async def list_agents(self) -> list[dict[str, Any]]:
-        return await unwrap(self.handle.list_agents.remote())
+    async def list_agents(self) -> list[AgentCard]:
+        return await unwrap(self.handle.list_agents.remote())  # type: ignore[no-any-return]
 
-    async def discover_agents(self, capabilities: list[str]) -> list[dict[str, Any]]:
-        return await unwrap(self.handle.discover_agents.remote(capabilities))
+    async def discover_agents(self, capabilities: list[str]) -> list[AgentCard]:
+        return await unwrap(self.handle.discover_agents.remote(capabilities))  # type: ignore[no-any-return]
 
-    async def unregister_agent(self, agent_id: str) -> dict[str, Any]:
-        return await unwrap(self.handle.unregister_agent.remote(agent_id))
+    async def unregister_agent(self, agent_id: str) -> AgentCard:
+        return await unwrap(self.handle.unregister_agent.remote(agent_id))  # type: ignore[no-any-return]
 
 
 def _registry_args(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None) -> tuple[Any, ...]:

@@ -22,8 +22,8 @@ from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import Guard, LocalOwners, build_guard, install_guard
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
+from reasonray.api.registry_service import LocalRegistry, Registry, RegistryService
 from reasonray.api.service import ReasoningService
-from reasonray.api.stores.registry import LocalRegistry, Registry, RegistryService, agent_lookup
 from reasonray.gateway.cache import CacheStore, LocalCacheStore, LRUTTLCache
 from reasonray.gateway.factory import build_llm, client_for
 from reasonray.gateway.openai_client import OpenAILLM
@@ -117,7 +117,7 @@ def build_application(
         llm,
         counter_of(llm),
         fanout=parts.fanout or local_fanout,
-        agents=agent_lookup(registry),
+        agents=registry.get_agent,
         data_dir=directory,
         memory=bank,
         memory_settings=settings.memory,

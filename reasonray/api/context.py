@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from reasonray.api.access.egress import Egress
 from reasonray.api.service import ReasoningService
-from reasonray.api.stores.registry import Registry
+from reasonray.api.registry_service import Registry
 from reasonray.kernel.config import CapSettings, MemorySettings
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.memory.service import MemoryClient

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.api import results
@@ -14,7 +12,7 @@ from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
 from reasonray.api.jsonrpc import Call, Declared, declare
 from reasonray.kernel.errors import InvalidParamsError
-from reasonray.strategies.agents import AGENT_ID, AgentRegistration
+from reasonray.strategies.agents import AGENT_ID, AgentCard, AgentRegistration
 
 AGENTS: list[Declared] = []
 
@@ -61,20 +59,20 @@ async def agent_register(ctx: Context, params: AgentRegistration, call: Call) ->
     """Register (or replace) an AgentCard; its strategies must exist and be enabled (a remote A2A agent: its card must be valid)."""
     if params.a2a_card_url is not None:  # a remote agent: its card fetched and validated, its skills advertised
         params = await remote_registration(params, ctx.egress)
-    registered = await ctx.registry.register_agent(params.model_dump(mode="json"), sorted(ctx.methods))
+    registered = await ctx.registry.register_agent(params, sorted(ctx.methods))
     return results.AgentRegisterResult.of(registered, call.trace_id)
 
 
 @declare(AGENTS, "agent.get", access=Access(EVERYONE, (Resource("agent", "agent_id"),)))
 async def agent_get(ctx: Context, params: AgentIdParams, call: Call) -> results.AgentResult:
     """One registered AgentCard."""
-    return results.AgentResult.of(await ctx.registry.get_agent(params.agent_id), call.trace_id)
+    return results.AgentResult.of((await ctx.registry.get_agent(params.agent_id)).model_dump(), call.trace_id)
 
 
-def visible(agents: list[dict[str, Any]], call: Call | None) -> list[dict[str, Any]]:
+def visible(agents: list[AgentCard], call: Call | None) -> list[AgentCard]:
     """The cards the caller may see (the guard says which: `Call.visible`), every card without a guard."""
     seen = call.visible if call is not None else None
-    return agents if seen is None else [a for a in agents if seen.allows(a["id"])]
+    return agents if seen is None else [a for a in agents if seen.allows(a.id)]
 
 
 @declare(AGENTS, "agent.list", access=Access(EVERYONE, lists="agent"))

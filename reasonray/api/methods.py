@@ -23,7 +23,7 @@ from reasonray.api.reasoning import REASONING
 from reasonray.api.service import ReasoningService
 from reasonray.api.sessions import SESSIONS
 from reasonray.api.stats import STATS
-from reasonray.api.stores.registry import Registry
+from reasonray.api.registry_service import Registry
 from reasonray.kernel.config import CapSettings
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics

@@ -37,7 +37,7 @@ from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits, RateLimiter
 from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.stores.a2a_store import (
+from reasonray.api.surfaces.a2a_tasks import (
     CONFLICT,
     NOT_YOURS,
     ContextSessions,

@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.stores.a2a_store import PrincipalUser
+from reasonray.api.surfaces.a2a_tasks import PrincipalUser
 from reasonray.api.surfaces.a2a import A2AServer
 from reasonray.api.surfaces.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
 from reasonray.gateway.testing import ScriptedLLM

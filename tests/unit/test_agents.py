@@ -6,7 +6,7 @@ import os
 import pytest
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.stores.registry import RegistryService
+from reasonray.api.registry_service import RegistryService
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ConfigError, ReasoningSettings
 from reasonray.kernel.errors import InvalidParamsError, NotFoundError
@@ -240,16 +240,16 @@ def test_zero_enabled_strategies_is_a_valid_server_that_refuses_agents(tmp_path)
     service = RegistryService(reasoning(enabled_strategies=[], default_strategy=None, strategies={}), tmp_path)
     assert service.snapshot() == {"enabled": [], "default": None}
     with pytest.raises(InvalidParamsError, match="enabled: none"):
-        service.register_agent(card(default_strategy=None, strategy_config={}).model_dump(), METHODS)
+        service.register_agent(card(default_strategy=None, strategy_config={}), METHODS)
 
 
 def test_cards_whose_strategies_were_disabled_since_are_kept_and_logged(tmp_path):
-    RegistryService(reasoning(), tmp_path).register_agent(card().model_dump(), METHODS)
+    RegistryService(reasoning(), tmp_path).register_agent(card(), METHODS)
     import structlog
 
     with structlog.testing.capture_logs() as logs:
         service = RegistryService(reasoning(enabled_strategies=["chain_of_thought"]), tmp_path)
-    assert service.get_agent("planner")["id"] == "planner"
+    assert service.get_agent("planner").id == "planner"
     assert any(e["event"] == "agent.strategies_disabled" and e["strategies"] == ["tree_of_thought"] for e in logs)
 
 
@@ -268,7 +268,7 @@ def test_a_remote_agent_carries_its_a2a_card_url_and_its_skills_through_discover
 
 
 async def test_the_strategies_description_is_built_once_and_each_in_process_caller_gets_its_own_copy(tmp_path, monkeypatch):
-    from reasonray.api.stores.registry import LocalRegistry
+    from reasonray.api.registry_service import LocalRegistry
 
     service = RegistryService(reasoning(), tmp_path)
     built = []

@@ -50,7 +50,7 @@ def api(tmp_path, *, memory=False, llm=None, **auth):
 
     async def get_agent(agent_id):
         method = rpc.methods["agent.get"]  # the handler itself: the guard asks for cards before it admits a call
-        return (await method.handler(method.params(agent_id=agent_id), Call("lookup", "agent.get"))).model_dump(mode="json")
+        return await method.handler(method.params(agent_id=agent_id), Call("lookup", "agent.get"))
 
     async def strategy_of(params):
         return params.strategy or "chain_of_thought"

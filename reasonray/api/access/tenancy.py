@@ -30,10 +30,10 @@ from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFound
 from reasonray.memory.items import WORKSPACE
 from reasonray.stores.audit import ANONYMOUS, AuditLog, AuditRecord, NoAudit, open_audit
 from reasonray.stores.ownership import OwnerRecord, OwnershipRepository, OwnershipTable
-from reasonray.strategies.agents import STRATEGY_CAPABILITY, remote_strategy
+from reasonray.strategies.agents import STRATEGY_CAPABILITY, AgentCard, remote_strategy
 
 if TYPE_CHECKING:
-    from reasonray.api.stores.registry import Registry
+    from reasonray.api.registry_service import Registry
     from reasonray.kernel.config import Settings
 
 log = structlog.get_logger(__name__)
@@ -380,7 +380,7 @@ def build_guard(settings: Settings, registry: Registry, service: _Resolves, owne
 
     async def strategy_of(params: Any) -> str:
         agent_id = getattr(params, "agent_id", None)
-        if agent_id is not None and (await registry.get_agent(agent_id)).get("a2a_card_url"):
+        if agent_id is not None and (await registry.get_agent(agent_id)).a2a_card_url:
             return remote_strategy(agent_id)  # forwarded to a remote A2A agent: roles allow it as `a2a:<id>`
         return str((await service.resolve(params)).strategy)
 
@@ -396,10 +396,10 @@ def build_guard(settings: Settings, registry: Registry, service: _Resolves, owne
     )
 
 
-async def agent_strategies_via(get_agent: Callable[[str], Awaitable[Any]], agent_id: str) -> list[str]:
+async def agent_strategies_via(get_agent: Callable[[str], Awaitable[AgentCard]], agent_id: str) -> list[str]:
     """The strategies an agent's card advertises (its `reasoning.strategy.*` capabilities)."""
     card = await get_agent(agent_id)
-    return [c.removeprefix(STRATEGY_CAPABILITY) for c in card.get("capabilities", []) if c.startswith(STRATEGY_CAPABILITY)]
+    return [c.removeprefix(STRATEGY_CAPABILITY) for c in card.capabilities if c.startswith(STRATEGY_CAPABILITY)]
 
 
 async def agent_exists_via(get_agent: Callable[[str], Awaitable[Any]], agent_id: str) -> bool:

@@ -10,9 +10,9 @@
   updates, the answer arrives as an artifact. A caller the guard refuses gets HTTP 401/403/429 with the
   JSON-RPC error and no task (`A2AServer.handle`).
 - Cancelling the task cancels the run, from any replica: running tasks and their events are on the shared
-  task board (`reasonray.api.stores.a2a_store.TaskBoard`), which the running replica watches.
+  task board (`reasonray.api.surfaces.a2a_tasks.TaskBoard`), which the running replica watches.
 - Tasks and each context's session binding live in the sessions' store, owned by the caller
-  (`reasonray.api.stores.a2a_store`).
+  (`reasonray.api.surfaces.a2a_tasks`).
 - With `[a2a] conformance_scenarios` on (a conformance run only), a message whose id names one of the A2A
   TCK's scenarios gets that scenario's scripted events instead of reasoning (`reasonray.api.surfaces.a2a_scenarios`).
 
@@ -65,7 +65,7 @@ from reasonray.api.errors import a2a_refused, view_of
 from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Call, Dispatcher, RpcError, error_for
 from reasonray.api.results import SessionCreateResult, SessionGetResult, TurnResult
 from reasonray.api.service import ExecuteResult
-from reasonray.api.stores.a2a_store import (
+from reasonray.api.surfaces.a2a_tasks import (
     Board,
     BoardEventStream,
     ContextSessions,
