@@ -57,3 +57,23 @@ def held_port() -> Iterator[int]:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         yield holder.getsockname()[1]
+
+
+# `reasonray mcp` over stdio, as an MCP client starts it
+MCP_STDIO = [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"]
+
+
+def mcp_stdio_env(sim_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    """The whole environment an MCP client gives `reasonray mcp` against the simulated model: nothing of the test
+    session's own, the repository importable, then `extra`."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR", ""),
+        "REASONRAY_LLM__PROVIDER": "simulated",
+        "REASONRAY_LLM__BASE_URL": sim_url,
+        "REASONRAY_MEMORY__EMBEDDING": "openai",  # the simulator's embeddings: no local model to load
+        "REASONRAY_DATA_DIR": str(data_dir),
+        "REASONRAY_LOGGING__LEVEL": "warning",
+        **extra,
+    }

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from reasonray import AsyncClient, Client, ReasonRayError
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from tests.client_tools import WEATHER
 from tests.integration.conftest import own_app
+from tests.serving import MCP_STDIO, mcp_stdio_env
 from tests.unit.test_openrpc import meta_validator
 
 # 30 bounded-context iterations, then the final answer (the reasoning needs about 60 chunks)
@@ -284,22 +284,6 @@ def test_mcp_over_streamable_http(api, serve_base):
     _check_mcp(asyncio.run(_exercise_mcp(f"{serve_base}/mcp")))
 
 
-def stdio_env(simulator, tmp_path) -> dict[str, str]:
-    return {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR", ""),
-        "REASONRAY_LLM__PROVIDER": "simulated",
-        "REASONRAY_LLM__BASE_URL": simulator.url,
-        "REASONRAY_MEMORY__EMBEDDING": "openai",
-        "REASONRAY_DATA_DIR": str(tmp_path),
-        "REASONRAY_LOGGING__LEVEL": "warning",
-    }
-
-
-STDIO = [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"]
-
-
 # slow suite: every tool of the checks above, over stdio (a minute of the default run); the default run covers the
 # stdio transport with tests/integration/test_surfaces_auth_http.py's tool calls and the exit below, and every tool
 # over streamable HTTP
@@ -307,19 +291,19 @@ STDIO = [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"]
 def test_every_mcp_tool_over_stdio(simulator, tmp_path):
     from mcp import StdioServerParameters
 
-    server = StdioServerParameters(command=STDIO[0], args=STDIO[1:], env=stdio_env(simulator, tmp_path))
+    server = StdioServerParameters(command=MCP_STDIO[0], args=MCP_STDIO[1:], env=mcp_stdio_env(simulator.url, tmp_path))
     _check_mcp(asyncio.run(_exercise_mcp(server)))
 
 
 def test_mcp_over_stdio_fails_fast_without_a_model_key(simulator, tmp_path):
-    env = stdio_env(simulator, tmp_path)
+    env = mcp_stdio_env(simulator.url, tmp_path)
     keyless = {k: v for k, v in env.items() if k != "REASONRAY_LLM__BASE_URL"} | {"REASONRAY_LLM__PROVIDER": "openai"}
-    failed = subprocess.run(STDIO, env=keyless, capture_output=True, text=True, timeout=60)
+    failed = subprocess.run(MCP_STDIO, env=keyless, capture_output=True, text=True, timeout=60)
     assert failed.returncode == 2 and "OPENAI_API_KEY is not set" in failed.stderr
 
 
 def test_mcp_over_stdio_closes_its_model_client_at_exit(simulator, tmp_path):
-    env = stdio_env(simulator, tmp_path) | {"PYTHONASYNCIODEBUG": "1"}
+    env = mcp_stdio_env(simulator.url, tmp_path) | {"PYTHONASYNCIODEBUG": "1"}
     messages = [
         {
             "jsonrpc": "2.0",
@@ -331,7 +315,7 @@ def test_mcp_over_stdio_closes_its_model_client_at_exit(simulator, tmp_path):
         {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "reason", "arguments": {"query": "What is 6 * 7?"}}},
     ]
     proc = subprocess.Popen(
-        STDIO,
+        MCP_STDIO,
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -8,10 +8,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.serving import MCP_STDIO, mcp_stdio_env
 
 pytestmark = pytest.mark.slow
 
@@ -30,24 +31,14 @@ def inspector(tmp_path_factory) -> Path:
 
 
 def test_the_inspector_fills_optional_object_parameters(inspector, simulator, tmp_path):
-    env = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR", ""),
-        "REASONRAY_LLM__PROVIDER": "simulated",
-        "REASONRAY_LLM__BASE_URL": simulator.url,
-        "REASONRAY_MEMORY__EMBEDDING": "openai",
-        "REASONRAY_DATA_DIR": str(tmp_path),
-        "REASONRAY_LOGGING__LEVEL": "warning",
-    }
-    server = [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"]
+    env = mcp_stdio_env(simulator.url, tmp_path, PATH=os.environ["PATH"])  # the inspector runs on node
     args = {
         "query": "What is 6 * 7?",
         "strategy": "self_consistency",
         "strategy_config": '{"samples": 3}',
         "budget": '{"max_total_tokens": 5000}',
     }
-    command = [str(inspector), "--cli", *server, "--method", "tools/call", "--tool-name", "reason"]
+    command = [str(inspector), "--cli", *MCP_STDIO, "--method", "tools/call", "--tool-name", "reason"]
     for key, value in args.items():
         command += ["--tool-arg", f"{key}={value}"]
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

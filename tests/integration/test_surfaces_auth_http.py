@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -25,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from reasonray.api.access.auth import mint_token
 from tests.integration.conftest import own_app
+from tests.serving import MCP_STDIO, mcp_stdio_env
 
 pytestmark = pytest.mark.integration
 
@@ -203,22 +202,10 @@ def test_mcp_over_http_runs_each_call_as_the_tokens_principal(secured):
 # -- `reasonray mcp` over stdio ----------------------------------------------------------------------------
 
 
-def stdio_env(simulator, data_dir: Path, **extra: str) -> dict[str, str]:
-    return {
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR", ""),
-        "REASONRAY_LLM__PROVIDER": "simulated",
-        "REASONRAY_LLM__BASE_URL": simulator.url,
-        "REASONRAY_MEMORY__ENABLED": "false",
-        "REASONRAY_DATA_DIR": str(data_dir),
-        "REASONRAY_LOGGING__LEVEL": "warning",
-        "REASONRAY_AUTH__JWT_SECRET": SECRET,
-        **extra,
-    }
+def stdio_env(sim_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
+    return mcp_stdio_env(sim_url, data_dir, REASONRAY_MEMORY__ENABLED="false", REASONRAY_AUTH__JWT_SECRET=SECRET, **extra)
 
 
-COMMAND = [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -235,15 +222,15 @@ def stdio_config(tmp_path: Path) -> str:
 
 def test_stdio_refuses_to_start_without_a_valid_token_when_auth_is_configured(simulator, tmp_path):
     missing = subprocess.run(
-        COMMAND, env=stdio_env(simulator, tmp_path), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        MCP_STDIO, env=stdio_env(simulator.url, tmp_path), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
     )
     assert missing.returncode == 2, missing.stderr
     assert "no bearer token was given" in missing.stderr and "--token" in missing.stderr and "REASONRAY_TOKEN" in missing.stderr
     assert "error_type: unauthenticated" in missing.stderr and missing.stdout == ""
     forged = token("alice", "reasoner", secret="another-secret-" + "y" * 32)
     refused = subprocess.run(
-        [*COMMAND, "--token", forged],
-        env=stdio_env(simulator, tmp_path),
+        [*MCP_STDIO, "--token", forged],
+        env=stdio_env(simulator.url, tmp_path),
         capture_output=True,
         text=True,
         timeout=60,
@@ -251,8 +238,8 @@ def test_stdio_refuses_to_start_without_a_valid_token_when_auth_is_configured(si
     )
     assert refused.returncode == 2 and "was refused: invalid token: signature verification failed" in refused.stderr
     expired = mint_token(SECRET, "alice", ["reasoner"], -3600)
-    env = stdio_env(simulator, tmp_path, REASONRAY_TOKEN=expired)
-    late = subprocess.run(COMMAND, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    env = stdio_env(simulator.url, tmp_path, REASONRAY_TOKEN=expired)
+    late = subprocess.run(MCP_STDIO, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert late.returncode == 2 and "token expired" in late.stderr
 
 
@@ -260,8 +247,8 @@ def test_stdio_runs_every_call_as_the_tokens_principal_through_the_guard(simulat
     config = stdio_config(tmp_path)
 
     def server(sub: str, *roles: str) -> StdioServerParameters:
-        env = stdio_env(simulator, tmp_path, REASONRAY_TOKEN=token(sub, *roles))
-        return StdioServerParameters(command=COMMAND[0], args=[*COMMAND[1:], "--config", config], env=env)
+        env = stdio_env(simulator.url, tmp_path, REASONRAY_TOKEN=token(sub, *roles))
+        return StdioServerParameters(command=MCP_STDIO[0], args=[*MCP_STDIO[1:], "--config", config], env=env)
 
     async def exercise() -> dict:
         seen: dict = {}
