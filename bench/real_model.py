@@ -38,7 +38,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -52,6 +51,7 @@ from _env import REPO
 from reasonray.client import AsyncClient, ReasonRayError
 from reasonray.gateway.local_model import LocalModelServer
 from reasonray.gateway.simulator.server import free_port
+from tests.serving import serve_into
 
 SYSTEM = (
     "Solve the user's problem. Think step by step inside <thinking>...</thinking>, "
@@ -195,15 +195,7 @@ def start_service(
         env["REASONRAY_LLM__MAX_CONCURRENCY"] = str(max_concurrency)
     if stream is not None:
         env["REASONRAY_LLM__STREAM"] = "true" if stream else "false"
-    log = open(Path(data_dir) / "serve.log", "wb")  # noqa: SIM115 (the child writes it until it stops)
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from reasonray.cli import main; main()", "serve", "--port", str(port), "--num-cpus", "2", "--no-dashboard"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        cwd=REPO,
-    )
+    process = serve_into(Path(data_dir) / "serve.log", "--port", str(port), env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

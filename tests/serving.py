@@ -13,6 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+# the checkout's command line, whichever `reasonray` is installed
+CLI = [sys.executable, "-c", "from reasonray.cli import main; main()"]
 
 
 def user_env(*drop_prefixes: str, **extra: str) -> dict[str, str]:
@@ -48,6 +51,20 @@ def serving(*args: str, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
             proc.wait()
 
 
+def serve_into(log: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The checkout's `reasonray serve ARGS` on 2 CPUs without a dashboard, run from the repository in a session of
+    its own, its output and errors written to `log` (read while it runs)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [*CLI, "serve", *args, "--num-cpus", "2", "--no-dashboard"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
+        )
+
+
 @contextmanager
 def held_port() -> Iterator[int]:
     """A loopback port another socket listens on, bound with SO_REUSEPORT as Serve's proxies and HAProxy bind (so
@@ -60,7 +77,7 @@ def held_port() -> Iterator[int]:
 
 
 # `reasonray mcp` over stdio, as an MCP client starts it
-MCP_STDIO = [sys.executable, "-c", "from reasonray.cli import main; main()", "mcp"]
+MCP_STDIO = [*CLI, "mcp"]
 
 
 def mcp_stdio_env(sim_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
@@ -68,7 +85,7 @@ def mcp_stdio_env(sim_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
     session's own, the repository importable, then `extra`."""
     return {
         "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": str(REPO),
         "TIKTOKEN_CACHE_DIR": os.environ.get("TIKTOKEN_CACHE_DIR", ""),
         "REASONRAY_LLM__PROVIDER": "simulated",
         "REASONRAY_LLM__BASE_URL": sim_url,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import LocalModelSection
 from tests.integration.conftest import kill_tree, wait_until_serving
 from tests.real.recorder import Call, Recorder
+from tests.serving import serve_into
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -105,25 +105,7 @@ def service(recorder) -> Iterator[Service]:
     data_dir = tempfile.mkdtemp(prefix="reasonray-real-")
     port = free_port()
     log = Path(data_dir) / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from reasonray.cli import main; main()",
-                "serve",
-                "--port",
-                str(port),
-                "--num-cpus",
-                "2",
-                "--no-dashboard",
-            ],
-            env=service_environment(recorder.url, data_dir),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
+    process = serve_into(log, "--port", str(port), env=service_environment(recorder.url, data_dir))
     running = Service(f"http://127.0.0.1:{port}", process, log)
     try:
         wait_until_serving(process, port, 240, running.output)

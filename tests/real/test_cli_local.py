@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from reasonray.client import Client
 from reasonray.gateway.simulator.server import free_port
 from tests.integration.conftest import kill_tree, wait_until_serving
 from tests.real.conftest import REPO
+from tests.serving import serve_into
 
 
 def test_serve_llm_local_starts_answers_with_and_stops_the_model_server():
@@ -27,27 +26,7 @@ def test_serve_llm_local_starts_answers_with_and_stops_the_model_server():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REASONRAY_", "OPENAI_", "RAY_ADDRESS"))}
     # unbuffered: the banner is read from the log file as soon as the API answers
     env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", REASONRAY_DATA_DIR=data_dir, REASONRAY_LLM__CACHE__ENABLED="false")
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from reasonray.cli import main; main()",
-                "serve",
-                "--llm",
-                "local",
-                "--port",
-                str(port),
-                "--num-cpus",
-                "2",
-                "--no-dashboard",
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=REPO,
-        )
+    process = serve_into(log, "--llm", "local", "--port", str(port), env=env)
     try:
         wait_until_serving(process, port, 300, lambda: log.read_text(errors="replace")[-5000:])
         pattern = re.compile(r"local model\s+(http://127\.0\.0\.1:(\d+)/v1)\s+\(llama\.cpp, pid (\d+)\)")
