@@ -19,6 +19,7 @@ from filelock import FileLock
 
 from reasonray.kernel.config import Settings, load_settings
 from tests.integration import stack
+from tests.tarpit import Tarpit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,6 +87,14 @@ def ray_cluster(shared_stack: stack.Stack) -> Iterator[None]:
 @pytest.fixture(scope="package")
 def serve_base(ray_cluster: None, shared_stack: stack.Stack) -> str:
     return f"http://127.0.0.1:{shared_stack.serve_port}"
+
+
+@pytest.fixture(scope="module")
+def tarpit() -> Iterator[Tarpit]:
+    """A remote that takes connections and never answers (tests/tarpit.py), for a module's egress tests."""
+    pit = Tarpit()
+    yield pit
+    pit.stop()
 
 
 DEPLOYED: set[str] = set()

@@ -18,7 +18,7 @@ import pytest
 
 from reasonray.api.access.auth import mint_token
 from tests.integration.conftest import own_app, result_of
-from tests.tarpit import CARD_PATH, Tarpit
+from tests.tarpit import CARD_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +28,6 @@ PEOPLE = ["alice", "bob", "carol"]
 
 def bearer(sub: str, *roles: str) -> dict[str, str]:
     return {"Authorization": "Bearer " + mint_token(SECRET, sub, list(roles or ["reasoner"]), 600)}
-
-
-@pytest.fixture(scope="module")
-def tarpit():
-    pit = Tarpit()
-    yield pit
-    pit.stop()
 
 
 REMOTE_CALLS_CAP = 2  # [egress] max_per_principal here (4 shipped): a caller holds two remote calls at most

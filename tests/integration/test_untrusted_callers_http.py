@@ -24,7 +24,7 @@ import pytest
 from reasonray.api.access.auth import mint_token
 from tests import flood
 from tests.integration.conftest import own_app
-from tests.tarpit import CARD_PATH, Tarpit
+from tests.tarpit import CARD_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -33,13 +33,6 @@ SECRET = "untrusted-callers-secret-" + "x" * 32
 
 def bearer(sub: str, *roles: str) -> dict[str, str]:
     return {"Authorization": "Bearer " + mint_token(SECRET, sub, list(roles or ["reasoner"]), 900)}
-
-
-@pytest.fixture(scope="module")
-def tarpit():
-    pit = Tarpit()
-    yield pit
-    pit.stop()
 
 
 @pytest.fixture(scope="module")
