@@ -23,6 +23,21 @@ async def run(code: str, **limits):
     return await run_python(code, SandboxLimits(**{"timeout_s": 5.0, **limits}))
 
 
+def fork_bomb(child_sleep_s: int) -> str:
+    """Code that forks up to 200 sleeping children, then prints `STOPPED <children> <error>` when a fork fails."""
+    return (
+        "import os\n"
+        "children = 0\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        if os.fork() == 0:\n"
+        f"            import time; time.sleep({child_sleep_s}); os._exit(0)\n"
+        "        children += 1\n"
+        "except OSError as e:\n"
+        "    print('STOPPED', children, type(e).__name__)\n"
+    )
+
+
 async def test_tampering_with_an_audit_hook_gains_nothing():
     # the one-line escape of the old sandbox; now there is no hook to defeat, the isolation is the kernel's
     code = (
@@ -89,17 +104,7 @@ async def test_files_are_capped_in_size():
 
 
 async def test_a_fork_bomb_stops_at_the_process_limit():
-    code = (
-        "import os\n"
-        "children = 0\n"
-        "try:\n"
-        "    for _ in range(200):\n"
-        "        if os.fork() == 0:\n"
-        "            import time; time.sleep(30); os._exit(0)\n"
-        "        children += 1\n"
-        "except OSError as e:\n"
-        "    print('STOPPED', children, type(e).__name__)\n"
-    )
+    code = fork_bomb(child_sleep_s=30)
     started = time.monotonic()
     result = await run(code, max_processes=8, timeout_s=3.0)
     assert "STOPPED" in result.stdout, (result.stdout, result.stderr)
@@ -116,17 +121,7 @@ def test_an_unprivileged_service_caps_processes_too():
         pytest.skip("no /usr/bin/python3 to run as an unprivileged uid")
     with mock.patch.object(sandbox.os, "geteuid", return_value=1000):
         command = sandbox._command(SandboxLimits(max_processes=8), "/usr", system_python)
-    code = (
-        "import os\n"
-        "children = 0\n"
-        "try:\n"
-        "    for _ in range(200):\n"
-        "        if os.fork() == 0:\n"
-        "            import time; time.sleep(5); os._exit(0)\n"
-        "        children += 1\n"
-        "except OSError as e:\n"
-        "    print('STOPPED', children, type(e).__name__)\n"
-    )
+    code = fork_bomb(child_sleep_s=5)
     unprivileged = ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "--"]
     ran = subprocess.run(
         [*unprivileged, *command], input=code, capture_output=True, text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"}
