@@ -32,11 +32,16 @@ def chunks_of(llm):
 SMALL = {"chunk_size": 512, "carryover_size": 128, "head_tokens": 32}
 
 
+async def delethink(think: int, max_iterations: int):
+    """A run in SMALL chunks over a model that thinks `think` tokens: the model, the result, the events, the
+    chunks and the strategy's own metrics."""
+    llm = ThinkingModel(think=think)
+    result, recorder = await run(llm, max_iterations=max_iterations, **SMALL)
+    return llm, result, recorder, chunks_of(llm), result.metrics.strategy_specific
+
+
 async def test_delethink_continues_the_thinking_every_chunk_and_forces_the_answer_when_iterations_run_out():
-    llm = ThinkingModel(think=2000)
-    result, recorder = await run(llm, max_iterations=4, **SMALL)
-    chunks = chunks_of(llm)
-    specific = result.metrics.strategy_specific
+    llm, result, recorder, chunks, specific = await delethink(think=2000, max_iterations=4)
     assert result.answer == "7" and specific["stopped_by"] == "final_answer" and specific["carryover_mode"] == "delethink"
     assert len(chunks) == 4 and not any(c.finished for c in chunks)  # every chunk cut mid-thinking
     # progress every chunk: each resumes where the one before got to, none starts over
@@ -67,10 +72,7 @@ async def test_delethink_continues_the_thinking_every_chunk_and_forces_the_answe
 
 
 async def test_delethink_answers_once_the_thinking_closes():
-    llm = ThinkingModel(think=700)
-    result, _ = await run(llm, max_iterations=10, **SMALL)
-    chunks = chunks_of(llm)
-    specific = result.metrics.strategy_specific
+    llm, result, _, chunks, specific = await delethink(think=700, max_iterations=10)
     assert result.answer == "7" and specific["stopped_by"] == "answer" and specific["found_by"] == "tag"
     assert chunks[-1].finished and chunks[-1].reached == 700 and len(llm.calls) == len(chunks)  # no forced call
     assert [i["thinking_finished"] for i in specific["iterations"]] == [False] * (len(chunks) - 1) + [True]
