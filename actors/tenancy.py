@@ -27,7 +27,7 @@ import structlog
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
-from reasonray.api.access.limits import KeyedLimits, RateLimiter, TokenBudgets
+from reasonray.api.access.limits import Decision, KeyedLimits, RateLimiter, TokenBudgets
 from reasonray.stores.counters import open_counters
 from reasonray.stores.ownership import OwnerRecord, open_ownership
 
@@ -79,7 +79,7 @@ class LimiterActor(Fingerprinted):
         self._lock = threading.Lock()  # the calls below and the flusher thread take turns
         threading.Thread(target=self._flush_forever, name="budget-flush", daemon=True).start()
 
-    def admit(self, keyed: KeyedLimits, requests: int, run: bool, runs: int = 1, lease_s: float | None = None) -> dict[str, Any]:
+    def admit(self, keyed: KeyedLimits, requests: int, run: bool, runs: int = 1, lease_s: float | None = None) -> Decision:
         with self._lock:
             return self.limiter.admit(keyed, requests=requests, run=run, runs=runs, lease_s=lease_s)
 
@@ -169,7 +169,7 @@ class RayLimits:
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
-        self._leases: dict[tuple, tuple[int, float, dict[str, Any]]] = {}
+        self._leases: dict[tuple, tuple[int, float, Decision]] = {}
         self._runs: dict[tuple, _RunLease] = {}
         self._running: dict[str, _RunLease] = {}  # leased slots in use here -> their lease (finish finds it at once)
         self._charges: dict[tuple[str, ...], int] = {}  # tokens of leased runs not yet sent, per key set
@@ -179,15 +179,15 @@ class RayLimits:
     async def usage(self, key: str) -> dict[str, int]:
         return await unwrap(self.handle.usage.remote(key))  # type: ignore[no-any-return]
 
-    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> dict[str, Any]:
-        permit = await self._permit(keyed) if requests else {"ok": True, "limit": None, "remaining": None, "reset_s": None}
+    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> Decision:
+        permit: Decision = await self._permit(keyed) if requests else {"ok": True, "limit": None, "remaining": None, "reset_s": None}
         if not run or not permit["ok"]:
             return permit
         return await self._run_slot(keyed, permit)
 
-    async def _permit(self, keyed: KeyedLimits) -> dict[str, Any]:
+    async def _permit(self, keyed: KeyedLimits) -> Decision:
         lease_key = _lease_key(keyed)
-        left, expires, decision = self._leases.get(lease_key, (0, 0.0, {}))
+        left, expires, decision = self._leases.get(lease_key, (0, 0.0, {"ok": False, "limit": None, "remaining": None}))
         now = time.monotonic()
         if left > 0 and now < expires:
             self._leases[lease_key] = (left - 1, expires, decision)
@@ -203,7 +203,7 @@ class RayLimits:
                 return {**decision, "remaining": decision["remaining"] + size - 1}
         return decision
 
-    async def _run_slot(self, keyed: KeyedLimits, permit: dict[str, Any]) -> dict[str, Any]:
+    async def _run_slot(self, keyed: KeyedLimits, permit: Decision) -> Decision:
         key = _lease_key(keyed)
         lease = self._runs.get(key)
         now = time.monotonic()
@@ -222,7 +222,7 @@ class RayLimits:
         decision = await unwrap(self.handle.admit.remote(keyed, 0, True))
         return {**permit, "run_id": decision["run_id"]} if decision["ok"] else decision
 
-    def _leased(self, key: tuple, keyed: KeyedLimits, decision: dict[str, Any], permit: dict[str, Any], now: float) -> dict[str, Any]:
+    def _leased(self, key: tuple, keyed: KeyedLimits, decision: Decision, permit: Decision, now: float) -> Decision:
         if not decision["ok"]:
             return decision
         lease = self._runs.setdefault(key, _RunLease(keys=[k for k, _ in keyed], granted=now, renewed=now))
@@ -289,7 +289,7 @@ class RayEgressSlots:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def take(self, keyed: KeyedLimits, ttl_s: float) -> dict[str, Any]:
+    async def take(self, keyed: KeyedLimits, ttl_s: float) -> Decision:
         return await unwrap(self.handle.admit.remote(keyed, 0, True, 1, ttl_s))  # type: ignore[no-any-return]
 
     async def give_back(self, keys: list[str], slot: str) -> None:

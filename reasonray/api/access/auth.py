@@ -32,6 +32,9 @@ the same token with every request, and verifying it was a twentieth of the repli
 that a key removed from the JWKS stops admitting its tokens within a minute."""
 VERIFIED_KEPT = 4096
 
+Claims = dict[str, Any]
+"""A token's claims as PyJWT decodes them: an open JSON object (an issuer may add claims of its own)."""
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -40,7 +43,7 @@ class Principal:
     sub: str
     roles: tuple[str, ...] = ()
     agent_id: str | None = None
-    claims: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    claims: Claims = field(default_factory=dict, compare=False, hash=False)
 
 
 REMOTE_AGENTS = "agent.register_remote"
@@ -74,7 +77,7 @@ def mint_token(
 ) -> str:
     """An HS256 token for local use (`reasonray token create`)."""
     now = int(time.time())
-    claims: dict[str, Any] = {"sub": sub, "roles": list(roles), "iat": now, "nbf": now, "exp": now + ttl_s}
+    claims: Claims = {"sub": sub, "roles": list(roles), "iat": now, "nbf": now, "exp": now + ttl_s}
     if issuer:
         claims["iss"] = issuer
     if audience:
@@ -137,7 +140,7 @@ class TokenVerifier:
         claims = self._decode(token, algorithm, header.get("kid"))
         return _principal(claims), float(claims["exp"])
 
-    def _decode(self, token: str, algorithm: str, kid: str | None) -> dict[str, Any]:
+    def _decode(self, token: str, algorithm: str, kid: str | None) -> Claims:
         s = self.settings
         try:
             key: Any = s.jwt_secret if algorithm in HMAC_ALGORITHMS else self._jwk(kid)
@@ -184,7 +187,7 @@ class FileJWKClient(jwt.PyJWKClient):
         return jwk_set
 
 
-def _principal(claims: dict[str, Any]) -> Principal:
+def _principal(claims: Claims) -> Principal:
     sub, roles, agent_id = claims.get("sub"), claims.get("roles", []), claims.get("agent_id")
     if not isinstance(sub, str) or not sub or len(sub) > 256:
         raise UnauthenticatedError("token `sub` must be a non-empty string (the principal)")

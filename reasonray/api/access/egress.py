@@ -34,6 +34,7 @@ import httpcore
 import httpx
 import structlog
 
+from reasonray.api.access.limits import Decision, KeyedLimits
 from reasonray.kernel.egress_settings import EgressSettings, split_host_port
 from reasonray.kernel.errors import ForbiddenError, OverloadedError, RateLimitedError
 
@@ -185,7 +186,7 @@ class SharedSlots(Protocol):
     under every key's `concurrent_runs` cap for at most `ttl_s` (a replica that dies holding it frees it then)
     and answers {"ok": True, "run_id"} or {"ok": False, "key", "retry_after_s", ...}; `give_back` frees it."""
 
-    async def take(self, keyed: list[tuple[str, dict[str, Any]]], ttl_s: float) -> dict[str, Any]: ...
+    async def take(self, keyed: KeyedLimits, ttl_s: float) -> Decision: ...
 
     async def give_back(self, keys: list[str], slot: str) -> None: ...
 
@@ -243,7 +244,7 @@ class OutboundGate:
             yield
             return
         mine, there = f"egress:principal:{principal}", f"egress:destination:{destination}"
-        keyed = [(mine, {"concurrent_runs": self.per_principal}), (there, {"concurrent_runs": self.per_destination})]
+        keyed: KeyedLimits = [(mine, {"concurrent_runs": self.per_principal}), (there, {"concurrent_runs": self.per_destination})]
         decision = await self.shared.take(keyed, ttl_s)
         if not decision["ok"]:
             raise self._too_many_of_theirs(principal) if decision.get("key") == mine else self._too_many_there()
@@ -251,7 +252,7 @@ class OutboundGate:
             yield
         finally:
             # given back whatever ends the call (a cancelled caller too), without holding up its end
-            done = asyncio.ensure_future(self.shared.give_back([mine, there], decision["run_id"]))
+            done = asyncio.ensure_future(self.shared.give_back([mine, there], str(decision.get("run_id"))))
             self._giving_back.add(done)
             done.add_done_callback(self._given_back)
 

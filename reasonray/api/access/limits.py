@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast
 
 import structlog
 
@@ -30,8 +30,34 @@ MINUTE_S = 60.0
 DAY_S = 86_400.0
 STALE_RUN_S = 3600.0  # a run slot held this long belonged to a replica that died: it is freed
 
-KeyedLimits = list[tuple[str, dict[str, Any]]]
-"""(counter key, LimitSettings as a dict) pairs a request is checked against, all of them."""
+
+class LimitValues(TypedDict, total=False):
+    """The limits a key has (`LimitSettings` without the unset ones: those are unlimited)."""
+
+    requests_per_minute: int
+    concurrent_runs: int
+    tokens_per_minute: int
+    tokens_per_day: int
+
+
+KeyedLimits = list[tuple[str, LimitValues]]
+"""(counter key, its limits) pairs a request is checked against, all of them."""
+
+
+class Decision(TypedDict):
+    """What `admit` answers: admitted (`ok`) with the tightest request window's headroom and the run slots taken,
+    or refused, naming the key and the limit that refused and when to retry."""
+
+    ok: bool
+    limit: int | None
+    remaining: int | None
+    reset_s: NotRequired[float | None]
+    run_id: NotRequired[str | None]
+    run_ids: NotRequired[list[str]]
+    budget_left: NotRequired[int | None]  # tokens the tightest budget has left, for a leased run
+    key: NotRequired[str]
+    limit_name: NotRequired[str]
+    retry_after_s: NotRequired[float]
 
 
 @dataclass
@@ -41,7 +67,8 @@ class _Window:
     expires: dict[str, float] = field(default_factory=dict)  # leased run slots: freed unless renewed by then
 
 
-BUDGET_WINDOWS = {"tokens_per_minute": int(MINUTE_S), "tokens_per_day": int(DAY_S)}
+Budget = Literal["tokens_per_minute", "tokens_per_day"]
+BUDGET_WINDOWS: dict[Budget, int] = {"tokens_per_minute": int(MINUTE_S), "tokens_per_day": int(DAY_S)}
 """Token budgets and the fixed window (seconds, aligned to the epoch: a minute, a UTC day) each counts in."""
 
 
@@ -63,10 +90,10 @@ class TokenBudgets:
         self.refresh_s = refresh_s
         self.flush_s = flush_s  # 0: every charge is written at once
         self._flushed_at = float("-inf")
-        self._seen: dict[tuple[str, str], tuple[int, int, float]] = {}  # (key, budget) -> (window start, total, read at)
-        self._pending: dict[tuple[str, str, int], int] = {}  # (key, budget, window start) -> tokens not yet stored
+        self._seen: dict[tuple[str, Budget], tuple[int, int, float]] = {}  # (key, budget) -> (window start, total, read at)
+        self._pending: dict[tuple[str, Budget, int], int] = {}  # (key, budget, window start) -> tokens not yet stored
 
-    def spent(self, key: str, budget: str, now: float) -> int:
+    def spent(self, key: str, budget: Budget, now: float) -> int:
         span = BUDGET_WINDOWS[budget]
         start = window_start(span, now)
         seen = self._seen.get((key, budget))
@@ -75,7 +102,7 @@ class TokenBudgets:
             self._seen[(key, budget)] = seen
         return seen[1] + self._pending.get((key, budget, start), 0)
 
-    def reset_in(self, budget: str, now: float) -> float:
+    def reset_in(self, budget: Budget, now: float) -> float:
         """Seconds until the current window of `budget` ends."""
         span = BUDGET_WINDOWS[budget]
         return window_start(span, now) + span - now
@@ -129,10 +156,8 @@ class RateLimiter:
         self.budgets = budgets if budgets is not None else TokenBudgets()
         self._keys: dict[str, _Window] = {}
 
-    def admit(
-        self, keyed: KeyedLimits, *, requests: int = 1, run: bool = False, runs: int = 1, lease_s: float | None = None
-    ) -> dict[str, Any]:
-        """{"ok": True, "run_id", "run_ids", "limit", "remaining", "reset_s"} or {"ok": False, "limit_name", "retry_after_s", ...}.
+    def admit(self, keyed: KeyedLimits, *, requests: int = 1, run: bool = False, runs: int = 1, lease_s: float | None = None) -> Decision:
+        """Check every key, then count the requests and take the run slots under each of them; or refuse.
 
         With `run`, `runs` run slots are taken at once (a replica's lease, `run_ids`); with `lease_s` they are
         freed that many seconds from now unless `renew`ed, so a replica that dies holding them frees them soon.
@@ -144,7 +169,7 @@ class RateLimiter:
             c = self._window(key, now)
             refusal = self._refusal(key, c, limits, now, requests, wanted)
             if refusal is not None:
-                return {"ok": False, "key": key, **refusal}
+                return {**refusal, "key": key}
             rpm = limits.get("requests_per_minute")
             if rpm:
                 reset = (c.requests[0] + MINUTE_S - now) if c.requests else MINUTE_S
@@ -226,7 +251,7 @@ class RateLimiter:
             c.expires.pop(run_id, None)
         return c
 
-    def _refusal(self, key: str, c: _Window, limits: dict[str, Any], now: float, requests: int, runs: int) -> dict[str, Any] | None:
+    def _refusal(self, key: str, c: _Window, limits: LimitValues, now: float, requests: int, runs: int) -> Decision | None:
         rpm = limits.get("requests_per_minute")
         if rpm and len(c.requests) + requests > rpm:
             # the oldest requests leave the window first: wait until enough of them have
@@ -248,11 +273,11 @@ class RateLimiter:
         return None
 
 
-def _refused(name: str, limit: int, retry_after_s: float) -> dict[str, Any]:
-    return {"limit_name": name, "limit": limit, "remaining": 0, "retry_after_s": round(max(retry_after_s, 0.001), 3)}
+def _refused(name: str, limit: int, retry_after_s: float) -> Decision:
+    return {"ok": False, "limit_name": name, "limit": limit, "remaining": 0, "retry_after_s": round(max(retry_after_s, 0.001), 3)}
 
 
-def refusal_error(decision: dict[str, Any], sub: str) -> RateLimitedError:
+def refusal_error(decision: Decision, sub: str) -> RateLimitedError:
     name = decision["limit_name"]
     what = {"tokens_per_minute": "token budget per minute", "tokens_per_day": "token budget per day"}.get(name, name.replace("_", " "))
     strategy = decision["key"].partition("|")[2]
@@ -272,7 +297,7 @@ def refusal_error(decision: dict[str, Any], sub: str) -> RateLimitedError:
 class Limits(Protocol):
     """The limiter as the guard uses it (in this process, or the cluster's shared actor)."""
 
-    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> dict[str, Any]:
+    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> Decision:
         """Count `requests` requests (0: counted already, at the gate) and, with `run`, take a run slot."""
         ...
 
@@ -287,7 +312,7 @@ class LocalLimits:
     def __init__(self, limiter: RateLimiter | None = None) -> None:
         self.limiter = limiter or RateLimiter()
 
-    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> dict[str, Any]:
+    async def admit(self, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> Decision:
         return self.limiter.admit(keyed, requests=requests, run=run)
 
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
@@ -297,9 +322,9 @@ class LocalLimits:
         return self.limiter.usage(key)
 
 
-def limited(limits: LimitSettings) -> dict[str, Any]:
+def limited(limits: LimitSettings) -> LimitValues:
     """The configured limits only (None means unlimited and is left out)."""
-    return limits.model_dump(exclude_none=True)
+    return cast(LimitValues, limits.model_dump(exclude_none=True))
 
 
 def own_statistics(server: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import hashlib
 import re
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
@@ -115,28 +116,19 @@ AgentStrategies = Callable[[str], Awaitable[list[str]]]
 StrategyOf = Callable[[Any], Awaitable[str]]
 
 
+@dataclass
 class Guard:
     """Authorization, ownership, limits and audit around every method of a dispatcher, read from each method's
     declared `Access` (see the module docstring and `reasonray.api.declarations`)."""
 
-    def __init__(
-        self,
-        policy: Policy,
-        owners: Owners,
-        limits: Limits,
-        *,
-        agent_exists: AgentExists,
-        strategy_of: StrategyOf,
-        agent_strategies: AgentStrategies,
-        audit: AuditLog | None = None,
-    ) -> None:
-        self.policy = policy
-        self.owners = owners
-        self.limits = limits
-        self.agent_exists = agent_exists
-        self.strategy_of = strategy_of
-        self.agent_strategies = agent_strategies
-        self.audit = audit or NoAudit()
+    policy: Policy
+    owners: Owners
+    limits: Limits
+    _: KW_ONLY
+    agent_exists: AgentExists
+    strategy_of: StrategyOf
+    agent_strategies: AgentStrategies
+    audit: AuditLog = field(default_factory=NoAudit)
 
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
         principal = CURRENT_PRINCIPAL.get()
@@ -358,12 +350,12 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
     @rpc.method(
         "memory.share_workspace", ShareParams, result=ShareResult, access=Access(REASONERS, (Resource("workspace", "workspace", "write"),))
     )
-    async def share_workspace(params: ShareParams, call: Call) -> dict[str, Any]:
+    async def share_workspace(params: ShareParams, call: Call) -> ShareResult:
         """Let named principals read one of your workspaces (read-only); replaces its reader list."""
         if await guard.owners.get("workspace", params.workspace) is None:
             raise InvalidParamsError(f"workspace {params.workspace!r} has no owner yet; store a memory in it first", {})
         await guard.owners.share("workspace", params.workspace, params.readers)
-        return {"workspace": params.workspace, "readers": sorted(set(params.readers))}
+        return ShareResult.of({"workspace": params.workspace, "readers": sorted(set(params.readers))}, call.trace_id)
 
 
 class _Resolves(Protocol):
@@ -392,7 +384,7 @@ def build_guard(settings: Settings, registry: Registry, service: _Resolves, owne
         agent_exists=lambda agent_id: agent_exists_via(registry.get_agent, agent_id),
         strategy_of=strategy_of,
         agent_strategies=lambda agent_id: agent_strategies_via(registry.get_agent, agent_id),
-        audit=open_audit(settings.store.url, settings.data_dir) if auth.audit else None,
+        audit=open_audit(settings.store.url, settings.data_dir) if auth.audit else NoAudit(),
     )
 
 
