@@ -28,6 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "deploy" / "entrypoint.sh"
 KUBERNETES = "1.33"  # the Kubernetes API release the manifest is checked against (kubernetes-validate ships 1.25-1.37)
 
+
+def closed(properties: dict, *required: str) -> dict:
+    """A JSON schema object with these properties and no others."""
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
 # Compose Specification, the subset used here (https://github.com/compose-spec/compose-spec, schema/compose-spec.json)
 _SERVICE = {
     "type": "object",
@@ -51,18 +57,16 @@ _SERVICE = {
                 "required": ["condition"],
             },
         },
-        "healthcheck": {
-            "type": "object",
-            "properties": {
+        "healthcheck": closed(
+            {
                 "test": {"type": "array", "items": {"type": "string"}, "minItems": 2},
                 "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m)$"},
                 "timeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m)$"},
                 "start_period": {"type": "string", "pattern": "^[0-9]+(ms|s|m)$"},
                 "retries": {"type": "integer"},
             },
-            "required": ["test"],
-            "additionalProperties": False,
-        },
+            "test",
+        ),
         "profiles": {"type": "array", "items": {"type": "string"}},
         "restart": {"enum": ["no", "always", "on-failure", "unless-stopped"]},
         "shm_size": {"type": "string"},
@@ -71,16 +75,14 @@ _SERVICE = {
     "anyOf": [{"required": ["image"]}, {"required": ["build"]}],
     "additionalProperties": False,
 }
-COMPOSE_SCHEMA = {
-    "type": "object",
-    "properties": {
+COMPOSE_SCHEMA = closed(
+    {
         "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]*$"},
         "services": {"type": "object", "additionalProperties": _SERVICE, "minProperties": 1},
         "volumes": {"type": "object", "additionalProperties": {"type": ["object", "null"]}},
     },
-    "required": ["services"],
-    "additionalProperties": False,
-}
+    "services",
+)
 
 # KubeRay RayService CRD (ray.io/v1), the subset used here. Its pod templates are core/v1 PodTemplateSpecs and
 # its metadata an ObjectMeta: those are validated against Kubernetes' own (strict) schemas instead, below.
@@ -96,28 +98,20 @@ RAYSERVICE_SCHEMA = {
             "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}},
             "required": ["name"],
         },
-        "spec": {
-            "type": "object",
-            "properties": {
+        "spec": closed(
+            {
                 "serviceUnhealthySecondThreshold": {"type": "integer"},
                 "deploymentUnhealthySecondThreshold": {"type": "integer"},
                 "serveConfigV2": {"type": "string"},
-                "rayClusterConfig": {
-                    "type": "object",
-                    "properties": {
+                "rayClusterConfig": closed(
+                    {
                         "rayVersion": {"type": "string"},
                         "enableInTreeAutoscaling": {"type": "boolean"},
-                        "headGroupSpec": {
-                            "type": "object",
-                            "properties": {"rayStartParams": _START_PARAMS, "template": _POD},
-                            "required": ["template"],
-                            "additionalProperties": False,
-                        },
+                        "headGroupSpec": closed({"rayStartParams": _START_PARAMS, "template": _POD}, "template"),
                         "workerGroupSpecs": {
                             "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
+                            "items": closed(
+                                {
                                     "groupName": {"type": "string"},
                                     "replicas": {"type": "integer", "minimum": 0},
                                     "minReplicas": {"type": "integer", "minimum": 0},
@@ -125,18 +119,17 @@ RAYSERVICE_SCHEMA = {
                                     "rayStartParams": _START_PARAMS,
                                     "template": _POD,
                                 },
-                                "required": ["groupName", "template"],
-                                "additionalProperties": False,
-                            },
+                                "groupName",
+                                "template",
+                            ),
                         },
                     },
-                    "required": ["headGroupSpec"],
-                    "additionalProperties": False,
-                },
+                    "headGroupSpec",
+                ),
             },
-            "required": ["serveConfigV2", "rayClusterConfig"],
-            "additionalProperties": False,
-        },
+            "serveConfigV2",
+            "rayClusterConfig",
+        ),
     },
     "required": ["apiVersion", "kind", "metadata", "spec"],
 }
