@@ -271,11 +271,6 @@ class ModelTokenCounter:
         """Model tokens per base-encoding token, as the server has shown it (never below 1: an estimate errs high)."""
         return max(self._ratios, default=1.0)
 
-    @property
-    def prompt_overhead(self) -> int:
-        """The most tokens the server was seen to add to a prompt beyond what `count_messages` counts."""
-        return max((max(seen, default=0) for seen in self._overheads.values()), default=0)
-
     def framing(self, messages: tuple[Message, ...]) -> int:
         """Tokens the server adds to these messages beyond `count_messages`' own framing (its chat template's
         markers; a system prompt it injects when the messages bring none), as its usage has shown."""
@@ -352,9 +347,6 @@ class ModelTokenCounter:
             return None
         self._chats.put(key, int(counted))
         return int(counted)
-
-    def count_many(self, texts: Iterable[str]) -> list[int]:
-        return [self.count(t) for t in texts]
 
     def head(self, text: str, n: int) -> str:
         return self._cut(text, n, from_end=False)

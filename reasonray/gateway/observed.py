@@ -42,7 +42,7 @@ class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
 OMITTED = "\n[... {n} tokens omitted to fit the prompt budget ...]\n"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class ObservedLLM(Layer):
     """Emits an LLM_INVOCATION event per call and keeps the run's tally.
 

@@ -68,7 +68,7 @@ class RetryPolicy:
         return float(min(wait, self.max_backoff_s))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class CircuitBreaker:
     """Failure-rate breaker over a sliding time window. One instance guards one endpoint in one process
     (`breaker_for`); it is used from one event loop per process, and a lock keeps threads safe too."""
@@ -79,8 +79,8 @@ class CircuitBreaker:
     reset_timeout_s: float = 10.0
     half_open_probes: int = 3
     clock: Clock = time.monotonic
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _outcomes: deque[tuple[float, bool]] = field(default_factory=deque, init=False, repr=False)  # (when, was a fault), oldest first
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _outcomes: deque[tuple[float, bool]] = field(default_factory=deque, init=False)  # (when, was a fault), oldest first
     _faults: int = field(default=0, init=False)
     _opened_at: float | None = field(default=None, init=False)
     _last_rate: float = field(default=0.0, init=False)

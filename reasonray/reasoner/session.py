@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -169,29 +170,18 @@ class TurnResult(BaseModel):
     )
 
 
+@dataclass(eq=False)
 class SessionPipeline:
-    def __init__(
-        self,
-        repository: SessionRepository,
-        llm: LLM,
-        toolbox: ToolBox,
-        *,
-        data_dir: Path | None = None,
-        default_max_llm_calls: int = 8,
-        passive: MemoryLoop | None = None,
-        runs: RunIndex | None = None,
-        record: RecordMode = "full",
-        max_history: int = 200,
-    ) -> None:
-        self.repository = repository
-        self.runs = runs  # every turn (and each resumption) indexed with its event log; None: not indexed
-        self.record = record  # [events] record: full text, sizes and hashes, or no event log
-        self.max_history = max_history  # messages kept per session ([limits] max_session_history)
-        self.llm = llm
-        self.toolbox = toolbox
-        self.data_dir = data_dir
-        self.default_max_llm_calls = default_max_llm_calls
-        self.passive = passive  # learns from completed turns; None: passive learning is off
+    repository: SessionRepository
+    llm: LLM
+    toolbox: ToolBox
+    _: KW_ONLY
+    data_dir: Path | None = None
+    default_max_llm_calls: int = 8
+    passive: MemoryLoop | None = None  # learns from completed turns; None: passive learning is off
+    runs: RunIndex | None = None  # every turn (and each resumption) indexed with its event log; None: not indexed
+    record: RecordMode = "full"  # [events] record: full text, sizes and hashes, or no event log
+    max_history: int = 200  # messages kept per session ([limits] max_session_history)
 
     # -- routing: create, new turn, re-entry, inspection, close ----------------------------------------
     async def create(self, spec: SessionSpec, session_id: str | None = None) -> SessionState:

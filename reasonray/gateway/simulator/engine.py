@@ -18,7 +18,7 @@ import json
 import random
 import re
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import msgspec
@@ -179,32 +179,26 @@ def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
     return None
 
 
+@dataclass(eq=False, repr=False)
 class SimulatedModel:
     """Answers chat requests the way docs/simulator.md describes."""
 
-    def __init__(
-        self,
-        counter: TokenCounter,
-        *,
-        seed: int = 0,
-        faults: FaultPlan | None = None,
-        disobedience: Disobedience | None = None,
-        context_length: int = DEFAULT_CONTEXT_LENGTH,
-        reasoning: ReasoningPlan | None = None,
-    ) -> None:
-        self.counter = counter
-        self.reasoning = reasoning or ReasoningPlan()
-        self.seed = seed
-        self.faults = faults or FaultPlan()
-        self.disobedience = disobedience or Disobedience()
-        self.context_length = context_length
-        self.exchanges: deque[Exchange] = deque(maxlen=EXCHANGES_KEPT)
-        self._fault_rng = random.Random(seed)
-        self._scripts: dict[str, deque[dict[str, Any]]] = {}
-        self._directed_faults: dict[str, int] = defaultdict(int)
-        self._answers: dict[str, str] = {}  # whitespace-normalised question -> reference answer
-        self.skill = 1.0
-        self.stats = SimStats()
+    counter: TokenCounter
+    _: KW_ONLY
+    seed: int = 0
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    disobedience: Disobedience = field(default_factory=Disobedience)
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    reasoning: ReasoningPlan = field(default_factory=ReasoningPlan)
+    skill: float = field(default=1.0, init=False)
+    stats: SimStats = field(default_factory=SimStats, init=False)
+    exchanges: deque[Exchange] = field(default_factory=lambda: deque(maxlen=EXCHANGES_KEPT), init=False)
+    _scripts: dict[str, deque[dict[str, Any]]] = field(default_factory=dict, init=False)
+    _directed_faults: dict[str, int] = field(default_factory=lambda: defaultdict(int), init=False)
+    _answers: dict[str, str] = field(default_factory=dict, init=False)  # whitespace-normalised question -> reference answer
+
+    def __post_init__(self) -> None:
+        self._fault_rng = random.Random(self.seed)
 
     # -- administration -------------------------------------------------------------------------
     def add_script(self, name: str, replies: list[dict[str, Any]]) -> None:
