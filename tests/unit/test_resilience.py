@@ -189,13 +189,19 @@ async def test_rejected_requests_and_rate_limits_never_count():
     inner.assert_complete()
 
 
-def test_half_open_lets_a_few_probes_through_and_closes_when_they_all_succeed():
+def half_open(probes: int) -> tuple[Clock, CircuitBreaker]:
+    """A breaker opened by two failures, its reset timeout (5 s) just over: half open, for `probes` probes at a time."""
     clock = Clock()
-    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=5, half_open_probes=2, clock=clock)
+    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=5, half_open_probes=probes, clock=clock)
     breaker.record_failure()
     breaker.record_failure()
     assert breaker.state == "open"
     clock.now = 5.0
+    return clock, breaker
+
+
+def test_half_open_lets_a_few_probes_through_and_closes_when_they_all_succeed():
+    _, breaker = half_open(probes=2)
     assert breaker.state == "half_open"
     breaker.before_call()
     breaker.before_call()
@@ -209,11 +215,7 @@ def test_half_open_lets_a_few_probes_through_and_closes_when_they_all_succeed():
 
 
 def test_a_failed_probe_opens_it_again_and_a_released_probe_frees_its_slot():
-    clock = Clock()
-    breaker = CircuitBreaker(0.5, minimum_calls=2, window_s=10, reset_timeout_s=5, half_open_probes=1, clock=clock)
-    breaker.record_failure()
-    breaker.record_failure()
-    clock.now = 5.0
+    clock, breaker = half_open(probes=1)
     breaker.before_call()
     breaker.release_probe()  # that probe was rejected (a 400): it said nothing about the endpoint
     breaker.before_call()
