@@ -8,38 +8,38 @@ from reasonray.kernel.tags import (
 )
 
 
-def test_strip_removes_closed_thinking_and_keeps_the_rest():
-    assert strip_thinking("<thinking>secret plan</thinking>\n\n<list/>") == "<list/>"
+@pytest.mark.parametrize(
+    ("text", "visible"),
+    [
+        pytest.param("<thinking>secret plan</thinking>\n\n<list/>", "<list/>", id="removes_closed_thinking_and_keeps_the_rest"),
+        pytest.param("a <thinking>outer <thinking>inner</thinking> still outer</thinking> b", "a  b", id="handles_nested_blocks"),
+        pytest.param("visible <thinking>never closed, runs on", "visible", id="drops_an_unclosed_block_to_the_end"),
+        pytest.param(
+            "reasoning without an opening tag</thinking>The answer is 4.",
+            "The answer is 4.",
+            id="treats_a_lone_closing_tag_as_end_of_reasoning",
+        ),
+        pytest.param("<THINK>x</think>done", "done", id="accepts_think_and_any_case"),
+    ],
+)
+def test_strip_thinking(text, visible):
+    assert strip_thinking(text) == visible
 
 
-def test_strip_handles_nested_blocks():
-    text = "a <thinking>outer <thinking>inner</thinking> still outer</thinking> b"
-    assert strip_thinking(text) == "a  b"
-
-
-def test_strip_drops_an_unclosed_block_to_the_end():
-    assert strip_thinking("visible <thinking>never closed, runs on") == "visible"
-
-
-def test_strip_treats_a_lone_closing_tag_as_end_of_reasoning():
-    assert strip_thinking("reasoning without an opening tag</thinking>The answer is 4.") == "The answer is 4."
-
-
-def test_strip_accepts_think_and_any_case():
-    assert strip_thinking("<THINK>x</think>done") == "done"
-
-
-def test_extract_answer_takes_the_last_answer_outside_thinking():
-    text = "<thinking><answer>draft</answer></thinking><answer>1</answer> then <answer> 2 </answer>"
-    assert extract_answer(text) == "2"
-
-
-def test_extract_answer_reads_an_unclosed_answer_to_the_end():
-    assert extract_answer("<thinking>t</thinking><answer>42") == "42"
-
-
-def test_extract_answer_is_none_without_a_tag():
-    assert extract_answer("<thinking>t</thinking>just text") is None
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        pytest.param(
+            "<thinking><answer>draft</answer></thinking><answer>1</answer> then <answer> 2 </answer>",
+            "2",
+            id="takes_the_last_answer_outside_thinking",
+        ),
+        pytest.param("<thinking>t</thinking><answer>42", "42", id="reads_an_unclosed_answer_to_the_end"),
+        pytest.param("<thinking>t</thinking>just text", None, id="is_none_without_a_tag"),
+    ],
+)
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
 
 
 @pytest.mark.parametrize(
