@@ -499,57 +499,42 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """The reply as server-sent events, generated while the model is held: a client that closes the stream
     ends the generation (the response stops iterating this generator) and frees the model."""
-    async with generating():
-        async for event in _events(response, settings, created, rid, include_usage, counter, form):
-            yield event
 
-
-async def _events(
-    response: SimResponse, settings: SimulatorSettings, created: int, rid: str, include_usage: bool, counter: TokenCounter, form: str
-) -> AsyncIterator[str]:
     def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
-    await asyncio.sleep(settings.ttft_ms / 1000)
-    per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
-    for index, choice in enumerate(response.choices):
-        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-        content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
-        deltas = [("reasoning_content", p) for p in _pieces(reasoning, counter)] if reasoning else []
-        deltas += [("content", p) for p in _pieces(content, counter)] if content else []
-        for field, piece in deltas:
-            if per_token:
-                await asyncio.sleep(per_token * piece[1])
-            yield chunk([{"index": index, "delta": {field: piece[0]}, "finish_reason": None}])
-        if choice.tool_calls:
-            calls = [
-                {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for i, c in enumerate(choice.tool_calls)
-            ]
-            yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
-        yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
-    if include_usage:
-        yield chunk([], _usage_json(response, form))
-    yield "data: [DONE]\n\n"
+    async with generating():
+        await asyncio.sleep(settings.ttft_ms / 1000)
+        per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
+        for index, choice in enumerate(response.choices):
+            yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
+            deltas = [("reasoning_content", p) for p in _pieces(reasoning, counter)] if reasoning else []
+            deltas += [("content", p) for p in _pieces(content, counter)] if content else []
+            for field, piece in deltas:
+                if per_token:
+                    await asyncio.sleep(per_token * piece[1])
+                yield chunk([{"index": index, "delta": {field: piece[0]}, "finish_reason": None}])
+            if choice.tool_calls:
+                calls = [
+                    {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for i, c in enumerate(choice.tool_calls)
+                ]
+                yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
+            yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
+        if include_usage:
+            yield chunk([], _usage_json(response, form))
+        yield "data: [DONE]\n\n"
 
 
 def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list[tuple[str, int]]:
     """Split text into pieces of about `tokens_per_piece` tokens (words as the unit)."""
     words = text.split(" ")
-    out, current = [], []
-    for i, word in enumerate(words):
-        current.append(word if i == 0 else " " + word)
-        if len(current) >= tokens_per_piece:
-            piece = "".join(current)
-            out.append((piece, counter.count(piece)))
-            current = []
-    if current:
-        piece = "".join(current)
-        out.append((piece, counter.count(piece)))
-    return out
+    pieces = [(" " if i else "") + " ".join(words[i : i + tokens_per_piece]) for i in range(0, len(words), tokens_per_piece)]
+    return [(piece, counter.count(piece)) for piece in pieces]
 
 
 async def _tokenize_input(request: Request) -> str | None:
