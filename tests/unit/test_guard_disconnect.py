@@ -70,15 +70,17 @@ async def test_a_caller_that_leaves_cancels_the_route_it_was_waiting_for():
     assert state["cancelled"] and connection.sent == []
 
 
-async def test_a_route_that_finishes_answers_and_is_not_cancelled():
-    async def route(scope, receive, send) -> None:
-        await receive()
-        await asyncio.sleep(0.05)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+async def answers_ok(scope, receive, send) -> None:
+    """A route that reads the request, works a moment and answers 200 "ok"."""
+    await receive()
+    await asyncio.sleep(0.05)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
 
+
+async def test_a_route_that_finishes_answers_and_is_not_cancelled():
     connection = Connection()
-    await asyncio.wait_for(HttpGuard(route)(post_scope(), connection.receive, connection.send), 5)
+    await asyncio.wait_for(HttpGuard(answers_ok)(post_scope(), connection.receive, connection.send), 5)
     assert [m["type"] for m in connection.sent] == ["http.response.start", "http.response.body"]
     assert connection.sent[1]["body"] == b"ok"
 
@@ -157,15 +159,9 @@ async def test_a_connection_that_cannot_be_watched_leaves_the_route_to_finish_an
                 return await super().receive()
             raise RuntimeError("receive() on a connection another loop owns")
 
-    async def route(scope, receive, send) -> None:
-        await receive()
-        await asyncio.sleep(0.05)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
-
     connection = Unwatchable()
     with capture_logs() as logs:
-        await asyncio.wait_for(HttpGuard(route)(post_scope(), connection.receive, connection.send), 5)
+        await asyncio.wait_for(HttpGuard(answers_ok)(post_scope(), connection.receive, connection.send), 5)
     assert connection.sent[1]["body"] == b"ok"  # not cancelled: a watch that failed is not a caller that left
     [warning] = [e for e in logs if e["event"] == "guard.disconnect_watch_failed"]
     assert warning["log_level"] == "warning" and "another loop owns" in warning["error"]
