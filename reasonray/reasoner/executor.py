@@ -86,11 +86,7 @@ class ToolExecutor:
         """A client result marked is_error is that tool's failure: the turn ends there, as for a server tool."""
         for entry in self.providers.ledger.entries():
             if entry.kind == "client" and entry.status == "failed":
-                self.emit(
-                    self._step(
-                        ToolExecuted, tool_call_id=entry.tool_call_id, tool=entry.tool, status="failed", elapsed_ms=0.0, error=entry.content
-                    )
-                )
+                self._executed(entry, error=entry.content)
                 raise ToolFailedError(
                     f"client tool {entry.tool!r} (call {entry.tool_call_id}) reported an error, which ends the turn: {entry.content}",
                     {"tool_call_id": entry.tool_call_id, "tool": entry.tool, "error": entry.content},
@@ -112,16 +108,7 @@ class ToolExecutor:
                 span.error(exc)
         elapsed = round((time.perf_counter() - started) * 1000, 3)
         failed = entry.status == "failed"
-        self.emit(
-            self._step(
-                ToolExecuted,
-                tool_call_id=entry.tool_call_id,
-                tool=entry.tool,
-                status=entry.status,
-                elapsed_ms=elapsed,
-                error=entry.content if failed else None,
-            )
-        )
+        self._executed(entry, elapsed, entry.content if failed else None)
         if capped is not None:  # over a configured cap: the caller's request asked for too much (-32602, naming the cap)
             raise CapExceededError(
                 f"tool {entry.tool!r} (call {entry.tool_call_id}) refused its input, which ends the turn: {capped.message}",
@@ -144,11 +131,7 @@ class ToolExecutor:
             self.argument_retries -= 1
             entry.status = "rejected"
             entry.content = f"error: {exc}. Call {entry.tool} again with a JSON object that fits its parameters."
-            self.emit(
-                self._step(
-                    ToolExecuted, tool_call_id=entry.tool_call_id, tool=entry.tool, status="rejected", elapsed_ms=0.0, error=str(exc)
-                )
-            )
+            self._executed(entry, error=str(exc))
             return True
         return False
 
@@ -173,6 +156,13 @@ class ToolExecutor:
             self.providers.bootstrap.pending.append(bootstrap)
         self.emit(self._step(ModeChanged, tool_call_id=entry.tool_call_id, previous=previous, mode=target))
         return f"Mode is now {target}."
+
+    def _executed(self, entry: LedgerEntry, elapsed_ms: float = 0.0, error: str | None = None) -> None:
+        self.emit(
+            self._step(
+                ToolExecuted, tool_call_id=entry.tool_call_id, tool=entry.tool, status=entry.status, elapsed_ms=elapsed_ms, error=error
+            )
+        )
 
     def _step(self, kind: type, **fields: Any) -> Any:
         return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
