@@ -25,11 +25,7 @@ from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
-
-WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
+from tests.client_tools import WEATHER
 
 
 class CountingLLM(SimulatedLLM):

@@ -21,6 +21,7 @@ from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from tests.client_tools import WEATHER
 from tests.docs_examples import REPO
 from tests.unit.test_doc_promises import ITEM, call, calls_with_results, full_dispatcher
 
@@ -110,12 +111,6 @@ def admin_guard() -> Guard:
         return ["chain_of_thought"]
 
     return Guard(Policy(auth), LocalOwners(), LocalLimits(), agent_exists=exists, strategy_of=strategy_of, agent_strategies=strategies)
-
-
-WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
 
 
 async def test_the_real_result_of_every_method_validates_against_its_advertised_schema(tmp_path):

@@ -11,11 +11,7 @@ from reasonray.reasoner.session import (
     LocalSessions,
     SessionPipeline,
 )
-
-WEATHER = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
+from tests.client_tools import WEATHER
 
 
 @pytest.fixture
