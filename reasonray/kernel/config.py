@@ -548,6 +548,12 @@ class StoreSettings(_Section):
 
 
 class A2ASettings(_Section):
+    executor: str | None = Field(
+        None,
+        pattern=r"^[\w.]+:[\w.]+$",
+        description="An A2A agent executor plugged in around ReasonRay's, as `module:callable` given ReasonRay's executor "
+        "(e.g. a conformance run's scripted scenarios, tests.a2a_scenarios:ScenarioExecutor); unset: messages reason.",
+    )
     conformance_scenarios: bool = Field(
         False,
         description="Answer the A2A TCK's scripted scenarios (messages whose messageId starts with a scenario's prefix, "

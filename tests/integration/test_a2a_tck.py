@@ -4,8 +4,8 @@ HTTP+JSON at the URL the agent card advertises (docs/interop.md).
 The TCK is installed from its source at test time into a virtual environment of its own (its code is never
 part of this repository): `A2A_TCK_SOURCE` names a local git checkout of it (no test reaches the network: fetch
 the repository once, then point the variable at it; without it the test fails saying so). The service runs as
-an application of its own with `[a2a] conformance_scenarios` on, so messages whose ids name one of the TCK's
-scenarios get their scripted events (`reasonray.api.surfaces.a2a_scenarios`); every MUST test must pass.
+an application of its own with the TCK's scripted scenarios plugged in as its A2A executor (`[a2a] executor`,
+tests/a2a_scenarios.py), so messages whose ids name one of them get their scripted events; every MUST test must pass.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def outcomes(tck: Path) -> tuple[list[str], list[str]]:
 
 
 def test_the_tck_must_and_should_tests_pass_over_jsonrpc_and_http_json(serve_base, simulator, tck):
-    with own_app(serve_base, simulator.url, "a2a-tck", a2a={"conformance_scenarios": True}) as (client, _):
+    with own_app(serve_base, simulator.url, "a2a-tck", a2a={"executor": "tests.a2a_scenarios:ScenarioExecutor"}) as (client, _):
         command = [str(tck / ".venv" / "bin" / "python"), "run_tck.py", "--sut-host", str(client.base_url).rstrip("/")]
         run = subprocess.run(
             [*command, "--level", "must", "--transport", "jsonrpc,http_json"], cwd=tck, capture_output=True, text=True, timeout=1500

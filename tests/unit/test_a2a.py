@@ -37,6 +37,7 @@ from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits, RateLimiter
 from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
+from reasonray.api.surfaces.a2a import A2AServer, agent_card, auth_configured, card_json
 from reasonray.api.surfaces.a2a_tasks import (
     CONFLICT,
     NOT_YOURS,
@@ -45,7 +46,6 @@ from reasonray.api.surfaces.a2a_tasks import (
     PrincipalUser,
     TaskBoard,
 )
-from reasonray.api.surfaces.a2a import A2AServer, agent_card, auth_configured, card_json
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
@@ -126,7 +126,7 @@ class Agent:
     """The A2A route over a guarded dispatcher; `Authorization: Bearer <name>` stands for a verified token.
     Two agents built with one `board` (and data directory) are two replicas of one service."""
 
-    def __init__(self, tmp_path, board: TaskBoard | None = None, *, conformance_scenarios: bool = False, **auth) -> None:
+    def __init__(self, tmp_path, board: TaskBoard | None = None, *, executor: str | None = None, **auth) -> None:
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "tree_of_thought"], default_strategy="chain_of_thought")
         self.prompts: list[str] = []
         self.llm = HangingLLM(self._reply)
@@ -166,7 +166,7 @@ class Agent:
             bearer=True,
             board=board,
             refusal_headers=rate_limit_headers,
-            conformance_scenarios=conformance_scenarios,
+            executor=executor,
         )
         self.app = Starlette(routes=[Route("/a2a", self.server.handle, methods=["POST"])])
 
@@ -423,9 +423,9 @@ async def repo(request, tmp_path):
         return
     pg = request.getfixturevalue("postgres")
     made = open_a2a(pg.url, tmp_path / "unused")
-    await made.store.fetch("TRUNCATE a2a_tasks, a2a_conversations")
+    await made.db.fetch("TRUNCATE a2a_tasks, a2a_conversations")
     yield made
-    await made.store.aclose()  # the pool of this test's event loop
+    await made.db.aclose()  # the pool of this test's event loop
 
 
 def task(task_id: str, context: str, answer: str | None, seconds: int) -> Task:
@@ -465,7 +465,7 @@ async def test_a_context_is_bound_to_one_session_per_owner_and_survives_a_new_pr
     assert await contexts.session_of("alice", "c1") is None
     assert await contexts.bind("alice", "c1", "s-1") == "s-1"
     assert await contexts.bind("alice", "c1", "s-2") == "s-1"  # a concurrent first message: the winner's session
-    again = ContextSessions(open_a2a(repo.store.url if hasattr(repo, "store") else None, tmp_path / "sessions"))
+    again = ContextSessions(open_a2a(getattr(repo.db, "url", None), tmp_path / "sessions"))
     assert await again.session_of("alice", "c1") == "s-1"
     assert await again.session_of("bob", "c1") is None and await again.session_of(None, "c1") is None
     assert await again.bind("alice", "c1", "s-3", replacing="s-1") == "s-3"  # its session was closed: a new one

@@ -1,7 +1,7 @@
-"""The A2A TCK's scripted scenarios (`[a2a] conformance_scenarios`): each scenario's answer on the wire, over
-JSON-RPC and HTTP+JSON, unary and streamed; their tasks stored, listed, continued, cancelled and resubscribed
-like any other; the guard deciding with authentication on; and with the mode off, a scenario's message id
-reasons like any other message."""
+"""The A2A TCK's scripted scenarios (tests/a2a_scenarios.py, plugged in as `[a2a] executor`): each scenario's
+answer on the wire, over JSON-RPC and HTTP+JSON, unary and streamed; their tasks stored, listed, continued,
+cancelled and resubscribed like any other; the guard deciding with authentication on; and without the plug-in,
+a scenario's message id reasons like any other message."""
 
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from reasonray.api.app import local_dispatcher
-from reasonray.api.surfaces.a2a_tasks import PrincipalUser
 from reasonray.api.surfaces.a2a import A2AServer
-from reasonray.api.surfaces.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
+from reasonray.api.surfaces.a2a_tasks import PrincipalUser
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
@@ -37,9 +36,11 @@ from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, Se
 from reasonray.stores.a2a import SqliteRepository
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.a2a_rows import stored_rows
+from tests.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
 from tests.unit.test_a2a import Agent
 
 BINDINGS = ["jsonrpc", "http_json"]
+PLUG_IN = "tests.a2a_scenarios:ScenarioExecutor"
 # every scenario of the TCK's scenarios/core_operations.feature and scenarios/streaming.feature
 FEATURE_PREFIXES = {
     "tck-complete-task",
@@ -73,7 +74,7 @@ class Conformance:
         )
         rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path, sessions=sessions)
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)
-        self.server = A2AServer(rpc, catalogue, SqliteRepository(tmp_path / "sessions"), "0.1.0", conformance_scenarios=on)
+        self.server = A2AServer(rpc, catalogue, SqliteRepository(tmp_path / "sessions"), "0.1.0", executor=PLUG_IN if on else None)
         app = Starlette(
             routes=[
                 Route("/a2a", self.server.handle, methods=["POST"]),
@@ -134,9 +135,9 @@ def test_the_table_holds_every_scenario_of_the_feature_files_and_the_longest_pre
         File("output.txt", "text/plain")  # a file part says where its bytes are
 
 
-def test_the_mode_is_off_unless_configured():
-    assert Settings().a2a.conformance_scenarios is False
-    assert Settings.model_validate({"a2a": {"conformance_scenarios": True}}).a2a.conformance_scenarios is True
+def test_no_executor_is_plugged_in_unless_configured():
+    assert Settings().a2a.executor is None
+    assert Settings.model_validate({"a2a": {"executor": PLUG_IN}}).a2a.executor == PLUG_IN
 
 
 @pytest.mark.parametrize("binding", BINDINGS)
@@ -281,7 +282,7 @@ async def test_the_resubscription_task_stays_working_for_a_resubscriber_and_can_
     assert rest[-1].status.state == TaskState.TASK_STATE_CANCELED
 
 
-async def test_with_the_mode_off_a_scenario_message_id_reasons_like_any_message(tmp_path):
+async def test_without_the_plug_in_a_scenario_message_id_reasons_like_any_message(tmp_path):
     off = Conformance(tmp_path, on=False, replies=("<thinking>easy</thinking><answer>5</answer>",))
     try:
         task = only_task(await off.send("jsonrpc", "tck-artifact-text-1"))
@@ -295,7 +296,7 @@ async def test_with_the_mode_off_a_scenario_message_id_reasons_like_any_message(
 
 
 async def test_with_authentication_the_guard_decides_and_a_scenario_task_is_its_callers(tmp_path):
-    agent = Agent(tmp_path, conformance_scenarios=True)
+    agent = Agent(tmp_path, executor=PLUG_IN)
     http_clients: list[httpx.AsyncClient] = []
     try:
         await _guarded(agent, tmp_path, http_clients)

@@ -13,8 +13,8 @@
   task board (`reasonray.api.surfaces.a2a_tasks.TaskBoard`), which the running replica watches.
 - Tasks and each context's session binding live in the sessions' store, owned by the caller
   (`reasonray.api.surfaces.a2a_tasks`).
-- With `[a2a] conformance_scenarios` on (a conformance run only), a message whose id names one of the A2A
-  TCK's scenarios gets that scenario's scripted events instead of reasoning (`reasonray.api.surfaces.a2a_scenarios`).
+- `[a2a] executor` plugs in an agent executor wrapping ReasonRay's (`A2AServer`'s `executor`): a conformance
+  run's scripted scenarios, for one, live with the tests that need them, not here.
 
 Transport-free: the Serve ingress forwards `/a2a` and the card route to what is built here.
 """
@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import pkgutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
 from email.utils import formatdate
-from typing import Any, TypeVar, assert_never
+from typing import Any, TypeVar
 
 import structlog
 from a2a.auth.user import UnauthenticatedUser, User
@@ -62,7 +63,7 @@ from starlette.routing import Match, Route
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, principal_trace_id
 from reasonray.api.errors import a2a_refused, view_of
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Call, Dispatcher, RpcError, error_for
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, RpcError
 from reasonray.api.results import SessionCreateResult, SessionGetResult, TurnResult
 from reasonray.api.service import ExecuteResult
 from reasonray.api.surfaces.a2a_tasks import (
@@ -74,7 +75,6 @@ from reasonray.api.surfaces.a2a_tasks import (
     TaskBoard,
     owner_of,
 )
-from reasonray.api.surfaces.a2a_scenarios import Reply, Scenario, Script, play, scenario_for
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
@@ -187,6 +187,13 @@ def _refusal(error: dict[str, Any]) -> str:
     return f"{error['message']} (code {error['code']})"[:2000]
 
 
+def run_trace_id(context: RequestContext) -> str:
+    """The trace id of the message's run: the caller's (traceparent, or the request's span) when it may choose one."""
+    headers = context.call_context.state.get("headers", {}) if context.call_context else {}
+    given = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id()
+    return principal_trace_id(given) or uuid.uuid4().hex  # a caller's chosen trace id is its own
+
+
 def _context_of(context: RequestContext) -> str:
     """The context of the message's task: a message continuing a task by its id alone is given a fresh
     context id by the SDK, and the task's events must carry the task's own."""
@@ -210,34 +217,28 @@ class ReasoningExecutor(AgentExecutor):
     turn of the context's ReasonRay session (`session.create` on the context's first message, `session.turn`
     after). Progress goes out as status updates, the answer as an artifact. A refusal answers the request with
     HTTP 401/403/429 and no task. While a task runs, its replica watches the board for a cancel sent to any
-    replica. With `conformance_scenarios`, a message whose id names a TCK scenario plays that scenario instead."""
+    replica. `task_updater`, `unless_cancelled_elsewhere` and `unanswered` serve an executor plugged in around it."""
 
     WATCH_S = 0.5  # how often a running task looks for a cancel sent to another replica
 
-    def __init__(self, rpc: Dispatcher, contexts: ContextSessions, board: Board, *, conformance_scenarios: bool = False) -> None:
+    def __init__(self, rpc: Dispatcher, contexts: ContextSessions, board: Board) -> None:
         self.rpc = rpc
         self.contexts = contexts
         self.board = board
-        self.conformance_scenarios = conformance_scenarios  # `[a2a] conformance_scenarios`: the TCK's scripted replies
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
         task_id, context_id = context.task_id, _context_of(context)
         choice = _choice(context)
         strategy = choice.strategy
-        headers = context.call_context.state.get("headers", {}) if context.call_context else {}
-        given = tracing.trace_id_from(headers.get("traceparent")) or tracing.current_trace_id()
-        trace_id = principal_trace_id(given) or uuid.uuid4().hex  # a caller's chosen trace id is its own
+        trace_id = run_trace_id(context)
         owner = owner_of(context.call_context)
         text = context.get_user_input()
-        scenario = scenario_for(context.message.message_id) if self.conformance_scenarios else None
-        if scenario is not None:
-            return await self._scripted(context, event_queue, scenario, text, trace_id, owner)
         params: dict[str, Any]
         if strategy is None and choice.agent_id is None:
             session_id = await self._session(owner, context_id, choice.session, trace_id)
             if isinstance(session_id, dict):  # session.create was refused or failed
-                return await self._unanswered(context, event_queue, session_id, owner)
+                return await self.unanswered(context, event_queue, session_id, owner)
             method, params = "session.turn", {"session_id": session_id, "message": text}
         else:
             method = "reasoning.execute"
@@ -248,23 +249,23 @@ class ReasoningExecutor(AgentExecutor):
             await anext(items)  # Admitted: the guard let the call run; a refused or invalid call raises before anything ran
         except RpcError as error:
             await items.aclose()
-            return await self._unanswered(context, event_queue, error.body(), owner)
-        updater = await self._task_updater(context, event_queue)
+            return await self.unanswered(context, event_queue, error.body(), owner)
+        updater = await self.task_updater(context, event_queue)
 
         def say(line: str) -> a2a_pb2.Message:
             return new_text_message(line, context_id=context_id, task_id=task_id)
 
         doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
         await updater.start_work(say(f"{doing} (trace {trace_id})"))
-        run = await self._unless_cancelled_elsewhere(self._follow(items, updater, say), task_id)
+        run = await self.unless_cancelled_elsewhere(self._follow(items, updater, say), task_id)
         if run is None:  # the SDK ends the task
             await items.aclose()
             await updater.cancel()
             return
-        response = run.result()
-        if "error" in response:
-            return await self._not_answered(updater, say, response["error"], task_id)
-        result: ExecuteResult | TurnResult = response["result"]
+        outcome = run.result()
+        if not isinstance(outcome, CallResult):
+            return await self._not_answered(updater, say, outcome, task_id)
+        result: ExecuteResult | TurnResult = outcome.value
         if isinstance(result, TurnResult) and result.status != "completed":
             tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
             return await self._not_answered(updater, say, tools, task_id)
@@ -278,7 +279,7 @@ class ReasoningExecutor(AgentExecutor):
         await updater.complete()
 
     @staticmethod
-    async def _task_updater(context: RequestContext, event_queue: EventQueue) -> TaskUpdater:
+    async def task_updater(context: RequestContext, event_queue: EventQueue) -> TaskUpdater:
         """The updater of the message's task, the task enqueued first (submitted) when the message starts one."""
         assert context.task_id and context.context_id
         if context.current_task is None:
@@ -291,7 +292,7 @@ class ReasoningExecutor(AgentExecutor):
             await event_queue.enqueue_event(task)
         return TaskUpdater(event_queue, context.task_id, _context_of(context))
 
-    async def _unless_cancelled_elsewhere(self, work: Coroutine[Any, Any, T], task_id: str) -> asyncio.Future[T] | None:
+    async def unless_cancelled_elsewhere(self, work: Coroutine[Any, Any, T], task_id: str) -> asyncio.Future[T] | None:
         """Runs `work` while watching the board for a cancel sent to another replica: its finished future, or
         None when the task was cancelled there (`work` stopped). Cancelled here (CancelTask on this replica, by
         the SDK), `work` stops too."""
@@ -309,45 +310,6 @@ class ReasoningExecutor(AgentExecutor):
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
         log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
-        return None
-
-    async def _scripted(
-        self, context: RequestContext, event_queue: EventQueue, scenario: Scenario, text: str, trace_id: str, owner: str | None
-    ) -> None:
-        """A conformance scenario (`[a2a] conformance_scenarios`) in place of reasoning: admitted by the guard as the
-        run it stands in for, then played into the task (or answered as a direct Message); its task is stored,
-        owned, listed and cancelled like any other."""
-        assert context.message is not None and context.task_id
-        refusal = await self._admitted_as_run(text, trace_id)
-        if refusal is not None:
-            return await self._unanswered(context, event_queue, refusal, owner)
-        log.info("a2a.scenario", task_id=context.task_id, message_id=context.message.message_id)
-        match scenario:
-            case Reply(reply):
-                await event_queue.enqueue_event(new_text_message(reply, context_id=context.context_id))
-            case Script():
-                updater = await self._task_updater(context, event_queue)
-                if await self._unless_cancelled_elsewhere(play(scenario, updater), context.task_id) is None:
-                    await updater.cancel()
-            case _:
-                assert_never(scenario)
-
-    async def _admitted_as_run(self, text: str, trace_id: str) -> dict[str, Any] | None:
-        """What the guard says to a `reasoning.execute` run of `text` by this caller, without running it: None
-        when it lets it through (or no guard is installed), else the JSON-RPC error of its refusal. Its roles,
-        rate limits and audit record apply to a scenario as to the run the message would otherwise start."""
-        if self.rpc.guard is None:
-            return None
-        method = self.rpc.methods["reasoning.execute"]
-        call = Call(trace_id=trace_id, method="reasoning.execute", access=method.access)
-
-        async def nothing_to_run() -> dict[str, Any]:
-            return {}
-
-        try:
-            await self.rpc.guard(call, method.params.model_construct(query=text), nothing_to_run)
-        except Exception as exc:
-            return error_for(exc).body()
         return None
 
     async def _session(self, owner: str | None, context_id: str, spec: dict[str, Any] | None, trace_id: str) -> str | dict[str, Any]:
@@ -369,17 +331,17 @@ class ReasoningExecutor(AgentExecutor):
         return await self.contexts.bind(owner, context_id, created.session_id, replacing=current)
 
     @staticmethod
-    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> dict[str, Any]:
-        """Status updates for the run's events, then its result (`{"result": ...}`) or error (`{"error": ...}`)."""
+    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> CallResult | dict[str, Any]:
+        """Status updates for the run's events, then its typed result, or its JSON-RPC error."""
         try:
             async for item in items:
                 if isinstance(item, CallResult):
-                    return {"result": item.value}
+                    return item
                 if isinstance(item, Event) and (line := _progress(item)) is not None:
                     await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
         except RpcError as error:
-            return {"error": error.body()}
-        return {"error": {"code": -32603, "message": "the run ended without a result"}}
+            return error.body()
+        return {"code": -32603, "message": "the run ended without a result"}
 
     async def _watch(self, task_id: str) -> None:
         """Returns when the task was cancelled on another replica (the board says CANCELED)."""
@@ -388,7 +350,7 @@ class ReasoningExecutor(AgentExecutor):
             if await self.board.state(task_id) == TaskState.TASK_STATE_CANCELED:
                 return
 
-    async def _unanswered(self, context: RequestContext, event_queue: EventQueue, error: dict[str, Any], owner: str | None) -> None:
+    async def unanswered(self, context: RequestContext, event_queue: EventQueue, error: dict[str, Any], owner: str | None) -> None:
         """Nothing ran. A refusal (401/403/429) answers the request itself (`REFUSED`); any other error, or a
         call outside `A2AServer.handle`, ends in a task that says why."""
         assert context.task_id and context.context_id
@@ -396,7 +358,7 @@ class ReasoningExecutor(AgentExecutor):
         if holder is not None and a2a_refused(error):
             holder.update(error=error, task_id=context.task_id, owner=owner)
             raise Refused(error["message"])
-        updater = await self._task_updater(context, event_queue)
+        updater = await self.task_updater(context, event_queue)
 
         def say(line: str) -> a2a_pb2.Message:
             return new_text_message(line, context_id=_context_of(context), task_id=context.task_id)
@@ -423,9 +385,8 @@ class ReasoningExecutor(AgentExecutor):
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
-def card_json(card: AgentCard) -> dict[str, Any]:
-    """The card as the SDK serves it (camelCase JSON)."""
-    return agent_card_to_dict(card)
+card_json = agent_card_to_dict
+"""The card as the SDK serves it (camelCase JSON)."""
 
 
 CARD_MAX_AGE_S = 300
@@ -460,8 +421,8 @@ class A2AServer:
     so through its guard when authentication is on), keeping them in `repo` and, while they run, on `board`
     (shared by every replica: a cancel or a resubscription reaches a task from any replica), for the ingress to
     mount. `refusal_headers` gives a refusal's extra HTTP headers (Retry-After and X-RateLimit-* for 429).
-    `conformance_scenarios` (`[a2a] conformance_scenarios`, off by default) answers the A2A TCK's scenario
-    message ids with their scripted events (`reasonray.api.surfaces.a2a_scenarios`) instead of reasoning."""
+    `executor` (`[a2a] executor`, unset by default) names a `module:callable` that is given the `ReasoningExecutor`
+    and returns the agent executor to run instead, wrapping it (a conformance run's scripted scenarios)."""
 
     def __init__(
         self,
@@ -473,7 +434,8 @@ class A2AServer:
         bearer: bool = False,
         board: Board | None = None,
         refusal_headers: Callable[[dict[str, Any]], dict[str, str]] = lambda error: {},
-        conformance_scenarios: bool = False,
+        executor: str | None = None,
+        conformance_scenarios: bool = False,  # retired: the ingress stops passing it (`executor` plugs scenarios in)
     ) -> None:
         self.catalogue = catalogue
         self.version = version
@@ -481,8 +443,9 @@ class A2AServer:
         self.board = board or TaskBoard()
         self.store = SharedTaskStore(repo, self.board)
         self.refusal_headers = refusal_headers
+        reasoning = ReasoningExecutor(rpc, ContextSessions(repo), self.board)
         self.handler = DefaultRequestHandler(
-            agent_executor=ReasoningExecutor(rpc, ContextSessions(repo), self.board, conformance_scenarios=conformance_scenarios),
+            agent_executor=pkgutil.resolve_name(executor)(reasoning) if executor else reasoning,
             task_store=self.store,
             agent_card=self.card(""),
             event_stream=BoardEventStream(self.board),
@@ -496,15 +459,9 @@ class A2AServer:
 
     async def handle(self, request: Request) -> Response:
         """The SDK's answer, or for a refused call the JSON-RPC error with its HTTP status (and headers)."""
-        holder: dict[str, Any] = {}
-        token = REFUSED.set(holder)
-        try:
-            response: Response = await self._endpoint(request)
-        finally:
-            REFUSED.reset(token)
-        if "error" not in holder:
+        response, error = await self._answer(self._endpoint, request)
+        if error is None:
             return response
-        error = await self._refused(holder)
         request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
         return JSONResponse(
             {"jsonrpc": "2.0", "error": error, "id": request_id},
@@ -529,28 +486,30 @@ class A2AServer:
         return JSONResponse({"error": {"code": status, "status": reason, "message": message}}, status_code=status, headers=headers)
 
     async def _rest_call(self, route: Route, request: Request) -> Response:
-        holder: dict[str, Any] = {}
-        token = REFUSED.set(holder)
-        try:
-            response: Response = await route.endpoint(request)
-        finally:
-            REFUSED.reset(token)
-        if "error" not in holder:
+        response, error = await self._answer(route.endpoint, request)
+        if error is None:
             if response.headers.get("content-type", "").startswith("application/a2a+json"):
                 response.headers["content-type"] = "application/json"  # what the HTTP+JSON binding names (A2A 11.1)
             return response
-        error = await self._refused(holder)
         status = view_of(error["code"]).http_status
         reason = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}[status]
         body = {"error": {"code": status, "status": reason, "message": error["message"], "details": [error]}}
         return JSONResponse(body, status_code=status, headers=self.refusal_headers(error))
 
-    async def _refused(self, holder: dict[str, Any]) -> dict[str, Any]:
-        """The SDK filed the refused request as a failed task: a refused call leaves none."""
+    async def _answer(self, endpoint: Callable[[Request], Any], request: Request) -> tuple[Response, dict[str, Any] | None]:
+        """The SDK's answer and, when the guard refused the call, its JSON-RPC error: the SDK filed the refused
+        request as a failed task, which is deleted here (a refused call leaves none)."""
+        holder: dict[str, Any] = {}
+        token = REFUSED.set(holder)
+        try:
+            response: Response = await endpoint(request)
+        finally:
+            REFUSED.reset(token)
+        if "error" not in holder:
+            return response, None
         await self.store.owned.repo.delete_a2a_task(holder["task_id"], holder["owner"])
         await self.board.forget(holder["task_id"])
-        error: dict[str, Any] = holder["error"]
-        return error
+        return response, holder["error"]
 
     def card(self, base_url: str) -> AgentCard:
         return agent_card(self.catalogue.describe(), base_url, self.version, bearer=self.bearer)

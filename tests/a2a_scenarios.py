@@ -1,11 +1,13 @@
-"""The A2A TCK's scripted scenarios, served when `[a2a] conformance_scenarios` is on (off by default).
+"""The A2A TCK's scripted scenarios, plugged into the A2A surface as its agent executor for conformance runs
+(`[a2a] executor = "tests.a2a_scenarios:ScenarioExecutor"`; tests/integration/test_a2a_tck.py).
 
 The TCK drives its system under test in-band: a message whose `messageId` starts with a scenario's prefix
 (`tck-artifact-text`, `tck-input-required`, `tck-stream-001`...) must get exactly that scenario's events
 (the TCK's `scenarios/core_operations.feature` and `streaming.feature`). `SCENARIOS` holds them as data, one
 row per prefix; `scenario_for` picks the row of a message id (the longest prefix wins, so
 `tck-artifact-file-url` is not taken for `tck-artifact-file`), and `play` turns a script into the a2a-sdk's
-task events. The same events serve SendMessage and SendStreamingMessage on both bindings.
+task events. The same events serve SendMessage and SendStreamingMessage on both bindings. `ScenarioExecutor`
+wraps ReasonRay's executor: a scenario's message id plays its script, any other message reasons as usual.
 """
 
 from __future__ import annotations
@@ -15,10 +17,20 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
+import structlog
+from a2a.helpers.proto_helpers import new_text_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import Part, TaskState
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Value
+
+from reasonray.api.jsonrpc import Call, error_for
+from reasonray.api.surfaces.a2a import ReasoningExecutor, run_trace_id
+from reasonray.api.surfaces.a2a_tasks import owner_of
+
+log = structlog.get_logger(__name__)
 
 # -- parts ----------------------------------------------------------------------------------------------------
 
@@ -195,3 +207,60 @@ async def play(script: Script, updater: TaskUpdater) -> None:
                 await updater.reject(updater.new_agent_message([Part(text=reason)]))
             case _:
                 assert_never(step)
+
+
+# -- the executor -------------------------------------------------------------------------------------------------
+
+
+class ScenarioExecutor(AgentExecutor):
+    """ReasonRay's executor with the TCK's scenarios in front: a message whose id names a scenario is admitted by
+    the guard as the `reasoning.execute` run it stands in for, then played into its task (or answered as a direct
+    Message); the task is stored, owned, listed and cancelled like any other. Any other message reasons."""
+
+    def __init__(self, reasoning: ReasoningExecutor) -> None:
+        self.reasoning = reasoning
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.message is not None and context.task_id
+        scenario = scenario_for(context.message.message_id)
+        if scenario is None:
+            return await self.reasoning.execute(context, event_queue)
+        owner = owner_of(context.call_context)
+        refusal = await self._admitted_as_run(context.get_user_input(), run_trace_id(context))
+        if refusal is not None:
+            return await self.reasoning.unanswered(context, event_queue, refusal, owner)
+        log.info("a2a.scenario", task_id=context.task_id, message_id=context.message.message_id)
+        match scenario:
+            case Reply(reply):
+                await event_queue.enqueue_event(new_text_message(reply, context_id=context.context_id))
+            case Script():
+                updater = await self.reasoning.task_updater(context, event_queue)
+                if await self.reasoning.unless_cancelled_elsewhere(play(scenario, updater), context.task_id) is None:
+                    await updater.cancel()
+            case _:
+                assert_never(scenario)
+
+    async def _admitted_as_run(self, text: str, trace_id: str) -> dict[str, Any] | None:
+        """What the guard says to a `reasoning.execute` run of `text` by this caller, without running it: None
+        when it lets it through (or no guard is installed), else the JSON-RPC error of its refusal. Its roles,
+        rate limits and audit record apply to a scenario as to the run the message would otherwise start."""
+        rpc = self.reasoning.rpc
+        if rpc.guard is None:
+            return None
+        method = rpc.methods["reasoning.execute"]
+
+        async def nothing_to_run() -> None:
+            return None
+
+        try:
+            await rpc.guard(
+                Call(trace_id=trace_id, method="reasoning.execute", access=method.access),
+                method.params.model_construct(query=text),
+                nothing_to_run,
+            )
+        except Exception as exc:
+            return error_for(exc).body()
+        return None
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await self.reasoning.cancel(context, event_queue)
