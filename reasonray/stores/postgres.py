@@ -24,6 +24,7 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import KW_ONLY, dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -41,21 +42,27 @@ T = TypeVar("T")
 RETRY_ATTEMPTS = 5  # with backoff 0.1 s doubling to 2 s: about 4 s of outage ridden out
 
 
+@dataclass(eq=False, repr=False)  # no repr: the URL may carry a password
 class PgStore:
-    """One PostgreSQL database: its pools (one per event loop), retries and a loop thread for synchronous callers."""
+    """One PostgreSQL database: its pools (one per event loop), retries and a loop thread for synchronous callers.
+    Made, it has created or migrated the schema."""
 
+    url: str
+    _: KW_ONLY
     # Every session host and replica is a process of its own with its own pool, so pools stay small: a
     # loop makes a few statements at a time. Hundreds of processes: put PgBouncer in front.
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 4, timeout_s: float = 10.0) -> None:
-        self.url = url
-        self.min_size = min_size
-        self.max_size = max_size
-        self.timeout_s = timeout_s
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = weakref.WeakKeyDictionary()
-        self._thread_loop: asyncio.AbstractEventLoop | None = None
-        self._thread_lock = threading.Lock()
+    min_size: int = 1
+    max_size: int = 4
+    timeout_s: float = 10.0
+    _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncConnectionPool] = field(
+        default_factory=weakref.WeakKeyDictionary, init=False
+    )
+    _thread_loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
+    _thread_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def __post_init__(self) -> None:
         try:
-            migrate(url)
+            migrate(self.url)
         except psycopg.OperationalError as exc:
             raise self._unreachable(exc) from None
 
@@ -133,10 +140,17 @@ class PgStore:
             cur = await conn.execute(sql, params)
             return await cur.fetchall() if cur.description else []
 
+    touch = ", updated_at = now()"  # `reasonray.stores.sql.Sql`: the tables keep when a row last changed
+
     @staticmethod
     def jsonb(value: Any) -> Jsonb:
         """`value` as a JSONB parameter (the record modules leave psycopg unimported until a store is used)."""
         return Jsonb(value)
+
+    @staticmethod
+    def loads(column: Any) -> Any:
+        """A JSONB column as read: psycopg has parsed it already."""
+        return column
 
     async def fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run one statement (retried if the connection drops: only for statements safe to repeat); its rows."""
