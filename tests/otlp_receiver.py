@@ -6,10 +6,12 @@ import gzip
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+
+from tests.background_http import BackgroundHTTP
 
 
 def _value(v: Any) -> Any:
@@ -32,7 +34,7 @@ class ReceivedSpan:
 
 
 @dataclass
-class OTLPReceiver:
+class OTLPReceiver(BackgroundHTTP):
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
 
@@ -56,20 +58,11 @@ class OTLPReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._serve(Handler)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> OTLPReceiver:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        return f"http://127.0.0.1:{self.port}"
 
     def _take(self, request: ExportTraceServiceRequest) -> None:
         with self._changed:

@@ -16,12 +16,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
 
 from reasonray.gateway.openai_client import FRAMING_PROBE
+from tests.background_http import BackgroundHTTP
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 
@@ -45,7 +46,7 @@ class Call:
     client_left: bool = False  # ReasonRay closed the connection before the answer was written
 
 
-class Recorder:
+class Recorder(BackgroundHTTP):
     """The proxy: `url` is the OpenAI-compatible base URL to give ReasonRay instead of the server's."""
 
     def __init__(self, upstream: str) -> None:
@@ -69,21 +70,14 @@ class Recorder:
                 length = int(self.headers.get("Content-Length") or 0)
                 recorder._forward(self, self.rfile.read(length))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="model-recorder", daemon=True)
+        self._serve(Handler, name="model-recorder")
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def start(self) -> Recorder:
-        self.thread.start()
-        return self
+        return f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().stop()
         self._http.close()
 
     def mark(self) -> float:
