@@ -111,9 +111,7 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
         if name not in catalogue.entries:
             why = "is installed but not enabled on this server" if name in catalogue.installed else "is not a known strategy"
             problems.append(f"capability {STRATEGY_CAPABILITY}{name}: strategy {name!r} {why} (enabled: {', '.join(enabled) or 'none'})")
-    unknown_methods = [m for m in card.supported_methods if m not in known_methods]
-    if unknown_methods:
-        problems.append(f"supported_methods {unknown_methods} are not methods of this server (known: {', '.join(known_methods)})")
+    problems += _unknown_methods(card, known_methods)
     if card.default_strategy is not None and card.default_strategy not in card.strategies:
         problems.append(f"default_strategy {card.default_strategy!r} is not among the agent's strategies {card.strategies}")
     config: dict[str, dict[str, Any]] = {}
@@ -149,12 +147,15 @@ def _validate_remote(card: AgentRegistration, known_methods: list[str]) -> Agent
         problems.append("strategy_config applies to this server's strategies; a remote A2A agent takes none")
     if card.default_strategy is not None and card.default_strategy not in card.remote_skills:
         problems.append(f"default_strategy {card.default_strategy!r} is not one of the remote agent's skills {card.remote_skills}")
-    unknown_methods = [m for m in card.supported_methods if m not in known_methods]
-    if unknown_methods:
-        problems.append(f"supported_methods {unknown_methods} are not methods of this server (known: {', '.join(known_methods)})")
+    problems += _unknown_methods(card, known_methods)
     if problems:
         raise InvalidParamsError(f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems})
     return card
+
+
+def _unknown_methods(card: AgentRegistration, known_methods: list[str]) -> list[str]:
+    unknown = [m for m in card.supported_methods if m not in known_methods]
+    return [f"supported_methods {unknown} are not methods of this server (known: {', '.join(known_methods)})"] if unknown else []
 
 
 AgentRepository = CardStore[AgentCard]

@@ -62,17 +62,10 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _get(http: httpx.Client, url: str) -> Any:
+def _ask(http: httpx.Client, url: str, body: dict[str, Any] | None = None) -> Any:
+    """The JSON a GET (a POST of `body`) answers; None for any failure."""
     try:
-        response = http.get(url)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-def _post(http: httpx.Client, url: str, body: dict[str, Any]) -> Any:
-    try:
-        response = http.post(url, json=body)
+        response = http.get(url) if body is None else http.post(url, json=body)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -98,13 +91,13 @@ def _tokenize_probe(http: httpx.Client, root: str, model: str, flavour: Flavour)
         candidates = candidates[2:]
     for style, url, detok, field in candidates:
         extra = {"model": model} if style == "vllm" else {}
-        probe = _post(http, url, {**extra, field: PROBE_TEXT})
+        probe = _ask(http, url, {**extra, field: PROBE_TEXT})
         tokens = probe.get("tokens") if isinstance(probe, dict) else None
         if not isinstance(tokens, list) or not tokens:
             continue
-        empty = _post(http, url, {**extra, field: ""})
+        empty = _ask(http, url, {**extra, field: ""})
         bos = len(empty.get("tokens") or []) if isinstance(empty, dict) else 0
-        sample = _post(http, url, {**extra, field: CALIBRATION_TEXT})
+        sample = _ask(http, url, {**extra, field: CALIBRATION_TEXT})
         sample_tokens = sample.get("tokens") if isinstance(sample, dict) else None
         return {
             "style": style,
@@ -129,8 +122,8 @@ def discover_sync(base_url: str, model: str, *, api_key: str | None = None, time
     root = server_root(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=timeout_s, headers=headers) as http:
-        flavour, ids, context = _from_models(_get(http, f"{base_url.rstrip('/')}/models"), model)
-        props = _get(http, f"{root}/props") if flavour in ("unknown", "llama.cpp") else None
+        flavour, ids, context = _from_models(_ask(http, f"{base_url.rstrip('/')}/models"), model)
+        props = _ask(http, f"{root}/props") if flavour in ("unknown", "llama.cpp") else None
         slots = model_path = None
         if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
             flavour = "llama.cpp"

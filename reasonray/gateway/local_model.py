@@ -98,34 +98,15 @@ class LocalModelServer:
 
     def command(self) -> list[str]:
         s = self.section
+        model = ("-m", "llama_cpp.server", "--model", str(model_path(s)), "--model_alias", s.alias, "--n_ctx", str(s.n_ctx))
+        address = ("--host", s.host, "--port", str(self.port))
         if self.documented_defaults:
-            return [
-                *(self.python, "-m", "llama_cpp.server", "--model", str(model_path(s)), "--model_alias", s.alias),
-                *("--n_ctx", str(s.n_ctx), "--n_threads", str(s.n_threads), "--host", s.host, "--port", str(self.port)),
-                *self.extra_args,
-            ]
+            return [self.python, *model, "--n_threads", str(s.n_threads), *address, *self.extra_args]
         argv = [
-            self.python,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(model_path(s)),
-            "--model_alias",
-            s.alias,
-            "--n_ctx",
-            str(s.n_ctx),
-            "--n_threads",
-            str(s.n_threads),
-            "--n_threads_batch",
-            str(s.n_threads),
-            "--host",
-            s.host,
-            "--port",
-            str(self.port),
+            *(self.python, *model, "--n_threads", str(s.n_threads), "--n_threads_batch", str(s.n_threads), *address),
             # by default the server cuts a running stream short when another request arrives (no usage, no finish
             # reason): fan-out branches and sessions in other processes call it at once, and each must finish
-            "--interrupt_requests",
-            "False",
+            *("--interrupt_requests", "False"),
         ]
         if s.chat_format:
             argv += ["--chat_format", s.chat_format]

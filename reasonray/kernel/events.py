@@ -258,13 +258,8 @@ class Tally(msgspec.Struct):
 
     def add(self, other: Tally) -> None:
         """Count another tally's calls (a branch that ran elsewhere) into this one."""
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.reasoning_tokens += other.reasoning_tokens
-        self.thinking_unenforced += other.thinking_unenforced
-        self.calls += other.calls
-        self.cache_hits += other.cache_hits
-        self.retries += other.retries
+        for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "thinking_unenforced", "calls", "cache_hits", "retries"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         self.simulated = self.simulated or other.simulated
         self.model = other.model or self.model
 
