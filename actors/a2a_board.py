@@ -20,28 +20,12 @@ from reasonray.kernel.errors import RunCancelledError
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
-class TaskBoardActor(Fingerprinted):
+class TaskBoardActor(TaskBoard, Fingerprinted):
+    """TaskBoard run by Ray: its methods are the actor's."""
+
     def __init__(self, fp: str) -> None:
+        super().__init__()
         self._fingerprint = fp
-        self.board = TaskBoard()
-
-    async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
-        return await self.board.commit(task_id, owner, prev_version, state, doc)
-
-    async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
-        return await self.board.get(task_id, owner)
-
-    async def state(self, task_id: str) -> int | None:
-        return await self.board.state(task_id)
-
-    async def forget(self, task_id: str) -> None:
-        await self.board.forget(task_id)
-
-    async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None:
-        await self.board.publish(task_id, version, event)
-
-    async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
-        return await self.board.events(task_id, cursor, wait_s)
 
 
 async def _call(method: Any, *args: Any) -> Any:

@@ -9,6 +9,7 @@ The stores keep any card that has an id (`StoredCard`): the strategies' `AgentCa
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
@@ -87,12 +88,12 @@ class FileCardStore(Generic[C]):
         self.cards = cards
 
 
+@dataclass
 class PgCardStore(Generic[C]):
     """The `agent_cards` table: every replica and every node reads the same cards."""
 
-    def __init__(self, model: type[C], store: PgStore) -> None:
-        self.model = model
-        self.store = store
+    model: type[C]
+    store: PgStore
 
     def all(self) -> dict[str, C]:
         rows = self.store.blocking(self.store.fetch("SELECT card FROM agent_cards ORDER BY agent_id"))

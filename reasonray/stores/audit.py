@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -71,12 +72,12 @@ class JsonlAuditLog:
         return [r for r in reversed(records) if principal is None or r.principal == principal][:limit]
 
 
+@dataclass
 class PgAuditLog:
     """The cluster store's `audit_log` table: `action` is the method, `detail` holds roles, target, outcome,
     trace id and reason."""
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    store: PgStore
 
     async def write(self, record: AuditRecord) -> None:
         detail = record.model_dump(mode="json", include={"roles", "target", "outcome", "trace_id"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -88,11 +89,11 @@ class SqliteCounters:
         return int(row[0]) if row else 0
 
 
+@dataclass
 class PgCounters:
     """The `counters` table, from synchronous code (the limiter actor) through the store's `blocking`."""
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    store: PgStore
 
     def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
         # not retried: an increment that committed before the connection dropped must not count twice

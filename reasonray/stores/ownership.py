@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import json
-import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from reasonray.kernel.storage import write_atomic
 from reasonray.stores import cluster_store
 
 if TYPE_CHECKING:
@@ -84,21 +85,16 @@ class OwnershipTable:
         return {k[len(prefix) :] for k in self._records if k.startswith(prefix)}
 
     def _save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self._records))
-        os.chmod(temporary, 0o600)
-        temporary.replace(self.path)
+        if self.path is not None:  # replaced whole, readable by its owner alone
+            write_atomic(self.path, json.dumps(self._records).encode())
 
 
+@dataclass
 class PgOwnershipTable:
     """`OwnershipRepository` in the cluster store's `ownership` table, synchronous like its caller, the ownership
     actor, which Ray runs one call at a time so that claims never race."""
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    store: PgStore
 
     def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return self.store.blocking(self.store.fetch(sql, params))

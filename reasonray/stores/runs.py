@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, Field
 
@@ -87,13 +88,13 @@ class SqliteRunIndex:
         return RunRecord.model_validate_json(found[0]), events
 
 
+@dataclass
 class PgRunIndex:
     """The `runs` table: the record's columns and the event log as JSONB (no file needed afterwards)."""
 
-    COLUMNS = tuple(RunRecord.model_fields)  # beside the JSONB event log, in the order they are written and read
+    COLUMNS: ClassVar = tuple(RunRecord.model_fields)  # beside the JSONB event log, in the order they are written and read
 
-    def __init__(self, store: PgStore) -> None:
-        self.store = store
+    store: PgStore
 
     async def record(self, run: RunRecord, event_log: Path | None) -> None:
         events = await asyncio.to_thread(read_event_log, event_log) if event_log is not None and event_log.exists() else []

@@ -10,6 +10,7 @@ import asyncio
 import json
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -132,12 +133,12 @@ def stale_version(session_id: str, version: int) -> SessionStateError:
     )
 
 
+@dataclass
 class PgSessionStore(Generic[S]):
     """One row per session in the `sessions` table: the state as JSONB and its version for optimistic concurrency."""
 
-    def __init__(self, model: type[S], store: PgStore) -> None:
-        self.model = model
-        self.store = store
+    model: type[S]
+    store: PgStore
 
     async def load(self, session_id: str) -> S | None:
         found = await self.row(session_id)

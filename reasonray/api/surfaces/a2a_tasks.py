@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -178,17 +179,15 @@ MAX_EVENTS = 2000  # events kept per task (the oldest dropped first)
 ENDING_S = 2.0  # a task that ended less than this ago may still publish its last event
 
 
+@dataclass(slots=True)
 class _Live:
-    __slots__ = ("doc", "ended_at", "events", "first_seq", "owner", "state", "version")
-
-    def __init__(self, owner: str | None) -> None:
-        self.owner = owner
-        self.version = 0
-        self.state = 0
-        self.doc: dict[str, Any] = {}
-        self.events: list[dict[str, Any]] = []
-        self.first_seq = 0  # the sequence number of events[0]
-        self.ended_at: float | None = None
+    owner: str | None
+    version: int = 0
+    state: int = 0
+    doc: dict[str, Any] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    first_seq: int = 0  # the sequence number of events[0]
+    ended_at: float | None = None
 
 
 class TaskBoard:
