@@ -12,16 +12,11 @@ Targets: the first progress chunk under 100 ms after the first model reply; adde
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
-from _env import REPO
-from overhead import pct, timed, wait_for
+from _env import REPO, pct, serve_bench_app, simulator_process, start_ray, timed
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings, load_settings
@@ -34,28 +29,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     args = parser.parse_args()
 
-    import ray
-    from ray import serve
-
-    from reasonray.serve_app import build_app, ray_environment
-
-    sim_port, api_port = free_port(), free_port()
-    sim = subprocess.Popen(
-        [Path(sys.executable).parent / "reasonray", "sim", "--port", str(sim_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    sim_url = f"http://127.0.0.1:{sim_port}/v1"
-    try:
-        wait_for(f"http://127.0.0.1:{sim_port}/healthz")
+    api_port = free_port()
+    with simulator_process() as (sim_url, _):
         base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
         base["llm"].update(provider="simulated", base_url=sim_url)
         base["llm"]["cache"]["enabled"] = False  # every run reaches the model
         base["logging"]["level"] = "warning"
         base["memory"]["enabled"] = False
         settings = Settings.model_validate(base)
-        os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": api_port})
-        serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")
+        start_ray(settings)  # with the ingress `reasonray serve` uses
+        serve_bench_app(settings, api_port)
         url = f"http://127.0.0.1:{api_port}"
         sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         rpc = httpx.Client(base_url=url, timeout=60)
@@ -116,14 +99,6 @@ def main() -> None:
             total_ms.append((time.perf_counter() - started) * 1000)
             first_chunk_ms.append(first)
             after_model_ms.append(progress - first - llm_ms)
-    finally:
-        sim.terminate()
-        sim.wait()
-        try:
-            serve.shutdown()
-            ray.shutdown()
-        except Exception:
-            pass
 
     r50, o50 = pct(rpc_ms, 0.5), pct(openai_ms, 0.5)
     print(f"plain runs: {args.requests} per path, chain_of_thought, simulated model, cache off")

@@ -22,33 +22,17 @@ import argparse
 import functools
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import openai
-from _env import REPO
+from _env import REPO, pct, serve_bench_app, simulator_process, start_ray, timed
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings, load_settings
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def timed(fn, n: int) -> list[float]:
-    out = []
-    for i in range(n):
-        started = time.perf_counter()
-        fn(i)
-        out.append((time.perf_counter() - started) * 1000)
-    return out
 
 
 def resolution_overhead(settings: Settings, n: int = 20_000) -> tuple[list[float], list[float]]:
@@ -288,6 +272,47 @@ def print_auth_http(figures: dict[str, tuple[list[float], list[float]]]) -> bool
 PATHS = {"default": ("default",), "auth": ("auth",), "both": ("default", "auth")}
 
 
+def direct_call(settings: Settings, sim_url: str) -> Callable[[int], None]:
+    """Question i as chain_of_thought would ask it, sent straight to the simulated model with the openai client."""
+    direct = openai.OpenAI(base_url=sim_url, api_key="x", max_retries=0)
+    max_tokens = settings.reasoning.strategies["chain_of_thought"]["default_max_tokens"]
+
+    def call(i: int) -> None:
+        direct.chat.completions.create(
+            model="simulated",
+            messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"What is {i} * 7?"}],
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
+
+    return call
+
+
+def serve_call(api: httpx.Client) -> Callable[[int], None]:
+    """Question i as `reasoning.execute` over HTTP: distinct questions miss the cache and reach the model, as the
+    direct call does."""
+
+    def call(i: int) -> None:
+        body = {"jsonrpc": "2.0", "id": i, "method": "reasoning.execute", "params": {"query": f"What is {i} * 7?"}}
+        response = api.post("/rpc", json=body).json()
+        assert "result" in response, response
+
+    return call
+
+
+def paired(direct: Callable[[int], None], served: Callable[[int], None], requests: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of the same questions each way, after `warmup` of each, in interleaved blocks of 50 so both
+    see the same machine load."""
+    timed(lambda i: direct(i + 10_000), warmup)
+    timed(lambda i: served(i + 10_000), warmup)
+    direct_ms: list[float] = []
+    serve_ms: list[float] = []
+    for block in range(0, requests, 50):
+        direct_ms += timed(lambda i, block=block: direct(block + i), min(50, requests - block))
+        serve_ms += timed(lambda i, block=block: served(block + i), min(50, requests - block))
+    return direct_ms, serve_ms
+
+
 def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url: str, api_port: int) -> float:
     """What one chain-of-thought request adds over the same chat completion sent straight to the model, on the
     path `reasonray serve` takes with authentication off (`default`) or on (`auth`: a token, per-principal
@@ -297,7 +322,6 @@ def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url:
 
     from reasonray.api.access.auth import mint_token
     from reasonray.kernel.auth_settings import LimitSettings
-    from reasonray.serve_app import build_app, ray_environment
 
     headers: dict[str, str] = {}
     if path == "auth":
@@ -305,36 +329,12 @@ def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url:
         auth = settings.auth.model_copy(update={"jwt_secret": AUTH_SECRET, "principals": {AUTH_SUB: LimitSettings(**limits)}})
         settings = settings.model_copy(update={"auth": auth})
         headers = {"Authorization": "Bearer " + mint_token(AUTH_SECRET, AUTH_SUB, ["reasoner"], 3600)}
-    os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses with these settings
+    start_ray(settings)  # with the ingress `reasonray serve` uses with these settings
     ingress = "HAProxy" if settings.haproxy_ingress() else "Serve's proxy"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": api_port})
-        serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")
-        direct = openai.OpenAI(base_url=sim_url, api_key="x", max_retries=0)
-        max_tokens = settings.reasoning.strategies["chain_of_thought"]["default_max_tokens"]
+        serve_bench_app(settings, api_port)
         api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30, headers=headers)
-
-        def call_direct(i: int) -> None:
-            direct.chat.completions.create(
-                model="simulated",
-                messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"What is {i} * 7?"}],
-                max_tokens=max_tokens,
-                temperature=0.0,
-            )
-
-        def call_serve(i: int) -> None:
-            body = {"jsonrpc": "2.0", "id": i, "method": "reasoning.execute", "params": {"query": f"What is {i} * 7?"}}
-            response = api.post("/rpc", json=body).json()
-            assert "result" in response, response
-
-        timed(lambda i: call_direct(i + 10_000), warmup)
-        timed(lambda i: call_serve(i + 10_000), warmup)
-        direct_ms: list[float] = []
-        serve_ms: list[float] = []
-        for block in range(0, requests, 50):  # interleaved: both see the same machine load
-            direct_ms += timed(lambda i, block=block: call_direct(block + i), min(50, requests - block))
-            serve_ms += timed(lambda i, block=block: call_serve(block + i), min(50, requests - block))
+        direct_ms, serve_ms = paired(direct_call(settings, sim_url), serve_call(api), requests, warmup)
         health_ms = timed(lambda _i: api.get("/healthz"), 100)
     finally:
         serve.shutdown()
@@ -346,17 +346,6 @@ def cot_path(settings: Settings, path: str, requests: int, warmup: int, sim_url:
     print(f"added p50 {s50 - d50:7.2f} ms   ratio p50 {s50 / d50:.2f}x   /healthz p50 {pct(health_ms, 0.5):.2f} ms")
     print(f"target added < 8 ms p50: {'PASS' if s50 - d50 < 8 else 'FAIL'}")
     return s50 - d50
-
-
-def wait_for(url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def main() -> None:
@@ -386,15 +375,8 @@ def main() -> None:
 
     from reasonray.serve_app import build_app, ray_environment
 
-    sim_port, api_port = free_port(), free_port()
-    sim = subprocess.Popen(
-        [Path(sys.executable).parent / "reasonray", "sim", "--port", str(sim_port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    sim_url = f"http://127.0.0.1:{sim_port}/v1"
-    try:
-        wait_for(f"http://127.0.0.1:{sim_port}/healthz")
+    api_port = free_port()
+    with simulator_process() as (sim_url, _):
         base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
         base["llm"].update(provider="simulated", base_url=sim_url)
         base["logging"]["level"] = "warning"
@@ -430,43 +412,9 @@ def main() -> None:
         auth_figures = auth_http_overhead(settings, args.auth_requests)
         serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")
 
-        direct = openai.OpenAI(base_url=sim_url, api_key="x", max_retries=0)
-        max_tokens = settings.reasoning.strategies["chain_of_thought"]["default_max_tokens"]
-
-        def call_direct(i: int) -> None:
-            direct.chat.completions.create(
-                model="simulated",
-                messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"What is {i} * 7?"}],
-                max_tokens=max_tokens,
-                temperature=0.0,
-            )
-
-        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
-
-        def call_serve(i: int) -> None:
-            # distinct queries, so every call misses the cache and reaches the model like the direct call
-            body = {"jsonrpc": "2.0", "id": i, "method": "reasoning.execute", "params": {"query": f"What is {i} * 7?"}}
-            response = api.post("/rpc", json=body).json()
-            assert "result" in response, response
-
-        offset = 10_000
-        timed(lambda i: call_direct(i + offset), args.warmup)
-        timed(lambda i: call_serve(i + offset), args.warmup)
-        # interleave in blocks so both paths see the same machine load
-        direct_ms, serve_ms = [], []
-        for block in range(0, args.requests, 50):
-            direct_ms += timed(lambda i, block=block: call_direct(block + i), min(50, args.requests - block))
-            serve_ms += timed(lambda i, block=block: call_serve(block + i), min(50, args.requests - block))
+        call_serve = serve_call(httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30))
+        direct_ms, serve_ms = paired(direct_call(settings, sim_url), call_serve, args.requests, args.warmup)
         cached_ms = timed(lambda i: call_serve(0), 100)
-    finally:
-        sim.terminate()
-        sim.wait()
-        try:
-            if ray.is_initialized():  # serve.shutdown would start a cluster to shut down
-                serve.shutdown()
-                ray.shutdown()
-        except Exception:
-            pass
 
     d50, d95, s50, s95 = pct(direct_ms, 0.5), pct(direct_ms, 0.95), pct(serve_ms, 0.5), pct(serve_ms, 0.95)
     print(f"requests: {args.requests} sequential per path (after {args.warmup} warm-up), simulated model, chain_of_thought")

@@ -18,35 +18,17 @@ import argparse
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import psutil
-from _env import REPO
+from _env import REPO, pct, serve_bench_app, simulator_process, start_ray
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings, load_settings
 
 MIB = 1024 * 1024
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def wait_for(url: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def rss(pids: list[int]) -> int:
@@ -182,22 +164,13 @@ def main() -> None:
         args.sessions, args.cot_requests = 200, 128
 
     import ray
-    from ray import serve
 
     from reasonray.actors import NAMESPACE
     from reasonray.actors.session import host_name
-    from reasonray.serve_app import build_app, ray_environment
 
-    sim_port, api_port = free_port(), free_port()
-    sim = subprocess.Popen(
-        [Path(sys.executable).parent / "reasonray", "sim", "--port", str(sim_port), "--ttft-ms", "500", "--tokens-per-second", "200"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    sim_url = f"http://127.0.0.1:{sim_port}/v1"
+    api_port = free_port()
     data_dir = Path(os.environ.get("BENCH_DATA_DIR") or f"/tmp/reasonray-bench-sessions-{os.getpid()}")
-    try:
-        wait_for(f"http://127.0.0.1:{sim_port}/healthz")
+    with simulator_process("--ttft-ms", "500", "--tokens-per-second", "200") as (sim_url, sim_pid):
         base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
         base["llm"].update(provider="simulated", base_url=sim_url)
         base["logging"]["level"] = "warning"
@@ -205,25 +178,14 @@ def main() -> None:
         base["memory"]["embedding"] = "openai"  # the memory bank is not used here; never load torch for it
         base["sessions"].update(hosts=args.hosts, max_live_per_host=max(1024, 2 * args.sessions))
         settings = Settings.model_validate(base)
-
-        os.environ.update(ray_environment(settings))  # the ingress `reasonray serve` uses
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": api_port})
-        serve.run(build_app({"settings": settings.model_dump(mode="json"), "app_name": "bench"}), name="bench", route_prefix="/")
+        start_ray(settings)  # with the ingress `reasonray serve` uses
+        serve_bench_app(settings, api_port)
 
         def host_pids() -> list[int]:
             hosts = [ray.get_actor(host_name("bench", i), namespace=NAMESPACE) for i in range(args.hosts)]
             return [ray.get(h.stats.remote(), timeout=60)["pid"] for h in hosts]
 
-        figures = asyncio.run(run(f"http://127.0.0.1:{api_port}", args, host_pids, sim.pid))
-    finally:
-        sim.terminate()
-        sim.wait()
-        try:
-            serve.shutdown()
-            ray.shutdown()
-        except Exception:
-            pass
+        figures = asyncio.run(run(f"http://127.0.0.1:{api_port}", args, host_pids, sim_pid))
 
     n = args.sessions
     c50, c95 = pct(figures["cot"], 0.5), pct(figures["cot"], 0.95)
