@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 
-import _env  # noqa: F401  (sets up the environment first)
 import httpx
+from _env import start_ray  # (sets up the environment first)
 
 
 def execute(client: httpx.Client, i: int, k: int) -> float:
@@ -77,7 +76,6 @@ def main() -> None:
 
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
     from reasonray.kernel.config import load_settings
-    from reasonray.serve_app import ray_environment
 
     sim = SimulatorServer(SimulatorSettings(port=0, ttft_ms=args.ttft_ms, tokens_per_second=args.tokens_per_second)).start()
     base = load_settings(environ={})
@@ -91,8 +89,7 @@ def main() -> None:
     settings["memory"] = {**settings["memory"], "enabled": False}
     settings["logging"] = {**settings["logging"], "level": "warning"}
     settings["server"] = {**settings["server"], "replica_num_cpus": 0}
-    os.environ.update(ray_environment(base))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(base)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 
-import _env  # noqa: F401  (sets up the environment first)
+from _env import start_ray  # (sets up the environment first)
 
 TASKS = {"agree": "What is {a} * {b}?", "slip": "What is {a} * {b}? [[sim slip=0.3]]"}
 
@@ -61,7 +60,6 @@ def main() -> None:
     from reasonray.api.app import Backends, build_application
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
     from reasonray.kernel.config import load_settings
-    from reasonray.serve_app import ray_environment
 
     sim = SimulatorServer(SimulatorSettings(port=0, ttft_ms=args.ttft_ms, tokens_per_second=args.tokens_per_second)).start()
     settings = load_settings(environ={})
@@ -72,8 +70,7 @@ def main() -> None:
             ),
         }
     )
-    os.environ.update(ray_environment(settings))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(settings)
     try:
         pool = BranchPool("bench-matts", LLMSpec(settings.model_dump_json(), "bench-matts"), settings.fanout)
         pool.start()
