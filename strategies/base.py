@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -204,10 +205,7 @@ def ends_run(exc: BaseException) -> bool:
 
 def failure_kinds(errors: Sequence[BaseException]) -> dict[str, int]:
     """How many failed branches failed each way, by the error type clients see (`provider_unavailable`: 2)."""
-    kinds: dict[str, int] = {}
-    for exc in errors:
-        kinds[error_type_of(exc)] = kinds.get(error_type_of(exc), 0) + 1
-    return kinds
+    return dict(Counter(error_type_of(exc) for exc in errors))
 
 
 async def settled(branch: Branch[T], context: StrategyContext) -> T | Failed:

@@ -154,12 +154,8 @@ class Catalogue:
             ("agent", agent.strategy_config.get(name, {}) if agent is not None else {}),
             ("request", request_config or {}),
         ]
-        merged: dict[str, Any] = {}
-        sources: dict[str, Level] = {}
-        for layer, values in layers:
-            for key, value in values.items():
-                merged[key] = value
-                sources[key] = layer
+        merged = {key: value for _, values in layers for key, value in values.items()}  # later layers win
+        sources: dict[str, Level] = {key: layer for layer, values in layers for key in values}
         parse = getattr(entry.strategy, "parse_config", None)
         if parse is not None:  # strategies built on `Strategy` validate and fill in their defaults
             merged = parse(merged).model_dump(mode="json")

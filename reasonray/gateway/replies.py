@@ -48,11 +48,8 @@ def split_thinking(content: str, finish_reason: str, *, thinks: bool) -> tuple[s
 
     `thinks`: the model is known to think in its text, so `<thinking>` is its own and a reply cut by length
     with no closing tag was cut inside the thinking its template opened."""
-    if "think>" not in content and (not thinks or "thinking>" not in content):  # the hot path: no tag to take out
-        if thinks and finish_reason == "length":
-            return "", content, True, len(content)
-        return content, "", False, 0
-    first = _TAG.search(content)
+    # the hot path: no tag to take out, no search
+    first = _TAG.search(content) if "think>" in content or (thinks and "thinking>" in content) else None
     if first is None:
         if thinks and finish_reason == "length":
             return "", content, True, len(content)

@@ -156,6 +156,21 @@ class ContextProviders:
     bootstrap: Bootstrap
     ledger: ToolLedger
 
+    @classmethod
+    def start(
+        cls,
+        system_prompt: str,
+        mode: str,
+        modes: dict[str, ModeSpec],
+        *,
+        history: list[Message] | None = None,
+        bootstrap: list[str] | None = None,
+    ) -> ContextProviders:
+        """The providers of a conversation that begins: its prompt, its modes, and no tool results yet."""
+        return cls(
+            Instructions(system_prompt), ModeState(mode, modes), Conversation(history or []), Bootstrap(bootstrap or []), ToolLedger()
+        )
+
     def turn_scoped(self) -> list[Bootstrap]:
         """The providers whose content is emitted once and then cleared (their `scope` says so)."""
         everyone = (self.instructions, self.mode, self.conversation, self.bootstrap, self.ledger)
