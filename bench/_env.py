@@ -82,6 +82,20 @@ def simulator_process(*options: str) -> Iterator[tuple[str, int]]:
                 ray.shutdown()
 
 
+def simulated_settings(sim_url: str, cache: bool = True, **sections: Any) -> Any:
+    """The repository's config.toml (no environment variables) with [llm] on the simulated model at `sim_url`, its
+    response cache on or off (off: every run reaches the model), and each of `sections` merged into its section (a
+    value that is not a table replaces the setting)."""
+    from reasonray.kernel.config import Settings, load_settings
+
+    base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
+    base["llm"].update(provider="simulated", base_url=sim_url)
+    base["llm"]["cache"]["enabled"] = cache
+    for name, changes in sections.items():
+        base[name] = {**base[name], **changes} if isinstance(changes, dict) else changes
+    return Settings.model_validate(base)
+
+
 def start_ray(settings: Any) -> None:
     """A local Ray cluster on 2 CPUs, in the environment `reasonray serve` gives it for `settings` (its ingress)."""
     import ray

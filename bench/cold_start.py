@@ -22,7 +22,7 @@ import statistics
 import time
 
 import httpx
-from _env import start_ray  # (sets up the environment first)
+from _env import simulated_settings, start_ray  # (sets up the environment first)
 
 
 def execute(client: httpx.Client, i: int, k: int) -> float:
@@ -75,30 +75,21 @@ def main() -> None:
     from ray import serve
 
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
-    from reasonray.kernel.config import load_settings
 
     sim = SimulatorServer(SimulatorSettings(port=0, ttft_ms=args.ttft_ms, tokens_per_second=args.tokens_per_second)).start()
-    base = load_settings(environ={})
-    settings = base.model_dump(mode="json")
-    settings["llm"] = {
-        **settings["llm"],
-        "provider": "simulated",
-        "base_url": sim.url,
-        "cache": {**settings["llm"]["cache"], "enabled": False},
-    }
-    settings["memory"] = {**settings["memory"], "enabled": False}
-    settings["logging"] = {**settings["logging"], "level": "warning"}
-    settings["server"] = {**settings["server"], "replica_num_cpus": 0}
-    start_ray(base)
+    settings = simulated_settings(
+        sim.url, cache=False, memory={"enabled": False}, logging={"level": "warning"}, server={"replica_num_cpus": 0}
+    )
+    start_ray(settings)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300)
     try:
         started = time.perf_counter()
-        deploy(settings, "bench-cold", 1)
+        deploy(settings.model_dump(mode="json"), "bench-cold", 1)
         deployed_s = time.perf_counter() - started
         after_start = [execute(client, i, args.k) for i in range(args.requests)]
-        deploy(settings, "bench-cold", 2)  # a new replica; the first keeps running
+        deploy(settings.model_dump(mode="json"), "bench-cold", 2)  # a new replica; the first keeps running
         after_scale = [execute(client, 100 + i, args.k) for i in range(args.requests)]
         leases = asyncio.run(lease_round_trip(200))
     finally:

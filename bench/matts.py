@@ -18,7 +18,7 @@ import asyncio
 import statistics
 import time
 
-from _env import start_ray  # (sets up the environment first)
+from _env import simulated_settings, start_ray  # (sets up the environment first)
 
 TASKS = {"agree": "What is {a} * {b}?", "slip": "What is {a} * {b}? [[sim slip=0.3]]"}
 
@@ -59,17 +59,9 @@ def main() -> None:
     from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
     from reasonray.api.app import Backends, build_application
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
-    from reasonray.kernel.config import load_settings
 
     sim = SimulatorServer(SimulatorSettings(port=0, ttft_ms=args.ttft_ms, tokens_per_second=args.tokens_per_second)).start()
-    settings = load_settings(environ={})
-    settings = settings.model_copy(
-        update={
-            "llm": settings.llm.model_copy(
-                update={"provider": "simulated", "base_url": sim.url, "cache": settings.llm.cache.model_copy(update={"enabled": False})}
-            ),
-        }
-    )
+    settings = simulated_settings(sim.url, cache=False)
     start_ray(settings)
     try:
         pool = BranchPool("bench-matts", LLMSpec(settings.model_dump_json(), "bench-matts"), settings.fanout)

@@ -16,10 +16,9 @@ import time
 
 import httpx
 import openai
-from _env import REPO, pct, serve_bench_app, simulator_process, start_ray, timed
+from _env import pct, serve_bench_app, simulated_settings, simulator_process, start_ray, timed
 
 from reasonray.gateway.simulator.server import free_port
-from reasonray.kernel.config import Settings, load_settings
 
 
 def main() -> None:
@@ -31,12 +30,7 @@ def main() -> None:
 
     api_port = free_port()
     with simulator_process() as (sim_url, _):
-        base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
-        base["llm"].update(provider="simulated", base_url=sim_url)
-        base["llm"]["cache"]["enabled"] = False  # every run reaches the model
-        base["logging"]["level"] = "warning"
-        base["memory"]["enabled"] = False
-        settings = Settings.model_validate(base)
+        settings = simulated_settings(sim_url, cache=False, logging={"level": "warning"}, memory={"enabled": False})
         start_ray(settings)  # with the ingress `reasonray serve` uses
         serve_bench_app(settings, api_port)
         url = f"http://127.0.0.1:{api_port}"

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import httpx
 import openai
-from _env import REPO, pct, serve_bench_app, simulator_process, start_ray, timed
+from _env import REPO, pct, serve_bench_app, simulated_settings, simulator_process, start_ray, timed
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings, load_settings
@@ -377,10 +377,7 @@ def main() -> None:
 
     api_port = free_port()
     with simulator_process() as (sim_url, _):
-        base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
-        base["llm"].update(provider="simulated", base_url=sim_url)
-        base["logging"]["level"] = "warning"
-        settings = Settings.model_validate(base)
+        settings = simulated_settings(sim_url, logging={"level": "warning"})
 
         if args.auth_only:
             # the ingress `reasonray serve` uses with auth on (HAProxy), for both apps, unless BENCH_INGRESS=default

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import httpx
 import psutil
-from _env import REPO, pct, serve_bench_app, simulator_process, start_ray
+from _env import pct, serve_bench_app, simulated_settings, simulator_process, start_ray
 
 from reasonray.gateway.simulator.server import free_port
-from reasonray.kernel.config import Settings, load_settings
 
 MIB = 1024 * 1024
 
@@ -171,13 +170,13 @@ def main() -> None:
     api_port = free_port()
     data_dir = Path(os.environ.get("BENCH_DATA_DIR") or f"/tmp/reasonray-bench-sessions-{os.getpid()}")
     with simulator_process("--ttft-ms", "500", "--tokens-per-second", "200") as (sim_url, sim_pid):
-        base = load_settings(REPO / "config.toml", environ={}).model_dump(mode="json")
-        base["llm"].update(provider="simulated", base_url=sim_url)
-        base["logging"]["level"] = "warning"
-        base["data_dir"] = str(data_dir)
-        base["memory"]["embedding"] = "openai"  # the memory bank is not used here; never load torch for it
-        base["sessions"].update(hosts=args.hosts, max_live_per_host=max(1024, 2 * args.sessions))
-        settings = Settings.model_validate(base)
+        settings = simulated_settings(
+            sim_url,
+            data_dir=str(data_dir),
+            logging={"level": "warning"},
+            memory={"embedding": "openai"},  # the memory bank is not used here; never load torch for it
+            sessions={"hosts": args.hosts, "max_live_per_host": max(1024, 2 * args.sessions)},
+        )
         start_ray(settings)  # with the ingress `reasonray serve` uses
         serve_bench_app(settings, api_port)
 
