@@ -44,8 +44,8 @@ from reasonray.api.app import Backends, build_application
 from reasonray.api.errors import error_headers, rest_error, view_of
 from reasonray.api.jsonrpc import INVALID_PARAMS, RATE_LIMITED, RpcError, error_for
 from reasonray.api.methods import accept_trace_id, declared, new_trace_id
-from reasonray.api.service import ExecuteParams
 from reasonray.api.registry_service import RegistryService
+from reasonray.api.service import ExecuteParams
 from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
 from reasonray.api.surfaces.gate import AuthGate, GateConfig
 from reasonray.api.surfaces.guard import GuardSettings, HttpGuard

@@ -1,7 +1,8 @@
 """The cluster-wide halves of tenancy: one ownership table and one rate limiter per application, shared by
 every replica, each in a named actor, with the typed clients the guard uses (`reasonray.api.access.tenancy`).
 
-Both actors are sync: Ray runs their calls one at a time, so counts and claims never race. Both keep
+Neither lets calls interleave: the limiter is a sync actor, which Ray runs one call at a time, and the
+ownership actor's methods never await, so counts and claims never race. Both keep
 what must outlive them in the application's store: ownership records and token budgets go to
 PostgreSQL with `[store] url`, else to files under the data directory; request windows and run
 slots stay in the limiter's memory. Both follow the deployed settings (`actors.lifecycle`): a
@@ -28,6 +29,7 @@ import structlog
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
 from reasonray.api.access.limits import Decision, KeyedLimits, RateLimiter, TokenBudgets
+from reasonray.api.access.tenancy import LocalOwners
 from reasonray.stores.counters import open_counters
 from reasonray.stores.ownership import OwnerRecord, open_ownership
 
@@ -40,31 +42,14 @@ log = structlog.get_logger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class OwnersActor(Fingerprinted):
-    """The application's `OwnershipRepository` (PostgreSQL or `<data_dir>/tenancy/owners.json`) run by Ray."""
+class OwnersActor(LocalOwners, Fingerprinted):
+    """The application's `OwnershipRepository` (PostgreSQL or `<data_dir>/tenancy/owners.json`) run by Ray, through
+    `LocalOwners`: its methods never await, so each call runs whole before the next and claims never race."""
 
     def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
         private_files()
         self._fingerprint = fp
-        self.table = open_ownership(store_url, Path(data_dir))
-
-    def get(self, kind: str, ident: str) -> OwnerRecord | None:
-        return self.table.get(kind, ident)
-
-    def claim(self, kind: str, ident: str, sub: str) -> bool:
-        return self.table.claim(kind, ident, sub)
-
-    def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        self.table.share(kind, ident, readers)
-
-    def drop(self, kind: str, ident: str) -> None:
-        self.table.drop(kind, ident)
-
-    def readable(self, kind: str, sub: str) -> list[str]:
-        return self.table.readable(kind, sub)
-
-    def owned(self, kind: str) -> set[str]:
-        return self.table.owned(kind)
+        super().__init__(open_ownership(store_url, Path(data_dir)))
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)

@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from reasonray.api.access.egress import Egress
-from reasonray.api.service import ReasoningService
 from reasonray.api.registry_service import Registry
+from reasonray.api.service import ReasoningService
 from reasonray.kernel.config import CapSettings, MemorySettings
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.memory.service import MemoryClient

@@ -20,10 +20,10 @@ from reasonray.api.jsonrpc import Declared, Dispatcher
 from reasonray.api.memory import MEMORY
 from reasonray.api.openrpc import add_discover
 from reasonray.api.reasoning import REASONING
+from reasonray.api.registry_service import Registry
 from reasonray.api.service import ReasoningService
 from reasonray.api.sessions import SESSIONS
 from reasonray.api.stats import STATS
-from reasonray.api.registry_service import Registry
 from reasonray.kernel.config import CapSettings
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics
