@@ -39,7 +39,7 @@ from reasonray.kernel.errors import (
     error_type_of,
     json_safe_errors,
 )
-from reasonray.kernel.events import EventSink
+from reasonray.kernel.events import EventSink, RunWarning
 from reasonray.memory.items import Trajectory
 
 T = TypeVar("T")
@@ -282,6 +282,10 @@ class StrategyContext:
         """The branches, carrying the running strategy's thinking settings when it has any."""
         settings = RUN_THINKING.get()
         return [partial(thinking_branch, settings, branch) for branch in branches] if settings else branches
+
+    def warn(self, strategy: str, code: str, message: str) -> None:
+        """A WARNING event: something was degraded to keep the run going."""
+        self.emit(RunWarning(trace_id=self.trace_id, strategy=strategy, code=code, message=message))
 
     def elapsed_ms(self) -> int:
         return round((time.perf_counter() - self.started) * 1000)

@@ -43,7 +43,7 @@ from reasonray.kernel.errors import (
     ModelBehaviorError,
     attach_partial,
 )
-from reasonray.kernel.events import Carryover, IterationEnd, RunWarning
+from reasonray.kernel.events import Carryover, IterationEnd
 from reasonray.kernel.extraction import FoundBy, find_answer, numeric_question
 from reasonray.kernel.tags import extract_answer, strip_thinking
 from reasonray.strategies.base import (
@@ -278,7 +278,7 @@ class BoundedContext(Strategy):
                     state.head = context.tokens.head(state.head, max(0, context.tokens.count(state.head) - cut))
                 messages, thinking, room = measure()
             kept = context.tokens.count(state.kept() if delethink else state.carryover)
-            self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to fit chunk_size {cfg.chunk_size}")
+            context.warn(self.name, "carryover_truncated", f"carryover cut to {kept} tokens to fit chunk_size {cfg.chunk_size}")
         if room < need:
             raise InvalidParamsError(
                 f"context size exceeded: the prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens "
@@ -306,7 +306,7 @@ class BoundedContext(Strategy):
             # the endpoint cannot continue a reply (no prefix continuation): this chunk thought afresh and every later
             # one would too; the head and raw tail of the thinking go in the prompt instead, which any model reads
             state.mode = "tail"
-            self._warn(context, "carryover_fallback", "the endpoint cannot continue the thinking; carrying its raw tail in the prompt")
+            context.warn(self.name, "carryover_fallback", "the endpoint cannot continue the thinking; carrying its raw tail in the prompt")
             return await self._reason_chunk(query, state, iteration, cfg, context)
         sent = (*messages, Message(role="assistant", content=thinking)) if thinking else messages  # the continued thinking is prompt too
         state.calibrate(count_messages(context.tokens, sent), completion.usage.prompt_tokens)
@@ -427,7 +427,7 @@ class BoundedContext(Strategy):
         """The chunk left nothing new to carry (an empty reply, thinking out of sight, or the same carryover again):
         another chunk would repeat the last one, so the answer is asked for now, or the run fails."""
         why = f"chunk {iteration} left nothing new to carry into the next one"
-        self._warn(context, "no_progress", why)
+        context.warn(self.name, "no_progress", why)
         if self._forces_answer(cfg, state) or state.thinks:
             return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
         raise ModelBehaviorError(
@@ -454,20 +454,20 @@ class BoundedContext(Strategy):
             excess = self._prompt(messages, state, context) + cfg.carryover_size - cfg.chunk_size
         max_tokens = min(cfg.carryover_size, cfg.chunk_size - self._prompt(messages, state, context))
         if max_tokens < 1:
-            self._warn(context, "carryover_fallback", "the summary prompt alone fills chunk_size; carrying the raw tail")
+            context.warn(self.name, "carryover_fallback", "the summary prompt alone fills chunk_size; carrying the raw tail")
             return None
         try:
             completion = await context.llm.complete(
                 LLMRequest(messages=messages, max_tokens=max_tokens, temperature=0.0, purpose="summarize")
             )
         except LLMError as exc:
-            self._warn(context, "carryover_fallback", f"summary generation failed ({type(exc).__name__}); carrying the raw tail")
+            context.warn(self.name, "carryover_fallback", f"summary generation failed ({type(exc).__name__}); carrying the raw tail")
             return None
         state.calibrate(count_messages(context.tokens, messages), completion.usage.prompt_tokens)
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         summary = strip_thinking(completion.text)
         if not summary:
-            self._warn(context, "carryover_fallback", "the summary came back empty; carrying the raw tail")
+            context.warn(self.name, "carryover_fallback", "the summary came back empty; carrying the raw tail")
             return None
         return context.tokens.head(summary, cfg.carryover_size)
 
@@ -492,7 +492,7 @@ class BoundedContext(Strategy):
                     messages = self._final_messages(query, state, cfg)
                     room = cfg.chunk_size - self._prompt(messages, state, context)
                 kept = context.tokens.count(state.carryover)
-                self._warn(context, "carryover_truncated", f"carryover cut to {kept} tokens to leave room for the final answer")
+                context.warn(self.name, "carryover_truncated", f"carryover cut to {kept} tokens to leave room for the final answer")
         if room < 1:
             raise InvalidParamsError(
                 f"context size exceeded: the final-answer prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens; "
@@ -521,9 +521,6 @@ class BoundedContext(Strategy):
                 {"total_iterations": len(state.iterations), "thinking_unfinished": completion.thinking_unfinished},
             )
         return answer
-
-    def _warn(self, context: StrategyContext, code: str, message: str) -> None:
-        context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code=code, message=message))
 
     def _progress(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
         """The metrics a finished and an interrupted run share."""

@@ -16,8 +16,7 @@ from typing import Any
 import msgspec
 
 from reasonray.gateway.capabilities import capabilities_of
-from reasonray.gateway.protocol import LLMRequest, Message
-from reasonray.kernel.events import RunWarning
+from reasonray.gateway.protocol import LLMRequest, with_system_note
 from reasonray.kernel.extraction import Extracted
 from reasonray.strategies.base import StrategyContext
 
@@ -78,26 +77,14 @@ def shaped(request: LLMRequest, output: OutputFormat, enforced: bool) -> LLMRequ
     unchanged otherwise, its tags being what the model is asked for."""
     if not enforced:
         return request
-    messages = request.messages
-    if messages and messages[0].role == "system":
-        first = msgspec.structs.replace(messages[0], content=f"{messages[0].content or ''}\n\n{output.note}")
-        messages = (first, *messages[1:])
-    else:
-        messages = (Message(role="system", content=output.note), *messages)
+    messages = with_system_note(request.messages, output.note)
     return msgspec.structs.replace(request, messages=messages, response_format=output.response_format())
 
 
 def note_found_by(context: StrategyContext, strategy: str, extracted: Extracted, where: str = "the answer") -> None:
     """A WARNING event when the model did not give `where` in the structure it was asked for."""
     if not extracted.structured:
-        context.emit(
-            RunWarning(
-                trace_id=context.trace_id,
-                strategy=strategy,
-                code="answer_format",
-                message=f"the model gave {where} without the requested format; found by {extracted.found_by}",
-            )
-        )
+        context.warn(strategy, "answer_format", f"the model gave {where} without the requested format; found by {extracted.found_by}")
 
 
 def found_by_counts(found: list[str | None]) -> dict[str, int]:

@@ -32,7 +32,7 @@ from pydantic import Field
 
 from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
-from reasonray.kernel.events import IterationEnd, RunWarning
+from reasonray.kernel.events import IterationEnd
 from reasonray.kernel.extraction import Extracted, find_answer, find_feedback, find_score, numeric_question
 from reasonray.kernel.tags import normalize_answer, strip_thinking
 from reasonray.memory.items import Trajectory
@@ -170,7 +170,7 @@ class Refine(Strategy):
         )
         digest = trajectory_hash(text, answer)
         if digest in seen:
-            self._warn(context, "loop_detected", f"iteration {iteration} repeated an earlier attempt; refining stopped")
+            context.warn(self.name, "loop_detected", f"iteration {iteration} repeated an earlier attempt; refining stopped")
             self._iteration_end(context, iteration, before, True, "loop_detected")
             return "loop_detected"
         seen.add(digest)
@@ -213,8 +213,8 @@ class Refine(Strategy):
             failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
             return None, "", True
         if score is None:
-            self._warn(
-                context,
+            context.warn(
+                self.name,
                 "unscored",
                 f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
                 "(it cannot stop the loop or beat a scored attempt)",
@@ -227,9 +227,6 @@ class Refine(Strategy):
         score = attempt["score"]
         passed = score is not None and score > cfg.threshold and not attempt["degenerate"]
         return "threshold" if passed else "continue"
-
-    def _warn(self, context: StrategyContext, code: str, message: str) -> None:
-        context.emit(RunWarning(trace_id=context.trace_id, strategy=self.name, code=code, message=message))
 
     def _finish(self, attempts: list[dict[str, Any]], stop: str, failures: list[Exception], context: StrategyContext) -> ReasoningResult:
         """The best attempt's answer, with the whole trajectory kept for memory learning."""

@@ -11,7 +11,7 @@ import msgspec
 import structlog
 
 from reasonray.gateway.layer import Layer
-from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message
+from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message, with_system_note
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_of
 from reasonray.kernel import tracing
 from reasonray.kernel.errors import BudgetExceededError
@@ -96,14 +96,6 @@ class ObservedLLM(Layer):
             options |= {"spent_completion": completion, "sampling": self.sampling}
         return options
 
-    def _with_guidance(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
-        if not self.guidance:
-            return messages
-        if messages and messages[0].role == "system":
-            first = msgspec.structs.replace(messages[0], content=f"{messages[0].content or ''}\n\n{self.guidance}")
-            return (first, *messages[1:])
-        return (Message(role="system", content=self.guidance), *messages)
-
     def _within_budget(self, request: LLMRequest) -> LLMRequest:
         b = self.budget
         if b.max_prompt_tokens is None and b.max_output_tokens is None and b.max_total_tokens is None and b.max_completion_tokens is None:
@@ -177,7 +169,9 @@ class ObservedLLM(Layer):
         return messages, after
 
     async def complete(self, request: LLMRequest) -> Completion:
-        request = self._within_budget(msgspec.structs.replace(request, messages=self._with_guidance(request.messages)))
+        if self.guidance:
+            request = msgspec.structs.replace(request, messages=with_system_note(request.messages, self.guidance))
+        request = self._within_budget(request)
         if self.sampling is not None:
             request = self.sampling.apply(request)
         # a model call span, GenAI semantic conventions (no-op unless OTEL_* configure an exporter)

@@ -175,5 +175,12 @@ def system(content: str) -> Message:
     return Message(role="system", content=content)
 
 
+def with_system_note(messages: tuple[Message, ...], note: str) -> tuple[Message, ...]:
+    """`messages` with `note` added to their system message (one of its own first where they have none)."""
+    if messages and messages[0].role == "system":
+        return (msgspec.structs.replace(messages[0], content=f"{messages[0].content or ''}\n\n{note}"), *messages[1:])
+    return (system(note), *messages)
+
+
 def user(content: str) -> Message:
     return Message(role="user", content=content)
