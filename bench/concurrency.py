@@ -35,6 +35,7 @@ import openai
 
 from reasonray.api.access.auth import mint_token
 from reasonray.gateway.simulator.server import free_port
+from tests.serving import stop_group
 
 REPO = _env.REPO
 SIM = {"ttft_ms": 500, "tokens_per_second": 200}
@@ -230,12 +231,7 @@ class Service:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)  # `reasonray serve` shuts its own Ray cluster down on SIGINT
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc, signal.SIGINT, 60)  # `reasonray serve` shuts its own Ray cluster down on SIGINT
 
 
 def wait_for(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:

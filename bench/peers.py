@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -48,6 +47,7 @@ from concurrency import AUTH, SIM, Figures, Service, direct_call, execute_call, 
 
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.tags import extract_answer
+from tests.serving import stop_group
 
 REPO = _env.REPO
 PEERS = REPO / ".venv-peers"
@@ -170,13 +170,7 @@ class Optillm:
         self.url = f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
         self.out.close()
 
 

@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -51,7 +52,7 @@ from _env import REPO
 from reasonray.client import AsyncClient, ReasonRayError
 from reasonray.gateway.local_model import LocalModelServer
 from reasonray.gateway.simulator.server import free_port
-from tests.serving import serve_into
+from tests.serving import serve_into, stop_group
 
 SYSTEM = (
     "Solve the user's problem. Think step by step inside <thinking>...</thinking>, "
@@ -212,15 +213,7 @@ def start_service(
 
 
 def stop_service(process: subprocess.Popen[bytes]) -> None:
-    import signal
-
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    stop_group(process, signal.SIGINT, 120)  # `reasonray serve` shuts its own Ray cluster down on SIGINT
 
 
 async def streaming_cost(http: httpx.AsyncClient, max_tokens: int, rounds: int = 8) -> dict[str, float]:

@@ -8,9 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +64,24 @@ def serve_into(log: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[b
             start_new_session=True,
             cwd=REPO,
         )
+
+
+def stop_group(
+    proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout_s: float = 30, kill: Callable[[], None] | None = None
+) -> None:
+    """Send `sig` to the process group of `proc` (started in a session of its own) and wait up to `timeout_s` for
+    it; if it has not ended by then, `kill()` (by default SIGKILL the group). Nothing if it has already ended."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        if kill is not None:
+            kill()
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @contextmanager

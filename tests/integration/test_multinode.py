@@ -31,6 +31,7 @@ from reasonray.stores.runs import PgRunIndex
 from reasonray.stores.sessions import PgSessionStore
 from tests.integration import stack
 from tests.integration.conftest import kill_tree, result_of, rpc, settings_for
+from tests.serving import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -81,12 +82,7 @@ class RayNode:
         kill_tree(self.proc)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_group(self.proc, kill=self.kill)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # anything of the node left behind
         except ProcessLookupError:
