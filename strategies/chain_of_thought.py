@@ -13,7 +13,6 @@ from typing import Any
 import msgspec
 from pydantic import Field
 
-from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.extraction import find_answer, numeric_question
 from reasonray.strategies.base import (
@@ -22,7 +21,7 @@ from reasonray.strategies.base import (
     StrategyConfig,
     StrategyContext,
 )
-from reasonray.strategies.output import ANSWER, note_found_by, shaped, structured
+from reasonray.strategies.output import ANSWER, asking, note_found_by, structured
 
 FORCED_ANSWER_TOKENS = 512
 SYSTEM_PROMPT = (
@@ -47,13 +46,8 @@ class ChainOfThought(Strategy):
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
         enforced = structured(context)
-        request = LLMRequest(
-            messages=(system(cfg.system_prompt), user(query)),
-            max_tokens=cfg.max_tokens,
-            temperature=cfg.temperature,
-            seed=cfg.seed,
-        )
-        completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+        request = asking(ANSWER, cfg.system_prompt, query, enforced, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=cfg.seed)
+        completion = await context.llm.complete(request)
         forced = completion.thinking_unfinished
         if forced:  # unfinished thinking is never an answer: have the model close it and answer
             answer_now = msgspec.structs.replace(
@@ -62,7 +56,7 @@ class ChainOfThought(Strategy):
                 continue_thinking=completion.reasoning or None,
                 thinking_budget=0,
             )
-            completion = await context.llm.complete(shaped(answer_now, ANSWER, enforced))
+            completion = await context.llm.complete(answer_now)
         found = (
             None if completion.thinking_unfinished else find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
         )

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from reasonray.gateway.protocol import Completion, LLMRequest, system, user
+from reasonray.gateway.protocol import Completion, LLMRequest
 from reasonray.kernel.errors import InvalidParamsError, OverloadedError, error_type_of
 from reasonray.kernel.extraction import find_answer, find_choice, numeric_question
 from reasonray.kernel.tags import normalize_answer, strip_thinking
@@ -58,7 +58,7 @@ from reasonray.strategies.base import (
     failure_kinds,
 )
 from reasonray.strategies.context_fit import fitted
-from reasonray.strategies.output import ANSWER, VOTE, shaped, structured
+from reasonray.strategies.output import ANSWER, VOTE, asking, structured
 from reasonray.strategies.refine import evaluate
 
 REEXAMINE_PROMPT = (
@@ -399,13 +399,8 @@ class Matts(Strategy):
             enforced = structured(context)
 
             def build(parts: tuple[str, ...], enforced: bool = enforced) -> LLMRequest:
-                solution, answer = parts
-                request = LLMRequest(
-                    messages=(system(REEXAMINE_PROMPT), user(REEXAMINE_TEMPLATE.format(query=query, solution=solution, answer=answer))),
-                    max_tokens=4096,
-                    temperature=0.0,
-                )
-                return shaped(request, ANSWER, enforced)
+                shown = REEXAMINE_TEMPLATE.format(query=query, solution=parts[0], answer=parts[1])
+                return asking(ANSWER, REEXAMINE_PROMPT, shown, enforced, max_tokens=4096, temperature=0.0)
 
             # an attempt that rambled to the context's end is shown cut (head and tail), so the re-examination fits
             try:
@@ -452,13 +447,8 @@ class Matts(Strategy):
             shown = "\n\n".join(
                 CANDIDATE.format(number=i, solution=parts[2 * i - 2], answer=parts[2 * i - 1]) for i in range(1, len(attempts) + 1)
             )
-            request = LLMRequest(
-                messages=(system(SELECT_PROMPT), user(SELECT_TEMPLATE.format(query=query, candidates=shown))),
-                max_tokens=cfg.judge_max_tokens,
-                temperature=0.0,
-                purpose="choose",
-            )
-            return shaped(request, VOTE, enforced)
+            prompt = SELECT_TEMPLATE.format(query=query, candidates=shown)
+            return asking(VOTE, SELECT_PROMPT, prompt, enforced, max_tokens=cfg.judge_max_tokens, temperature=0.0, purpose="choose")
 
         # the candidates share the context: each one that would not fit its share is shown cut (head and tail)
         parts = tuple(piece for a in attempts for piece in (strip_thinking(a["text"]), a["answer"]))

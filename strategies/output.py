@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from reasonray.gateway.capabilities import capabilities_of
-from reasonray.gateway.protocol import LLMRequest, with_system_note
+from reasonray.gateway.protocol import LLMRequest, system, user, with_system_note
 from reasonray.kernel.extraction import Extracted
 from reasonray.strategies.base import StrategyContext
 
@@ -79,6 +79,11 @@ def shaped(request: LLMRequest, output: OutputFormat, enforced: bool) -> LLMRequ
         return request
     messages = with_system_note(request.messages, output.note)
     return msgspec.structs.replace(request, messages=messages, response_format=output.response_format())
+
+
+def asking(output: OutputFormat, instructions: str, prompt: str, enforced: bool, **fields: Any) -> LLMRequest:
+    """A request of `instructions` (the system message) and `prompt` for `output`, as JSON where it is `enforced`."""
+    return shaped(LLMRequest(messages=(system(instructions), user(prompt)), **fields), output, enforced)
 
 
 def note_found_by(context: StrategyContext, strategy: str, extracted: Extracted, where: str = "the answer") -> None:

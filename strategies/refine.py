@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from reasonray.gateway.protocol import LLMRequest, system, user
+from reasonray.gateway.protocol import LLMRequest
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import IterationEnd
 from reasonray.kernel.extraction import Extracted, find_answer, find_feedback, find_score, numeric_question
@@ -46,7 +46,7 @@ from reasonray.strategies.base import (
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
 from reasonray.strategies.context_fit import fitted
-from reasonray.strategies.output import ANSWER, CRITIQUE, note_found_by, shaped, structured
+from reasonray.strategies.output import ANSWER, CRITIQUE, asking, note_found_by, structured
 
 EVALUATE_PROMPT = (
     "You are a strict reviewer. Check the proposed solution to the problem step by step: is every step "
@@ -85,14 +85,8 @@ async def evaluate(query: str, text: str, answer: str, max_tokens: int, context:
     enforced = structured(context)
 
     def build(parts: tuple[str, ...]) -> LLMRequest:
-        solution, shown = parts
-        request = LLMRequest(
-            messages=(system(EVALUATE_PROMPT), user(EVALUATE_TEMPLATE.format(query=query, solution=solution, answer=shown))),
-            max_tokens=max_tokens,
-            temperature=0.0,
-            purpose="critique",
-        )
-        return shaped(request, CRITIQUE, enforced)
+        shown = EVALUATE_TEMPLATE.format(query=query, solution=parts[0], answer=parts[1])
+        return asking(CRITIQUE, EVALUATE_PROMPT, shown, enforced, max_tokens=max_tokens, temperature=0.0, purpose="critique")
 
     # an attempt that rambled to the context's end is shown cut (head and tail), so the review fits the context
     completion = await context.llm.complete(fitted(context, build, (strip_thinking(text), answer)))
@@ -271,19 +265,15 @@ class Refine(Strategy):
 
         def build(parts: tuple[str, ...]) -> LLMRequest:
             if last is None:
-                messages = (system(SYSTEM_PROMPT), user(query))
+                instructions, prompt = SYSTEM_PROMPT, query
             else:
                 solution, answer, feedback = parts
                 score = UNSCORED if last["score"] is None else last["score"]
-                content = REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
-                messages = (system(REFINE_PROMPT), user(content))
-            request = LLMRequest(
-                messages=messages,
-                max_tokens=cfg.max_tokens,
-                temperature=cfg.refine_temperature if attempts else cfg.temperature,
-                seed=None if cfg.seed is None else cfg.seed + iteration - 1,
-            )
-            return shaped(request, ANSWER, enforced)
+                instructions = REFINE_PROMPT
+                prompt = REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
+            temperature = cfg.refine_temperature if attempts else cfg.temperature
+            seed = None if cfg.seed is None else cfg.seed + iteration - 1
+            return asking(ANSWER, instructions, prompt, enforced, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
 
         if last is None:
             return build(())

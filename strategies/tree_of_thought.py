@@ -37,7 +37,6 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
-from reasonray.gateway.protocol import LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import ThoughtNode
 from reasonray.kernel.extraction import final_number, find_answer, find_choice, find_score, numeric_question, parse_json_object
@@ -51,7 +50,7 @@ from reasonray.strategies.base import (
     StrategyContext,
     failure_kinds,
 )
-from reasonray.strategies.output import ANSWER, SCORE, STEP, VOTE, shaped, structured
+from reasonray.strategies.output import ANSWER, SCORE, STEP, VOTE, asking, structured
 
 PROPOSE_PROMPT = (
     "You solve problems one step at a time. Given the problem and the steps so far, write only the "
@@ -165,27 +164,20 @@ def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
 async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> Proposal | None:
     """One proposed next step, or the final answer; None when the reply has neither."""
     enforced = structured(context)
-    request = LLMRequest(
-        messages=(system(PROPOSE_PROMPT), user(render(query, steps))),
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        seed=seed,
-        purpose="propose",
+    shown = render(query, steps)
+    request = asking(
+        STEP, PROPOSE_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="propose"
     )
-    completion = await context.llm.complete(shaped(request, STEP, enforced))
+    completion = await context.llm.complete(request)
     return read_proposal(completion.text, query, enforced)
 
 
 async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: StrategyContext) -> float | None:
     """The node's 0-1 score from a temperature-0 judge; None when the reply holds no readable score."""
     enforced = structured(context)
-    request = LLMRequest(
-        messages=(system(VALUE_PROMPT), user(render(query, node.steps, node.answer))),
-        max_tokens=cfg.max_tokens,
-        temperature=0.0,
-        purpose="score",
-    )
-    completion = await context.llm.complete(shaped(request, SCORE, enforced))
+    shown = render(query, node.steps, node.answer)
+    request = asking(SCORE, VALUE_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=0.0, purpose="score")
+    completion = await context.llm.complete(request)
     return find_score(completion.text, structured=enforced)
 
 
@@ -193,14 +185,11 @@ async def vote(query: str, nodes: list[Node], cfg: TreeOfThoughtConfig, seed: in
     """The index of the candidate one sampled vote prefers; None for a vote that names none in the list."""
     listing = "\n\n".join(CANDIDATE.format(number=i, path=render(query, n.steps, n.answer)) for i, n in enumerate(nodes, 1))
     enforced = structured(context)
-    request = LLMRequest(
-        messages=(system(VOTE_PROMPT), user(VOTE_LISTING.format(query=query, candidates=listing))),
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        seed=seed,
-        purpose="choose",
+    shown = VOTE_LISTING.format(query=query, candidates=listing)
+    request = asking(
+        VOTE, VOTE_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="choose"
     )
-    completion = await context.llm.complete(shaped(request, VOTE, enforced))
+    completion = await context.llm.complete(request)
     return find_choice(completion.text, len(nodes), structured=enforced)
 
 
@@ -384,13 +373,9 @@ class TreeOfThought(Strategy):
         """The answer along the best path, and how it was found."""
         best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
         enforced = structured(context)
-        request = LLMRequest(
-            messages=(system(ANSWER_PROMPT), user(FINAL_PROMPT.format(path=render(query, best.steps)))),
-            max_tokens=cfg.max_tokens,
-            temperature=0.0,
-            purpose="final_answer",
-        )
-        completion = await context.llm.complete(shaped(request, ANSWER, enforced))
+        shown = FINAL_PROMPT.format(path=render(query, best.steps))
+        request = asking(ANSWER, ANSWER_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=0.0, purpose="final_answer")
+        completion = await context.llm.complete(request)
         numeric = numeric_question(query)
         found = find_answer(completion.text, numeric=numeric, structured=enforced)
         # a number was asked for and the reply names none (a small model echoes the instruction, or fills the answer
