@@ -105,10 +105,6 @@ async def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: s
         log.warning("audit.write_failed", method=method, outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
-def audit_log_path(data_dir: Path) -> Path:
-    return data_dir / "audit" / "audit.jsonl"
-
-
 def open_audit(store_url: str | None, data_dir: Path) -> AuditLog:
     """The cluster store's table with a store URL; the data directory's private JSONL file without one."""
-    return JsonlAuditLog(audit_log_path(data_dir)) if store_url is None else PgAuditLog(cluster_store(store_url))
+    return JsonlAuditLog(data_dir / "audit" / "audit.jsonl") if store_url is None else PgAuditLog(cluster_store(store_url))

@@ -1,7 +1,8 @@
 """Shared counters for rate limits and budgets, in fixed windows.
 
 Synchronous, because the limiter that owns them is a sync actor whose calls must not interleave. In
-`<data_dir>/counters.sqlite3` without a store URL; in PostgreSQL's `counters` table with one (`open_counters`).
+`<data_dir>/counters.sqlite3` without a store URL; in PostgreSQL's `counters` table with one (`open_counters`);
+in memory only for a limiter without a data directory (`MemoryCounters`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ def window_start(window_s: int | None, now: float | None) -> int:
         return 0
     t = time.time() if now is None else now
     return int(t // window_s) * window_s
+
+
+class MemoryCounters:
+    """In this process only (a limiter without a data directory: tests and scripts)."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, int], int] = {}
+
+    def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
+        slot = (key, window_start(window_s, now))
+        self._values[slot] = self._values.get(slot, 0) + amount
+        return self._values[slot]
+
+    def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
+        return self._values.get((key, window_start(window_s, now)), 0)
 
 
 class SqliteCounters:

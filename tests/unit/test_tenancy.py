@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.access.limits import LocalLimits, MemoryCounters, RateLimiter, TokenBudgets
+from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import (
     Guard,
     LocalOwners,
@@ -26,6 +26,7 @@ from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
 from reasonray.stores.audit import JsonlAuditLog
+from reasonray.stores.counters import MemoryCounters
 from reasonray.stores.ownership import OwnershipTable
 from tests.unit.memory_harness import local_memory, make_bank
 

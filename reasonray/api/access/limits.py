@@ -22,7 +22,7 @@ import structlog
 
 from reasonray.kernel.auth_settings import LimitSettings
 from reasonray.kernel.errors import RateLimitedError
-from reasonray.stores.counters import Counters, window_start
+from reasonray.stores.counters import Counters, MemoryCounters, window_start
 
 log = structlog.get_logger(__name__)
 
@@ -130,21 +130,6 @@ class TokenBudgets:
             del self._pending[(key, budget, start)]
             if start == window_start(span, now):
                 self._seen[(key, budget)] = (start, total, now)
-
-
-class MemoryCounters:
-    """`Counters` in this process only (a limiter without a data directory: tests and scripts)."""
-
-    def __init__(self) -> None:
-        self._values: dict[tuple[str, int], int] = {}
-
-    def add(self, key: str, amount: int = 1, window_s: int | None = None, now: float | None = None) -> int:
-        slot = (key, window_start(window_s, now))
-        self._values[slot] = self._values.get(slot, 0) + amount
-        return self._values[slot]
-
-    def get(self, key: str, window_s: int | None = None, now: float | None = None) -> int:
-        return self._values.get((key, window_start(window_s, now)), 0)
 
 
 class RateLimiter:
