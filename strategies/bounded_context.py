@@ -325,32 +325,20 @@ class BoundedContext(Strategy):
         chunk = self._read_chunk(query, completion, reasoning, state)
         thinking_tokens = completion.usage.reasoning_tokens or context.tokens.count(reasoning)
         state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
-        state.iterations.append(
-            {
-                "iteration": iteration,
-                "tokens": chunk.prompt_tokens + chunk.completion_tokens,
-                "prompt_tokens": chunk.prompt_tokens,
-                "completion_tokens": chunk.completion_tokens,
-                "thinking_tokens": thinking_tokens,
-                "thinking_finished": not completion.thinking_unfinished,
-                "continued_tokens": context.tokens.count(thinking),
-                "has_answer": chunk.answer is not None,
-                "stop": chunk.stop,
-            }
-        )
-        context.emit(
-            IterationEnd(
-                trace_id=context.trace_id,
-                strategy=self.name,
-                iteration=iteration,
-                prompt_tokens=chunk.prompt_tokens,
-                completion_tokens=chunk.completion_tokens,
-                has_answer=chunk.answer is not None,
-                stop=chunk.stop,
-                thinking_tokens=thinking_tokens,
-                thinking_finished=not completion.thinking_unfinished,
-            )
-        )
+        record = {
+            "iteration": iteration,
+            "tokens": chunk.prompt_tokens + chunk.completion_tokens,
+            "prompt_tokens": chunk.prompt_tokens,
+            "completion_tokens": chunk.completion_tokens,
+            "thinking_tokens": thinking_tokens,
+            "thinking_finished": not completion.thinking_unfinished,
+            "continued_tokens": context.tokens.count(thinking),
+            "has_answer": chunk.answer is not None,
+            "stop": chunk.stop,
+        }
+        state.iterations.append(record)
+        ended = {k: v for k, v in record.items() if k not in ("tokens", "continued_tokens")}  # the event's fields
+        context.emit(IterationEnd(trace_id=context.trace_id, strategy=self.name, **ended))
         return chunk
 
     @staticmethod
