@@ -301,43 +301,29 @@ def _studies_markdown(report: dict[str, Any]) -> list[str]:
             f"{n['difference']:+.1%}, one-sided 95% lower bound {n['lower_bound']:+.1%}: {verdict}.",
         ]
     for curve in report.get("learning_curves") or []:
-        lines += [
-            "",
-            f"## Learning curve: {curve['group']}",
-            "",
-            "| arm | "
-            + " | ".join(f"block {b['block']} ({b['positions'][0]}-{b['positions'][1]})" for b in next(iter(curve["arms"].values())))
-            + " |",
-            "|---|" + "---|" * len(next(iter(curve["arms"].values()))),
-        ]
-        for arm, blocks in curve["arms"].items():
-            lines.append(
-                f"| memory {arm} | " + " | ".join(f"{b['accuracy']:.1%} ({b['ci_low']:.0%}-{b['ci_high']:.0%})" for b in blocks) + " |"
-            )
+        blocks = next(iter(curve["arms"].values()))
+        head = ["arm", *(f"block {b['block']} ({b['positions'][0]}-{b['positions'][1]})" for b in blocks)]
+        rows = [[f"memory {arm}", *map(_ci, blocks)] for arm, blocks in curve["arms"].items()]
+        lines += _table(f"Learning curve: {curve['group']}", head, rows)
+        if checks := curve.get("memory"):
+            stored = "; ".join(f"{arm} {c['stored']} stored, retrieved in {c['retrieved_share']:.0%} of runs" for arm, c in checks.items())
+            lines += ["", f"Memory items by arm: {stored}."]
+            if checks.get("on", {}).get("stored") == 0:
+                lines[-1] += " **Memory on stored no item over its streams: this run does not test learning.**"
         for field, other in (("later", "off"), ("later_vs_placebo", "placebo")):
             if later := curve.get(field):
                 lines += [
                     "",
                     f"Later part of the stream (positions {later['from_position']} on, {later['paired']} examples): on - {other} "
-                    f"{later['difference']:+.1%} (95% CI {later['ci_low']:+.1%} to {later['ci_high']:+.1%}), exact p {_p(later['mcnemar_p'])}.",
+                    f"{_difference(later)}, exact p {_p(later['mcnemar_p'])}.",
                 ]
     for curve in report.get("k_curves") or []:
-        lines += [
-            "",
-            f"## Scaling with k: {curve['group']}",
-            "",
-            "| k | majority@k | judge-selected@k | oracle pass@k |",
-            "|---|---|---|---|",
-        ]
-        for point in curve["points"]:
-            cells = [
-                f"{point[r]['accuracy']:.1%} ({point[r]['ci_low']:.0%}-{point[r]['ci_high']:.0%})" for r in ("majority", "judge", "oracle")
-            ]
-            lines.append(f"| {point['k']} | " + " | ".join(cells) + " |")
+        rules = ("majority", "judge", "oracle")
+        rows = [[str(point["k"]), *(_ci(point[r]) for r in rules)] for point in curve["points"]]
+        lines += _table(f"Scaling with k: {curve['group']}", ["k", "majority@k", "judge-selected@k", "oracle pass@k"], rows)
         for c in curve.get("comparisons") or []:
             lines.append(
-                f"\n{c['a']} - {c['b']}: {c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}), "
-                f"{c['only_a']} examples better, {c['only_b']} worse, exact p {_p(c['mcnemar_p'])}."
+                f"\n{c['a']} - {c['b']}: {_difference(c)}, {c['only_a']} examples better, {c['only_b']} worse, exact p {_p(c['mcnemar_p'])}."
             )
     return lines
 
@@ -512,6 +498,19 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
 def _error_bars(row: Row) -> list[list[float]]:
     """The interval around the accuracy, in points; clipped at 0 where rounding puts a bound a hair past it."""
     return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]
+
+
+def _table(title: str, head: list[str], rows: list[list[str]]) -> list[str]:
+    """A titled Markdown table."""
+    return ["", f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _ci(point: dict[str, Any]) -> str:
+    return f"{point['accuracy']:.1%} ({point['ci_low']:.0%}-{point['ci_high']:.0%})"
+
+
+def _difference(c: dict[str, Any]) -> str:
+    return f"{c['difference']:+.1%} (95% CI {c['ci_low']:+.1%} to {c['ci_high']:+.1%})"
 
 
 def _p(value: float | str) -> str:

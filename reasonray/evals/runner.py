@@ -184,8 +184,9 @@ PLACEBO_ITEM = {
 
 def memory_request(example: Example, cell: Cell) -> dict[str, Any]:
     """The `memory` params of a memory-aware run over HTTP: the cell's own workspace, and the reference as the
-    expected answer, so the service's verifier (not its LLM judge) labels the run as the scorer would. A placebo
-    run retrieves but does not learn: the evaluation stores a placebo memory after it instead."""
+    expected answer, so the service's verifier (not its LLM judge) labels the run. It compares the whole answer,
+    stricter than the scorer where an answer wraps its number in words ("always 1"). A placebo run retrieves but
+    does not learn: the evaluation stores a placebo memory after it instead."""
     if cell.arm == "placebo":
         return {"workspace": cell.workspace, "learn": False, "task_id": example.id}
     request: dict[str, Any] = {"workspace": cell.workspace, "learn": True, "task_id": example.id}

@@ -6,6 +6,8 @@ by position, seeds and stream orders pooled), and the paired on - off difference
 stream (positions from `LATER_FROM` of its length on: the memory has had the earlier part to learn from), as
 an exact sign test and an interval from a bootstrap that resamples examples (evals/compare.py); with a placebo
 arm (memories of a learned item's length that hold nothing), the same difference of memory on against placebo.
+Beside them, each arm's manipulation check: how many memory items it stored over its streams and the share of its
+runs that retrieved one (a memory-on arm that stored nothing has not tested learning, whatever its curve says).
 
 Scaling curves: MaTTS logs every attempt in order (`attempts`: its normalized answer, judge score, chosen, or
 how it failed). The first k attempts of a run at K are a run at k (attempt i is sampled with seed + i at the
@@ -42,6 +44,7 @@ class _Scored(Protocol):  # the fields of runner.Record these curves read
     order: int
     position: int | None
     attempts: list[dict[str, Any]] | None
+    memory: dict[str, Any] | None
 
 
 def _accuracy(outcomes: dict[tuple[str, int], bool]) -> dict[str, Any]:
@@ -62,8 +65,14 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
         length = max(r.position for r in members) + 1
         size = math.ceil(length / blocks)
         arms: dict[str, Any] = {}
+        memory: dict[str, Any] = {}
         for arm in sorted({r.arm for r in members}):
             ours = [r for r in members if r.arm == arm]
+            reports = [r.memory or {} for r in ours]
+            memory[arm] = {
+                "stored": sum(m.get("stored") or 0 for m in reports),
+                "retrieved_share": round(sum(bool(m.get("retrieved")) for m in reports) / len(ours), 6),
+            }
             arms[arm] = [
                 {
                     "block": b,
@@ -72,8 +81,8 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
                 }
                 for b in range(math.ceil(length / size))
             ]
-        curve: dict[str, Any] = {"group": group, "stream_length": length, "block_size": size, "arms": arms, "later": None}
-        curve["later_vs_placebo"] = None
+        curve: dict[str, Any] = {"group": group, "stream_length": length, "block_size": size, "arms": arms, "memory": memory}
+        curve |= {"later": None, "later_vs_placebo": None}
         start = math.floor(length * later_from)
         later = {arm: {(r.example_id, _repeat(r)): r.correct for r in members if r.arm == arm and r.position >= start} for arm in arms}
         for other, field in (("off", "later"), ("placebo", "later_vs_placebo")):

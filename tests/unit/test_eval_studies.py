@@ -136,9 +136,9 @@ def _attempt(index, answer, score=None, chosen=False, failed=None):
 class _R:
     """The fields of a record the curves read."""
 
-    def __init__(self, example_id, correct=False, attempts=None, arm="", order=0, position=None, seed=0, reference="5"):
+    def __init__(self, example_id, correct=False, attempts=None, arm="", order=0, position=None, seed=0, reference="5", memory=None):
         self.example_id, self.correct, self.attempts, self.arm, self.order = example_id, correct, attempts, arm, order
-        self.position, self.seed, self.reference = position, seed, reference
+        self.position, self.seed, self.reference, self.memory = position, seed, reference, memory
         self.strategy, self.config_name = "matts", "k5"
 
 
@@ -181,6 +181,42 @@ def test_the_learning_curve_has_both_arms_by_block_and_the_later_difference():
     assert [b["accuracy"] for b in curve["arms"]["on"]][1] == 1.0
     later = curve["later"]
     assert later["from_position"] == 5 and later["paired"] <= 10 and later["difference"] > 0 and later["only_b"] == 0
+
+
+def test_the_learning_curve_says_when_memory_on_learned_nothing():
+    """The manipulation check: an "on" arm whose extraction never produced an item cannot show learning, and a
+    placebo arm that retrieves in every run is not comparable to it as a test of what was learned."""
+    from reasonray.evals.report import _studies_markdown
+
+    records = []
+    for position in range(4):
+        learned_nothing = {"retrieved": 0, "stored": 0, "outcome": "failure", "learn_error": None}
+        records.append(_R(f"q{position}", arm="on", position=position, memory=learned_nothing))
+        records.append(_R(f"q{position}", arm="off", position=position))
+        placebo = {"retrieved": int(position > 0), "stored": 0, "outcome": None, "learn_error": None}
+        records.append(_R(f"q{position}", True, arm="placebo", position=position, memory=placebo))
+    (curve,) = learning_curves(records, blocks=2)
+    assert curve["memory"] == {
+        "off": {"stored": 0, "retrieved_share": 0.0},
+        "on": {"stored": 0, "retrieved_share": 0.0},
+        "placebo": {"stored": 0, "retrieved_share": 0.75},
+    }
+    text = "\n".join(_studies_markdown({"learning_curves": [curve]}))
+    assert "placebo 0 stored, retrieved in 75% of runs" in text and "this run does not test learning" in text
+    records[0].memory = {**records[0].memory, "stored": 2}
+    (curve,) = learning_curves(records, blocks=2)
+    assert curve["memory"]["on"]["stored"] == 2
+    assert "does not test learning" not in "\n".join(_studies_markdown({"learning_curves": [curve]}))
+
+
+def test_the_placebo_memory_shows_the_model_no_number_and_no_method():
+    """What the placebo arm adds to a prompt is the memory section with text that cannot carry an answer: no digit,
+    and nothing of the task it is stored under (its key finds it; the key is never shown)."""
+    from reasonray.evals.runner import PLACEBO_ITEM
+    from reasonray.memory.items import MemoryItem, format_memory_block
+
+    shown = format_memory_block([MemoryItem.model_validate({**PLACEBO_ITEM, "task_id": "sums-s2-7"})])
+    assert "<memory_data>" in shown and not re.search(r"\d|sum|add|plus|answer is", shown)
 
 
 # -- the tool end to end ---------------------------------------------------------------------------
