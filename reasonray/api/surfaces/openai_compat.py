@@ -30,9 +30,15 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any, Literal, NamedTuple
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal, NamedTuple, TypedDict
 
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
+from openai.types.completion_usage import CompletionTokensDetails
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api.errors import openai_error
@@ -174,7 +180,7 @@ def refuse_unsupported(request: ChatCompletionRequest) -> None:
     """A 400 naming the first parameter this server cannot honour as asked (docs/openai.md lists them)."""
 
     def refuse(param: str, message: str) -> None:
-        raise OpenAIError(400, message, "invalid_request_error", "unsupported_parameter", param)
+        raise OpenAIError(400, message, "unsupported_parameter", param)
 
     for i, message in enumerate(request.messages):
         if isinstance(message.content, list) and (kinds := {p.get("type") for p in message.content} - {"text"}):
@@ -266,7 +272,15 @@ def apply_stop(answer: str, stops: list[str]) -> str:
 class OpenAIError(Exception):
     """An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with an HTTP status."""
 
-    def __init__(self, status: int, message: str, type_: str, code: str | None = None, param: str | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code, **extra}}
@@ -278,23 +292,26 @@ def error_from_rpc(error: dict[str, Any]) -> OpenAIError:
     shown = body["error"]
     # the one right a request's own field asks for: the error names that field
     param = "reasoning.extra_body" if (error.get("data") or {}).get("method") == EXTRA_BODY_RIGHT else None
-    return OpenAIError(status, shown["message"], shown["type"], shown["code"], param, reasonray=shown["reasonray"])
+    return OpenAIError(status, shown["message"], shown["code"], param, shown["type"], reasonray=shown["reasonray"])
+
+
+def model_not_found(message: str, **extra: Any) -> OpenAIError:
+    """A 404 naming the `model` parameter, as OpenAI answers a model it does not serve."""
+    return OpenAIError(404, message, "model_not_found", "model", **extra)
 
 
 def http_error(status: int, path: str, method: str, detail: Any = None) -> OpenAIError:
     """An error the web framework found before any route ran (no such path, a method the path does not
     take, a body that does not validate), in OpenAI's shape: everything under /v1 answers in it."""
     if status == 404:
-        return OpenAIError(
-            404, f"Invalid URL ({method} {path}): no such endpoint here; see docs/openai.md", "invalid_request_error", "unknown_url"
-        )
+        return OpenAIError(404, f"Invalid URL ({method} {path}): no such endpoint here; see docs/openai.md", "unknown_url")
     if status == 405:
-        return OpenAIError(405, f"Method {method} is not allowed on {path}", "invalid_request_error", "method_not_allowed")
+        return OpenAIError(405, f"Method {method} is not allowed on {path}", "method_not_allowed")
     if status == 422 and isinstance(detail, list) and detail:
         first = detail[0]
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return OpenAIError(400, f"invalid request: {param or 'body'}: {first.get('msg')}", "invalid_request_error", "invalid_value", param)
-    return OpenAIError(status, str(detail or "request refused"), "invalid_request_error" if status < 500 else "server_error", None)
+        return OpenAIError(400, f"invalid request: {param or 'body'}: {first.get('msg')}", "invalid_value", param)
+    return OpenAIError(status, str(detail or "request refused"), type_="invalid_request_error" if status < 500 else "server_error")
 
 
 def parse_request(body: Any) -> ChatCompletionRequest:
@@ -305,10 +322,8 @@ def parse_request(body: Any) -> ChatCompletionRequest:
         first = exc.errors()[0]
         param = ".".join(map(str, first["loc"]))
         if first["type"] == "extra_forbidden":
-            raise OpenAIError(
-                400, f"Unrecognized request argument supplied: {param}", "invalid_request_error", "unrecognized_argument", param
-            ) from None
-        raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_request_error", "invalid_value", param) from None
+            raise OpenAIError(400, f"Unrecognized request argument supplied: {param}", "unrecognized_argument", param) from None
+        raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_value", param) from None
     refuse_unsupported(request)
     return request
 
@@ -322,13 +337,9 @@ def strategy_of(model: str, served_model: str) -> str | None:
         model.removeprefix(f"{DEFAULT_MODEL}/") if model.startswith(f"{DEFAULT_MODEL}/") else model.split(":", 1)[0] if ":" in model else ""
     )
     if not _STRATEGY.match(name):
-        raise OpenAIError(
-            404,
+        raise model_not_found(
             f"The model {model!r} does not exist: use 'reasonray', 'reasonray/<strategy>' or '<strategy>:<model>'; "
-            "GET /v1/models lists the strategies",
-            "invalid_request_error",
-            "model_not_found",
-            "model",
+            "GET /v1/models lists the strategies"
         )
     return name
 
@@ -338,7 +349,7 @@ def conversation_query(messages: list[ChatMessage]) -> tuple[str, str | None]:
     their results included) as context; tool results after the last user message follow it."""
     users = [i for i, m in enumerate(messages) if m.role == "user"]
     if not users:
-        raise OpenAIError(400, "messages must contain a user message", "invalid_request_error", "invalid_request", "messages")
+        raise OpenAIError(400, "messages must contain a user message", "invalid_request", "messages")
     last = users[-1]
     system = "\n\n".join(m.text() for m in messages if m.role in ("system", "developer") and m.text()) or None
     history = [line for m in messages[:last] if (line := _context_line(m))]
@@ -364,30 +375,43 @@ def _context_line(message: ChatMessage) -> str | None:
     return None
 
 
-def models_list(strategies: list[str], default: str | None, served_model: str, created: int) -> dict[str, Any]:
+class ModelEntry(TypedDict):
+    """One entry of `GET /v1/models`, OpenAI's `Model` plus `reasonray`; a plain mapping, as the ingress answers it."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    reasonray: dict[str, str | None]  # the strategy it runs (None: the default) and the served model
+
+
+class ModelList(TypedDict):
+    """`GET /v1/models`' answer."""
+
+    object: Literal["list"]
+    data: list[ModelEntry]
+
+
+def models_list(strategies: list[str], default: str | None, served_model: str, created: int) -> ModelList:
     """`GET /v1/models`: `reasonray` (the default strategy), then `reasonray/<strategy>` for each enabled one."""
 
-    def entry(model_id: str, strategy: str | None) -> dict[str, Any]:
-        return {
-            "id": model_id,
-            "object": "model",
-            "created": created,
-            "owned_by": OWNER,
-            "reasonray": {"strategy": strategy, "model": served_model},
-        }
+    def entry(model_id: str, strategy: str | None) -> ModelEntry:
+        served = {"strategy": strategy, "model": served_model}
+        return {"id": model_id, "object": "model", "created": created, "owned_by": OWNER, "reasonray": served}
 
     return {"object": "list", "data": [entry(DEFAULT_MODEL, default), *(entry(f"{DEFAULT_MODEL}/{s}", s) for s in strategies)]}
 
 
-def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: int = 0) -> dict[str, Any]:
+def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: int = 0) -> CompletionUsage:
     """OpenAI's usage: `reasoning_tokens` are the completion tokens that are not the answer (the model's own thinking,
     `thinking_tokens` as its server counted them, is among them)."""
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "completion_tokens_details": {"reasoning_tokens": min(max(completion - answer_tokens, thinking_tokens, 0), completion)},
-    }
+    reasoning = min(max(completion - answer_tokens, thinking_tokens, 0), completion)
+    return CompletionUsage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning),
+    )
 
 
 def progress_text(event: Event) -> str | None:
@@ -436,26 +460,21 @@ class OpenAICompat:
         described: StrategiesResult = await self._call("reasoning.strategies", {})
         return [s.name for s in described.strategies], described.default_strategy
 
-    async def models(self) -> dict[str, Any]:
+    async def models(self) -> ModelList:
         names, default = await self.strategies()
         return models_list(names, default, self.served_model, self.created)
 
-    async def model(self, model_id: str) -> dict[str, Any]:
+    async def model(self, model_id: str) -> ModelEntry:
         """`GET /v1/models/{model}`: one entry of the list, or a 404 in OpenAI's shape."""
-        listed = await self.models()
-        found: dict[str, Any] | None = next((m for m in listed["data"] if m["id"] == model_id), None)
+        listed = (await self.models())["data"]
+        found = next((m for m in listed if m["id"] == model_id), None)
         if found is None:
-            raise OpenAIError(
-                404,
-                f"The model {model_id!r} does not exist; GET /v1/models lists {', '.join(m['id'] for m in listed['data'])}",
-                "invalid_request_error",
-                "model_not_found",
-                "model",
-            )
+            raise model_not_found(f"The model {model_id!r} does not exist; GET /v1/models lists {', '.join(m['id'] for m in listed)}")
         return found
 
-    async def execute_params(self, request: ChatCompletionRequest, query: str | None = None) -> dict[str, Any]:
-        """reasoning.execute's params for a request answered by one run (no tools, or tool_choice none)."""
+    def execute_params(self, request: ChatCompletionRequest, query: str | None = None, choice: int = 0) -> dict[str, Any]:
+        """reasoning.execute's params for a request answered by one run (no tools, or tool_choice none); choice `i`
+        of `n` samples with the request's seed + i."""
         options = request.reasoning or ReasoningOptions()
         strategy = options.strategy or strategy_of(request.model, self.served_model)
         if query is None:
@@ -470,6 +489,8 @@ class OpenAICompat:
             "thinking_budget": request.thinking_budget,
         }
         sampling = {k: getattr(request, k) for k in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed")}
+        if sampling["seed"] is not None:
+            sampling["seed"] += choice
         if any(v is not None for v in sampling.values()):
             params["sampling"] = {k: v for k, v in sampling.items() if v is not None}
         if request.completion_limit is not None:
@@ -479,28 +500,17 @@ class OpenAICompat:
         return {k: v for k, v in params.items() if v is not None}
 
     # -- plain completions ----------------------------------------------------------------------------
-    async def complete(self, request: ChatCompletionRequest, trace_id: str | None = None) -> dict[str, Any]:
+    async def complete(self, request: ChatCompletionRequest, trace_id: str | None = None) -> ChatCompletion:
         if _forced(request):
             return await self._forced_call(request, trace_id)
         if _uses_tools(request) or _resumes(request):
             return self._tool_turn_response(request, await self._tool_turn(request, trace_id))
-        params = await self.execute_params(request)
-        n = request.n or 1
-        seeds = [None] * n if request.seed is None else [request.seed + i for i in range(n)]
         runs = await asyncio.gather(
-            *(self._run(request, _with_seed(params, seed), _choice_trace(trace_id, i)) for i, seed in enumerate(seeds))
+            *(self._run(request, self.execute_params(request, choice=i), _choice_trace(trace_id, i)) for i in range(request.n or 1))
         )
-        choices = [{"index": i, "message": r.message(), "logprobs": None, "finish_reason": r.finish} for i, r in enumerate(runs)]
-        usage = usage_of(
-            sum(r.tokens["prompt_tokens"] for r in runs),
-            sum(r.tokens["completion_tokens"] for r in runs),
-            sum(self.tokens.count(r.answer) for r in runs),
-            sum(r.tokens.get("reasoning_tokens", 0) for r in runs),
-        )
-        extra = runs[0].extra if n == 1 else {**runs[0].extra, "choices": [r.extra for r in runs]}
-        body = self._completion(request, extra["trace_id"], runs[0].message(), runs[0].finish, usage, extra)
-        body["choices"] = choices
-        return body
+        choices = [_choice(r.message(), r.finish, i) for i, r in enumerate(runs)]
+        extra = runs[0].extra if len(runs) == 1 else {**runs[0].extra, "choices": [r.extra for r in runs]}
+        return self._completion(request, extra["trace_id"], choices, self._usage(runs), extra)
 
     async def _run(self, request: ChatCompletionRequest, params: dict[str, Any], trace_id: str | None) -> Answered:
         """One run. A run that used up max_completion_tokens answers what it had, with finish_reason "length",
@@ -508,12 +518,10 @@ class OpenAICompat:
         try:
             result: ExecuteResult = await self.rpc.run("reasoning.execute", params, trace_id)
         except RpcError as error:
-            partial = _completion_budget_partial(error.body(), request.completion_limit)
-            if partial is None:
+            cut = _cut_short(error.body(), request, trace_id)
+            if cut is None:
                 raise error_from_rpc(error.body()) from None
-            tokens = {k: partial.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens")}
-            extra = {"trace_id": trace_id or uuid.uuid4().hex, "budget": error.body()["data"]}
-            return Answered(apply_stop(str(partial.get("answer") or ""), request.stops), "length", tokens, extra)
+            return cut
         return self._finished(request, result)
 
     def _finished(self, request: ChatCompletionRequest, result: ExecuteResult) -> Answered:
@@ -521,36 +529,37 @@ class OpenAICompat:
         limit = request.completion_limit
         hit = (limit is not None and m.completion_tokens >= limit) or (result.degraded_error or {}).get("code") == BUDGET_EXCEEDED
         answer = result.answer if request.response_format is not None else apply_stop(result.answer, request.stops)
-        tokens = {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.completion_tokens, "reasoning_tokens": m.reasoning_tokens}
-        return Answered(answer, "length" if hit else "stop", tokens, _extra(result), result.reasoning)
+        # what ReasonRay adds to a completion (`reasonray`): the run's trace id, strategy, metrics, resolution and memory
+        extra = result.model_dump(mode="json", include={"trace_id", "strategy_used", "metrics", "resolution", "memory"})
+        tokens = (m.prompt_tokens, m.completion_tokens, m.reasoning_tokens)
+        return Answered(answer, "length" if hit else "stop", *tokens, extra, result.reasoning)
 
-    def _usage(self, result: ExecuteResult) -> dict[str, Any]:
-        m = result.metrics
-        return usage_of(m.prompt_tokens, m.completion_tokens, self.tokens.count(result.answer), m.reasoning_tokens)
+    def _usage(self, runs: Sequence[Answered]) -> CompletionUsage:
+        return usage_of(
+            sum(r.prompt_tokens for r in runs),
+            sum(r.completion_tokens for r in runs),
+            sum(self.tokens.count(r.answer) for r in runs),
+            sum(r.reasoning_tokens for r in runs),
+        )
 
+    @staticmethod
     def _completion(
-        self,
-        request: ChatCompletionRequest,
-        trace_id: str,
-        message: dict[str, Any],
-        finish: str,
-        usage: dict[str, Any],
-        extra: dict[str, Any],
-    ) -> dict[str, Any]:
-        return {
-            "id": f"chatcmpl-{trace_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": request.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": usage,
-            "service_tier": "default",
-            "system_fingerprint": None,
-            "reasonray": extra,
-        }
+        request: ChatCompletionRequest, trace_id: str, choices: list[Choice], usage: CompletionUsage, extra: dict[str, Any]
+    ) -> ChatCompletion:
+        return ChatCompletion(
+            id=f"chatcmpl-{trace_id}",
+            object="chat.completion",
+            created=int(time.time()),
+            model=request.model,
+            choices=choices,
+            usage=usage,
+            service_tier="default",
+            system_fingerprint=None,
+            reasonray=extra,
+        )
 
     # -- a forced tool call: the run answers with the call's arguments ------------------------------------
-    async def _forced_call(self, request: ChatCompletionRequest, trace_id: str | None) -> dict[str, Any]:
+    async def _forced_call(self, request: ChatCompletionRequest, trace_id: str | None) -> ChatCompletion:
         """tool_choice "required" or a named function: one run whose answer must be the arguments (validated
         against the function's parameters, repaired once, as response_format is), returned as the call."""
         tools = {t["function"]["name"]: t["function"] for t in request.tools or [] if t.get("function", {}).get("name")}
@@ -574,23 +583,21 @@ class OpenAICompat:
             }
             ask = f'Call one of these functions now:\n{listing}\nAnswer with only a JSON object {{"name": ..., "arguments": {{...}}}}.'
         text = f"{system}\n\n{query}\n\n{ask}" if system else f"{query}\n\n{ask}"
-        params = await self.execute_params(request, query=text)
+        params = self.execute_params(request, query=text)
         params["response_format"] = {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
         run = await self._run(request.model_copy(update={"stop": None}), params, trace_id)
-        answer, finish, tokens, extra = run.answer, run.finish, run.tokens, run.extra
-        if finish == "length":
-            message: dict[str, Any] = run.message()
+        if run.finish == "length":
+            choice = _choice(run.message(), "length")
         else:
-            value = json.loads(answer)
+            value = json.loads(run.answer)
             name, arguments = (chosen[0], value) if len(chosen) == 1 else (value["name"], value["arguments"])
             call = {
                 "id": f"call_{uuid.uuid4().hex[:24]}",
                 "type": "function",
                 "function": {"name": name, "arguments": json.dumps(arguments)},
             }
-            message, finish = {**run.message(), "content": None, "tool_calls": [call]}, "tool_calls"
-        usage = usage_of(tokens["prompt_tokens"], tokens["completion_tokens"], self.tokens.count(answer), tokens.get("reasoning_tokens", 0))
-        return self._completion(request, extra["trace_id"], message, finish, usage, extra)
+            choice = _choice(run.message(content=None, tool_calls=[call]), "tool_calls")
+        return self._completion(request, run.extra["trace_id"], [choice], self._usage([run]), run.extra)
 
     # -- tools: a session turn ------------------------------------------------------------------------
     async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> TurnResult:
@@ -599,9 +606,7 @@ class OpenAICompat:
             session_id = _session_of(tail[0].tool_call_id or "")
             results = [{"tool_call_id": (m.tool_call_id or "").split("-", 1)[1], "content": m.text(), "is_error": False} for m in tail]
             if any(_session_of(m.tool_call_id or "") != session_id for m in tail):
-                raise OpenAIError(
-                    400, "tool messages answer calls of different conversations", "invalid_request_error", "invalid_request", "messages"
-                )
+                raise OpenAIError(400, "tool messages answer calls of different conversations", "invalid_request", "messages")
             resumed: TurnResult = await self._call("session.resume", {"session_id": session_id, "tool_results": results}, trace_id)
             return resumed
         # a new conversation, or results of calls no session is waiting for (a forced call, another
@@ -614,15 +619,13 @@ class OpenAICompat:
         turn: TurnResult = await self._call("session.turn", {"session_id": created.session_id, "message": query}, trace_id)
         return turn
 
-    def _tool_turn_response(self, request: ChatCompletionRequest, turn: TurnResult) -> dict[str, Any]:
-        message, finish = _turn_message(turn)
-        if message.get("content") is not None:
-            message["content"] = apply_stop(message["content"], request.stops)
+    def _tool_turn_response(self, request: ChatCompletionRequest, turn: TurnResult) -> ChatCompletion:
+        message, finish = _turn_message(turn, request.stops)
         prompt, completion = _turn_tokens(turn.trace)
         usage = usage_of(prompt, completion, self.tokens.count(turn.answer or ""), turn.usage.reasoning_tokens)
         trace_id = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
         extra = {"trace_id": trace_id, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
-        return self._completion(request, trace_id, message, finish, usage, extra)
+        return self._completion(request, trace_id, [_choice(message, finish)], usage, extra)
 
     # -- streaming ------------------------------------------------------------------------------------
     async def stream(self, request: ChatCompletionRequest, trace_id: str | None = None) -> AsyncIterator[str]:
@@ -631,54 +634,50 @@ class OpenAICompat:
         the stream starts are raised (an HTTP error); later ones are sent as an `error` payload."""
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         if _forced(request) or _uses_tools(request) or _resumes(request):
-            completion = await self.complete(request, trace_id)
-            async for payload in self._replay(completion, include_usage):
+            async for payload in _replay(await self.complete(request, trace_id), include_usage):
                 yield payload
             return
-        params = await self.execute_params(request)
+        params = self.execute_params(request)
         await self._check_before_streaming(params)
         chunk_id = f"chatcmpl-{trace_id or uuid.uuid4().hex}"
         progress = request.reasoning is None or request.reasoning.progress
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, kind: dict[str, str] | None = None) -> str:
-            return _chunk(chunk_id, request.model, delta, finish, kind)
+        def chunk(delta: ChoiceDelta | None = None, finish: FinishReason | None = None, **extra: Any) -> str:
+            return _chunk(chunk_id, request.model, delta, finish, **extra)
 
         run = stream_call(self.rpc, "reasoning.execute", params, trace_id)
         try:
             await anext(run)  # Admitted: until then a refusal (401, 403, 404, 429) is an HTTP error, not a chunk
         except RpcError as error:
             raise error_from_rpc(error.body()) from None
-        yield chunk({"role": "assistant", "content": "", "reasoning_content": ""})
+        yield chunk(ChoiceDelta(role="assistant", content="", reasoning_content=""))
         try:
             async for item in run:
                 if isinstance(item, CallResult):
                     result: ExecuteResult = item.value
                 elif progress and isinstance(item, Event) and (text := progress_text(item)):
-                    yield chunk({"reasoning_content": text}, kind={"kind": "progress", "event": str(item.__struct_config__.tag)})
+                    yield chunk(
+                        ChoiceDelta(reasoning_content=text), reasonray={"kind": "progress", "event": str(item.__struct_config__.tag)}
+                    )
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
-            partial = _completion_budget_partial(error.body(), request.completion_limit)
-            if partial is None:
+            cut = _cut_short(error.body(), request, trace_id)
+            if cut is None:
                 yield json.dumps(error_from_rpc(error.body()).body)
                 yield "[DONE]"
                 return
-            answer = apply_stop(str(partial.get("answer") or ""), request.stops)
-            yield chunk({"content": answer})
-            yield chunk({}, "length")
+            yield chunk(ChoiceDelta(content=cut.answer))
+            yield chunk(finish="length")
             if include_usage:
-                prompt, completion = partial.get("prompt_tokens", 0), partial.get("completion_tokens", 0)
-                usage = usage_of(prompt, completion, self.tokens.count(answer), partial.get("reasoning_tokens", 0))
-                yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": usage})
+                yield chunk(usage=self._usage([cut]))
             yield "[DONE]"
             return
         answered = self._finished(request, result)
         if answered.reasoning:  # the model's thinking behind the answer, as the plain response's reasoning_content
-            yield chunk({"reasoning_content": answered.reasoning}, kind=THINKING)
-        yield chunk({"content": answered.answer})
-        finish = json.loads(chunk({}, answered.finish))
-        finish["reasonray"] = answered.extra
-        yield json.dumps(finish)
-        if include_usage:
-            yield json.dumps({**json.loads(chunk({})), "choices": [], "usage": self._usage(result)})
+            yield chunk(ChoiceDelta(reasoning_content=answered.reasoning), reasonray=THINKING)
+        yield chunk(ChoiceDelta(content=answered.answer))
+        yield chunk(finish=answered.finish, reasonray=answered.extra)
+        if include_usage:  # the tokens of the whole answer, as the run counted it (before any stop sequence)
+            yield chunk(usage=self._usage([answered._replace(answer=result.answer)]))
         yield "[DONE]"
 
     async def _check_before_streaming(self, params: dict[str, Any]) -> None:
@@ -690,81 +689,74 @@ class OpenAICompat:
         try:
             ExecuteParams.model_validate(params)
         except ValidationError as exc:
-            raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_request_error", "invalid_params") from None
+            raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_params") from None
         strategy = params.get("strategy")
         if strategy is None or self.rpc.guard is not None:  # a guarded caller may not be allowed reasoning.strategies
             return
         enabled, _ = await self.strategies()
         if strategy not in enabled:
-            raise OpenAIError(
-                404,
+            raise model_not_found(
                 f"The model {DEFAULT_MODEL}/{strategy} does not exist: strategy {strategy!r} is not enabled; "
                 f"available: {', '.join(enabled) or 'none'} (GET /v1/models lists them)",
-                "invalid_request_error",
-                "model_not_found",
-                "model",
                 reasonray={"code": STRATEGY_UNAVAILABLE, "data": {"available": enabled}},
             )
 
-    async def _replay(self, completion: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
-        """A finished completion (a tool turn) as chunks."""
-        choice = completion["choices"][0]
-        message = choice["message"]
-        chunk_id, model = completion["id"], completion["model"]
-        if message.get("reasoning_content"):
-            yield _chunk(chunk_id, model, {"role": "assistant", "reasoning_content": message["reasoning_content"]}, kind=THINKING)
-        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-        yield _chunk(chunk_id, model, delta)
-        finish = json.loads(_chunk(chunk_id, model, {}, choice["finish_reason"]))
-        finish["reasonray"] = completion["reasonray"]
-        yield json.dumps(finish)
-        if include_usage:
-            yield json.dumps({**json.loads(_chunk(chunk_id, model, {})), "choices": [], "usage": completion["usage"]})
-        yield "[DONE]"
 
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 THINKING = {"kind": "thinking"}
 """The `reasonray` field of a chunk whose `delta.reasoning_content` is the model's thinking (progress lines are
 marked `{"kind": "progress", "event": <run event type>}`)."""
 
 
-def _chunk(chunk_id: str, model: str, delta: dict[str, Any], finish: str | None = None, kind: dict[str, str] | None = None) -> str:
-    body: dict[str, Any] = {
-        "id": chunk_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-    if kind is not None:
-        body["reasonray"] = kind
-    return json.dumps(body)
+def _chunk(chunk_id: str, model: str, delta: ChoiceDelta | None = None, finish: FinishReason | None = None, **extra: Any) -> str:
+    """One `data:` payload: a chunk of the one choice (`delta`, `finish`), or with `usage=` the usage chunk (no
+    choices); `reasonray=` adds ReasonRay's field."""
+    choices = [] if "usage" in extra else [ChunkChoice(index=0, delta=delta or ChoiceDelta(), logprobs=None, finish_reason=finish)]
+    chunk = ChatCompletionChunk(
+        id=chunk_id,
+        object="chat.completion.chunk",
+        created=int(time.time()),
+        model=model,
+        system_fingerprint=None,
+        choices=choices,
+        **extra,
+    )
+    return json.dumps(chunk.to_dict(mode="json"))
 
 
-def _extra(result: ExecuteResult) -> dict[str, Any]:
-    """What ReasonRay adds to a completion (`reasonray`): the run's trace id, strategy, metrics, resolution and memory."""
-    return result.model_dump(mode="json", include={"trace_id", "strategy_used", "metrics", "resolution", "memory"})
+async def _replay(completion: ChatCompletion, include_usage: bool) -> AsyncIterator[str]:
+    """A finished completion (a tool turn) as chunks."""
+    [choice] = completion.choices
+    message, chunk_id, model = choice.message, completion.id, completion.model
+    if reasoning := (message.model_extra or {}).get("reasoning_content"):
+        yield _chunk(chunk_id, model, ChoiceDelta(role="assistant", reasoning_content=reasoning), reasonray=THINKING)
+    calls = [ChoiceDeltaToolCall(index=i, **c.to_dict()) for i, c in enumerate(message.tool_calls or [])]
+    yield _chunk(chunk_id, model, ChoiceDelta(role="assistant", content=message.content, **({"tool_calls": calls} if calls else {})))
+    yield _chunk(chunk_id, model, finish=choice.finish_reason, reasonray=(completion.model_extra or {})["reasonray"])
+    if include_usage:
+        yield _chunk(chunk_id, model, usage=completion.usage)
+    yield "[DONE]"
 
 
-def _completion_budget_partial(error: dict[str, Any], limit: int | None) -> dict[str, Any] | None:
-    """What a run that used up the request's completion tokens had achieved (None: it failed otherwise).
-    The run may end on the budget itself, or on what the cut-off reply lacked (an answer, a format)."""
+def _choice(message: ChatCompletionMessage, finish: FinishReason, index: int = 0) -> Choice:
+    return Choice(index=index, message=message, logprobs=None, finish_reason=finish)
+
+
+def _cut_short(error: dict[str, Any], request: ChatCompletionRequest, trace_id: str | None) -> Answered | None:
+    """What a run that used up the request's completion tokens had achieved, answered with finish_reason "length"
+    (None: it failed otherwise). The run may end on the budget itself, or on what the cut-off reply lacked (an
+    answer, a format)."""
     data = error.get("data") or {}
     partial: dict[str, Any] = data.get("partial") or {}
+    limit = request.completion_limit
     if limit is None or error.get("code") == INVALID_PARAMS:
         return None
-    if (error.get("code") == BUDGET_EXCEEDED and "max_completion_tokens" in data) or partial.get("completion_tokens", 0) >= limit:
-        return partial
-    return None
-
-
-def _with_seed(params: dict[str, Any], seed: int | None) -> dict[str, Any]:
-    if seed is None:
-        return params
-    return {**params, "sampling": {**params.get("sampling", {}), "seed": seed}}
+    if not ((error.get("code") == BUDGET_EXCEEDED and "max_completion_tokens" in data) or partial.get("completion_tokens", 0) >= limit):
+        return None
+    answer = apply_stop(str(partial.get("answer") or ""), request.stops)
+    prompt, completion, thinking = (int(partial.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens"))
+    return Answered(answer, "length", prompt, completion, thinking, {"trace_id": trace_id or uuid.uuid4().hex, "budget": data})
 
 
 def _choice_trace(trace_id: str | None, index: int) -> str | None:
@@ -789,9 +781,11 @@ def _session_of(tool_call_id: str) -> str:
     return tool_call_id.partition("-")[0]
 
 
-def _turn_message(turn: TurnResult) -> tuple[dict[str, Any], str]:
+def _turn_message(turn: TurnResult, stops: list[str]) -> tuple[ChatCompletionMessage, FinishReason]:
     if turn.status == "completed":
-        return {"role": "assistant", "content": turn.answer}, "stop"
+        return ChatCompletionMessage(
+            role="assistant", content=apply_stop(turn.answer or "", stops) if turn.answer is not None else None
+        ), "stop"
     calls = [
         {
             "id": f"{turn.session_id}-{c.tool_call_id}",
@@ -800,7 +794,7 @@ def _turn_message(turn: TurnResult) -> tuple[dict[str, Any], str]:
         }
         for c in turn.pending_tool_calls
     ]
-    return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    return ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
 
 
 def _turn_tokens(trace: list[dict[str, Any]]) -> tuple[int, int]:
@@ -814,17 +808,18 @@ class Answered(NamedTuple):
     """One run as a choice: its answer, finish reason, token counts, ReasonRay's extra and the model's thinking."""
 
     answer: str
-    finish: str
-    tokens: dict[str, Any]
+    finish: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
     extra: dict[str, Any]
     reasoning: str = ""
 
-    def message(self) -> dict[str, Any]:
-        """The assistant message: the answer, and the thinking behind it as `reasoning_content` (vLLM's and DeepSeek's field)."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.answer}
-        if self.reasoning:
-            message["reasoning_content"] = self.reasoning
-        return message
+    def message(self, **fields: Any) -> ChatCompletionMessage:
+        """The assistant message: the answer, and the thinking behind it as `reasoning_content` (vLLM's and DeepSeek's
+        field); `fields` replace or add to them (a tool call's)."""
+        thinking = {"reasoning_content": self.reasoning} if self.reasoning else {}
+        return ChatCompletionMessage(**{"role": "assistant", "content": self.answer, **thinking, **fields})
 
 
 class Reply(BaseModel):
@@ -841,10 +836,10 @@ async def respond(compat: OpenAICompat, body: bytes, trace_id: str) -> Reply | A
         try:
             payload = json.loads(body)
         except ValueError as exc:
-            raise OpenAIError(400, f"the body is not valid JSON: {exc}", "invalid_request_error", "invalid_json") from None
+            raise OpenAIError(400, f"the body is not valid JSON: {exc}", "invalid_json") from None
         request = parse_request(payload)
         if not request.stream:
-            return Reply(status=200, body=await compat.complete(request, trace_id))
+            return Reply(status=200, body=(await compat.complete(request, trace_id)).to_dict(mode="json"))
         stream = compat.stream(request, trace_id)
         first = await anext(stream)
     except OpenAIError as exc:
