@@ -84,22 +84,22 @@ def think(total: int, done: int, budget: int, counter: TokenCounter) -> tuple[st
     parts: list[str] = []
     used = 0
     step = done // 20
-    while done + used < total:
-        sentence = f"{' ' if parts or done else ''}Thought {step}: {_THOUGHTS[step % len(_THOUGHTS)]} [thought {done + used}/{total}]."
+    while True:
+        finished = done + used >= total  # the closing sentence is the last
+        lead = " " if parts or done else ""
+        if finished:
+            sentence = f"{lead}So I am done thinking [thought {total}/{total}]."
+        else:
+            sentence = f"{lead}Thought {step}: {_THOUGHTS[step % len(_THOUGHTS)]} [thought {done + used}/{total}]."
         cost = counter.count(sentence)
         if used + cost > budget:
             cut = counter.head(sentence, max(budget - used, 0))
-            parts.append(cut)
-            return "".join(parts), used + counter.count(cut), False
+            return "".join(parts) + cut, used + counter.count(cut), False
         parts.append(sentence)
         used += cost
         step += 1
-    closing = f"{' ' if parts or done else ''}So I am done thinking [thought {total}/{total}]."
-    cost = counter.count(closing)
-    if used + cost > budget:
-        cut = counter.head(closing, max(budget - used, 0))
-        return "".join(parts) + cut, used + counter.count(cut), False
-    return "".join(parts) + closing, used + cost, True
+        if finished:
+            return "".join(parts), used, True
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,8 @@ def refusal(body: dict[str, Any]) -> Refusal | None:
                 f"Unsupported value: '{name}' does not support {value} with this model. Only the default (1) value is supported.",
                 "unsupported_value",
             )
-    for name in ("stop", "logprobs", "top_logprobs"):
-        if body.get(name):
-            return Refusal(name, f"Unsupported parameter: '{name}' is not supported with this model.", "unsupported_parameter")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name):  # 0, the default, is accepted
+    for name in ("stop", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty"):
+        if body.get(name):  # an empty or 0 value, the default, is accepted
             return Refusal(name, f"Unsupported parameter: '{name}' is not supported with this model.", "unsupported_parameter")
     for name in ("continue_final_message", "add_generation_prompt", "chat_template_kwargs"):
         if name in body:
