@@ -20,6 +20,7 @@ the same count: `count(head(text, n)) <= n` always holds.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import threading
@@ -73,15 +74,13 @@ class GGUFVocab:
             raise RuntimeError(f"counting with {path} needs llama-cpp-python (pip install llama-cpp-python)") from exc
         self.name = f"gguf:{Path(path).name}"
         self._llama = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
-        self._template: Any = None  # the chat template llama-cpp-python's server renders prompts with (see count_chat)
-        self._template_loaded = False
 
     def count_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int | None:
         """A chat request's prompt tokens as llama-cpp-python's server counts them when it serves this file with its
         own template (no `--chat_format`): the GGUF's Jinja template rendered with the messages and tools, tokenized
         with special tokens and no added BOS (the template writes its own). None when the server would format the
         prompt otherwise (a template it recognises as a built-in format, or none in the file)."""
-        template = self._chat_template()
+        template = self._chat_template
         if template is None:
             return None
         prompt = template(messages=messages, tools=tools or None).prompt
@@ -90,26 +89,26 @@ class GGUFVocab:
     @property
     def renders_chat(self) -> bool:
         """Whether `count_chat` counts exactly (the file carries a template the server renders as it is)."""
-        return self._chat_template() is not None
+        return self._chat_template is not None
 
+    @functools.cached_property
     def _chat_template(self) -> Any:
-        if not self._template_loaded:
-            self._template_loaded = True
-            from llama_cpp import llama_chat_format
+        """The chat template llama-cpp-python's server renders prompts with (see count_chat); None when it would not."""
+        from llama_cpp import llama_chat_format
 
-            metadata = self._llama.metadata
-            template = metadata.get("tokenizer.chat_template")
-            # the server uses a built-in formatter instead when it recognises the template (its own rendering)
-            if template and llama_chat_format.guess_chat_format_from_gguf_metadata(metadata) is None:
-                model = self._llama._model
-                eos, bos = self._llama.token_eos(), self._llama.token_bos()
-                self._template = llama_chat_format.Jinja2ChatFormatter(
-                    template=template,
-                    eos_token=model.token_get_text(eos) if eos != -1 else "",
-                    bos_token=model.token_get_text(bos) if bos != -1 else "",
-                    stop_token_ids=[eos],
-                )
-        return self._template
+        metadata = self._llama.metadata
+        template = metadata.get("tokenizer.chat_template")
+        # the server uses a built-in formatter instead when it recognises the template (its own rendering)
+        if not template or llama_chat_format.guess_chat_format_from_gguf_metadata(metadata) is not None:
+            return None
+        model = self._llama._model
+        eos, bos = self._llama.token_eos(), self._llama.token_bos()
+        return llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=model.token_get_text(eos) if eos != -1 else "",
+            bos_token=model.token_get_text(bos) if bos != -1 else "",
+            stop_token_ids=[eos],
+        )
 
     def encode(self, text: str) -> list[int] | None:
         tokens: list[int] = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
