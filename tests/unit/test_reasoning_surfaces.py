@@ -242,9 +242,9 @@ def test_a_streamed_event_shows_the_models_thinking_only_with_the_trace():
         reasoning=[THOUGHT],
         reasoning_tokens=4,
     )
-    assert "reasoning" not in public_event(event, full_text=False)
-    assert public_event(event, full_text=False)["reasoning_tokens"] == 4
-    assert public_event(event, full_text=True)["reasoning"] == [THOUGHT]
+    assert "reasoning" not in json.loads(public_event(event, full_text=False))
+    assert json.loads(public_event(event, full_text=False))["reasoning_tokens"] == 4
+    assert json.loads(public_event(event, full_text=True))["reasoning"] == [THOUGHT]
 
 
 def test_requests_carry_the_runs_settings_as_the_gateway_sees_them():

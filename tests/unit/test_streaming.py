@@ -9,7 +9,7 @@ from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits
 from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.surfaces.streaming import rpc_sse, streaming_call
+from reasonray.api.surfaces.streaming import StreamingCall, rpc_sse, streaming_call
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
@@ -29,7 +29,7 @@ async def sent(rpc, body: bytes) -> list[dict]:
 
 def test_only_well_formed_single_calls_asking_for_a_stream_are_streamed():
     rpc = local_dispatcher(REASONING, SimulatedLLM())
-    assert streaming_call(rpc, call({"query": "q"})) == {"jsonrpc": "2.0", "id": 7, "method": "reasoning.execute", "params": {"query": "q"}}
+    assert streaming_call(rpc, call({"query": "q"})) == StreamingCall("reasoning.execute", {"query": "q"}, 7)
     not_streamed = [
         json.dumps({"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": "q", "stream": False}}),
         json.dumps({"jsonrpc": "1.0", "id": 1, "method": "reasoning.execute", "params": {"query": "q", "stream": True}}),

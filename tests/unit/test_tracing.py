@@ -10,7 +10,7 @@ import pytest
 
 from reasonray.api.app import local_dispatcher
 from reasonray.api.surfaces.openai_compat import OpenAICompat, respond
-from reasonray.api.surfaces.streaming import rpc_sse
+from reasonray.api.surfaces.streaming import StreamingCall, rpc_sse
 from reasonray.api.surfaces.tracing import in_request_trace, request_span
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.tokens import counter_for_model
@@ -115,7 +115,7 @@ def spans_under_the_callers_trace(receiver, route: str, run_parent: str = "strea
 async def test_a_streamed_rpc_call_honours_the_traceparent_and_its_run_spans_join_the_request(receiver):
     """`reasoning.execute` with `stream: true` (SSE), as serve_app's /rpc route runs it."""
     rpc = local_dispatcher(ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), SimulatedLLM())
-    call = {"jsonrpc": "2.0", "id": 1, "method": "reasoning.execute", "params": {"query": "What is 6 * 7?"}}
+    call = StreamingCall("reasoning.execute", {"query": "What is 6 * 7?"}, 1)
     with request_span("/rpc", {"traceparent": TRACEPARENT}) as trace_id:
         events = in_request_trace("/rpc stream", rpc_sse(rpc, call, trace_id))
     sent = await consumed_elsewhere(events)

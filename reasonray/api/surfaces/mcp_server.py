@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from reasonray import __version__
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier
-from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for
+from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for, wire
 from reasonray.api.openrpc import result_schema
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import UnauthenticatedError
@@ -43,21 +43,19 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
     by_name = {m.mcp_tool: name for name, m in rpc.methods.items() if m.mcp_tool is not None}
     has_memory = "memory.get" in rpc.methods
 
-    async def call(method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """The call's result, through the method table (the guard of an authenticated API included)."""
+    async def call(method: str, params: dict[str, Any]) -> Any:
+        """The method's typed result, through the method table (the guard of an authenticated API included)."""
         if principal is None:
-            result: dict[str, Any] = await rpc.call(method, params)
-            return result
+            return await rpc.run(method, params)
         try:
             caller = principal()
         except UnauthenticatedError as exc:
             raise error_for(exc) from None
         token = CURRENT_PRINCIPAL.set(caller)
         try:
-            result = await rpc.call(method, params)
+            return await rpc.run(method, params)
         finally:
             CURRENT_PRINCIPAL.reset(token)
-        return result
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
@@ -68,7 +66,7 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
             error = {"code": -32601, "message": f"unknown tool {params.name!r}; tools: {', '.join(by_name)}"}
             return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
         try:
-            result = await call(method, params.arguments or {})
+            result = wire(await call(method, params.arguments or {}))
         except RpcError as error:  # a tool error carrying the JSON-RPC error (code, message, data)
             return types.CallToolResult(content=[types.TextContent(text=json.dumps(error.body()))], is_error=True)
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(result))], structured_content=result)
@@ -83,7 +81,7 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
         uri = str(params.uri)
         method, args = _resource_call(uri, has_memory)
         try:
-            text = json.dumps(await call(method, args))
+            text = json.dumps(wire(await call(method, args)))
         except RpcError as error:
             # an MCP error carrying the JSON-RPC one (a plain exception would reach the client as "Internal server error")
             raise MCPError(error.code, f"{uri}: {error.message}", error.data or None) from None

@@ -15,7 +15,7 @@ import json
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from reasonray.api.jsonrpc import Dispatcher, RpcError, error_response, result_response, well_formed, wire
 from reasonray.api.service import RUN_LISTENER
@@ -81,7 +81,15 @@ async def stream_call(
             task.cancel()
 
 
-def streaming_call(rpc: Dispatcher, body: bytes) -> dict[str, Any] | None:
+class StreamingCall(NamedTuple):
+    """A JSON-RPC call to answer as a stream: its method, its params (without `stream`) and its id."""
+
+    method: str
+    params: dict[str, Any]
+    id: Any
+
+
+def streaming_call(rpc: Dispatcher, body: bytes) -> StreamingCall | None:
     """The call, without `stream`, when `body` is one well-formed JSON-RPC call asking for a streamed answer
     of a method registered with `stream=True` (anything else is answered by the dispatcher, malformed
     requests included)."""
@@ -97,37 +105,34 @@ def streaming_call(rpc: Dispatcher, body: bytes) -> dict[str, Any] | None:
     params = dict(call["params"])
     if params.pop("stream", False) is not True:
         return None
-    return {**call, "params": params}
+    return StreamingCall(call["method"], params, call.get("id"))
 
 
-def public_event(event: Event, *, full_text: bool) -> dict[str, Any]:
-    """An event as a stream shows it: with its full text (thinking included) only when the caller asked
-    for the trace; otherwise prompts and the model's thinking are left out and replies and thoughts carry
-    no `<thinking>`."""
+def public_event(event: Event, *, full_text: bool) -> str:
+    """An event as a stream shows it (its JSON): with its full text (thinking included) only when the caller
+    asked for the trace; otherwise prompts and the model's thinking are left out and replies and thoughts
+    carry no `<thinking>`."""
     data = to_dict(event)
-    if full_text:
-        return data
-    data.pop("messages", None)
-    data.pop("reasoning", None)
-    if "responses" in data:
-        data["responses"] = [strip_thinking(r) for r in data["responses"]]
-    if isinstance(data.get("text"), str):
-        data["text"] = strip_thinking(data["text"])
-    return data
+    if not full_text:
+        data.pop("messages", None)
+        data.pop("reasoning", None)
+        if "responses" in data:
+            data["responses"] = [strip_thinking(r) for r in data["responses"]]
+        if isinstance(data.get("text"), str):
+            data["text"] = strip_thinking(data["text"])
+    return json.dumps(data)
 
 
-async def rpc_sse(rpc: Dispatcher, call: dict[str, Any], trace_id: str | None) -> AsyncIterator[dict[str, str]]:
+async def rpc_sse(rpc: Dispatcher, call: StreamingCall, trace_id: str | None) -> AsyncIterator[dict[str, str]]:
     """`reasoning.execute` with `stream: true` as Server-Sent Events: one `event: <TYPE>` per run event
     (data: the event as JSON), then `event: response` carrying the JSON-RPC response (result or error)."""
-    full_text = bool(call["params"].get("include_trace"))
-    request_id = call.get("id")
+    full_text = bool(call.params.get("include_trace"))
     try:
-        async for item in stream_call(rpc, call["method"], call["params"], trace_id):
+        async for item in stream_call(rpc, call.method, call.params, trace_id):
             if isinstance(item, CallResult):
-                response = result_response(request_id, wire(item.value))
+                response = result_response(call.id, wire(item.value))
             elif not isinstance(item, Admitted):
-                data = public_event(item, full_text=full_text)
-                yield {"event": data["type"], "data": json.dumps(data)}
+                yield {"event": str(item.__struct_config__.tag), "data": public_event(item, full_text=full_text)}
     except RpcError as error:
-        response = error_response(request_id, error)
+        response = error_response(call.id, error)
     yield {"event": "response", "data": json.dumps(response)}
