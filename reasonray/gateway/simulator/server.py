@@ -413,25 +413,10 @@ def _script_routes(app: FastAPI, served: _Served) -> None:
 
     @app.get("/v1/sim/stats")
     async def stats() -> JSONResponse:
-        s = model.stats
-        return JSONResponse(
-            {
-                "requests": s.requests,
-                "faults": dict(s.faults),
-                "scripted": s.scripted,
-                "disobeyed": dict(s.disobeyed),
-                "rejected": s.rejected,
-                "last_rejection": s.last_rejection,
-                "abandoned": s.abandoned,
-                "most_generating": s.most_generating,
-                "usage": {
-                    "prompt_tokens": s.prompt_tokens,
-                    "completion_tokens": s.completion_tokens,
-                    "reasoning_tokens": s.reasoning_tokens,
-                },
-            },
-            headers=SIM_HEADER,
-        )
+        s = model.stats  # the counts since the last reset (`generating`, a gauge of this moment, is not one)
+        shown = ("requests", "faults", "scripted", "disobeyed", "rejected", "last_rejection", "abandoned", "most_generating")
+        usage = {name: getattr(s, name) for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens")}
+        return JSONResponse({**{name: getattr(s, name) for name in shown}, "usage": usage}, headers=SIM_HEADER)
 
     @app.get("/v1/sim/exchanges")
     async def exchanges() -> JSONResponse:
