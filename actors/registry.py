@@ -38,25 +38,25 @@ class RayRegistry:
         self.handle = handle
 
     async def snapshot(self) -> CatalogueSnapshot:
-        return await unwrap(self.handle.snapshot.remote())  # type: ignore[no-any-return]
+        return await unwrap(self.handle.snapshot.remote())
 
     async def describe(self) -> StrategiesDescription:
-        return await unwrap(self.handle.describe.remote())  # type: ignore[no-any-return]
+        return await unwrap(self.handle.describe.remote())
 
     async def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent:
-        return await unwrap(self.handle.register_agent.remote(registration, known_methods))  # type: ignore[no-any-return]
+        return await unwrap(self.handle.register_agent.remote(registration, known_methods))
 
     async def get_agent(self, agent_id: str) -> AgentCard:
-        return await unwrap(self.handle.get_agent.remote(agent_id))  # type: ignore[no-any-return]
+        return await unwrap(self.handle.get_agent.remote(agent_id))
 
     async def list_agents(self) -> list[AgentCard]:
-        return await unwrap(self.handle.list_agents.remote())  # type: ignore[no-any-return]
+        return await unwrap(self.handle.list_agents.remote())
 
     async def discover_agents(self, capabilities: list[str]) -> list[AgentCard]:
-        return await unwrap(self.handle.discover_agents.remote(capabilities))  # type: ignore[no-any-return]
+        return await unwrap(self.handle.discover_agents.remote(capabilities))
 
     async def unregister_agent(self, agent_id: str) -> AgentCard:
-        return await unwrap(self.handle.unregister_agent.remote(agent_id))  # type: ignore[no-any-return]
+        return await unwrap(self.handle.unregister_agent.remote(agent_id))
 
 
 def _registry_args(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None) -> tuple[Any, ...]:
