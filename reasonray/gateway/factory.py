@@ -42,36 +42,23 @@ def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> 
     )
 
 
+ENDPOINT_OPTIONS = (
+    *("http_backend", "queue_timeout_s", "context_length", "max_concurrency", "adaptive_concurrency_limit", "structured_output"),
+    *("tool_choice", "tokenizer", "token_margin", "discover", "discovery_ttl_s", "default_max_tokens", "idle_timeout_s"),
+    *("generation_deadline_s", "thinks", "thinks_in_text", "refuses", "takes_reasoning_effort", "prefix_continuation"),
+    *("thinking_room", "reasoning_effort", "thinking_budget", "extra_body"),
+)
+"""The `[llm]` keys the client takes as they are, under the same names."""
+
+
 def _endpoint_options(settings: Settings, *, simulated: bool = False) -> dict[str, Any]:
     """What `[llm]` says about the endpoint's capacity, tokens and capabilities."""
     llm = settings.llm
     return {
         "timeout_s": llm.request_timeout_s,
-        "http_backend": llm.http_backend,
         # the simulated model's plain answers say which stop sequence matched; real servers need the stream to stop
         "stream": llm.stream if llm.stream is not None else not simulated,
-        "queue_timeout_s": llm.queue_timeout_s,
-        "context_length": llm.context_length,
-        "max_concurrency": llm.max_concurrency,
-        "adaptive_concurrency_limit": llm.adaptive_concurrency_limit,
-        "structured_output": llm.structured_output,
-        "tool_choice": llm.tool_choice,
-        "tokenizer": llm.tokenizer,
-        "token_margin": llm.token_margin,
-        "discover": llm.discover,
-        "discovery_ttl_s": llm.discovery_ttl_s,
-        "default_max_tokens": llm.default_max_tokens,
-        "idle_timeout_s": llm.idle_timeout_s,
-        "generation_deadline_s": llm.generation_deadline_s,
-        "thinks": llm.thinks,
-        "thinks_in_text": llm.thinks_in_text,
-        "refuses": llm.refuses,
-        "takes_reasoning_effort": llm.takes_reasoning_effort,
-        "prefix_continuation": llm.prefix_continuation,
-        "thinking_room": llm.thinking_room,
-        "reasoning_effort": llm.reasoning_effort,
-        "thinking_budget": llm.thinking_budget,
-        "extra_body": llm.extra_body,
+        **{name: getattr(llm, name) for name in ENDPOINT_OPTIONS},
     }
 
 
