@@ -554,11 +554,6 @@ class A2ASettings(_Section):
         description="An A2A agent executor plugged in around ReasonRay's, as `module:callable` given ReasonRay's executor "
         "(e.g. a conformance run's scripted scenarios, tests.a2a_scenarios:ScenarioExecutor); unset: messages reason.",
     )
-    conformance_scenarios: bool = Field(
-        False,
-        description="Answer the A2A TCK's scripted scenarios (messages whose messageId starts with a scenario's prefix, "
-        "e.g. tck-artifact-text) with their fixed events instead of reasoning; for conformance runs only, never in production.",
-    )
 
 
 # The sources `load_settings` reads, for the one `Settings()` it builds; anywhere else `Settings(...)` is

@@ -435,7 +435,6 @@ class A2AServer:
         board: Board | None = None,
         refusal_headers: Callable[[dict[str, Any]], dict[str, str]] = lambda error: {},
         executor: str | None = None,
-        conformance_scenarios: bool = False,  # retired: the ingress stops passing it (`executor` plugs scenarios in)
     ) -> None:
         self.catalogue = catalogue
         self.version = version
