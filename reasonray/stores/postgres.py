@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import KW_ONLY, dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
@@ -32,7 +32,7 @@ import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from reasonray.kernel.config import ConfigError
 
@@ -120,18 +120,6 @@ class PgStore:
             loop = self._thread_loop
         return asyncio.run_coroutine_threadsafe(work, loop).result()
 
-    async def _retry(self, fn: Callable[[], Awaitable[T]]) -> T:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(psycopg.OperationalError),
-            stop=stop_after_attempt(RETRY_ATTEMPTS),
-            wait=wait_exponential(multiplier=0.1, max=2),
-            reraise=True,
-            before_sleep=_log_retry,
-        ):
-            with attempt:
-                return await fn()
-        raise AssertionError("unreachable")  # AsyncRetrying re-raises the last error
-
     async def once(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run one statement once (for statements that must not run twice, such as an increment); its rows."""
         pool = await self.pool()
@@ -152,14 +140,18 @@ class PgStore:
         """A JSONB column as read: psycopg has parsed it already."""
         return column
 
+    @retry(
+        retry=retry_if_exception_type(psycopg.OperationalError),
+        stop=stop_after_attempt(RETRY_ATTEMPTS),
+        wait=wait_exponential(multiplier=0.1, max=2),
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "store.retry", attempt=state.attempt_number, error=str(state.outcome and state.outcome.exception())[:200]
+        ),
+    )
     async def fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Run one statement (retried if the connection drops: only for statements safe to repeat); its rows."""
-        return await self._retry(lambda: self.once(sql, params))
-
-
-def _log_retry(state: RetryCallState) -> None:
-    error = state.outcome.exception() if state.outcome else None
-    log.warning("store.retry", attempt=state.attempt_number, error=str(error)[:200])
+        return await self.once(sql, params)
 
 
 def migrate(url: str) -> list[str]:
