@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import structlog
@@ -44,13 +45,13 @@ SHARED_LIMIT_MAX = 8
 process's own limit is enough (a parallel server queues the excess itself without cutting or timing out)."""
 
 
+@dataclass(slots=True, eq=False)
 class Lease:
     """A slot of an endpoint held across processes; `serial`: the cluster knows this endpoint runs one call at a time."""
 
-    __slots__ = ("endpoint", "id", "serial")
-
-    def __init__(self, endpoint: str, lease_id: str, serial: bool = False) -> None:
-        self.endpoint, self.id, self.serial = endpoint, lease_id, serial
+    endpoint: str
+    id: str
+    serial: bool = False
 
 
 @runtime_checkable
@@ -70,16 +71,14 @@ class SharedSlots(Protocol):
         ...
 
 
+@dataclass(slots=True, eq=False)
 class Ticket:
     """One call's slot, and when it reached the server's generation."""
 
-    __slots__ = ("dispatched_at", "finished_at", "first_token_at", "lease")
-
-    def __init__(self, now: float, lease: Lease | None = None) -> None:
-        self.dispatched_at = now
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
-        self.lease = lease
+    dispatched_at: float
+    lease: Lease | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
 
 
 class EndpointLimiter:
