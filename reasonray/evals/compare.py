@@ -16,12 +16,14 @@ by example. An example that failed (status "error") counts as not correct, as it
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 5_000
+Outcomes = Mapping[tuple[str, int], bool]  # (example id, seed) -> whether the answer was right
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
@@ -111,9 +113,7 @@ def clustered_interval(
     return float(low), float(high)
 
 
-def _paired(
-    name_a: str, a: Mapping[tuple[str, int], bool], name_b: str, b: Mapping[tuple[str, int], bool]
-) -> tuple[list[tuple[str, int]], list[float], list[float]]:
+def _paired(name_a: str, a: Outcomes, name_b: str, b: Outcomes) -> tuple[list[tuple[str, int]], list[float], list[float]]:
     """The (example, seed) keys both ran, and each example's mean outcome over them in a and in b, by example id."""
     keys = sorted(a.keys() & b.keys())
     if not keys:
@@ -141,15 +141,7 @@ class Comparison:
     bootstrap_resamples: int
 
 
-def compare(
-    name_a: str,
-    a: Mapping[tuple[str, int], bool],
-    name_b: str,
-    b: Mapping[tuple[str, int], bool],
-    *,
-    seed: int = 0,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-) -> Comparison:
+def compare(name_a: str, a: Outcomes, name_b: str, b: Outcomes, *, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES) -> Comparison:
     """`a` and `b` map (example id, seed) to correctness; only the (example, seed) keys both hold are compared,
     and they are then pooled by example."""
     keys, xs, ys = _paired(name_a, a, name_b, b)
@@ -157,14 +149,11 @@ def compare(
     only_b = sum(y > x for x, y in zip(xs, ys, strict=True))
     both = sum(x == y == 1.0 for x, y in zip(xs, ys, strict=True))
     boot = paired_bootstrap(xs, ys, seed=seed, resamples=resamples)
-    seeds_per_example: dict[str, int] = {}
-    for example, _ in keys:
-        seeds_per_example[example] = seeds_per_example.get(example, 0) + 1
     return Comparison(
         a=name_a,
         b=name_b,
         paired=len(xs),
-        seeds=max(seeds_per_example.values()),
+        seeds=max(Counter(example for example, _ in keys).values()),
         both=both,
         only_a=only_a,
         only_b=only_b,
@@ -190,14 +179,7 @@ class NonInferiority:
 
 
 def non_inferiority(
-    name_a: str,
-    a: Mapping[tuple[str, int], bool],
-    name_b: str,
-    b: Mapping[tuple[str, int], bool],
-    *,
-    margin: float = 0.10,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
+    name_a: str, a: Outcomes, name_b: str, b: Outcomes, *, margin: float = 0.10, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
 ) -> NonInferiority:
     """Is a no worse than b by more than `margin`? The one-sided 95% lower confidence bound of the paired,
     example-clustered difference a - b must lie above -margin."""

@@ -30,6 +30,17 @@ class DatasetError(InvalidParamsError, ValueError):
     ValueError, as callers written before the one error tree catch it)."""
 
 
+def json_object(text: str, error: type[Exception], what: str) -> dict:
+    """`text` as a JSON object, or `error` saying that `what` is not one."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} is not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise error(f"{what} must be a JSON object")
+    return value
+
+
 @dataclass(frozen=True)
 class Example:
     id: str
@@ -97,12 +108,7 @@ def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0)
             for number, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DatasetError(f"{path}:{number}: not JSON ({exc.msg})") from None
-                if not isinstance(record, dict):
-                    raise DatasetError(f"{path}:{number}: a record must be a JSON object")
+                record = json_object(line, DatasetError, f"{path}:{number}: the record")
                 kind = kind or _kind(record, path, number)
                 if number - 1 < offset:
                     continue

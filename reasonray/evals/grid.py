@@ -10,11 +10,11 @@ config fields each strategy's budget sets); a memory study adds arms (memory on 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from reasonray.evals.datasets import json_object
 from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
 from reasonray.strategies.registry import Catalogue
 
@@ -65,13 +65,7 @@ def parse_configs(options: tuple[str, ...] | list[str]) -> dict[str | None, dict
         if not sep or not head:
             raise GridError(f"--config {option!r}: write NAME=JSON or STRATEGY:NAME=JSON, e.g. greedy='{{\"temperature\": 0}}'")
         strategy, _, name = head.rpartition(":")
-        try:
-            config = json.loads(body)
-        except json.JSONDecodeError as exc:
-            raise GridError(f"--config {option!r}: the config is not valid JSON ({exc.msg})") from None
-        if not isinstance(config, dict):
-            raise GridError(f"--config {option!r}: the config must be a JSON object")
-        parsed.setdefault(strategy or None, {})[name] = config
+        parsed.setdefault(strategy or None, {})[name] = json_object(body, GridError, f"--config {option!r}: the config")
     return parsed
 
 

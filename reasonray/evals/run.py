@@ -169,18 +169,9 @@ class SimulatedEndpoint:
             SimulatorSettings,
         )
 
-        s = settings.llm.simulator
-        self.server = SimulatorServer(
-            SimulatorSettings(
-                host=host,
-                port=s.port,
-                ttft_ms=s.ttft_ms,
-                tokens_per_second=s.tokens_per_second,
-                fault_rate=s.fault_rate,
-                fault_kinds=tuple(s.fault_kinds),
-                seed=s.seed,
-            )
-        ).start()
+        s = settings.llm.simulator  # its own fields, bound where this run's tasks can reach it
+        fields = s.model_dump() | {"host": host, "fault_kinds": tuple(s.fault_kinds), "disobey_kinds": tuple(s.disobey_kinds)}
+        self.server = SimulatorServer(SimulatorSettings(**fields)).start()
 
     @property
     def url(self) -> str:
@@ -229,24 +220,11 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
             known = register_answer_key(settings.llm.base_url, dataset, options.sim_skill)
             echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
         engine, client = _engine(settings, options, app_name)
-        progress = _progress(todo, options.progress)
-        started = time.perf_counter()
         try:
-            ran = await run_grid(
-                engine,
-                dataset.examples,
-                cells,
-                results,
-                concurrency=options.concurrency,
-                memory=options.memory,
-                on_record=lambda record: _tick(progress, record),
-            )
+            ran, grid_s = await _timed_grid(engine, options, dataset, cells, results, todo, echo)
         finally:
-            progress.close()
             if client is not None:
                 await client.close()
-        grid_s = time.perf_counter() - started
-        echo(f"ran {ran} examples in {grid_s:.1f} s")
     finally:
         if simulator is not None:
             simulator.stop()
@@ -260,6 +238,29 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
             if ray_started:
                 ray.shutdown()
     return _finish(options, settings, dataset, cells, results, cluster, ran, grid_s)
+
+
+async def _timed_grid(
+    engine: Any, options: EvalOptions, dataset: Dataset, cells: list[Cell], results: ResultLog, todo: int, echo: Callable[[str], None]
+) -> tuple[int, float]:
+    """The grid run with a progress bar: how many examples ran, in how many seconds."""
+    progress = _progress(todo, options.progress)
+    started = time.perf_counter()
+    try:
+        ran = await run_grid(
+            engine,
+            dataset.examples,
+            cells,
+            results,
+            concurrency=options.concurrency,
+            memory=options.memory,
+            on_record=lambda record: _tick(progress, record),
+        )
+    finally:
+        progress.close()
+    grid_s = time.perf_counter() - started
+    echo(f"ran {ran} examples in {grid_s:.1f} s")
+    return ran, grid_s
 
 
 async def _run_over_http(
@@ -278,24 +279,11 @@ async def _run_over_http(
     client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
     where = options.url or str(client.http.base_url)
     echo(f"evaluating through the service at {where}")
-    progress = _progress(todo, options.progress)
-    started = time.perf_counter()
     try:
-        ran = await run_grid(
-            HttpEngine(client),
-            dataset.examples,
-            cells,
-            results,
-            concurrency=options.concurrency,
-            memory=options.memory,
-            on_record=lambda r: _tick(progress, r),
-        )
+        ran, grid_s = await _timed_grid(HttpEngine(client), options, dataset, cells, results, todo, echo)
     finally:
-        progress.close()
         if options.client is None:
             await client.aclose()
-    grid_s = time.perf_counter() - started
-    echo(f"ran {ran} examples in {grid_s:.1f} s")
     return _finish(options, settings, dataset, cells, results, {"ray": False, "url": where}, ran, grid_s)
 
 
@@ -367,7 +355,7 @@ def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, A
     import ray
 
     from reasonray.evals.distributed import cluster_summary
-    from reasonray.serve_app import ray_environment
+    from reasonray.actors.environment import ray_environment
 
     if ray.is_initialized():
         return False, {"ray": True, **cluster_summary()}

@@ -89,15 +89,6 @@ class Record:
 async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, memory: bool = False) -> Record:
     """Run `example` with `cell`'s strategy and config through the service, score the answer."""
     trace_id = f"eval-{uuid.uuid4().hex[:16]}"
-    base = {
-        "example_id": example.id,
-        "strategy": cell.strategy,
-        "config_name": cell.config_name,
-        "seed": cell.seed,
-        "reference": example.reference if example.kind == "gsm8k" else "",
-        "trace_id": trace_id,
-        **_cell_fields(cell),
-    }
     params = ExecuteParams(
         query=example.query,
         strategy=cell.strategy,
@@ -116,7 +107,7 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
         rpc = error_for(exc)
         spent = getattr(exc, "partial_result", None) or {}
         return Record(
-            **base,
+            **_base(example, cell),
             status="error",
             prompt_tokens=int(spent.get("prompt_tokens", 0)),
             completion_tokens=int(spent.get("completion_tokens", 0)),
@@ -125,40 +116,49 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
             error=f"{type(exc).__name__}: {exc}"[:1000],
             error_code=rpc.code,
             error_type=rpc.data.get("error_type"),
+            trace_id=trace_id,
         )
-    latency = _ms(started)
-    scored = await score(result.answer, example)
-    m = result.metrics
-    report = result.memory
+    return await _scored(example, cell, result.model_dump(mode="json"), _ms(started))
+
+
+async def _scored(example: Example, cell: Cell, result: dict[str, Any], latency: float) -> Record:
+    """The record of a finished run, from `reasoning.execute`'s result as JSON (in process or over HTTP)."""
+    scored = await score(result["answer"], example)
+    m = result["metrics"]
+    report = result.get("memory")
     return Record(
-        **base,
-        **_answer_fields(result.answer, result.reasoning, m.strategy_specific, example),
+        **_base(example, cell),
+        **_answer_fields(result["answer"], result.get("reasoning") or "", m.get("strategy_specific") or {}, example),
         status="ok",
         correct=scored.correct,
-        answer=result.answer[:ANSWER_CHARS],
+        answer=result["answer"][:ANSWER_CHARS],
         extracted=(scored.extracted or "")[:ANSWER_CHARS] or None,
         detail=scored.detail,
-        prompt_tokens=m.prompt_tokens,
-        completion_tokens=m.completion_tokens,
-        llm_calls=m.llm_calls,
-        cache_hits=m.cache_hits,
-        retries=m.retries,
+        prompt_tokens=m["prompt_tokens"],
+        completion_tokens=m["completion_tokens"],
+        llm_calls=m["llm_calls"],
+        cache_hits=m["cache_hits"],
+        retries=m["retries"],
         latency_ms=latency,
-        model=m.model,
-        simulated=m.simulated,
+        model=m["model"],
+        simulated=m["simulated"],
+        trace_id=result["trace_id"],
         memory=None
-        if report is None
+        if not report
         else {
-            "retrieved": len(report.retrieved),
-            "stored": len(report.stored),
-            "outcome": report.outcome,
-            "learn_error": report.learn_error,
+            "retrieved": len(report.get("retrieved") or []),
+            "stored": len(report.get("stored") or []),
+            "outcome": report.get("outcome"),
+            "learn_error": report.get("learn_error"),
         },
     )
 
 
-def _cell_fields(cell: Cell) -> dict[str, Any]:
-    return {"arm": cell.arm, "order": cell.order, "budget": cell.budget}
+def _base(example: Example, cell: Cell) -> dict[str, Any]:
+    """The fields every record of `example` in `cell` starts with."""
+    run = {"example_id": example.id, "strategy": cell.strategy, "config_name": cell.config_name, "seed": cell.seed}
+    reference = example.reference if example.kind == "gsm8k" else ""
+    return run | {"reference": reference, "arm": cell.arm, "order": cell.order, "budget": cell.budget}
 
 
 def _answer_fields(answer: str, reasoning: str, specific: dict[str, Any], example: Example) -> dict[str, Any]:
@@ -223,14 +223,6 @@ class HttpEngine:
     async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
         from reasonray.client import ReasonRayError
 
-        base = {
-            "example_id": example.id,
-            "strategy": cell.strategy,
-            "config_name": cell.config_name,
-            "seed": cell.seed,
-            "reference": example.reference if example.kind == "gsm8k" else "",
-            **_cell_fields(cell),
-        }
         started = time.perf_counter()
         try:
             result = await self.client.execute(
@@ -242,7 +234,7 @@ class HttpEngine:
             )
         except ReasonRayError as exc:
             return Record(
-                **base,
+                **_base(example, cell),
                 status="error",
                 latency_ms=_ms(started),
                 error=f"{exc.code}: {exc.message}"[:1000],
@@ -253,35 +245,7 @@ class HttpEngine:
         latency = _ms(started)
         if memory and cell.arm == "placebo":  # found by the task's text, as a learned memory would be
             await self.client.store_memories([PLACEBO_ITEM], workspace=cell.workspace, key=example.query)
-        scored = await score(result["answer"], example)
-        m = result["metrics"]
-        report = result.get("memory")
-        return Record(
-            **base,
-            **_answer_fields(result["answer"], result.get("reasoning") or "", m.get("strategy_specific") or {}, example),
-            status="ok",
-            correct=scored.correct,
-            answer=result["answer"][:ANSWER_CHARS],
-            extracted=(scored.extracted or "")[:ANSWER_CHARS] or None,
-            detail=scored.detail,
-            prompt_tokens=m["prompt_tokens"],
-            completion_tokens=m["completion_tokens"],
-            llm_calls=m["llm_calls"],
-            cache_hits=m["cache_hits"],
-            retries=m["retries"],
-            latency_ms=latency,
-            model=m["model"],
-            simulated=m["simulated"],
-            trace_id=result["trace_id"],
-            memory=None
-            if not report
-            else {
-                "retrieved": len(report.get("retrieved") or []),
-                "stored": len(report.get("stored") or []),
-                "outcome": report.get("outcome"),
-                "learn_error": report.get("learn_error"),
-            },
-        )
+        return await _scored(example, cell, result, latency)
 
 
 class ResultLog:
@@ -341,15 +305,7 @@ async def run_grid(
             try:
                 record = await engine(example, cell, learns(cell))
             except Exception as exc:  # the engine itself failed (a Ray worker died): still one record
-                record = Record(
-                    example.id,
-                    cell.strategy,
-                    cell.config_name,
-                    cell.seed,
-                    status="error",
-                    error=f"{type(exc).__name__}: {exc}"[:1000],
-                    **_cell_fields(cell),
-                )
+                record = Record(**_base(example, cell), status="error", error=f"{type(exc).__name__}: {exc}"[:1000])
         record.position = position
         results.append(record)
         ran += 1

@@ -102,7 +102,7 @@ def test_bad_datasets_are_named_with_their_line(tmp_path):
         load_dataset(tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q", "answer": "#### 1"}\nnot json\n')
-    with pytest.raises(DatasetError, match=r"bad.jsonl:2: not JSON"):
+    with pytest.raises(DatasetError, match=r"bad.jsonl:2: the record is not valid JSON"):
         load_dataset(bad)
     other = tmp_path / "other.jsonl"
     other.write_text('{"text": "hello"}\n')
