@@ -36,6 +36,8 @@ from reasonray.api.service import ExecuteResult
 from reasonray.kernel.errors import InvalidParamsError, ReasonRayError
 from reasonray.stores.audit import ANONYMOUS
 from reasonray.strategies.agents import REMOTE_SKILL, STRATEGY_CAPABILITY, AgentRegistration, remote_strategy
+from reasonray.strategies.base import ReasoningMetrics
+from reasonray.strategies.registry import Resolution
 
 log = structlog.get_logger(__name__)
 
@@ -144,35 +146,23 @@ async def forward(
     answer, remote = _answer(agent["id"], replies)
     took = round((time.perf_counter() - started) * 1000)
     used = remote_strategy(agent["id"])
-    return ExecuteResult.model_validate(
-        {
-            "answer": answer,
-            "strategy_used": used,
-            "metrics": {
-                "total_tokens": 0,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
-                "execution_time_ms": took,
-                "llm_calls": 0,
-                "cache_hits": 0,
-                "retries": 0,
-                "model": f"a2a:{agent['id']}",
-                "simulated": False,
-                "strategy_specific": {"remote": remote},
-            },
-            "trace": None,
-            "trace_id": trace_id,
-            "resolution": {
-                "strategy": used,
-                "agent_id": agent["id"],
-                "strategy_decided_by": "agent",
-                "config": {},
-                "config_sources": {},
-            },
-            "memory": None,
-            "degraded": False,
-            "degraded_error": None,
-        }
+    return ExecuteResult(
+        answer=answer,
+        strategy_used=used,
+        metrics=ReasoningMetrics(
+            total_tokens=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+            execution_time_ms=took,
+            llm_calls=0,
+            cache_hits=0,
+            retries=0,
+            model=f"a2a:{agent['id']}",
+            simulated=False,
+            strategy_specific={"remote": remote},
+        ),
+        trace_id=trace_id,
+        resolution=Resolution(strategy=used, agent_id=agent["id"], strategy_decided_by="agent", config={}, config_sources={}),
     )
 
 
