@@ -50,7 +50,8 @@ def model_path(section: LocalModelSection) -> Path:
     return path
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at `host` now (the system's pick)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]
@@ -116,7 +117,7 @@ class LocalModelServer:
         if importlib.util.find_spec("llama_cpp") is None:
             raise LLMConfigError(f"the local model needs `llama-cpp-python[server]`, which is not installed: {SETUP_HINT}")
         if self.port == 0:
-            self.port = _free_port(self.section.host)
+            self.port = free_port(self.section.host)
         command = self.command()
         fd, name = tempfile.mkstemp(prefix="reasonray-llama-", suffix=".log")
         os.close(fd)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from reasonray.gateway.local_model import free_port as free_port  # re-exported: tests and benches take it from here
 from reasonray.gateway.protocol import PURPOSE_HEADER, LLMRequest, Message, ToolCall
 from reasonray.gateway.simulator.disobedience import DISOBEY_KINDS, Disobedience
 from reasonray.gateway.simulator.engine import (
@@ -530,13 +530,6 @@ async def _tokenize_input(request: Request) -> str | None:
         return None
     text = body.get("input") if isinstance(body, dict) else None
     return text if isinstance(text, str) else None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 KEEP_ALIVE_S = 75
