@@ -241,33 +241,31 @@ def markdown(report: dict[str, Any]) -> str:
         "record per example; a bootstrap resampling examples when seeds or stream orders repeat them.",
     ]
     if report.get("baselines"):
-        lines += ["", "## Baselines", "", "| baseline | answer | n | accuracy (95% CI) |", "|---|---|---|---|"]
-        for b in report["baselines"]:
-            lines.append(f"| {b['name']} | {b['answer']} | {b['examples']} | {b['accuracy']:.1%} ({b['ci_low']:.1%}-{b['ci_high']:.1%}) |")
+        rows = [[b["name"], b["answer"], str(b["examples"]), _ci(b, ".1%")] for b in report["baselines"]]
+        lines += _table("Baselines", ["baseline", "answer", "n", "accuracy (95% CI)"], rows)
     if len(report["seeds"]) > 1:
-        lines += ["", "## Per seed", "", "| cell | n | accuracy (95% CI) | tokens/example |", "|---|---|---|---|"]
-        for row in report["per_seed"]:
-            lines.append(
-                f"| {row['group']} | {row['examples']} | {row['accuracy']:.1%} ({row['ci_low']:.1%}-{row['ci_high']:.1%}) | {row['tokens_per_example']:.0f} |"
-            )
+        rows = [[r["group"], str(r["examples"]), _ci(r, ".1%"), f"{r['tokens_per_example']:.0f}"] for r in report["per_seed"]]
+        lines += _table("Per seed", ["cell", "n", "accuracy (95% CI)", "tokens/example"], rows)
     if report.get("comparisons"):
-        lines += [
-            "",
-            "## Paired comparisons",
-            "",
-            "Same examples, strategy A against strategy B, counted by example (seeds of one example are one example: its "
+        lines += _table(
+            "Paired comparisons",
+            ["A", "B", "paired examples", "both right", "A better", "B better", "exact p", "Holm p", "A - B (95% CI)", "bootstrap p"],
+            [
+                [
+                    c["a"],
+                    c["b"],
+                    *(str(c[k]) for k in ("paired", "both", "only_a", "only_b")),
+                    _p(c["mcnemar_p"]),
+                    _p(c["p_holm"]),
+                    *_paired(c),
+                ]
+                for c in report["comparisons"]
+            ],
+            intro="Same examples, strategy A against strategy B, counted by example (seeds of one example are one example: its "
             "outcome is its mean over seeds): examples where each did better, the exact sign test on them (McNemar's with "
             "one seed) with its Holm-adjusted p over every comparison of this report, and the accuracy difference A - B "
             "with its 95% interval and p from a bootstrap that resamples examples. A failed example counts as wrong.",
-            "",
-            "| A | B | paired examples | both right | A better | B better | exact p | Holm p | A - B (95% CI) | bootstrap p |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c in report["comparisons"]:
-            lines.append(
-                f"| {c['a']} | {c['b']} | {c['paired']} | {c['both']} | {c['only_a']} | {c['only_b']} | {_p(c['mcnemar_p'])} | "
-                f"{_p(c['p_holm'])} | {c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%}) | {_p(c['bootstrap_p'])} |"
-            )
+        )
     if report.get("pareto_front"):
         lines += ["", f"Cost-accuracy Pareto front (tokens per example against accuracy): {', '.join(report['pareto_front'])}."]
     lines += _studies_markdown(report)
@@ -500,13 +498,20 @@ def _error_bars(row: Row) -> list[list[float]]:
     return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]
 
 
-def _table(title: str, head: list[str], rows: list[list[str]]) -> list[str]:
-    """A titled Markdown table."""
-    return ["", f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+def _table(title: str, head: list[str], rows: list[list[str]], intro: str = "") -> list[str]:
+    """A titled Markdown table, with a paragraph before it when there is one."""
+    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+    return ["", f"## {title}", "", *([intro, ""] if intro else []), *table]
 
 
-def _ci(point: dict[str, Any]) -> str:
-    return f"{point['accuracy']:.1%} ({point['ci_low']:.0%}-{point['ci_high']:.0%})"
+def _ci(point: dict[str, Any], bounds: str = ".0%") -> str:
+    """An accuracy with its 95% interval."""
+    return f"{point['accuracy']:.1%} ({point['ci_low']:{bounds}}-{point['ci_high']:{bounds}})"
+
+
+def _paired(c: dict[str, Any]) -> list[str]:
+    """A comparison's difference with its interval, and its bootstrap p."""
+    return [f"{c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%})", _p(c["bootstrap_p"])]
 
 
 def _difference(c: dict[str, Any]) -> str:

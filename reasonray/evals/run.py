@@ -354,8 +354,8 @@ def run(options: EvalOptions, echo: Callable[[str], None] = lambda line: None) -
 def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, Any]]:
     import ray
 
-    from reasonray.evals.distributed import cluster_summary
     from reasonray.actors.environment import ray_environment
+    from reasonray.evals.distributed import cluster_summary
 
     if ray.is_initialized():
         return False, {"ray": True, **cluster_summary()}
