@@ -80,13 +80,9 @@ class FunctionLLM:
 
     def __init__(self, fn: Callable[[LLMRequest], Reply], model: str = "function") -> None:
         self._fn = fn
-        self._model = model
+        self.model = model
         self._counter = counter_for_model(model)
         self.requests: list[LLMRequest] = []
-
-    @property
-    def model(self) -> str:
-        return self._model
 
     async def complete(self, request: LLMRequest) -> Completion:
         self.requests.append(request)
@@ -95,7 +91,7 @@ class FunctionLLM:
             raise reply
         if isinstance(reply, Completion):
             return reply
-        return make_completion(request, reply, model=self._model, counter=self._counter)
+        return make_completion(request, reply, model=self.model, counter=self._counter)
 
 
 class ScriptedLLM(FunctionLLM):

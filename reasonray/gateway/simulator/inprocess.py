@@ -18,14 +18,12 @@ from reasonray.gateway.tokens import counter_for_model
 class SimulatedLLM:
     """Satisfies the LLM protocol by asking a SimulatedModel directly."""
 
+    model = MODEL_NAME
+
     def __init__(self, model: SimulatedModel | None = None, *, ttft_ms: float = 0.0, tokens_per_second: float = 0.0) -> None:
         self.engine = model or SimulatedModel(counter_for_model(MODEL_NAME))
         self.ttft_ms = ttft_ms
         self.tokens_per_second = tokens_per_second
-
-    @property
-    def model(self) -> str:
-        return MODEL_NAME
 
     async def complete(self, request: LLMRequest) -> Completion:
         started = time.perf_counter()
