@@ -53,10 +53,12 @@ from reasonray.api.results import SessionCreateResult, StrategiesResult, TurnRes
 from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult, ResponseFormatParams
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
+from reasonray.kernel import events
 from reasonray.kernel.errors import describe_errors
-from reasonray.kernel.events import Event, to_dict
+from reasonray.kernel.events import Event
 from reasonray.kernel.tags import strip_thinking
 from reasonray.memory.loop import MemoryParams
+from reasonray.reasoner.trace import ToolExecuted
 
 OWNER = "reasonray"
 _STRATEGY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
@@ -416,27 +418,26 @@ def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: 
 
 def progress_text(event: Event) -> str | None:
     """One line of progress for a run event (a streamed `reasoning_content`), or None for events not shown."""
-    e = to_dict(event)
-    match e["type"]:
-        case "ITERATION_END":
-            return f"[iteration {e['iteration'] + 1}] {e['completion_tokens']} tokens, {e['stop']}\n"
-        case "CARRYOVER":
-            return f"[carryover] {e['tokens']} tokens carried forward ({e['mode']})\n"
-        case "BRANCH":
-            return f"[branch {e['label']} #{e['index']}] done in {e['elapsed_ms']:.0f} ms, {e['llm_calls']} LLM calls\n"
-        case "THOUGHT":
-            return f"[thought {e['node_id']}] depth {e['depth']}, score {e['score']:.2f}, {e['status']}\n"
-        case "LLM_INVOCATION":
-            thinking = f" ({e['reasoning_tokens']} thinking)" if e.get("reasoning_tokens") else ""
-            return f"[llm] {e['completion_tokens']} tokens{thinking} in {e['latency_ms']:.0f} ms{' (cached)' if e['cached'] else ''}\n"
-        case "MEMORY_RETRIEVAL":
-            return f"[memory] {len(e['memories'])} memories retrieved from {e['workspace']}\n"
-        case "MEMORY_LEARNING":
-            return f"[memory] learned: {e['outcome']}, {len(e['stored'])} stored\n"
-        case "WARNING":
-            return f"[warning] {e['code']}: {e['message']}\n"
-        case "TOOL_EXECUTED":
-            return f"[tool] {e['tool']} {e['status']} in {e['elapsed_ms']:.0f} ms\n"
+    match event:
+        case events.IterationEnd():
+            return f"[iteration {event.iteration + 1}] {event.completion_tokens} tokens, {event.stop}\n"
+        case events.Carryover():
+            return f"[carryover] {event.tokens} tokens carried forward ({event.mode})\n"
+        case events.BranchRun():
+            return f"[branch {event.label} #{event.index}] done in {event.elapsed_ms:.0f} ms, {event.llm_calls} LLM calls\n"
+        case events.ThoughtNode():
+            return f"[thought {event.node_id}] depth {event.depth}, score {event.score:.2f}, {event.status}\n"
+        case events.LLMInvocation():
+            thinking = f" ({event.reasoning_tokens} thinking)" if event.reasoning_tokens else ""
+            return f"[llm] {event.completion_tokens} tokens{thinking} in {event.latency_ms:.0f} ms{' (cached)' if event.cached else ''}\n"
+        case events.MemoryRetrieval():
+            return f"[memory] {len(event.memories)} memories retrieved from {event.workspace}\n"
+        case events.MemoryLearning():
+            return f"[memory] learned: {event.outcome}, {len(event.stored)} stored\n"
+        case events.RunWarning():
+            return f"[warning] {event.code}: {event.message}\n"
+        case ToolExecuted():
+            return f"[tool] {event.tool} {event.status} in {event.elapsed_ms:.0f} ms\n"
     return None
 
 
