@@ -348,14 +348,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
             capsize=4,
             label=label,
         )
-    ax.set_xlabel("tokens per example")
-    ax.set_ylabel("accuracy (%), 95% CI")
-    ax.set_ylim(-5, 105)
-    ax.set_title(f"Accuracy against tokens{tag}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=110)
+    _save(fig, paths[0], "tokens per example", "accuracy (%), 95% CI", f"Accuracy against tokens{tag}", legend=8)
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
@@ -404,15 +397,13 @@ def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
     logarithmic = all(x > 0 for x, _ in points)  # costs spread over orders of magnitude (1 call to dozens)
     if logarithmic:
         ax.set_xscale("log")
-    ax.set_xlabel(f"tokens per example{' (log scale)' if logarithmic else ''}: the cost")
-    ax.set_ylabel("accuracy (%), 95% Wilson CI")
-    ax.set_ylim(-5, 105)
-    ax.set_title(f"Cost against accuracy{tag}")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(
+        fig,
+        path,
+        f"tokens per example{' (log scale)' if logarithmic else ''}: the cost",
+        "accuracy (%), 95% Wilson CI",
+        f"Cost against accuracy{tag}",
+    )
 
 
 def _curves(rows: list[Row]) -> dict[str, list[Row]]:
@@ -423,6 +414,17 @@ def _curves(rows: list[Row]) -> dict[str, list[Row]]:
         suffix = row.group.removeprefix(f"{row.strategy}/{row.config_name}")  # a memory arm, if any
         curves.setdefault(f"{row.strategy}/{base}{suffix}", []).append(row)
     return {label: sorted(members, key=lambda r: r.tokens_per_example) for label, members in curves.items()}
+
+
+def _save(fig: Any, path: Path, xlabel: str, ylabel: str, title: str, legend: int = 7) -> Path:
+    """The frame every accuracy plot shares (0-100% with a margin, a light grid, a legend), saved at 110 dpi."""
+    (ax,) = fig.axes
+    ax.set(xlabel=xlabel, ylabel=ylabel, ylim=(-5, 105), title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def _curve_error_bars(rows: list[Row]) -> list[list[float]]:
@@ -453,15 +455,10 @@ def study_plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
                     capsize=3,
                     label=f"{curve['group']} memory {arm}",
                 )
-        ax.set_xlabel("position in the stream (block centre)")
-        ax.set_ylabel("accuracy (%), 95% CI (examples resampled)")
-        ax.set_ylim(-5, 105)
-        ax.set_title(f"Learning curve: memory on and off on the same streams{tag}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths["learning_plot"] = out / "learning_curve.png"
-        fig.savefig(paths["learning_plot"], dpi=110)
+        title = f"Learning curve: memory on and off on the same streams{tag}"
+        paths["learning_plot"] = _save(
+            fig, out / "learning_curve.png", "position in the stream (block centre)", "accuracy (%), 95% CI (examples resampled)", title
+        )
     if report.get("k_curves"):
         fig = Figure(figsize=(7, 4.5))
         ax = fig.subplots()
@@ -469,15 +466,7 @@ def study_plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
             ks = [p["k"] for p in curve["points"]]
             for rule, name in (("majority", "majority@k"), ("judge", "judge-selected@k"), ("oracle", "oracle pass@k")):
                 ax.plot(ks, [p[rule]["accuracy"] * 100 for p in curve["points"]], "o-", label=f"{curve['group']} {name}")
-        ax.set_xlabel("k (attempts)")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(-5, 105)
-        ax.set_title(f"Test-time scaling from one run at k = K{tag}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths["k_plot"] = out / "k_curve.png"
-        fig.savefig(paths["k_plot"], dpi=110)
+        paths["k_plot"] = _save(fig, out / "k_curve.png", "k (attempts)", "accuracy (%)", f"Test-time scaling from one run at k = K{tag}")
     return paths
 
 
