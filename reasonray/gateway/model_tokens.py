@@ -249,7 +249,7 @@ class ModelTokenCounter:
         self.unseen_framing = UNSEEN_FRAMING
         self._on_first_use = on_first_use  # learns what to count with (discovery) before the first count
         self._ids = _LRU(cache_size)
-        self._base_counts = _LRU(cache_size)
+        self._base_count: Callable[[str], int] = functools.lru_cache(maxsize=cache_size)(base.count)
         # a streamed call counts its prompt twice, for its `max_tokens` and for its usage: rendered once
         self._chats = _LRU(CHAT_CACHE_SIZE)
         self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
@@ -291,13 +291,6 @@ class ModelTokenCounter:
             self._chats = _LRU(self._chats.size)
             for seen in self._overheads.values():
                 seen.clear()
-
-    def _base_count(self, text: str) -> int:
-        hit = self._base_counts.get(text)
-        if hit is None:
-            hit = self.base.count(text)
-            self._base_counts.put(text, hit)
-        return int(hit)
 
     def _model_ids(self, text: str) -> list[int] | None:
         if self.source is None:
