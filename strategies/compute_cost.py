@@ -8,6 +8,7 @@ generated in one growing context.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 
 def attention_pairs(length: int) -> int:
@@ -36,11 +37,8 @@ class CostLedger:
         bounded_attention = sum(attention_pairs(p + c) for p, c in calls)
         baseline_attention = attention_pairs(first_prompt + reasoning)
         bounded_processed = sum(p + c for p, c in calls)
-        generated = 0
-        baseline_processed = 0
-        for _, c in self.chunk_calls:  # the same chunks, each re-reading everything before it
-            generated += c
-            baseline_processed += first_prompt + generated
+        # the same chunks, each re-reading everything generated before it
+        baseline_processed = sum(first_prompt + generated for generated in accumulate(c for _, c in self.chunk_calls))
         ratio = bounded_attention / baseline_attention
         return {
             "reasoning_tokens": reasoning,

@@ -50,11 +50,7 @@ CRITIQUE = OutputFormat(
     _object(score=_NUMBER, feedback=_TEXT),
     'Reply with a JSON object: "score" (0 to 1), then "feedback" (what to fix).',
 )
-SCORE = OutputFormat(
-    "score",
-    _object(score=_NUMBER),
-    'Reply with a JSON object: "score" (0 to 1).',
-)
+SCORE = OutputFormat("score", _object(score=_NUMBER), 'Reply with a JSON object: "score" (0 to 1).')
 STEP = OutputFormat(
     "step",
     _object(step=_TEXT, answer=_TEXT),
