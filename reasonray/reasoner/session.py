@@ -342,17 +342,9 @@ class SessionPipeline:
             trace=steps,
             usage=_usage(reasoner),
         )
-        await self._save(
-            state.model_copy(
-                update={
-                    "status": status,
-                    "providers": providers.dump(),
-                    "turn_llm_calls": reasoner.llm_calls,
-                    "trace": steps,
-                    "last_answer": answer if answer is not None else state.last_answer,
-                    "last_outcome": _outcome(state, result=result),
-                }
-            )
+        last_answer = answer if answer is not None else state.last_answer
+        await self._save_turn(
+            state, providers, reasoner, steps, status=status, last_answer=last_answer, last_outcome=_outcome(state, result=result)
         )
         return result
 
@@ -382,19 +374,23 @@ class SessionPipeline:
         providers.conversation.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
         trim_history(providers.conversation.history, self.max_history)
         providers.ledger = ToolLedger()
-        error = {"error_type": type(exc).__name__, "message": exc.message, **exc.data}
-        await self._save(
-            state.model_copy(
-                update={
-                    "status": "idle",
-                    "providers": providers.dump(),
-                    "turn_llm_calls": reasoner.llm_calls,
-                    "trace": [*state.trace, *as_dicts(trace)],
-                    "last_error": error,
-                    "last_outcome": _outcome(state, error={"error_type": type(exc).__name__, "message": exc.message, "data": exc.data}),
-                }
-            )
+        kind = type(exc).__name__
+        await self._save_turn(
+            state,
+            providers,
+            reasoner,
+            [*state.trace, *as_dicts(trace)],
+            status="idle",
+            last_error={"error_type": kind, "message": exc.message, **exc.data},
+            last_outcome=_outcome(state, error={"error_type": kind, "message": exc.message, "data": exc.data}),
         )
+
+    async def _save_turn(
+        self, state: SessionState, providers: ContextProviders, reasoner: TurnReasoner, steps: list[dict[str, Any]], **update: Any
+    ) -> None:
+        """The turn's outcome saved: its providers, its LLM calls so far, its trace and `update`."""
+        turn = {"providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": steps}
+        await self._save(state.model_copy(update={**turn, **update}))
 
     async def _load(self, session_id: str) -> SessionState:
         state = await self.repository.load(session_id)
