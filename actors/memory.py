@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Unpack
+from typing import Any
 
 import ray
 import structlog
@@ -34,8 +33,7 @@ from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, lo
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
 from reasonray.kernel.logs import configure_logging
-from reasonray.memory.bank import RetrievalOptions
-from reasonray.memory.service import BankService, LocalMemory, open_bank
+from reasonray.memory.service import BankService, LocalMemory, MemoryClient, open_bank
 
 log = structlog.get_logger(__name__)
 
@@ -92,8 +90,8 @@ class _RunBatch:
             self.tally[key] = self.tally.get(key, 0) + int(value)
 
 
-class RayMemory:
-    """The typed `MemoryClient` over the application's memory bank actor, created on first use (an
+class RayMemory(MemoryClient):
+    """The `MemoryClient` over the application's memory bank actor, created on first use (an
     application that never touches memory never starts it)."""
 
     def __init__(self, app_name: str, settings: Settings) -> None:
@@ -122,55 +120,23 @@ class RayMemory:
             self._handle = await asyncio.to_thread(lookup, memory_name(self.app_name))
         return self._handle is not None
 
-    async def _call(self, send: Callable[[Any], Any]) -> Any:
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await unwrap(send(self.handle))
+            return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
         except (ActorDiedError, ActorUnavailableError):
             # killed for good (an operator, a lost node, a redeploy): start a new one, which reopens the store, and retry once
             log.info("memory.actor_replaced", app=self.app_name)
             self._handle = None
             await asyncio.sleep(0.2)  # let Ray release the dead actor's name
-            return await unwrap(send(self.handle))
-
-    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.retrieve.remote(query, workspace, **options))
-
-    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.store_items.remote(items, workspace, keys))
-
-    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.store_entry.remote(entry, workspace))
-
-    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.get.remote(memory_id, workspace))
-
-    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.genealogy.remote(memory_id, workspace))
-
-    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.descendants.remote(memory_id, workspace))
-
-    async def errors(
-        self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.errors.remote(workspace, error_type, domain, limit))
-
-    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.traces.remote(task_id, workspace))
-
-    async def list_workspaces(self) -> list[dict[str, Any]]:
-        return await self._call(lambda h: h.list_workspaces.remote())
-
-    async def delete_workspace(self, workspace: str) -> dict[str, Any]:
-        return await self._call(lambda h: h.delete_workspace.remote(workspace))
+            return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
 
     async def stats(self) -> dict[str, Any]:
         await self._send_runs()
-        return await self._call(lambda h: h.stats.remote())
+        return await self._call("stats")
 
     async def reset_stats(self) -> dict[str, Any]:
         await self._send_runs()
-        return await self._call(lambda h: h.reset_stats.remote())
+        return await self._call("reset_stats")
 
     async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
         self._runs.add(tally, ok)
@@ -194,7 +160,4 @@ class RayMemory:
     async def _send_runs(self) -> None:
         batch, self._runs = self._runs, _RunBatch()
         if batch.runs:
-            await self._call(lambda h: h.record_runs.remote(batch.tally, batch.runs, batch.errors))
-
-    async def record_passive(self, captured: bool) -> None:
-        await self._call(lambda h: h.record_passive.remote(captured))
+            await self._call("record_runs", batch.tally, batch.runs, batch.errors)

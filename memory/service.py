@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
@@ -134,97 +134,71 @@ def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         ) from exc
 
 
-class MemoryClient(Protocol):
-    """BankService's methods, awaited: in this process (`LocalMemory`) or on the actor (`actors.memory.RayMemory`)."""
+class MemoryClient:
+    """BankService's methods, awaited: each is one `_call` of the method by name, run in a worker thread in this
+    process (`LocalMemory`) or on the memory bank actor (`actors.memory.RayMemory`)."""
 
-    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]: ...
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
 
-    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]: ...
+    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
+        return await self._call("retrieve", query, workspace, **options)
 
-    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]: ...
+    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
+        return await self._call("store_items", items, workspace, keys)
 
-    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]: ...
+    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
+        return await self._call("store_entry", entry, workspace)
 
-    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]: ...
+    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return await self._call("get", memory_id, workspace)
 
-    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]: ...
+    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
+        return await self._call("genealogy", memory_id, workspace)
+
+    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
+        return await self._call("descendants", memory_id, workspace)
 
     async def errors(
         self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[dict[str, Any]]:
+        return await self._call("errors", workspace, error_type, domain, limit)
 
-    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]: ...
+    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
+        return await self._call("traces", task_id, workspace)
 
-    async def list_workspaces(self) -> list[dict[str, Any]]: ...
+    async def list_workspaces(self) -> list[dict[str, Any]]:
+        return await self._call("list_workspaces")
 
-    async def delete_workspace(self, workspace: str) -> dict[str, Any]: ...
+    async def delete_workspace(self, workspace: str) -> dict[str, Any]:
+        return await self._call("delete_workspace", workspace)
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> dict[str, Any]:
+        return await self._call("stats")
 
-    async def reset_stats(self) -> dict[str, Any]: ...
+    async def reset_stats(self) -> dict[str, Any]:
+        return await self._call("reset_stats")
 
-    async def record_run(self, tally: dict[str, Any], ok: bool) -> None: ...
+    async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
+        await self._call("record_run", tally, ok)
 
-    async def record_passive(self, captured: bool) -> None: ...
+    async def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
+        """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
+        await self._call("record_runs", tally, runs, errors)
+
+    async def record_passive(self, captured: bool) -> None:
+        await self._call("record_passive", captured)
 
 
-class LocalMemory:
+class LocalMemory(MemoryClient):
     """The MemoryClient over a bank in this process; blocking Chroma and embedding work runs in threads.
     The memory bank actor is this class, run by Ray (actors/memory.py)."""
 
     def __init__(self, service: BankService) -> None:
         self.service = service
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.to_thread(_guarded, fn, *args, **kwargs)
-
-    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
-        return await self._run(self.service.retrieve, query, workspace, **options)
-
-    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
-        return await self._run(self.service.store_items, items, workspace, keys)
-
-    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
-        return await self._run(self.service.store_entry, entry, workspace)
-
-    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
-        return await self._run(self.service.get, memory_id, workspace)
-
-    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
-        return await self._run(self.service.genealogy, memory_id, workspace)
-
-    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
-        return await self._run(self.service.descendants, memory_id, workspace)
-
-    async def errors(
-        self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        return await self._run(self.service.errors, workspace, error_type, domain, limit)
-
-    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
-        return await self._run(self.service.traces, task_id, workspace)
-
-    async def list_workspaces(self) -> list[dict[str, Any]]:
-        return await self._run(self.service.list_workspaces)
-
-    async def delete_workspace(self, workspace: str) -> dict[str, Any]:
-        return await self._run(self.service.delete_workspace, workspace)
-
-    async def stats(self) -> dict[str, Any]:
-        return await self._run(self.service.stats)
-
-    async def reset_stats(self) -> dict[str, Any]:
-        return await self._run(self.service.reset_stats)
-
-    async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
-        await self._run(self.service.record_run, tally, ok)
-
-    async def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
-        """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
-        await self._run(self.service.record_runs, tally, runs, errors)
-
-    async def record_passive(self, captured: bool) -> None:
-        await self._run(self.service.record_passive, captured)
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(_guarded, getattr(self.service, method), *args, **kwargs)
 
 
 def check_memory(settings: Settings) -> None:

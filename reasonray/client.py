@@ -61,34 +61,37 @@ def _result(body: Any) -> Any:
 
 
 class _Sse:
-    """Parses Server-Sent Events line by line: `feed` returns (event, data) when a line ends one."""
+    """Parses Server-Sent Events line by line: `feed` returns the StreamEvent a line ends (the `response` event
+    is the run's result)."""
 
     def __init__(self) -> None:
-        self.event, self.data = "message", []
+        self.event, self.data = "message", list[str]()
 
-    def feed(self, line: str) -> tuple[str, str] | None:
+    def feed(self, line: str) -> StreamEvent | None:
         if line.startswith("event:"):
             self.event = line[6:].strip()
         elif line.startswith("data:"):
             self.data.append(line[5:].removeprefix(" "))
         elif not line and self.data:
-            done = (self.event, "\n".join(self.data))
+            event, data = self.event, json.loads("\n".join(self.data))
             self.event, self.data = "message", []
-            return done
+            return StreamEvent("result", _result(data)) if event == "response" else StreamEvent(event, data)
         return None
-
-
-def _stream_event(event: str, data: str) -> StreamEvent:
-    if event == "response":
-        return StreamEvent("result", _result(json.loads(data)))
-    return StreamEvent(event, json.loads(data))
 
 
 class _Methods:
     """The typed API: each method builds one call; `_call` (sync or async) sends it."""
 
+    _ids: Iterator[int]
+
     def _call(self, method: str, params: dict[str, Any]) -> Any:
         raise NotImplementedError
+
+    def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._ids)}
+
+    def _stream_request(self, query: str, options: dict[str, Any]) -> dict[str, Any]:
+        return self._request("reasoning.execute", {**_params(query=query, **options), "stream": True})
 
     # -- reasoning ------------------------------------------------------------------------------------
     def execute(
@@ -234,23 +237,16 @@ class Client(_Methods):
         return self._call(method, params or {})
 
     def _call(self, method: str, params: dict[str, Any]) -> Any:
-        response = self.http.post("/rpc", json={"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._ids)})
-        return _result(response.json())
+        return _result(self.http.post("/rpc", json=self._request(method, params)).json())
 
     def execute_stream(self, query: str, **options: Any) -> Iterator[StreamEvent]:
         """reasoning.execute as its events happen, then a `result` event (an error raises `ReasonRayError`).
         Options as `execute`; with `include_trace=True` the events carry the full text, thinking included."""
-        call = {
-            "jsonrpc": "2.0",
-            "method": "reasoning.execute",
-            "params": {**_params(query=query, **options), "stream": True},
-            "id": next(self._ids),
-        }
-        with self.http.stream("POST", "/rpc", json=call) as response:
+        with self.http.stream("POST", "/rpc", json=self._stream_request(query, options)) as response:
             sse = _Sse()
             for line in response.iter_lines():
-                if (done := sse.feed(line)) is not None:
-                    yield _stream_event(*done)
+                if (event := sse.feed(line)) is not None:
+                    yield event
 
     def close(self) -> None:
         self.http.close()
@@ -279,22 +275,15 @@ class AsyncClient(_Methods):
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         return await self._call(method, params or {})
 
-    async def _call(self, method: str, params: dict[str, Any]) -> Any:  # type: ignore[override]
-        response = await self.http.post("/rpc", json={"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._ids)})
-        return _result(response.json())
+    async def _call(self, method: str, params: dict[str, Any]) -> Any:
+        return _result((await self.http.post("/rpc", json=self._request(method, params))).json())
 
     async def execute_stream(self, query: str, **options: Any) -> AsyncIterator[StreamEvent]:
-        call = {
-            "jsonrpc": "2.0",
-            "method": "reasoning.execute",
-            "params": {**_params(query=query, **options), "stream": True},
-            "id": next(self._ids),
-        }
-        async with self.http.stream("POST", "/rpc", json=call) as response:
+        async with self.http.stream("POST", "/rpc", json=self._stream_request(query, options)) as response:
             sse = _Sse()
             async for line in response.aiter_lines():
-                if (done := sse.feed(line)) is not None:
-                    yield _stream_event(*done)
+                if (event := sse.feed(line)) is not None:
+                    yield event
 
     async def aclose(self) -> None:
         await self.http.aclose()

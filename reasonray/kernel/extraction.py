@@ -43,34 +43,9 @@ _HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
 _ANSWER_COLON = re.compile(r"\b(?:final\s+)?answer\b(?:\s+is)?\s*\**\s*[:=]\s*\**\s*(.+)", re.IGNORECASE)
 # "The answer is 76." (no colon): accepted unless it is a judgement of the answer ("The answer is correct")
 _ANSWER_IS = re.compile(r"\b(?:the|my|final|correct)\s+answer\s+(?:is|would be|=)\s+\**(.+)", re.IGNORECASE)
-_JUDGEMENTS = frozenset(
-    [
-        "correct",
-        "incorrect",
-        "right",
-        "wrong",
-        "not",
-        "unclear",
-        "unknown",
-        "above",
-        "below",
-        "as",
-        "that",
-        "this",
-        "simple",
-        "clear",
-        "obvious",
-        "likely",
-        "probably",
-        "definitely",
-        "indeed",
-        "consistent",
-        "inconsistent",
-        "valid",
-        "invalid",
-        "accurate",
-        "inaccurate",
-    ]
+_JUDGEMENTS = re.compile(
+    "correct|incorrect|right|wrong|not|unclear|unknown|above|below|as|that|this|simple|clear|obvious|likely|probably|"
+    "definitely|indeed|consistent|inconsistent|valid|invalid|accurate|inaccurate"
 )
 _NUMERIC_QUESTION = re.compile(
     r"\d\s*(?:[-+*/×÷^x]|times|plus|minus|divided by|multiplied by)\s*\d"
@@ -131,7 +106,7 @@ def _phrase(visible: str) -> str | None:
         for match in _ANSWER_IS.finditer(line):
             sentence = re.split(r"(?<=[.!?])\s", match.group(1), maxsplit=1)[0]
             first = re.sub(r"[^\w]", "", sentence.split()[0].lower()) if sentence.split() else ""
-            if first not in _JUDGEMENTS:
+            if not _JUDGEMENTS.fullmatch(first):
                 found.append((line_start + match.start(), sentence))
     for _, value in sorted(found, reverse=True):
         if cleaned := _clean(value):
@@ -183,12 +158,14 @@ _SCORE_PHRASE = re.compile(
 )
 
 
-def _score_of(number: str, suffix: str | None, *, scaled: bool) -> float | None:
-    """A 0-1 score from a number and what follows it ("%", "/10", "out of 10"); None when out of range.
+def _score_of(match: re.Match[str] | None, *, scaled: bool = True) -> float | None:
+    """A 0-1 score from a matched number and what follows it ("%", "/10", "out of 10"); None when out of range.
 
     `scaled`: a bare number above 1 was given where a score was asked for, so 8 reads as 8/10 and 80 as 80/100."""
-    value = float(number)
-    suffix = (suffix or "").strip().lower()
+    if match is None:
+        return None
+    value = float(match.group(1))
+    suffix = (match.group(2) or "").strip().lower()
     if suffix == "%":
         value /= 100
     elif suffix:
@@ -207,20 +184,14 @@ def find_score(text: str, *, structured: bool = False) -> float | None:
     None (unscored) when none can be read."""
     tagged = extract_tag(text, "score")
     if tagged is not None:
-        match = _SCORE_VALUE.search(tagged)
-        return _score_of(match.group(1), match.group(2), scaled=True) if match else None
-    if structured and (obj := parse_json_object(text)) is not None and isinstance(obj.get("score"), (int, float, str)):
-        match = _SCORE_VALUE.search(str(obj["score"]))
-        if match:
-            return _score_of(match.group(1), match.group(2), scaled=True)
+        return _score_of(_SCORE_VALUE.search(tagged))
+    score = obj.get("score") if structured and (obj := parse_json_object(text)) is not None else None
+    if isinstance(score, (int, float, str)) and (match := _SCORE_VALUE.search(str(score))):
+        return _score_of(match)
     visible = strip_thinking(text)
-    phrases = list(_SCORE_PHRASE.finditer(visible))
-    if phrases:
-        last = phrases[-1]
-        return _score_of(last.group(1), last.group(2), scaled=True)
-    whole = visible.strip().rstrip(".").strip()
-    match = _SCORE_VALUE.fullmatch(whole)
-    return _score_of(match.group(1), match.group(2), scaled=False) if match else None
+    if phrases := list(_SCORE_PHRASE.finditer(visible)):
+        return _score_of(phrases[-1])
+    return _score_of(_SCORE_VALUE.fullmatch(visible.strip().rstrip(".").strip()), scaled=False)
 
 
 def find_feedback(text: str, *, structured: bool = False) -> str:

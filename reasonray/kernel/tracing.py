@@ -24,7 +24,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
 Kind = Literal["internal", "server", "client"]
@@ -158,17 +158,7 @@ def content_from(settings: Any) -> bool:
     return record in (None, "full")
 
 
-class _NoSpanBlock:
-    """The context manager `span()` returns when tracing is off: one shared object, nothing to do."""
-
-    def __enter__(self) -> _NoSpan:
-        return NO_SPAN
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_BLOCK = _NoSpanBlock()
+_NO_BLOCK = nullcontext(NO_SPAN)  # what `span()` returns when tracing is off: one shared object, nothing to do
 
 
 def span(
@@ -210,13 +200,11 @@ def inject() -> dict[str, str]:
 
 def current_trace_id() -> str | None:
     """The trace id (32 hex) of the current span, None when tracing is off or no span is open."""
-    state = _tracing()
-    if state is None:
+    if _tracing() is None:
         return None
     from opentelemetry import trace
 
-    context = trace.get_current_span().get_span_context()
-    return format(context.trace_id, "032x") if context.is_valid else None
+    return _Span(trace.get_current_span()).trace_id
 
 
 def flush(timeout_ms: int = 5000) -> None:
