@@ -46,7 +46,7 @@ ENDPOINT_OPTIONS = (
     *("http_backend", "queue_timeout_s", "context_length", "max_concurrency", "adaptive_concurrency_limit", "structured_output"),
     *("tool_choice", "tokenizer", "token_margin", "discover", "discovery_ttl_s", "default_max_tokens", "idle_timeout_s"),
     *("generation_deadline_s", "thinks", "thinks_in_text", "refuses", "takes_reasoning_effort", "prefix_continuation"),
-    *("thinking_room", "reasoning_effort", "thinking_budget", "extra_body"),
+    *("thinking_room", "reasoning_effort", "thinking_budget", "extra_body", "chat_template"),
 )
 """The `[llm]` keys the client takes as they are, under the same names."""
 

@@ -11,9 +11,10 @@ from typing import Literal
 
 import msgspec
 
-PrefixContinuation = Literal["none", "continue_final_message", "deepseek_prefix"]
+PrefixContinuation = Literal["none", "continue_final_message", "deepseek_prefix", "completions"]
 """How the endpoint continues a reply from given text: not at all; vLLM's `continue_final_message` with
-`add_generation_prompt: false` on a final assistant message; DeepSeek's `prefix: true` on that message."""
+`add_generation_prompt: false` on a final assistant message; DeepSeek's `prefix: true` on that message; a raw
+`/v1/completions` prompt rendered with the model's chat template (`gateway.chat_template`)."""
 
 _SAMPLING = frozenset({"temperature", "top_p", "stop", "logprobs", "presence_penalty", "frequency_penalty"})
 

@@ -8,7 +8,6 @@ another attempt) and rejected (not).
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import threading
 import time
 import weakref
@@ -25,6 +24,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from reasonray.gateway import thinking
 from reasonray.gateway.capabilities import Capabilities
+from reasonray.gateway.chat_template import ChatTemplate
 from reasonray.gateway.concurrency import Ticket, limiter_for
 from reasonray.gateway.discovery import CALIBRATION_TEXT, EndpointInfo, context_length_in, discover_sync
 from reasonray.gateway.discovery import discover as discover_endpoint
@@ -45,8 +45,9 @@ from reasonray.gateway.protocol import (
     ToolCall,
 )
 from reasonray.gateway.refusals import REFUSABLE, ParameterRefused, RefusalBook, refusal_book, refused_param
-from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, provider_error, read_usage, settle
+from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, WireMessage, provider_error, read_usage, settle
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
+from reasonray.kernel.config import is_loopback_host
 
 log = structlog.get_logger(__name__)
 
@@ -59,13 +60,7 @@ FRAMING_PROBE = "framing_probe"
 
 
 def is_loopback_url(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urlparse(url).hostname or "")
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
@@ -76,27 +71,11 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return None
 
 
-def _model_traits(
-    model: str,
-    *,
-    refuses: Iterable[str],
-    max_tokens_param: str | None,
-    thinks: bool | None,
-    takes_reasoning_effort: bool | None,
-    prefix_continuation: PrefixContinuation | None,
-    thinking_room: int | None,
-) -> ModelTraits:
-    """The model family's traits, each overridden where the configuration names it."""
+def _model_traits(model: str, refuses: Iterable[str], **stated: Any) -> ModelTraits:
+    """The model family's traits, each overridden where the configuration states it (refusals added to its own)."""
     family = traits_for(model)
-    return ModelTraits(
-        family=family.family,
-        refuses=family.refuses | frozenset(refuses),
-        max_tokens_param=max_tokens_param or family.max_tokens_param,
-        thinks=family.thinks if thinks is None else thinks,
-        takes_reasoning_effort=family.takes_reasoning_effort if takes_reasoning_effort is None else takes_reasoning_effort,
-        prefix_continuation=prefix_continuation or family.prefix_continuation,
-        thinking_room=family.thinking_room if thinking_room is None else thinking_room,
-    )
+    stated = {name: value for name, value in stated.items() if value is not None}
+    return msgspec.structs.replace(family, refuses=family.refuses | frozenset(refuses), **stated)
 
 
 class OpenAILLM:
@@ -142,6 +121,7 @@ class OpenAILLM:
         thinking_budget: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         refusals: RefusalBook | None = None,
+        chat_template: str | None = None,
     ) -> None:
         if not model:
             raise LLMConfigError("[llm] model is empty: name the model the endpoint serves")
@@ -153,13 +133,20 @@ class OpenAILLM:
         self._open_transport(base_url, api_key, http_backend, idle_timeout_s, generation_deadline_s)
         self.traits = _model_traits(
             model,
-            refuses=refuses,
+            refuses,
             max_tokens_param=max_tokens_param,
             thinks=thinks,
             takes_reasoning_effort=takes_reasoning_effort,
             prefix_continuation=prefix_continuation,
             thinking_room=thinking_room,
         )
+        if self.traits.prefix_continuation == "completions" and not chat_template:
+            raise LLMConfigError(
+                '[llm] prefix_continuation = "completions" renders its prompt with the model\'s chat template: set [llm] '
+                "chat_template to the model's tokenizer_config.json or a Jinja file of the template"
+            )
+        # the continuation's prompt, for the raw completions endpoint
+        self._template = ChatTemplate(chat_template) if chat_template else None
         self._reasoning_effort, self._thinking_budget = reasoning_effort, thinking_budget
         self._extra_body = dict(extra_body or {})
         self._refusals = refusals
@@ -263,17 +250,24 @@ class OpenAILLM:
         """POST /chat/completions through the SDK's generic `post`: the request `chat.completions.create` sends (same
         auth, headers, timeouts and error classes), without its walk over every message to transform typed params (ours
         are plain JSON already) and with the answer decoded by msgspec into only what a Completion keeps. Together they
-        were a seventh of the replica's CPU with 64 runs in flight."""
+        were a seventh of the replica's CPU with 64 runs in flight. Params with a `prompt` go to /completions instead."""
         body, options = _body_and_options(params)
-        response = await self._client.post("/chat/completions", body=body, cast_to=httpx.Response, options=options)
+        raw = "prompt" in body
+        response = await self._client.post(
+            "/completions" if raw else "/chat/completions", body=body, cast_to=httpx.Response, options=options
+        )
         try:
-            return WIRE.decode(response.content)
+            reply = WIRE.decode(response.content)
         except msgspec.DecodeError as exc:
             raise ProviderRejectedError(
                 f"HTTP {response.status_code} from {self.base_url} is not a chat completion: {exc} (is [llm] base_url the API root, "
                 "e.g. http://host:8000/v1?)",
                 status_code=response.status_code,
             ) from None
+        if raw:  # it carries on the prompt's open thinking: R1 text (thinking up to `</think>`, then the answer; no tag: unfinished)
+            for c in reply.choices or ():
+                c.message = WireMessage(content=thinking.OPEN + (c.text or ""))
+        return reply
 
     async def _chat_stream(self, params: dict[str, Any]) -> openai.AsyncStream[ChatCompletionChunk]:
         body, options = _body_and_options(params)
@@ -403,11 +397,9 @@ class OpenAILLM:
         messages = [openai_message(m) for m in request.messages]
         if "system" in refused:
             messages = _system_into_user(messages)
-        if prefix is not None:
-            final: dict[str, Any] = {"role": "assistant", "content": prefix}
-            if self.traits.prefix_continuation == "deepseek_prefix":
-                final["prefix"] = True
-            messages.append(final)
+        continuation = self.traits.prefix_continuation if prefix is not None else "none"
+        if continuation in ("continue_final_message", "deepseek_prefix"):
+            messages.append({"role": "assistant", "content": prefix, **({"prefix": True} if continuation == "deepseek_prefix" else {})})
         params: dict[str, Any] = {"model": self._model, "messages": messages}
         if "temperature" not in refused:
             params["temperature"] = request.temperature
@@ -438,8 +430,14 @@ class OpenAILLM:
         params.update(self._extra_body)
         if request.extra_body:
             params.update(request.extra_body)
-        if prefix is not None and self.traits.prefix_continuation == "continue_final_message":
+        if continuation == "continue_final_message":
             params.update(continue_final_message=True, add_generation_prompt=False)
+        elif continuation == "completions" and self._template is not None and prefix is not None:
+            # one raw prompt, the model's own template around the messages, continued from `prefix`; what the
+            # completions endpoint takes of the chat body (no tools, and its logprobs are a count, not a switch)
+            params["prompt"] = self._template.continuing(params.pop("messages"), prefix)
+            for name in ("tools", "tool_choice", "logprobs", "top_logprobs"):
+                params.pop(name, None)
         if request.purpose:  # a header, not a body field: strict endpoints reject unknown body fields
             params["extra_headers"] = {PURPOSE_HEADER: request.purpose}
         return params
@@ -522,7 +520,8 @@ class OpenAILLM:
                 started = time.perf_counter()
             # in the slot: a serial server's tokenize answers only between generations
             params = self._params(request, prefix=prefix, limit=limit, effort=effort)
-            if self._stream and not self.limiter.plain:  # plain: the server cut streams even when called serially
+            # plain: the server cut streams even when called serially; a raw completion (`prompt`) is never streamed
+            if self._stream and not self.limiter.plain and "prompt" not in params:
                 completion, reported = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
             else:
                 with self.limiter.sending():

@@ -260,6 +260,7 @@ class WireLogprobs(msgspec.Struct):
 
 class WireChoice(msgspec.Struct):
     message: WireMessage = msgspec.field(default_factory=WireMessage)
+    text: str | None = None  # a raw completion's (/v1/completions), in place of a message
     finish_reason: str | None = None
     stop_reason: Any = None  # vLLM and the simulator say which stop sequence matched (a token id when none did)
     logprobs: WireLogprobs | None = None

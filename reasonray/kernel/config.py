@@ -208,10 +208,16 @@ class LLMSettings(_Section):
     takes_reasoning_effort: bool | None = Field(
         None, description="The model takes reasoning_effort; else an effort becomes a thinking budget. Unset: by its family."
     )
-    prefix_continuation: Literal["none", "continue_final_message", "deepseek_prefix"] | None = Field(
+    prefix_continuation: Literal["none", "continue_final_message", "deepseek_prefix", "completions"] | None = Field(
         None,
         description="How the endpoint continues a reply from given text, for thinking budgets and continued thinking: vLLM's "
-        "continue_final_message, DeepSeek's prefix completion, or none. Unset: by the model's family.",
+        "continue_final_message, DeepSeek's prefix completion, a raw /v1/completions prompt rendered with chat_template "
+        "(llama.cpp, vLLM, SGLang), or none. Unset: by the model's family.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description='The model\'s chat template, for prefix_continuation = "completions": a HuggingFace tokenizer_config.json '
+        "(its chat_template key) or a Jinja file.",
     )
     thinking_room: int | None = Field(
         None, ge=0, description="Tokens a thinking model's call gets for its thinking on top of its visible cap. Unset: by its family."

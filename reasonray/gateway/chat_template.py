@@ -1,0 +1,63 @@
+"""A model's chat template, rendered in process: the prompt of a raw `/v1/completions` call that continues a reply.
+
+Rendered as transformers renders it (jinja2's sandbox, `trim_blocks` and `lstrip_blocks`, loop controls,
+`raise_exception`), from a HuggingFace tokenizer_config.json (its `chat_template`, `bos_token` and `eos_token`) or
+from a Jinja file holding the template alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from reasonray.gateway.errors import LLMConfigError
+
+_OPENED = re.compile(r"<think>\s*\Z")
+"""The thinking a generation prompt opens itself (R1's templates): the continued prefix opens it again."""
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _token(value: Any) -> str:
+    return str(value.get("content", "")) if isinstance(value, dict) else str(value or "")  # an AddedToken's JSON form
+
+
+class ChatTemplate:
+    """The template at `path` (a tokenizer_config.json, or any other file as Jinja), read and compiled once."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+            config = json.loads(text) if path.endswith(".json") else {"chat_template": text}
+            source = config["chat_template"]
+            if isinstance(source, list):  # named templates: the default one
+                source = next(t["template"] for t in source if t.get("name") == "default")
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(source)
+        except (OSError, ValueError, KeyError, TypeError, StopIteration, jinja2.TemplateError) as exc:
+            raise LLMConfigError(f"[llm] chat_template = {path!r} holds no chat template jinja2 can compile: {exc!r}") from None
+        self._tokens = {"bos_token": _token(config.get("bos_token")), "eos_token": _token(config.get("eos_token"))}
+
+        self._path = path
+
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=generation_prompt, **self._tokens)
+        except jinja2.TemplateError as exc:  # the template's own raise_exception, or a member it needs and lacks
+            raise LLMConfigError(f"[llm] chat_template = {self._path!r} cannot render these messages: {exc}") from None
+
+    def continuing(self, messages: list[dict[str, Any]], prefix: str) -> str:
+        """The messages, the assistant's turn opened, and `prefix` (which opens the thinking itself) as one prompt."""
+        head = self._render(messages, True)
+        if head == self._render(messages, False):
+            # a template that ignores the flag (llama-cpp-python's convention): a blank final assistant message opens the turn
+            head = self._render([*messages, {"role": "assistant", "content": ""}], True)
+        return _OPENED.sub("", head) + prefix
