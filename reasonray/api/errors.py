@@ -11,21 +11,12 @@ the same failure with the same HTTP status.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from reasonray.api.jsonrpc import (
-    CODE_NAMES,
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    RATE_LIMITED,
-    STRATEGY_UNAVAILABLE,
-    error_classes,
-)
+from reasonray.api.jsonrpc import CODE_NAMES, INTERNAL_ERROR, PROTOCOL_HTTP_STATUS, RATE_LIMITED, STRATEGY_UNAVAILABLE, error_classes
 
 
 @dataclass(frozen=True)
@@ -38,16 +29,10 @@ class ErrorView:
     a2a_state: str  # what an A2A task becomes: `failed`, or `rejected` (a refusal: answered as an error, no task)
 
 
-INTERNAL = ErrorView(INTERNAL_ERROR, 500, "server_error", "failed")
-
-# the protocol's own errors, which no exception class of the tree stands for
-PROTOCOL_VIEWS = (
-    ErrorView(PARSE_ERROR, 400, "invalid_request_error", "failed"),
-    ErrorView(INVALID_REQUEST, 400, "invalid_request_error", "failed"),
-    ErrorView(METHOD_NOT_FOUND, 404, "not_found_error", "failed"),
-    ErrorView(INVALID_PARAMS, 400, "invalid_request_error", "failed"),
-    INTERNAL,
-)
+_OPENAI_TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error"}
+# the protocol's own errors, which no exception class of the tree stands for, with the status the protocol gives them
+PROTOCOL_VIEWS = tuple(ErrorView(code, status, _OPENAI_TYPES[status], "failed") for code, status in PROTOCOL_HTTP_STATUS.items())
+INTERNAL = next(view for view in PROTOCOL_VIEWS if view.code == INTERNAL_ERROR)
 
 
 @cache
@@ -64,7 +49,7 @@ def view_of(code: int) -> ErrorView:
     return error_table().get(code, INTERNAL)
 
 
-def error_headers(error: dict[str, Any]) -> dict[str, str]:
+def error_headers(error: Mapping[str, Any]) -> dict[str, str]:
     """The HTTP headers of an error object: `Retry-After` when it says when to come back (overloaded, rate
     limited), and `X-RateLimit-*` for a rate limit (-32012)."""
     data = error.get("data") or {}
@@ -76,7 +61,7 @@ def error_headers(error: dict[str, Any]) -> dict[str, str]:
     return {"Retry-After": wait, "X-RateLimit-Limit": str(data.get("limit", "")), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": wait}
 
 
-def rest_error(error: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+def rest_error(error: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
     """A REST mirror's answer to an error object: status, body `{"error": {code, message, data, type, param}}`,
     headers. The REST mirrors live under /v1, where clients read OpenAI's error fields: `type` and `param` (the
     first invalid field, if any) ride beside the JSON-RPC code, message and data."""
@@ -87,7 +72,7 @@ def rest_error(error: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, st
     return view.http_status, {"error": {**error, "type": view.openai_type, "param": param}}, error_headers(error)
 
 
-def openai_error(error: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def openai_error(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """OpenAI's shape of an error object, `{"error": {message, type, param, code}}`, and its status. `code` is
     ReasonRay's error type (`model_not_found` for a strategy that is not there, as OpenAI names an unknown
     model); the JSON-RPC code and data ride along in `reasonray`."""
@@ -101,7 +86,7 @@ def openai_error(error: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return view.http_status, {"error": {**body, "reasonray": {"code": error["code"], "data": data}}}
 
 
-def a2a_refused(error: dict[str, Any]) -> bool:
+def a2a_refused(error: Mapping[str, Any]) -> bool:
     """Whether an A2A request is refused outright (answered with the error and its HTTP status, no task is
     kept) rather than leaving a `failed` task: the caller's credentials, roles or limits said no."""
     return view_of(error["code"]).a2a_state == "rejected"

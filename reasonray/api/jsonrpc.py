@@ -36,7 +36,7 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -49,7 +49,17 @@ from reasonray.gateway.errors import (
     ProviderRejectedError,
     ProviderUnavailableError,
 )
-from reasonray.kernel.errors import ReasonRayError, describe_errors, json_safe_errors
+from reasonray.kernel.errors import (
+    BudgetExceededError,
+    ForbiddenError,
+    NotFoundError,
+    RateLimitedError,
+    ReasonRayError,
+    StrategyUnavailableError,
+    UnauthenticatedError,
+    describe_errors,
+    json_safe_errors,
+)
 from reasonray.kernel.telemetry import Metrics, NoMetrics
 
 log = structlog.get_logger(__name__)
@@ -59,22 +69,14 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-STRATEGY_UNAVAILABLE = -32002
-BUDGET_EXCEEDED = -32004
-NOT_FOUND = -32005
-TOOL_FAILED = -32006
-SESSION_STATE = -32007
-MEMORY_UNAVAILABLE = -32008
-MAX_ITERATIONS = -32001  # the specification's code for bounded context's "max iterations reached"
-MODEL_BEHAVIOR = -32010
-UNAUTHENTICATED = -32016
 RETIRED_CODES = frozenset({-32009})  # max iterations until 2026-11-28: never answered again
-FORBIDDEN = -32003
-RATE_LIMITED = -32012
-OVERLOADED = -32011
-PROVIDER_FAILED = -32013
-CANCELLED = -32014
-DEADLINE_EXCEEDED = -32015
+# the codes of the error tree that surfaces name; every code is its error class's (reasonray.kernel.errors)
+STRATEGY_UNAVAILABLE = StrategyUnavailableError.code
+BUDGET_EXCEEDED = BudgetExceededError.code
+NOT_FOUND = NotFoundError.code
+UNAUTHENTICATED = UnauthenticatedError.code
+FORBIDDEN = ForbiddenError.code
+RATE_LIMITED = RateLimitedError.code
 
 CODE_NAMES = {
     PARSE_ERROR: "parse_error",
@@ -102,6 +104,23 @@ def provider_summary(exc: LLMError) -> str:
     return "the model provider failed; quote the trace_id when reporting it"
 
 
+class ErrorObject(TypedDict):
+    """A JSON-RPC error object as it goes on the wire."""
+
+    code: int
+    message: str
+    data: NotRequired[dict[str, Any]]
+
+
+class Response(TypedDict):
+    """A JSON-RPC response object as it goes on the wire: `result` when the call succeeded, `error` when it failed."""
+
+    jsonrpc: Literal["2.0"]
+    result: NotRequired[Any]
+    error: NotRequired[ErrorObject]
+    id: Any
+
+
 class RpcError(ReasonRayError):
     """A JSON-RPC error as it goes on the wire (protocol errors are raised as this directly)."""
 
@@ -111,9 +130,9 @@ class RpcError(ReasonRayError):
         # the REST mirrors' status: the raised error class's own, else the protocol error's
         self.http_status = http_status or PROTOCOL_HTTP_STATUS.get(code, 500)
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorObject:
         """The error object as it goes on the wire: code, message and (when any) data."""
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body = ErrorObject(code=self.code, message=self.message)
         if self.data:
             body["data"] = self.data
         return body
@@ -278,7 +297,7 @@ class Dispatcher:
             trace_ids = [self._new_trace_id() for _ in payload]
             slots = asyncio.Semaphore(self.batch_concurrency)
 
-            async def one(call: Any, trace_id: str) -> dict[str, Any] | None:
+            async def one(call: Any, trace_id: str) -> Response | None:
                 async with slots:
                     return await self._one(call, trace_id)
 
@@ -288,22 +307,16 @@ class Dispatcher:
         trace_id = trace_id or self._new_trace_id()
         return await self._one(payload, trace_id), [trace_id]
 
-    async def _one(self, call: Any, trace_id: str) -> dict[str, Any] | None:
-        problem = _envelope_problem(call)
-        if problem:
+    async def _one(self, call: Any, trace_id: str) -> Response | None:
+        """The response to one call of a body (None for a notification: its call runs, nothing is sent)."""
+        if problem := _envelope_problem(call):
             request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
             return error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
-        is_notification = "id" not in call
-        response = await self._invoke(call, trace_id)
-        return None if is_notification else response
-
-    async def _invoke(self, call: dict[str, Any], trace_id: str) -> dict[str, Any]:
-        request_id = call.get("id")
         try:
-            result = await self.call(call["method"], call.get("params", {}), trace_id)
+            response = result_response(call.get("id"), await self.call(call["method"], call.get("params", {}), trace_id))
         except RpcError as error:
-            return error_response(request_id, error)
-        return result_response(request_id, result)
+            response = error_response(call.get("id"), error)
+        return response if "id" in call else None
 
     async def call(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
         """`run`, its result made JSON-ready: what JSON-RPC, the REST mirrors and MCP answer."""
@@ -431,11 +444,11 @@ def well_formed(call: Any) -> bool:
     return _envelope_problem(call) is None
 
 
-def result_response(request_id: Any, result: Any) -> dict[str, Any]:
+def result_response(request_id: Any, result: Any) -> Response:
     """The response object of a call that succeeded."""
     return {"jsonrpc": "2.0", "result": result, "id": request_id}
 
 
-def error_response(request_id: Any, error: RpcError) -> dict[str, Any]:
+def error_response(request_id: Any, error: RpcError) -> Response:
     """The response object of a call that failed."""
     return {"jsonrpc": "2.0", "error": error.body(), "id": request_id}

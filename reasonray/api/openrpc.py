@@ -9,24 +9,14 @@ generated from the running server and never drift from it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaValue
 
 from reasonray import __version__
 from reasonray.api.declarations import OPERATORS, Access
-from reasonray.api.jsonrpc import (
-    CODE_NAMES,
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    Call,
-    Dispatcher,
-    Method,
-    error_classes,
-)
+from reasonray.api.jsonrpc import CODE_NAMES, Call, Dispatcher, Method, error_classes
 from reasonray.api.results import OpenRpcDocument
 
 OPENRPC_VERSION = "1.3.2"
@@ -42,22 +32,17 @@ class DiscoverParams(BaseModel):
     """rpc.discover takes no params."""
 
 
-def result_schema(method: Method) -> dict[str, Any] | None:
+def result_schema(method: Method) -> JsonSchemaValue | None:
     """The JSON Schema of what the method returns (standalone, `$defs` inside), or None when it has no result model."""
     return method.result.model_json_schema(mode="serialization") if method.result is not None else None
 
 
 def _errors() -> list[dict[str, Any]]:
-    codes: dict[int, str] = {
-        PARSE_ERROR: "parse error",
-        INVALID_REQUEST: "invalid request",
-        METHOD_NOT_FOUND: "method not found",
-        INVALID_PARAMS: "invalid params",
-        INTERNAL_ERROR: "internal error",
-    }
+    """Every code the API answers with: the protocol's (by their names) and the error tree's (by the first class's type)."""
+    codes = dict(CODE_NAMES)
     for cls in error_classes():
         codes.setdefault(cls.code, cls.error_type.replace("_", " "))
-    return [{"code": code, "message": CODE_NAMES.get(code, message)} for code, message in sorted(codes.items(), reverse=True)]
+    return [{"code": code, "message": message} for code, message in sorted(codes.items(), reverse=True)]
 
 
 class _Schemas:
@@ -66,13 +51,13 @@ class _Schemas:
     def __init__(self) -> None:
         self.components: dict[str, Any] = {}
 
-    def of(self, model: type[BaseModel], mode: str) -> dict[str, Any]:
-        schema = model.model_json_schema(mode=mode, ref_template=_REF_PREFIX + "{model}")  # type: ignore[arg-type]
+    def of(self, model: type[BaseModel], mode: Literal["validation", "serialization"]) -> JsonSchemaValue:
+        schema = model.model_json_schema(mode=mode, ref_template=_REF_PREFIX + "{model}")
         self.components.update(schema.pop("$defs", {}))
         return schema
 
 
-def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: str | None = None) -> dict[str, Any]:
+def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
     schemas = _Schemas()
     errors = _errors()
     methods = []
@@ -106,21 +91,18 @@ def discover_document(rpc: Dispatcher, *, title: str = "ReasonRay", server_url: 
                 "errors": [{"$ref": f"#/components/errors/{e['code']}"} for e in errors],
             }
         )
-    document: dict[str, Any] = {
-        "openrpc": OPENRPC_VERSION,
-        "info": {"title": title, "version": __version__, "description": "LLM reasoning served on Ray (docs/api.md)."},
-        "methods": methods,
-        "components": {"schemas": schemas.components, "errors": {str(e["code"]): e for e in errors}},
-    }
-    if server_url:
-        document["servers"] = [{"name": "this server", "url": server_url}]
-    return document
+    return OpenRpcDocument(
+        openrpc=OPENRPC_VERSION,
+        info={"title": "ReasonRay", "version": __version__, "description": "LLM reasoning served on Ray (docs/api.md)."},
+        methods=methods,
+        components={"schemas": schemas.components, "errors": {str(e["code"]): e for e in errors}},
+    )
 
 
 def add_discover(rpc: Dispatcher) -> None:
     """Register `rpc.discover` (OpenRPC's service discovery method) on the dispatcher."""
 
     @rpc.method(DISCOVER, DiscoverParams, result=OpenRpcDocument, access=Access(OPERATORS))
-    async def discover(params: DiscoverParams, call: Call) -> dict[str, Any]:
+    async def discover(params: DiscoverParams, call: Call) -> OpenRpcDocument:
         """The OpenRPC document of this API: every method with its params, result and errors."""
         return discover_document(rpc)

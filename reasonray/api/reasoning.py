@@ -6,7 +6,7 @@ Each is a module-level function declared once with its params, result and access
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -70,10 +70,9 @@ async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteRes
 @declare(
     REASONING,
     "reasoning.bounded_context",
-    result=results.BoundedContextResult,
     access=Access(REASONERS, strategy="bounded_context", limits="run"),
 )
-async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call) -> dict[str, Any]:
+async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call) -> results.BoundedContextResult:
     """Bounded-context reasoning with its settings as flat parameters, answered with per-iteration results and savings."""
     config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
     try:  # ExecuteParams cleans the query further (found by tests/security fuzzing: a query of " ")
@@ -84,19 +83,18 @@ async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call
         raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
     result = await ctx.service.execute(execute_params, call.trace_id)
     specific = result.metrics.strategy_specific
-    # the iterations pass through as the strategy records them (more members than BoundedIteration lists)
-    return {
-        "answer": result.answer,
-        "reasoning": result.reasoning,
-        "iterations": specific["iterations"],
-        "total_tokens": result.metrics.total_tokens,
-        "compute_savings_pct": specific["compute_savings_pct"],
-        "total_iterations": specific["total_iterations"],
-        "execution_time_ms": result.metrics.execution_time_ms,
-        "metrics": result.metrics.model_dump(),
-        "trace": result.trace,
-        "trace_id": result.trace_id,
-    }
+    return results.BoundedContextResult(
+        answer=result.answer,
+        reasoning=result.reasoning,
+        iterations=specific["iterations"],
+        total_tokens=result.metrics.total_tokens,
+        compute_savings_pct=specific["compute_savings_pct"],
+        total_iterations=specific["total_iterations"],
+        execution_time_ms=result.metrics.execution_time_ms,
+        metrics=result.metrics,
+        trace=result.trace,
+        trace_id=result.trace_id,
+    )
 
 
 @declare(REASONING, "reasoning.strategies", access=Access(EVERYONE))

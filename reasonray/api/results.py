@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, Field, WithJsonSchema
+from pydantic import MISSING, BaseModel, Field, WithJsonSchema
 
 from reasonray.memory.bank import Retrieved
 from reasonray.memory.items import MemoryItem
@@ -24,6 +24,11 @@ from reasonray.strategies.agents import AgentCard
 from reasonray.strategies.base import ReasoningMetrics
 
 TRACE_ID_DOC = "The call's trace id, as in the event log, the X-Trace-Id header and errors."
+
+
+def _absent(value: Any) -> bool:
+    """An optional member that is None is left out of the result (`Field(exclude_if=_absent)`), as the record had it."""
+    return value is None
 
 
 class Result(BaseModel):
@@ -43,6 +48,10 @@ class BoundedIteration(BaseModel):
     tokens: int = Field(description="Prompt plus completion tokens of the iteration.")
     prompt_tokens: int
     completion_tokens: int
+    thinking_tokens: int = Field(description="Of completion_tokens, those the model spent thinking.")
+    thinking_finished: bool = Field(description="False when the iteration's reply ended inside its thinking.")
+    continued_tokens: int = Field(description="Tokens of thinking the iteration continued from (delethink).")
+    carryover_tokens: int | None = Field(None, exclude_if=_absent, description="Tokens carried into the next iteration, when one followed.")
     has_answer: bool = Field(description="True when the iteration produced the final answer.")
     stop: str = Field(description="Why the iteration ended (answer, length, ...).")
 
@@ -251,6 +260,7 @@ class Latency(BaseModel):
     p50_ms: float | None
     p95_ms: float | None
     total_ms: float
+    texts: int | None = Field(None, exclude_if=_absent, description="Of the embedding's: the texts embedded.")
 
 
 class TraceCounts(BaseModel):
@@ -283,14 +293,20 @@ class StatsResult(Result):
     retrieval: Latency
     embedding: Latency
     embedder: str = Field(description="The embedding model's name.")
-    llm_cache: dict[str, Any] | None = Field(None, description="The shared LLM response cache's counters, when the server has one.")
+    # MISSING: left out when the record has none (a server without a cache), null when it says so (withheld)
+    llm_cache: dict[str, Any] | MISSING | None = Field(
+        MISSING, description="The shared LLM response cache's counters, when the server has one."
+    )
     scope: str = Field(
         "server",
+        exclude_if=lambda scope: scope == "server",  # the server's own counters say nothing of a scope
         description="server: every principal's activity (admins, or authentication off); principal: the caller's own "
         "`usage`, the server-wide counters withheld (zero).",
     )
     usage: dict[str, int] | None = Field(
-        None, description="With scope principal: requests_last_minute, runs_in_flight, tokens_this_minute, tokens_today."
+        None,
+        exclude_if=_absent,
+        description="With scope principal: requests_last_minute, runs_in_flight, tokens_this_minute, tokens_today.",
     )
 
 
@@ -322,4 +338,4 @@ class OpenRpcDocument(BaseModel):
     info: dict[str, Any]
     methods: list[dict[str, Any]]
     components: dict[str, Any]
-    servers: list[dict[str, Any]] | None = None
+    servers: list[dict[str, Any]] | None = Field(None, exclude_if=_absent)

@@ -71,7 +71,7 @@ def test_every_method_advertises_a_real_result_schema(tmp_path):
     """No method's result is a bare `{"type": "object"}`: each names its members (reasonray.api.results)."""
     rpc = full_dispatcher(tmp_path)
     install_guard(rpc, admin_guard())
-    document = discover_document(rpc)
+    document = discover_document(rpc).model_dump(mode="json")
     meta_validator().validate(document)
     assert {m["name"] for m in document["methods"]} == set(rpc.methods) and "memory.share_workspace" in rpc.methods
     for method in document["methods"]:
@@ -175,7 +175,7 @@ def test_a_standard_dereferencer_resolves_the_document_and_every_result_is_a_rea
     dereferenced document is finite, its recursion a cycle, not an unbounded expansion."""
     import jsonref
 
-    document = json.loads(json.dumps(discover_document(full_dispatcher(tmp_path))))
+    document = discover_document(full_dispatcher(tmp_path)).model_dump(mode="json")
     dereferenced = jsonref.replace_refs(document, proxies=False, lazy_load=False)
     for method in dereferenced["methods"]:
         result = method["result"]["schema"]

@@ -26,7 +26,7 @@ import hashlib
 import json
 import pkgutil
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from email.utils import formatdate
 from typing import Any, TypeVar
@@ -63,7 +63,7 @@ from starlette.routing import Match, Route
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, principal_trace_id
 from reasonray.api.errors import a2a_refused, view_of
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, RpcError
+from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, ErrorObject, RpcError
 from reasonray.api.results import SessionCreateResult, SessionGetResult, TurnResult
 from reasonray.api.service import ExecuteResult
 from reasonray.api.surfaces.a2a_tasks import (
@@ -182,7 +182,7 @@ def _choice(context: RequestContext) -> Choice:
     )
 
 
-def _refusal(error: dict[str, Any]) -> str:
+def _refusal(error: Mapping[str, Any]) -> str:
     """The status line of a run that did not answer: the JSON-RPC error's message and code."""
     return f"{error['message']} (code {error['code']})"[:2000]
 
@@ -312,7 +312,7 @@ class ReasoningExecutor(AgentExecutor):
         log.info("a2a.task_cancelled_elsewhere", task_id=task_id)
         return None
 
-    async def _session(self, owner: str | None, context_id: str, spec: dict[str, Any] | None, trace_id: str) -> str | dict[str, Any]:
+    async def _session(self, owner: str | None, context_id: str, spec: dict[str, Any] | None, trace_id: str) -> str | ErrorObject:
         """The session the context continues, created (owned by the caller) for its first message; or the
         JSON-RPC error of a refused or failed `session.create`."""
         current = await self.contexts.session_of(owner, context_id)
@@ -331,7 +331,7 @@ class ReasoningExecutor(AgentExecutor):
         return await self.contexts.bind(owner, context_id, created.session_id, replacing=current)
 
     @staticmethod
-    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> CallResult | dict[str, Any]:
+    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> CallResult | ErrorObject:
         """Status updates for the run's events, then its typed result, or its JSON-RPC error."""
         try:
             async for item in items:
@@ -350,7 +350,7 @@ class ReasoningExecutor(AgentExecutor):
             if await self.board.state(task_id) == TaskState.TASK_STATE_CANCELED:
                 return
 
-    async def unanswered(self, context: RequestContext, event_queue: EventQueue, error: dict[str, Any], owner: str | None) -> None:
+    async def unanswered(self, context: RequestContext, event_queue: EventQueue, error: Mapping[str, Any], owner: str | None) -> None:
         """Nothing ran. A refusal (401/403/429) answers the request itself (`REFUSED`); any other error, or a
         call outside `A2AServer.handle`, ends in a task that says why."""
         assert context.task_id and context.context_id
@@ -366,7 +366,7 @@ class ReasoningExecutor(AgentExecutor):
         await self._not_answered(updater, say, error, context.task_id)
 
     @staticmethod
-    async def _not_answered(updater: TaskUpdater, say: Any, error: dict[str, Any], task_id: str) -> None:
+    async def _not_answered(updater: TaskUpdater, say: Any, error: Mapping[str, Any], task_id: str) -> None:
         """A refused caller (no run started) gets a `rejected` task, a run that failed a `failed` one; the status
         message says why and carries the error's code and type, and for a rate limit its `limit_name` and
         `retry_after_s`."""

@@ -12,7 +12,7 @@ HTTP request as already counted (`HTTP_ADMISSION`), so a call is never counted t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +111,7 @@ def refusal(exc: ReasonRayError, path: str, trace_id: str) -> JSONResponse:
     error = error_for(exc)
     error.data["trace_id"] = trace_id
     body = error.body()
-    payload: dict[str, Any] = {"error": body}
+    payload: Mapping[str, Any] = {"error": body}
     if path in JSONRPC_PATHS:
         payload = error_response(None, error)
     elif path in OPENAI_PATHS or path.startswith("/v1/models/"):

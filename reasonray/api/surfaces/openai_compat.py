@@ -30,7 +30,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypedDict
 
 from openai.types import CompletionUsage
@@ -288,7 +288,7 @@ class OpenAIError(Exception):
         self.body = {"error": {"message": message, "type": type_, "param": param, "code": code, **extra}}
 
 
-def error_from_rpc(error: dict[str, Any]) -> OpenAIError:
+def error_from_rpc(error: Mapping[str, Any]) -> OpenAIError:
     """A JSON-RPC error as OpenAI's, rendered from the one error table (`reasonray.api.errors`)."""
     status, body = openai_error(error)
     shown = body["error"]
@@ -744,7 +744,7 @@ def _choice(message: ChatCompletionMessage, finish: FinishReason, index: int = 0
     return Choice(index=index, message=message, logprobs=None, finish_reason=finish)
 
 
-def _cut_short(error: dict[str, Any], request: ChatCompletionRequest, trace_id: str | None) -> Answered | None:
+def _cut_short(error: Mapping[str, Any], request: ChatCompletionRequest, trace_id: str | None) -> Answered | None:
     """What a run that used up the request's completion tokens had achieved, answered with finish_reason "length"
     (None: it failed otherwise). The run may end on the budget itself, or on what the cut-off reply lacked (an
     answer, a format)."""
