@@ -1,24 +1,14 @@
 """Fan-out on a pool of async branch-runner actors: many branches share a process and an event loop.
 
-Each branch of a self-consistency vote, a tree-of-thought step, a MaTTS round or a refine step is one
-actor call (a Ray task) to a `BranchRunner`, an async actor whose calls are coroutines on its event
-loop: a branch waiting on the LLM holds no process, so a runner multiplexes hundreds of them. Every API
-replica owns a `BranchPool`: `[fanout] pool_size` runners created when the replica starts (so the first
-request finds them warm: process started, strategies imported, LLM stack built), spread over the nodes,
-grown by one runner when every runner's process is busy (at least `grow_at_cpu` of a core, as each runner
-reports with every branch it returns) or holds `branches_per_runner` branches, up to `max_pool_size`, and
-gone with the replica (a redeploy with other settings gets new pools). Growth follows CPU, not branch
-count: a runner waiting on the model multiplexes hundreds of branches, and a process more only helps when
-the event loops are the bottleneck (on two cores, five runners for 320 branches cost more than they gave). A replica
-runs at most `max_in_flight` branches at once; a fan-out beyond that is refused with OverloadedError
-(-32011, `retry_after_s`) instead of queueing without bound.
-
-Each runner keeps one LLM stack (client, retries, the endpoint's breaker, the application's shared
-response cache) per settings it was sent, built on first use; the API key is read from the runner's
-environment, never shipped with the call. A branch returns its value together with its events and token
-tally, which the fanning-out run records as its own, plus a BRANCH event saying which task, actor, node
-and process ran it. docs/architecture.md ("Fan-out") says why this, and not one Ray task per branch or a
-Serve deployment behind a DeploymentHandle.
+Each branch (a self-consistency vote, a tree-of-thought step, a MaTTS round, a refine step) is one call to a
+`BranchRunner`, an async actor whose branches wait on the LLM as coroutines, so one process multiplexes hundreds.
+Every API replica owns a `BranchPool` of runners warmed at deploy time, grown by one when every runner's process is
+busy (CPU, not branch count: a process more only helps when the event loops are the bottleneck) and gone with the
+replica; a replica runs at most `[fanout] max_in_flight` branches and refuses more with OverloadedError (-32011)
+rather than queue without bound. A runner builds one LLM stack per settings it is sent (the API key read from its
+own environment, never shipped); a branch returns its value with its events, token tally and where it ran (a BRANCH
+event). docs/architecture.md ("Fan-out") has the measurements, and why not one Ray task per branch or a Serve
+deployment behind a DeploymentHandle.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ import asyncio
 import hashlib
 import os
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 import structlog
@@ -52,7 +51,6 @@ from reasonray.reasoner.session import (
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
 RETRIES = 6  # a killed host restarts in about a second; this rides that out
 RETRY_AFTER_S = 1.0
 
@@ -138,19 +136,9 @@ class SessionHostClient:
     def forget(self) -> None:
         self._handle = None
 
-    async def turn(self, session_id: str, message: str, trace_id: str, request_id: str, cache_scope: str | None = None) -> dict[str, Any]:
-        return await unwrap(self.handle.turn.remote(session_id, message, trace_id, request_id, cache_scope))
-
-    async def resume(
-        self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str, cache_scope: str | None = None
-    ) -> dict[str, Any]:
-        return await unwrap(self.handle.resume.remote(session_id, results, trace_id, request_id, cache_scope))
-
-    async def close(self, session_id: str) -> dict[str, Any]:
-        return await unwrap(self.handle.close.remote(session_id))
-
-    async def stats(self) -> dict[str, Any]:
-        return await unwrap(self.handle.stats.remote())
+    async def call(self, method: str, *args: Any) -> Any:
+        """One `SessionHost` method (its signature is there), awaited."""
+        return await unwrap(getattr(self.handle, method).remote(*args))
 
     async def live(self) -> int:
         """Sessions live in this host's memory: none in a host that has not started (asking does not start it)."""
@@ -158,7 +146,7 @@ class SessionHostClient:
             self._handle = await asyncio.to_thread(lookup, self.name)
             if self._handle is None:
                 return 0
-        return int((await self.stats())["live"])
+        return int((await self.call("stats"))["live"])
 
 
 # spread over the nodes: a host's death then interrupts one node's share of the sessions, and the others
@@ -209,20 +197,20 @@ class RaySessions:
         await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
         request_id = uuid.uuid4().hex  # the same for every retry of this call
         scope = cache_scope()  # the caller's, set where the request was authenticated: the host's LLM calls use it
-        return await self._on_host(session_id, lambda host: host.turn(session_id, message, trace_id, request_id, scope))
+        return await self._on_host("turn", session_id, message, trace_id, request_id, scope)
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)
         request_id = uuid.uuid4().hex
         scope = cache_scope()
-        return await self._on_host(session_id, lambda host: host.resume(session_id, results, trace_id, request_id, scope))
+        return await self._on_host("resume", session_id, results, trace_id, request_id, scope)
 
     async def get(self, session_id: str) -> dict[str, Any]:
         return await self.pipeline.get(session_id)
 
     async def close(self, session_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)
-        return await self._on_host(session_id, lambda host: host.close(session_id))
+        return await self._on_host("close", session_id)
 
     def tools(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.pipeline.toolbox.tools.values()]
@@ -234,11 +222,11 @@ class RaySessions:
     def host_for(self, session_id: str) -> SessionHostClient:
         return self.hosts[host_index(session_id, len(self.hosts))]
 
-    async def _on_host(self, session_id: str, call: Callable[[SessionHostClient], Awaitable[T]]) -> T:
+    async def _on_host(self, method: str, session_id: str, *args: Any) -> Any:
         host = self.host_for(session_id)
         for attempt in range(RETRIES):
             try:
-                return await call(host)
+                return await host.call(method, session_id, *args)
             except (ActorDiedError, ActorUnavailableError) as exc:
                 # the host died or is restarting; the call is retried with the same request id: a turn it
                 # saved before dying is answered from the repository, one it had not saved runs again

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -57,11 +58,11 @@ def item_key(item: MemoryItem) -> str:
     return f"{item.title}. {item.description} {item.content}"
 
 
+@dataclass
 class _Latencies:
-    def __init__(self) -> None:
-        self.samples: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        self.count = 0
-        self.total_ms = 0.0
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    count: int = 0
+    total_ms: float = 0.0
 
     def add(self, ms: float) -> None:
         self.samples.append(ms)
@@ -100,14 +101,12 @@ class BankStats:
             self.embedding = _Latencies()
             self.embedded_texts = 0
 
-    def record_trace(self, outcome: str, items: int) -> None:
-        with self._lock:
-            self.traces[outcome] += 1
-            self.items_stored += items
-
-    def record_items(self, items: int) -> None:
+    def record_stored(self, items: int, outcome: str | None = None) -> None:
+        """Items stored: from a judged trace with its `outcome`, or by hand (no outcome)."""
         with self._lock:
             self.items_stored += items
+            if outcome is not None:
+                self.traces[outcome] += 1
 
     def record_passive(self, captured: bool) -> None:
         with self._lock:
@@ -158,20 +157,14 @@ class BankStats:
             }
 
 
+@dataclass(eq=False)
 class ReasoningBank:
-    def __init__(
-        self,
-        store: ChromaStore,
-        embedder: Embedder,
-        settings: MemorySettings,
-        *,
-        clock: Callable[[], datetime] = utc_now,
-    ) -> None:
-        self.store = store
-        self.embedder = embedder
-        self.settings = settings
-        self.clock = clock
-        self.stats = BankStats()
+    store: ChromaStore
+    embedder: Embedder
+    settings: MemorySettings
+    _: KW_ONLY
+    clock: Callable[[], datetime] = utc_now
+    stats: BankStats = field(default_factory=BankStats, init=False)
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         started = time.perf_counter()
@@ -215,7 +208,7 @@ class ReasoningBank:
         prepared = self._prepare(items, workspace)
         texts = list(keys) if keys is not None else [item_key(i) for i in prepared]
         self.store.add(prepared, texts, self.embed(texts))
-        self.stats.record_items(len(prepared))
+        self.stats.record_stored(len(prepared))
         return prepared
 
     def store_entry(self, entry: MemoryEntry, *, workspace: str) -> tuple[list[MemoryItem], str]:
@@ -228,7 +221,7 @@ class ReasoningBank:
         except Exception:
             self.store.remove(workspace, [str(i.id) for i in prepared])
             raise
-        self.stats.record_trace(entry.outcome, len(prepared))
+        self.stats.record_stored(len(prepared), entry.outcome)
         return prepared, trace_id
 
     # -- retrieval --------------------------------------------------------------------------------
