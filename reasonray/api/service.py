@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -216,51 +216,41 @@ async def no_agents(agent_id: str) -> AgentCard:
     raise NotFoundError(f"no agent with id {agent_id!r}; this service has no agent directory", {"agent_id": agent_id})
 
 
+@dataclass(eq=False)
 class ReasoningService:
     """Resolves and runs strategies against one LLM stack."""
 
-    def __init__(
-        self,
-        catalogue: Catalogue,
-        llm: LLM,
-        tokens: TokenCounter,
-        *,
-        fanout: Fanout = local_fanout,
-        agents: AgentLookup = no_agents,
-        selection_budget_ms: float = 50.0,
-        data_dir: Path | None = None,
-        log_queries: bool = False,
-        memory: MemoryClient | None = None,
-        memory_settings: MemorySettings | None = None,
-        budget: BudgetSettings | None = None,
-        metrics: Metrics | None = None,
-        runs: RunIndex | None = None,
-        degraded_answers: bool = False,
-        events: EventsSettings | None = None,
-        limits: CapSettings | None = None,
-    ) -> None:
-        self.runs = runs  # every run indexed with its event log (reasonray.stores.runs); None: not indexed
-        self.catalogue = catalogue
-        self.limits = limits or CapSettings()
-        self.llm = llm
-        self.tokens = tokens
-        self.fanout = fanout
-        self.agents = agents
-        self.selection_budget_ms = selection_budget_ms
-        self.data_dir = data_dir
-        self.log_queries = log_queries
-        self.memory = memory
-        self.memory_loop = MemoryLoop(memory, memory_settings or MemorySettings()) if memory is not None else None
-        budget = budget or BudgetSettings()
-        self.budget = Budget(**budget.model_dump(exclude={"deadline_s"}))
-        self.deadline_s = budget.deadline_s
-        self.metrics = metrics or NoMetrics()
-        self.degraded_answers = degraded_answers
-        self.events = events or EventsSettings()
+    catalogue: Catalogue
+    llm: LLM
+    tokens: TokenCounter
+    _: KW_ONLY
+    fanout: Fanout = local_fanout
+    agents: AgentLookup = no_agents
+    selection_budget_ms: float = 50.0
+    data_dir: Path | None = None
+    log_queries: bool = False
+    memory: MemoryClient | None = None
+    memory_settings: InitVar[MemorySettings | None] = None
+    budget: BudgetSettings = field(default_factory=BudgetSettings)  # the server's; a request's may tighten it
+    metrics: Metrics = field(default_factory=NoMetrics)
+    runs: RunIndex | None = None  # every run indexed with its event log (reasonray.stores.runs); None: not indexed
+    degraded_answers: bool = False
+    events: EventsSettings = field(default_factory=EventsSettings)
+    limits: CapSettings = field(default_factory=CapSettings)
+    memory_loop: MemoryLoop | None = field(init=False)
+    run_end: list[RunEndConsumer] = field(init=False)
+    """What happens after a run: each reads the one record of the run's end."""
+
+    def __post_init__(self, memory_settings: MemorySettings | None) -> None:
+        self.memory_loop = MemoryLoop(self.memory, memory_settings or MemorySettings()) if self.memory is not None else None
+        self.run_end = [self._meter, self._charge, self._record_run, self._index]
         self._last_sweep = float("-inf")
-        self._background: set[asyncio.Task[Any]] = set()
-        # what happens after a run: each reads the one record of the run's end
-        self.run_end: list[RunEndConsumer] = [self._meter, self._charge, self._record_run, self._index]
+        self._background: set[asyncio.Future[Any]] = set()
+
+    @property
+    def deadline_s(self) -> float | None:
+        """The server's deadline for every run ([budget] deadline_s); a request's budget may tighten it."""
+        return self.budget.deadline_s
 
     def resolve_strategy(self, name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
         """Another enabled strategy with its effective config, for strategies that compose others (MaTTS)."""
@@ -319,7 +309,7 @@ class ReasoningService:
         # a run that learns keeps its replies (its trajectory); others keep no history in memory
         capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
         sink: EventSink = capture or recorder
-        budget = self.budget.tightest(Budget(**params.budget.model_dump(exclude={"deadline_s"})) if params.budget else None)
+        budget = _tokens_of(self.budget).tightest(_tokens_of(params.budget) if params.budget else None)
         deadline = min((d for d in (self.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
         context = StrategyContext(
             llm=ObservedLLM(
@@ -455,13 +445,19 @@ class ReasoningService:
                 sweep, Path(self.data_dir) / "events", max_age_days=self.events.max_age_days, max_total_mb=self.events.max_total_mb
             )
         )
-        self._background.add(task)
-        task.add_done_callback(self._swept)
+        self._in_background(task, "events.sweep_failed")
 
-    def _swept(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("events.sweep_failed", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
+    def _in_background(self, task: asyncio.Future[Any], failed: str) -> None:
+        """Keep `task` referenced until it is done (the loop holds only weak references); its failure is logged as
+        `failed`, never the caller's."""
+        self._background.add(task)
+
+        def done(task: asyncio.Future[Any]) -> None:
+            self._background.discard(task)
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.warning(failed, error=f"{type(exc).__name__}: {exc}"[:300])
+
+        task.add_done_callback(done)
 
     def _memory_params(self, params: ExecuteParams) -> MemoryParams | None:
         if params.memory is not None and self.memory_loop is None:
@@ -511,23 +507,14 @@ class ReasoningService:
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
         }
-        task = asyncio.ensure_future(self.memory.record_run(tally, outcome.status == "ok"))
-        self._background.add(task)
-        task.add_done_callback(self._recorded)
-
-    def _recorded(self, task: asyncio.Task[Any]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("memory.stats_not_recorded", error=f"{type(task.exception()).__name__}: {task.exception()}"[:300])
+        self._in_background(asyncio.ensure_future(self.memory.record_run(tally, outcome.status == "ok")), "memory.stats_not_recorded")
 
     def _index(self, outcome: RunOutcome) -> None:
         """The run in the run index, with its event log, written while the answer goes out: the file index
         fsyncs each record, which no caller should wait on; the write finishes even when the caller goes away."""
         if self.runs is None:
             return
-        task = asyncio.ensure_future(self._write_index(outcome))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(asyncio.ensure_future(self._write_index(outcome)), "run.not_indexed")
 
     async def _write_index(self, outcome: RunOutcome) -> None:
         """A failure to index is logged, never the caller's."""
@@ -645,6 +632,11 @@ def _request_thinking(resolution: Resolution, params: ExecuteParams) -> Resoluti
         return resolution
     sources = {**resolution.config_sources, **dict.fromkeys(overridden, "request")}
     return resolution.model_copy(update={"config": {**resolution.config, **overridden}, "config_sources": sources})
+
+
+def _tokens_of(budget: BudgetSettings | BudgetParams) -> Budget:
+    """The token limits of a budget (its deadline is the run's timeout, not a token limit)."""
+    return Budget(**budget.model_dump(exclude={"deadline_s"}))
 
 
 def _sampling(params: ExecuteParams) -> Sampling | None:
