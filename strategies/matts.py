@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -237,37 +238,35 @@ class Matts(Strategy):
             raise InvalidParamsError("matts cannot use matts as its base_strategy; choose e.g. chain_of_thought or refine")
         base, base_config = context.resolve(cfg.base_strategy, cfg.base_config)
         k = cfg.k if cfg.enabled else 1
+        run = _Run(self.name, query, cfg, context, base, base_config, k)
         started = time.perf_counter()
-        judging = cfg.selection == "judge" and k > 1
-        judges: dict[int, asyncio.Task[float | None]] = {}
-        failed: dict[int, Exception] = {}  # attempt index -> its error
         try:
             if k == 1:
                 sampled = cfg.enabled and cfg.single_attempt == "sampled"
-                attempts = [await attempt(base, query, self._diverse(base, base_config, cfg, 0) if sampled else base_config, context)]
+                attempts = [await attempt(base, query, run.diverse(0) if sampled else base_config, context)]
             elif cfg.mode == "parallel":
-                attempts = await self._parallel(base, base_config, query, cfg, k, context, judges if judging else None, failed)
+                attempts = await run.parallel(judging=cfg.selection == "judge")
             else:
-                attempts = await self._sequential(base, base_config, query, k, context, failed)
+                attempts = await run.sequential()
             attempts_ms = round((time.perf_counter() - started) * 1000, 1)
             started = time.perf_counter()
             scores: list[float | None] = [None] * len(attempts)
-            judge_failed: set[int] = set()
             if len(attempts) == 1:
                 chosen, selection = 0, "single"
             elif agree(attempts):
                 chosen, selection = 0, "agreement"  # every attempt says the same: judging could not change the answer
             elif cfg.selection == "judge":
-                scores = await self._judged(query, attempts, cfg, context, judges, judge_failed)
+                scores = await run.judged(attempts)
                 chosen = pick(attempts, scores)
                 selection = "judge" if any(s is not None for s in scores) else "majority"
             else:
-                chosen, selection = await self._contrast(query, attempts, cfg, context, judge_failed)
+                chosen, selection = await run.contrast(attempts)
         finally:
-            for task in judges.values():
+            for task in run.judges.values():
                 task.cancel()  # judging started for attempts that turned out to agree, or a failed run
         for i, a in enumerate(attempts):
             context.trajectories.append(Trajectory(text=a["text"], answer=a["answer"], score=scores[i], selected=i == chosen))
+        failed, judge_failed = run.failed, run.judge_failed
         return context.result(
             self.name,
             attempts[chosen]["answer"],
@@ -293,18 +292,24 @@ class Matts(Strategy):
             selection_ms=round((time.perf_counter() - started) * 1000, 1),
         )
 
-    async def _parallel(
-        self,
-        base: ReasoningStrategy,
-        base_config: dict[str, Any],
-        query: str,
-        cfg: MattsConfig,
-        k: int,
-        context: StrategyContext,
-        judges: dict[int, asyncio.Task[float | None]] | None,
-        failed: dict[int, Exception],
-    ) -> list[dict[str, Any]]:
-        """The k attempts that finished (their errors go to `failed`). With `judges`, judging starts as soon as two
+
+@dataclass
+class _Run:
+    """One MaTTS run: its query, config and context, the base strategy its attempts run, and what failed on the way."""
+
+    strategy: str
+    query: str
+    cfg: MattsConfig
+    context: StrategyContext
+    base: ReasoningStrategy
+    base_config: dict[str, Any]
+    k: int
+    judges: dict[int, asyncio.Task[float | None]] = field(default_factory=dict)  # attempt index -> its judge call
+    failed: dict[int, Exception] = field(default_factory=dict)  # attempt index -> its error
+    judge_failed: set[int] = field(default_factory=set)  # positions in the attempts whose judge (or contrast) failed
+
+    async def parallel(self, *, judging: bool) -> list[dict[str, Any]]:
+        """The k attempts that finished (their errors go to `failed`). `judging`: judging starts as soon as two
         finished attempts disagree: each finished attempt (and each one finishing later) gets its judge while the
         slower attempts still run."""
         settled: dict[int, dict[str, Any] | Failed] = {}
@@ -312,89 +317,79 @@ class Matts(Strategy):
         def arrived(index: int, outcome: dict[str, Any] | Failed) -> None:
             settled[index] = outcome
             finished = {i: o for i, o in sorted(settled.items()) if not isinstance(o, Failed)}
-            self._note_progress(context, k, list(finished.values()), len(settled) - len(finished))
-            if judges is None or isinstance(outcome, Failed):
+            self.note_progress(list(finished.values()), len(settled) - len(finished))
+            if not judging or isinstance(outcome, Failed):
                 return
-            if judges or not agree(list(finished.values())):
+            if self.judges or not agree(list(finished.values())):
                 for i, a in finished.items():
-                    if i not in judges:
-                        judges[i] = self._judge(query, a, cfg, context)
+                    if i not in self.judges:
+                        self.judges[i] = self.judge(a)
 
-        self._note_progress(context, k, [])
-        outcomes = await context.fan_out_settled(
-            [partial(attempt, base, query, self._diverse(base, base_config, cfg, i), index=i) for i in range(k)],
-            label=f"{self.name}.attempt",
+        self.note_progress([])
+        outcomes = await self.context.fan_out_settled(
+            [partial(attempt, self.base, self.query, self.diverse(i), index=i) for i in range(self.k)],
+            label=f"{self.strategy}.attempt",
             arrived=arrived,
         )
-        failed.update({i: o.error for i, o in enumerate(outcomes) if isinstance(o, Failed)})
+        self.failed.update({i: o.error for i, o in enumerate(outcomes) if isinstance(o, Failed)})
         finished = [o for o in outcomes if not isinstance(o, Failed)]
         if not finished:
-            raise failed[0]  # no attempt finished: nothing to choose from
+            raise self.failed[0]  # no attempt finished: nothing to choose from
         return finished
 
-    def _judge(self, query: str, a: dict[str, Any], cfg: MattsConfig, context: StrategyContext) -> asyncio.Task[float | None]:
+    def judge(self, a: dict[str, Any]) -> asyncio.Task[float | None]:
         """One attempt's judge call, started now as a branch of its own."""
 
         async def judged() -> float | None:
-            [value] = await context.fan_out(
-                [partial(score, query, a["text"], a["answer"], cfg.judge_max_tokens)], label=f"{self.name}.judge"
-            )
+            call = partial(score, self.query, a["text"], a["answer"], self.cfg.judge_max_tokens)
+            [value] = await self.context.fan_out([call], label=f"{self.strategy}.judge")
             return value
 
         task = asyncio.ensure_future(judged())
         task.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failure is read where it is awaited
         return task
 
-    async def _judged(
-        self,
-        query: str,
-        attempts: list[dict[str, Any]],
-        cfg: MattsConfig,
-        context: StrategyContext,
-        judges: dict[int, asyncio.Task[float | None]],
-        judge_failed: set[int],
-    ) -> list[float | None]:
+    async def judged(self, attempts: list[dict[str, Any]]) -> list[float | None]:
         """Every attempt's score: the judges started alongside the attempts, and the rest started now. A judge
         the fan-out refused while the attempts held its slots (OverloadedError) is asked again now they are free;
         a judge that fails leaves its attempt unscored (its position in `attempts` goes to `judge_failed`)."""
+        judges = self.judges
         for a in attempts:
             if a["index"] not in judges:
-                judges[a["index"]] = self._judge(query, a, cfg, context)
+                judges[a["index"]] = self.judge(a)
         outcomes: list[float | BaseException | None] = list(
             await asyncio.gather(*(judges[a["index"]] for a in attempts), return_exceptions=True)
         )
         scores: list[float | None] = []
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, OverloadedError):
-                judges[attempts[i]["index"]] = self._judge(query, attempts[i], cfg, context)
+                judges[attempts[i]["index"]] = self.judge(attempts[i])
                 [outcome] = await asyncio.gather(judges[attempts[i]["index"]], return_exceptions=True)
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception) or ends_run(outcome):
                     raise outcome
-                judge_failed.add(i)  # the attempt stays unscored
+                self.judge_failed.add(i)  # the attempt stays unscored
                 outcome = None
             scores.append(outcome)
         return scores
 
-    @staticmethod
-    def _diverse(base: ReasoningStrategy, config: dict[str, Any], cfg: MattsConfig, index: int) -> dict[str, Any]:
+    def diverse(self, index: int) -> dict[str, Any]:
         """Attempt `index`'s config: sampled with its own seed when the base strategy takes them."""
-        fields = set(getattr(getattr(base, "Config", None), "model_fields", {}))
-        diverse = dict(config)
+        fields = set(getattr(getattr(self.base, "Config", None), "model_fields", {}))
+        diverse = dict(self.base_config)
         if "temperature" in fields:
-            diverse["temperature"] = cfg.temperature
+            diverse["temperature"] = self.cfg.temperature
         if "seed" in fields:
-            diverse["seed"] = cfg.seed + index
+            diverse["seed"] = self.cfg.seed + index
         return diverse
 
-    async def _sequential(
-        self, base: ReasoningStrategy, config: dict[str, Any], query: str, k: int, context: StrategyContext, failed: dict[int, Exception]
-    ) -> list[dict[str, Any]]:
+    async def sequential(self) -> list[dict[str, Any]]:
         """The first attempt and up to k - 1 re-examinations; one that fails (its error goes to `failed`) ends the
         sequence with the attempts before it."""
-        attempts = [await attempt(base, query, config, context)]
-        self._note_progress(context, k, attempts)
-        for index in range(1, k):
+        query, context = self.query, self.context
+        attempts = [await attempt(self.base, query, self.base_config, context)]
+        self.note_progress(attempts)
+        for index in range(1, self.k):
             last = attempts[-1]
             enforced = structured(context)
 
@@ -408,8 +403,8 @@ class Matts(Strategy):
             except Exception as exc:
                 if ends_run(exc):
                     raise
-                failed[index] = exc
-                self._note_progress(context, k, attempts, len(failed))
+                self.failed[index] = exc
+                self.note_progress(attempts, len(self.failed))
                 break
             found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
             found_by = found.found_by if found else ""
@@ -422,25 +417,23 @@ class Matts(Strategy):
                     "degenerate": degenerate(found_by, completion.finish_reason == "length"),
                 }
             )
-            self._note_progress(context, k, attempts)
+            self.note_progress(attempts)
         return attempts
 
-    @staticmethod
-    def _note_progress(context: StrategyContext, k: int, attempts: list[dict[str, Any]], failed: int = 0) -> None:
+    def note_progress(self, attempts: list[dict[str, Any]], failed: int = 0) -> None:
         """The branches finished so far (their answers), for `error.data.partial` should a later call fail."""
-        context.progress.update(
-            k=k,
+        self.context.progress.update(
+            k=self.k,
             branches_finished=len(attempts),
             branches_failed=failed,
             answers=[a["answer"] for a in attempts],
             answer=attempts[0]["answer"] if attempts else None,  # unjudged: the first finished branch
         )
 
-    async def _contrast(
-        self, query: str, attempts: list[dict[str, Any]], cfg: MattsConfig, context: StrategyContext, judge_failed: set[int]
-    ) -> tuple[int, str]:
+    async def contrast(self, attempts: list[dict[str, Any]]) -> tuple[int, str]:
         """The attempt one comparing call picks; the majority answer when its reply names no candidate, or when the call
         fails (every attempt goes to `judge_failed` then)."""
+        query, cfg, context = self.query, self.cfg, self.context
         enforced = structured(context)
 
         def build(parts: tuple[str, ...]) -> LLMRequest:
@@ -457,7 +450,7 @@ class Matts(Strategy):
         except Exception as exc:
             if ends_run(exc):
                 raise
-            judge_failed.update(range(len(attempts)))
+            self.judge_failed.update(range(len(attempts)))
             return pick(attempts, [None] * len(attempts)), "majority"
         chosen = find_choice(completion.text, len(attempts), structured=enforced)
         if chosen is None or (attempts[chosen]["degenerate"] and not all(a["degenerate"] for a in attempts)):
