@@ -169,12 +169,11 @@ class SlotBoard:
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
-class EndpointBoard:
-    """The application's endpoint actor (async: every waiting call is a coroutine, the queue is in order)."""
+class EndpointBoard(SlotBoard):
+    """The application's endpoint actor: the board, with a sweeper freeing the leases of silent owners. An async
+    actor (every waiting call is a coroutine, the queue is in order); Ray runs its plain methods on the same loop."""
 
-    def __init__(self, ttl_s: float = LEASE_TTL_S) -> None:
-        self.board = SlotBoard(ttl_s)
-        self._sweeper: asyncio.Task[None] | None = None
+    _sweeper: asyncio.Task[None] | None = None
 
     def _sweep_started(self) -> None:
         if self._sweeper is None:
@@ -182,28 +181,16 @@ class EndpointBoard:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(min(1.0, self.board.ttl_s / 3))
-            self.board.expire()
+            await asyncio.sleep(min(1.0, self.ttl_s / 3))
+            self.expire()
 
     async def acquire(self, endpoint: str, limit: int, lease_id: str, owner: str) -> bool:
         self._sweep_started()
-        return await self.board.acquire(endpoint, limit, lease_id, owner)
+        return await super().acquire(endpoint, limit, lease_id, owner)
 
-    async def release(self, endpoint: str, lease_id: str) -> None:
-        self.board.release(endpoint, lease_id)
-
-    async def serialise(self, endpoint: str) -> None:
-        self.board.serialise(endpoint)
-
-    async def heartbeat(self, owner: str, refusals_seen: int, holding: list[str] | None = None) -> tuple[list[tuple[str, str, str]], int]:
+    def heartbeat(self, owner: str, refusals_seen: int, holding: list[str] | None = None) -> tuple[list[tuple[str, str, str]], int]:
         self._sweep_started()
-        return self.board.heartbeat(owner, refusals_seen, holding)
-
-    async def record_refusal(self, base_url: str, model: str, param: str) -> bool:
-        return self.board.record_refusal(base_url, model, param)
-
-    async def stats(self, endpoint: str) -> dict[str, Any]:
-        return self.board.stats(endpoint)
+        return super().heartbeat(owner, refusals_seen, holding)
 
 
 def board_name(app_name: str) -> str:

@@ -49,8 +49,9 @@ class StreamEvent:
     data: dict[str, Any]
 
 
-def _params(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
+def _params(values: dict[str, Any]) -> dict[str, Any]:
+    """A call's params from a method's arguments (its `locals()`): those given, by the method's own names."""
+    return {k: v for k, v in values.items() if v is not None and k != "self"}
 
 
 def _result(body: Any) -> Any:
@@ -91,7 +92,7 @@ class _Methods:
         return {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._ids)}
 
     def _stream_request(self, query: str, options: dict[str, Any]) -> dict[str, Any]:
-        return self._request("reasoning.execute", {**_params(query=query, **options), "stream": True})
+        return self._request("reasoning.execute", {**_params({"query": query, **options}), "stream": True})
 
     # -- reasoning ------------------------------------------------------------------------------------
     def execute(
@@ -112,21 +113,7 @@ class _Methods:
         answer (`reasoning`), trace id and resolution. `reasoning_effort` ("low", "medium", "high") and
         `thinking_budget` (tokens) apply to every model call of the run; `extra_body` (trusted callers only) is
         passed into each call's request body (docs/reasoning-models.md)."""
-        return self._call(
-            "reasoning.execute",
-            _params(
-                query=query,
-                strategy=strategy,
-                strategy_config=strategy_config,
-                agent_id=agent_id,
-                include_trace=include_trace,
-                memory=memory,
-                budget=budget,
-                reasoning_effort=reasoning_effort,
-                thinking_budget=thinking_budget,
-                extra_body=extra_body,
-            ),
-        )
+        return self._call("reasoning.execute", _params(locals()))
 
     def strategies(self) -> Any:
         """reasoning.strategies: the enabled strategies with their config schemas, and the default."""
@@ -166,18 +153,7 @@ class _Methods:
         max_llm_calls: int | None = None,
     ) -> Any:
         """session.create: returns the session's id, status and tools."""
-        return self._call(
-            "session.create",
-            _params(
-                server_tools=server_tools,
-                client_tools=client_tools,
-                mode=mode,
-                modes=modes,
-                bootstrap=bootstrap,
-                system_prompt=system_prompt,
-                max_llm_calls=max_llm_calls,
-            ),
-        )
+        return self._call("session.create", _params(locals()))
 
     def turn(self, session_id: str, message: str) -> Any:
         """session.turn: `completed` with the answer, or `awaiting_client_tools` with the pending calls."""
@@ -199,16 +175,16 @@ class _Methods:
     # -- memory ---------------------------------------------------------------------------------------
     def retrieve_memories(self, query: str, *, workspace: str | None = None, top_k: int | None = None, **options: Any) -> Any:
         """memory.retrieve: the best memories for a query (options: domain, error_only, min_similarity, ...)."""
-        return self._call("memory.retrieve", _params(query=query, workspace=workspace, top_k=top_k, **options))
+        return self._call("memory.retrieve", _params({"query": query, "workspace": workspace, "top_k": top_k, **options}))
 
     def store_memories(self, items: list[dict[str, Any]], *, workspace: str | None = None, key: str | None = None) -> Any:
-        return self._call("memory.store", _params(items=items, workspace=workspace, key=key))
+        return self._call("memory.store", _params(locals()))
 
     def get_memory(self, memory_id: str, *, workspace: str | None = None) -> Any:
-        return self._call("memory.get", _params(memory_id=memory_id, workspace=workspace))
+        return self._call("memory.get", _params(locals()))
 
     def memory_genealogy(self, memory_id: str, *, workspace: str | None = None) -> Any:
-        return self._call("memory.genealogy", _params(memory_id=memory_id, workspace=workspace))
+        return self._call("memory.genealogy", _params(locals()))
 
     def list_workspaces(self) -> Any:
         return self._call("memory.list_workspaces", {})
