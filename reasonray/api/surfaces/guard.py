@@ -28,6 +28,8 @@ from typing import Any
 
 import structlog
 
+from reasonray.api.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, _has_surrogate
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -37,8 +39,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = structlog.get_logger(__name__)
 
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "::1"]
-INVALID_REQUEST = -32600
-INVALID_PARAMS = -32602
 CONTENT_TYPE_NOT_SUPPORTED = -32005  # A2A's ContentTypeNotSupportedError, which its clients and the TCK expect on /a2a
 JSON_MEDIA = frozenset({"application/json", "application/a2a+json"})
 
@@ -66,11 +66,8 @@ def host_name(header: str) -> str:
 
 
 def check_host(headers: dict[str, str], settings: GuardSettings) -> None:
-    allowed = settings.allowed_hosts
-    if "*" in allowed:
-        return
     name = host_name(headers.get("host", ""))
-    if name not in [h.lower() for h in allowed]:
+    if "*" not in settings.allowed_hosts and name not in [h.lower() for h in settings.allowed_hosts]:
         raise Refusal(400, INVALID_REQUEST, f"host {name!r} is not allowed; add it to [server] allowed_hosts to serve it")
 
 
@@ -95,18 +92,15 @@ def check_body(body: bytes, settings: GuardSettings) -> None:
     if not body.strip():
         return
     try:
-        payload = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        depth, where = _walk(json.loads(body, parse_constant=_no_constant, parse_float=_finite_float))
     except NotFinite as exc:
         raise Refusal(
             400, INVALID_REQUEST, f"the JSON holds {exc}, which JSON (RFC 8259) does not allow and no answer can echo; send a finite number"
         ) from None
-    except RecursionError:
-        payload, depth_error = None, True
+    except RecursionError:  # deeper than json's own recursion limit: deeper than any cap
+        depth, where = settings.max_json_depth + 1, None
     except ValueError:  # not JSON: the route answers that itself (JSON-RPC -32700, the REST mirrors 422)
         return
-    else:
-        depth_error = False
-    depth, where = (settings.max_json_depth + 1, None) if depth_error else _walk(payload)
     if depth > settings.max_json_depth:
         raise Refusal(
             400, INVALID_REQUEST, f"the JSON nests deeper than the cap of {settings.max_json_depth} levels ([limits] max_json_depth)"
@@ -136,10 +130,9 @@ def _walk(value: Any) -> tuple[int, str | None]:
     stack = [(value, "$", 0)]
     while stack:
         item, where, depth = stack.pop()
-        if isinstance(item, str):
-            if _has_surrogate(item):
-                return deepest, where
-        elif isinstance(item, dict | list):
+        if isinstance(item, str) and _has_surrogate(item):
+            return deepest, where
+        if isinstance(item, dict | list):
             deepest = max(deepest, depth + 1)
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in pairs:
@@ -147,14 +140,6 @@ def _walk(value: Any) -> tuple[int, str | None]:
                     return deepest, f"{where} (a key)"
                 stack.append((child, f"{where}.{key}" if isinstance(item, dict) else f"{where}[{key}]", depth + 1))
     return deepest, None
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 class HttpGuard:
@@ -184,7 +169,7 @@ class HttpGuard:
                 await _respond(send, 204, None, _cors_headers(origin, preflight=True))
                 return
             if scope["method"] == "POST":
-                length = check_post_headers(headers, settings, _app_path(scope))
+                length = check_post_headers(headers, settings, app_path(scope))
                 body = await _read(receive, length, settings)
                 check_body(body, settings)
         except Refusal as refusal:
@@ -204,7 +189,7 @@ class HttpGuard:
             await _until_disconnect(lambda replayed: self.app(scope, replayed, answer), body, receive)
 
 
-def _app_path(scope: Scope) -> str:
+def app_path(scope: Scope) -> str:
     """The request's path within the application (below its route prefix, when Serve mounts it under one)."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
     return str(path[len(root) :] if root and path.startswith(root) else path)

@@ -13,6 +13,7 @@ scraper asks for it (`Accept: application/openmetrics-text`). Transport-free: th
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -79,15 +80,12 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
                 continue
             name = family.name.removeprefix("ray_")
             kinds.setdefault(name, (family.type, family.documentation))
-            gauge = family.type == "gauge"
+            combine = max if family.type == "gauge" else operator.add
             merged = values[name]
             for sample in family.samples:
                 labels = tuple(sorted((k, v) for k, v in sample.labels.items() if _label_kept(k)))
                 key = (sample.name.removeprefix("ray_"), labels)
-                if key in merged:
-                    merged[key] = max(merged[key], sample.value) if gauge else merged[key] + sample.value
-                else:
-                    merged[key] = sample.value
+                merged[key] = combine(merged[key], sample.value) if key in merged else sample.value
     families = []
     for name in sorted(values):
         kind, documentation = kinds[name]

@@ -19,8 +19,7 @@ def request_span(route: str, headers: Mapping[str, str]) -> Iterator[str | None]
     yielding the trace id the request's runs take: the traceparent's trace id, else a well-formed
     `X-Trace-Id`, else (tracing on) the new span's trace id, else None (the dispatcher makes one).
     So ReasonRay's trace id, its event log and the tracing backend name the same trace."""
-    attributes = {"http.request.method": "POST", "http.route": route}
-    with tracing.span(route, attributes, kind="server", parent=headers) as span:
+    with tracing.span(route, {"http.request.method": "POST", "http.route": route}, kind="server", parent=headers) as span:
         given = tracing.trace_id_from(headers.get("traceparent")) or accept_trace_id(headers.get("x-trace-id"))
         trace_id = principal_trace_id(given) or span.trace_id  # a caller's chosen id is its own (docs/security.md)
         span.set({"reasonray.trace_id": trace_id})
