@@ -100,7 +100,7 @@ def start_ray(settings: Any) -> None:
     """A local Ray cluster on 2 CPUs, in the environment `reasonray serve` gives it for `settings` (its ingress)."""
     import ray
 
-    from reasonray.serve_app import ray_environment
+    from reasonray.actors.environment import ray_environment
 
     os.environ.update(ray_environment(settings))
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

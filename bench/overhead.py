@@ -373,7 +373,8 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from reasonray.serve_app import build_app, ray_environment
+    from reasonray.actors.environment import ray_environment
+    from reasonray.serve_app import build_app
 
     api_port = free_port()
     with simulator_process() as (sim_url, _):

@@ -177,7 +177,7 @@ def _start_cluster(
     """ray.init, joining `address` or starting a local cluster; the model servers stop if it fails."""
     import ray
 
-    from reasonray.serve_app import ray_environment
+    from reasonray.actors.environment import ray_environment
 
     # Cluster-wide options only apply to a cluster we start; joining one takes it as it is.
     own: dict[str, Any] = {}

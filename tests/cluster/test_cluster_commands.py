@@ -22,10 +22,10 @@ import httpx
 import pytest
 import yaml
 
+from reasonray.actors.environment import ray_environment
 from reasonray.gateway.simulator.server import free_port
 from reasonray.kernel.config import Settings
 from reasonray.kernel.ports import free_block
-from reasonray.serve_app import ray_environment
 from tests.integration.conftest import kill_tree, result_of, rpc
 
 REPO = Path(__file__).resolve().parents[2]

@@ -148,9 +148,9 @@ def _hold(directory: Path) -> None:
     import ray
     from ray import serve
 
+    from reasonray.actors.environment import ray_environment
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings, free_port
     from reasonray.kernel.config import Settings
-    from reasonray.serve_app import ray_environment
 
     environment = ray_environment(Settings())  # the ingress `reasonray serve` uses
     environment.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", SERVE_CONTROL_LOOP_INTERVAL_S)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from reasonray.actors.environment import haproxy_wrapper
 from reasonray.actors.ray_compat import haproxy_config_template
-from reasonray.serve_app import haproxy_wrapper
 
 # the lines of Ray's template the wrapper changes, as Ray writes them
 RAY_CONFIG = """global

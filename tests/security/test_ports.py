@@ -47,8 +47,8 @@ def test_a_block_is_found_around_held_ports(monkeypatch):
 
 
 def test_the_haproxy_ingress_gets_the_instances_own_ports_and_serves_proxy_keeps_its_port():
+    from reasonray.actors.environment import ray_environment
     from reasonray.kernel.config import Settings
-    from reasonray.serve_app import ray_environment
 
     secured = ray_environment(Settings(auth={"jwt_secret": "s" * 32}))
     assert secured["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
@@ -63,8 +63,8 @@ def test_the_haproxy_ingress_gets_the_instances_own_ports_and_serves_proxy_keeps
 
 
 def test_a_starting_proxy_gets_time_to_report_ready_on_a_busy_node(monkeypatch):
+    from reasonray.actors.environment import PROXY_READY_TIMEOUT_ENV, ray_environment
     from reasonray.kernel.config import Settings
-    from reasonray.serve_app import PROXY_READY_TIMEOUT_ENV, ray_environment
 
     monkeypatch.delenv(PROXY_READY_TIMEOUT_ENV, raising=False)
     for settings in (Settings(), Settings(server={"fast_ingress": False})):  # HAProxy's manager and Serve's own proxy

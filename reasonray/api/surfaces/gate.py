@@ -18,11 +18,13 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from reasonray.api.access.auth import Policy, Principal, TokenVerifier
+from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal, TokenVerifier
 from reasonray.api.access.tenancy import HTTP_ADMISSION
 from reasonray.api.errors import error_headers, openai_error, view_of
 from reasonray.api.jsonrpc import error_for, error_response
 from reasonray.api.methods import accept_trace_id, new_trace_id
+from reasonray.api.surfaces.guard import app_path
+from reasonray.gateway.cache import CACHE_SCOPE
 from reasonray.kernel.errors import ForbiddenError, RateLimitedError, ReasonRayError, UnauthenticatedError
 from reasonray.stores.audit import AuditLog, NoAudit, audit_refusal
 
@@ -48,20 +50,18 @@ class GateConfig:
 
 
 class AuthGate:
-    """ASGI middleware in front of every route: verifies the bearer token, sets CURRENT_PRINCIPAL (through
-    `enter`) and counts the request against the caller's limits."""
+    """ASGI middleware in front of every route: verifies the bearer token, runs the request as its caller
+    (CURRENT_PRINCIPAL) and counts the request against the caller's limits."""
 
-    def __init__(self, app: Any, enter: Callable[[Principal], Callable[[], None]]) -> None:
+    def __init__(self, app: Any) -> None:
         self.app = app
-        self.enter = enter  # binds the principal for the request (and its cache scope); returns the undo
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         config: GateConfig | None = getattr(getattr(scope.get("app"), "state", None), "gate", None)
         if scope["type"] != "http" or config is None:
             await self.app(scope, receive, send)
             return
-        path, root = scope["path"], scope.get("root_path", "")
-        path = path[len(root) :] if root and path.startswith(root) else path  # the app's own path under its route prefix
+        path = app_path(scope)
         if path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
@@ -97,13 +97,15 @@ class AuthGate:
             )
             await refusal(exc, path, trace_id)(scope, receive, send)
             return
-        undo = self.enter(principal)
+        # the request runs as `principal`, with a cache scope of its own: its cache hits tell nothing of another's prompts
+        as_caller, cache_scope = CURRENT_PRINCIPAL.set(principal), CACHE_SCOPE.set(principal.sub)
         admission = HTTP_ADMISSION.set([True])
         try:
             await self.app(scope, receive, send)
         finally:
             HTTP_ADMISSION.reset(admission)
-            undo()
+            CACHE_SCOPE.reset(cache_scope)
+            CURRENT_PRINCIPAL.reset(as_caller)
 
 
 def refusal(exc: ReasonRayError, path: str, trace_id: str) -> JSONResponse:
