@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field
@@ -118,57 +119,59 @@ class Refine(Strategy):
     extra_capabilities = ("reasoning.iterative", "reasoning.self_evaluation")
 
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
-        cfg = self.parse_config(config)
-        attempts: list[dict[str, Any]] = []
-        seen: set[str] = set()
+        run = _Run(self.name, query, self.parse_config(config), context)
         # the documented partial shape from the start, so a failure before any draft still has every key
         context.progress.update(iterations=0, last_draft=None, last_answer=None, last_score=None, last_critique=None, answer=None)
         stop = "max_iterations"
-        failures: list[Exception] = []
-        for iteration in range(1, cfg.max_iterations + 1):
-            step = await self._iteration(query, iteration, attempts, seen, failures, cfg, context)
+        for iteration in range(1, run.cfg.max_iterations + 1):
+            step = await run.iteration(iteration)
             if step != "continue":
                 stop = step
                 break
-        return self._finish(attempts, stop, failures, context)
+        return run.finish(stop)
 
-    async def _iteration(
-        self,
-        query: str,
-        iteration: int,
-        attempts: list[dict[str, Any]],
-        seen: set[str],
-        failures: list[Exception],
-        cfg: RefineConfig,
-        context: StrategyContext,
-    ) -> str:
+
+@dataclass
+class _Run:
+    """One refine run: its query, config and context, the attempts so far, their hashes and the failures met."""
+
+    strategy: str
+    query: str
+    cfg: RefineConfig
+    context: StrategyContext
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)  # the attempts' trajectory hashes, for loop detection
+    failures: list[Exception] = field(default_factory=list)
+
+    async def iteration(self, iteration: int) -> str:
         """One attempt and its review, appended to `attempts`; the stop reason, or "continue"."""
+        context, attempts = self.context, self.attempts
         before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
         enforced = structured(context)
-        request = self._attempt_request(query, attempts, iteration, cfg, context, enforced)
+        request = self.attempt_request(iteration, enforced)
         try:
             completion = await context.llm.complete(request)
         except Exception as exc:
             if not attempts or ends_run(exc):
                 raise  # nothing finished to answer with, or the run itself is over
-            failures.append(exc)
-            self._iteration_end(context, iteration, before, False, "failed")
+            self.failures.append(exc)
+            self.iteration_end(iteration, before, False, "failed")
             return "failed"
         text = completion.text
-        found = find_answer(text, numeric=numeric_question(query), structured=enforced)
+        found = find_answer(text, numeric=numeric_question(self.query), structured=enforced)
         answer = found.answer if found is not None else ""
         if found is not None:
-            note_found_by(context, self.name, found, f"the answer of iteration {iteration}")
+            note_found_by(context, self.strategy, found, f"the answer of iteration {iteration}")
         context.progress.update(
             iterations=len(attempts), last_draft=strip_thinking(text), last_answer=answer, last_score=None, last_critique=None
         )
         digest = trajectory_hash(text, answer)
-        if digest in seen:
-            context.warn(self.name, "loop_detected", f"iteration {iteration} repeated an earlier attempt; refining stopped")
-            self._iteration_end(context, iteration, before, True, "loop_detected")
+        if digest in self.seen:
+            context.warn(self.strategy, "loop_detected", f"iteration {iteration} repeated an earlier attempt; refining stopped")
+            self.iteration_end(iteration, before, True, "loop_detected")
             return "loop_detected"
-        seen.add(digest)
-        score, feedback, failed = await self._critique(query, iteration, text, answer, failures, cfg, context)
+        self.seen.add(digest)
+        score, feedback, failed = await self.critique(iteration, text, answer)
         attempts.append(
             {
                 "iteration": iteration,
@@ -184,46 +187,37 @@ class Refine(Strategy):
         context.progress.update(
             iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
         )
-        step = "failed" if failed else self._stop_decision(attempts[-1], cfg)
-        self._iteration_end(context, iteration, before, True, step)
+        step = "failed" if failed else self.stop_decision(attempts[-1])
+        self.iteration_end(iteration, before, True, step)
         return step
 
-    async def _critique(
-        self,
-        query: str,
-        iteration: int,
-        text: str,
-        answer: str,
-        failures: list[Exception],
-        cfg: RefineConfig,
-        context: StrategyContext,
-    ) -> tuple[float | None, str, bool]:
+    async def critique(self, iteration: int, text: str, answer: str) -> tuple[float | None, str, bool]:
         """The attempt's score and feedback, and whether the evaluation failed (the attempt then stands, unscored)."""
         try:
-            score, feedback = await evaluate(query, text, answer, cfg.evaluate_max_tokens, context)
+            score, feedback = await evaluate(self.query, text, answer, self.cfg.evaluate_max_tokens, self.context)
         except Exception as exc:
             if ends_run(exc):
                 raise
-            failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
+            self.failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
             return None, "", True
         if score is None:
-            context.warn(
-                self.name,
+            self.context.warn(
+                self.strategy,
                 "unscored",
                 f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
                 "(it cannot stop the loop or beat a scored attempt)",
             )
         return score, feedback, False
 
-    @staticmethod
-    def _stop_decision(attempt: dict[str, Any], cfg: RefineConfig) -> str:
+    def stop_decision(self, attempt: dict[str, Any]) -> str:
         """ "threshold" when a real attempt scored above the threshold, else "continue"."""
         score = attempt["score"]
-        passed = score is not None and score > cfg.threshold and not attempt["degenerate"]
+        passed = score is not None and score > self.cfg.threshold and not attempt["degenerate"]
         return "threshold" if passed else "continue"
 
-    def _finish(self, attempts: list[dict[str, Any]], stop: str, failures: list[Exception], context: StrategyContext) -> ReasoningResult:
+    def finish(self, stop: str) -> ReasoningResult:
         """The best attempt's answer, with the whole trajectory kept for memory learning."""
+        attempts = self.attempts
         best = max(attempts, key=rank)  # ties go to the earlier attempt
         if not best["answer"].strip():
             raise ModelBehaviorError(
@@ -231,7 +225,7 @@ class Refine(Strategy):
                 "raise max_tokens or check the model",
                 {"iterations": len(attempts), "stop_reason": stop},
             )
-        context.trajectories.append(
+        self.context.trajectories.append(
             Trajectory(
                 text="\n\n".join(
                     f"[attempt {a['iteration']}, score {_shown(a['score'])}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts
@@ -241,8 +235,8 @@ class Refine(Strategy):
                 selected=True,
             )
         )
-        return context.result(
-            self.name,
+        return self.context.result(
+            self.strategy,
             best["answer"],
             iterations=len(attempts),
             stop_reason=stop,
@@ -252,15 +246,13 @@ class Refine(Strategy):
             history=[{k: a[k] for k in ("iteration", "answer", "score", "feedback", "hash", "found_by", "degenerate")} for a in attempts],
             found_by=best["found_by"],
             unscored=sum(a["score"] is None for a in attempts),
-            failures=failure_kinds(failures),
+            failures=failure_kinds(self.failures),
         )
 
-    @staticmethod
-    def _attempt_request(
-        query: str, attempts: list[dict[str, Any]], iteration: int, cfg: RefineConfig, context: StrategyContext, enforced: bool
-    ) -> LLMRequest:
+    def attempt_request(self, iteration: int, enforced: bool) -> LLMRequest:
         """The first attempt's request, or a re-examination of the last attempt in the light of its review, the
         attempt and the review cut (head and tail) where the whole would not fit the model's context."""
+        query, cfg, attempts = self.query, self.cfg, self.attempts
         last = attempts[-1] if attempts else None
 
         def build(parts: tuple[str, ...]) -> LLMRequest:
@@ -277,14 +269,14 @@ class Refine(Strategy):
 
         if last is None:
             return build(())
-        return fitted(context, build, (strip_thinking(last["text"]), last["answer"], last["feedback"] or NO_FEEDBACK))
+        return fitted(self.context, build, (strip_thinking(last["text"]), last["answer"], last["feedback"] or NO_FEEDBACK))
 
-    def _iteration_end(self, context: StrategyContext, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
-        t = context.llm.tally
-        context.emit(
+    def iteration_end(self, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
+        t = self.context.llm.tally
+        self.context.emit(
             IterationEnd(
-                trace_id=context.trace_id,
-                strategy=self.name,
+                trace_id=self.context.trace_id,
+                strategy=self.strategy,
                 iteration=iteration,
                 prompt_tokens=t.prompt_tokens - before[0],
                 completion_tokens=t.completion_tokens - before[1],
