@@ -10,11 +10,11 @@ from reasonray.api.a2a_remote import remote_registration
 from reasonray.api.access.auth import REMOTE_AGENTS
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
-from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.kernel.errors import InvalidParamsError
 from reasonray.strategies.agents import AGENT_ID, AgentCard, AgentRegistration
 
-AGENTS: list[Declared] = []
+AGENTS: Table = {}
 
 
 class AgentIdParams(BaseModel):

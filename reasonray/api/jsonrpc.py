@@ -35,7 +35,7 @@ import json
 import time
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 import structlog
@@ -178,8 +178,9 @@ class Call:
     """For a method declared `own_usage`: the caller's own activity, set when it may not see the server's."""
 
 
-Handler = Callable[[Any, Call], Awaitable[Any]]
-_Fn = TypeVar("_Fn", bound=Callable[..., Awaitable[Any]])
+Handler = Callable[..., Awaitable[Any]]
+"""Called with the method's params and its `Call`; a domain's declared function takes the application context first."""
+_Fn = TypeVar("_Fn", bound=Handler)
 Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 """Wraps every method call: admits the caller by the method's declared access before `invoke()`
 (reasonray.api.access.tenancy)."""
@@ -187,6 +188,9 @@ Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]
 
 @dataclass
 class Method:
+    """A method as it is served, or as its domain module declares it (`declare`): a module-level
+    `async def fn(ctx, params, call)` that `Dispatcher.add` binds to the application's context."""
+
     handler: Handler
     params: type[BaseModel]
     description: str
@@ -196,22 +200,12 @@ class Method:
     mcp_tool: str | None = None  # the MCP tool it is served as, if any
 
 
-@dataclass(frozen=True)
-class Declared:
-    """A method as its domain module declares it: a module-level `async def fn(ctx, params, call)` with its
-    name, params model, result model and access, bound to the application's context by `Dispatcher.add`."""
-
-    name: str
-    fn: Callable[[Any, Any, Call], Awaitable[Any]]
-    params: type[BaseModel]
-    result: type[BaseModel]
-    access: Access
-    stream: bool = False
-    mcp_tool: str | None = None
+Table = dict[str, Method]
+"""A domain's methods by name (`declare` fills it, `Dispatcher.add` serves it)."""
 
 
 def declare(
-    table: list[Declared],
+    table: Table,
     name: str,
     *,
     access: Access,
@@ -228,7 +222,7 @@ def declare(
         model = result or hints.get("return")
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise TypeError(f"method {name!r} needs a result model: annotate what it returns, or pass result=")
-        table.append(Declared(name, fn, hints["params"], model, access, stream, mcp_tool))
+        table[name] = Method(fn, hints["params"], (fn.__doc__ or "").strip(), access, model, stream, mcp_tool)
         return fn
 
     return add
@@ -270,13 +264,10 @@ class Dispatcher:
 
         return register
 
-    def add(self, table: list[Declared], ctx: Any) -> None:
+    def add(self, table: Table, ctx: Any) -> None:
         """Serve every method of a domain's table, each called with `ctx` (reasonray.api.context.Context)."""
-        for d in table:
-            description = (d.fn.__doc__ or "").strip()
-            self.method(d.name, d.params, description, access=d.access, result=d.result, stream=d.stream, mcp_tool=d.mcp_tool)(
-                functools.partial(d.fn, ctx)
-            )
+        for name, method in table.items():
+            self.methods[name] = replace(method, handler=functools.partial(method.handler, ctx))
 
     async def handle(self, body: bytes | str, trace_id: str | None = None) -> tuple[Any, list[str]]:
         """The response payload (None when nothing is to be sent) and the trace ids of the calls."""

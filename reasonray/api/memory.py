@@ -18,14 +18,14 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from reasonray.api import results
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource, Visible
-from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.api.service import ExecuteParams
 from reasonray.kernel.errors import InvalidParamsError, describe_errors
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
 from reasonray.memory.loop import MemoryParams
 
-MEMORY: list[Declared] = []
+MEMORY: Table = {}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 

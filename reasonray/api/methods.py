@@ -16,7 +16,7 @@ import uuid
 from reasonray.api.access.egress import Egress
 from reasonray.api.context import CacheStats, Context
 from reasonray.api.directory import AGENTS
-from reasonray.api.jsonrpc import Declared, Dispatcher
+from reasonray.api.jsonrpc import Dispatcher, Method
 from reasonray.api.memory import MEMORY
 from reasonray.api.openrpc import add_discover
 from reasonray.api.reasoning import REASONING
@@ -44,9 +44,9 @@ def accept_trace_id(header: str | None) -> str | None:
 TABLES = (REASONING, AGENTS, SESSIONS, MEMORY, STATS)
 
 
-def declared(name: str) -> Declared:
+def declared(name: str) -> Method:
     """A method's declaration by name (the REST mirrors take their models from it)."""
-    return next(d for table in TABLES for d in table if d.name == name)
+    return next(table[name] for table in TABLES if name in table)
 
 
 def build_dispatcher(
@@ -65,10 +65,10 @@ def build_dispatcher(
     limits = limits or CapSettings()
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
     ctx = Context(service, registry, sessions, limits, egress or Egress(), sandbox, cache_stats, rpc.methods)
-    rpc.add(REASONING + AGENTS, ctx)
+    rpc.add(REASONING | AGENTS, ctx)
     if sessions is not None:
         rpc.add(SESSIONS, ctx)
     if service.memory_loop is not None:
-        rpc.add(MEMORY + STATS, ctx)
+        rpc.add(MEMORY | STATS, ctx)
     add_discover(rpc)  # rpc.discover: the OpenRPC document of the methods above
     return rpc

@@ -14,11 +14,11 @@ from reasonray.api import results
 from reasonray.api.a2a_remote import forward
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, RESOLVED, Access, Resource
-from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult
 from reasonray.kernel.errors import InvalidParamsError, describe_errors
 
-REASONING: list[Declared] = []
+REASONING: Table = {}
 
 
 class BoundedContextParams(BaseModel):

@@ -37,7 +37,7 @@ from reasonray.kernel.errors import (
     StrategyUnavailableError,
     attach_partial,
 )
-from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, event_log_path
+from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, Tally, event_log_path
 from reasonray.kernel.redact import redact
 from reasonray.kernel.retention import sweep
 from reasonray.kernel.tags import extract_answer, normalize_answer, strip_thinking
@@ -486,11 +486,12 @@ class ReasoningService:
 
     def _meter(self, outcome: RunOutcome) -> None:
         """The run's tokens and outcome in the metrics (and a bounded-context run under its own names)."""
-        record_run(self.metrics, outcome.strategy, outcome.agent, outcome.prompt_tokens, outcome.completion_tokens, outcome.specific)
+        t = outcome.tally
+        record_run(self.metrics, outcome.strategy, outcome.agent, t.prompt_tokens, t.completion_tokens, outcome.specific)
         if outcome.strategy == "bounded_context":
             status = type(outcome.error).__name__ if outcome.error is not None else "ok"
             record_bounded_context(self.metrics, status, outcome.elapsed_ms / 1000, outcome.total_tokens, outcome.specific)
-        record_outcome(self.metrics, outcome.strategy, outcome.agent, outcome.status, outcome.elapsed_ms, outcome.calls)
+        record_outcome(self.metrics, outcome.strategy, outcome.agent, outcome.status, outcome.elapsed_ms, t.calls)
 
     @staticmethod
     def _charge(outcome: RunOutcome) -> None:
@@ -500,13 +501,7 @@ class ReasoningService:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
         if self.memory is None:
             return
-        tally = {
-            "calls": outcome.calls,
-            "cache_hits": outcome.cache_hits,
-            "retries": outcome.retries,
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-        }
+        tally = msgspec.structs.asdict(outcome.tally)  # the bank counts the calls, cache hits, retries and tokens
         self._in_background(asyncio.ensure_future(self.memory.record_run(tally, outcome.status == "ok")), "memory.stats_not_recorded")
 
     def _index(self, outcome: RunOutcome) -> None:
@@ -525,8 +520,8 @@ class ReasoningService:
             kind="execute",
             strategy=end.strategy,
             status=end.status,
-            prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=outcome.completion_tokens,
+            prompt_tokens=outcome.tally.prompt_tokens,
+            completion_tokens=outcome.tally.completion_tokens,
             started_at=datetime.fromtimestamp(outcome.started, UTC),
             elapsed_ms=end.execution_time_ms,
             error=end.error,
@@ -551,18 +546,14 @@ class RunOutcome:
     status: str  # ok, degraded, or the error's type
     error: Exception | None
     specific: dict[str, Any] | None  # the strategy's own metrics, or the error's data
-    prompt_tokens: int
-    completion_tokens: int
-    calls: int
-    cache_hits: int
-    retries: int
+    tally: Tally  # what the run's LLM calls added up to, as it ended
     elapsed_ms: int
     started: float  # epoch seconds
     event_log: Path | None
 
     @property
     def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
+        return self.tally.prompt_tokens + self.tally.completion_tokens
 
 
 @dataclass
@@ -591,22 +582,8 @@ class RunPlan:
             execution_time_ms=elapsed_ms,
             error=type(error).__name__ if error else None,
         )
-        return RunOutcome(
-            end,
-            strategy,
-            self.agent,
-            status,
-            error,
-            specific,
-            t.prompt_tokens,
-            t.completion_tokens,
-            t.calls,
-            t.cache_hits,
-            t.retries,
-            elapsed_ms,
-            self.started,
-            self.event_log,
-        )
+        tally = msgspec.structs.replace(t)  # a copy: a consumer that runs later reads the run as it ended
+        return RunOutcome(end, strategy, self.agent, status, error, specific, tally, elapsed_ms, self.started, self.event_log)
 
 
 class RunSampling(ThinkingSampling, frozen=True, omit_defaults=True):

@@ -10,11 +10,11 @@ from reasonray.api import results
 from reasonray.api.access.caps import check_text
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
-from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.kernel.errors import ForbiddenError
 from reasonray.reasoner.session import SESSION_ID, SessionSpec
 
-SESSIONS: list[Declared] = []
+SESSIONS: Table = {}
 
 
 class SessionIdParams(BaseModel):

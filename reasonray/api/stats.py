@@ -6,10 +6,10 @@ from __future__ import annotations
 from reasonray.api.access.limits import own_statistics
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, OPERATORS, Access
-from reasonray.api.jsonrpc import Call, Declared, declare
+from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.api.results import StatsResult
 
-STATS: list[Declared] = []
+STATS: Table = {}
 OWN_USAGE = Access(EVERYONE, own_usage=True)
 
 
