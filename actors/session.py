@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -118,14 +119,14 @@ class SessionHost(Fingerprinted):
                 log.info("session.idle_dropped", sessions=dropped, live=len(self.live))
 
 
+@dataclass(eq=False)
 class SessionHostClient:
-    """A typed handle on one session host; finds (or restarts the creation of) the host by name."""
+    """A handle on one session host; finds (or restarts the creation of) the host by name."""
 
-    def __init__(self, name: str, fp: str, spec: LLMSpec, handle: Any = None) -> None:
-        self.name = name
-        self.fp = fp
-        self.spec = spec
-        self._handle = handle
+    name: str
+    fp: str
+    spec: LLMSpec
+    _handle: Any = None
 
     @property
     def handle(self) -> Any:

@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -77,12 +78,12 @@ def _items(metadatas: Sequence[dict[str, Any] | None]) -> list[MemoryItem]:
     return [MemoryItem.from_json(m["item"]) for m in metadatas if m]
 
 
+@dataclass(eq=False)
 class ChromaStore:
-    def __init__(self, client: Any, embedder_name: str, prefix: str = "rb") -> None:
-        self.client = client
-        self.embedder_name = embedder_name
-        self.prefix = prefix
-        self._collections: dict[str, Any] = {}
+    client: Any
+    embedder_name: str
+    prefix: str = "rb"
+    _collections: dict[str, Any] = field(default_factory=dict, init=False)
 
     def _name(self, kind: str, workspace: str) -> str:
         return f"{self.prefix}-{kind}-{workspace}"

@@ -100,7 +100,8 @@ def _phrase(visible: str) -> str | None:
     if hashes := _HASHES.findall(visible):
         return _clean(hashes[-1]) or None
     found: list[tuple[int, str]] = []
-    for line_start, line in _lines(visible):
+    line_start = 0
+    for line in visible.splitlines(keepends=True):  # line by line: `\s` never carries a match over a line break
         for match in _ANSWER_COLON.finditer(line):
             found.append((line_start + match.start(), match.group(1)))
         for match in _ANSWER_IS.finditer(line):
@@ -108,18 +109,11 @@ def _phrase(visible: str) -> str | None:
             first = re.sub(r"[^\w]", "", sentence.split()[0].lower()) if sentence.split() else ""
             if not _JUDGEMENTS.fullmatch(first):
                 found.append((line_start + match.start(), sentence))
+        line_start += len(line)
     for _, value in sorted(found, reverse=True):
         if cleaned := _clean(value):
             return cleaned
     return None
-
-
-def _lines(text: str) -> list[tuple[int, str]]:
-    out, pos = [], 0
-    for line in text.splitlines(keepends=True):
-        out.append((pos, line.rstrip("\n")))
-        pos += len(line)
-    return out
 
 
 def final_number(text: str) -> str | None:
