@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, Unpack, cast
 
 import msgspec
 
@@ -80,6 +80,14 @@ def answer_logprobs(tokens: Sequence[Any], answer_start: int) -> tuple[tuple[flo
     return tuple(chosen), tuple(top)
 
 
+class ChoiceParts(TypedDict, total=False):
+    """What a choice may carry besides its text, thinking and finish reason."""
+
+    tool_calls: tuple[ToolCall, ...]
+    stop_sequence: str | None  # the stop sequence that ended the text
+    logprobs: Sequence[Any]  # the tokens' log-probabilities, as the server sent them
+
+
 class ReplyReader:
     """Reads one endpoint's replies; learns from them whether its model thinks in its text.
 
@@ -93,26 +101,9 @@ class ReplyReader:
     def __init__(self, model: str, *, thinks: bool | None = None) -> None:
         self.thinks_in_text = thinks_in_text(model) if thinks is None else thinks
 
-    def choice(
-        self,
-        content: str | None,
-        reasoning: str | None,
-        finish_reason: str | None,
-        *,
-        tool_calls: tuple[ToolCall, ...] = (),
-        stop_sequence: str | None = None,
-        logprobs: Sequence[Any] = (),
-    ) -> Choice:
+    def choice(self, content: str | None, reasoning: str | None, finish_reason: str | None, **parts: Unpack[ChoiceParts]) -> Choice:
         """One choice of a reply, whatever form its thinking came in (a separate field, tags in the text, or none)."""
-        choice = read_choice(
-            content,
-            reasoning,
-            finish_reason,
-            thinks=self.thinks_in_text,
-            tool_calls=tool_calls,
-            stop_sequence=stop_sequence,
-            logprobs=logprobs,
-        )
+        choice = read_choice(content, reasoning, finish_reason, thinks=self.thinks_in_text, **parts)
         if not reasoning and choice.reasoning and not choice.thinking_unfinished and not _OPENS.match(content or ""):
             self.thinks_in_text = True  # thinking closed that the reply never opened: the template opens it
         return choice
@@ -157,16 +148,10 @@ class ReplyReader:
 
 
 def read_choice(
-    content: str | None,
-    reasoning: str | None,
-    finish_reason: str | None,
-    *,
-    thinks: bool,
-    tool_calls: tuple[ToolCall, ...] = (),
-    stop_sequence: str | None = None,
-    logprobs: Sequence[Any] = (),
+    content: str | None, reasoning: str | None, finish_reason: str | None, *, thinks: bool, **parts: Unpack[ChoiceParts]
 ) -> Choice:
     """One choice, `thinks` saying whether the model is known to think in its text."""
+    tool_calls, logprobs = parts.get("tool_calls", ()), parts.get("logprobs", ())
     finish = finish_reason or "stop"
     text = content or ""
     if reasoning:  # a reasoning parser split it: content is the answer, null when the budget ran out while thinking
@@ -179,7 +164,7 @@ def read_choice(
         text=text,
         finish_reason=cast(FinishReason, finish),  # the provider's own word for it
         tool_calls=tool_calls,
-        stop_sequence=stop_sequence,
+        stop_sequence=parts.get("stop_sequence"),
         reasoning=reasoning or "",
         token_logprobs=chosen,
         top_logprobs=top,
