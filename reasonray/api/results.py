@@ -20,6 +20,7 @@ from pydantic import MISSING, BaseModel, Field, WithJsonSchema
 from reasonray.memory.bank import Retrieved
 from reasonray.memory.items import MemoryItem
 from reasonray.memory.loop import RetrievedSummary
+from reasonray.reasoner.session import TurnUsage
 from reasonray.strategies.agents import AgentCard
 from reasonray.strategies.base import ReasoningMetrics
 
@@ -119,13 +120,6 @@ class PendingToolCall(BaseModel):
     )
 
 
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    reasoning_tokens: int = Field(0, description="Of completion_tokens, those the model spent thinking.")
-
-
 class SessionCreateResult(Result):
     session_id: str
     status: str = Field(description="`idle` for a new session.")
@@ -145,7 +139,7 @@ class TurnResult(Result):
     mode: str
     llm_calls: int = Field(description="LLM calls of this turn so far.")
     trace: list[dict[str, Any]] = Field(description="The turn's events.")
-    usage: Usage = Field(description="Tokens of this turn's LLM calls (charged to the caller's budget).")
+    usage: TurnUsage = Field(description="Tokens of this turn's LLM calls (charged to the caller's budget).")
     memory: dict[str, Any] | None = Field(description="What the turn retrieved or learned, when the session is memory-aware.")
 
 
