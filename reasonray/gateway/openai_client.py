@@ -150,13 +150,9 @@ class OpenAILLM:
         self._reasoning_effort, self._thinking_budget = reasoning_effort, thinking_budget
         self._extra_body = dict(extra_body or {})
         self._refusals = refusals
-        self._configured = Capabilities(
-            structured_output=bool(structured_output),
-            tool_choice=bool(tool_choice),
-            context_length=context_length,
-            max_concurrency=max_concurrency,
-        )
+        # what the configuration states; unset (None): discovered, or learnt from the server's answers
         self._structured_output, self._tool_choice = structured_output, tool_choice
+        self._context_length, self._max_concurrency = context_length, max_concurrency
         self._default_max_tokens = dict(default_max_tokens or {})
         self.limiter = limiter_for(self.base_url, ceiling=adaptive_concurrency_limit)
         if max_concurrency is not None:
@@ -215,12 +211,12 @@ class OpenAILLM:
             tool_choice=enforcing if self._tool_choice is None else self._tool_choice,
             tokenize=isinstance(tokens, ModelTokenCounter) and tokens.exact,
             context_length=self.context_length,
-            max_concurrency=self._configured.max_concurrency or info.max_concurrency or self.limiter.learned,
+            max_concurrency=self._max_concurrency or info.max_concurrency or self.limiter.learned,
         )
 
     @property
     def context_length(self) -> int | None:
-        return self._configured.context_length or self.endpoint.context_length or self._learned_context
+        return self._context_length or self.endpoint.context_length or self._learned_context
 
     @property
     def backend(self) -> str:
@@ -322,7 +318,7 @@ class OpenAILLM:
         self.endpoint, self._discovered_at = info, time.monotonic()
         if changed:
             self._learned_context = None
-        if self._configured.max_concurrency is None:
+        if self._max_concurrency is None:
             self.limiter.configure(info.max_concurrency)
         counter = self.tokens
         if not isinstance(counter, ModelTokenCounter) or self._tokenizer not in ("auto", "server", "calibrated"):
@@ -366,12 +362,15 @@ class OpenAILLM:
     def _limit_param(self, refused: frozenset[str]) -> str:
         return "max_completion_tokens" if "max_tokens" in refused else self.traits.max_tokens_param
 
+    def _visible_cap(self, request: LLMRequest) -> int | None:
+        """The call's own `max_tokens`, else its purpose's default."""
+        defaults = self._default_max_tokens
+        return request.max_tokens or defaults.get(request.purpose or "default", defaults.get("default"))
+
     def _max_tokens(self, request: LLMRequest, limit: int | None = None) -> int | None:
         """The call's `max_tokens`: `limit`, else its own, else its purpose's default, plus room for a thinking model's
         thinking on the visible cap of a call of ours (a purpose) or one that set none; never more than the context leaves."""
-        wanted = request.max_tokens if limit is None else limit
-        if wanted is None and self._default_max_tokens:
-            wanted = self._default_max_tokens.get(request.purpose or "default", self._default_max_tokens.get("default"))
+        wanted = self._visible_cap(request) if limit is None else limit
         if limit is None and wanted is not None and self.traits.thinks and (request.purpose or request.max_tokens is None):
             budgets = (request.thinking_budget, self._thinking_budget, self.traits.thinking_room)
             wanted += next(b for b in budgets if b is not None)
@@ -468,10 +467,7 @@ class OpenAILLM:
             request, self.traits, refused=self.refused(), default_effort=self._reasoning_effort, default_budget=self._thinking_budget
         )
         if chosen.control in ("forced", "continued"):
-            visible = request.max_tokens or self._default_max_tokens.get(
-                request.purpose or "default", self._default_max_tokens.get("default")
-            )
-            completion = await thinking.controlled(self._learning, request, chosen, visible_cap=visible)
+            completion = await thinking.controlled(self._learning, request, chosen, visible_cap=self._visible_cap(request))
         else:
             limit = None
             if chosen.control == "unsupported" and chosen.budget is not None and not self.traits.thinks:
@@ -535,7 +531,7 @@ class OpenAILLM:
         completion = msgspec.structs.replace(completion, latency_ms=(time.perf_counter() - started) * 1000)
         if reported:
             self._learn_context(params.get("max_tokens", params.get("max_completion_tokens")), completion)
-        if reported and not request.tools:
+        if reported and not request.tools and prefix is None:  # a continuation's prompt holds its prefix too
             self._observe(request.messages, completion)
         return completion
 

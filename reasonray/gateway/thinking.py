@@ -51,11 +51,9 @@ def plan(
         if takes_effort:
             return Plan("native", effort=effort)
         budget = EFFORT_BUDGET[effort]
-    if request.continue_thinking is not None and not forcing:
-        return Plan("unsupported", budget=budget)
-    if budget is not None and not forcing and traits.takes_reasoning_effort and "reasoning_effort" not in refused:
-        return Plan("native", effort=effort or effort_for_budget(budget), budget=budget)
     if not forcing:
+        if budget is not None and request.continue_thinking is None and traits.takes_reasoning_effort and "reasoning_effort" not in refused:
+            return Plan("native", effort=effort or effort_for_budget(budget), budget=budget)
         return Plan("unsupported", budget=budget)
     return Plan("forced" if budget is not None or request.min_thinking is not None else "continued", budget=budget)
 
@@ -66,28 +64,23 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
     Its `reasoning` is the thinking this reply did (after `request.continue_thinking`, which it does not repeat), and its
     usage that of every call it took. Without a budget, a reply cut while thinking stays unfinished (a caller carrying
     the thinking from call to call continues it); with one, the cut thinking is closed and the model made to answer."""
+    given = OPEN + (request.continue_thinking or "")
     if chosen.budget == 0:  # no (more) thinking: close it at once and have the model answer
-        reply = await send(request, OPEN + (request.continue_thinking or "") + CLOSE, visible_cap)
-        choice, usage = _answered(reply, "", Usage())
-        return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=usage, thinking_control=chosen.control)
-    used = Usage()
-    prefix = OPEN + request.continue_thinking if request.continue_thinking is not None else None
-    reply = await send(request, prefix, chosen.budget)
-    used = _add(used, reply.usage)
-    choice = reply.choices[0]
+        reply = await send(request, given + CLOSE, visible_cap)
+        choice, used = _answered(reply, "", Usage())
+        return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=used, thinking_control=chosen.control)
+    reply = await send(request, given if request.continue_thinking is not None else None, chosen.budget)
+    used, choice = reply.usage, reply.choices[0]
     thinking, text = choice.reasoning, choice.text
-    for _ in range(MAX_EXTENSIONS):
-        closed = not choice.thinking_unfinished
-        if not closed or request.min_thinking is None or used.reasoning_tokens >= request.min_thinking:
+    for _ in range(MAX_EXTENSIONS):  # thinking that closed before the minimum is reopened with "Wait"
+        if choice.thinking_unfinished or request.min_thinking is None or used.reasoning_tokens >= request.min_thinking:
             break
-        reply = await send(request, OPEN + (request.continue_thinking or "") + thinking + WAIT, chosen.budget)
-        used = _add(used, reply.usage)
-        choice = reply.choices[0]
+        reply = await send(request, given + thinking + WAIT, chosen.budget)
+        used, choice = _add(used, reply.usage), reply.choices[0]
         thinking, text = thinking + WAIT + choice.reasoning, choice.text
     if chosen.budget is not None and choice.finish_reason == "length" and not choice.tool_calls:
         # the budget ran out while thinking (or the answer was cut): close what there is and have the model answer
-        base = OPEN + (request.continue_thinking or "") + thinking + CLOSE + text
-        reply = await send(request, base, visible_cap)
+        reply = await send(request, given + thinking + CLOSE + text, visible_cap)
         choice, used = _answered(reply, thinking, used)
         choice = msgspec.structs.replace(choice, text=text + choice.text)
     else:

@@ -13,11 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Algorithm = Literal["HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "ES384", "PS256"]
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A section of config.toml: frozen, and an unknown key in it is an error."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class LimitSettings(_Section):
+class LimitSettings(Section):
     """Limits of one principal (per role, per principal or per strategy); omitted: unlimited."""
 
     requests_per_minute: int | None = Field(None, ge=1, description="Calls of any method per rolling minute.")
@@ -26,7 +28,7 @@ class LimitSettings(_Section):
     tokens_per_day: int | None = Field(None, ge=1, description="LLM tokens (prompt + completion) per rolling 24 hours.")
 
 
-class RoleSettings(_Section):
+class RoleSettings(Section):
     """What one role grants: method and strategy name patterns (fnmatch, e.g. `memory.*`), and its limits."""
 
     methods: list[str] = Field(default_factory=list, description="Methods the role may call (patterns).")
@@ -81,7 +83,7 @@ DEFAULT_ROLES: dict[str, RoleSettings] = {
 }
 
 
-class AuthSettings(_Section):
+class AuthSettings(Section):
     jwt_secret: str | None = Field(
         None, description="HS256 shared secret; setting it turns authentication on (env REASONRAY_AUTH__JWT_SECRET)."
     )

@@ -18,14 +18,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, get_origin
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -37,7 +30,7 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources.utils import parse_env_vars
 
-from reasonray.kernel.auth_settings import AuthSettings
+from reasonray.kernel.auth_settings import AuthSettings, Section
 from reasonray.kernel.egress_settings import EgressSettings
 from reasonray.kernel.errors import ReasonRayError
 
@@ -49,21 +42,16 @@ class ConfigError(ReasonRayError):
     """The configuration is invalid; the message names each bad key and what it allows."""
 
 
+def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:  # a name
+        return None
+
+
 def is_loopback_host(host: str) -> bool:
     """True for `localhost` and loopback addresses (127.0.0.0/8, ::1); false for 0.0.0.0 and names."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _ipv4_address(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 4
-    except ValueError:
-        return False
+    return host == "localhost" or bool((address := _ip_address(host)) and address.is_loopback)
 
 
 def require_auth_off_loopback(host: str, settings: Settings) -> None:
@@ -76,11 +64,7 @@ def require_auth_off_loopback(host: str, settings: Settings) -> None:
         )
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RetrySettings(_Section):
+class RetrySettings(Section):
     max_attempts: int = Field(4, ge=1, le=10, description="Attempts per LLM call, the first included.")
     initial_backoff_s: float = Field(1.0, ge=0, description="Wait after the first failure; doubles each attempt.")
     max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between attempts.")
@@ -90,7 +74,7 @@ class RetrySettings(_Section):
     )
 
 
-class BreakerSettings(_Section):
+class BreakerSettings(Section):
     failure_rate_threshold: float = Field(
         0.5, gt=0, le=1, description="Share of endpoint faults (5xx, timeouts, refused connections) in the window that opens the breaker."
     )
@@ -100,13 +84,13 @@ class BreakerSettings(_Section):
     half_open_probes: int = Field(3, ge=1, description="Calls let through when half-open; all must succeed to close it.")
 
 
-class CacheSettings(_Section):
+class CacheSettings(Section):
     enabled: bool = Field(True, description="Serve repeatable LLM calls (temperature 0 or a seed) from the cache.")
     max_entries: int = Field(10_000, ge=1, description="Entries kept; the least recently used go first.")
     ttl_s: float = Field(3600.0, gt=0, description="Seconds an entry stays valid.")
 
 
-class SimulatorSection(_Section):
+class SimulatorSection(Section):
     host: str = Field("127.0.0.1", description="Where `serve --llm simulated` binds the simulated model.")
     port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free one.")
     ttft_ms: float = Field(0.0, ge=0, description="Simulated time to first token.")
@@ -131,7 +115,7 @@ class SimulatorSection(_Section):
     )
 
 
-class LocalModelSection(_Section):
+class LocalModelSection(Section):
     """The model `reasonray serve --llm local` starts: llama.cpp's OpenAI-compatible server (`make setup-real`)."""
 
     model_path: str | None = Field(
@@ -153,7 +137,7 @@ class LocalModelSection(_Section):
     startup_timeout_s: float = Field(180.0, gt=0, description="Longest wait for the server to load the model and answer.")
 
 
-class LLMSettings(_Section):
+class LLMSettings(Section):
     provider: Literal["auto", "openai", "simulated"] = Field(
         "auto",
         description="openai: any OpenAI-compatible endpoint; simulated: the built-in simulated model; "
@@ -275,7 +259,7 @@ class LLMSettings(_Section):
         True, description="Ask the endpoint what it is (models, context length, slots, tokenizer) at first use and every discovery_ttl_s."
     )
     discovery_ttl_s: float = Field(60.0, gt=0, description="Seconds before what was discovered about the endpoint is checked again.")
-    default_max_tokens: dict[str, int] = Field(
+    default_max_tokens: dict[str, PositiveInt] = Field(
         default_factory=lambda: {
             "default": 1024,
             "final_answer": 256,
@@ -295,22 +279,14 @@ class LLMSettings(_Section):
     simulator: SimulatorSection = SimulatorSection()
     local: LocalModelSection = LocalModelSection()
 
-    @field_validator("default_max_tokens")
-    @classmethod
-    def _positive_max_tokens(cls, value: dict[str, int]) -> dict[str, int]:
-        bad = {k: v for k, v in value.items() if v < 1}
-        if bad:
-            raise ValueError(f"default_max_tokens must be at least 1 token per purpose; got {bad}")
-        return value
 
-
-class PerformanceSettings(_Section):
+class PerformanceSettings(Section):
     max_concurrent_requests: int = Field(100, ge=1, description="Requests one replica works on at once (Serve's max_ongoing_requests).")
     strategy_selection_timeout_ms: int = Field(50, ge=1, description="Budget for resolving a strategy.")
     enable_metrics: bool = Field(True, description="Export metrics to the Ray metrics endpoint.")
 
 
-class ReasoningSettings(_Section):
+class ReasoningSettings(Section):
     default_strategy: str | None = Field(None, description="Strategy used when a request names none; none means requests must name one.")
     enabled_strategies: list[str] = Field(default_factory=list, description="Strategies served; may be empty.")
     strategies: dict[str, dict[str, Any]] = Field(
@@ -341,7 +317,7 @@ class ReasoningSettings(_Section):
         return self
 
 
-class AutoscalingSettings(_Section):
+class AutoscalingSettings(Section):
     enabled: bool = Field(False, description="Let Serve add and remove API replicas with the load (num_replicas is then ignored).")
     min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
     max_replicas: int = Field(4, ge=1, description="Most replicas.")
@@ -356,14 +332,10 @@ class AutoscalingSettings(_Section):
         return self
 
     def serve_config(self) -> dict[str, Any]:
-        return {
-            "min_replicas": self.min_replicas,
-            "max_replicas": self.max_replicas,
-            "target_ongoing_requests": self.target_ongoing_requests,
-        }
+        return self.model_dump(include={"min_replicas", "max_replicas", "target_ongoing_requests"})
 
 
-class ServerSettings(_Section):
+class ServerSettings(Section):
     host: str = Field("127.0.0.1", description="Address Ray Serve binds; loopback unless you mean to expose it.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port of the API.")
     num_replicas: int = Field(1, ge=1, description="Replicas of the API deployment.")
@@ -407,7 +379,7 @@ class ServerSettings(_Section):
     cors_origins: list[str] = Field(default_factory=list, description="Browser origins allowed by CORS; empty: CORS is off.")
 
 
-class FanoutSettings(_Section):
+class FanoutSettings(Section):
     pool_size: int = Field(
         2, ge=1, le=64, description="Branch-runner actors each API replica starts at deploy time (warm for the first request)."
     )
@@ -438,7 +410,7 @@ class FanoutSettings(_Section):
         return self
 
 
-class SessionSettings(_Section):
+class SessionSettings(Section):
     idle_timeout_s: float = Field(300.0, gt=0, description="A session idle this long leaves its host's memory; it stays saved.")
     hosts: int = Field(2, ge=1, le=1024, description="Session-host actors (one process each, many sessions), made at deploy time.")
     max_live_per_host: int = Field(1024, ge=1, le=1_000_000, description="Live sessions per host; beyond it idle ones go, busy: -32011.")
@@ -448,7 +420,7 @@ class SessionSettings(_Section):
     code_max_output_chars: int = Field(4000, ge=100, le=1_000_000, description="The python tool's output is cut to this.")
 
 
-class ScoreWeights(_Section):
+class ScoreWeights(Section):
     similarity: float = Field(0.7, ge=0, description="Weight of semantic similarity to the task.")
     recency: float = Field(0.15, ge=0, description="Weight of recency (exponential decay by age).")
     error_context: float = Field(0.15, ge=0, description="Weight of error-context relevance (lessons from failures).")
@@ -460,7 +432,7 @@ class ScoreWeights(_Section):
         return self
 
 
-class MemorySettings(_Section):
+class MemorySettings(Section):
     enabled: bool = Field(True, description="Serve the memory bank (memory.* methods and memory-aware runs).")
     chroma_url: str | None = Field(
         None, description="A Chroma server (`chroma run`), e.g. http://10.0.0.5:8000; unset: embedded Chroma under data_dir/chroma."
@@ -493,14 +465,14 @@ class MemorySettings(_Section):
     passive_min_answer_chars: int = Field(100, ge=1, description="Shorter answers are never learned passively.")
 
 
-class BudgetSettings(_Section):
+class BudgetSettings(Section):
     max_prompt_tokens: int | None = Field(None, ge=64, description="Prompts above this are cut (head and tail kept), with a warning.")
     max_output_tokens: int | None = Field(None, ge=1, description="Caps every call's max_tokens.")
     max_total_tokens: int | None = Field(None, ge=1, description="Prompt plus completion tokens one request may spend in all.")
     deadline_s: float | None = Field(None, gt=0, description="Seconds one run may take before it fails with -32015 (partial kept).")
 
 
-class EventsSettings(_Section):
+class EventsSettings(Section):
     record: Literal["full", "metadata", "off"] = Field(
         "full", description="Event logs: full (prompts and completions), metadata (sizes and hashes only) or off (none written)."
     )
@@ -509,7 +481,7 @@ class EventsSettings(_Section):
     sweep_interval_s: float = Field(3600.0, gt=0, description="How often the service enforces the two limits above.")
 
 
-class CapSettings(_Section):
+class CapSettings(Section):
     """`[limits]`: caps on what one request may ask for (docs/security.md#caps); each violation is a -32602 naming
     its key. What one principal may spend over time (rates, runs, tokens) is `auth_settings.LimitSettings`."""
 
@@ -537,7 +509,7 @@ class CapSettings(_Section):
     max_session_history: int = Field(200, ge=2, description="Messages a session keeps; older turns are dropped from its history.")
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     format: Literal["json", "console"] = Field("json", description="json for machines, console for people.")
     log_queries: bool = Field(
@@ -545,7 +517,7 @@ class LoggingSettings(_Section):
     )
 
 
-class StoreSettings(_Section):
+class StoreSettings(Section):
     url: str | None = Field(
         None,
         pattern=r"^postgres(ql)?://",
@@ -553,7 +525,7 @@ class StoreSettings(_Section):
     )
 
 
-class A2ASettings(_Section):
+class A2ASettings(Section):
     executor: str | None = Field(
         None,
         pattern=r"^[\w.]+:[\w.]+$",
@@ -619,7 +591,7 @@ class Settings(BaseSettings):
         metrics listeners there too, but only for an IPv4 address: for a host name or an IPv6 address
         they would listen on every interface, which only an authenticated service may (docs/security.md#ports).
         """
-        return self.server.fast_ingress and (self.auth.enabled or _ipv4_address(self.server.host))
+        return self.server.fast_ingress and (self.auth.enabled or getattr(_ip_address(self.server.host), "version", 0) == 4)
 
     def provider_reason(self, environ: dict[str, str] | None = None) -> str:
         """Which model provider is in use and why, for the serve banner and the operators' health view."""
@@ -676,18 +648,14 @@ class _Environment(EnvSettingsSource):
                         kind = "a list" if get_origin(annotation) is list else "a table"
                         raise ConfigError(f"{name}: {'.'.join(path)} takes {kind} as JSON, got {raw!r}") from None
                 return raw
-            if table:
-                return _parse_json_or_text(raw)  # a key of a free-form table
+            if table:  # a key of a free-form table
+                try:
+                    return json.loads(raw)
+                except json.JSONDecodeError:
+                    return raw
             if section is None:
                 raise ConfigError(f"{name}: {'.'.join(path[: depth + 1])} is not a section")
             model = section
-        return raw
-
-
-def _parse_json_or_text(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
         return raw
 
 

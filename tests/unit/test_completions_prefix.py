@@ -11,9 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+import reasonray.gateway.openai_client as oc
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.gateway.factory import client_for
 from reasonray.gateway.protocol import LLMRequest, Message, user
+from reasonray.gateway.tokens import count_messages
 from reasonray.kernel.config import Settings
 from tests.unit.test_thinking_budget import scripted
 
@@ -37,13 +39,17 @@ def server(*replies: httpx.Response) -> tuple[list[tuple[str, dict]], httpx.Mock
 def completion(text: str, finish: str = "stop", prompt_tokens: int = 30, completion_tokens: int = 12) -> httpx.Response:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
     choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return httpx.Response(200, json={"id": "c", "object": "text_completion", "created": 0, "model": "m", "choices": [choice], "usage": usage})
+    return httpx.Response(
+        200, json={"id": "c", "object": "text_completion", "created": 0, "model": "m", "choices": [choice], "usage": usage}
+    )
 
 
 def chat(content: str, finish: str) -> httpx.Response:
     choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
     usage = {"prompt_tokens": 20, "completion_tokens": 40, "total_tokens": 60}
-    return httpx.Response(200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice], "usage": usage})
+    return httpx.Response(
+        200, json={"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice], "usage": usage}
+    )
 
 
 def thinker(transport: httpx.MockTransport, template: str = TOKENIZER_CONFIG):
@@ -94,6 +100,15 @@ async def test_a_jinja_file_that_honours_add_generation_prompt_is_rendered_as_tr
     # trim_blocks and lstrip_blocks as transformers sets them; the generation prompt's own <think> not doubled
     assert calls[0][1]["prompt"] == "<|user|>Hi<|assistant|><think>\nHmm"
     assert done.reasoning == "done" and done.text == "40"
+
+
+async def test_a_continuation_teaches_the_token_count_nothing_its_prompt_also_holds_the_thinking_continued():
+    _, transport = server(completion("so 40</think>40", prompt_tokens=3000))
+    llm = thinker(transport)
+    llm.tokens = oc.ModelTokenCounter(llm.tokens, margin=0.0)  # a count that learns from the usage servers report
+    before = count_messages(llm.tokens, QUESTION)
+    await llm.complete(LLMRequest(messages=QUESTION, continue_thinking="I add 17 and 23. " * 200))
+    assert count_messages(llm.tokens, QUESTION) == before  # 3,000 prompt tokens, most of them the thinking: no framing
 
 
 def test_completions_continuation_without_a_chat_template_is_refused_at_startup_naming_the_key(monkeypatch):
