@@ -66,8 +66,8 @@ class LLMSpec:
 
 
 class WorkerLoop:
-    """Per worker process of a synchronous Ray task (evaluation examples, reasonray/evals/distributed.py):
-    one background event loop and one LLM stack per spec."""
+    """Per worker process: one LLM stack per spec (a branch runner's, an evaluation task's) and, for a synchronous
+    Ray task (evaluation examples, reasonray/evals/distributed.py), one background event loop."""
 
     lock = threading.Lock()
     loop: asyncio.AbstractEventLoop | None = None
@@ -111,13 +111,7 @@ class BranchRunner:
 
     def __init__(self) -> None:
         private_files()
-        self._llms: dict[LLMSpec, LLM] = {}
         self._cpu = CpuMeter()
-
-    def _llm(self, spec: LLMSpec) -> LLM:
-        if spec not in self._llms:
-            self._llms[spec] = spec.build()
-        return self._llms[spec]
 
     async def warm(self, spec: LLMSpec) -> dict[str, Any]:
         """Build the LLM stack, import what branches need, discover the endpoint and open a connection on this
@@ -126,8 +120,9 @@ class BranchRunner:
         from reasonray.strategies.registry import StrategyRegistry
 
         StrategyRegistry().discover()  # imports every strategy module (branches unpickle into them)
-        counter_for_model(self._llm(spec).model).count("warm")  # loads the tokenizer
-        await warm(self._llm(spec))
+        llm = WorkerLoop.llm(spec)
+        counter_for_model(llm.model).count("warm")  # loads the tokenizer
+        await warm(llm)
         runtime = ray.get_runtime_context()
         return {"actor_id": runtime.get_actor_id(), "name": runtime.get_actor_name(), "node_id": runtime.get_node_id(), "pid": os.getpid()}
 
@@ -145,7 +140,7 @@ class BranchRunner:
         scope_cache(cache_scope)  # the caller's cache entries only (this call runs in its own task)
         started = time.perf_counter()
         events: list[Event] = []
-        llm = ObservedLLM(self._llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
+        llm = ObservedLLM(WorkerLoop.llm(spec), events.append, trace_id=trace_id, strategy=strategy, **options)
         context = StrategyContext(llm=llm, tokens=counter_for_model(llm.model), emit=events.append, trace_id=trace_id)
         # the branch's span continues the fanning-out run's trace (the carrier travelled with the call)
         with tracing.span(

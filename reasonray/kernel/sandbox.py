@@ -1,21 +1,17 @@
 """Runs untrusted Python in OS isolation: bubblewrap namespaces, an unprivileged uid, resource limits.
 
-Code from a model or a caller (the `python` tool, react, `solve_coding_task`, the HumanEval scorer)
-runs as uid/gid 64999 (an unused uid of its own) under `bwrap --unshare-all` (no network, its own pid, ipc, uts and cgroup
-namespaces), sees only read-only binds of `/usr` and the interpreter's prefix, a fresh tmpfs at
-`/tmp` (its working directory, size-capped) and nothing else: no data directory, no home, no
-service environment (`--clearenv`, three variables set). `prlimit` caps address space, CPU seconds (the
-time budget, `timeout_s`: a loaded machine does not fail code that would finish; a program that sleeps or
-blocks is stopped after three times that in wall time),
-file size, open files and core dumps before `bwrap` starts, and processes (before, as root; inside
-the user namespace, for an unprivileged service). The whole tree is its own
-session and process group: on timeout the group is killed with `os.killpg`, and because the code is
-pid 1's descendant in a fresh pid namespace (`--die-with-parent`), every grandchild dies with it and
-no pipe outlives the run. Output is read incrementally and only `max_output_chars` are kept.
+Code from a model or a caller (the `python` tool, react, `solve_coding_task`, the HumanEval scorer) runs as a
+uid of its own under `bwrap` (no network; its own pid, ipc, uts and cgroup namespaces), sees read-only `/usr`
+and the interpreter's prefix and a size-capped tmpfs at `/tmp`, with no service environment, under `prlimit`
+caps; docs/security.md tables every limit. The time budget is CPU seconds, so a loaded machine does not fail code
+that would finish; a program that sleeps or blocks is stopped after three times that in wall time. The tree is
+its own process group in a fresh pid namespace (`--die-with-parent`): on timeout the group is killed and every
+grandchild dies with it, so no pipe outlives the run. Output is read incrementally and only `max_output_chars`
+are kept.
 
 Audit hooks are not a sandbox (the CPython docs say so); the isolation here is the kernel's. When
 bubblewrap is missing or cannot create namespaces on a host, `run_python` raises
-`SandboxUnavailableError` rather than run anything unisolated. See docs/security.md.
+`SandboxUnavailableError` rather than run anything unisolated.
 """
 
 from __future__ import annotations

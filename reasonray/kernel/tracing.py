@@ -1,17 +1,11 @@
 """Tracing facade: OpenTelemetry spans when the standard variables configure an exporter, nothing otherwise.
 
 The service, the gateway's ObservedLLM, the fan-out, the tool executor and the memory loop open spans
-through `span(...)`; strategies never do. Configuration is OpenTelemetry's own, read once per process
-on first use:
-
-- `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) unset, `OTEL_SDK_DISABLED=true`
-  or `OTEL_TRACES_EXPORTER=none`: tracing is off. `span()` then yields one shared no-op object and the
-  OpenTelemetry SDK is never imported: no exporter, no thread, no cost beyond a flag test.
-- `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (default) or `grpc`; `OTEL_SERVICE_NAME` names the
-  service (default `reasonray`); `OTEL_TRACES_SAMPLER` / `_ARG` and `OTEL_BSP_*` are the SDK's own.
-
-Ray worker processes (replicas, fan-out tasks, actors) get the same variables through the
-deployment's runtime environment (`export_env`), so every process exports to the same backend.
+through `span(...)`; strategies never do. Configuration is OpenTelemetry's own `OTEL_*` variables, read once
+per process on first use (docs/interop.md lists them). With no exporter configured, `span()` yields one shared
+no-op object and the OpenTelemetry SDK is never imported: no exporter, no thread, no cost beyond a flag test.
+Ray worker processes get the same variables through the deployment's runtime environment (`export_env`), so
+every process exports to the same backend.
 
 A W3C `traceparent` is honoured whether tracing is on or off: `trace_id_from` gives the caller's trace
 id (32 hex) for ReasonRay's own trace id, so the event log, the logs and the tracing backend agree.
