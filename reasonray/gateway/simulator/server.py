@@ -19,7 +19,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +253,40 @@ class _Served:
             finally:
                 stats.generating -= 1
 
+    async def stream(self, response: SimResponse, created: int, rid: str, include_usage: bool, form: str) -> AsyncIterator[str]:
+        """The reply as server-sent events, generated while the model is held: a client that closes the stream
+        ends the generation (the response stops iterating this generator) and frees the model."""
+        settings, counter = self.settings, self.model.counter
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
+            if usage is not None:
+                body["usage"] = usage
+            return f"data: {json.dumps(body)}\n\n"
+
+        async with self.generating():
+            await asyncio.sleep(settings.ttft_ms / 1000)
+            per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
+            for index, choice in enumerate(response.choices):
+                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+                content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
+                deltas = [("reasoning_content", p) for p in _pieces(reasoning, counter)] if reasoning else []
+                deltas += [("content", p) for p in _pieces(content, counter)] if content else []
+                for field, piece in deltas:
+                    if per_token:
+                        await asyncio.sleep(per_token * piece[1])
+                    yield chunk([{"index": index, "delta": {field: piece[0]}, "finish_reason": None}])
+                if choice.tool_calls:
+                    calls = [
+                        {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                        for i, c in enumerate(choice.tool_calls)
+                    ]
+                    yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
+                yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
+            if include_usage:
+                yield chunk([], _usage_json(response, form))
+            yield "data: [DONE]\n\n"
+
     def rejected(self, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
         self.model.stats.rejected += 1
         self.model.stats.last_rejection = message
@@ -351,7 +385,7 @@ def _chat_routes(app: FastAPI, served: _Served) -> None:
         created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not settings.disobedient
-            stream = _stream(response, settings, created, rid, include_usage, model.counter, generating, form)
+            stream = served.stream(response, created, rid, include_usage, form)
             return StreamingResponse(stream, media_type="text/event-stream", headers=SIM_HEADER)
         async with generating():  # the client may leave meanwhile: the reply is generated to the end anyway
             await asyncio.sleep(settings.delay_s(response.completion_tokens))
@@ -470,49 +504,6 @@ async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
         await asyncio.sleep(settings.hang_s)
         return _error(504, "simulated timeout (fault injection)", "timeout")
     return _error(500, "simulated server error (fault injection)", "server_error")
-
-
-async def _stream(
-    response: SimResponse,
-    settings: SimulatorSettings,
-    created: int,
-    rid: str,
-    include_usage: bool,
-    counter: TokenCounter,
-    generating: Callable[[], contextlib.AbstractAsyncContextManager[None]],
-    form: str = "off",
-) -> AsyncIterator[str]:
-    """The reply as server-sent events, generated while the model is held: a client that closes the stream
-    ends the generation (the response stops iterating this generator) and frees the model."""
-
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
-
-    async with generating():
-        await asyncio.sleep(settings.ttft_ms / 1000)
-        per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
-        for index, choice in enumerate(response.choices):
-            yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-            content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
-            deltas = [("reasoning_content", p) for p in _pieces(reasoning, counter)] if reasoning else []
-            deltas += [("content", p) for p in _pieces(content, counter)] if content else []
-            for field, piece in deltas:
-                if per_token:
-                    await asyncio.sleep(per_token * piece[1])
-                yield chunk([{"index": index, "delta": {field: piece[0]}, "finish_reason": None}])
-            if choice.tool_calls:
-                calls = [
-                    {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                    for i, c in enumerate(choice.tool_calls)
-                ]
-                yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
-            yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
-        if include_usage:
-            yield chunk([], _usage_json(response, form))
-        yield "data: [DONE]\n\n"
 
 
 def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list[tuple[str, int]]:
