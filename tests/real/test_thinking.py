@@ -5,9 +5,10 @@ llama-cpp-python's server runs with its documented defaults plus the user's own 
 `<think>`, so every reply comes in R1 form (thinking first; `</think>` and an answer when the model gets
 there), and a final assistant message is continued rather than closed, which is how this server offers prefix
 continuation. ReasonRay is configured for it as a user would: `[llm] thinks`, `thinks_in_text` and
-`prefix_continuation = "continue_final_message"`. What must hold whatever the 135M model writes: a reply cut
-inside its thinking is never an answer, bounded context's delethink chunks continue the thinking instead of
-starting over, and the run's counts are the server's.
+`prefix_continuation = "continue_final_message"` (and, once, `"completions"` with the same template as `[llm]
+chat_template`: the server's raw completions endpoint continues the thinking instead). What must hold whatever
+the 135M model writes: a reply cut inside its thinking is never an answer, bounded context's delethink chunks
+continue the thinking instead of starting over, and the run's counts are the server's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def thinking_server() -> Iterator[Recorder]:
             proxy.stop()
 
 
-def application(url: str) -> Any:
+def application(url: str, **stated: Any) -> Any:
     llm = {
         "provider": "openai",
         "base_url": url,
@@ -56,6 +57,7 @@ def application(url: str) -> Any:
         "prefix_continuation": "continue_final_message",
         "stream": False,  # plain calls: the server reports their usage, which the run's counts are held against
         "cache": {"enabled": False},
+        **stated,
     }
     reasoning = {"enabled_strategies": ["chain_of_thought", "bounded_context"], "default_strategy": "chain_of_thought"}
     return build_application(Settings.model_validate({"llm": llm, "reasoning": reasoning}), data_dir=None, memory=False)
@@ -113,3 +115,26 @@ def test_bounded_context_on_a_thinking_model_progresses_every_chunk_with_the_ser
         for before, after in itertools.pairwise(iterations):
             if before.get("stop") == "thinking":  # cut inside its thinking: the next chunk continues that thinking
                 assert after.get("continued_tokens", 0) > 0, iterations
+
+
+def test_thinking_continues_through_the_raw_completions_endpoint_in_the_models_own_template(thinking_server):
+    async def call() -> Any:
+        app = application(thinking_server.url, prefix_continuation="completions", chat_template=str(TEMPLATE))
+        try:
+            return await app.client.complete(LLMRequest(messages=(user(LONG),), continue_thinking="1\n2\n3\n", max_tokens=24))
+        finally:
+            await app.aclose()
+
+    mark = thinking_server.mark()
+    completion = asyncio.run(call())
+    calls = [c for c in thinking_server.since(mark) if c.path.endswith("/v1/completions")]
+    assert len(calls) == 1 and calls[0].status == 200, calls
+    # one prompt, rendered by the template ReasonRay was given: the turn and the thinking opened, then the thinking so far
+    assert calls[0].request["prompt"].endswith("<|im_start|>user\n" + LONG + "<|im_end|>\n<|im_start|>assistant\n<think>\n1\n2\n3\n")
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (
+        calls[0].usage["prompt_tokens"],
+        calls[0].usage["completion_tokens"],
+    )
+    assert completion.thinking_control == "continued"
+    if completion.thinking_unfinished:  # cut inside its thinking: the thinking so far, and no answer read out of it
+        assert completion.text == "" and completion.reasoning and completion.finish_reason == "length"
