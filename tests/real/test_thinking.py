@@ -63,6 +63,19 @@ def application(url: str, **stated: Any) -> Any:
     return build_application(Settings.model_validate({"llm": llm, "reasoning": reasoning}), data_dir=None, memory=False)
 
 
+def complete(url: str, request: LLMRequest, **stated: Any) -> Any:
+    """One call through the client of an application configured for the server, with `stated` in its `[llm]`."""
+
+    async def call() -> Any:
+        app = application(url, **stated)
+        try:
+            return await app.client.complete(request)
+        finally:
+            await app.aclose()
+
+    return asyncio.run(call())
+
+
 def execute(recorder: Recorder, params: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     async def run() -> dict[str, Any]:
         app = application(recorder.url)
@@ -80,14 +93,7 @@ def execute(recorder: Recorder, params: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def test_a_reply_cut_inside_its_thinking_is_unfinished_thinking_never_an_answer(thinking_server):
-    async def call() -> Any:
-        app = application(thinking_server.url)
-        try:
-            return await app.client.complete(LLMRequest(messages=(user(LONG),), max_tokens=12))
-        finally:
-            await app.aclose()
-
-    completion = asyncio.run(call())
+    completion = complete(thinking_server.url, LLMRequest(messages=(user(LONG),), max_tokens=12))
     assert completion.finish_reason == "length" and completion.thinking_unfinished
     assert completion.text == "" and completion.reasoning  # the thinking so far, and no answer read out of it
 
@@ -118,15 +124,9 @@ def test_bounded_context_on_a_thinking_model_progresses_every_chunk_with_the_ser
 
 
 def test_thinking_continues_through_the_raw_completions_endpoint_in_the_models_own_template(thinking_server):
-    async def call() -> Any:
-        app = application(thinking_server.url, prefix_continuation="completions", chat_template=str(TEMPLATE))
-        try:
-            return await app.client.complete(LLMRequest(messages=(user(LONG),), continue_thinking="1\n2\n3\n", max_tokens=24))
-        finally:
-            await app.aclose()
-
     mark = thinking_server.mark()
-    completion = asyncio.run(call())
+    request = LLMRequest(messages=(user(LONG),), continue_thinking="1\n2\n3\n", max_tokens=24)
+    completion = complete(thinking_server.url, request, prefix_continuation="completions", chat_template=str(TEMPLATE))
     calls = [c for c in thinking_server.since(mark) if c.path.endswith("/v1/completions")]
     assert len(calls) == 1 and calls[0].status == 200, calls
     # one prompt, rendered by the template ReasonRay was given: the turn and the thinking opened, then the thinking so far
