@@ -33,89 +33,70 @@ class MetricSpec:
         return f"ray_{self.name}_total" if self.kind == "counter" else f"ray_{self.name}"
 
 
+def _counter(name: str, tags: tuple[str, ...], description: str) -> MetricSpec:
+    return MetricSpec(name, "counter", description, tags)
+
+
+def _gauge(name: str, tags: tuple[str, ...], description: str) -> MetricSpec:
+    return MetricSpec(name, "gauge", description, tags)
+
+
+def _histogram(name: str, tags: tuple[str, ...], description: str, boundaries: tuple[float, ...] = LATENCY_SECONDS) -> MetricSpec:
+    return MetricSpec(name, "histogram", description, tags, boundaries)
+
+
 CATALOGUE: tuple[MetricSpec, ...] = (
-    MetricSpec(
+    _counter(
         "reasonray_requests",
-        "counter",
-        "JSON-RPC calls answered, by method, strategy and status (ok or the error type).",
         ("method", "strategy", "status"),
+        "JSON-RPC calls answered, by method, strategy and status (ok or the error type).",
     ),
-    MetricSpec(
-        "reasonray_request_latency_seconds",
-        "histogram",
-        "Time to answer a JSON-RPC call, in seconds.",
-        ("method", "strategy"),
-        LATENCY_SECONDS,
-    ),
-    MetricSpec(
+    _histogram("reasonray_request_latency_seconds", ("method", "strategy"), "Time to answer a JSON-RPC call, in seconds."),
+    _counter(
         "reasonray_tokens",
-        "counter",
-        "Tokens spent by reasoning runs, failed or not, by strategy, agent (or none) and kind (prompt or completion).",
         ("strategy", "agent", "kind"),
+        "Tokens spent by reasoning runs, failed or not, by strategy, agent (or none) and kind (prompt or completion).",
     ),
-    MetricSpec(
-        "reasonray_run_tokens", "histogram", "Tokens one reasoning run spent (prompt plus completion).", ("strategy", "agent"), TOKENS
-    ),
-    MetricSpec(
+    _histogram("reasonray_run_tokens", ("strategy", "agent"), "Tokens one reasoning run spent (prompt plus completion).", TOKENS),
+    _counter(
         "reasonray_runs",
-        "counter",
+        ("strategy", "agent", "status"),
         "Reasoning runs, by the strategy that ran, the agent (or none) and status: ok, degraded or the error type.",
-        ("strategy", "agent", "status"),
     ),
-    MetricSpec(
+    _histogram(
         "reasonray_run_latency_seconds",
-        "histogram",
-        "Time of one reasoning run, failed or not, by strategy, agent and status, in seconds.",
         ("strategy", "agent", "status"),
-        LATENCY_SECONDS,
+        "Time of one reasoning run, failed or not, by strategy, agent and status, in seconds.",
     ),
-    MetricSpec("reasonray_run_llm_calls", "counter", "LLM calls made by reasoning runs, failed or not.", ("strategy", "agent")),
-    MetricSpec("reasonray_llm_calls", "counter", "LLM calls, by model and outcome (ok, cached or error).", ("model", "outcome")),
-    MetricSpec("reasonray_llm_retries", "counter", "Extra attempts spent on transient provider failures.", ("model",)),
-    MetricSpec("reasonray_llm_failures", "counter", "LLM calls that failed after their retries, by error type.", ("model", "error")),
-    MetricSpec(
-        "reasonray_llm_latency_seconds",
-        "histogram",
-        "Time of an LLM call that reached the provider, retries included, in seconds.",
-        ("model",),
-        LATENCY_SECONDS,
-    ),
-    MetricSpec("reasonray_llm_breaker_state", "gauge", "The circuit breaker: 0 closed, 1 half open, 2 open.", ("endpoint",)),
-    MetricSpec("reasonray_llm_cache_hits", "counter", "LLM calls answered from the response cache.", ("model",)),
-    MetricSpec("reasonray_llm_cache_misses", "counter", "Cacheable LLM calls the cache could not answer.", ("model",)),
-    MetricSpec(
-        "reasonray_memory_retrieval_latency_seconds",
-        "histogram",
-        "Memory retrieval (embedding and ranking), in seconds.",
-        (),
-        LATENCY_SECONDS,
-    ),
-    MetricSpec("reasonray_memory_items", "gauge", "Memory items stored, by workspace.", ("workspace",)),
-    MetricSpec("reasonray_active_sessions", "gauge", "Sessions live in the session hosts' memory.", ()),
+    _counter("reasonray_run_llm_calls", ("strategy", "agent"), "LLM calls made by reasoning runs, failed or not."),
+    _counter("reasonray_llm_calls", ("model", "outcome"), "LLM calls, by model and outcome (ok, cached or error)."),
+    _counter("reasonray_llm_retries", ("model",), "Extra attempts spent on transient provider failures."),
+    _counter("reasonray_llm_failures", ("model", "error"), "LLM calls that failed after their retries, by error type."),
+    _histogram("reasonray_llm_latency_seconds", ("model",), "Time of an LLM call that reached the provider, retries included, in seconds."),
+    _gauge("reasonray_llm_breaker_state", ("endpoint",), "The circuit breaker: 0 closed, 1 half open, 2 open."),
+    _counter("reasonray_llm_cache_hits", ("model",), "LLM calls answered from the response cache."),
+    _counter("reasonray_llm_cache_misses", ("model",), "Cacheable LLM calls the cache could not answer."),
+    _histogram("reasonray_memory_retrieval_latency_seconds", (), "Memory retrieval (embedding and ranking), in seconds."),
+    _gauge("reasonray_memory_items", ("workspace",), "Memory items stored, by workspace."),
+    _gauge("reasonray_active_sessions", (), "Sessions live in the session hosts' memory."),
     # bounded-context runs under the names the API's first description gave them; GET /metrics serves
     # them without Ray's `ray_` prefix, as spelled here (one family per metric: no second copy)
-    MetricSpec("reasoning_bounded_context_requests", "counter", "Bounded-context runs, by status (ok or the error type).", ("status",)),
-    MetricSpec(
+    _counter("reasoning_bounded_context_requests", ("status",), "Bounded-context runs, by status (ok or the error type)."),
+    _histogram(
         "reasoning_bounded_context_duration_seconds",
-        "histogram",
-        "Time of a bounded-context run, in seconds.",
         (),
+        "Time of a bounded-context run, in seconds.",
         (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
     ),
-    MetricSpec("reasoning_bounded_context_tokens", "counter", "Tokens bounded-context runs spent (prompt plus completion).", ()),
-    MetricSpec(
+    _counter("reasoning_bounded_context_tokens", (), "Tokens bounded-context runs spent (prompt plus completion)."),
+    _histogram(
         "reasoning_bounded_context_compute_savings_pct",
-        "histogram",
-        "Attention compute a bounded-context run saved against one long chain of thought, in percent.",
         (),
+        "Attention compute a bounded-context run saved against one long chain of thought, in percent.",
         (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99),
     ),
-    MetricSpec(
-        "reasoning_bounded_context_iterations",
-        "histogram",
-        "Iterations of a bounded-context run.",
-        (),
-        (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50),
+    _histogram(
+        "reasoning_bounded_context_iterations", (), "Iterations of a bounded-context run.", (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
     ),
 )
 SPECS = {spec.name: spec for spec in CATALOGUE}
