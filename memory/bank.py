@@ -319,15 +319,11 @@ class ReasoningBank:
         out: list[MemoryItem] = []
         frontier = [_uuid(memory_id)]
         seen = set(frontier)
-        while frontier:
-            nxt = []
-            for parent in frontier:
-                for child in self.children(parent, workspace=workspace):
-                    if str(child.id) not in seen:
-                        seen.add(str(child.id))
-                        out.append(child)
-                        nxt.append(str(child.id))
-            frontier = nxt
+        while frontier:  # one parent per memory: a child is found once per generation; `seen` ends a cycle
+            found = [c for parent in frontier for c in self.children(parent, workspace=workspace) if str(c.id) not in seen]
+            frontier = [str(c.id) for c in found]
+            seen.update(frontier)
+            out += found
         return out
 
     def genealogy(self, memory_id: str, *, workspace: str) -> dict[str, Any]:

@@ -65,8 +65,7 @@ class ReasonRayError(Exception):
 class InvalidParamsError(ReasonRayError):
     """The caller sent parameters that are missing, malformed or out of range."""
 
-    code, http_status, error_type = -32602, 400, "invalid_params"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32602, 400, "invalid_params", "invalid_request_error"
 
 
 class CapExceededError(InvalidParamsError, ValueError):
@@ -77,15 +76,13 @@ class CapExceededError(InvalidParamsError, ValueError):
 class StrategyUnavailableError(ReasonRayError):
     """The strategy requested (or defaulted to) cannot serve this request; `data.available` lists those that can."""
 
-    code, http_status, error_type = -32002, 404, "strategy_unavailable"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32002, 404, "strategy_unavailable", "invalid_request_error"
 
 
 class MaxIterationsError(ReasonRayError):
     """A strategy used all its iterations without an answer; `data` keeps the partial trace."""
 
-    code, http_status, error_type = -32001, 422, "max_iterations"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32001, 422, "max_iterations", "invalid_request_error"
 
 
 class ModelBehaviorError(ReasonRayError):
@@ -97,15 +94,13 @@ class ModelBehaviorError(ReasonRayError):
 class BudgetExceededError(ReasonRayError):
     """The request's cumulative token budget ran out."""
 
-    code, http_status, error_type = -32004, 422, "budget_exceeded"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32004, 422, "budget_exceeded", "invalid_request_error"
 
 
 class NotFoundError(ReasonRayError):
     """The caller named something (an agent, a session, a memory) that does not exist; `data` says what is there."""
 
-    code, http_status, error_type = -32005, 404, "not_found"
-    openai_type = "not_found_error"
+    code, http_status, error_type, openai_type = -32005, 404, "not_found", "not_found_error"
 
 
 class ReentryError(InvalidParamsError):
@@ -139,8 +134,7 @@ class SandboxUnavailableError(ToolFailedError):
 class SessionStateError(ReasonRayError):
     """The session cannot take this request now (a turn while client results are pending, a closed session)."""
 
-    code, http_status, error_type = -32007, 409, "session_state"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32007, 409, "session_state", "invalid_request_error"
 
 
 class MemoryUnavailableError(ReasonRayError):
@@ -152,8 +146,7 @@ class MemoryUnavailableError(ReasonRayError):
 class RunCancelledError(ReasonRayError):
     """The run was cancelled before it answered (the caller went away, the service is shutting down)."""
 
-    code, http_status, error_type = -32014, 409, "cancelled"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32014, 409, "cancelled", "invalid_request_error"
 
 
 class DeadlineExceededError(ReasonRayError):
@@ -162,32 +155,25 @@ class DeadlineExceededError(ReasonRayError):
     A time budget ran out, like a token budget (422, not 504): proxies retry 5xx answers on their own,
     and a run that was too slow for its deadline should not be run again behind the caller's back."""
 
-    code, http_status, error_type = -32015, 422, "deadline_exceeded"
-    openai_type = "invalid_request_error"
+    code, http_status, error_type, openai_type = -32015, 422, "deadline_exceeded", "invalid_request_error"
 
 
 class UnauthenticatedError(ReasonRayError):
     """The request carries no valid credentials; the message says what is missing or wrong (never which part of a signature)."""
 
-    code, http_status, error_type = -32016, 401, "unauthenticated"
-    openai_type = "authentication_error"
-    a2a_state = "rejected"
+    code, http_status, error_type, openai_type, a2a_state = -32016, 401, "unauthenticated", "authentication_error", "rejected"
 
 
 class ForbiddenError(ReasonRayError):
     """The caller is known but may not do this, or the thing named is not theirs (whether it exists is not said)."""
 
-    code, http_status, error_type = -32003, 403, "forbidden"
-    openai_type = "permission_error"
-    a2a_state = "rejected"
+    code, http_status, error_type, openai_type, a2a_state = -32003, 403, "forbidden", "permission_error", "rejected"
 
 
 class RateLimitedError(ReasonRayError):
     """The caller's rate limit or token budget is used up for now; `data.retry_after_s` says when to try again."""
 
-    code, http_status, error_type = -32012, 429, "rate_limited"
-    openai_type = "rate_limit_error"
-    a2a_state = "rejected"
+    code, http_status, error_type, openai_type, a2a_state = -32012, 429, "rate_limited", "rate_limit_error", "rejected"
 
 
 def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:
