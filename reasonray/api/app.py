@@ -122,7 +122,7 @@ def build_application(
         memory=bank,
         memory_settings=settings.memory,
         budget=settings.budget,
-        metrics=parts.metrics or NoMetrics(),
+        metrics=parts.metrics,
         runs=open_runs(settings.store.url, directory) if directory is not None else None,
         **{
             "selection_budget_ms": settings.reasoning.performance.strategy_selection_timeout_ms,

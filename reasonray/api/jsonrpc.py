@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import time
 import typing
 from collections.abc import Awaitable, Callable
@@ -390,21 +391,16 @@ MAX_ID_CHARS = 256
 MAX_ID_INT = 2**63
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate cannot be encoded, so it cannot be echoed
+
+
 def _valid_id(value: Any) -> bool:
     """A string (short, encodable) or an integer (64-bit) or null: anything else cannot be echoed safely."""
     if isinstance(value, str):
-        return len(value) <= MAX_ID_CHARS and not _has_surrogate(value)
+        return len(value) <= MAX_ID_CHARS and not _SURROGATE.search(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return -MAX_ID_INT <= value < MAX_ID_INT
     return value is None
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _envelope_problem(call: Any) -> str | None:

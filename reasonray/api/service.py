@@ -370,7 +370,7 @@ class ReasoningService:
                 raise self._carry_partial(RunCancelledError("the run was cancelled before it answered; retry the request"), exc) from None
             if report is not None:
                 with tracing.span("memory.store", {"reasonray.workspace": report.workspace}):
-                    await self._learn(memory, report, context, plan.capture, params.query, result, verifier)
+                    await self._learn(plan, report, params.query, result, verifier)
                 result.metrics = context.metrics(**result.metrics.strategy_specific)  # learning's calls count too
             t = context.llm.tally
             span.set({"gen_ai.usage.input_tokens": t.prompt_tokens, "gen_ai.usage.output_tokens": t.completion_tokens})
@@ -380,15 +380,15 @@ class ReasoningService:
         """The run's record ends its event log, then goes to every run-end consumer (`run_end`: metrics, the
         caller's token budget, the memory bank's statistics, the run index); finished even when the caller
         goes away."""
-        await asyncio.shield(self._end(plan, outcome))
 
-    async def _end(self, plan: RunPlan, outcome: RunOutcome) -> None:
-        plan.recorder(outcome.end)
-        await plan.recorder.aclose()  # the event log is whole before any consumer reads it
-        for consume in self.run_end:
-            pending = consume(outcome)
-            if pending is not None:
-                await pending
+        async def end() -> None:
+            plan.recorder(outcome.end)
+            await plan.recorder.aclose()  # the event log is whole before any consumer reads it
+            for consume in self.run_end:
+                if (pending := consume(outcome)) is not None:
+                    await pending
+
+        await asyncio.shield(end())
 
     def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
         report, memory = plan.report, plan.memory
@@ -467,17 +467,10 @@ class ReasoningService:
             )
         return params.memory
 
-    async def _learn(
-        self,
-        memory: MemoryParams | None,
-        report: MemoryReport,
-        context: StrategyContext,
-        capture: TrajectoryCapture | None,
-        query: str,
-        result: ReasoningResult,
-        verifier: Verifier | None,
-    ) -> None:
+    async def _learn(self, plan: RunPlan, report: MemoryReport, query: str, result: ReasoningResult, verifier: Verifier | None) -> None:
+        """Learning from the run: from its trajectories when it asked to learn, else passively (when the bank does)."""
         assert self.memory_loop is not None
+        memory, context, capture = plan.memory, plan.context, plan.capture
         if memory is not None and capture is not None:  # memory.learn
             trajectories = context.trajectories or [capture.trajectory(result.answer)]
             await self.memory_loop.learn(memory, report, context.llm, capture, query, trajectories, verifier)
