@@ -1,11 +1,9 @@
 """The memory bank actor: the one owner of the application's Chroma client and embedding model.
 
-Every replica, task and session reaches the ReasoningBank through it (`RayMemory`, a typed client
-with the `memory.service.MemoryClient` methods). The actor is `LocalMemory` run by Ray: its calls
-run the bank's blocking work (embedding, Chroma reads and writes) in worker threads, so a slow write
-never stalls the actor's event loop and reads go on meanwhile. It restarts when it fails
-(`max_restarts=-1`), reopening the store from disk or the Chroma server; calls in flight are
-retried on the new instance, which is safe because every write is an upsert by item id.
+Every replica, task and session reaches the ReasoningBank through it (`RayMemory`). The actor is
+`LocalMemory` run by Ray, so a slow write never stalls its event loop and reads go on meanwhile. It
+restarts when it fails (`max_restarts=-1`), reopening the store from disk or the Chroma server; calls
+in flight are retried on the new instance, which is safe because every write is an upsert by item id.
 
 It is built from the application's settings and replaced when the application is deployed with
 other ones (`retire_stale_memory` at deploy time, `actors.lifecycle`): memories go to the data

@@ -18,7 +18,6 @@ from typing import Any, Literal
 from reasonray.kernel.tags import extract_answer, extract_tag, strip_thinking
 
 FoundBy = Literal["tag", "json", "phrase", "final_number", "whole_text"]
-FOUND_BY: tuple[FoundBy, ...] = ("tag", "json", "phrase", "final_number", "whole_text")
 """How an answer can be found, from the most to the least obedient reply."""
 
 

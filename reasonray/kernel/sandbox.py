@@ -166,7 +166,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunR
     except TimeoutError:
         timed_out = True
     finally:
-        _kill_group(proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the code's own children too
         # the pid namespace dies with bwrap, so the pipes close; bound the wait anyway
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(readers), timeout=2.0)
@@ -211,11 +212,6 @@ async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
         stdin.write(data)
         await stdin.drain()
         stdin.close()
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _truncate(capture: _Capture, limit: int) -> tuple[str, bool]:
