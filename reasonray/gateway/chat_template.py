@@ -7,6 +7,7 @@ from a Jinja file holding the template alone.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -42,22 +43,19 @@ class ChatTemplate:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(source)
-        except (OSError, ValueError, KeyError, TypeError, StopIteration, jinja2.TemplateError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration, jinja2.TemplateError) as exc:
             raise LLMConfigError(f"[llm] chat_template = {path!r} holds no chat template jinja2 can compile: {exc!r}") from None
         self._tokens = {"bos_token": _token(config.get("bos_token")), "eos_token": _token(config.get("eos_token"))}
-
         self._path = path
-
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        try:
-            return self._template.render(messages=messages, add_generation_prompt=generation_prompt, **self._tokens)
-        except jinja2.TemplateError as exc:  # the template's own raise_exception, or a member it needs and lacks
-            raise LLMConfigError(f"[llm] chat_template = {self._path!r} cannot render these messages: {exc}") from None
 
     def continuing(self, messages: list[dict[str, Any]], prefix: str) -> str:
         """The messages, the assistant's turn opened, and `prefix` (which opens the thinking itself) as one prompt."""
-        head = self._render(messages, True)
-        if head == self._render(messages, False):
-            # a template that ignores the flag (llama-cpp-python's convention): a blank final assistant message opens the turn
-            head = self._render([*messages, {"role": "assistant", "content": ""}], True)
+        render = functools.partial(self._template.render, **self._tokens)
+        try:
+            head = render(messages=messages, add_generation_prompt=True)
+            if head == render(messages=messages, add_generation_prompt=False):
+                # a template that ignores the flag (llama-cpp-python's convention): a blank final assistant message opens the turn
+                head = render(messages=[*messages, {"role": "assistant", "content": ""}], add_generation_prompt=True)
+        except jinja2.TemplateError as exc:  # the template's own raise_exception, or a member it needs and lacks
+            raise LLMConfigError(f"[llm] chat_template = {self._path!r} cannot render these messages: {exc}") from None
         return _OPENED.sub("", head) + prefix

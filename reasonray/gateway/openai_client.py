@@ -233,8 +233,7 @@ class OpenAILLM:
     @property
     def _client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
+        if (client := self._clients.get(loop)) is None:
             client = self._clients[loop] = self._new_client()
         return client
 
@@ -249,9 +248,8 @@ class OpenAILLM:
         were a seventh of the replica's CPU with 64 runs in flight. Params with a `prompt` go to /completions instead."""
         body, options = _body_and_options(params)
         raw = "prompt" in body
-        response = await self._client.post(
-            "/completions" if raw else "/chat/completions", body=body, cast_to=httpx.Response, options=options
-        )
+        path = "/completions" if raw else "/chat/completions"
+        response = await self._client.post(path, body=body, cast_to=httpx.Response, options=options)
         try:
             reply = WIRE.decode(response.content)
         except msgspec.DecodeError as exc:
@@ -400,8 +398,10 @@ class OpenAILLM:
         if continuation in ("continue_final_message", "deepseek_prefix"):
             messages.append({"role": "assistant", "content": prefix, **({"prefix": True} if continuation == "deepseek_prefix" else {})})
         params: dict[str, Any] = {"model": self._model, "messages": messages}
-        if "temperature" not in refused:
-            params["temperature"] = request.temperature
+        # sent as they are where the request sets them, unless the model refuses them
+        for name in ("temperature", "seed", "tool_choice", "response_format", "top_p", "presence_penalty", "frequency_penalty"):
+            if (value := getattr(request, name)) is not None and name not in refused:
+                params[name] = value
         max_tokens = self._max_tokens(request, limit)
         if max_tokens is not None:
             params[self._limit_param(refused)] = max_tokens
@@ -415,17 +415,8 @@ class OpenAILLM:
             params["reasoning_effort"] = effort
         if request.n != 1:
             params["n"] = request.n
-        if request.seed is not None:
-            params["seed"] = request.seed
         if request.tools:
             params["tools"] = list(request.tools)
-        if request.tool_choice is not None:
-            params["tool_choice"] = request.tool_choice
-        if request.response_format is not None:
-            params["response_format"] = request.response_format
-        for name in ("top_p", "presence_penalty", "frequency_penalty"):
-            if (value := getattr(request, name)) is not None and name not in refused:
-                params[name] = value
         params.update(self._extra_body)
         if request.extra_body:
             params.update(request.extra_body)
@@ -627,11 +618,8 @@ class OpenAILLM:
                 why = f"was still generating after generation_deadline_s={self._generation_deadline_s:g}"
             else:
                 why = f"sent no token for idle_timeout_s={self._idle_timeout_s:g}"
-            raise parts.spent_on(
-                TransientProviderError(f"Timeout: the model at {self.base_url} {why} (the stream was closed, which stops it)"),
-                self,
-                request,
-            ) from None
+            timeout = TransientProviderError(f"Timeout: the model at {self.base_url} {why} (the stream was closed, which stops it)")
+            raise parts.spent_on(timeout, self, request) from None
 
 
 class _StreamParts:
@@ -698,14 +686,11 @@ class _StreamParts:
     def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
         if not self.texts or any(i not in self.finish for i in self.texts):
             llm.limiter.stream_cut()  # the next attempt (and every process's next call) is not sent alongside another
-            raise self.spent_on(
-                TransientProviderError(
-                    f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
-                    "llama-cpp-python interrupting it for another request)"
-                ),
-                llm,
-                request,
+            cut = TransientProviderError(
+                f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
+                "llama-cpp-python interrupting it for another request)"
             )
+            raise self.spent_on(cut, llm, request)
         choices = []
         for index in sorted(self.texts):
             calls = tuple(

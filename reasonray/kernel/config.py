@@ -199,9 +199,7 @@ class LLMSettings(Section):
         "(llama.cpp, vLLM, SGLang), or none. Unset: by the model's family.",
     )
     chat_template: str | None = Field(
-        None,
-        description='The model\'s chat template, for prefix_continuation = "completions": a HuggingFace tokenizer_config.json '
-        "(its chat_template key) or a Jinja file.",
+        None, description="The model's chat template, for completions continuations: its tokenizer_config.json or a Jinja file."
     )
     thinking_room: int | None = Field(
         None, ge=0, description="Tokens a thinking model's call gets for its thinking on top of its visible cap. Unset: by its family."
@@ -597,8 +595,7 @@ class Settings(BaseSettings):
         """Which model provider is in use and why, for the serve banner and the operators' health view."""
         if self.llm.provider_reason:
             return self.llm.provider_reason
-        env = os.environ if environ is None else environ
-        provider = self.resolved_provider(env)
+        provider = self.resolved_provider(environ)
         if self.llm.provider != "auto":
             return f"{provider}: [llm] provider = {self.llm.provider!r}"
         if provider == "simulated":

@@ -121,6 +121,14 @@ def test_completions_continuation_without_a_chat_template_is_refused_at_startup_
     assert client_for(Settings.model_validate({"llm": {**llm, "prefix_continuation": "completions", "chat_template": TOKENIZER_CONFIG}}))
 
 
+async def test_a_template_that_refuses_the_messages_is_a_configuration_error_naming_the_key(tmp_path):
+    (tmp_path / "strict.jinja").write_text("{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    calls, transport = server()
+    with pytest.raises(LLMConfigError, match=r"\[llm\] chat_template = .* roles must alternate"):
+        await thinker(transport, str(tmp_path / "strict.jinja")).complete(LLMRequest(messages=(user("Hi"),), continue_thinking="Hmm"))
+    assert calls == []  # nothing was sent
+
+
 def test_a_file_that_holds_no_template_is_refused_naming_the_key(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>"}')
     (tmp_path / "broken.jinja").write_text("{% for m in messages %}")
