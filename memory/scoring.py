@@ -1,16 +1,6 @@
-"""The composite retrieval score: similarity, recency and error-context relevance, weighted.
-
-Three components, each in 0-1, combined by configurable weights (divided by their sum, so the
-composite stays in 0-1):
-
-- similarity: cosine similarity between the task and the memory's key, clamped at 0 (opposite
-  directions are as irrelevant as orthogonal ones);
-- recency: exponential decay with a half-life, `0.5 ** (age / half_life)`: 1 for a new memory, 0.5
-  at one half-life, 0.25 at two;
-- error-context relevance: 0 for memories without error context; for lessons from failures, how
-  well they match the current task: 1 when the task's domain is the memory's domain, the share of
-  the task's error patterns the memory names, and otherwise the similarity itself (a failure on a
-  similar task is a relevant warning). The strongest signal counts.
+"""The composite retrieval score: similarity, recency and error-context relevance, each in 0-1, combined by
+configurable weights divided by their sum (so the composite stays in 0-1). docs/memory.md ("Retrieval") says
+what each component measures; the error-context relevance of a lesson from failure is its strongest signal.
 """
 
 from __future__ import annotations
@@ -34,7 +24,8 @@ class Scores(BaseModel):
 
 
 def similarity_from_cosine_distance(distance: float) -> float:
-    """Chroma's cosine distance is 1 - cos(a, b); the similarity is cos, clamped to 0-1."""
+    """Chroma's cosine distance is 1 - cos(a, b); the similarity is cos, clamped to 0-1 (opposite directions are
+    as irrelevant as orthogonal ones)."""
     return min(max(1.0 - distance, 0.0), 1.0)
 
 
@@ -46,7 +37,7 @@ def recency(created_at: datetime, now: datetime, half_life_days: float) -> float
 def error_relevance(item: MemoryItem, similarity: float, domain: str | None, error_patterns: Sequence[str]) -> float:
     if item.error_context is None:
         return 0.0
-    signals = [similarity]
+    signals = [similarity]  # a failure on a similar task is a relevant warning
     if domain is not None:
         signals.append(1.0 if item.domain_category == domain else 0.0)
     if error_patterns:
