@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from reasonray.api.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, _has_surrogate
+from reasonray.api.jsonrpc import INVALID_PARAMS, INVALID_REQUEST
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -41,6 +42,7 @@ log = structlog.get_logger(__name__)
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "::1"]
 CONTENT_TYPE_NOT_SUPPORTED = -32005  # A2A's ContentTypeNotSupportedError, which its clients and the TCK expect on /a2a
 JSON_MEDIA = frozenset({"application/json", "application/a2a+json"})
+SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate cannot be encoded, so no answer can echo it
 
 
 @dataclass
@@ -130,13 +132,13 @@ def _walk(value: Any) -> tuple[int, str | None]:
     stack = [(value, "$", 0)]
     while stack:
         item, where, depth = stack.pop()
-        if isinstance(item, str) and _has_surrogate(item):
+        if isinstance(item, str) and SURROGATE.search(item):
             return deepest, where
         if isinstance(item, dict | list):
             deepest = max(deepest, depth + 1)
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in pairs:
-                if isinstance(key, str) and _has_surrogate(key):
+                if isinstance(key, str) and SURROGATE.search(key):
                     return deepest, f"{where} (a key)"
                 stack.append((child, f"{where}.{key}" if isinstance(item, dict) else f"{where}[{key}]", depth + 1))
     return deepest, None
