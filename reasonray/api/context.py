@@ -17,6 +17,7 @@ from reasonray.api.registry_service import Registry
 from reasonray.api.service import ReasoningService
 from reasonray.kernel.config import CapSettings, MemorySettings
 from reasonray.kernel.sandbox import SandboxLimits
+from reasonray.memory.loop import MemoryLoop
 from reasonray.memory.service import MemoryClient
 from reasonray.reasoner.session import Sessions
 
@@ -49,15 +50,16 @@ class Context:
 
     @property
     def memory(self) -> MemoryClient:
-        if self.service.memory_loop is None:  # memory.* are registered only where there is a bank
-            raise RuntimeError("this application has no memory bank")
-        return self.service.memory_loop.client
+        return self._memory_loop().client
 
     @property
     def memory_settings(self) -> MemorySettings:
-        if self.service.memory_loop is None:
+        return self._memory_loop().settings
+
+    def _memory_loop(self) -> MemoryLoop:
+        if self.service.memory_loop is None:  # memory.* and stats.* are registered only where there is a bank
             raise RuntimeError("this application has no memory bank")
-        return self.service.memory_loop.settings
+        return self.service.memory_loop
 
     def workspace(self, name: str | None) -> str:
         """The workspace a call names, else the server's default one."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api import results
 from reasonray.api.context import Context, NoParams
-from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource, Visible
+from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
 from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.api.service import ExecuteParams
 from reasonray.kernel.errors import InvalidParamsError, describe_errors
@@ -136,11 +136,6 @@ def tests_verifier(tests: str, limits: SandboxLimits) -> Callable[[str], Awaitab
 READ_WORKSPACE = Access(EVERYONE, (Resource("workspace", "workspace", personal=True),))
 
 
-def _only(workspaces: list[dict[str, Any]], seen: Visible) -> list[dict[str, Any]]:
-    """The workspaces the caller may see."""
-    return [w for w in workspaces if seen.allows(w["workspace"])]
-
-
 @declare(MEMORY, "memory.retrieve", access=READ_WORKSPACE)
 async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> results.RetrieveResult:
     """Memories for a task, ranked by composite score (similarity, recency, error context)."""
@@ -203,7 +198,8 @@ async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> results
         return results.WorkspacesResult.of(
             {"default_workspace": ctx.memory_settings.default_workspace, "workspaces": workspaces}, call.trace_id
         )
-    return results.WorkspacesResult.of({"default_workspace": seen.default, "workspaces": _only(workspaces, seen)}, call.trace_id)
+    visible = [w for w in workspaces if seen.allows(w["workspace"])]
+    return results.WorkspacesResult.of({"default_workspace": seen.default, "workspaces": visible}, call.trace_id)
 
 
 DROP_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),))

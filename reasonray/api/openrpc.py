@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaValue
 
 from reasonray import __version__
+from reasonray.api.context import NoParams
 from reasonray.api.declarations import OPERATORS, Access
 from reasonray.api.jsonrpc import CODE_NAMES, Call, Dispatcher, Method, error_classes
 from reasonray.api.results import OpenRpcDocument
@@ -26,10 +27,6 @@ STREAM_DOC = (
     "POST /rpc only: answer as Server-Sent Events, one per run event as it happens, then `event: response` "
     "with the JSON-RPC response (docs/api.md, Streaming)"
 )
-
-
-class DiscoverParams(BaseModel):
-    """rpc.discover takes no params."""
 
 
 def result_schema(method: Method) -> JsonSchemaValue | None:
@@ -102,7 +99,7 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
 def add_discover(rpc: Dispatcher) -> None:
     """Register `rpc.discover` (OpenRPC's service discovery method) on the dispatcher."""
 
-    @rpc.method(DISCOVER, DiscoverParams, result=OpenRpcDocument, access=Access(OPERATORS))
-    async def discover(params: DiscoverParams, call: Call) -> OpenRpcDocument:
+    @rpc.method(DISCOVER, NoParams, result=OpenRpcDocument, access=Access(OPERATORS))
+    async def discover(params: NoParams, call: Call) -> OpenRpcDocument:
         """The OpenRPC document of this API: every method with its params, result and errors."""
         return discover_document(rpc)
