@@ -22,31 +22,23 @@ from reasonray.kernel.telemetry import CATALOGUE, Metrics, NoMetrics, check
 log = structlog.get_logger(__name__)
 
 
+UPDATE = {"counter": "inc", "histogram": "observe", "gauge": "set"}  # the method each kind of metric object takes a value by
+
+
 class RayMetrics:
     def __init__(self) -> None:
+        kinds = {"counter": ray_metrics_api.Counter, "histogram": ray_metrics_api.Histogram, "gauge": ray_metrics_api.Gauge}
         self._objects: dict[str, Any] = {}
         for spec in CATALOGUE:
-            if spec.kind == "counter":
-                made = ray_metrics_api.Counter(spec.name, description=spec.description, tag_keys=spec.tags)
-            elif spec.kind == "histogram":
-                made = ray_metrics_api.Histogram(
-                    spec.name, description=spec.description, boundaries=list(spec.boundaries), tag_keys=spec.tags
-                )
-            else:
-                made = ray_metrics_api.Gauge(spec.name, description=spec.description, tag_keys=spec.tags)
-            self._objects[spec.name] = made
+            options = {"boundaries": list(spec.boundaries)} if spec.kind == "histogram" else {}
+            self._objects[spec.name] = kinds[spec.kind](spec.name, description=spec.description, tag_keys=spec.tags, **options)
 
     def record(self, name: str, value: float = 1.0, **tags: str) -> None:
         spec = check(name, tags, value)
-        made = self._objects[name]
+        if spec.kind == "counter" and value == 0:
+            return  # Ray refuses to add 0 (a failed run spent no tokens)
         try:
-            if spec.kind == "counter":
-                if value > 0:  # Ray refuses to add 0 (a failed run spent no tokens)
-                    made.inc(value, tags=tags or None)
-            elif spec.kind == "histogram":
-                made.observe(value, tags=tags or None)
-            else:
-                made.set(value, tags=tags or None)
+            getattr(self._objects[name], UPDATE[spec.kind])(value, tags=tags or None)
         except Exception as exc:  # metrics are best effort: a request never fails because of them
             log.warning("metrics.not_recorded", metric=name, error=f"{type(exc).__name__}: {exc}"[:200])
 
