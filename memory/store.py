@@ -1,11 +1,9 @@
 """ChromaDB storage of memory items and reasoning traces, one pair of collections per workspace.
 
-Workspaces are isolated by construction: `<prefix>-m-<workspace>` holds a workspace's memory items
-and `<prefix>-t-<workspace>` its reasoning traces, so no query can reach another workspace's items
-and deleting a workspace drops its collections. Collections use cosine distance (Chroma's
-`hnsw.space = cosine`), so similarity is `1 - distance` exactly, not a transformation of L2. Each
-collection records which embedding model filled it; opening it with another model is refused
-rather than silently comparing vectors from different spaces.
+Workspaces are isolated by construction (docs/memory.md, "Workspaces"): `<prefix>-m-<workspace>` holds a
+workspace's items and `<prefix>-t-<workspace>` its traces, so no query reaches another workspace's items.
+Collections use cosine distance (`hnsw.space = cosine`), so similarity is `1 - distance` exactly, not a
+transformation of L2; each records the embedding model that filled it, and another model is refused.
 
 Each item is stored whole (its JSON) plus the scalar fields queries filter on: workspace, task id,
 parent id, error flag and type, domain, source type, evolution stage and creation time.
