@@ -66,7 +66,8 @@ class _Sse:
     is the run's result)."""
 
     def __init__(self) -> None:
-        self.event, self.data = "message", list[str]()
+        self.event = "message"
+        self.data: list[str] = []
 
     def feed(self, line: str) -> StreamEvent | None:
         if line.startswith("event:"):
