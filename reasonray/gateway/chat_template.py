@@ -18,8 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from reasonray.gateway.errors import LLMConfigError
 
-_OPENED = re.compile(r"<think>\s*\Z")
-"""The thinking a generation prompt opens itself (R1's templates): the continued prefix opens it again."""
+_OPENED = re.compile(r"<think>\s*\Z")  # the thinking a generation prompt opens itself (R1's): the prefix opens it again
 
 
 def _raise(message: str) -> None:

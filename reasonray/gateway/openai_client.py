@@ -37,13 +37,7 @@ from reasonray.gateway.errors import (
 )
 from reasonray.gateway.families import ModelTraits, PrefixContinuation, traits_for
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
-from reasonray.gateway.protocol import (
-    PURPOSE_HEADER,
-    Completion,
-    LLMRequest,
-    Message,
-    ToolCall,
-)
+from reasonray.gateway.protocol import PURPOSE_HEADER, Completion, LLMRequest, Message, ToolCall
 from reasonray.gateway.refusals import REFUSABLE, ParameterRefused, RefusalBook, refusal_book, refused_param
 from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, WireMessage, provider_error, read_usage, settle
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
@@ -142,11 +136,9 @@ class OpenAILLM:
         )
         if self.traits.prefix_continuation == "completions" and not chat_template:
             raise LLMConfigError(
-                '[llm] prefix_continuation = "completions" renders its prompt with the model\'s chat template: set [llm] '
-                "chat_template to the model's tokenizer_config.json or a Jinja file of the template"
+                '[llm] prefix_continuation = "completions" needs [llm] chat_template: the model\'s tokenizer_config.json or Jinja file'
             )
-        # the continuation's prompt, for the raw completions endpoint
-        self._template = ChatTemplate(chat_template) if chat_template else None
+        self._template = ChatTemplate(chat_template) if chat_template else None  # the prompt of completions continuations
         self._reasoning_effort, self._thinking_budget = reasoning_effort, thinking_budget
         self._extra_body = dict(extra_body or {})
         self._refusals = refusals
@@ -247,8 +239,7 @@ class OpenAILLM:
         are plain JSON already) and with the answer decoded by msgspec into only what a Completion keeps. Together they
         were a seventh of the replica's CPU with 64 runs in flight. Params with a `prompt` go to /completions instead."""
         body, options = _body_and_options(params)
-        raw = "prompt" in body
-        path = "/completions" if raw else "/chat/completions"
+        path = "/completions" if "prompt" in body else "/chat/completions"
         response = await self._client.post(path, body=body, cast_to=httpx.Response, options=options)
         try:
             reply = WIRE.decode(response.content)
@@ -258,7 +249,8 @@ class OpenAILLM:
                 "e.g. http://host:8000/v1?)",
                 status_code=response.status_code,
             ) from None
-        if raw:  # it carries on the prompt's open thinking: R1 text (thinking up to `</think>`, then the answer; no tag: unfinished)
+        # a raw completion carries on the prompt's open thinking: R1 text (thinking up to `</think>`, then the answer; no tag: unfinished)
+        if path == "/completions":
             for c in reply.choices or ():
                 c.message = WireMessage(content=thinking.OPEN + (c.text or ""))
         return reply
@@ -676,11 +668,8 @@ class _StreamParts:
     def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
         """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion, the thinking
         streamed so far included), by the model's count."""
-        counter = llm.tokens
-        error.spent = (
-            count_messages(counter, request.messages, request.tools),
-            sum(counter.count("".join(t)) for t in self.texts.values()) + sum(counter.count("".join(r)) for r in self.reasoning.values()),
-        )
+        counter, streamed = llm.tokens, (*self.texts.values(), *self.reasoning.values())
+        error.spent = (count_messages(counter, request.messages, request.tools), sum(counter.count("".join(p)) for p in streamed))
         return error
 
     def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:

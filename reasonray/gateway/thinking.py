@@ -43,12 +43,11 @@ def plan(
     """What a request's effort and budget become on a model of `traits`."""
     effort = request.reasoning_effort or default_effort
     budget = request.thinking_budget if request.thinking_budget is not None else default_budget
-    takes_effort = "reasoning_effort" not in refused and (traits.takes_reasoning_effort or not traits.family)
     forcing = traits.prefix_continuation != "none"
     if budget is None and request.min_thinking is None and request.continue_thinking is None:
         if effort is None:
             return Plan("")
-        if takes_effort:
+        if "reasoning_effort" not in refused and (traits.takes_reasoning_effort or not traits.family):
             return Plan("native", effort=effort)
         budget = EFFORT_BUDGET[effort]
     if not forcing:
