@@ -113,9 +113,6 @@ class BankService:
         self.bank.stats.reset()
         return self.stats()
 
-    def record_run(self, tally: dict[str, Any], ok: bool) -> None:
-        self.bank.stats.record_run(tally, ok)
-
     def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
         self.bank.stats.record_runs(tally, runs, errors)
 
@@ -180,7 +177,7 @@ class MemoryClient:
         return await self._call("reset_stats")
 
     async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
-        await self._call("record_run", tally, ok)
+        await self.record_runs(tally, 1, int(not ok))
 
     async def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
         """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
