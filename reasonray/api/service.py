@@ -494,7 +494,8 @@ class ReasoningService:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
         if self.memory is None:
             return
-        tally = msgspec.structs.asdict(outcome.tally)  # the bank counts the calls, cache hits, retries and tokens
+        # the counts the bank keeps, as numbers (a Ray client adds up a batch of these before it sends them)
+        tally = {k: getattr(outcome.tally, k) for k in ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tokens")}
         self._in_background(asyncio.ensure_future(self.memory.record_run(tally, outcome.status == "ok")), "memory.stats_not_recorded")
 
     def _index(self, outcome: RunOutcome) -> None:
