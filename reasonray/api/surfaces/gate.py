@@ -98,8 +98,7 @@ class AuthGate:
             await refusal(exc, path, trace_id)(scope, receive, send)
             return
         # the request runs as `principal`, with a cache scope of its own: its cache hits tell nothing of another's prompts
-        as_caller, cache_scope = CURRENT_PRINCIPAL.set(principal), CACHE_SCOPE.set(principal.sub)
-        admission = HTTP_ADMISSION.set([True])
+        as_caller, cache_scope, admission = CURRENT_PRINCIPAL.set(principal), CACHE_SCOPE.set(principal.sub), HTTP_ADMISSION.set([True])
         try:
             await self.app(scope, receive, send)
         finally:

@@ -17,7 +17,7 @@ import operator
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -93,6 +93,5 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
         for (sample_name, labels), value in sorted(values[name].items(), key=lambda item: _sample_order(item[0])):
             metric.add_sample(sample_name, dict(labels), value)
         families.append(metric)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged(families))
-    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)  # type: ignore[no-untyped-call]
+    merged_families = _Merged(families)  # a Collector is all the exposition functions read
+    return generate_openmetrics(merged_families) if openmetrics else generate_latest(merged_families)  # type: ignore[no-untyped-call]
