@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel, Field
@@ -253,22 +254,18 @@ class ReasoningBank:
         if error_only:
             clauses.append({"has_error": True})
         where = clauses[0] if len(clauses) == 1 else ({"$and": clauses} if clauses else None)
-        now = self.clock()
+        score = partial(
+            composite,
+            now=self.clock(),
+            weights=s.weights,
+            half_life_days=s.recency_half_life_days,
+            domain=domain,
+            error_patterns=error_patterns,
+        )
         scored = []
         for item, distance in self.store.nearest(workspace, vector, max(s.candidates, top_k * 3), where):
-            similarity = similarity_from_cosine_distance(distance)
-            if similarity < floor:
-                continue
-            scores = composite(
-                item,
-                similarity,
-                now=now,
-                weights=s.weights,
-                half_life_days=s.recency_half_life_days,
-                domain=domain,
-                error_patterns=error_patterns,
-            )
-            scored.append((item, scores))
+            if (similarity := similarity_from_cosine_distance(distance)) >= floor:
+                scored.append((item, score(item, similarity)))
         scored.sort(key=lambda pair: pair[1].composite, reverse=True)
         chosen: list[str] = []
         results = []
