@@ -275,17 +275,9 @@ class ReasoningBank:
                 if len(chosen) == top_k:
                     continue
                 chosen.append(group)
-            results.append(
-                Retrieved(
-                    memory=item,
-                    scores=scores,
-                    warning=item.is_warning,
-                    genealogy={
-                        "parent_memory_id": str(item.parent_memory_id) if item.parent_memory_id else None,
-                        "evolution_stage": item.evolution_stage,
-                    },
-                )
-            )
+            parent = str(item.parent_memory_id) if item.parent_memory_id else None
+            genealogy = {"parent_memory_id": parent, "evolution_stage": item.evolution_stage}
+            results.append(Retrieved(memory=item, scores=scores, warning=item.is_warning, genealogy=genealogy))
         return results
 
     def errors(self, *, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100) -> list[MemoryItem]:

@@ -126,14 +126,10 @@ def find_answer(text: str, *, numeric: bool = False, structured: bool = False, f
     for), else a phrase ("The answer is: 76", "Answer: 76", "#### 76", "\\boxed{76}"), else the final number
     (when the question is `numeric`), else the whole visible text (unless `fallback` is false: None).
     An empty answer is None."""
-    tagged = extract_answer(text)
-    if tagged:
+    if tagged := extract_answer(text):
         return Extracted(tagged, "tag")
-    if structured and (obj := parse_json_object(text)) is not None:
-        value = _json_text(obj.get("answer"))
-        if value:
-            inner = extract_answer(value)
-            return Extracted(inner or value, "json")
+    if structured and (obj := parse_json_object(text)) is not None and (value := _json_text(obj.get("answer"))):
+        return Extracted(extract_answer(value) or value, "json")
     visible = strip_thinking(text)
     if phrase := _phrase(visible):
         return Extracted(phrase, "phrase")
@@ -213,10 +209,8 @@ def find_choice(text: str, count: int, *, structured: bool = False) -> int | Non
     if tagged is not None:
         number = re.search(r"\d+", tagged)
         return index(number.group(0)) if number else None
-    if structured and (obj := parse_json_object(text)) is not None:
-        value = _json_text(obj.get("vote"))
-        if value is not None:
-            return index(value)
+    if structured and (obj := parse_json_object(text)) is not None and (value := _json_text(obj.get("vote"))) is not None:
+        return index(value)
     visible = strip_thinking(text)
     named = [m.group(1) for m in _CHOICE_PHRASE.finditer(visible)]
     for raw in reversed(named):
