@@ -158,8 +158,7 @@ class ChromaStore:
         self, workspace: str, embedding: Sequence[float], n: int, where: dict[str, Any] | None = None
     ) -> list[tuple[MemoryItem, float]]:
         """Up to `n` items nearest to `embedding`, with their cosine distance."""
-        collection = self._collection(MEMORIES, workspace, create=False)
-        if collection is None:
+        if (collection := self._collection(MEMORIES, workspace, create=False)) is None:
             return []
         found = collection.query(query_embeddings=[list(embedding)], n_results=n, where=where or None, include=["metadatas", "distances"])
         return list(zip(_items(found["metadatas"][0]), found["distances"][0], strict=False))
@@ -171,14 +170,12 @@ class ChromaStore:
         return _items(collection.get(ids=list(ids), include=["metadatas"])["metadatas"])
 
     def find(self, workspace: str, where: dict[str, Any], limit: int | None = None) -> list[MemoryItem]:
-        collection = self._collection(MEMORIES, workspace, create=False)
-        if collection is None:
+        if (collection := self._collection(MEMORIES, workspace, create=False)) is None:
             return []
         return _items(collection.get(where=where, limit=limit, include=["metadatas"])["metadatas"])
 
     def traces(self, workspace: str, task_id: str) -> list[dict[str, Any]]:
-        collection = self._collection(TRACES, workspace, create=False)
-        if collection is None:
+        if (collection := self._collection(TRACES, workspace, create=False)) is None:
             return []
         found = collection.get(where={"task_id": task_id}, include=["metadatas", "documents"])
         return [

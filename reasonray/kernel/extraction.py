@@ -171,8 +171,7 @@ def find_score(text: str, *, structured: bool = False) -> float | None:
     """A 0-1 score in a reply: `<score>0.8</score>` (or 8/10, 80% inside it), a JSON object's "score",
     "Score: 8/10" (or "rating: 80%", "score of 0.7"), or a reply that is only a value ("0.8", "80%");
     None (unscored) when none can be read."""
-    tagged = extract_tag(text, "score")
-    if tagged is not None:
+    if (tagged := extract_tag(text, "score")) is not None:
         return _score_of(_SCORE_VALUE.search(tagged))
     score = obj.get("score") if structured and (obj := parse_json_object(text)) is not None else None
     if isinstance(score, (int, float, str)) and (match := _SCORE_VALUE.search(str(score))):
@@ -185,8 +184,7 @@ def find_score(text: str, *, structured: bool = False) -> float | None:
 
 def find_feedback(text: str, *, structured: bool = False) -> str:
     """What a review says to fix: `<feedback>`, a JSON object's "feedback", else the review's visible text."""
-    tagged = extract_tag(text, "feedback")
-    if tagged is not None:
+    if (tagged := extract_tag(text, "feedback")) is not None:
         return tagged.strip()
     if structured and (obj := parse_json_object(text)) is not None and (value := _json_text(obj.get("feedback"))):
         return value
@@ -205,8 +203,7 @@ def find_choice(text: str, count: int, *, structured: bool = False) -> int | Non
         raw = (raw or "").strip().rstrip(".")
         return int(raw) - 1 if raw.isdigit() and 1 <= int(raw) <= count else None
 
-    tagged = extract_tag(text, "vote")
-    if tagged is not None:
+    if (tagged := extract_tag(text, "vote")) is not None:
         number = re.search(r"\d+", tagged)
         return index(number.group(0)) if number else None
     if structured and (obj := parse_json_object(text)) is not None and (value := _json_text(obj.get("vote"))) is not None:
