@@ -75,13 +75,11 @@ class ReasonRayIngress:
     def __init__(self, settings: dict[str, Any], app_name: str) -> None:
         config = Settings.model_validate(settings)
         host = config.server.host  # the address it binds is a name clients use too (unless it is a wildcard)
-        HttpGuard.configure(
-            GuardSettings(
-                allowed_hosts=[*config.server.allowed_hosts] + ([host] if host not in ("0.0.0.0", "::") else []),
-                cors_origins=config.server.cors_origins,
-                max_body_bytes=config.limits.max_body_bytes,
-                max_json_depth=config.limits.max_json_depth,
-            )
+        api.state.guard = GuardSettings(
+            allowed_hosts=[*config.server.allowed_hosts] + ([host] if host not in ("0.0.0.0", "::") else []),
+            cors_origins=config.server.cors_origins,
+            max_body_bytes=config.limits.max_body_bytes,
+            max_json_depth=config.limits.max_json_depth,
         )
         self.replica = start_replica(config, app_name)
         api.state.gate = self.replica.gate  # the gate's tokens, limits and audit (None: authentication off)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from reasonray.api.surfaces.guard import GuardSettings, HttpGuard
+from reasonray.api.surfaces.guard import HttpGuard
 
 BODY = json.dumps({"jsonrpc": "2.0", "method": "reasoning.execute", "params": {"query": "x"}, "id": 1}).encode()
 
@@ -40,13 +40,6 @@ class Connection:
 
     async def send(self, message: dict) -> None:
         self.sent.append(message)
-
-
-@pytest.fixture(autouse=True)
-def loopback_guard():
-    HttpGuard.configure(GuardSettings())
-    yield
-    HttpGuard.configure(GuardSettings())
 
 
 async def test_a_caller_that_leaves_cancels_the_route_it_was_waiting_for():

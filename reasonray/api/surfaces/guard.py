@@ -144,23 +144,21 @@ def _walk(value: Any) -> tuple[int, str | None]:
     return deepest, None
 
 
-class HttpGuard:
-    """ASGI middleware applying the rules above; `settings` is set by the replica from its config."""
+DEFAULT_SETTINGS = GuardSettings()
 
-    settings = GuardSettings()
+
+class HttpGuard:
+    """ASGI middleware applying the rules above, configured through the application object
+    (`app.state.guard`, a `GuardSettings`); an application without one gets the loopback defaults."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-
-    @classmethod
-    def configure(cls, settings: GuardSettings) -> None:
-        cls.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        settings = self.settings
+        settings: GuardSettings = getattr(getattr(scope.get("app"), "state", None), "guard", DEFAULT_SETTINGS)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         origin = headers.get("origin")
         cors = origin is not None and (origin in settings.cors_origins or "*" in settings.cors_origins)
