@@ -9,6 +9,9 @@ memory items from it, and (for MaTTS) contrast several trajectories.
 - Self-contrast (MaTTS parallel): all k trajectories in one prompt; at most `max_contrast_items`
   items on what the successes share and where the failures went wrong.
 - Passive learning: a Q&A exchange that passes the quality thresholds becomes items too.
+- Worked examples: when the model writes no usable item but a verifier accepted an attempt, that attempt
+  is stored as a worked example (task, reasoning, answer), so a model too weak to follow the extraction
+  format still leaves something that verifiably worked for the next similar task.
 
 Model replies use tags (`<status>`, `<memory>` with `<title>`, `<description>`, `<content>` and,
 for failures, `<error_type>`, `<failure_pattern>`, `<corrective_guidance>`); blocks that do not
@@ -159,14 +162,29 @@ def parse_items(text: str, *, limit: int, require_error: bool = False) -> tuple[
     return drafts[:limit], rejected + max(len(drafts) - limit, 0)
 
 
+def worked_example(query: str, trajectory: Trajectory, **common) -> MemoryItem:
+    """A verified attempt stored as it was: what a model that writes no memory items still learns from."""
+    return MemoryItem(
+        title="Worked example",
+        description=f"A solved task: {query if len(query) <= 480 else query[:477] + '...'}",
+        content=f"{clip(trajectory.text, 3000)}\nFinal answer: {trajectory.answer[:500]}",
+        pattern_tags=["worked-example"],
+        source_type="success",
+        **common,
+    )
+
+
 class Learner:
     """Judges and extracts with one LLM (strategies' model, cache and retries included)."""
 
-    def __init__(self, llm: LLM, *, max_items: int = 3, max_contrast_items: int = 5, max_tokens: int = 2048) -> None:
+    def __init__(
+        self, llm: LLM, *, max_items: int = 3, max_contrast_items: int = 5, max_tokens: int = 2048, worked_examples: bool = True
+    ) -> None:
         self.llm = llm
         self.max_items = max_items
         self.max_contrast_items = max_contrast_items
         self.max_tokens = max_tokens
+        self.worked_examples = worked_examples
 
     async def _ask(self, instructions: str, content: str, purpose: str) -> str:
         completion = await self.llm.complete(
@@ -263,6 +281,9 @@ class Learner:
             items = await self.extract(query, trajectories[0], judgements[0].outcome, **common)
         else:
             items = await self.contrast(query, [(t, j.outcome) for t, j in zip(trajectories, judgements, strict=False)], **common)
+        verified = [t for t, j in zip(trajectories, judgements, strict=False) if j.outcome == "success" and j.judged_by == "verifier"]
+        if not items and verified and self.worked_examples:
+            items = [worked_example(query, verified[0], **common)]
         chosen = [j for t, j in zip(trajectories, judgements, strict=False) if t.selected] or judgements[-1:]
         outcome: Outcome = chosen[0].outcome  # the outcome of the answer the task returned
         text = (

@@ -135,7 +135,12 @@ class MemoryLoop:
         verifier: Verifier | None = None,
     ) -> None:
         llm.guidance = None  # the judge and the extractor see the task, not the memories
-        learner = Learner(llm, max_items=self.settings.max_items_per_trajectory, max_contrast_items=self.settings.max_contrast_items)
+        learner = Learner(
+            llm,
+            max_items=self.settings.max_items_per_trajectory,
+            max_contrast_items=self.settings.max_contrast_items,
+            worked_examples=self.settings.worked_examples,
+        )
         if verifier is None and params.expected_answer is not None:
             verifier = exact_verifier(params.expected_answer)
         try:

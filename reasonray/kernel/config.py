@@ -457,6 +457,11 @@ class MemorySettings(Section):
     weights: ScoreWeights = ScoreWeights()
     max_items_per_trajectory: int = Field(3, ge=1, le=10, description="Most items extracted from one judged trajectory.")
     max_contrast_items: int = Field(5, ge=1, le=10, description="Most items a MaTTS self-contrast extracts.")
+    worked_examples: bool = Field(
+        True,
+        description="When the model writes no usable memory item for a trajectory a verifier accepted, store the "
+        "trajectory itself as a worked example, so a model too weak to follow the extraction format still learns.",
+    )
     passive_learning: bool = Field(
         False, description="Learn from good Q&A exchanges of runs that did not ask to learn, and of completed session turns."
     )

@@ -18,6 +18,7 @@ from reasonray.memory.learning import (
     PassiveThresholds,
     exact_verifier,
     parse_items,
+    worked_example,
 )
 from tests.unit.memory_harness import local_memory, make_bank
 
@@ -69,6 +70,40 @@ async def test_success_and_failure_use_separate_prompts_at_most_three_items_and_
     assert llm.requests[0].messages[0].content == SUCCESS_PROMPT.format(n=3)
     assert llm.requests[1].messages[0].content == FAILURE_PROMPT.format(n=3)
     assert "why it failed" not in SUCCESS_PROMPT and "failed" in FAILURE_PROMPT
+
+
+async def test_a_verified_success_without_usable_items_is_kept_as_a_worked_example():
+    # the extractor ignores the format, as small models do: the attempt the verifier accepted is stored as it was
+    learner = Learner(ScriptedLLM(["It worked because the sum is right."]))
+    entry, _ = await learner.learn("What is 12 * 3?", [RUN], task_id="t", workspace="w", verifier=exact_verifier("36"))
+    [item] = entry.items
+    assert (item.title, item.source_type, item.pattern_tags) == ("Worked example", "success", ["worked-example"])
+    assert "What is 12 * 3?" in item.description and "12*3 = 36" in item.content and item.content.endswith("Final answer: 36")
+    assert item.task_id == "t" and item.workspace == "w"
+
+
+async def test_no_worked_example_from_a_failure_an_llm_judgement_or_when_switched_off():
+    wrong = Learner(ScriptedLLM(["no tags at all"]))
+    entry, _ = await wrong.learn("What is 12 * 3?", [RUN], task_id="t", workspace="w", verifier=exact_verifier("37"))
+    assert entry.outcome == "failure" and entry.items == []
+    judged = Learner(ScriptedLLM(["<status>success</status>", "no tags at all"]))
+    entry, _ = await judged.learn("What is 12 * 3?", [RUN], task_id="t", workspace="w")
+    assert entry.judged_by == "llm_judge" and entry.items == []  # an unverified verdict is not enough to keep an attempt
+    off = Learner(ScriptedLLM(["no tags at all"]), worked_examples=False)
+    entry, _ = await off.learn("What is 12 * 3?", [RUN], task_id="t", workspace="w", verifier=exact_verifier("36"))
+    assert entry.items == []
+
+
+async def test_model_written_items_take_precedence_over_the_worked_example():
+    learner = Learner(ScriptedLLM([ITEM.format(t="Multiply carefully")]))
+    entry, _ = await learner.learn("What is 12 * 3?", [RUN], task_id="t", workspace="w", verifier=exact_verifier("36"))
+    assert [i.title for i in entry.items] == ["Multiply carefully"]
+
+
+def test_a_worked_example_of_a_long_attempt_is_clipped_to_fit_an_item():
+    long = Trajectory(text="step " * 5000, answer="1")
+    item = worked_example("q" * 1000, long)
+    assert len(item.description) <= 500 and len(item.content) <= 4000
 
 
 def test_parse_items_skips_incomplete_blocks():
@@ -156,6 +191,24 @@ async def test_an_expected_answer_makes_the_verifier_judge(tmp_path):
     assert (r["result"]["memory"]["outcome"], r["result"]["memory"]["judged_by"]) == ("success", "verifier")
     wrong = await call("reasoning.execute", {"query": "What is 6 * 8?", "memory": {"learn": True, "expected_answer": "47"}})
     assert wrong["result"]["memory"]["outcome"] == "failure"
+
+
+async def test_a_model_that_writes_no_items_still_learns_worked_examples_the_next_similar_task_retrieves(tmp_path):
+    llm = ScriptedLLM(
+        [
+            "<thinking>6*7 = 42</thinking><answer>42</answer>",
+            "Good job.",  # the extraction: no <memory> block
+            "<thinking>6*8</thinking><answer>48</answer>",
+        ]
+    )
+    call, _ = dispatcher(tmp_path, llm)
+    first = await call("reasoning.execute", {"query": "What is 6 * 7?", "memory": {"learn": True, "expected_answer": "42", "task_id": "a"}})
+    report = first["result"]["memory"]
+    assert report["outcome"] == "success" and len(report["stored"]) == 1
+    second = await call("reasoning.execute", {"query": "What is 6 * 8?", "include_trace": True, "memory": {"task_id": "b"}})
+    assert [m["id"] for m in second["result"]["memory"]["retrieved"]] == report["stored"]
+    system_prompt = next(e for e in second["result"]["trace"] if e["type"] == "LLM_INVOCATION")["messages"][0]["content"]
+    assert "### Worked example" in system_prompt and "6*7 = 42" in system_prompt
 
 
 async def test_a_failed_learning_step_keeps_the_answer_and_stores_nothing(tmp_path):
