@@ -405,10 +405,11 @@ def test_an_endpoint_is_described_by_what_it_says_of_itself_and_its_model_files_
 
 def test_every_part_of_the_published_study_is_a_valid_grid_and_the_pilot_rule_swaps_the_family(tmp_path):
     from reasonray.evals.run import prepare
-    from reasonray.evals.study import after_pilot, load_study, part_options
+    from reasonray.evals.study import after_pilot, choose_family, load_study, part_options
 
     study = load_study()
-    assert list(study["parts"]) == ["pilot", "budgets_a", "budgets_b", "memory", "matts", "running_sums", "adaptive"]
+    pilots = ["pilot_sums", "pilot_differences", "pilot_comparisons"]
+    assert list(study["parts"]) == [*pilots, "budgets_a", "budgets_b", "memory", "matts", "running_sums", "adaptive"]
     groups = {}
     for name in study["parts"]:
         _, _, cells = prepare(part_options(name, tmp_path, url="http://127.0.0.1:1", study=study))
@@ -417,7 +418,14 @@ def test_every_part_of_the_published_study_is_a_valid_grid_and_the_pilot_rule_sw
     assert groups["memory"] == {f"chain_of_thought/m32/memory={arm}" for arm in ("on", "off", "placebo")}
     assert groups["running_sums"] == {"chain_of_thought/cap256", "bounded_context/cap256@64"}
     assert groups["adaptive"] == {f"self_consistency/{name}" for name in ("fixed5", "adaptive5", "beta95")}
-    assert after_pilot(study, 0.5) is study  # inside the band: nothing changes
-    swapped = after_pilot(study, 0.05)
+    # inside the band and nearest its middle wins; the primary family chosen changes nothing
+    assert after_pilot(study, {"sums": 0.45, "differences": 0.2, "comparisons": 0.7}) is study
+    swapped = after_pilot(study, {"sums": 0.225, "differences": 0.15, "comparisons": 0.525})
     assert swapped["parts"]["budgets_a"]["dataset"] == "gen:comparisons?n=50&seed=1"
-    assert swapped["parts"]["pilot"] == study["parts"]["pilot"] and swapped["parts"]["running_sums"] == study["parts"]["running_sums"]
+    assert swapped["parts"]["memory"]["dataset"] == "gen:comparisons?n=40&seed=2"
+    assert all(swapped["parts"][p] == study["parts"][p] for p in pilots)
+    assert swapped["parts"]["running_sums"] == study["parts"]["running_sums"]
+    # none inside the band: the nearest to its middle, all the same; a tie goes to the family listed first
+    assert choose_family(study, {"sums": 0.1, "differences": 0.3, "comparisons": 0.9}) == "differences"
+    assert choose_family(study, {"sums": 0.45, "differences": 0.55, "comparisons": 0.5}) == "comparisons"
+    assert choose_family(study, {"sums": 0.45, "differences": 0.55}) == "sums"

@@ -64,24 +64,47 @@ def part_options(
     )
 
 
-def after_pilot(study: dict[str, Any], accuracy: float) -> dict[str, Any]:
-    """The study with the pilot's rule applied: when the pilot's accuracy lies outside [study] band, every part
-    on the primary family runs on the fallback family instead (same n and seed)."""
-    header = study.get("study", {})
-    low, high = header.get("band", [0.0, 1.0])
-    primary, fallback = header.get("primary_family"), header.get("fallback_family")
-    if low <= accuracy <= high or not primary or not fallback:
+PILOT = "pilot_"  # parts named pilot_FAMILY: chain of thought on each candidate family, on the pilot's own seed
+
+
+def pilot_accuracies(reports: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each piloted family's chain-of-thought accuracy, from the pilot parts' reports."""
+    return {name.removeprefix(PILOT): r["rows"][0]["accuracy"] for name, r in reports.items() if name.startswith(PILOT)}
+
+
+def choose_family(study: dict[str, Any], accuracies: dict[str, float]) -> str:
+    """The rule fixed in advance: of the piloted families, the one whose accuracy lies inside [study] band and nearest
+    its middle (the model partly right); when none lies inside, the nearest to the middle all the same. Ties go to the
+    family listed first."""
+    low, high = study.get("study", {}).get("band", [0.0, 1.0])
+    middle = (low + high) / 2
+    ranked = sorted(accuracies, key=lambda f: (not low <= accuracies[f] <= high, abs(accuracies[f] - middle)))
+    return ranked[0]
+
+
+def after_pilot(study: dict[str, Any], accuracies: dict[str, float]) -> dict[str, Any]:
+    """The study with the pilot's rule applied: every part on the primary family runs on the chosen family instead
+    (same n and seed); pilots and parts on other families stay as they are."""
+    primary = study.get("study", {}).get("primary_family")
+    chosen = choose_family(study, accuracies) if accuracies else primary
+    if not primary or chosen == primary:
         return study
     parts = {
-        name: {**part, "dataset": part["dataset"].replace(f"gen:{primary}?", f"gen:{fallback}?")} if name != "pilot" else part
+        name: part if name.startswith(PILOT) else {**part, "dataset": part["dataset"].replace(f"gen:{primary}?", f"gen:{chosen}?")}
         for name, part in study["parts"].items()
     }
     return {**study, "parts": parts}
 
 
-def summary(out: Path, names: list[str], seconds: dict[str, float]) -> Path:
-    """OUT/SUMMARY.md: every part's report, with its wall time."""
+def summary(out: Path, names: list[str], seconds: dict[str, float], accuracies: dict[str, float] | None = None) -> Path:
+    """OUT/SUMMARY.md: the family the pilots chose, then every part's report with its wall time."""
     lines = ["# Real-model study: results", ""]
+    if accuracies:
+        shown = ", ".join(f"{family} {accuracy:.1%}" for family, accuracy in accuracies.items())
+        lines += [
+            f"Pilots (chain of thought): {shown}; every part on the primary family ran on **{choose_family(load_study(), accuracies)}**.",
+            "",
+        ]
     for name in names:
         report = out / name / "report.md"
         lines += [f"## Part {name} ({seconds.get(name, 0.0) / 60:.1f} min this run)", ""]
@@ -100,21 +123,25 @@ def main(url: str, out: Path, parts: tuple[str, ...], timeout_s: float) -> None:
     """Run the published real-model study (reasonray/evals/study/real.toml) against a running service."""
     study = load_study()
     names = list(parts) or list(study["parts"])
-    pilot = out / "pilot" / "report.json"
-    if "pilot" not in names and pilot.exists():  # a part run alone still follows the pilot's rule
-        study = after_pilot(study, json.loads(pilot.read_text())["rows"][0]["accuracy"])
+    reports: dict[str, dict[str, Any]] = {}
+    for name in study["parts"]:  # a part run without its pilots still follows the pilots' rule
+        pilot = out / name / "report.json"
+        if name.startswith(PILOT) and name not in names and pilot.exists():
+            reports[name] = json.loads(pilot.read_text())
     seconds: dict[str, float] = {}
     failed = 0
     for name in names:
+        if not name.startswith(PILOT):
+            study = after_pilot(study, pilot_accuracies(reports))
         started = time.perf_counter()
-        click.echo(f"part {name}: starting")
-        report = asyncio.run(run_async(part_options(name, out, url=url, study=study, timeout_s=timeout_s, progress=True), echo=click.echo))
+        click.echo(f"part {name}: starting ({study['parts'].get(name, {}).get('dataset')})")
+        reports[name] = asyncio.run(
+            run_async(part_options(name, out, url=url, study=study, timeout_s=timeout_s, progress=True), echo=click.echo)
+        )
         seconds[name] = time.perf_counter() - started
-        failed += len(report["failed"])
-        if name == "pilot":  # the rule fixed in advance: the family must leave the model partly right
-            study = after_pilot(study, report["rows"][0]["accuracy"])
-        click.echo(f"part {name}: {seconds[name] / 60:.1f} min, report {report['paths']['markdown']}")
-    click.echo(f"summary: {summary(out, names, seconds)}; total {sum(seconds.values()) / 60:.1f} min")
+        failed += len(reports[name]["failed"])
+        click.echo(f"part {name}: {seconds[name] / 60:.1f} min, report {reports[name]['paths']['markdown']}")
+    click.echo(f"summary: {summary(out, names, seconds, pilot_accuracies(reports))}; total {sum(seconds.values()) / 60:.1f} min")
     if failed:
         click.echo(f"error: {failed} example(s) failed (a rerun retries them)", err=True)
         sys.exit(1)
