@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Literal, get_origin
 
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -661,20 +661,6 @@ class _Environment(EnvSettingsSource):
         return raw
 
 
-class _OpenAIBaseURL(PydanticBaseSettingsSource):
-    """The standard `OPENAI_BASE_URL`, below the config file: an endpoint the file names wins."""
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        self._base_url = environ.get("OPENAI_BASE_URL")
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # not used: __call__ returns the whole mapping
-
-    def __call__(self) -> dict[str, Any]:
-        return {"llm": {"base_url": self._base_url}} if self._base_url else {}
-
-
 def format_validation_error(error: ValidationError, source: str) -> str:
     lines = [f"invalid configuration in {source}:"]
     for e in error.errors():
@@ -700,7 +686,9 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
         file = TomlConfigSettingsSource(Settings, toml_file=config_path if config_path.exists() else None)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{config_path} is not valid TOML: {exc}") from exc
-    sources = (_Environment(Settings, env), file, _OpenAIBaseURL(Settings, env))
+    # the standard OPENAI_BASE_URL, below the config file: an endpoint the file names wins
+    openai_base_url = InitSettingsSource(Settings, {"llm": {"base_url": url}} if (url := env.get("OPENAI_BASE_URL")) else {})
+    sources = (_Environment(Settings, env), file, openai_base_url)
     overridden = sorted(name for name in env if name.startswith(ENV_PREFIX) and "__" in name)
     source = f"{config_path} and {', '.join(overridden)}" if overridden else str(config_path)
     token = _SOURCES.set(sources)

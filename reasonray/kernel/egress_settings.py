@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from reasonray.kernel.auth_settings import Section
 
 _HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)):(?P<port>\d{1,5})$")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def split_host_port(entry: str) -> tuple[str, int]:
@@ -26,7 +24,7 @@ def split_host_port(entry: str) -> tuple[str, int]:
     return (match["v6"] or match["name"]).lower(), int(match["port"])
 
 
-class EgressCredential(_Section):
+class EgressCredential(Section):
     """What the service sends to one remote host: a secret read from the environment, never from this file."""
 
     token_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Environment variable holding the secret.")
@@ -34,7 +32,7 @@ class EgressCredential(_Section):
     scheme: str = Field("Bearer", max_length=32, description="Prefix before the secret ('' for a bare value, e.g. an API key header).")
 
 
-class EgressSettings(_Section):
+class EgressSettings(Section):
     allow_hosts: list[str] = Field(
         default_factory=list,
         description="host:port entries remote A2A agents may be reached at (env REASONRAY_EGRESS__ALLOW_HOSTS, a JSON list). "

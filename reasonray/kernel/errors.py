@@ -202,7 +202,3 @@ class OverloadedError(ReasonRayError):
     `[fanout] max_in_flight` branches running); nothing was done. `data.retry_after_s` says when to try again."""
 
     code, http_status, error_type = -32011, 503, "overloaded"
-
-    @property
-    def retry_after_s(self) -> float:
-        return float(self.data.get("retry_after_s", 1.0))

@@ -99,12 +99,6 @@ def test_error_types_read_as_the_api_names_them_or_as_the_class_in_snake_case():
     assert error_type_of(KeyError("x")) == "key_error"
 
 
-def test_overloaded_says_when_to_retry_and_defaults_to_a_second():
-    assert OverloadedError("busy").retry_after_s == 1.0
-    hint = OverloadedError("busy", {"retry_after_s": 3}).retry_after_s
-    assert hint == 3.0 and isinstance(hint, float)
-
-
 def test_attach_partial_keeps_what_the_run_achieved_on_the_same_error():
     exc = BudgetExceededError("out of tokens")
     assert attach_partial(exc, {"iterations": 2}) is exc
