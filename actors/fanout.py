@@ -59,7 +59,7 @@ class LLMSpec:
         settings = Settings.model_validate_json(self.settings_json)
         configure_logging(settings.logging)  # runners and session hosts log as the ingress does (level, JSON)
         share_endpoints(self.app_name)  # a small endpoint's slots and the refusals learnt are the cluster's, not this process's
-        tracing.set_content(tracing.content_from(settings))
+        tracing.set_content(settings.events.record == "full")
         store = shared_cache(settings, self.app_name)
         llm, _ = build_llm(settings, client_for(settings), store, ray_metrics(settings.reasoning.performance.enable_metrics))
         return llm

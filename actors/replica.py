@@ -239,7 +239,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
     """Everything one ingress replica serves, its Ray parts started and answering (the constructor is its readiness)."""
     private_files()  # event logs, sessions, memory: readable by the service's user only
     configure_logging(settings.logging)
-    tracing.set_content(tracing.content_from(settings))  # prompt text in spans only with [events] record = "full"
+    tracing.set_content(settings.events.record == "full")  # prompt text in spans only with [events] record = "full"
     spec = LLMSpec(settings.model_dump_json(), app_name)
     share_endpoints(app_name)  # a small endpoint's slots and the refusals learnt are the cluster's, not this replica's
     pool = BranchPool(app_name, spec, settings.fanout)

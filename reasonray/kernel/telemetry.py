@@ -126,23 +126,6 @@ def check(name: str, tags: dict[str, str], value: float = 1.0) -> MetricSpec:
     return spec
 
 
-class RecordingMetrics:
-    """Keeps what was recorded (for tests and in-process use), checked against the catalogue."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, float, dict[str, str]]] = []
-
-    def record(self, name: str, value: float = 1.0, **tags: str) -> None:
-        check(name, tags, value)
-        self.records.append((name, value, tags))
-
-    def values(self, name: str, **tags: str) -> list[float]:
-        return [v for n, v, t in self.records if n == name and all(t.get(k) == w for k, w in tags.items())]
-
-    def total(self, name: str, **tags: str) -> float:
-        return sum(self.values(name, **tags))
-
-
 def record_run(
     metrics: Metrics, strategy: str, agent: str, prompt_tokens: int, completion_tokens: int, specific: dict[str, Any] | None
 ) -> None:

@@ -146,12 +146,6 @@ def content_allowed() -> bool:
     return _content
 
 
-def content_from(settings: Any) -> bool:
-    """`[events] record` read defensively: text is allowed unless a record mode other than "full" is set."""
-    record = getattr(getattr(settings, "events", None), "record", "full")
-    return record in (None, "full")
-
-
 _NO_BLOCK = nullcontext(NO_SPAN)  # what `span()` returns when tracing is off: one shared object, nothing to do
 
 

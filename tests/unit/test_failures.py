@@ -18,7 +18,7 @@ from reasonray.gateway.resilience import CircuitBreaker, ResilientLLM, RetryPoli
 from reasonray.gateway.testing import FunctionLLM, ScriptedLLM, make_completion
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel.config import ReasoningSettings
-from reasonray.kernel.telemetry import RecordingMetrics
+from tests.unit.recording_metrics import RecordingMetrics
 
 ENDPOINT = "http://10.9.8.7:4321/v1/"
 REPLY = "<thinking>6 times 7</thinking><answer>42</answer><score>0.6</score><feedback>check the units</feedback>"

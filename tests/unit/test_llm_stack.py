@@ -17,7 +17,7 @@ from reasonray.gateway.protocol import LLMRequest, user
 from reasonray.gateway.simulator.engine import MODEL_NAME
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.kernel.config import Settings
-from reasonray.kernel.telemetry import RecordingMetrics
+from tests.unit.recording_metrics import RecordingMetrics
 
 
 @pytest.fixture

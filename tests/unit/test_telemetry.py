@@ -20,10 +20,11 @@ from reasonray.gateway.resilience import CircuitBreaker, ResilientLLM, RetryPoli
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ReasoningSettings
-from reasonray.kernel.telemetry import CATALOGUE, RecordingMetrics
+from reasonray.kernel.telemetry import CATALOGUE
 from reasonray.memory.service import BankService
 from tests.docs_examples import blocks
 from tests.unit.memory_harness import make_bank
+from tests.unit.recording_metrics import RecordingMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "reasonray.json"

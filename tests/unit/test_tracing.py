@@ -149,17 +149,6 @@ async def test_unset_means_no_exporter_no_spans_and_the_traceparent_still_names_
         assert span is tracing.NO_SPAN
 
 
-def test_content_setting_is_read_defensively():
-    class Events:
-        record = "metadata"
-
-    class WithEvents:
-        events = Events()
-
-    assert tracing.content_from(object()) is True  # no [events] section: today's behaviour (full)
-    assert tracing.content_from(WithEvents()) is False
-
-
 def test_export_env_carries_only_otel_variables_and_only_when_configured():
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "s", "PATH": "/bin"}
     assert tracing.export_env(env) == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SERVICE_NAME": "s"}

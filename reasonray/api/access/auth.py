@@ -78,12 +78,7 @@ def mint_token(
     """An HS256 token for local use (`reasonray token create`)."""
     now = int(time.time())
     claims: Claims = {"sub": sub, "roles": list(roles), "iat": now, "nbf": now, "exp": now + ttl_s}
-    if issuer:
-        claims["iss"] = issuer
-    if audience:
-        claims["aud"] = audience
-    if agent_id:
-        claims["agent_id"] = agent_id
+    claims |= {name: value for name, value in (("iss", issuer), ("aud", audience), ("agent_id", agent_id)) if value}
     return jwt.encode(claims, secret, algorithm="HS256")
 
 

@@ -206,14 +206,10 @@ class RateLimiter:
 
     def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
         """End a run: free its slot and charge the tokens it really used."""
+        self.release(keys, [run_id] if run_id else [])
         now = self.clock()
-        for key in keys:
-            c = self._window(key, now)
-            if run_id:
-                c.runs.pop(run_id, None)
-                c.expires.pop(run_id, None)
-            if tokens > 0:
-                self.budgets.charge(key, tokens, now)
+        for key in keys if tokens > 0 else []:
+            self.budgets.charge(key, tokens, now)
 
     def usage(self, key: str) -> dict[str, int]:
         now = self.clock()
@@ -241,11 +237,7 @@ class RateLimiter:
         if rpm and len(c.requests) + requests > rpm:
             # the oldest requests leave the window first: wait until enough of them have
             index = min(len(c.requests) + requests - rpm - 1, len(c.requests) - 1)
-            return (
-                _refused("requests_per_minute", rpm, c.requests[index] + MINUTE_S - now)
-                if index >= 0
-                else _refused("requests_per_minute", rpm, MINUTE_S)
-            )
+            return _refused("requests_per_minute", rpm, c.requests[index] + MINUTE_S - now if index >= 0 else MINUTE_S)
         if not runs:
             return None
         concurrent = limits.get("concurrent_runs")

@@ -23,7 +23,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
-from reasonray.api.access.limits import Limits, limited, refusal_error
+from reasonray.api.access.limits import Decision, KeyedLimits, Limits, limited, refusal_error
 from reasonray.api.declarations import REASONERS, RESOLVED, Access, Kind, Resource, Visible
 from reasonray.api.jsonrpc import Call, Dispatcher, error_for
 from reasonray.api.results import ShareResult
@@ -40,10 +40,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 RUN_TOKENS: ContextVar[list[int] | None] = ContextVar("reasonray_run_tokens", default=None)
+"""Tokens the current call's runs used, added by the reasoning service as each run ends (ok or not)."""
 HTTP_ADMISSION: ContextVar[list[bool] | None] = ContextVar("reasonray_http_admission", default=None)
 """[True] while the HTTP request that the gate counted against its caller's limits has not yet been taken by a
 method call (the first call of the request takes it; a batch's other calls count as requests of their own)."""
-"""Tokens the current call's runs used, added by the reasoning service as each run ends (ok or not)."""
 
 
 def charge_tokens(tokens: int) -> None:
@@ -111,11 +111,6 @@ class ShareParams(BaseModel):
     readers: list[str] = Field(max_length=100, description="Principals (`sub`) that may read it; replaces the list. Empty: unshare.")
 
 
-AgentExists = Callable[[str], Awaitable[bool]]
-AgentStrategies = Callable[[str], Awaitable[list[str]]]
-StrategyOf = Callable[[Any], Awaitable[str]]
-
-
 @dataclass
 class Guard:
     """Authorization, ownership, limits and audit around every method of a dispatcher, read from each method's
@@ -125,9 +120,9 @@ class Guard:
     owners: Owners
     limits: Limits
     _: KW_ONLY
-    agent_exists: AgentExists
-    strategy_of: StrategyOf
-    agent_strategies: AgentStrategies
+    agent_exists: Callable[[str], Awaitable[bool]]
+    strategy_of: Callable[[Any], Awaitable[str]]
+    agent_strategies: Callable[[str], Awaitable[list[str]]]
     audit: AuditLog = field(default_factory=NoAudit)
 
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
@@ -169,10 +164,15 @@ class Guard:
 
     async def admit_request(self, principal: Principal) -> None:
         """Count one request against the caller's own limits (the gate's, for every authenticated route)."""
-        if keyed := [(k, lim) for k, lim in [(principal.sub, limited(self.policy.limits(principal)))] if lim]:
-            decision = await self.limits.admit(keyed, run=False)
-            if not decision["ok"]:
-                raise refusal_error(decision, principal.sub)
+        if own := limited(self.policy.limits(principal)):
+            await self._count(principal, [(principal.sub, own)], run=False)
+
+    async def _count(self, principal: Principal, keyed: KeyedLimits, *, run: bool, requests: int = 1) -> Decision:
+        """Count the call against every key's limits, or refuse it naming the limit it reached."""
+        decision = await self.limits.admit(keyed, run=run, requests=requests)
+        if not decision["ok"]:
+            raise refusal_error(decision, principal.sub)
+        return decision
 
     async def _limited(self, principal: Principal, access: Access, strategy: str | None, invoke: Callable[[], Awaitable[Any]]) -> Any:
         keyed = [(principal.sub, limited(self.policy.limits(principal)))]
@@ -187,14 +187,10 @@ class Guard:
             admission[0] = False  # the gate counted this request against the caller's own limits
             requests = 0
             if by_strategy := [(k, lim) for k, lim in keyed if k != principal.sub]:  # the gate could not know the strategy
-                decision = await self.limits.admit(by_strategy, run=False)
-                if not decision["ok"]:
-                    raise refusal_error(decision, principal.sub)
+                await self._count(principal, by_strategy, run=False)
             if not run:
                 return await invoke()
-        decision = await self.limits.admit(keyed, run=run, requests=requests)
-        if not decision["ok"]:
-            raise refusal_error(decision, principal.sub)
+        decision = await self._count(principal, keyed, run=run, requests=requests)
         if not run:
             return await invoke()
         spent: list[int] = []
@@ -332,12 +328,10 @@ def _tokens_in(result: Any) -> int:
         result = result.model_dump()
     if not isinstance(result, dict):
         return 0
-    if isinstance(result.get("metrics"), dict) and "total_tokens" in result["metrics"]:
-        return int(result["metrics"]["total_tokens"])
-    if isinstance(result.get("usage"), dict) and "total_tokens" in result["usage"]:  # a session turn or resumption
-        return int(result["usage"]["total_tokens"])
-    if "total_tokens" in result:
-        return int(result["total_tokens"])
+    # a run's metrics, a session turn's or resumption's usage, or the result itself
+    for holder in (result.get("metrics"), result.get("usage"), result):
+        if isinstance(holder, dict) and "total_tokens" in holder:
+            return int(holder["total_tokens"])
     return 0
 
 
