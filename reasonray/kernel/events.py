@@ -277,8 +277,5 @@ class Budget(msgspec.Struct, frozen=True, omit_defaults=True):
         """Each limit the lower of the two (a request may tighten the system's budget, never loosen it)."""
         if other is None:
             return self
-
-        def pick(a: int | None, b: int | None) -> int | None:
-            return b if a is None else a if b is None else min(a, b)
-
-        return Budget(*(pick(getattr(self, f), getattr(other, f)) for f in self.__struct_fields__))
+        limits = ([v for v in (getattr(self, f), getattr(other, f)) if v is not None] for f in self.__struct_fields__)
+        return Budget(*(min(both, default=None) for both in limits))

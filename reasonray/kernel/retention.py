@@ -27,7 +27,7 @@ class Swept:
 
 
 def _logs(events_dir: Path) -> list[tuple[float, int, Path]]:
-    """(modification time, size, path) of every event log, oldest first."""
+    """(modification time, size, path) of every event log, oldest first (none when there is no directory)."""
     found = []
     for path in events_dir.glob("*/*.jsonl"):
         try:
@@ -49,7 +49,7 @@ def _unlink(path: Path) -> bool:
 def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float | None, now: float | None = None) -> Swept:
     """Delete event logs older than `max_age_days`, then the oldest until the rest fit in `max_total_mb`."""
     now = time.time() if now is None else now
-    logs = _logs(events_dir) if events_dir.is_dir() else []
+    logs = _logs(events_dir)
     total = sum(size for _, size, _ in logs)
     deleted_files = deleted_bytes = 0
     cutoff = now - max_age_days * 86400 if max_age_days is not None else None
@@ -73,7 +73,7 @@ def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float |
 def purge(events_dir: Path, before: date) -> Swept:
     """Delete the event logs of every UTC day before `before` (by directory name), and their directories."""
     deleted_files = deleted_bytes = 0
-    logs = _logs(events_dir) if events_dir.is_dir() else []
+    logs = _logs(events_dir)
     for _, size, path in logs:
         try:
             day = date.fromisoformat(path.parent.name)
@@ -83,13 +83,11 @@ def purge(events_dir: Path, before: date) -> Swept:
             deleted_files += 1
             deleted_bytes += size
     _remove_empty_days(events_dir, keep=set())
-    kept = [size for _, size, path in _logs(events_dir)] if events_dir.is_dir() else []
+    kept = [size for _, size, path in _logs(events_dir)]
     return Swept(deleted_files, deleted_bytes, len(kept), sum(kept))
 
 
 def _remove_empty_days(events_dir: Path, keep: set[str]) -> None:
-    if not events_dir.is_dir():
-        return
-    for day in events_dir.iterdir():
-        if day.is_dir() and day.name not in keep and not any(day.iterdir()):
+    for day in events_dir.glob("*/"):  # the directories, none when there is no events directory
+        if day.name not in keep and not any(day.iterdir()):
             day.rmdir()

@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from reasonray.kernel.errors import SandboxUnavailableError
 
@@ -82,10 +83,8 @@ def interpreter() -> tuple[str, str]:
 
 
 def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
-    found = {name: shutil.which(name) for name in ("bwrap", "prlimit", "setpriv")}
-    missing = [name for name, path in found.items() if path is None]
-    tools = {name: path for name, path in found.items() if path is not None}
-    if missing:
+    tools = {name: shutil.which(name) or "" for name in ("bwrap", "prlimit", "setpriv")}
+    if missing := [name for name, path in tools.items() if not path]:
         raise SandboxUnavailableError(
             f"the python sandbox needs bubblewrap, prlimit and setpriv; not found on this host: {', '.join(missing)} "
             "(scripts/setup.sh installs them); code is never run unisolated",
@@ -123,9 +122,8 @@ def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
     if not (prefix == "/usr" or prefix.startswith("/usr/")):
         # the interpreter's installation (e.g. /root/.pyenv/versions/X); its parents readable, or Python
         # cannot find its own prefix and falls back to /usr's standard library
-        parents = [p for p in _ancestors(prefix) if p != "/"]
-        for parent in parents:
-            cmd += ["--perms", "0755", "--dir", parent]
+        for parent in reversed(PurePath(prefix).parents[:-1]):  # outermost first, "/" left out
+            cmd += ["--perms", "0755", "--dir", str(parent)]
         cmd += ["--ro-bind", prefix, prefix]
     # /dev read-only: its /dev/shm is a tmpfs outside the scratch size cap, and on the unprivileged path the
     # sandbox uid owns it (as root it is root's, closed to the sandbox uid): writes there would fill memory
@@ -135,11 +133,6 @@ def _command(limits: SandboxLimits, prefix: str, exe: str) -> list[str]:
     cmd += ["--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
     prelude = PRELUDE if as_root else NPROC_PRELUDE.format(n=limits.max_processes) + PRELUDE
     return [*cmd, "--", *drop, exe, "-I", "-c", prelude]
-
-
-def _ancestors(path: str) -> list[str]:
-    parts = path.strip("/").split("/")[:-1]
-    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunResult:

@@ -25,6 +25,7 @@ import asyncio
 import ipaddress
 import os
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -60,6 +61,10 @@ def internal_address(address: IPAddress) -> bool:
         if inner is not None and internal_address(inner):
             return True
     return not address.is_global or address.is_multicast
+
+
+def _refused(why: str, host: str, port: int) -> EgressRefusedError:
+    return EgressRefusedError(f"egress refused: {why}", {"destination": f"{host}:{port}"[:260]})
 
 
 def _ip(host: str) -> IPAddress | None:
@@ -100,16 +105,14 @@ class EgressPolicy:
 
     def check(self, host: str, port: int) -> None:
         if not self.allowed:
-            raise EgressRefusedError(
-                "egress refused: remote agents are off on this server ([egress] allow_hosts is empty; "
+            raise _refused(
+                "remote agents are off on this server ([egress] allow_hosts is empty; "
                 "an operator lists the host:port entries remote agents may be reached at)",
-                {"destination": f"{host}:{port}"[:260]},
+                host,
+                port,
             )
         if (host.strip("[]").lower(), port) not in self.allowed:
-            raise EgressRefusedError(
-                f"egress refused: {host}:{port} is not in [egress] allow_hosts; ask an operator to list it",
-                {"destination": f"{host}:{port}"[:260]},
-            )
+            raise _refused(f"{host}:{port} is not in [egress] allow_hosts; ask an operator to list it", host, port)
 
     async def resolve(self, host: str, port: int, timeout: float | None = None) -> str:
         """The address to connect to for an allowed host:port, every one of its addresses checked."""
@@ -122,17 +125,14 @@ class EgressPolicy:
                 async with asyncio.timeout(timeout or self.settings.connect_timeout_s):
                     addresses = list(dict.fromkeys(await self.lookup(host, port)))
             except (OSError, TimeoutError):
-                raise EgressRefusedError(
-                    f"egress refused: {host}:{port} could not be resolved", {"destination": f"{host}:{port}"}
-                ) from None
+                raise _refused(f"{host}:{port} could not be resolved", host, port) from None
         # a name that resolves to both public and internal addresses is refused outright: which one a
         # later lookup returns is the attacker's choice
-        refused = [a for a in addresses if not self._may_reach(host, a, port)]
-        if refused or not addresses:
-            raise EgressRefusedError(
-                f"egress refused: {host}:{port} resolves to an internal (private, loopback or link-local) address "
-                "that [egress] allow_hosts does not name",
-                {"destination": f"{host}:{port}"},
+        if not addresses or any(not self._may_reach(host, a, port) for a in addresses):
+            raise _refused(
+                f"{host}:{port} resolves to an internal (private, loopback or link-local) address that [egress] allow_hosts does not name",
+                host,
+                port,
             )
         return str(addresses[0])
 
@@ -199,8 +199,8 @@ class OutboundGate:
     def __init__(self, per_destination: int, per_principal: int, shared: SharedSlots | None = None) -> None:
         self.per_destination, self.per_principal = per_destination, per_principal
         self.shared = shared
-        self.destinations: dict[str, int] = {}
-        self.principals: dict[str, int] = {}
+        self.destinations: Counter[str] = Counter()
+        self.principals: Counter[str] = Counter()
         self._giving_back: set[asyncio.Future[None]] = set()
 
     def _too_many_of_theirs(self, principal: str) -> RateLimitedError:
@@ -221,22 +221,18 @@ class OutboundGate:
     async def slot(self, destination: str, principal: str, ttl_s: float = 300.0) -> AsyncIterator[None]:
         """Hold a slot for one outbound call of `principal` to `destination`; `ttl_s` bounds how long the cluster's
         count keeps it if this process dies holding it (the call's own limit, with a margin)."""
-        if self.principals.get(principal, 0) >= self.per_principal:
+        if self.principals[principal] >= self.per_principal:
             raise self._too_many_of_theirs(principal)
-        if self.destinations.get(destination, 0) >= self.per_destination:
+        if self.destinations[destination] >= self.per_destination:
             raise self._too_many_there()
-        self.principals[principal] = self.principals.get(principal, 0) + 1
-        self.destinations[destination] = self.destinations.get(destination, 0) + 1
+        self.principals[principal] += 1
+        self.destinations[destination] += 1
         try:
             async with self._cluster_slot(destination, principal, ttl_s):
                 yield
         finally:
-            self.principals[principal] -= 1
-            self.destinations[destination] -= 1
-            if not self.principals[principal]:
-                del self.principals[principal]
-            if not self.destinations[destination]:
-                del self.destinations[destination]
+            self.principals -= Counter([principal])  # a count that reaches 0 leaves the Counter
+            self.destinations -= Counter([destination])
 
     @asynccontextmanager
     async def _cluster_slot(self, destination: str, principal: str, ttl_s: float) -> AsyncIterator[None]:
@@ -262,7 +258,7 @@ class OutboundGate:
             log.warning("egress.slot_not_given_back", error=f"{type(error).__name__}: {error}"[:200])
 
     def in_flight(self) -> int:
-        return sum(self.destinations.values())
+        return self.destinations.total()
 
 
 class Egress:
