@@ -36,7 +36,7 @@ from reasonray.api.errors import error_headers, rest_error, view_of
 from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for
 from reasonray.api.methods import new_trace_id
 from reasonray.api.surfaces import prometheus
-from reasonray.api.surfaces.a2a import A2AServer, auth_configured, card_headers, card_json, not_modified
+from reasonray.api.surfaces.a2a import A2AServer, card_headers, card_json, not_modified
 from reasonray.api.surfaces.gate import GateConfig
 from reasonray.api.surfaces.mcp_server import McpEndpoint
 from reasonray.api.surfaces.openai_compat import OpenAICompat, OpenAIError, Reply, respond
@@ -282,7 +282,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         app.service.catalogue,
         open_a2a(settings.store.url, settings.data_dir / "sessions"),
         __version__,
-        bearer=auth_configured(settings),
+        bearer=settings.auth.enabled,
         board=board,  # running tasks, shared by the replicas: cancel and resubscribe from any
         refusal_headers=rate_limit_headers,  # a refused A2A call is answered like /rpc's: 401/403/429
         executor=settings.a2a.executor,  # an agent executor plugged in around ReasonRay's (unset: messages reason)

@@ -37,7 +37,7 @@ from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits, RateLimiter
 from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.surfaces.a2a import A2AServer, agent_card, auth_configured, card_json
+from reasonray.api.surfaces.a2a import A2AServer, agent_card, card_json
 from reasonray.api.surfaces.a2a_tasks import (
     CONFLICT,
     NOT_YOURS,
@@ -75,16 +75,6 @@ def test_the_card_has_a_skill_per_strategy_and_declares_bearer_auth_only_when_co
     secured = card_json(agent_card(CATALOGUE, "http://host:8000", "0.1.0", bearer=True))
     assert secured["securitySchemes"]["bearer"]["httpAuthSecurityScheme"] == {"scheme": "Bearer", "bearerFormat": "JWT"}
     assert secured["securityRequirements"] == [{"schemes": {"bearer": {}}}]
-
-
-def test_auth_is_read_defensively():
-    class Auth:
-        enabled = True
-
-    class WithAuth:
-        auth = Auth()
-
-    assert auth_configured(WithAuth()) and not auth_configured(object())
 
 
 # -- the agent in one process, authentication on ----------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import structlog
 from a2a.auth.user import UnauthenticatedUser, User
-from a2a.helpers.proto_helpers import new_text_message, new_text_part
+from a2a.helpers.proto_helpers import new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -182,9 +182,9 @@ def _choice(context: RequestContext) -> Choice:
     )
 
 
-def _refusal(error: Mapping[str, Any]) -> str:
-    """The status line of a run that did not answer: the JSON-RPC error's message and code."""
-    return f"{error['message']} (code {error['code']})"[:2000]
+def _say(updater: TaskUpdater, line: str) -> a2a_pb2.Message:
+    """A status message of the updater's task."""
+    return updater.new_agent_message([new_text_part(line)])
 
 
 def run_trace_id(context: RequestContext) -> str:
@@ -228,7 +228,7 @@ class ReasoningExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
-        task_id, context_id = context.task_id, _context_of(context)
+        task_id = context.task_id
         choice = _choice(context)
         strategy = choice.strategy
         trace_id = run_trace_id(context)
@@ -236,7 +236,7 @@ class ReasoningExecutor(AgentExecutor):
         text = context.get_user_input()
         params: dict[str, Any]
         if strategy is None and choice.agent_id is None:
-            session_id = await self._session(owner, context_id, choice.session, trace_id)
+            session_id = await self._session(owner, _context_of(context), choice.session, trace_id)
             if isinstance(session_id, dict):  # session.create was refused or failed
                 return await self.unanswered(context, event_queue, session_id, owner)
             method, params = "session.turn", {"session_id": session_id, "message": text}
@@ -251,24 +251,20 @@ class ReasoningExecutor(AgentExecutor):
             await items.aclose()
             return await self.unanswered(context, event_queue, error.body(), owner)
         updater = await self.task_updater(context, event_queue)
-
-        def say(line: str) -> a2a_pb2.Message:
-            return new_text_message(line, context_id=context_id, task_id=task_id)
-
         doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
-        await updater.start_work(say(f"{doing} (trace {trace_id})"))
-        run = await self.unless_cancelled_elsewhere(self._follow(items, updater, say), task_id)
+        await updater.start_work(_say(updater, f"{doing} (trace {trace_id})"))
+        run = await self.unless_cancelled_elsewhere(self._follow(items, updater), task_id)
         if run is None:  # the SDK ends the task
             await items.aclose()
             await updater.cancel()
             return
         outcome = run.result()
         if not isinstance(outcome, CallResult):
-            return await self._not_answered(updater, say, outcome, task_id)
+            return await self._not_answered(updater, outcome)
         result: ExecuteResult | TurnResult = outcome.value
         if isinstance(result, TurnResult) and result.status != "completed":
             tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
-            return await self._not_answered(updater, say, tools, task_id)
+            return await self._not_answered(updater, tools)
         # camelCase keys: A2A's JSON serialization rule holds for metadata too
         metadata: dict[str, Any] = {"traceId": trace_id}
         if isinstance(result, TurnResult):
@@ -331,14 +327,14 @@ class ReasoningExecutor(AgentExecutor):
         return await self.contexts.bind(owner, context_id, created.session_id, replacing=current)
 
     @staticmethod
-    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater, say: Any) -> CallResult | ErrorObject:
+    async def _follow(items: AsyncIterator[Any], updater: TaskUpdater) -> CallResult | ErrorObject:
         """Status updates for the run's events, then its typed result, or its JSON-RPC error."""
         try:
             async for item in items:
                 if isinstance(item, CallResult):
                     return item
                 if isinstance(item, Event) and (line := _progress(item)) is not None:
-                    await updater.update_status(TaskState.TASK_STATE_WORKING, say(line))
+                    await updater.update_status(TaskState.TASK_STATE_WORKING, _say(updater, line))
         except RpcError as error:
             return error.body()
         return {"code": -32603, "message": "the run ended without a result"}
@@ -358,26 +354,21 @@ class ReasoningExecutor(AgentExecutor):
         if holder is not None and a2a_refused(error):
             holder.update(error=error, task_id=context.task_id, owner=owner)
             raise Refused(error["message"])
-        updater = await self.task_updater(context, event_queue)
-
-        def say(line: str) -> a2a_pb2.Message:
-            return new_text_message(line, context_id=_context_of(context), task_id=context.task_id)
-
-        await self._not_answered(updater, say, error, context.task_id)
+        await self._not_answered(await self.task_updater(context, event_queue), error)
 
     @staticmethod
-    async def _not_answered(updater: TaskUpdater, say: Any, error: Mapping[str, Any], task_id: str) -> None:
+    async def _not_answered(updater: TaskUpdater, error: Mapping[str, Any]) -> None:
         """A refused caller (no run started) gets a `rejected` task, a run that failed a `failed` one; the status
         message says why and carries the error's code and type, and for a rate limit its `limit_name` and
         `retry_after_s`."""
-        message = say(_refusal(error))
+        message = _say(updater, f"{error['message']} (code {error['code']})"[:2000])  # why, with the JSON-RPC error's code
         data = error.get("data") or {}
         message.metadata.update({"code": error["code"], **{camel: data[k] for k, camel in _REFUSAL_KEYS.items() if k in data}})
         if a2a_refused(error):
             await updater.reject(message)
         else:
             await updater.failed(message)
-        log.info("a2a.task_not_answered", task_id=task_id, code=error["code"], error_type=data.get("error_type"))
+        log.info("a2a.task_not_answered", task_id=updater.task_id, code=error["code"], error_type=data.get("error_type"))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """The run's asyncio task was cancelled by the SDK (the run stops with it): say so."""
@@ -408,12 +399,6 @@ def not_modified(if_none_match: str | None, etag: str) -> bool:
     """Whether If-None-Match names this ETag (weak comparison, RFC 9110 13.1.2)."""
     candidates = [c.strip().removeprefix("W/") for c in (if_none_match or "").split(",") if c.strip()]
     return "*" in candidates or etag.removeprefix("W/") in candidates
-
-
-def auth_configured(settings: Any) -> bool:
-    """Whether `[auth]` asks callers for a bearer token (read defensively: the section may not exist)."""
-    auth = getattr(settings, "auth", None)
-    return bool(auth is not None and getattr(auth, "enabled", False))
 
 
 class A2AServer:

@@ -31,6 +31,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from itertools import takewhile
 from typing import Any, Literal, NamedTuple, TypedDict
 
 from openai.types import CompletionUsage
@@ -178,77 +179,68 @@ class ChatCompletionRequest(BaseModel):
         return [t.get("function", {}).get("name", "") for t in self.tools or []]
 
 
+_REFUSALS = {  # why `refuse_unsupported` refuses a parameter, formatted with the request's `setting`, `named`, `tools`, `service_tier`
+    "logprobs": "logprobs are not available: a reasoning run's answer is assembled by its strategy from several model calls, "
+    "not sampled token by token; omit logprobs and top_logprobs",
+    "logit_bias": "logit_bias is not supported: a strategy's calls use their own prompts and tokenizers; omit it",
+    "store": "store is not supported: this server keeps runs in its own trace and run index (reasonray.trace_id); omit it",
+    "metadata": "metadata is kept only with store, which this server does not offer; omit it",
+    "modalities": "only text output is supported: omit audio and modalities",
+    "prediction": "prediction is not supported: omit it",
+    "web_search_options": "web_search_options is not supported: omit it",
+    "verbosity": "verbosity is not supported: choose how much reasoning with the model name (reasonray/<strategy>) and extra_body "
+    "reasoning.strategy_config",
+    "setting": "{setting} is not supported with tools: a tool conversation runs as a session turn, which takes the model's own "
+    "setting; omit it, or use tool_choice 'none', 'required' or a named function",
+    "functions": "functions and function_call are deprecated: use tools and tool_choice",
+    "service_tier": "service_tier {service_tier!r} is not offered: use 'auto' or 'default'",
+    "tool_choice": "tool_choice is only allowed when tools are specified",
+    "named": "tool_choice names {named!r}, which is not among the tools: {tools}",
+    "n stream": "n > 1 cannot be streamed here: each choice is a whole run; ask for n > 1 without stream, or stream one choice",
+    "n tools": "n > 1 is not supported with tools: a tool conversation is one session; ask for one choice",
+    "parallel_tool_calls": "parallel_tool_calls false is honoured for forced calls (tool_choice 'required' or a named function), which "
+    "are one call; with tool_choice 'auto' the turn returns every call the model asks for in one step: omit it or force the call",
+    "stop": "stop takes up to 4 non-empty sequences",
+    "response_format": "response_format with tools is supported with tool_choice 'none', 'required' or a named function",
+}
+
+
 def refuse_unsupported(request: ChatCompletionRequest) -> None:
     """A 400 naming the first parameter this server cannot honour as asked (docs/openai.md lists them)."""
-
-    def refuse(param: str, message: str) -> None:
-        raise OpenAIError(400, message, "unsupported_parameter", param)
-
-    for i, message in enumerate(request.messages):
+    r = request
+    for i, message in enumerate(r.messages):
         if isinstance(message.content, list) and (kinds := {p.get("type") for p in message.content} - {"text"}):
-            refuse(f"messages.{i}.content", f"only text content parts are supported, not {', '.join(sorted(map(str, kinds)))}")
-    if request.logprobs or request.top_logprobs:
-        refuse(
-            "logprobs" if request.logprobs else "top_logprobs",
-            "logprobs are not available: a reasoning run's answer is assembled by its strategy from several model calls, "
-            "not sampled token by token; omit logprobs and top_logprobs",
-        )
-    if request.logit_bias:
-        refuse("logit_bias", "logit_bias is not supported: a strategy's calls use their own prompts and tokenizers; omit it")
-    if request.store:
-        refuse("store", "store is not supported: this server keeps runs in its own trace and run index (reasonray.trace_id); omit it")
-    if request.metadata:
-        refuse("metadata", "metadata is kept only with store, which this server does not offer; omit it")
-    if request.modalities not in (None, ["text"]) or request.audio is not None:
-        refuse("modalities" if request.audio is None else "audio", "only text output is supported: omit audio and modalities")
-    for param in ("prediction", "web_search_options", "verbosity"):
-        if getattr(request, param) is not None:
-            hint = (
-                "choose how much reasoning with the model name (reasonray/<strategy>) and extra_body reasoning.strategy_config"
-                if param == "verbosity"
-                else "omit it"
-            )
-            refuse(param, f"{param} is not supported: {hint}")
-    if (_uses_tools(request) and not _forced(request)) or _resumes(request):
-        asked = [
-            p for p, v in (("reasoning_effort", request.reasoning_effort), ("thinking_budget", request.thinking_budget)) if v is not None
-        ]
-        if request.reasoning is not None and request.reasoning.extra_body is not None:
-            asked.append("reasoning.extra_body")
-        if asked:
-            refuse(
-                asked[0],
-                f"{asked[0]} is not supported with tools: a tool conversation runs as a session turn, which takes the "
-                "model's own setting; omit it, or use tool_choice 'none', 'required' or a named function",
-            )
-    if request.functions is not None or request.function_call is not None:
-        refuse(
-            "functions" if request.functions is not None else "function_call",
-            "functions and function_call are deprecated: use tools and tool_choice",
-        )
-    if request.service_tier not in (None, "auto", "default"):
-        refuse("service_tier", f"service_tier {request.service_tier!r} is not offered: use 'auto' or 'default'")
-    if request.tool_choice is not None and not request.tools:
-        refuse("tool_choice", "tool_choice is only allowed when tools are specified")
-    if isinstance(request.tool_choice, NamedToolChoice) and request.tool_choice.function.name not in request.tool_names:
-        refuse(
-            "tool_choice",
-            f"tool_choice names {request.tool_choice.function.name!r}, which is not among the tools: {', '.join(request.tool_names)}",
-        )
-    if (request.n or 1) > 1 and request.stream:
-        refuse("n", "n > 1 cannot be streamed here: each choice is a whole run; ask for n > 1 without stream, or stream one choice")
-    if (request.n or 1) > 1 and _uses_tools(request):
-        refuse("n", "n > 1 is not supported with tools: a tool conversation is one session; ask for one choice")
-    if request.parallel_tool_calls is False and _uses_tools(request) and not _forced(request):
-        refuse(
-            "parallel_tool_calls",
-            "parallel_tool_calls false is honoured for forced calls (tool_choice 'required' or a named function), which are "
-            "one call; with tool_choice 'auto' the turn returns every call the model asks for in one step: omit it or force the call",
-        )
-    if len(request.stops) > 4 or any(not s for s in request.stops):
-        refuse("stop", "stop takes up to 4 non-empty sequences")
-    if request.response_format is not None and request.response_format.type != "text" and _uses_tools(request) and not _forced(request):
-        refuse("response_format", "response_format with tools is supported with tool_choice 'none', 'required' or a named function")
+            why = f"only text content parts are supported, not {', '.join(sorted(map(str, kinds)))}"
+            raise OpenAIError(400, why, "unsupported_parameter", f"messages.{i}.content")
+    auto = _uses_tools(r) and not _forced(r)  # tool_choice "auto": a session turn, which returns every call the model asks for
+    extra_body = r.reasoning.extra_body if r.reasoning is not None else None
+    asked = (("reasoning_effort", r.reasoning_effort), ("thinking_budget", r.thinking_budget), ("reasoning.extra_body", extra_body))
+    setting = next((p for p, v in asked if v is not None), "")
+    named = r.tool_choice.function.name if isinstance(r.tool_choice, NamedToolChoice) else None
+    checks: list[tuple[str, str, object]] = [  # (the parameter named, why: a key of _REFUSALS, whether refused): the first refused
+        ("logprobs" if r.logprobs else "top_logprobs", "logprobs", r.logprobs or r.top_logprobs),
+        ("logit_bias", "logit_bias", r.logit_bias),
+        ("store", "store", r.store),
+        ("metadata", "metadata", r.metadata),
+        ("modalities" if r.audio is None else "audio", "modalities", r.modalities not in (None, ["text"]) or r.audio is not None),
+        ("prediction", "prediction", r.prediction is not None),
+        ("web_search_options", "web_search_options", r.web_search_options is not None),
+        ("verbosity", "verbosity", r.verbosity is not None),
+        (setting, "setting", setting and (auto or _resumes(r))),
+        ("functions" if r.functions is not None else "function_call", "functions", r.functions is not None or r.function_call is not None),
+        ("service_tier", "service_tier", r.service_tier not in (None, "auto", "default")),
+        ("tool_choice", "tool_choice", r.tool_choice is not None and not r.tools),
+        ("tool_choice", "named", named is not None and named not in r.tool_names),
+        ("n", "n stream", (r.n or 1) > 1 and r.stream),
+        ("n", "n tools", (r.n or 1) > 1 and _uses_tools(r)),
+        ("parallel_tool_calls", "parallel_tool_calls", r.parallel_tool_calls is False and auto),
+        ("stop", "stop", len(r.stops) > 4 or any(not s for s in r.stops)),
+        ("response_format", "response_format", r.response_format is not None and r.response_format.type != "text" and auto),
+    ]
+    for param, why, refused in checks:
+        if refused:
+            reason = _REFUSALS[why].format(setting=setting, named=named, tools=", ".join(r.tool_names), service_tier=r.service_tier)
+            raise OpenAIError(400, reason, "unsupported_parameter", param)
 
 
 def _uses_tools(request: ChatCompletionRequest) -> bool:
@@ -769,12 +761,7 @@ _SESSION_CALL = re.compile(r"^[0-9a-f]{32}-.+")
 
 
 def _trailing_tool_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
-    tail: list[ChatMessage] = []
-    for message in reversed(messages):
-        if message.role != "tool":
-            break
-        tail.insert(0, message)
-    return tail
+    return list(takewhile(lambda m: m.role == "tool", reversed(messages)))[::-1]
 
 
 def _session_of(tool_call_id: str) -> str:
