@@ -116,37 +116,18 @@ def tool_list(rpc: Dispatcher) -> list[types.Tool]:
 
 def resources(has_memory: bool) -> list[types.Resource]:
     """The strategies and, with a memory bank, its workspaces."""
-    listed = [
-        types.Resource(
-            name="strategies",
-            uri=STRATEGIES_URI,
-            mime_type="application/json",
-            description="The enabled strategies and their config schemas.",
-        )
-    ]
-    if has_memory:
-        listed.append(
-            types.Resource(
-                name="memory-workspaces", uri=WORKSPACES_URI, mime_type="application/json", description="Memory workspaces and their sizes."
-            )
-        )
-    return listed
+    listed = [("strategies", STRATEGIES_URI, "The enabled strategies and their config schemas.")]
+    listed += [("memory-workspaces", WORKSPACES_URI, "Memory workspaces and their sizes.")] if has_memory else []
+    return [types.Resource(name=name, uri=uri, mime_type="application/json", description=about) for name, uri, about in listed]
 
 
 def templates(has_memory: bool) -> list[types.ResourceTemplate]:
     """A session by id and, with a memory bank, a memory item by workspace and id."""
-    listed = [
-        types.ResourceTemplate(
-            name="session", uri_template=SESSION_TEMPLATE, mime_type="application/json", description="A session's state and last trace."
-        )
+    listed = [("session", SESSION_TEMPLATE, "A session's state and last trace.")]
+    listed += [("memory", MEMORY_TEMPLATE, "One memory item of a workspace.")] if has_memory else []
+    return [
+        types.ResourceTemplate(name=name, uri_template=uri, mime_type="application/json", description=about) for name, uri, about in listed
     ]
-    if has_memory:
-        listed.append(
-            types.ResourceTemplate(
-                name="memory", uri_template=MEMORY_TEMPLATE, mime_type="application/json", description="One memory item of a workspace."
-            )
-        )
-    return listed
 
 
 def fillable(schema: dict[str, Any]) -> dict[str, Any]:

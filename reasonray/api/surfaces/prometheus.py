@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import operator
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -59,16 +60,6 @@ def _ours(name: str) -> bool:
     return any(name == base or name.startswith(base + "_") for base in OURS)
 
 
-class _Merged:
-    """A prometheus_client collector over already-merged families."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self.families
-
-
 def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
     """Our metric families from Ray's export pages, summed over processes and nodes, as Prometheus text
     (or OpenMetrics)."""
@@ -93,5 +84,5 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
         for (sample_name, labels), value in sorted(values[name].items(), key=lambda item: _sample_order(item[0])):
             metric.add_sample(sample_name, dict(labels), value)
         families.append(metric)
-    merged_families = _Merged(families)  # a Collector is all the exposition functions read
+    merged_families = SimpleNamespace(collect=lambda: families)  # a collector is all the exposition functions read
     return generate_openmetrics(merged_families) if openmetrics else generate_latest(merged_families)  # type: ignore[no-untyped-call]
