@@ -42,7 +42,8 @@ class ConfigError(ReasonRayError):
     """The configuration is invalid; the message names each bad key and what it allows."""
 
 
-def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def ip_address_or_none(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address `host` spells, or None for a name."""
     try:
         return ipaddress.ip_address(host)
     except ValueError:  # a name
@@ -51,7 +52,7 @@ def _ip_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
 
 def is_loopback_host(host: str) -> bool:
     """True for `localhost` and loopback addresses (127.0.0.0/8, ::1); false for 0.0.0.0 and names."""
-    return host == "localhost" or bool((address := _ip_address(host)) and address.is_loopback)
+    return host == "localhost" or bool((address := ip_address_or_none(host)) and address.is_loopback)
 
 
 def require_auth_off_loopback(host: str, settings: Settings) -> None:
@@ -594,7 +595,7 @@ class Settings(BaseSettings):
         metrics listeners there too, but only for an IPv4 address: for a host name or an IPv6 address
         they would listen on every interface, which only an authenticated service may (docs/security.md#ports).
         """
-        return self.server.fast_ingress and (self.auth.enabled or getattr(_ip_address(self.server.host), "version", 0) == 4)
+        return self.server.fast_ingress and (self.auth.enabled or getattr(ip_address_or_none(self.server.host), "version", 0) == 4)
 
     def provider_reason(self, environ: dict[str, str] | None = None) -> str:
         """Which model provider is in use and why, for the serve banner and the operators' health view."""

@@ -36,6 +36,7 @@ import httpx
 import structlog
 
 from reasonray.api.access.limits import Decision, KeyedLimits
+from reasonray.kernel.config import ip_address_or_none
 from reasonray.kernel.egress_settings import EgressSettings, split_host_port
 from reasonray.kernel.errors import ForbiddenError, OverloadedError, RateLimitedError
 
@@ -67,13 +68,6 @@ def _refused(why: str, host: str, port: int) -> EgressRefusedError:
     return EgressRefusedError(f"egress refused: {why}", {"destination": f"{host}:{port}"[:260]})
 
 
-def _ip(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
-
-
 Lookup = Callable[[str, int], Awaitable[list[IPAddress]]]
 
 
@@ -88,7 +82,7 @@ class EgressPolicy:
     def __init__(self, settings: EgressSettings) -> None:
         self.settings = settings
         self.allowed = {split_host_port(entry) for entry in settings.allow_hosts}
-        self.named_addresses = {(ip, port) for host, port in self.allowed if (ip := _ip(host)) is not None}
+        self.named_addresses = {(ip, port) for host, port in self.allowed if (ip := ip_address_or_none(host)) is not None}
         self.lookup: Lookup = _getaddrinfo  # name -> addresses (tests give a resolver of their own)
 
     def check_url(self, url: str) -> tuple[str, int]:
@@ -117,7 +111,7 @@ class EgressPolicy:
     async def resolve(self, host: str, port: int, timeout: float | None = None) -> str:
         """The address to connect to for an allowed host:port, every one of its addresses checked."""
         self.check(host, port)
-        literal = _ip(host)
+        literal = ip_address_or_none(host.strip("[]"))
         if literal is not None:
             addresses = [literal]
         else:

@@ -167,18 +167,15 @@ class RateLimiter:
                 c.runs[run_id] = now
                 if lease_s is not None:
                     c.expires[run_id] = now + lease_s
-        tightest = min(headroom, key=lambda h: h[1]) if headroom else None
-        limit, remaining, reset_s = tightest if tightest is not None else (None, None, None)
-        first = run_ids[0] if run_ids else None
-        budget_left = self._budget_left(keyed, now) if run else None
+        limit, remaining, reset_s = min(headroom, key=lambda h: h[1]) if headroom else (None, None, None)
         return {
             "ok": True,
-            "run_id": first,
+            "run_id": run_ids[0] if run_ids else None,
             "run_ids": run_ids,
             "limit": limit,
             "remaining": remaining,
             "reset_s": reset_s,
-            "budget_left": budget_left,
+            "budget_left": self._budget_left(keyed, now) if run else None,
         }
 
     def _budget_left(self, keyed: KeyedLimits, now: float) -> int | None:
