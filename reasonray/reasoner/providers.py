@@ -9,15 +9,13 @@ Every provider dumps to and loads from plain JSON, which is what the session rep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
 from reasonray.kernel.tags import strip_thinking
-
-Scope = Literal["session", "turn"]
 
 
 class ModeSpec(BaseModel):
@@ -35,8 +33,6 @@ class Instructions:
     """Session-scoped: the session's system prompt and the active mode's instructions."""
 
     text: str
-    name: str = "instructions"
-    scope: Scope = "session"
 
     def messages(self, mode: ModeState) -> list[Message]:
         spec = mode.modes[mode.mode]
@@ -50,8 +46,6 @@ class ModeState:
 
     mode: str
     modes: dict[str, ModeSpec]
-    name: str = "mode"
-    scope: Scope = "session"
 
     def allows(self, tool: str) -> bool:
         allowed = self.modes[self.mode].tools
@@ -63,8 +57,6 @@ class Conversation:
     """Session-scoped: the user messages and final answers of the session so far (thinking stripped)."""
 
     history: list[Message] = field(default_factory=list)
-    name: str = "conversation"
-    scope: Scope = "session"
 
     def messages(self) -> list[Message]:
         return list(self.history)
@@ -75,8 +67,6 @@ class Bootstrap:
     """Turn-scoped: welcome and initialisation text, armed by session creation or a mode change."""
 
     pending: list[str] = field(default_factory=list)
-    name: str = "bootstrap"
-    scope: Scope = "turn"
 
     def messages(self) -> list[Message]:
         return [Message(role="system", content=text) for text in self.pending]
@@ -119,8 +109,6 @@ class ToolLedger:
 
     rounds: list[Round] = field(default_factory=list)
     unexpected: list[SubmittedResult] = field(default_factory=list)
-    name: str = "tool_results"
-    scope: Scope = "session"
 
     def entries(self) -> list[LedgerEntry]:
         return [entry for r in self.rounds for entry in r.entries]
@@ -170,11 +158,6 @@ class ContextProviders:
         return cls(
             Instructions(system_prompt), ModeState(mode, modes), Conversation(history or []), Bootstrap(bootstrap or []), ToolLedger()
         )
-
-    def turn_scoped(self) -> list[Bootstrap]:
-        """The providers whose content is emitted once and then cleared (their `scope` says so)."""
-        everyone = (self.instructions, self.mode, self.conversation, self.bootstrap, self.ledger)
-        return [p for p in everyone if p.scope == "turn"]  # type: ignore[misc]
 
     def dump(self) -> dict[str, Any]:
         return {

@@ -1,8 +1,8 @@
 """The turn reasoner: validate, call the LLM, run tools, verify, clear turn context, exit.
 
-Each step returns a closed union of outcomes: a model reply is a `FinalAnswer` or a `ToolRound`; a
-tool round ends in `RunAgain` or `PendingClientCalls`. A turn exits in mode 1 (`Completed`) or
-mode 2 (`AwaitingClient`); hard errors are typed exceptions after a trace step. The reasoner does
+Each step returns a closed union of outcomes: a model reply is the turn's answer (`Completed`) or a
+`ToolRound`; a tool round ends in `RunAgain` or a hand-off to the client (`AwaitingClient`). A turn exits
+in mode 1 (`Completed`) or mode 2 (`AwaitingClient`); hard errors are typed exceptions after a trace step. The reasoner does
 not populate providers, persist state or compose prompts; its one provider mutation is clearing
 turn-scoped context once it has been emitted. A reply without tool calls is the final answer: its
 `<answer>` when it has one, else its whole visible text (`found_by` says which).
@@ -37,12 +37,6 @@ from reasonray.reasoner.trace import (
 
 
 @dataclass(frozen=True)
-class FinalAnswer:
-    text: str
-    found_by: FoundBy = "tag"
-
-
-@dataclass(frozen=True)
 class ToolRound:
     calls: tuple[ToolCall, ...]
 
@@ -57,11 +51,6 @@ class PendingCall:
     tool_call_id: str
     name: str
     arguments: str
-
-
-@dataclass(frozen=True)
-class PendingClientCalls:
-    calls: tuple[PendingCall, ...]
 
 
 @dataclass(frozen=True)
@@ -129,9 +118,9 @@ class TurnReasoner:
     async def _loop(self) -> TurnExit:
         while True:
             match await self._next_step():
-                case FinalAnswer(text, found_by):
+                case Completed() as completed:
                     self.emit(self._step(Exited, exit_mode=1, reason="final_answer"))
-                    return Completed(text, found_by)
+                    return completed
                 case ToolRound(calls):
                     outcome = await self._run_tools(calls)
                 case step:
@@ -139,14 +128,14 @@ class TurnReasoner:
             match outcome:
                 case RunAgain():
                     continue
-                case PendingClientCalls(pending):
+                case AwaitingClient(pending):
                     ids = [c.tool_call_id for c in pending]
                     self.emit(self._step(Exited, exit_mode=2, reason="client_tool_calls", pending_tool_call_ids=ids))
-                    return AwaitingClient(pending)
+                    return outcome
                 case _:
                     assert_never(outcome)
 
-    async def _next_step(self) -> FinalAnswer | ToolRound:
+    async def _next_step(self) -> Completed | ToolRound:
         if self.llm_calls >= self.max_llm_calls:
             self.emit(self._step(Exited, exit_mode=0, reason="max_llm_calls"))
             raise MaxLLMCallsError(
@@ -157,8 +146,7 @@ class TurnReasoner:
         request = build_request(self.providers, self.executor.available(), max_tokens=self.max_tokens, temperature=self.temperature)
         if self.llm_calls == 0 and self.first_tool_choice is not None and request.tools:
             request = msgspec.structs.replace(request, tool_choice=self.first_tool_choice)
-        for provider in self.providers.turn_scoped():
-            provider.clear()  # turn-scoped context is shown to the model once, then dropped
+        self.providers.bootstrap.clear()  # turn-scoped context (the bootstrap) is shown to the model once, then dropped
         completion = await self.llm.complete(request)
         self.llm_calls += 1
         calls = completion.choices[0].tool_calls
@@ -182,33 +170,31 @@ class TurnReasoner:
             )
         return self._answer_from(completion.text)
 
-    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> RunAgain | PendingClientCalls:
+    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> RunAgain | AwaitingClient:
         await self.executor.run_round(calls)
         pending = tuple(PendingCall(e.tool_call_id, e.tool, e.arguments) for e in self.providers.ledger.pending())
-        return PendingClientCalls(pending) if pending else RunAgain()
+        return AwaitingClient(pending) if pending else RunAgain()
 
-    def _answer_from(self, text: str) -> FinalAnswer:
+    def _answer_from(self, text: str) -> Completed:
         # a turn's reply is a whole message: only a tag marks an answer inside it, never a phrase or a number
         tagged = extract_answer(text)
         answer = tagged if tagged is not None else strip_thinking(text)
         if not answer:
             raise ModelBehaviorError("the model ended the turn with neither tool calls nor an answer", {"llm_calls": self.llm_calls})
-        return FinalAnswer(answer, "tag" if tagged is not None else "whole_text")
+        return Completed(answer, "tag" if tagged is not None else "whole_text")
 
     def _step(self, kind: type, **fields: object) -> object:
         return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
 
 
 def _reentry_message(missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
-    parts = []
-    if missing:
-        parts.append(f"no result for pending call(s) {', '.join(missing)}")
-    if unexpected:
-        parts.append(f"results for unknown call id(s) {', '.join(unexpected)}")
-    if mismatched:
-        parts.append(f"results for call(s) {', '.join(mismatched)} that are not pending client calls (duplicates or already answered)")
-    return (
-        "client tool results do not match the pending calls: "
-        + "; ".join(parts)
-        + ". Send exactly one result per pending tool_call_id (see session.get)"
-    )
+    parts = [
+        template.format(", ".join(ids))
+        for template, ids in (
+            ("no result for pending call(s) {}", missing),
+            ("results for unknown call id(s) {}", unexpected),
+            ("results for call(s) {} that are not pending client calls (duplicates or already answered)", mismatched),
+        )
+        if ids
+    ]
+    return f"client tool results do not match the pending calls: {'; '.join(parts)}. Send exactly one result per pending tool_call_id (see session.get)"

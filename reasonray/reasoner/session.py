@@ -189,7 +189,7 @@ class SessionPipeline:
         return state
 
     async def turn(self, session_id: str, message: str, trace_id: str, request_id: str | None = None) -> TurnResult:
-        state = await self._load(session_id)
+        state = await self.require(session_id)
         if request_id is not None and state.last_request_id == request_id:
             return _replayed(state)
         _expect(state, "idle")
@@ -212,7 +212,7 @@ class SessionPipeline:
         return await self._run(state, providers, trace, resume=False)
 
     async def resume(self, session_id: str, results: list[SubmittedResult], trace_id: str, request_id: str | None = None) -> TurnResult:
-        state = await self._load(session_id)
+        state = await self.require(session_id)
         if request_id is not None and state.last_request_id == request_id:
             return _replayed(state)
         _expect(state, "awaiting_client_tools")
@@ -220,12 +220,8 @@ class SessionPipeline:
         providers.ledger.submit(results)  # the pipeline populates ToolResults for client tools
         return await self._run(state.model_copy(update={"last_request_id": request_id}), providers, [], resume=True)
 
-    async def require(self, session_id: str) -> SessionState:
-        """The session's saved state; NotFoundError when there is none."""
-        return await self._load(session_id)
-
     async def get(self, session_id: str) -> dict[str, Any]:
-        state = await self._load(session_id)
+        state = await self.require(session_id)
         providers = ContextProviders.load(state.providers)
         return {
             "session_id": state.session_id,
@@ -244,7 +240,7 @@ class SessionPipeline:
         }
 
     async def close(self, session_id: str) -> dict[str, Any]:
-        state = await self._load(session_id)
+        state = await self.require(session_id)
         if state.status != "closed":
             await self._save(state.model_copy(update={"status": "closed"}))
         return {"session_id": session_id, "status": "closed"}
@@ -361,7 +357,7 @@ class SessionPipeline:
         steps = as_dicts(trace[learned_from:])
         learned = result.model_copy(update={"memory": report, "trace": [*result.trace, *steps]})
         try:
-            saved = await self._load(state.session_id)
+            saved = await self.require(state.session_id)
             await self._save(saved.model_copy(update={"trace": [*saved.trace, *steps], "last_outcome": _outcome(state, result=learned)}))
         except OSError as exc:  # the turn is saved; only its learning steps are missing from the stored trace
             log.warning("session.learning_steps_not_saved", session_id=state.session_id, error=f"{type(exc).__name__}: {exc}")
@@ -392,7 +388,8 @@ class SessionPipeline:
         turn = {"providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": steps}
         await self._save(state.model_copy(update={**turn, **update}))
 
-    async def _load(self, session_id: str) -> SessionState:
+    async def require(self, session_id: str) -> SessionState:
+        """The session's saved state; NotFoundError when there is none."""
         state = await self.repository.load(session_id)
         if state is None:
             raise NotFoundError(f"no session {session_id!r}; create one with session.create", {"session_id": session_id})
@@ -400,11 +397,6 @@ class SessionPipeline:
 
     async def _save(self, state: SessionState) -> None:
         await self.repository.save(state.model_copy(update={"updated_at": datetime.now(UTC)}))
-
-
-def _expect(state: SessionState, status: Status) -> None:
-    if state.status != status:  # reading or closing a closed session is fine: only turns and re-entries expect
-        raise _state_conflict(state, status)
 
 
 def _outcome(state: SessionState, *, result: TurnResult | None = None, error: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -457,18 +449,22 @@ def _json_or_text(arguments: str) -> Any:
         return arguments
 
 
-def _state_conflict(state: SessionState, expected: Status | None) -> SessionStateError:
+def _expect(state: SessionState, status: Status) -> None:
+    """SessionStateError unless the session is in `status` (reading or closing a closed session is fine: only
+    turns and re-entries expect)."""
     data = {"session_id": state.session_id, "status": state.status}
+    if state.status == status:
+        return
     if state.status == "closed":
-        return SessionStateError(f"session {state.session_id!r} is closed; create a new one with session.create", data)
+        raise SessionStateError(f"session {state.session_id!r} is closed; create a new one with session.create", data)
     if state.status == "awaiting_client_tools":
         ids = [e["tool_call_id"] for e in _pending(ContextProviders.load(state.providers))]
-        return SessionStateError(
+        raise SessionStateError(
             f"session {state.session_id!r} is waiting for the results of client tool calls {', '.join(ids)}; "
             "send them with session.resume before a new turn",
             {**data, "pending_tool_call_ids": ids},
         )
-    return SessionStateError(f"session {state.session_id!r} has no pending client tool calls; send a new turn with session.turn", data)
+    raise SessionStateError(f"session {state.session_id!r} has no pending client tool calls; send a new turn with session.turn", data)
 
 
 class Sessions(Protocol):
