@@ -131,11 +131,6 @@ def _tracing() -> _Tracing | None:
     return _state
 
 
-def active() -> bool:
-    """Whether this process exports spans."""
-    return _tracing() is not None
-
-
 def set_content(allowed: bool) -> None:
     """Whether prompt and completion text may go into spans (the `[events] record` setting)."""
     global _content
