@@ -8,6 +8,7 @@ import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,6 +30,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+@dataclass(eq=False)  # one connection each: compared and hashed by identity
 class LocalDatabase:
     """One SQLite file that the processes of one machine share, behind one connection per process.
 
@@ -37,19 +39,12 @@ class LocalDatabase:
     file its user's alone. `on_create` runs once, when the file is made (to import what an earlier version kept
     elsewhere). The connection is shared by the caller's threads under a lock."""
 
-    def __init__(
-        self,
-        path: Path,
-        schema: Sequence[str],
-        on_create: Callable[[sqlite3.Connection], None] | None = None,
-        synchronous: str = "FULL",
-    ) -> None:
-        self.path = Path(path)
-        self.schema = tuple(schema)
-        self.on_create = on_create
-        self.synchronous = synchronous
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
+    path: Path
+    schema: Sequence[str]
+    on_create: Callable[[sqlite3.Connection], None] | None = None
+    synchronous: str = "FULL"
+    _db: sqlite3.Connection | None = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         with self._lock:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,6 @@ class Principal:
     sub: str
     roles: tuple[str, ...] = ()
     agent_id: str | None = None
-    claims: Claims = field(default_factory=dict, compare=False, hash=False)
 
 
 REMOTE_AGENTS = "agent.register_remote"
@@ -190,7 +189,7 @@ def _principal(claims: Claims) -> Principal:
         raise UnauthenticatedError("token `roles` must be a list of role names")
     if agent_id is not None and not isinstance(agent_id, str):
         raise UnauthenticatedError("token `agent_id` must be a string")
-    return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id, claims=claims)
+    return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id)
 
 
 class Policy:
