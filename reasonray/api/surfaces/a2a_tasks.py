@@ -197,10 +197,8 @@ class TaskBoard:
     on Ray (`reasonray.actors.a2a_board`). The store keeps the durable copy of each task; the board only what is
     running or just ended."""
 
-    def __init__(self, ended_kept_s: float = ENDED_KEPT_S, max_events: int = MAX_EVENTS) -> None:
+    def __init__(self) -> None:
         self.tasks: dict[str, _Live] = {}
-        self.ended_kept_s = ended_kept_s
-        self.max_events = max_events
         self._changed = asyncio.Condition()
 
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
@@ -239,8 +237,8 @@ class TaskBoard:
         if live is None:
             return
         live.events.append({"version": version, "event": event})
-        if len(live.events) > self.max_events:
-            drop = len(live.events) - self.max_events
+        if len(live.events) > MAX_EVENTS:
+            drop = len(live.events) - MAX_EVENTS
             del live.events[:drop]
             live.first_seq += drop
         async with self._changed:
@@ -268,7 +266,7 @@ class TaskBoard:
 
     def _sweep(self) -> None:
         now = time.monotonic()
-        for task_id in [t for t, live in self.tasks.items() if live.ended_at is not None and now - live.ended_at > self.ended_kept_s]:
+        for task_id in [t for t, live in self.tasks.items() if live.ended_at is not None and now - live.ended_at > ENDED_KEPT_S]:
             del self.tasks[task_id]
 
 
@@ -331,10 +329,6 @@ class SharedTaskStore(VersionedTaskStore):
         await self.owned.delete(task_id, context)
 
 
-def _event_of(response: a2a_pb2.StreamResponse) -> Any:
-    return getattr(response, response.WhichOneof("payload") or "task")
-
-
 class BoardEventStream(TaskEventStream):
     """The a2a-sdk's cross-replica event stream over the board: the running replica publishes each event, a
     replica serving a resubscription tails them (long polls of `POLL_S`)."""
@@ -357,7 +351,8 @@ class BoardEventStream(TaskEventStream):
             items, cursor = found
             for item in items:
                 response = json_format.ParseDict(item["event"], a2a_pb2.StreamResponse())
-                yield VersionedEvent(event=_event_of(response), version=TaskVersion(item["version"]))
+                event = getattr(response, response.WhichOneof("payload") or "task")  # the task, message or update it carries
+                yield VersionedEvent(event=event, version=TaskVersion(item["version"]))
             if not items and (await self.board.state(task_id)) in TERMINAL:
                 return
 

@@ -36,7 +36,7 @@ SESSION_TEMPLATE = "reasonray://sessions/{session_id}"
 TOKEN_ENV = "REASONRAY_TOKEN"  # the stdio server's bearer token (or `reasonray mcp --token`)
 
 
-def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[], Principal | None] | None = None) -> Server:
+def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | None = None) -> Server:
     """The MCP server over `rpc`. Calls run as the request's principal (`CURRENT_PRINCIPAL`, which the HTTP
     auth gate sets), or as `principal()` when given: the stdio server's own verified caller."""
     tools = tool_list(rpc)
@@ -88,7 +88,7 @@ def build_server(rpc: Dispatcher, name: str = "reasonray", principal: Callable[[
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)])
 
     return Server(
-        name,
+        "reasonray",
         version=__version__,
         instructions="LLM reasoning strategies, sessions with tools and a ReasoningBank memory (docs/mcp.md).",
         on_list_tools=list_tools,

@@ -584,11 +584,7 @@ class OpenAICompat:
         else:
             value = json.loads(run.answer)
             name, arguments = (chosen[0], value) if len(chosen) == 1 else (value["name"], value["arguments"])
-            call = {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
+            call = _tool_call(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(arguments))
             choice = _choice(run.message(content=None, tool_calls=[call]), "tool_calls")
         return self._completion(request, run.extra["trace_id"], [choice], self._usage([run]), run.extra)
 
@@ -775,14 +771,14 @@ def _turn_message(turn: TurnResult, stops: list[str]) -> tuple[ChatCompletionMes
             role="assistant", content=apply_stop(turn.answer or "", stops) if turn.answer is not None else None
         ), "stop"
     calls = [
-        {
-            "id": f"{turn.session_id}-{c.tool_call_id}",
-            "type": "function",
-            "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)},
-        }
+        _tool_call(f"{turn.session_id}-{c.tool_call_id}", c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments))
         for c in turn.pending_tool_calls
     ]
     return ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
+
+
+def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _turn_tokens(trace: list[dict[str, Any]]) -> tuple[int, int]:
