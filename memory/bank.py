@@ -111,9 +111,6 @@ class BankStats:
         with self._lock:
             self.passive["captured" if captured else "skipped"] += 1
 
-    def record_run(self, tally: dict[str, Any], ok: bool) -> None:
-        self.record_runs(tally, runs=1, errors=int(not ok))
-
     def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
         """Count `runs` runs at once (`errors` of them failed) whose LLM tallies add up to `tally`."""
         with self._lock:
@@ -248,12 +245,9 @@ class ReasoningBank:
         s = self.settings
         top_k = top_k or s.top_k
         floor = s.min_similarity if min_similarity is None else min_similarity
-        clauses: list[dict[str, Any]] = []
-        if exclude_task_ids:
-            clauses.append({"task_id": {"$nin": list(exclude_task_ids)}})
-        if error_only:
-            clauses.append({"has_error": True})
-        where = clauses[0] if len(clauses) == 1 else ({"$and": clauses} if clauses else None)
+        where = _where(
+            {"task_id": {"$nin": list(exclude_task_ids)}} if exclude_task_ids else None, {"has_error": True} if error_only else None
+        )
         score = partial(
             composite,
             now=self.clock(),
@@ -282,13 +276,10 @@ class ReasoningBank:
 
     def errors(self, *, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100) -> list[MemoryItem]:
         """Memories carrying error context (what failures taught), optionally of one error type or domain."""
-        clauses: list[dict[str, Any]] = [{"has_error": True}]
-        if error_type:
-            clauses.append({"error_type": error_type})
-        if domain:
-            clauses.append({"domain_category": domain})
-        where = clauses[0] if len(clauses) == 1 else {"$and": clauses}
-        return self.store.find(workspace, where, limit)
+        where = _where(
+            {"has_error": True}, {"error_type": error_type} if error_type else None, {"domain_category": domain} if domain else None
+        )
+        return self.store.find(workspace, where or {}, limit)
 
     # -- single items and genealogy ---------------------------------------------------------------
     def get(self, memory_id: str, *, workspace: str) -> MemoryItem:
@@ -356,6 +347,12 @@ class ReasoningBank:
 
     def traces(self, task_id: str, *, workspace: str) -> list[dict[str, Any]]:
         return self.store.traces(workspace, task_id)
+
+
+def _where(*clauses: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Chroma's filter for all of `clauses` (None: no filter)."""
+    given = [c for c in clauses if c is not None]
+    return given[0] if len(given) == 1 else ({"$and": given} if given else None)
 
 
 def _uuid(memory_id: str) -> str:

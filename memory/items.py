@@ -77,13 +77,6 @@ class MemoryItem(BaseModel):
             lines += [f"Error type: {e.error_type}", f"What went wrong: {e.failure_pattern}", f"How to avoid it: {e.corrective_guidance}"]
         return "\n".join(lines)
 
-    def to_json(self) -> str:
-        return self.model_dump_json()
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> MemoryItem:
-        return cls.model_validate_json(text)
-
 
 class MemoryEntry(BaseModel):
     """A finished task as the bank records it: query, trajectory, outcome and the items extracted."""

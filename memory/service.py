@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar, Unpack
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 import httpx
 
@@ -30,6 +30,7 @@ from reasonray.memory.store import ChromaStore, open_client
 
 DEFAULT_OPENAI_EMBEDDING_MODEL = "text-embedding-3-small"
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def build_embedder(settings: Settings, environ: dict[str, str] | None = None) -> Embedder:
@@ -114,6 +115,7 @@ class BankService:
         return self.stats()
 
     def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
+        """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
         self.bank.stats.record_runs(tally, runs, errors)
 
     def record_passive(self, captured: bool) -> None:
@@ -131,6 +133,17 @@ def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         ) from exc
 
 
+def _remote(method: Callable[Concatenate[BankService, P], T]) -> Callable[Concatenate[MemoryClient, P], Coroutine[Any, Any, T]]:
+    """A BankService method as a MemoryClient's: the same arguments, one `_call` by its name, awaited."""
+
+    async def call(self: MemoryClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: T = await self._call(method.__name__, *args, **kwargs)
+        return result
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
+
+
 class MemoryClient:
     """BankService's methods, awaited: each is one `_call` of the method by name, run in a worker thread in this
     process (`LocalMemory`) or on the memory bank actor (`actors.memory.RayMemory`)."""
@@ -138,53 +151,23 @@ class MemoryClient:
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
-    async def retrieve(self, query: str, workspace: str, **options: Unpack[RetrievalOptions]) -> list[dict[str, Any]]:
-        return await self._call("retrieve", query, workspace, **options)
-
-    async def store_items(self, items: list[dict[str, Any]], workspace: str, keys: list[str] | None = None) -> list[dict[str, Any]]:
-        return await self._call("store_items", items, workspace, keys)
-
-    async def store_entry(self, entry: dict[str, Any], workspace: str) -> dict[str, Any]:
-        return await self._call("store_entry", entry, workspace)
-
-    async def get(self, memory_id: str, workspace: str) -> dict[str, Any]:
-        return await self._call("get", memory_id, workspace)
-
-    async def genealogy(self, memory_id: str, workspace: str) -> dict[str, Any]:
-        return await self._call("genealogy", memory_id, workspace)
-
-    async def descendants(self, memory_id: str, workspace: str) -> list[dict[str, Any]]:
-        return await self._call("descendants", memory_id, workspace)
-
-    async def errors(
-        self, workspace: str, error_type: str | None = None, domain: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        return await self._call("errors", workspace, error_type, domain, limit)
-
-    async def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
-        return await self._call("traces", task_id, workspace)
-
-    async def list_workspaces(self) -> list[dict[str, Any]]:
-        return await self._call("list_workspaces")
-
-    async def delete_workspace(self, workspace: str) -> dict[str, Any]:
-        return await self._call("delete_workspace", workspace)
-
-    async def stats(self) -> dict[str, Any]:
-        return await self._call("stats")
-
-    async def reset_stats(self) -> dict[str, Any]:
-        return await self._call("reset_stats")
+    retrieve = _remote(BankService.retrieve)
+    store_items = _remote(BankService.store_items)
+    store_entry = _remote(BankService.store_entry)
+    get = _remote(BankService.get)
+    genealogy = _remote(BankService.genealogy)
+    descendants = _remote(BankService.descendants)
+    errors = _remote(BankService.errors)
+    traces = _remote(BankService.traces)
+    list_workspaces = _remote(BankService.list_workspaces)
+    delete_workspace = _remote(BankService.delete_workspace)
+    stats = _remote(BankService.stats)
+    reset_stats = _remote(BankService.reset_stats)
+    record_runs = _remote(BankService.record_runs)
+    record_passive = _remote(BankService.record_passive)
 
     async def record_run(self, tally: dict[str, Any], ok: bool) -> None:
         await self.record_runs(tally, 1, int(not ok))
-
-    async def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
-        """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
-        await self._call("record_runs", tally, runs, errors)
-
-    async def record_passive(self, captured: bool) -> None:
-        await self._call("record_passive", captured)
 
 
 class LocalMemory(MemoryClient):

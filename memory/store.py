@@ -59,7 +59,7 @@ def open_client(chroma_url: str | None, data_dir: Path) -> Any:
 def _metadata(item: MemoryItem) -> dict[str, Any]:
     error = item.error_context
     return {
-        "item": item.to_json(),
+        "item": item.model_dump_json(),
         "workspace": item.workspace,
         "task_id": item.task_id or "",
         "parent_memory_id": str(item.parent_memory_id or ""),
@@ -73,7 +73,7 @@ def _metadata(item: MemoryItem) -> dict[str, Any]:
 
 
 def _items(metadatas: Sequence[dict[str, Any] | None]) -> list[MemoryItem]:
-    return [MemoryItem.from_json(m["item"]) for m in metadatas if m]
+    return [MemoryItem.model_validate_json(m["item"]) for m in metadatas if m]
 
 
 @dataclass(eq=False)

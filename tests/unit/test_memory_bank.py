@@ -40,9 +40,9 @@ def item(title: str = "Work step by step", **fields) -> MemoryItem:
 def test_memory_item_has_uuid_and_timezone_aware_time_and_round_trips_through_json():
     a = item(pattern_tags=["arithmetic"], difficulty_level="easy", domain_category="math", error_context=ERROR)
     assert isinstance(a.id, uuid.UUID) and a.created_at.tzinfo is not None
-    back = MemoryItem.from_json(a.to_json())
+    back = MemoryItem.model_validate_json(a.model_dump_json())
     assert back == a
-    assert json.loads(a.to_json())["error_context"]["error_type"] == "premature rounding"
+    assert json.loads(a.model_dump_json())["error_context"]["error_type"] == "premature rounding"
 
 
 @pytest.mark.parametrize("missing", ["title", "description", "content"])
@@ -268,7 +268,7 @@ def test_statistics_count_traces_runs_cache_hits_and_latencies_and_reset(tmp_pat
     bank.store_entry(entry("s", "task one", item()), workspace="w")
     bank.store_entry(entry("f", "task two", item("Lesson", error_context=ERROR), outcome="failure"), workspace="w")
     bank.retrieve("task one", workspace="w")
-    bank.stats.record_run({"calls": 4, "cache_hits": 1, "prompt_tokens": 10, "completion_tokens": 5}, ok=True)
+    bank.stats.record_runs({"calls": 4, "cache_hits": 1, "prompt_tokens": 10, "completion_tokens": 5}, runs=1, errors=0)
     s = bank.stats.snapshot()
     assert s["traces"] == {"total": 2, "success": 1, "failure": 1, "success_rate": 0.5, "failure_rate": 0.5}
     assert s["llm"]["cache_hit_rate"] == 0.25 and s["llm"]["api_calls"] == 3
