@@ -386,16 +386,6 @@ class ModelList(TypedDict):
     data: list[ModelEntry]
 
 
-def models_list(strategies: list[str], default: str | None, served_model: str, created: int) -> ModelList:
-    """`GET /v1/models`: `reasonray` (the default strategy), then `reasonray/<strategy>` for each enabled one."""
-
-    def entry(model_id: str, strategy: str | None) -> ModelEntry:
-        served = {"strategy": strategy, "model": served_model}
-        return {"id": model_id, "object": "model", "created": created, "owned_by": OWNER, "reasonray": served}
-
-    return {"object": "list", "data": [entry(DEFAULT_MODEL, default), *(entry(f"{DEFAULT_MODEL}/{s}", s) for s in strategies)]}
-
-
 def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: int = 0) -> CompletionUsage:
     """OpenAI's usage: `reasoning_tokens` are the completion tokens that are not the answer (the model's own thinking,
     `thinking_tokens` as its server counted them, is among them)."""
@@ -454,8 +444,14 @@ class OpenAICompat:
         return [s.name for s in described.strategies], described.default_strategy
 
     async def models(self) -> ModelList:
+        """`GET /v1/models`: `reasonray` (the default strategy), then `reasonray/<strategy>` for each enabled one."""
         names, default = await self.strategies()
-        return models_list(names, default, self.served_model, self.created)
+
+        def entry(model_id: str, strategy: str | None) -> ModelEntry:
+            served = {"strategy": strategy, "model": self.served_model}
+            return {"id": model_id, "object": "model", "created": self.created, "owned_by": OWNER, "reasonray": served}
+
+        return {"object": "list", "data": [entry(DEFAULT_MODEL, default), *(entry(f"{DEFAULT_MODEL}/{s}", s) for s in names)]}
 
     async def model(self, model_id: str) -> ModelEntry:
         """`GET /v1/models/{model}`: one entry of the list, or a 404 in OpenAI's shape."""

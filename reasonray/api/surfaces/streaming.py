@@ -25,21 +25,6 @@ from reasonray.kernel.tags import strip_thinking
 _DONE = object()
 
 
-class RunEvents:
-    """An asyncio queue fed by a run's event sink; events from other threads are handed to the loop."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
-
-    def __call__(self, event: Event) -> None:
-        if threading.get_ident() == self._thread:
-            self.queue.put_nowait(event)
-        else:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
-
-
 @dataclass(frozen=True)
 class Admitted:
     """The first item of a stream whose call passed validation and the guard: its handler runs now.
@@ -62,17 +47,25 @@ async def stream_call(
 ) -> AsyncGenerator[Admitted | Event | CallResult, None]:
     """`Admitted`, the events of the runs the call starts as they happen, then its `CallResult`; raises the
     call's `RpcError` when it fails (before `Admitted` when it was refused)."""
-    events = RunEvents()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    loop, thread = asyncio.get_running_loop(), threading.get_ident()
+
+    def listen(event: Event) -> None:  # events from other threads are handed to the loop
+        if threading.get_ident() == thread:
+            queue.put_nowait(event)
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
     context = contextvars.copy_context()  # the caller's principal (auth) and trace go along with the call
-    context.run(RUN_LISTENER.set, events)
-    call = rpc.run(method, params, trace_id, admitted=lambda: events.queue.put_nowait(ADMITTED))
+    context.run(RUN_LISTENER.set, listen)
+    call = rpc.run(method, params, trace_id, admitted=lambda: queue.put_nowait(ADMITTED))
     task = asyncio.create_task(call, context=context)
-    task.add_done_callback(lambda _: events.queue.put_nowait(_DONE))
+    task.add_done_callback(lambda _: queue.put_nowait(_DONE))
     try:
-        while (item := await events.queue.get()) is not _DONE:
+        while (item := await queue.get()) is not _DONE:
             yield item
-        while not events.queue.empty():  # events handed over from another thread just before the end
-            item = events.queue.get_nowait()
+        while not queue.empty():  # events handed over from another thread just before the end
+            item = queue.get_nowait()
             if item is not _DONE:
                 yield item
         yield CallResult(task.result())  # raises the call's RpcError
