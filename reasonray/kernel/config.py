@@ -9,6 +9,7 @@ Every error names the key and the values it allows (docs/configuration.md).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -652,10 +653,9 @@ class _Environment(EnvSettingsSource):
                         raise ConfigError(f"{name}: {'.'.join(path)} takes {kind} as JSON, got {raw!r}") from None
                 return raw
             if table:  # a key of a free-form table
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     return json.loads(raw)
-                except json.JSONDecodeError:
-                    return raw
+                return raw
             if section is None:
                 raise ConfigError(f"{name}: {'.'.join(path[: depth + 1])} is not a section")
             model = section

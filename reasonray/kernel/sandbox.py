@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from reasonray.kernel.errors import SandboxUnavailableError
@@ -178,13 +178,13 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunR
     return RunResult(stdout, stderr, None if timed_out else proc.returncode, timed_out, cut_out or cut_err)
 
 
+@dataclass
 class _Capture:
     """Keeps the first `limit` bytes of a stream and counts the rest without storing it."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.kept = bytearray()
-        self.size = 0
+    limit: int
+    kept: bytearray = field(default_factory=bytearray)
+    size: int = 0
 
     async def drain(self, stream: asyncio.StreamReader | None) -> None:
         assert stream is not None
