@@ -14,6 +14,7 @@ stream, so a cancel or a resubscription reaches a task running on another replic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import AsyncGenerator
@@ -259,10 +260,8 @@ class TaskBoard:
                 start = max(cursor, live.first_seq)
                 return live.events[start - live.first_seq :], end
             async with self._changed:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    pass
 
     def _sweep(self) -> None:
         now = time.monotonic()
