@@ -66,6 +66,14 @@ def server_tool(fn: Callable[..., Any] | None = None, *, name: str | None = None
     return wrap(fn) if fn is not None else wrap
 
 
+class ClientFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Tool name (OpenAI's rules).")
+    description: str = Field("", max_length=4000)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
 class ClientTool(BaseModel):
     """A tool the client runs, as an OpenAI function schema (`{"type": "function", "function": {...}}`)."""
 
@@ -77,17 +85,6 @@ class ClientTool(BaseModel):
     @property
     def name(self) -> str:
         return self.function.name
-
-
-class ClientFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="Tool name (OpenAI's rules).")
-    description: str = Field("", max_length=4000)
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-
-
-ClientTool.model_rebuild()
 
 
 class ToolBox:

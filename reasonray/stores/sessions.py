@@ -145,38 +145,27 @@ class PgSessionStore(Generic[S]):
         return None if found is None else self.model.model_validate_json(found[0]).model_copy(update={"version": found[1]})
 
     async def save(self, state: S) -> None:
-        doc = state.model_dump_json(exclude={"version"})
-        if await self.write(state.session_id, state.status, doc, state.version) is None:
-            raise stale_version(state.session_id, state.version)
-
-    async def row(self, session_id: str) -> tuple[str, int] | None:
-        """The session's state as JSON text (parsed once, by the caller's model) and its version."""
-        rows = await self.store.fetch("SELECT state::text, version FROM sessions WHERE session_id = %s", (session_id,))
-        return (rows[0][0], rows[0][1]) if rows else None
-
-    async def write(self, session_id: str, status: str, state_json: str, version: int) -> int | None:
-        """Store `state_json` as version `version + 1` if the stored version is still `version` (0: a new session).
-
-        Returns the new version, or None when another writer saved in between. A retry after a lost
-        connection that finds its own write already committed is a success.
-        """
+        """Store `state` as version `state.version + 1` if the stored version is still `state.version` (0: a new
+        session). A retry after a lost connection that finds its own write already committed is a success."""
+        session_id, version, doc = state.session_id, state.version, state.model_dump_json(exclude={"version"})
         if version == 0:
             sql = "INSERT INTO sessions (session_id, version, status, state) VALUES (%s, 1, %s, %s::jsonb) ON CONFLICT DO NOTHING RETURNING version"
-            params: tuple[Any, ...] = (session_id, status, state_json)
+            params: tuple[Any, ...] = (session_id, state.status, doc)
         else:
             sql = (
                 "UPDATE sessions SET version = version + 1, status = %s, state = %s::jsonb, updated_at = now() "
                 "WHERE session_id = %s AND version = %s RETURNING version"
             )
-            params = (status, state_json, session_id, version)
-        rows = await self.store.fetch(sql, params)
-        if rows:
-            stored: int = rows[0][0]
-            return stored
-        current = await self.row(session_id)
-        if current is not None and current[1] == version + 1 and json.loads(current[0]) == json.loads(state_json):
-            return version + 1  # our own write, committed before the connection dropped
-        return None
+            params = (state.status, doc, session_id, version)
+        if not await self.store.fetch(sql, params):
+            current = await self.row(session_id)  # our own write, committed before the connection dropped, is no conflict
+            if current is None or current[1] != version + 1 or json.loads(current[0]) != json.loads(doc):
+                raise stale_version(session_id, version)
+
+    async def row(self, session_id: str) -> tuple[str, int] | None:
+        """The session's state as JSON text (parsed once, by the caller's model) and its version."""
+        rows = await self.store.fetch("SELECT state::text, version FROM sessions WHERE session_id = %s", (session_id,))
+        return (rows[0][0], rows[0][1]) if rows else None
 
     async def ids(self) -> list[str]:
         return [r[0] for r in await self.store.fetch("SELECT session_id FROM sessions ORDER BY session_id")]
