@@ -58,10 +58,10 @@ class AuthGate:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         config: GateConfig | None = getattr(getattr(scope.get("app"), "state", None), "gate", None)
-        if scope["type"] != "http" or config is None or app_path(scope) in PUBLIC_PATHS:
+        path = app_path(scope)
+        if scope["type"] != "http" or config is None or path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        path = app_path(scope)
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-trace-id"), None)
         trace_id = accept_trace_id(given) or new_trace_id()
