@@ -15,6 +15,7 @@ Learning happens after the answer exists: if it fails, the run still returns its
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -89,10 +90,10 @@ class MemoryReport(BaseModel):
     passive: str | None = Field(None, description="Passive learning: 'captured', or why the exchange was skipped.")
 
 
+@dataclass(eq=False)
 class MemoryLoop:
-    def __init__(self, client: MemoryClient, settings: MemorySettings) -> None:
-        self.client = client
-        self.settings = settings
+    client: MemoryClient
+    settings: MemorySettings
 
     def report(self, params: MemoryParams | None, trace_id: str) -> MemoryReport:
         workspace = (params.workspace if params else None) or self.settings.default_workspace
@@ -193,12 +194,7 @@ class MemoryLoop:
         if why_not is None:
             emit(
                 MemoryLearning(
-                    **_about(llm, report),
-                    outcome="success",
-                    judged_by="passive",
-                    trajectories=1,
-                    stored=report.stored,
-                    source="passive",
+                    **_about(llm, report), outcome="success", judged_by="passive", trajectories=1, stored=report.stored, source="passive"
                 )
             )
 
@@ -208,14 +204,14 @@ def _about(llm: ObservedLLM, report: MemoryReport) -> dict[str, Any]:
     return {"trace_id": llm.trace_id, "strategy": llm.strategy, "workspace": report.workspace, "task_id": report.task_id}
 
 
+@dataclass(eq=False)
 class TrajectoryCapture:
     """Wraps a run's event sink to keep the text of its LLM replies: the trajectory, when the strategy reports none.
     The replies' text is `Choice.text` (LLM_INVOCATION's `responses`): a reasoning model's thinking, in the event's
     `reasoning`, is never fed to the judge and the extraction."""
 
-    def __init__(self, sink: EventSink) -> None:
-        self.sink = sink
-        self.replies: list[str] = []
+    sink: EventSink
+    replies: list[str] = field(default_factory=list)
 
     def __call__(self, event: Any) -> None:
         if isinstance(event, LLMInvocation) and event.responses:
