@@ -18,6 +18,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 from reasonray.kernel.events import read_event_log
 from reasonray.kernel.storage import LocalDatabase
 from reasonray.stores import cluster_store
+from reasonray.stores.sql import LocalSql
 
 if TYPE_CHECKING:
     from reasonray.stores.postgres import PgStore
@@ -58,7 +59,7 @@ class SqliteRunIndex:
 
     def __init__(self, data_dir: Path) -> None:
         self.root = Path(data_dir) / "runs"
-        self._db = LocalDatabase(self.root / "runs.sqlite3", self.SCHEMA, on_create=self._import_files, synchronous="NORMAL")
+        self.db = LocalSql(LocalDatabase(self.root / "runs.sqlite3", self.SCHEMA, on_create=self._import_files, synchronous="NORMAL"))
 
     def _import_files(self, db: sqlite3.Connection) -> None:
         for path in sorted(self.root.glob("*.json")):
@@ -72,20 +73,15 @@ class SqliteRunIndex:
 
     async def record(self, run: RunRecord, event_log: Path | None) -> None:
         row = (run.trace_id, run.model_dump_json(), str(event_log) if event_log else None)
-        # off the event loop: another process may hold the write lock for a moment
-        await asyncio.to_thread(self._db.run, lambda db: db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?)", row))
+        await self.db.fetch("INSERT OR REPLACE INTO runs VALUES (%s, %s, %s)", row)
 
     async def get(self, trace_id: str) -> tuple[RunRecord, list[dict[str, Any]]] | None:
-        def read(db: sqlite3.Connection) -> tuple[str, str | None] | None:
-            row = db.execute("SELECT run, event_log FROM runs WHERE trace_id = ?", (trace_id,)).fetchone()
-            return (row[0], row[1]) if row else None
-
-        found = await asyncio.to_thread(self._db.run, read)
-        if found is None:
+        rows = await self.db.fetch("SELECT run, event_log FROM runs WHERE trace_id = %s", (trace_id,))
+        if not rows:
             return None
-        log_path = Path(found[1]) if found[1] else None
-        events = read_event_log(log_path) if log_path is not None and log_path.exists() else []
-        return RunRecord.model_validate_json(found[0]), events
+        run, log_path = rows[0]
+        events = read_event_log(Path(log_path)) if log_path and Path(log_path).exists() else []
+        return RunRecord.model_validate_json(run), events
 
 
 @dataclass
