@@ -180,8 +180,8 @@ class ContextProviders:
         )
 
 
-def build_request(providers: ContextProviders, tools: list[dict[str, Any]], *, max_tokens: int, temperature: float) -> LLMRequest:
-    """Materialise the providers into one LLM request: instructions, bootstrap, conversation, tool rounds."""
+def build_request(providers: ContextProviders, tools: list[dict[str, Any]], *, max_tokens: int) -> LLMRequest:
+    """Materialise the providers into one LLM request (at temperature 0): instructions, bootstrap, conversation, tool rounds."""
     messages = [
         *providers.instructions.messages(providers.mode),
         *providers.bootstrap.messages(),
@@ -189,7 +189,7 @@ def build_request(providers: ContextProviders, tools: list[dict[str, Any]], *, m
         *providers.ledger.messages(),
     ]
     carried = tuple(_without_thinking(m) for m in messages)
-    return LLMRequest(messages=carried, tools=tuple(tools), max_tokens=max_tokens, temperature=temperature)
+    return LLMRequest(messages=carried, tools=tuple(tools), max_tokens=max_tokens, temperature=0.0)
 
 
 def _without_thinking(message: Message) -> Message:

@@ -82,7 +82,6 @@ class TurnReasoner:
     max_llm_calls: int
     llm_calls: int = 0  # calls made so far in this turn, across a client hand-off
     max_tokens: int = 2048
-    temperature: float = 0.0
     first_tool_choice: str | None = None
     """`tool_choice` of the turn's first call ("required": it must call a tool), for endpoints that enforce it."""
 
@@ -143,7 +142,7 @@ class TurnReasoner:
                 "raise max_llm_calls or simplify the task",
                 {"llm_calls": self.llm_calls},
             )
-        request = build_request(self.providers, self.executor.available(), max_tokens=self.max_tokens, temperature=self.temperature)
+        request = build_request(self.providers, self.executor.available(), max_tokens=self.max_tokens)
         if self.llm_calls == 0 and self.first_tool_choice is not None and request.tools:
             request = msgspec.structs.replace(request, tool_choice=self.first_tool_choice)
         self.providers.bootstrap.clear()  # turn-scoped context (the bootstrap) is shown to the model once, then dropped

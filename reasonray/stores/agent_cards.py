@@ -8,7 +8,6 @@ The stores keep any card that has an id (`StoredCard`): the strategies' `AgentCa
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -75,14 +74,12 @@ class FileCardStore(Generic[C]):
         return dict(self.cards)
 
     def put(self, card: C) -> None:
-        self._change(lambda cards: cards.__setitem__(card.id, card))
+        self._replace({**self.cards, card.id: card})
 
     def delete(self, card_id: str) -> None:
-        self._change(lambda cards: cards.pop(card_id, None))
+        self._replace({i: card for i, card in self.cards.items() if i != card_id})
 
-    def _change(self, change: Callable[[dict[str, C]], object]) -> None:
-        cards = dict(self.cards)
-        change(cards)
+    def _replace(self, cards: dict[str, C]) -> None:
         if self.path is not None:  # written first: a failed write leaves the directory as it was
             write_atomic(self.path, CardFile[self.model](agents=list(cards.values())).model_dump_json(indent=2).encode())  # type: ignore[name-defined]
         self.cards = cards
