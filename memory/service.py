@@ -7,6 +7,7 @@ the configuration describes (embedding model and Chroma client); `LocalMemory` i
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -140,7 +141,7 @@ def _remote(method: Callable[Concatenate[BankService, P], T]) -> Callable[Concat
         result: T = await self._call(method.__name__, *args, **kwargs)
         return result
 
-    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    functools.update_wrapper(call, method)  # its name, its docstring and its signature, which Ray checks calls against
     return call
 
 
