@@ -108,10 +108,6 @@ class PgRunIndex:
             return None
         return RunRecord.model_validate(dict(zip(self.COLUMNS, rows[0][:-1], strict=True))), rows[0][-1]
 
-    async def ids(self, limit: int) -> list[str]:
-        """The newest runs' trace ids."""
-        return [r[0] for r in await self.store.fetch("SELECT trace_id FROM runs ORDER BY started_at DESC LIMIT %s", (limit,))]
-
 
 def open_runs(store_url: str | None, data_dir: Path) -> RunIndex:
     """PostgreSQL with a store URL, else `<data_dir>/runs/runs.sqlite3`."""

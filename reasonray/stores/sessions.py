@@ -167,9 +167,6 @@ class PgSessionStore(Generic[S]):
         rows = await self.store.fetch("SELECT state::text, version FROM sessions WHERE session_id = %s", (session_id,))
         return (rows[0][0], rows[0][1]) if rows else None
 
-    async def ids(self) -> list[str]:
-        return [r[0] for r in await self.store.fetch("SELECT session_id FROM sessions ORDER BY session_id")]
-
 
 def open_sessions(model: type[S], store_url: str | None, data_dir: Path, retention_days: float | None = None) -> SessionStore[S]:
     """PostgreSQL when a store URL is configured, else `<data_dir>/sessions/` (swept by `retention_days`)."""
