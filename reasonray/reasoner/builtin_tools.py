@@ -10,22 +10,23 @@ from reasonray.gateway.arithmetic import DEFAULT_MAX_RESULT_DIGITS, evaluate, fo
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, MemoryItem, format_memory_block
 from reasonray.memory.service import MemoryClient
-from reasonray.reasoner.tools import ServerTool, ToolBox, server_tool
+from reasonray.reasoner.tools import ToolBox, server_tool
 
 
-def calculator_tool(max_result_digits: int = DEFAULT_MAX_RESULT_DIGITS) -> ServerTool:
+def builtin_toolbox(
+    limits: SandboxLimits = SandboxLimits(),
+    memory: MemoryClient | None = None,
+    default_workspace: str = "default",
+    max_calculator_digits: int = DEFAULT_MAX_RESULT_DIGITS,
+) -> ToolBox:
     @server_tool
     def calculator(expression: Annotated[str, Field(max_length=2000, description="Arithmetic, e.g. (17 * 23) + 4 / 2")]) -> str:
         """Evaluate an arithmetic expression exactly: numbers and + - * / // % ** with parentheses."""
         try:
-            return format_number(evaluate(expression, max_result_digits))
+            return format_number(evaluate(expression, max_calculator_digits))
         except ZeroDivisionError:
             raise ValueError(f"division by zero in {expression!r}") from None
 
-    return calculator
-
-
-def python_tool(limits: SandboxLimits) -> ServerTool:
     @server_tool(name="python")
     async def run(code: Annotated[str, Field(max_length=50_000, description="A Python program; print what you need to see.")]) -> str:
         """Run a Python program in a sandbox (no network, no files of the host, limited time, memory and processes) and return its output."""
@@ -36,31 +37,19 @@ def python_tool(limits: SandboxLimits) -> ServerTool:
             raise RuntimeError(f"the program failed (exit {result.exit_code}): {result.stderr.strip()[-1500:]}")
         return result.stdout
 
-    return run
-
-
-def memory_tool(memory: MemoryClient, default_workspace: str) -> ServerTool:
-    @server_tool(name="memory_search")
-    async def search(
-        query: Annotated[str, Field(min_length=1, max_length=5000, description="The task or question to find past lessons for.")],
-        workspace: Annotated[str | None, Field(pattern=WORKSPACE, description="Workspace to search; default: the server's.")] = None,
-        top_k: Annotated[int, Field(ge=1, le=5, description="Past tasks whose lessons to return.")] = 1,
-    ) -> str:
-        """Search the reasoning memory for lessons from similar past tasks (warnings mark past failures)."""
-        found = await memory.retrieve(query, workspace or default_workspace, top_k=top_k)
-        items = [MemoryItem.model_validate(r["memory"]) for r in found]
-        return format_memory_block(items) or "No memories of similar tasks."
-
-    return search
-
-
-def builtin_toolbox(
-    limits: SandboxLimits = SandboxLimits(),
-    memory: MemoryClient | None = None,
-    default_workspace: str = "default",
-    max_calculator_digits: int = DEFAULT_MAX_RESULT_DIGITS,
-) -> ToolBox:
-    tools = [calculator_tool(max_calculator_digits), python_tool(limits)]
+    tools = ToolBox([calculator, run])
     if memory is not None:
-        tools.append(memory_tool(memory, default_workspace))
-    return ToolBox(tools)
+
+        @server_tool(name="memory_search")
+        async def search(
+            query: Annotated[str, Field(min_length=1, max_length=5000, description="The task or question to find past lessons for.")],
+            workspace: Annotated[str | None, Field(pattern=WORKSPACE, description="Workspace to search; default: the server's.")] = None,
+            top_k: Annotated[int, Field(ge=1, le=5, description="Past tasks whose lessons to return.")] = 1,
+        ) -> str:
+            """Search the reasoning memory for lessons from similar past tasks (warnings mark past failures)."""
+            found = await memory.retrieve(query, workspace or default_workspace, top_k=top_k)
+            items = [MemoryItem.model_validate(r["memory"]) for r in found]
+            return format_memory_block(items) or "No memories of similar tasks."
+
+        tools.add(search)
+    return tools
