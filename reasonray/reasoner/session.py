@@ -370,16 +370,10 @@ class SessionPipeline:
         providers.conversation.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
         trim_history(providers.conversation.history, self.max_history)
         providers.ledger = ToolLedger()
-        kind = type(exc).__name__
-        await self._save_turn(
-            state,
-            providers,
-            reasoner,
-            [*state.trace, *as_dicts(trace)],
-            status="idle",
-            last_error={"error_type": kind, "message": exc.message, **exc.data},
-            last_outcome=_outcome(state, error={"error_type": kind, "message": exc.message, "data": exc.data}),
-        )
+        error = {"error_type": type(exc).__name__, "message": exc.message}
+        steps = [*state.trace, *as_dicts(trace)]
+        outcome = _outcome(state, error={**error, "data": exc.data})
+        await self._save_turn(state, providers, reasoner, steps, status="idle", last_error={**error, **exc.data}, last_outcome=outcome)
 
     async def _save_turn(
         self, state: SessionState, providers: ContextProviders, reasoner: TurnReasoner, steps: list[dict[str, Any]], **update: Any
