@@ -16,9 +16,8 @@ import ray
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
-from reasonray.api.registry_service import CatalogueSnapshot, RegisteredAgent, RegistryService, StrategiesDescription
+from reasonray.api.registry_service import Registry, RegistryService
 from reasonray.kernel.config import ReasoningSettings
-from reasonray.strategies.agents import AgentCard, AgentRegistration
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -31,32 +30,14 @@ class StrategyRegistryActor(RegistryService, Fingerprinted):
         super().__init__(ReasoningSettings.model_validate(reasoning), Path(data_dir) if data_dir else None, store_url=store_url)
 
 
-class RayRegistry:
+class RayRegistry(Registry):
     """The typed `reasonray.api.registry_service.Registry` over the application's registry actor."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def snapshot(self) -> CatalogueSnapshot:
-        return await unwrap(self.handle.snapshot.remote())
-
-    async def describe(self) -> StrategiesDescription:
-        return await unwrap(self.handle.describe.remote())
-
-    async def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent:
-        return await unwrap(self.handle.register_agent.remote(registration, known_methods))
-
-    async def get_agent(self, agent_id: str) -> AgentCard:
-        return await unwrap(self.handle.get_agent.remote(agent_id))
-
-    async def list_agents(self) -> list[AgentCard]:
-        return await unwrap(self.handle.list_agents.remote())
-
-    async def discover_agents(self, capabilities: list[str]) -> list[AgentCard]:
-        return await unwrap(self.handle.discover_agents.remote(capabilities))
-
-    async def unregister_agent(self, agent_id: str) -> AgentCard:
-        return await unwrap(self.handle.unregister_agent.remote(agent_id))
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
 
 
 def _registry_args(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None) -> tuple[Any, ...]:

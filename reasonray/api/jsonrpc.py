@@ -244,23 +244,14 @@ class Dispatcher:
         self.guard: Guard | None = None
 
     def method(
-        self,
-        name: str,
-        params: type[BaseModel],
-        description: str = "",
-        *,
-        access: Access,
-        result: type[BaseModel] | None = None,
-        stream: bool = False,
-        mcp_tool: str | None = None,
+        self, name: str, params: type[BaseModel], *, access: Access, result: type[BaseModel] | None = None
     ) -> Callable[[Handler], Handler]:
         """Register a method; `access` is required: a method nobody declared access for cannot be served."""
         if not isinstance(access, Access):
             raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.declarations), not {access!r}")
 
         def register(handler: Handler) -> Handler:
-            description_ = description or (handler.__doc__ or "").strip()
-            self.methods[name] = Method(handler, params, description_, access, result, stream, mcp_tool)
+            self.methods[name] = Method(handler, params, (handler.__doc__ or "").strip(), access, result)
             return handler
 
         return register

@@ -59,8 +59,7 @@ EXECUTE_ACCESS = Access(
 async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteResult:
     """Run a reasoning strategy on a query and return the answer with metrics (naming a remote A2A agent: its answer)."""
     if params.agent_id is not None and (card := await ctx.registry.get_agent(params.agent_id)).a2a_card_url:
-        budget_s = params.budget.deadline_s if params.budget else None
-        deadline_s = min((d for d in (ctx.service.deadline_s, budget_s) if d), default=None)
+        deadline_s = ctx.service.deadline_s(params.budget)
         return await forward(
             card.model_dump(mode="json"), params.query, params.strategy, call.trace_id, ctx.egress, deadline_s=deadline_s
         )  # docs/interop.md

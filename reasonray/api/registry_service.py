@@ -8,8 +8,9 @@ Answers are typed: the agents' `AgentCard`s themselves and small TypedDicts, whi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import structlog
 
@@ -19,6 +20,8 @@ from reasonray.strategies.agents import AgentCard, AgentDirectory, AgentRegistra
 from reasonray.strategies.registry import Catalogue, StrategyRegistry, build_catalogue
 
 log = structlog.get_logger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class CatalogueSnapshot(TypedDict):
@@ -90,43 +93,39 @@ class RegistryService:
         return self.agents.unregister(agent_id)
 
 
-class Registry(Protocol):
-    """The registry as the API sees it: RegistryService's methods, awaited (locally or on the actor)."""
+def _remote(method: Callable[Concatenate[RegistryService, P], T]) -> Callable[Concatenate[Registry, P], Coroutine[Any, Any, T]]:
+    """A RegistryService method as a Registry's: the same arguments, one `_call` by its name, awaited."""
 
-    async def describe(self) -> StrategiesDescription: ...
+    async def call(self: Registry, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        result: T = await self._call(method.__name__, *args, **kwargs)
+        return result
 
-    async def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent: ...
-
-    async def get_agent(self, agent_id: str) -> AgentCard: ...
-
-    async def list_agents(self) -> list[AgentCard]: ...
-
-    async def discover_agents(self, capabilities: list[str]) -> list[AgentCard]: ...
-
-    async def unregister_agent(self, agent_id: str) -> AgentCard: ...
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
 
 
-class LocalRegistry:
+class Registry:
+    """The registry as the API sees it: RegistryService's methods, awaited; each is one `_call` of the method by
+    name, in this process (`LocalRegistry`) or on the registry actor (`actors.registry.RayRegistry`)."""
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    snapshot = _remote(RegistryService.snapshot)
+    describe = _remote(RegistryService.describe)
+    register_agent = _remote(RegistryService.register_agent)
+    get_agent = _remote(RegistryService.get_agent)
+    list_agents = _remote(RegistryService.list_agents)
+    discover_agents = _remote(RegistryService.discover_agents)
+    unregister_agent = _remote(RegistryService.unregister_agent)
+
+
+class LocalRegistry(Registry):
     """`Registry` over a RegistryService in this process (tests, notebooks). Answers are copies, as an actor's
     reach their callers: a caller that edits its answer changes nobody else's."""
 
     def __init__(self, service: RegistryService) -> None:
         self.service = service
 
-    async def describe(self) -> StrategiesDescription:
-        return copy.deepcopy(self.service.describe())
-
-    async def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent:
-        return self.service.register_agent(registration, known_methods)
-
-    async def get_agent(self, agent_id: str) -> AgentCard:
-        return self.service.get_agent(agent_id)
-
-    async def list_agents(self) -> list[AgentCard]:
-        return self.service.list_agents()
-
-    async def discover_agents(self, capabilities: list[str]) -> list[AgentCard]:
-        return self.service.discover_agents(capabilities)
-
-    async def unregister_agent(self, agent_id: str) -> AgentCard:
-        return self.service.unregister_agent(agent_id)
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return copy.deepcopy(getattr(self.service, method)(*args, **kwargs))

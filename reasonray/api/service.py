@@ -182,11 +182,6 @@ class ExecuteParams(BaseModel):
             raise ValueError("extra_body is over 16 KiB as JSON")
         return value
 
-    @property
-    def thinking(self) -> Thinking:
-        """The request's thinking settings, under every strategy's own."""
-        return Thinking(self.reasoning_effort, self.thinking_budget)
-
     @field_validator("query")
     @classmethod
     def _sanitize(cls, value: str) -> str:
@@ -247,10 +242,9 @@ class ReasoningService:
         self._last_sweep = float("-inf")
         self._background: set[asyncio.Future[Any]] = set()
 
-    @property
-    def deadline_s(self) -> float | None:
-        """The server's deadline for every run ([budget] deadline_s); a request's budget may tighten it."""
-        return self.budget.deadline_s
+    def deadline_s(self, budget: BudgetParams | None) -> float | None:
+        """The run's deadline: the server's ([budget] deadline_s), tightened by the request's budget."""
+        return min((d for d in (self.budget.deadline_s, budget.deadline_s if budget else None) if d), default=None)
 
     def resolve_strategy(self, name: str, config: dict[str, Any]) -> tuple[ReasoningStrategy, dict[str, Any]]:
         """Another enabled strategy with its effective config, for strategies that compose others (MaTTS)."""
@@ -302,7 +296,12 @@ class ReasoningService:
         its recorder (event log, trace, listener) and the strategy's context."""
         if self.log_queries:  # opt-in debug logging, personal data redacted
             log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
-        memory = self._memory_params(params)
+        memory = params.memory
+        if memory is not None and self.memory_loop is None:
+            raise StrategyUnavailableError(
+                "this server has no memory bank ([memory] enabled = false); omit `memory` or ask an operator to enable it",
+                {"available": []},
+            )
         self._sweep_events()
         path = event_log_path(self.data_dir, trace_id) if self.data_dir is not None else None
         recorder = _Teed(path, keep=params.include_trace, listener=RUN_LISTENER.get(), mode=self.events.record)
@@ -310,7 +309,7 @@ class ReasoningService:
         capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
         sink: EventSink = capture or recorder
         budget = _tokens_of(self.budget).tightest(_tokens_of(params.budget) if params.budget else None)
-        deadline = min((d for d in (self.deadline_s, params.budget.deadline_s if params.budget else None) if d), default=None)
+        deadline = self.deadline_s(params.budget)
         context = StrategyContext(
             llm=ObservedLLM(
                 self.llm,
@@ -339,7 +338,10 @@ class ReasoningService:
             "reasonray.trace_id": context.trace_id,
             "reasonray.decided_by": plan.resolution.strategy_decided_by,
         }
-        with tracing.span(f"strategy {strategy_name}", attributes) as span, thinking_of(params.thinking, context.llm):
+        with (
+            tracing.span(f"strategy {strategy_name}", attributes) as span,
+            thinking_of(Thinking(params.reasoning_effort, params.thinking_budget), context.llm),
+        ):
             try:
                 async with asyncio.timeout(plan.deadline) as limit:
                     if memory is not None and memory.enabled and report is not None and self.memory_loop is not None:
@@ -447,25 +449,17 @@ class ReasoningService:
         )
         self._in_background(task, "events.sweep_failed")
 
-    def _in_background(self, task: asyncio.Future[Any], failed: str) -> None:
+    def _in_background(self, task: asyncio.Future[Any], failed: str, **context: Any) -> None:
         """Keep `task` referenced until it is done (the loop holds only weak references); its failure is logged as
-        `failed`, never the caller's."""
+        `failed` (with `context`), never the caller's."""
         self._background.add(task)
 
         def done(task: asyncio.Future[Any]) -> None:
             self._background.discard(task)
             if not task.cancelled() and (exc := task.exception()) is not None:
-                log.warning(failed, error=f"{type(exc).__name__}: {exc}"[:300])
+                log.warning(failed, **context, error=f"{type(exc).__name__}: {exc}"[:300])
 
         task.add_done_callback(done)
-
-    def _memory_params(self, params: ExecuteParams) -> MemoryParams | None:
-        if params.memory is not None and self.memory_loop is None:
-            raise StrategyUnavailableError(
-                "this server has no memory bank ([memory] enabled = false); omit `memory` or ask an operator to enable it",
-                {"available": []},
-            )
-        return params.memory
 
     async def _learn(self, plan: RunPlan, report: MemoryReport, query: str, result: ReasoningResult, verifier: Verifier | None) -> None:
         """Learning from the run: from its trajectories when it asked to learn, else passively (when the bank does)."""
@@ -479,16 +473,16 @@ class ReasoningService:
 
     def _meter(self, outcome: RunOutcome) -> None:
         """The run's tokens and outcome in the metrics (and a bounded-context run under its own names)."""
-        t = outcome.tally
-        record_run(self.metrics, outcome.strategy, outcome.agent, t.prompt_tokens, t.completion_tokens, outcome.specific)
-        if outcome.strategy == "bounded_context":
+        t, end = outcome.tally, outcome.end
+        record_run(self.metrics, end.strategy, outcome.agent, t.prompt_tokens, t.completion_tokens, outcome.specific)
+        if end.strategy == "bounded_context":
             status = type(outcome.error).__name__ if outcome.error is not None else "ok"
-            record_bounded_context(self.metrics, status, outcome.elapsed_ms / 1000, outcome.total_tokens, outcome.specific)
-        record_outcome(self.metrics, outcome.strategy, outcome.agent, outcome.status, outcome.elapsed_ms, t.calls)
+            record_bounded_context(self.metrics, status, end.execution_time_ms / 1000, end.total_tokens, outcome.specific)
+        record_outcome(self.metrics, end.strategy, outcome.agent, outcome.status, end.execution_time_ms, t.calls)
 
     @staticmethod
     def _charge(outcome: RunOutcome) -> None:
-        charge_tokens(outcome.total_tokens)  # the caller's token budget pays what the run used
+        charge_tokens(outcome.end.total_tokens)  # the caller's token budget pays what the run used
 
     def _record_run(self, outcome: RunOutcome) -> None:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
@@ -503,11 +497,6 @@ class ReasoningService:
         fsyncs each record, which no caller should wait on; the write finishes even when the caller goes away."""
         if self.runs is None:
             return
-        self._in_background(asyncio.ensure_future(self._write_index(outcome)), "run.not_indexed")
-
-    async def _write_index(self, outcome: RunOutcome) -> None:
-        """A failure to index is logged, never the caller's."""
-        assert self.runs is not None
         end = outcome.end
         run = RunRecord(
             trace_id=end.trace_id,
@@ -520,10 +509,7 @@ class ReasoningService:
             elapsed_ms=end.execution_time_ms,
             error=end.error,
         )
-        try:
-            await self.runs.record(run, outcome.event_log)
-        except Exception as exc:
-            log.warning("run.not_indexed", trace_id=end.trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        self._in_background(asyncio.ensure_future(self.runs.record(run, outcome.event_log)), "run.not_indexed", trace_id=end.trace_id)
 
 
 RunEndConsumer = Callable[["RunOutcome"], Awaitable[None] | None]
@@ -534,20 +520,14 @@ RunEndConsumer = Callable[["RunOutcome"], Awaitable[None] | None]
 class RunOutcome:
     """One run as it ended: what every run-end consumer reads (instead of each reading the LLM tally)."""
 
-    end: RunEnd  # the event that closes the run's event log
-    strategy: str
+    end: RunEnd  # the event that closes the run's event log: strategy, tokens, time
     agent: str  # the agent the run acted as, or `none`
     status: str  # ok, degraded, or the error's type
     error: Exception | None
     specific: dict[str, Any] | None  # the strategy's own metrics, or the error's data
     tally: Tally  # what the run's LLM calls added up to, as it ended
-    elapsed_ms: int
     started: float  # epoch seconds
     event_log: Path | None
-
-    @property
-    def total_tokens(self) -> int:
-        return self.tally.prompt_tokens + self.tally.completion_tokens
 
 
 @dataclass
@@ -566,18 +546,17 @@ class RunPlan:
     started: float
 
     def outcome(self, status: str, error: Exception | None, specific: dict[str, Any] | None) -> RunOutcome:
-        t, strategy = self.context.llm.tally, self.resolution.strategy
-        elapsed_ms = self.context.elapsed_ms()
+        t = self.context.llm.tally
         end = RunEnd(
             trace_id=self.context.trace_id,
-            strategy=strategy,
+            strategy=self.resolution.strategy,
             status="error" if error else "ok",
             total_tokens=t.prompt_tokens + t.completion_tokens,
-            execution_time_ms=elapsed_ms,
+            execution_time_ms=self.context.elapsed_ms(),
             error=type(error).__name__ if error else None,
         )
         tally = msgspec.structs.replace(t)  # a copy: a consumer that runs later reads the run as it ended
-        return RunOutcome(end, strategy, self.agent, status, error, specific, tally, elapsed_ms, self.started, self.event_log)
+        return RunOutcome(end, self.agent, status, error, specific, tally, self.started, self.event_log)
 
 
 class RunSampling(ThinkingSampling, frozen=True, omit_defaults=True):
