@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from contextlib import nullcontext
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -66,12 +67,9 @@ async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = 
     timeout_s = egress.settings.card_timeout_s
     card: A2ACard | None = None
     try:
-        async with asyncio.timeout(timeout_s):
-            if http is not None:
-                card = await A2ACardResolver(http, base, agent_card_path=path).get_agent_card()
-            else:
-                async with egress.client(timeout_s) as own:
-                    card = await A2ACardResolver(own, base, agent_card_path=path).get_agent_card()
+        # a client of the caller's stays open; one of our own is closed here
+        async with asyncio.timeout(timeout_s), nullcontext(http) if http is not None else egress.client(timeout_s) as client:
+            card = await A2ACardResolver(client, base, agent_card_path=path).get_agent_card()
     except (A2AError, httpx.HTTPError, ValidationError, ValueError, TimeoutError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     else:
@@ -150,13 +148,8 @@ async def forward(
         answer=answer,
         strategy_used=used,
         metrics=ReasoningMetrics(
-            total_tokens=0,
-            prompt_tokens=0,
-            completion_tokens=0,
+            **dict.fromkeys(("total_tokens", "prompt_tokens", "completion_tokens", "llm_calls", "cache_hits", "retries"), 0),
             execution_time_ms=took,
-            llm_calls=0,
-            cache_hits=0,
-            retries=0,
             model=f"a2a:{agent['id']}",
             simulated=False,
             strategy_specific={"remote": remote},
