@@ -1,30 +1,10 @@
 """JSON-RPC 2.0 in full: single and batch calls, notifications, and one table from errors to codes.
 
-| code   | meaning                                   | raised for                                            |
-|--------|-------------------------------------------|-------------------------------------------------------|
-| -32700 | parse error                               | the body is not JSON                                  |
-| -32600 | invalid request                           | not a JSON-RPC 2.0 request object, or an empty batch  |
-| -32601 | method not found                          | unknown method (the message lists the methods)        |
-| -32602 | invalid params                            | InvalidParamsError, Pydantic validation (in `data`)   |
-| -32603 | internal error                            | a bug (quote the trace id)                            |
-| -32002 | strategy unavailable                      | StrategyUnavailableError (`data.available`)           |
-| -32004 | token budget exceeded                     | BudgetExceededError                                   |
-| -32005 | not found                                 | NotFoundError: no such agent or session               |
-| -32006 | tool failed                               | ToolFailedError: the turn ended at a failed tool      |
-| -32007 | session state conflict                    | SessionStateError: e.g. a turn while calls are pending|
-| -32008 | memory unavailable                        | MemoryUnavailableError: Chroma or the embedding model |
-| -32001 | max iterations reached                    | MaxIterationsError (partial trace in `data`)          |
-| -32010 | model misbehaved                          | ModelBehaviorError                                    |
-| -32016 | unauthenticated                           | UnauthenticatedError: no or an invalid bearer token   |
-| -32003 | forbidden                                 | ForbiddenError: a role or ownership refusal           |
-| -32012 | rate limited                              | RateLimitedError (`data.retry_after_s`)               |
-| -32011 | overloaded, retry later                   | OverloadedError (`data.retry_after_s`)                |
-| -32013 | model provider failed                     | LLMError, summarised (`data.error_type`); no URL/body |
-| -32014 | cancelled                                 | RunCancelledError                                     |
-| -32015 | deadline exceeded                         | DeadlineExceededError                                 |
-
--32001 is "max iterations reached" as the specification fixes it; until 2026-11-28 it was "unauthenticated"
-and max iterations was -32009. -32009 is retired: nothing answers it, so no client reads a new meaning into it.
+The protocol's own codes (-32700, -32600, -32601, -32602, -32603) are named here; every other code is its
+error class's (`reasonray.kernel.errors`: `error_classes` walks the tree). docs/api.md ("Errors") lists them all
+with their meaning and `data`. -32001 is "max iterations reached" as the specification fixes it; until
+2026-11-28 it was "unauthenticated" and max iterations was -32009. -32009 is retired: nothing answers it, so
+no client reads a new meaning into it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from reasonray.api.results import OpenRpcDocument
 
 OPENRPC_VERSION = "1.3.2"
 DISCOVER = "rpc.discover"
-_REF_PREFIX = "#/components/schemas/"
 STREAM_DOC = (
     "POST /rpc only: answer as Server-Sent Events, one per run event as it happens, then `event: response` "
     "with the JSON-RPC response (docs/api.md, Streaming)"
@@ -42,25 +41,20 @@ def _errors() -> list[dict[str, Any]]:
     return [{"code": code, "message": message} for code, message in sorted(codes.items(), reverse=True)]
 
 
-class _Schemas:
-    """Collects the models' `$defs` into components.schemas, pointing every `$ref` there."""
+def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
+    components: dict[str, Any] = {}
 
-    def __init__(self) -> None:
-        self.components: dict[str, Any] = {}
-
-    def of(self, model: type[BaseModel], mode: Literal["validation", "serialization"]) -> JsonSchemaValue:
-        schema = model.model_json_schema(mode=mode, ref_template=_REF_PREFIX + "{model}")
-        self.components.update(schema.pop("$defs", {}))
+    def schema_of(model: type[BaseModel], mode: Literal["validation", "serialization"]) -> JsonSchemaValue:
+        """The model's schema, its `$defs` collected into components.schemas and every `$ref` pointing there."""
+        schema = model.model_json_schema(mode=mode, ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
         return schema
 
-
-def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
-    schemas = _Schemas()
     errors = _errors()
     methods = []
     for name in sorted(rpc.methods):
         method = rpc.methods[name]
-        params_schema = schemas.of(method.params, "validation")
+        params_schema = schema_of(method.params, "validation")
         required = set(params_schema.get("required", []))
         params = [
             {
@@ -73,10 +67,8 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
         ]
         if method.stream:  # a transport option, not a model field: POST /rpc answers it as SSE
             params.append({"name": "stream", "required": False, "schema": {"type": "boolean", "default": False}, "description": STREAM_DOC})
-        model = method.result
-        if model is None:  # every method documents its result: generated clients get real types, not `object`
+        if method.result is None:  # every method documents its result: generated clients get real types, not `object`
             raise TypeError(f"method {name!r} has no result model: register it with result=... (reasonray.api.results)")
-        result = schemas.of(model, "serialization")
         methods.append(
             {
                 "name": name,
@@ -84,7 +76,7 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
                 "description": method.description or name,
                 "paramStructure": "by-name",
                 "params": params,
-                "result": {"name": f"{name}.result", "schema": result},
+                "result": {"name": f"{name}.result", "schema": schema_of(method.result, "serialization")},
                 "errors": [{"$ref": f"#/components/errors/{e['code']}"} for e in errors],
             }
         )
@@ -92,7 +84,7 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
         openrpc=OPENRPC_VERSION,
         info={"title": "ReasonRay", "version": __version__, "description": "LLM reasoning served on Ray (docs/api.md)."},
         methods=methods,
-        components={"schemas": schemas.components, "errors": {str(e["code"]): e for e in errors}},
+        components={"schemas": components, "errors": {str(e["code"]): e for e in errors}},
     )
 
 
