@@ -106,7 +106,8 @@ def build_application(
     resilient: ResilientLLM | None = None
     if llm is None:
         client = client_for(settings)
-        cache = parts.cache if parts.cache is not UNSET else _local_cache(settings)
+        c = settings.llm.cache
+        cache = parts.cache if parts.cache is not UNSET else (LocalCacheStore(LRUTTLCache(c.max_entries, c.ttl_s)) if c.enabled else None)
         llm, resilient = build_llm(settings, client, cache, parts.metrics)
 
     use_memory = settings.memory.enabled if memory is None else memory
@@ -195,11 +196,6 @@ def local_guard(settings: Settings, application: Application) -> Guard:
     owners = LocalOwners(open_ownership(store, data_dir))
     limits = LocalLimits(RateLimiter(budgets=TokenBudgets(open_counters(store, data_dir))))
     return build_guard(settings, application.registry, application.service, owners, limits)
-
-
-def _local_cache(settings: Settings) -> CacheStore | None:
-    c = settings.llm.cache
-    return LocalCacheStore(LRUTTLCache(c.max_entries, c.ttl_s)) if c.enabled else None
 
 
 def local_dispatcher(

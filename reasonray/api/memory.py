@@ -13,14 +13,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from reasonray.api import results
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
 from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.api.service import ExecuteParams
-from reasonray.kernel.errors import InvalidParamsError, describe_errors
+from reasonray.kernel.errors import InvalidParamsError
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
 from reasonray.memory.loop import MemoryParams
@@ -144,10 +144,7 @@ async def retrieve(ctx: Context, params: RetrieveParams, call: Call) -> results.
     return results.RetrieveResult.of({"workspace": ctx.workspace(params.workspace), "memories": found}, call.trace_id)
 
 
-STORE_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),))
-
-
-@declare(MEMORY, "memory.store", access=STORE_ACCESS)
+@declare(MEMORY, "memory.store", access=Access(REASONERS, (Resource("workspace", "workspace", "claim", personal=True),)))
 async def store(ctx: Context, params: StoreParams, call: Call) -> results.StoreResult:
     """Store memory items (validated, parents checked) in one workspace; all or nothing."""
     items = [i.model_dump(mode="json", exclude_none=True) for i in params.items]
@@ -194,18 +191,13 @@ async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> results
     """Every workspace with its memory and trace counts."""
     workspaces = await ctx.memory.list_workspaces()
     seen = call.visible  # what the guard says the caller may see (None: all)
-    if seen is None:
-        return results.WorkspacesResult.of(
-            {"default_workspace": ctx.memory_settings.default_workspace, "workspaces": workspaces}, call.trace_id
-        )
-    visible = [w for w in workspaces if seen.allows(w["workspace"])]
-    return results.WorkspacesResult.of({"default_workspace": seen.default, "workspaces": visible}, call.trace_id)
+    if seen is not None:
+        workspaces = [w for w in workspaces if seen.allows(w["workspace"])]
+    default = ctx.memory_settings.default_workspace if seen is None else seen.default
+    return results.WorkspacesResult.of({"default_workspace": default, "workspaces": workspaces}, call.trace_id)
 
 
-DROP_ACCESS = Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),))
-
-
-@declare(MEMORY, "memory.delete_workspace", access=DROP_ACCESS)
+@declare(MEMORY, "memory.delete_workspace", access=Access(REASONERS, (Resource("workspace", "workspace", "drop", personal=True),)))
 async def delete_workspace(ctx: Context, params: DeleteWorkspaceParams, call: Call) -> results.DeleteWorkspaceResult:
     """Delete a workspace with all its memories and traces (needs confirm: true)."""
     if not params.confirm:
@@ -231,10 +223,7 @@ def _solve_params(params: SolveCodingTaskParams) -> ExecuteParams:
     memory = MemoryParams(
         enabled=params.use_memory, workspace=params.workspace, learn=params.store_result, task_id=params.task_id, domain="coding"
     )
-    try:  # ExecuteParams cleans the task further (found by fuzzing: a task of " " was an internal error)
-        return ExecuteParams(query=params.task, strategy="matts", strategy_config=base, memory=memory)
-    except ValidationError as exc:
-        raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
+    return ExecuteParams.checked(query=params.task, strategy="matts", strategy_config=base, memory=memory)
 
 
 @declare(MEMORY, "solve_coding_task", access=SOLVE_ACCESS, mcp_tool="solve_coding_task")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.api import results
 from reasonray.api.a2a_remote import forward
@@ -16,7 +16,6 @@ from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, RESOLVED, Access, Resource
 from reasonray.api.jsonrpc import Call, Table, declare
 from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult
-from reasonray.kernel.errors import InvalidParamsError, describe_errors
 
 REASONING: Table = {}
 
@@ -74,13 +73,8 @@ async def execute(ctx: Context, params: ExecuteParams, call: Call) -> ExecuteRes
 async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call) -> results.BoundedContextResult:
     """Bounded-context reasoning with its settings as flat parameters, answered with per-iteration results and savings."""
     config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
-    try:  # ExecuteParams cleans the query further (found by tests/security fuzzing: a query of " ")
-        execute_params = ExecuteParams(
-            query=params.query, strategy="bounded_context", strategy_config=config, include_trace=params.include_trace
-        )
-    except ValidationError as exc:
-        raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
-    result = await ctx.service.execute(execute_params, call.trace_id)
+    run = ExecuteParams.checked(query=params.query, strategy="bounded_context", strategy_config=config, include_trace=params.include_trace)
+    result = await ctx.service.execute(run, call.trace_id)
     specific = result.metrics.strategy_specific
     return results.BoundedContextResult(
         answer=result.answer,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from reasonray.api.access.caps import check_strategy_config, check_text
 from reasonray.api.access.tenancy import charge_tokens
@@ -36,6 +36,7 @@ from reasonray.kernel.errors import (
     RunCancelledError,
     StrategyUnavailableError,
     attach_partial,
+    describe_errors,
 )
 from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, Tally, event_log_path
 from reasonray.kernel.redact import redact
@@ -181,6 +182,15 @@ class ExecuteParams(BaseModel):
         if len(json.dumps(value)) > 16_384:
             raise ValueError("extra_body is over 16 KiB as JSON")
         return value
+
+    @classmethod
+    def checked(cls, **fields: Any) -> ExecuteParams:
+        """The run a method asks for from its own params; what does not validate (a query that is empty once
+        cleaned, found by fuzzing) is the caller's invalid params, not an internal error."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise InvalidParamsError(f"invalid params: {describe_errors(exc)}") from None
 
     @field_validator("query")
     @classmethod

@@ -47,10 +47,11 @@ def memory_search_for_admins(params: SessionSpec, sees_all: bool) -> None:
 
 
 SESSION_RUN = Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run")
-CREATE_ACCESS = Access(REASONERS, creates="session", checks=(memory_search_for_admins,))
 
 
-@declare(SESSIONS, "session.create", access=CREATE_ACCESS, mcp_tool="session_create")
+@declare(
+    SESSIONS, "session.create", access=Access(REASONERS, creates="session", checks=(memory_search_for_admins,)), mcp_tool="session_create"
+)
 async def session_create(ctx: Context, params: SessionSpec, call: Call) -> results.SessionCreateResult:
     """Start a session with its mode(s), server tools by name, client tools as schemas and bootstrap text."""
     return results.SessionCreateResult.of(await ctx.session_store.create(params), call.trace_id)
