@@ -67,6 +67,8 @@ CODE_NAMES = {
     INTERNAL_ERROR: "internal",
 }
 
+# docs/api.md: every result carries its trace id (its result model's `trace_id`), except rpc.discover's: the
+# OpenRPC document itself, which admits no other member (its trace id is in X-Trace-Id)
 VERBATIM_RESULTS = frozenset({"rpc.discover"})
 PROTOCOL_HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, METHOD_NOT_FOUND: 404, INVALID_PARAMS: 400, INTERNAL_ERROR: 500}
 
@@ -301,7 +303,7 @@ class Dispatcher:
         status = "ok"
         try:
             result = await self._answer(name, params, trace_id, admitted)
-            strategy = result.get("strategy_used") if isinstance(result, dict) else getattr(result, "strategy_used", None)
+            strategy = getattr(result, "strategy_used", None)
             return result
         except RpcError as error:
             strategy = error.data.get("strategy")
@@ -332,9 +334,9 @@ class Dispatcher:
                 return method.handler(parsed, here)
 
             if self.guard is None:
-                result = await invoke()
-            else:  # authorization, ownership, limits and audit wrap every method (reasonray.api.access.tenancy)
-                result = await self.guard(here, parsed, invoke)
+                return await invoke()
+            # authorization, ownership, limits and audit wrap every method (reasonray.api.access.tenancy)
+            return await self.guard(here, parsed, invoke)
         except RpcError as exc:
             raise _with_trace(exc, trace_id) from None
         except Exception as exc:
@@ -346,11 +348,6 @@ class Dispatcher:
                 detail = str(exc)[:500] if isinstance(exc, LLMError) else None
                 log.warning("rpc.error", method=name, code=error.code, error_type=error.data.get("error_type"), detail=detail)
             raise _with_trace(error, trace_id) from exc
-        # docs/api.md: every response carries its trace id, results included; rpc.discover's result is
-        # the OpenRPC document itself, which admits no other member (its trace id is in X-Trace-Id)
-        if isinstance(result, dict) and name not in VERBATIM_RESULTS:
-            result.setdefault("trace_id", trace_id)
-        return result
 
 
 def wire(result: Any) -> Any:

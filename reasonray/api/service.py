@@ -427,13 +427,8 @@ class ReasoningService:
         """Attach what the run achieved (`partial`: the strategy's shape, plus the tokens and calls spent)
         and the strategy's name to the error, for `error.data`; the error type, for the metrics."""
         t = context.llm.tally
-        spent = {
-            "tokens": t.prompt_tokens + t.completion_tokens,
-            "prompt_tokens": t.prompt_tokens,
-            "completion_tokens": t.completion_tokens,
-            "reasoning_tokens": t.reasoning_tokens,
-            "calls": t.calls,
-        }
+        counts = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "calls")
+        spent = {"tokens": t.prompt_tokens + t.completion_tokens, **{k: getattr(t, k) for k in counts}}
         attach_partial(exc, {**context.progress, **(getattr(exc, "partial_result", None) or {}), **spent})
         exc.strategy_name = strategy  # type: ignore[attr-defined]
         return error_for(exc).data["error_type"] if isinstance(exc, Exception) else "cancelled"
