@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from contextlib import nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,9 +53,11 @@ class RemoteAgentError(ReasonRayError):
     code, http_status, error_type = -32013, 502, "remote_agent_failed"
 
 
-def _caller() -> str:
+def _slot(egress: Egress, url: str, call_s: float) -> AbstractAsyncContextManager[None]:
+    """One of the caller's and one of the destination's outbound slots, for a call of `call_s` seconds to `url`."""
+    host, port = egress.policy.check_url(url)
     principal = CURRENT_PRINCIPAL.get()
-    return principal.sub if principal is not None else ANONYMOUS
+    return egress.gate.slot(f"{host}:{port}", principal.sub if principal is not None else ANONYMOUS, call_s + SLOT_MARGIN_S)
 
 
 async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = None) -> A2ACard:
@@ -65,7 +67,6 @@ async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = 
     parts = urlsplit(url)
     base, path = f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
     timeout_s = egress.settings.card_timeout_s
-    card: A2ACard | None = None
     try:
         # a client of the caller's stays open; one of our own is closed here
         async with asyncio.timeout(timeout_s), nullcontext(http) if http is not None else egress.client(timeout_s) as client:
@@ -73,23 +74,21 @@ async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = 
     except (A2AError, httpx.HTTPError, ValidationError, ValueError, TimeoutError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     else:
-        assert card is not None
         problem = "; ".join(
             ([] if any(i.protocol_binding == "JSONRPC" for i in card.supported_interfaces) else ["no JSONRPC interface"])
             + ([] if card.skills else ["no skills"])
         )
-    if problem:
-        # the caller learns that no usable card came, not why: a closed port, a timeout, a status, a page
-        # that is not a card would otherwise tell it what listens where (the operator's log has it)
-        log.warning("agent.card_unusable", url=url, error=problem[:500])
-        raise InvalidParamsError(
-            f"a2a_card_url {url!r}: no valid A2A agent card could be fetched there within {timeout_s:g} s "
-            "(one offering a JSONRPC interface and at least one skill); give the URL of a running agent's card "
-            "(…/.well-known/agent-card.json)",
-            {"a2a_card_url": url},
-        )
-    assert card is not None
-    return card
+        if not problem:
+            return card
+    # the caller learns that no usable card came, not why: a closed port, a timeout, a status, a page
+    # that is not a card would otherwise tell it what listens where (the operator's log has it)
+    log.warning("agent.card_unusable", url=url, error=problem[:500])
+    raise InvalidParamsError(
+        f"a2a_card_url {url!r}: no valid A2A agent card could be fetched there within {timeout_s:g} s "
+        "(one offering a JSONRPC interface and at least one skill); give the URL of a running agent's card "
+        "(…/.well-known/agent-card.json)",
+        {"a2a_card_url": url},
+    )
 
 
 async def remote_registration(registration: AgentRegistration, egress: Egress, http: httpx.AsyncClient | None = None) -> AgentRegistration:
@@ -102,8 +101,7 @@ async def remote_registration(registration: AgentRegistration, egress: Egress, h
             "drop the reasoning.strategy.* capabilities",
             {"capabilities": wrong},
         )
-    host, port = egress.policy.check_url(registration.a2a_card_url)
-    async with egress.gate.slot(f"{host}:{port}", _caller(), egress.settings.card_timeout_s + SLOT_MARGIN_S):
+    async with _slot(egress, registration.a2a_card_url, egress.settings.card_timeout_s):
         card = await fetch_card(registration.a2a_card_url, egress, http)
     skills = [REMOTE_SKILL + s.id for s in card.skills]
     labels = [c for c in registration.capabilities if not c.startswith(REMOTE_SKILL)]
@@ -132,9 +130,8 @@ async def forward(
     skill = skill or agent.get("default_strategy")
     started = time.perf_counter()
     limit_s = min(d for d in (egress.settings.call_timeout_s, deadline_s) if d is not None)
-    host, port = egress.policy.check_url(agent["a2a_card_url"])
     try:
-        async with egress.gate.slot(f"{host}:{port}", _caller(), limit_s + SLOT_MARGIN_S), asyncio.timeout(limit_s):
+        async with _slot(egress, agent["a2a_card_url"], limit_s), asyncio.timeout(limit_s):
             replies = await _send(agent, query, skill, trace_id, egress, http, limit_s)
     except TimeoutError:
         raise RemoteAgentError(

@@ -67,13 +67,10 @@ class RegistryService:
         """Built once: the catalogue and the plugin failures are fixed when the service starts, and each strategy's
         config schema took about a millisecond of the actor's CPU to generate, on every `reasoning.strategies`."""
         if self._described is None:
-            catalogue = self.catalogue.describe()
-            failures = [f.__dict__ for f in self.registry.failures]
-            self._described = {
-                "default_strategy": catalogue["default_strategy"],
-                "strategies": catalogue["strategies"],
-                "plugin_failures": failures,
-            }
+            c, failures = self.catalogue.describe(), [f.__dict__ for f in self.registry.failures]
+            self._described = StrategiesDescription(
+                default_strategy=c["default_strategy"], strategies=c["strategies"], plugin_failures=failures
+            )
         return self._described
 
     def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent:
