@@ -10,9 +10,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from reasonray.api.access.egress import Egress
+from reasonray.api.jsonrpc import Params
 from reasonray.api.registry_service import Registry
 from reasonray.api.service import ReasoningService
 from reasonray.kernel.config import CapSettings, MemorySettings
@@ -24,8 +23,8 @@ from reasonray.reasoner.session import Sessions
 CacheStats = Callable[[], Awaitable[dict[str, Any]]]
 
 
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NoParams(Params):
+    pass
 
 
 @dataclass(frozen=True)

@@ -3,29 +3,25 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from reasonray.api import results
 from reasonray.api.a2a_remote import remote_registration
 from reasonray.api.access.auth import REMOTE_AGENTS
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
-from reasonray.api.jsonrpc import Call, Table, declare
+from reasonray.api.jsonrpc import Call, Params, Table, declare
 from reasonray.kernel.errors import InvalidParamsError
 from reasonray.strategies.agents import AGENT_ID, AgentCard, AgentRegistration
 
 AGENTS: Table = {}
 
 
-class AgentIdParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AgentIdParams(Params):
     agent_id: str = Field(pattern=AGENT_ID, description="The agent's id.")
 
 
-class DiscoverParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DiscoverParams(Params):
     capabilities: list[str] = Field(
         default_factory=list, max_length=64, description="Agents advertising all of these are returned; empty: every agent."
     )

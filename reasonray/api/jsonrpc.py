@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 import structlog
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from reasonray.api.declarations import Access, Visible
 from reasonray.gateway.errors import (
@@ -167,6 +167,12 @@ _Fn = TypeVar("_Fn", bound=Handler)
 Guard = Callable[[Call, BaseModel, Callable[[], Awaitable[Any]]], Awaitable[Any]]
 """Wraps every method call: admits the caller by the method's declared access before `invoke()`
 (reasonray.api.access.tenancy)."""
+
+
+class Params(BaseModel):
+    """The base of every method's params model: a member the method does not name is invalid params."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass

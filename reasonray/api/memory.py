@@ -13,12 +13,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, Field
 
 from reasonray.api import results
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
-from reasonray.api.jsonrpc import Call, Table, declare
+from reasonray.api.jsonrpc import Call, Params, Table, declare
 from reasonray.api.service import ExecuteParams
 from reasonray.kernel.errors import InvalidParamsError
 from reasonray.kernel.sandbox import SandboxLimits, run_python
@@ -29,11 +29,7 @@ MEMORY: Table = {}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class WorkspaceParam(_Params):
+class WorkspaceParam(Params):
     workspace: str | None = Field(None, pattern=WORKSPACE, description="The workspace; default: the server's default workspace.")
 
 
@@ -47,7 +43,7 @@ class RetrieveParams(WorkspaceParam):
     min_similarity: float | None = Field(None, ge=0, le=1, description="Similarity floor (default: server's).")
 
 
-class MemoryItemInput(_Params):
+class MemoryItemInput(Params):
     """A memory item to store; `workspace` and `evolution_stage` are the bank's to set."""
 
     id: uuid.UUID | None = Field(None, description="Omit to get a new UUID.")
@@ -83,12 +79,12 @@ class TracesParams(WorkspaceParam):
     task_id: str = Field(min_length=1, max_length=200)
 
 
-class DeleteWorkspaceParams(_Params):
+class DeleteWorkspaceParams(Params):
     workspace: str = Field(pattern=WORKSPACE, description="The workspace to delete, with all its memories and traces.")
     confirm: bool = Field(False, description="Must be true: the deletion cannot be undone.")
 
 
-class SolveCodingTaskParams(_Params):
+class SolveCodingTaskParams(Params):
     """The ReasoningBank MCP server's `solve_coding_task` tool, with its parameters."""
 
     task: str = Field(min_length=1, description="The coding task (at most `[limits] max_query_chars` characters).")
@@ -102,7 +98,7 @@ class SolveCodingTaskParams(_Params):
     task_id: str | None = Field(None, min_length=1, max_length=200)
 
 
-class RetrieveMemoriesParams(_Params):
+class RetrieveMemoriesParams(Params):
     """The ReasoningBank MCP server's `retrieve_memories` tool, with its parameters."""
 
     query: str = Field(min_length=1, max_length=20_000)
@@ -112,7 +108,7 @@ class RetrieveMemoriesParams(_Params):
     domain: str | None = Field(None, max_length=100)
 
 
-class GenealogyAliasParams(_Params):
+class GenealogyAliasParams(Params):
     memory_id: str = Field(min_length=1, max_length=64)
     workspace: str | None = Field(None, pattern=WORKSPACE)
 

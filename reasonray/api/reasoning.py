@@ -8,22 +8,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from reasonray.api import results
 from reasonray.api.a2a_remote import forward
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, RESOLVED, Access, Resource
-from reasonray.api.jsonrpc import Call, Table, declare
+from reasonray.api.jsonrpc import Call, Params, Table, declare
 from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult
 
 REASONING: Table = {}
 
 
-class BoundedContextParams(BaseModel):
+class BoundedContextParams(Params):
     """Parameters of `reasoning.bounded_context`; omitted settings take the server's defaults."""
-
-    model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, description="The problem to solve (at most `[limits] max_query_chars` characters).")
     chunk_size: int | None = Field(None, description="Max tokens per iteration (128-32768).")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from reasonray.api.access.caps import check_strategy_config, check_text
 from reasonray.api.access.tenancy import charge_tokens
-from reasonray.api.jsonrpc import error_for
+from reasonray.api.jsonrpc import Params, error_for
 from reasonray.api.structured import conform, schema_of
 from reasonray.gateway.observed import ObservedLLM, Sampling
 from reasonray.gateway.protocol import LLM, LLMRequest
@@ -86,9 +86,7 @@ RUN_LISTENER: ContextVar[EventSink | None] = ContextVar("reasonray_run_listener"
 set it around a call: see reasonray/api/surfaces/streaming.py); strategies never see it."""
 
 
-class BudgetParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class BudgetParams(Params):
     max_prompt_tokens: int | None = Field(None, ge=64, description="Prompts above this are cut, head and tail kept, with a WARNING event.")
     max_output_tokens: int | None = Field(None, ge=1, description="Caps every call's max_tokens.")
     max_total_tokens: int | None = Field(None, ge=1, description="Prompt plus completion tokens the whole request may spend.")
@@ -98,10 +96,8 @@ class BudgetParams(BaseModel):
     deadline_s: float | None = Field(None, gt=0, description="Seconds the run may take; then -32015 with what it achieved so far.")
 
 
-class SamplingParams(BaseModel):
+class SamplingParams(Params):
     """Sampling applied to every LLM call of the run, over the strategy's own choice."""
-
-    model_config = ConfigDict(extra="forbid")
 
     temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature of every call (0-2).")
     top_p: float | None = Field(None, ge=0, le=1, description="Nucleus sampling mass of every call (0-1).")
@@ -119,10 +115,8 @@ class JsonSchemaFormat(BaseModel):
     description: str | None = Field(None, description="What the answer is for (shown to the model).")
 
 
-class ResponseFormatParams(BaseModel):
+class ResponseFormatParams(Params):
     """The answer's shape (OpenAI's `response_format`): the answer is JSON that parses and validates, or -32010."""
-
-    model_config = ConfigDict(extra="forbid")
 
     type: Literal["text", "json_object", "json_schema"] = Field(description="text: as the strategy answers; json_object; json_schema.")
     json_schema: JsonSchemaFormat | None = Field(None, description="The schema, for type json_schema.")
@@ -139,10 +133,8 @@ class ResponseFormatParams(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-class ExecuteParams(BaseModel):
+class ExecuteParams(Params):
     """Parameters of `reasoning.execute`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, description="The problem to solve (at most `[limits] max_query_chars` characters).")
     strategy: str | None = Field(

@@ -4,22 +4,20 @@ application has sessions."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from reasonray.api import results
 from reasonray.api.access.caps import check_text
 from reasonray.api.context import Context, NoParams
 from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
-from reasonray.api.jsonrpc import Call, Table, declare
+from reasonray.api.jsonrpc import Call, Params, Table, declare
 from reasonray.kernel.errors import ForbiddenError
 from reasonray.reasoner.session import SESSION_ID, SessionSpec
 
 SESSIONS: Table = {}
 
 
-class SessionIdParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SessionIdParams(Params):
     session_id: str = Field(pattern=SESSION_ID, description="The session's id, from session.create.")
 
 
@@ -27,9 +25,7 @@ class TurnParams(SessionIdParams):
     message: str = Field(min_length=1, description="The user's message for this turn (at most `[limits] max_query_chars` characters).")
 
 
-class ToolResultParam(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ToolResultParam(Params):
     tool_call_id: str = Field(min_length=1, max_length=128, description="The id of the pending call this answers.")
     content: str = Field(max_length=1_000_000, description="The tool's output (or its error message).")
     is_error: bool = Field(False, description="True when the client tool failed; the turn then ends with -32006.")
