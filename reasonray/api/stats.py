@@ -13,19 +13,14 @@ STATS: Table = {}
 OWN_USAGE = Access(EVERYONE, own_usage=True)
 
 
-async def statistics(ctx: Context, call: Call) -> StatsResult:
-    """The bank's counters and the LLM cache's, or the caller's own usage when it may not see the server's."""
-    stats = await ctx.memory.stats()
-    if ctx.cache_stats is not None:
-        stats["llm_cache"] = await ctx.cache_stats()
-    return StatsResult.of(own_statistics(stats, call.usage) if call.usage is not None else stats, call.trace_id)
-
-
 @declare(STATS, "stats.get", access=OWN_USAGE)
 async def stats_get(ctx: Context, params: NoParams, call: Call) -> StatsResult:
     """Traces and success rate, LLM calls and cache hit rate, retrieval and embedding latency (a caller who
     may not see every principal's data gets its own usage instead)."""
-    return await statistics(ctx, call)
+    stats = await ctx.memory.stats()
+    if ctx.cache_stats is not None:
+        stats["llm_cache"] = await ctx.cache_stats()
+    return StatsResult.of(own_statistics(stats, call.usage) if call.usage is not None else stats, call.trace_id)
 
 
 @declare(STATS, "stats.reset", access=Access(OPERATORS))
@@ -37,4 +32,4 @@ async def stats_reset(ctx: Context, params: NoParams, call: Call) -> StatsResult
 @declare(STATS, "get_statistics", access=OWN_USAGE, mcp_tool="get_statistics")
 async def get_statistics(ctx: Context, params: NoParams, call: Call) -> StatsResult:
     """Alias of stats.get."""
-    return await statistics(ctx, call)
+    return await stats_get(ctx, params, call)
