@@ -78,10 +78,8 @@ def openai_error(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     model); the JSON-RPC code and data ride along in `reasonray`."""
     view = view_of(error["code"])
     data = error.get("data") or {}
-    if error["code"] == STRATEGY_UNAVAILABLE:
-        code = "model_not_found"
-    else:
-        code = data.get("error_type") or CODE_NAMES.get(error["code"]) or "reasonray_error"
+    unavailable = error["code"] == STRATEGY_UNAVAILABLE
+    code = "model_not_found" if unavailable else data.get("error_type") or CODE_NAMES.get(error["code"]) or "reasonray_error"
     body = {"message": error["message"], "type": view.openai_type, "param": None, "code": code}
     return view.http_status, {"error": {**body, "reasonray": {"code": error["code"], "data": data}}}
 

@@ -1,6 +1,6 @@
 """The result models of the JSON-RPC methods: what each method answers, as `rpc.discover` advertises it.
 
-Every method of the table names its result model (`Dispatcher.method(..., result=...)`); the OpenRPC
+Every method of the table names its result model (its `declare`d return annotation); the OpenRPC
 document takes the result schemas from these models, and a unit test runs every method and checks
 its real result against the advertised schema, so the two cannot drift. Methods return these models
 (a store's record made one by `Result.of`), and the dispatcher serialises them only at the JSON-RPC

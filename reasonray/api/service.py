@@ -439,16 +439,14 @@ class ReasoningService:
         if self.data_dir is None or now - self._last_sweep < self.events.sweep_interval_s:
             return
         self._last_sweep = now
-        task = asyncio.ensure_future(
-            asyncio.to_thread(
-                sweep, Path(self.data_dir) / "events", max_age_days=self.events.max_age_days, max_total_mb=self.events.max_total_mb
-            )
-        )
-        self._in_background(task, "events.sweep_failed")
+        e = self.events
+        retention = asyncio.to_thread(sweep, Path(self.data_dir) / "events", max_age_days=e.max_age_days, max_total_mb=e.max_total_mb)
+        self._in_background(retention, "events.sweep_failed")
 
-    def _in_background(self, task: asyncio.Future[Any], failed: str, **context: Any) -> None:
-        """Keep `task` referenced until it is done (the loop holds only weak references); its failure is logged as
-        `failed` (with `context`), never the caller's."""
+    def _in_background(self, work: Awaitable[Any], failed: str, **context: Any) -> None:
+        """Run `work` as a task, referenced until it is done (the loop holds only weak references); its failure is
+        logged as `failed` (with `context`), never the caller's."""
+        task = asyncio.ensure_future(work)
         self._background.add(task)
 
         def done(task: asyncio.Future[Any]) -> None:
@@ -487,7 +485,7 @@ class ReasoningService:
             return
         # the counts the bank keeps, as numbers (a Ray client adds up a batch of these before it sends them)
         tally = {k: getattr(outcome.tally, k) for k in ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tokens")}
-        self._in_background(asyncio.ensure_future(self.memory.record_run(tally, outcome.status == "ok")), "memory.stats_not_recorded")
+        self._in_background(self.memory.record_run(tally, outcome.status == "ok"), "memory.stats_not_recorded")
 
     def _index(self, outcome: RunOutcome) -> None:
         """The run in the run index, with its event log, written while the answer goes out: the file index
@@ -506,7 +504,7 @@ class ReasoningService:
             elapsed_ms=end.execution_time_ms,
             error=end.error,
         )
-        self._in_background(asyncio.ensure_future(self.runs.record(run, outcome.event_log)), "run.not_indexed", trace_id=end.trace_id)
+        self._in_background(self.runs.record(run, outcome.event_log), "run.not_indexed", trace_id=end.trace_id)
 
 
 RunEndConsumer = Callable[["RunOutcome"], Awaitable[None] | None]
