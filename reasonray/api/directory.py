@@ -65,10 +65,9 @@ async def agent_get(ctx: Context, params: AgentIdParams, call: Call) -> results.
     return results.AgentResult.of((await ctx.registry.get_agent(params.agent_id)).model_dump(), call.trace_id)
 
 
-def visible(agents: list[AgentCard], call: Call | None) -> list[AgentCard]:
+def visible(agents: list[AgentCard], call: Call) -> list[AgentCard]:
     """The cards the caller may see (the guard says which: `Call.visible`), every card without a guard."""
-    seen = call.visible if call is not None else None
-    return agents if seen is None else [a for a in agents if seen.allows(a.id)]
+    return agents if (seen := call.visible) is None else [a for a in agents if seen.allows(a.id)]
 
 
 @declare(AGENTS, "agent.list", access=Access(EVERYONE, lists="agent"))

@@ -123,8 +123,7 @@ def tests_verifier(tests: str, limits: SandboxLimits) -> Callable[[str], Awaitab
     """Success when the solution and the tests run together in the sandbox without an error."""
 
     async def verify(answer: str) -> bool:
-        result = await run_python(f"{extract_code(answer)}\n\n{tests}\n", limits)
-        return result.ok
+        return (await run_python(f"{extract_code(answer)}\n\n{tests}\n", limits)).ok
 
     return verify
 

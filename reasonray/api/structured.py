@@ -69,10 +69,8 @@ def json_values(text: str) -> list[Any]:
     text = text.strip()
     found: list[Any] = []
     decoder = json.JSONDecoder()
-    candidates = [text]
-    if "```" in text:
-        candidates += [block.removeprefix("json").strip() for block in text.split("```")[1::2]]
-    for candidate in candidates:
+    fenced = [block.removeprefix("json").strip() for block in text.split("```")[1::2]]  # none without a fence
+    for candidate in [text, *fenced]:
         try:
             found.append(json.loads(candidate))
         except ValueError:
