@@ -165,9 +165,7 @@ async def _send(
         card = await fetch_card(agent["a2a_card_url"], egress, http)
         client = await create_client(card, ClientConfig(httpx_client=http, streaming=False))
         message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
-        if skill:
-            message.metadata.update({"skill": skill})
-        message.metadata.update({"traceId": trace_id})
+        message.metadata.update({"traceId": trace_id, **({"skill": skill} if skill else {})})
         return [r async for r in client.send_message(SendMessageRequest(message=message))]
     except InvalidParamsError:
         raise RemoteAgentError(

@@ -56,8 +56,8 @@ class RegistryService:
         # ConfigError names an unreadable directory file or an unreachable store
         self.agents = AgentDirectory(repository=open_cards(AgentCard, store_url, data_dir))
         for card in self.agents.cards.values():
-            stale = [name for name in card.strategies if name not in self.catalogue.entries]
-            if stale:  # registered while enabled, disabled since: requests for them get a clear error
+            # registered while enabled, disabled since: requests for them get a clear error
+            if stale := [name for name in card.strategies if name not in self.catalogue.entries]:
                 log.warning("agent.strategies_disabled", agent_id=card.id, strategies=stale)
 
     def snapshot(self) -> CatalogueSnapshot:
