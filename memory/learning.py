@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from reasonray.gateway.protocol import LLM, LLMRequest, system, user
 from reasonray.kernel.errors import ModelBehaviorError
+from reasonray.kernel.extraction import final_number
 from reasonray.kernel.tags import extract_tag, normalize_answer
 from reasonray.memory.items import (
     ErrorContext,
@@ -134,11 +135,17 @@ def clip(text: str, limit: int = MAX_TRAJECTORY_CHARS) -> str:
 
 
 def exact_verifier(expected: str) -> Verifier:
-    """Success when the answer equals `expected` once normalised ("1,200.00" equals "1200")."""
+    """Success when the answer equals `expected` once normalised ("1,200.00" equals "1200"), or, for a numeric
+    `expected`, when the answer's last number does: an untagged reply ("The larger is 52.") states its answer last,
+    the way answer scorers read it, and judging it a failure would teach the memory the opposite of the truth."""
     want = normalize_answer(expected)
+    numeric = normalize_answer(final_number(expected) or "") == want
 
     async def verify(answer: str) -> bool:
-        return normalize_answer(answer) == want
+        if normalize_answer(answer) == want:
+            return True
+        last = final_number(answer) if numeric else None
+        return last is not None and normalize_answer(last) == want
 
     return verify
 

@@ -48,6 +48,14 @@ async def test_a_verifier_labels_without_asking_the_model():
     assert (verdict.outcome, verdict.judged_by) == ("failure", "verifier")
 
 
+async def test_the_exact_verifier_reads_a_numeric_answer_as_scorers_do():
+    larger = exact_verifier("52")
+    assert await larger("The larger is 52.") and await larger("47 vs 52: the answer is 52") and await larger("$52.00")
+    assert not await larger("52 is not it, the larger is 47") and not await larger("no number here")
+    words = exact_verifier("Paris")  # a non-numeric answer must equal it: no number is read out of the reply
+    assert await words("paris.") and not await words("It is Paris, 2 km away")
+
+
 async def test_an_unreadable_verdict_is_an_error_not_a_guess():
     with pytest.raises(ModelBehaviorError, match="no <status>"):
         await Learner(ScriptedLLM(["I think it is probably fine"])).judge("q", RUN)
