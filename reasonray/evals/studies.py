@@ -12,7 +12,7 @@ runs that retrieved one (a memory-on arm that stored nothing has not tested lear
 Scaling curves: MaTTS logs every attempt in order (`attempts`: its normalized answer, judge score, chosen, or
 how it failed). The first k attempts of a run at K are a run at k (attempt i is sampled with seed + i at the
 same temperature whatever K is), so for k = 1..K: majority@k is the most common answer among the first k
-finished attempts (ties to the earlier), judge-selected@k is the attempt the run's own rule would choose among
+finished attempts as the scorer reads them (ties to the earlier), judge-selected@k is the attempt the run's own rule would choose among
 them (`strategies.matts.judge_selected`), oracle pass@k is whether any of them is right (an upper bound no
 selector reaches). Intervals resample examples. Three paired tests go with each curve: majority@K and
 judge-selected@K against the same rule at k = 1, and judge-selected@K against majority@K.
@@ -106,8 +106,9 @@ def _right(answer: str | None, reference: str) -> bool:
 
 
 def majority(attempts: list[dict[str, Any]]) -> str | None:
-    """The most common answer among finished attempts with one; ties to the answer given first."""
-    answers = [a["answer"] for a in attempts if a.get("failed") is None and a.get("answer")]
+    """The most common answer among finished attempts with one, each read as the scorer reads it (its last number,
+    else its text: two prose replies ending in the same number are one vote); ties to the answer given first."""
+    answers = [extract_number(a["answer"]) or a["answer"] for a in attempts if a.get("failed") is None and a.get("answer")]
     if not answers:
         return None
     counts = Counter(answers)

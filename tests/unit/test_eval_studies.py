@@ -152,6 +152,8 @@ def test_k_curves_from_one_attempt_log():
     ]
     log[4]["answer"] = None
     assert majority(log[:3]) == "4" and majority(log[:4]) == "4"  # 2:2 ties to the answer given first
+    prose = [_attempt(0, "so it is 7"), _attempt(1, "the larger one is 52"), _attempt(2, "52 is larger than 47, so 52")]
+    assert majority(prose) == "52"  # replies are votes for what the scorer reads in them, not for their wording
     assert k_outcomes(log, "5", 1) == {"majority": False, "judge": False, "oracle": False}
     assert k_outcomes(log, "5", 2) == {"majority": False, "judge": True, "oracle": True}  # judge: 0.9 beats 0.2
     assert k_outcomes(log, "5", 3) == {"majority": False, "judge": True, "oracle": True}
