@@ -157,19 +157,14 @@ class ThinkingSampling(Sampling, frozen=True, omit_defaults=True):
         return super().apply(RUN_THINKING.get().apply(request))
 
 
-def _observe_thinking(llm: ObservedLLM) -> None:
-    """Have `llm` apply RUN_THINKING to every request, keeping whatever sampling the caller asked for."""
-    if not isinstance(llm.sampling, ThinkingSampling):
-        llm.sampling = ThinkingSampling(**(msgspec.structs.asdict(llm.sampling) if llm.sampling is not None else {}))
-
-
 @contextmanager
 def thinking_of(settings: Thinking, llm: ObservedLLM) -> Iterator[None]:
     """Within the block, `llm`'s requests carry `settings` (over an enclosing strategy's) unless they set their own."""
     if not settings:
         yield
         return
-    _observe_thinking(llm)
+    if not isinstance(llm.sampling, ThinkingSampling):  # apply RUN_THINKING, keeping whatever sampling the caller asked for
+        llm.sampling = ThinkingSampling(**(msgspec.structs.asdict(llm.sampling) if llm.sampling is not None else {}))
     token = RUN_THINKING.set(settings.over(RUN_THINKING.get()))
     try:
         yield
@@ -373,8 +368,7 @@ class Strategy:
         if isinstance(config, StrategyConfig):
             return config.thinking
         if isinstance(config, dict) and (config.get("reasoning_effort") is not None or config.get("thinking_budget") is not None):
-            parsed = self.parse_config(config)
-            return parsed.thinking
+            return self.parse_config(config).thinking
         return Thinking()
 
 
