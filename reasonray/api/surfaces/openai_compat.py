@@ -30,7 +30,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import takewhile
 from typing import Any, Literal, NamedTuple, TypedDict
 
@@ -398,29 +398,26 @@ def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: 
     )
 
 
+_PROGRESS: dict[type[Any], Callable[[Any], str]] = {  # a run event's progress line, by its type
+    events.IterationEnd: lambda e: f"[iteration {e.iteration + 1}] {e.completion_tokens} tokens, {e.stop}\n",
+    events.Carryover: lambda e: f"[carryover] {e.tokens} tokens carried forward ({e.mode})\n",
+    events.BranchRun: lambda e: f"[branch {e.label} #{e.index}] done in {e.elapsed_ms:.0f} ms, {e.llm_calls} LLM calls\n",
+    events.ThoughtNode: lambda e: f"[thought {e.node_id}] depth {e.depth}, score {e.score:.2f}, {e.status}\n",
+    events.LLMInvocation: lambda e: (
+        f"[llm] {e.completion_tokens} tokens{f' ({e.reasoning_tokens} thinking)' if e.reasoning_tokens else ''} "
+        f"in {e.latency_ms:.0f} ms{' (cached)' if e.cached else ''}\n"
+    ),
+    events.MemoryRetrieval: lambda e: f"[memory] {len(e.memories)} memories retrieved from {e.workspace}\n",
+    events.MemoryLearning: lambda e: f"[memory] learned: {e.outcome}, {len(e.stored)} stored\n",
+    events.RunWarning: lambda e: f"[warning] {e.code}: {e.message}\n",
+    ToolExecuted: lambda e: f"[tool] {e.tool} {e.status} in {e.elapsed_ms:.0f} ms\n",
+}
+
+
 def progress_text(event: Event) -> str | None:
     """One line of progress for a run event (a streamed `reasoning_content`), or None for events not shown."""
-    match event:
-        case events.IterationEnd():
-            return f"[iteration {event.iteration + 1}] {event.completion_tokens} tokens, {event.stop}\n"
-        case events.Carryover():
-            return f"[carryover] {event.tokens} tokens carried forward ({event.mode})\n"
-        case events.BranchRun():
-            return f"[branch {event.label} #{event.index}] done in {event.elapsed_ms:.0f} ms, {event.llm_calls} LLM calls\n"
-        case events.ThoughtNode():
-            return f"[thought {event.node_id}] depth {event.depth}, score {event.score:.2f}, {event.status}\n"
-        case events.LLMInvocation():
-            thinking = f" ({event.reasoning_tokens} thinking)" if event.reasoning_tokens else ""
-            return f"[llm] {event.completion_tokens} tokens{thinking} in {event.latency_ms:.0f} ms{' (cached)' if event.cached else ''}\n"
-        case events.MemoryRetrieval():
-            return f"[memory] {len(event.memories)} memories retrieved from {event.workspace}\n"
-        case events.MemoryLearning():
-            return f"[memory] learned: {event.outcome}, {len(event.stored)} stored\n"
-        case events.RunWarning():
-            return f"[warning] {event.code}: {event.message}\n"
-        case ToolExecuted():
-            return f"[tool] {event.tool} {event.status} in {event.elapsed_ms:.0f} ms\n"
-    return None
+    line = _PROGRESS.get(type(event))
+    return line(event) if line is not None else None
 
 
 class OpenAICompat:
@@ -631,6 +628,7 @@ class OpenAICompat:
             return _chunk(chunk_id, request.model, delta, finish, **extra)
 
         run = stream_call(self.rpc, "reasoning.execute", params, trace_id)
+        marked: dict[str, Any] = {}  # the finish chunk's `reasonray`: the run's, when it finished
         try:
             await anext(run)  # Admitted: until then a refusal (401, 403, 404, 429) is an HTTP error, not a chunk
         except RpcError as error:
@@ -645,24 +643,21 @@ class OpenAICompat:
                         ChoiceDelta(reasoning_content=text), reasonray={"kind": "progress", "event": str(item.__struct_config__.tag)}
                     )
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
-            cut = _cut_short(error.body(), request, trace_id)
-            if cut is None:
+            if (cut := _cut_short(error.body(), request, trace_id)) is None:
                 yield json.dumps(error_from_rpc(error.body()).body)
                 yield "[DONE]"
                 return
-            yield chunk(ChoiceDelta(content=cut.answer))
-            yield chunk(finish="length")
-            if include_usage:
-                yield chunk(usage=self._usage([cut]))
-            yield "[DONE]"
-            return
-        answered = self._finished(request, result)
+            answered = counted = cut  # what the run had achieved, with finish_reason "length"
+        else:
+            answered = self._finished(request, result)
+            # usage: the tokens of the whole answer, as the run counted it (before any stop sequence)
+            counted, marked["reasonray"] = answered._replace(answer=result.answer), answered.extra
         if answered.reasoning:  # the model's thinking behind the answer, as the plain response's reasoning_content
             yield chunk(ChoiceDelta(reasoning_content=answered.reasoning), reasonray=THINKING)
         yield chunk(ChoiceDelta(content=answered.answer))
-        yield chunk(finish=answered.finish, reasonray=answered.extra)
-        if include_usage:  # the tokens of the whole answer, as the run counted it (before any stop sequence)
-            yield chunk(usage=self._usage([answered._replace(answer=result.answer)]))
+        yield chunk(finish=answered.finish, **marked)
+        if include_usage:
+            yield chunk(usage=self._usage([counted]))
         yield "[DONE]"
 
     async def _check_before_streaming(self, params: dict[str, Any]) -> None:
