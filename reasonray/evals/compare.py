@@ -19,6 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,24 +74,24 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], *, resamples: int =
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    return _bootstrap_mean(diff, resamples, seed)
-
-
-def _bootstrap_mean(diff: np.ndarray, resamples: int, seed: int) -> Bootstrap:
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(diff), size=(resamples, len(diff)))
-    means = diff[picks].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
     if np.all(diff == 0):
         return Bootstrap(0.0, 0.0, 0.0, 1.0, resamples, False)
+    means = _resampled_means(diff, resamples, seed)
+    low, high = np.percentile(means, [2.5, 97.5])
     far = int((means <= 0).sum()) if diff.mean() > 0 else int((means >= 0).sum())
     p = min(1.0, 2 * far / resamples)
     return Bootstrap(float(diff.mean()), float(low), float(high), p, resamples, far == 0)
 
 
-def bootstrap_p_text(p: float, resamples: int, at_floor: bool) -> str | float:
-    """The bootstrap p as a report shows it: below its resolution it is a bound ("< 0.0002" with B = 5000)."""
-    return f"< {1 / resamples:.2g}" if at_floor else p
+def _resampled_means(values: Sequence[float] | np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The mean of `values` in each of `resamples` seeded resamples with replacement (the same inputs, the same means)."""
+    values = np.asarray(values, dtype=float)
+    return values[np.random.default_rng(seed).integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+
+
+def rounded(values: dict[str, Any]) -> dict[str, Any]:
+    """A result's floats as reports give them: 6 decimals."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
 
 
 def per_example(outcomes: Mapping[tuple[str, int], bool | float]) -> dict[str, float]:
@@ -105,11 +106,10 @@ def clustered_interval(
     outcomes: Mapping[tuple[str, int], bool | float], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
 ) -> tuple[float, float]:
     """95% interval of an accuracy whose records cluster by example (several seeds each): examples resampled."""
-    means = np.asarray(list(per_example(outcomes).values()), dtype=float)
-    if means.size == 0:
+    means = list(per_example(outcomes).values())
+    if not means:
         return 0.0, 0.0
-    picks = np.random.default_rng(seed).integers(0, means.size, size=(resamples, means.size))
-    low, high = np.percentile(means[picks].mean(axis=1), [2.5, 97.5])
+    low, high = np.percentile(_resampled_means(means, resamples, seed), [2.5, 97.5])
     return float(low), float(high)
 
 
@@ -162,7 +162,7 @@ def compare(name_a: str, a: Outcomes, name_b: str, b: Outcomes, *, seed: int = 0
         difference=boot.difference,
         ci_low=boot.ci_low,
         ci_high=boot.ci_high,
-        bootstrap_p=bootstrap_p_text(boot.p_value, boot.resamples, boot.at_floor),
+        bootstrap_p=f"< {1 / boot.resamples:.2g}" if boot.at_floor else boot.p_value,  # below its resolution: a bound
         bootstrap_resamples=boot.resamples,
     )
 
@@ -187,8 +187,7 @@ def non_inferiority(
         raise ValueError(f"the margin is a fraction between 0 and 1, got {margin}")
     _, xs, ys = _paired(name_a, a, name_b, b)
     diff = np.asarray(xs, dtype=float) - np.asarray(ys, dtype=float)
-    picks = np.random.default_rng(seed).integers(0, diff.size, size=(resamples, diff.size))
-    lower = float(np.percentile(diff[picks].mean(axis=1), 5))
+    lower = float(np.percentile(_resampled_means(diff, resamples, seed), 5))
     return NonInferiority(name_a, name_b, int(diff.size), margin, float(diff.mean()), lower, lower > -margin)
 
 

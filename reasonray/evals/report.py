@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonray.evals.compare import clustered_interval, compare, holm, non_inferiority, pareto_front
+from reasonray.evals.compare import clustered_interval, compare, holm, non_inferiority, pareto_front, rounded
 from reasonray.evals.datasets import Example
 from reasonray.evals.grid import Cell
 from reasonray.evals.runner import Record
@@ -129,19 +129,17 @@ def baselines(examples: list[Example]) -> list[dict[str, Any]]:
         return []
     constant = Counter(e.reference for e in numeric).most_common(1)[0][0]
     rows = []
-    for name, answer_of in (("constant", lambda e: constant), ("echo", lambda e: extract_number(e.query) or "")):
+    for name, answer, answer_of in (
+        ("constant", constant, lambda e: constant),
+        ("echo", "the question's last number", lambda e: extract_number(e.query) or ""),
+    ):
         correct = sum(same_number(answer_of(e), e.reference) for e in numeric)
-        low, high = wilson(correct, len(numeric))
+        n = len(numeric)
+        low, high = wilson(correct, n)
         rows.append(
-            {
-                "name": name,
-                "answer": constant if name == "constant" else "the question's last number",
-                "examples": len(numeric),
-                "correct": correct,
-                "accuracy": round(correct / len(numeric), 6),
-                "ci_low": round(low, 6),
-                "ci_high": round(high, 6),
-            }
+            rounded(
+                {"name": name, "answer": answer, "examples": n, "correct": correct, "accuracy": correct / n, "ci_low": low, "ci_high": high}
+            )
         )
     return rows
 
@@ -183,10 +181,10 @@ def build_report(
         "records": len(records),
         "rows": [_public(r) for r in rows],
         "per_seed": [_public(r) for r in per_seed],
-        "comparisons": [{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()} for c in comparisons],
+        "comparisons": [rounded(c) for c in comparisons],
         "pareto_front": [rows[i].group for i in front],
         "baselines": baselines(examples or []),
-        "non_inferiority": [{k: round(v, 6) if isinstance(v, float) else v for k, v in c.items()} for c in inferiority],
+        "non_inferiority": [rounded(c) for c in inferiority],
         "learning_curves": learning_curves(records),
         "k_curves": k_curves(records),
         "_rows": rows,
@@ -203,7 +201,7 @@ def _base(group: str) -> str:
 def _public(row: Row) -> dict[str, Any]:
     data = asdict(row)
     data.pop("latencies_ms")
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in data.items()}
+    return rounded(data)
 
 
 SIMULATED_NOTE = (
@@ -257,7 +255,8 @@ def markdown(report: dict[str, Any]) -> str:
                     *(str(c[k]) for k in ("paired", "both", "only_a", "only_b")),
                     _p(c["mcnemar_p"]),
                     _p(c["p_holm"]),
-                    *_paired(c),
+                    _difference(c, ""),
+                    _p(c["bootstrap_p"]),
                 ]
                 for c in report["comparisons"]
             ],
@@ -326,53 +325,69 @@ def _studies_markdown(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot(report: dict[str, Any], out: Path) -> list[Path]:
-    """accuracy_vs_tokens.png (with the 95% intervals), latency.png (distributions per row) and pareto.png
-    (the cost-accuracy front)."""
-    from matplotlib.figure import (
-        Figure,  # no pyplot: the caller's backend (a notebook's) stays as it is
-    )
-
+def plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    """accuracy_vs_tokens.png (with the 95% intervals), latency.png (distributions per row), pareto.png (the
+    cost-accuracy front) and, when the run holds those studies, learning_curve.png (each memory arm's accuracy by
+    block of the stream) and k_curve.png (majority@k, judge-selected@k and oracle pass@k)."""
     rows: list[Row] = report["_rows"]
     tag = " (SIMULATED model)" if report["simulated"] else ""
-    paths = [out / "accuracy_vs_tokens.png", out / "latency.png"]
+    paths: dict[str, Path] = {}
 
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
+    ax = _axes()
     for label, members in _curves(rows).items():  # a strategy's budgets joined into its curve
         ax.errorbar(
             [row.tokens_per_example for row in members],
             [row.accuracy * 100 for row in members],
-            yerr=_curve_error_bars(members),
+            yerr=_error_bars([vars(row) for row in members]),
             fmt="o-" if len(members) > 1 else "o",
             capsize=4,
             label=label,
         )
-    _save(fig, paths[0], "tokens per example", "accuracy (%), 95% CI", f"Accuracy against tokens{tag}", legend=8)
+    title = f"Accuracy against tokens{tag}"
+    paths["accuracy_plot"] = _save(ax, out / "accuracy_vs_tokens.png", "tokens per example", "accuracy (%), 95% CI", title, legend=8)
 
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    data = [row.latencies_ms or [0.0] for row in rows]
-    ax.boxplot(data, showfliers=True)
+    ax = _axes()
+    ax.boxplot([row.latencies_ms or [0.0] for row in rows], showfliers=True)
     ax.set_xticks(range(1, len(rows) + 1), [row.group for row in rows], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("latency per example (ms)")
-    ax.set_title(f"Latency distributions{tag}")
+    ax.set(ylabel="latency per example (ms)", title=f"Latency distributions{tag}")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=110)
-    paths.append(pareto_plot(rows, out / "pareto.png", tag))
+    ax.figure.tight_layout()
+    ax.figure.savefig(out / "latency.png", dpi=110)
+    paths["latency_plot"] = out / "latency.png"
+    paths["pareto_plot"] = _pareto_plot(rows, out / "pareto.png", tag)
+
+    if report.get("learning_curves"):
+        ax = _axes()
+        for curve in report["learning_curves"]:
+            for arm, blocks in curve["arms"].items():
+                ax.errorbar(
+                    [(b["positions"][0] + b["positions"][1]) / 2 for b in blocks],
+                    [b["accuracy"] * 100 for b in blocks],
+                    yerr=_error_bars(blocks),
+                    fmt="o-",
+                    capsize=3,
+                    label=f"{curve['group']} memory {arm}",
+                )
+        title = f"Learning curve: memory on and off on the same streams{tag}"
+        paths["learning_plot"] = _save(
+            ax, out / "learning_curve.png", "position in the stream (block centre)", "accuracy (%), 95% CI (examples resampled)", title
+        )
+    if report.get("k_curves"):
+        ax = _axes()
+        for curve in report["k_curves"]:
+            ks = [p["k"] for p in curve["points"]]
+            for rule, name in (("majority", "majority@k"), ("judge", "judge-selected@k"), ("oracle", "oracle pass@k")):
+                ax.plot(ks, [p[rule]["accuracy"] * 100 for p in curve["points"]], "o-", label=f"{curve['group']} {name}")
+        paths["k_plot"] = _save(ax, out / "k_curve.png", "k (attempts)", "accuracy (%)", f"Test-time scaling from one run at k = K{tag}")
     return paths
 
 
-def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
+def _pareto_plot(rows: list[Row], path: Path, tag: str) -> Path:
     """Accuracy (95% Wilson interval) against tokens per example, the non-dominated rows joined by the
     front's staircase: a row off the front is beaten by one that costs no more and is no less accurate."""
-    from matplotlib.figure import Figure
-
     points = [(row.tokens_per_example, row.accuracy) for row in rows]
     front = pareto_front(points)
-    fig = Figure(figsize=(7.5, 4.8))
-    ax = fig.subplots()
+    ax = _axes((7.5, 4.8))
     for label, members in _curves(rows).items():
         if len(members) > 1:  # the budget axis: each strategy's accuracy against its cost, as a curve
             ax.plot(
@@ -383,7 +398,7 @@ def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
         ax.errorbar(
             row.tokens_per_example,
             row.accuracy * 100,
-            yerr=_error_bars(row),
+            yerr=_error_bars([vars(row)]),
             fmt="o" if on_front else "s",
             markersize=8 if on_front else 6,
             capsize=4,
@@ -398,7 +413,7 @@ def pareto_plot(rows: list[Row], path: Path, tag: str = "") -> Path:
     if logarithmic:
         ax.set_xscale("log")
     return _save(
-        fig,
+        ax,
         path,
         f"tokens per example{' (log scale)' if logarithmic else ''}: the cost",
         "accuracy (%), 95% Wilson CI",
@@ -416,58 +431,25 @@ def _curves(rows: list[Row]) -> dict[str, list[Row]]:
     return {label: sorted(members, key=lambda r: r.tokens_per_example) for label, members in curves.items()}
 
 
-def _save(fig: Any, path: Path, xlabel: str, ylabel: str, title: str, legend: int = 7) -> Path:
+def _axes(size: tuple[float, float] = (7, 4.5)) -> Any:
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's) stays as it is
+
+    return Figure(figsize=size).subplots()
+
+
+def _save(ax: Any, path: Path, xlabel: str, ylabel: str, title: str, legend: int = 7) -> Path:
     """The frame every accuracy plot shares (0-100% with a margin, a light grid, a legend), saved at 110 dpi."""
-    (ax,) = fig.axes
     ax.set(xlabel=xlabel, ylabel=ylabel, ylim=(-5, 105), title=title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=legend)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=110)
     return path
 
 
-def _curve_error_bars(rows: list[Row]) -> list[list[float]]:
-    bars = [_error_bars(row) for row in rows]
-    return [[b[0][0] for b in bars], [b[1][0] for b in bars]]
-
-
-def study_plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
-    """learning_curve.png (each memory arm's accuracy by block of the stream) and k_curve.png (majority@k,
-    judge-selected@k and oracle pass@k), when the run holds those studies."""
-    from matplotlib.figure import Figure
-
-    tag = " (SIMULATED model)" if report["simulated"] else ""
-    paths: dict[str, Path] = {}
-    if report.get("learning_curves"):
-        fig = Figure(figsize=(7, 4.5))
-        ax = fig.subplots()
-        for curve in report["learning_curves"]:
-            for arm, blocks in curve["arms"].items():
-                ax.errorbar(
-                    [(b["positions"][0] + b["positions"][1]) / 2 for b in blocks],
-                    [b["accuracy"] * 100 for b in blocks],
-                    yerr=[
-                        [max(0.0, b["accuracy"] - b["ci_low"]) * 100 for b in blocks],
-                        [max(0.0, b["ci_high"] - b["accuracy"]) * 100 for b in blocks],
-                    ],
-                    fmt="o-",
-                    capsize=3,
-                    label=f"{curve['group']} memory {arm}",
-                )
-        title = f"Learning curve: memory on and off on the same streams{tag}"
-        paths["learning_plot"] = _save(
-            fig, out / "learning_curve.png", "position in the stream (block centre)", "accuracy (%), 95% CI (examples resampled)", title
-        )
-    if report.get("k_curves"):
-        fig = Figure(figsize=(7, 4.5))
-        ax = fig.subplots()
-        for curve in report["k_curves"]:
-            ks = [p["k"] for p in curve["points"]]
-            for rule, name in (("majority", "majority@k"), ("judge", "judge-selected@k"), ("oracle", "oracle pass@k")):
-                ax.plot(ks, [p[rule]["accuracy"] * 100 for p in curve["points"]], "o-", label=f"{curve['group']} {name}")
-        paths["k_plot"] = _save(fig, out / "k_curve.png", "k (attempts)", "accuracy (%)", f"Test-time scaling from one run at k = K{tag}")
-    return paths
+def _error_bars(points: list[dict[str, Any]]) -> list[list[float]]:
+    """The intervals around the accuracies, in points; clipped at 0 where rounding puts a bound a hair past it."""
+    return [[max(0.0, p["accuracy"] - p["ci_low"]) * 100 for p in points], [max(0.0, p["ci_high"] - p["accuracy"]) * 100 for p in points]]
 
 
 def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
@@ -476,15 +458,7 @@ def write_report(report: dict[str, Any], out: Path) -> dict[str, Path]:
     paths["markdown"].write_text(markdown(report), encoding="utf-8")
     public = {k: v for k, v in report.items() if not k.startswith("_")}
     paths["json"].write_text(json.dumps(public, indent=2), encoding="utf-8")
-    accuracy, latency, pareto = plot(report, out)
-    paths.update(accuracy_plot=accuracy, latency_plot=latency, pareto_plot=pareto)
-    paths.update(study_plots(report, out))
-    return paths
-
-
-def _error_bars(row: Row) -> list[list[float]]:
-    """The interval around the accuracy, in points; clipped at 0 where rounding puts a bound a hair past it."""
-    return [[max(0.0, row.accuracy - row.ci_low) * 100], [max(0.0, row.ci_high - row.accuracy) * 100]]
+    return paths | plots(report, out)
 
 
 def _table(title: str, head: list[str], rows: list[list[str]], intro: str = "") -> list[str]:
@@ -498,13 +472,9 @@ def _ci(point: dict[str, Any], bounds: str = ".0%") -> str:
     return f"{point['accuracy']:.1%} ({point['ci_low']:{bounds}}-{point['ci_high']:{bounds}})"
 
 
-def _paired(c: dict[str, Any]) -> list[str]:
-    """A comparison's difference with its interval, and its bootstrap p."""
-    return [f"{c['difference']:+.1%} ({c['ci_low']:+.1%} to {c['ci_high']:+.1%})", _p(c["bootstrap_p"])]
-
-
-def _difference(c: dict[str, Any]) -> str:
-    return f"{c['difference']:+.1%} (95% CI {c['ci_low']:+.1%} to {c['ci_high']:+.1%})"
+def _difference(c: dict[str, Any], label: str = "95% CI ") -> str:
+    """A comparison's difference with its interval."""
+    return f"{c['difference']:+.1%} ({label}{c['ci_low']:+.1%} to {c['ci_high']:+.1%})"
 
 
 def _p(value: float | str) -> str:

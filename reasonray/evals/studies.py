@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from reasonray.evals.compare import clustered_interval, compare
+from reasonray.evals.compare import clustered_interval, compare, rounded
 from reasonray.evals.scoring import extract_number, same_number
 from reasonray.strategies.matts import judge_selected
 
@@ -88,7 +88,7 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
         for other, field in (("off", "later"), ("placebo", "later_vs_placebo")):
             if {"on", other} <= later.keys() and later["on"].keys() & later[other].keys():
                 c = compare("memory on", later["on"], f"memory {other}", later[other])
-                curve[field] = {"from_position": start, **_rounded(asdict(c))}
+                curve[field] = {"from_position": start, **rounded(asdict(c))}
         curves.append(curve)
     return curves
 
@@ -148,10 +148,6 @@ def k_curves(records: list[Any]) -> list[dict[str, Any]]:
         # the paired questions a scaling claim rests on: does k = K beat k = 1, and does the judge beat the vote?
         tests = [(f"{rule}@{top}", by_k[top][rule], f"{rule}@1", by_k[1][rule]) for rule in ("majority", "judge")]
         tests.append((f"judge@{top}", by_k[top]["judge"], f"majority@{top}", by_k[top]["majority"]))
-        gains = [_rounded(asdict(compare(*test))) for test in tests] if top > 1 else []
+        gains = [rounded(asdict(compare(*test))) for test in tests] if top > 1 else []
         curves.append({"group": group, "k_max": top, "points": points, "comparisons": gains})
     return curves
-
-
-def _rounded(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
