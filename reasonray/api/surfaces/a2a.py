@@ -56,7 +56,6 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
 from a2a.utils.errors import A2AError
 from google.protobuf import json_format
-from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
@@ -135,17 +134,12 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
     return card
 
 
-def _progress(event: Event) -> str | None:
-    """One status line for the events a caller wants to watch (None: not worth a status update)."""
-    if isinstance(event, IterationEnd):
-        return f"{event.strategy}: iteration {event.iteration} done ({event.completion_tokens} tokens, stop={event.stop})"
-    if isinstance(event, BranchRun):
-        return f"{event.strategy}: branch {event.label}[{event.index}] done ({event.llm_calls} model calls)"
-    if isinstance(event, LLMInvocation):
-        return f"{event.strategy}: model call done ({event.completion_tokens} tokens)"
-    if isinstance(event, MemoryRetrieval):
-        return "memory: retrieved"
-    return None
+_PROGRESS: dict[type[Any], Callable[[Any], str]] = {  # a status line for the events a caller wants to watch, by type
+    IterationEnd: lambda e: f"{e.strategy}: iteration {e.iteration} done ({e.completion_tokens} tokens, stop={e.stop})",
+    BranchRun: lambda e: f"{e.strategy}: branch {e.label}[{e.index}] done ({e.llm_calls} model calls)",
+    LLMInvocation: lambda e: f"{e.strategy}: model call done ({e.completion_tokens} tokens)",
+    MemoryRetrieval: lambda e: "memory: retrieved",
+}
 
 
 class CallerContextBuilder(DefaultServerCallContextBuilder):
@@ -156,30 +150,23 @@ class CallerContextBuilder(DefaultServerCallContextBuilder):
         return PrincipalUser(principal.sub) if principal is not None else UnauthenticatedUser()
 
 
-class Choice(BaseModel):
-    """What a message's metadata (else the request's) asks for; None where absent."""
-
-    strategy: str | None = None  # `strategy`, or a skill id as `skill`
-    config: dict[str, Any] | None = None  # `strategy_config`
-    agent_id: str | None = None  # `agent_id`: run as this registered agent (a remote A2A agent: forwarded to it)
-    session: dict[str, Any] | None = None  # `session`: the `session.create` spec of a context's first message
-
-
 _REFUSAL_KEYS = {"error_type": "errorType", "retry_after_s": "retryAfterS", "limit_name": "limitName", "trace_id": "traceId"}
+_ASKED: dict[str, tuple[type, tuple[str, ...]]] = {  # what a message's metadata may ask for, by reasoning.execute's names
+    "strategy": (str, ("strategy", "skill")),  # a skill id names its strategy
+    "strategy_config": (dict, ("strategyConfig", "strategy_config")),
+    "agent_id": (str, ("agentId", "agent_id")),  # run as this registered agent (a remote A2A agent: forwarded to it)
+    "session": (dict, ("session",)),  # the `session.create` spec of a context's first message
+}
 
 
-def _choice(context: RequestContext) -> Choice:
+def _asked(context: RequestContext) -> dict[str, Any]:
+    """What a message's metadata (else the request's) asks for (`_ASKED`), without what it leaves out."""
     sources = [json_format.MessageToDict(context.message.metadata) if context.message else {}, context.metadata]
-
-    def first(keys: tuple[str, ...], kind: type) -> Any:
-        return next((s[k] for s in sources for k in keys if isinstance(s.get(k), kind) and s[k]), None)
-
-    return Choice(
-        strategy=first(("strategy", "skill"), str),
-        config=first(("strategyConfig", "strategy_config"), dict),
-        agent_id=first(("agentId", "agent_id"), str),
-        session=first(("session",), dict),
-    )
+    found = {
+        name: next((s[k] for s in sources for k in keys if isinstance(s.get(k), kind) and s[k]), None)
+        for name, (kind, keys) in _ASKED.items()
+    }
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def _say(updater: TaskUpdater, line: str) -> a2a_pb2.Message:
@@ -228,22 +215,18 @@ class ReasoningExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
-        task_id = context.task_id
-        choice = _choice(context)
-        strategy = choice.strategy
+        asked = _asked(context)
         trace_id = run_trace_id(context)
         owner = owner_of(context.call_context)
         text = context.get_user_input()
         params: dict[str, Any]
-        if strategy is None and choice.agent_id is None:
-            session_id = await self._session(owner, _context_of(context), choice.session, trace_id)
+        if "strategy" not in asked and "agent_id" not in asked:
+            session_id = await self._session(owner, _context_of(context), asked.get("session"), trace_id)
             if isinstance(session_id, dict):  # session.create was refused or failed
                 return await self.unanswered(context, event_queue, session_id, owner)
             method, params = "session.turn", {"session_id": session_id, "message": text}
         else:
-            method = "reasoning.execute"
-            asked = {"query": text, "strategy": strategy, "strategy_config": choice.config, "agent_id": choice.agent_id}
-            params = {k: v for k, v in asked.items() if v is not None}
+            method, params = "reasoning.execute", {"query": text, **{k: v for k, v in asked.items() if k != "session"}}
         items = stream_call(self.rpc, method, params, trace_id)
         try:
             await anext(items)  # Admitted: the guard let the call run; a refused or invalid call raises before anything ran
@@ -251,9 +234,11 @@ class ReasoningExecutor(AgentExecutor):
             await items.aclose()
             return await self.unanswered(context, event_queue, error.body(), owner)
         updater = await self.task_updater(context, event_queue)
-        doing = "continuing the context's session" if method == "session.turn" else f"reasoning with {strategy or choice.agent_id}"
+        doing = (
+            f"reasoning with {asked.get('strategy') or asked.get('agent_id')}" if "query" in params else "continuing the context's session"
+        )
         await updater.start_work(_say(updater, f"{doing} (trace {trace_id})"))
-        run = await self.unless_cancelled_elsewhere(self._follow(items, updater), task_id)
+        run = await self.unless_cancelled_elsewhere(self._follow(items, updater), context.task_id)
         if run is None:  # the SDK ends the task
             await items.aclose()
             await updater.cancel()
@@ -333,8 +318,8 @@ class ReasoningExecutor(AgentExecutor):
             async for item in items:
                 if isinstance(item, CallResult):
                     return item
-                if isinstance(item, Event) and (line := _progress(item)) is not None:
-                    await updater.update_status(TaskState.TASK_STATE_WORKING, _say(updater, line))
+                if isinstance(item, Event) and (line := _PROGRESS.get(type(item))) is not None:
+                    await updater.update_status(TaskState.TASK_STATE_WORKING, _say(updater, line(item)))
         except RpcError as error:
             return error.body()
         return {"code": -32603, "message": "the run ended without a result"}

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from itertools import takewhile
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple
 
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
@@ -369,23 +369,6 @@ def _context_line(message: ChatMessage) -> str | None:
     return None
 
 
-class ModelEntry(TypedDict):
-    """One entry of `GET /v1/models`, OpenAI's `Model` plus `reasonray`; a plain mapping, as the ingress answers it."""
-
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    reasonray: dict[str, str | None]  # the strategy it runs (None: the default) and the served model
-
-
-class ModelList(TypedDict):
-    """`GET /v1/models`' answer."""
-
-    object: Literal["list"]
-    data: list[ModelEntry]
-
-
 def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: int = 0) -> CompletionUsage:
     """OpenAI's usage: `reasoning_tokens` are the completion tokens that are not the answer (the model's own thinking,
     `thinking_tokens` as its server counted them, is among them)."""
@@ -440,19 +423,20 @@ class OpenAICompat:
         described: StrategiesResult = await self._call("reasoning.strategies", {})
         return [s.name for s in described.strategies], described.default_strategy
 
-    async def models(self) -> ModelList:
-        """`GET /v1/models`: `reasonray` (the default strategy), then `reasonray/<strategy>` for each enabled one."""
+    async def models(self) -> dict[str, Any]:
+        """`GET /v1/models`: `reasonray` (the default strategy), then `reasonray/<strategy>` for each enabled one; each
+        OpenAI's `Model` plus `reasonray`: the strategy it runs (None: the default) and the served model."""
         names, default = await self.strategies()
 
-        def entry(model_id: str, strategy: str | None) -> ModelEntry:
+        def entry(model_id: str, strategy: str | None) -> dict[str, Any]:
             served = {"strategy": strategy, "model": self.served_model}
             return {"id": model_id, "object": "model", "created": self.created, "owned_by": OWNER, "reasonray": served}
 
         return {"object": "list", "data": [entry(DEFAULT_MODEL, default), *(entry(f"{DEFAULT_MODEL}/{s}", s) for s in names)]}
 
-    async def model(self, model_id: str) -> ModelEntry:
+    async def model(self, model_id: str) -> dict[str, Any]:
         """`GET /v1/models/{model}`: one entry of the list, or a 404 in OpenAI's shape."""
-        listed = (await self.models())["data"]
+        listed: list[dict[str, Any]] = (await self.models())["data"]
         found = next((m for m in listed if m["id"] == model_id), None)
         if found is None:
             raise model_not_found(f"The model {model_id!r} does not exist; GET /v1/models lists {', '.join(m['id'] for m in listed)}")
