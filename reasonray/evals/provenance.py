@@ -122,9 +122,7 @@ def result_settings(settings: Settings) -> dict[str, Any]:
     }
 
 
-def provenance(
-    settings: Settings, *, service_url: str | None, served_model: str | None, dataset_sha256: str, over_service: bool = False
-) -> dict[str, Any]:
+def provenance(settings: Settings, *, service_url: str | None, dataset_sha256: str, over_service: bool = False) -> dict[str, Any]:
     """Everything run.json records about where the results came from. `over_service`: the examples ran through a
     service (at `service_url`, or a client given in process), whose own model and settings answered."""
     record: dict[str, Any] = {
@@ -138,7 +136,7 @@ def provenance(
     if over_service or service_url is not None:  # the service's model: it answers through its own [llm]
         models, headers = _get(f"{service_url.rstrip('/')}/v1/models") if service_url else (None, {})
         record["service"] = {"url": service_url, "v1_models": models, "server": headers.get("server")}
-        record["model"] = {"served_name": served_model}
+        record["model"] = {"served_name": None}  # known from the results once they are in (run.py fills it)
         record["local_model"] = local_model(settings)  # what `--llm local` serves from this checkout, if that is the service
         record["settings"] = None  # the service's own; this process's config does not apply
     else:

@@ -107,7 +107,7 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
         parse_configs(options.configs),
         options.seeds,
         budgets=options.budgets or None,
-        arms=(("on", "off", "placebo") if options.placebo else ("on", "off")) if options.memory_study else (),
+        arms=tuple(study["arms"]) if (study := _memory_study(options)) else (),
         orders=options.orders,
         call_caps=options.call_caps,
     )
@@ -118,8 +118,11 @@ def prepare(options: EvalOptions) -> tuple[Settings, Dataset, list[Cell]]:
     return settings, dataset, cells
 
 
-def _arms(options: EvalOptions) -> list[str]:
-    return ["on", "off", "placebo"] if options.placebo else ["on", "off"]
+def _memory_study(options: EvalOptions) -> dict[str, Any] | None:
+    """A memory study's arms (memory on and off, and placebo when asked) and stream orders; None outside one."""
+    if not options.memory_study:
+        return None
+    return {"arms": ["on", "off", "placebo"] if options.placebo else ["on", "off"], "orders": options.orders}
 
 
 def _dataset_name(dataset: Dataset) -> str:
@@ -143,42 +146,24 @@ def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: Eva
         "dataset": _dataset_name(dataset),
         "kind": dataset.kind,
         "memory": options.memory,
-        "memory_study": {"arms": _arms(options), "orders": options.orders} if options.memory_study else None,
+        "memory_study": _memory_study(options),
         "budgets": options.budgets,
         "configs": {**previous.get("configs", {}), **configs},
         "updated_at": datetime.now(UTC).isoformat(),
-        "provenance": provenance(
-            settings,
-            service_url=options.url,
-            over_service=options.client is not None,
-            served_model=None,
-            dataset_sha256=dataset.sha256,
-        ),
+        "provenance": provenance(settings, service_url=options.url, over_service=options.client is not None, dataset_sha256=dataset.sha256),
     }
     path.write_text(json.dumps(run, indent=2))
     return run
 
 
-class SimulatedEndpoint:
-    """The simulated model for a run that names no real endpoint: started here, given the dataset's
-    answer key (so the strategies have something to get right, with probability `skill`)."""
+def start_simulator(settings: Settings, host: str) -> Any:
+    """The simulated model for a run that names no real endpoint, started here (a server with `url` and `stop()`),
+    to be given the dataset's answer key (so the strategies have something to get right, with probability `skill`)."""
+    from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 
-    def __init__(self, settings: Settings, host: str) -> None:
-        from reasonray.gateway.simulator.server import (
-            SimulatorServer,
-            SimulatorSettings,
-        )
-
-        s = settings.llm.simulator  # its own fields, bound where this run's tasks can reach it
-        fields = s.model_dump() | {"host": host, "fault_kinds": tuple(s.fault_kinds), "disobey_kinds": tuple(s.disobey_kinds)}
-        self.server = SimulatorServer(SimulatorSettings(**fields)).start()
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def stop(self) -> None:
-        self.server.stop()
+    s = settings.llm.simulator  # its own fields, bound where this run's tasks can reach it
+    fields = s.model_dump() | {"host": host, "fault_kinds": tuple(s.fault_kinds), "disobey_kinds": tuple(s.disobey_kinds)}
+    return SimulatorServer(SimulatorSettings(**fields)).start()
 
 
 def register_answer_key(base_url: str, dataset: Dataset, skill: float) -> int:
@@ -202,105 +187,46 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
         f"{len(dataset.examples) * len(cells) - todo} already in {out / 'results.jsonl'}"
     )
 
-    ray_started = False
-    app_name = "eval-" + hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:10]
-    simulator: SimulatedEndpoint | None = None
-    cluster: dict[str, Any] = {"ray": False}
-    if options.url is not None or options.client is not None:
-        return await _run_over_http(options, settings, dataset, cells, results, todo, echo)
-    try:
-        if options.use_ray:
-            ray_started, cluster = _connect(options.address, settings)
-        if settings.resolved_provider() == "simulated":
-            if not settings.llm.base_url:
-                simulator = SimulatedEndpoint(settings, _simulator_host(options.use_ray))
-                settings = settings.model_copy(
-                    update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})}
-                )
-            known = register_answer_key(settings.llm.base_url, dataset, options.sim_skill)
-            echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
-        engine, client = _engine(settings, options, app_name)
+    async def timed_grid(engine: Any) -> tuple[int, float]:
+        """The grid run with a progress bar: how many examples ran, in how many seconds."""
+        from tqdm import tqdm
+
+        progress = tqdm(total=todo, desc="evaluating", unit="example", file=sys.stderr, disable=not options.progress, mininterval=1.0)
+        started = time.perf_counter()
         try:
-            ran, grid_s = await _timed_grid(engine, options, dataset, cells, results, todo, echo)
+            ran = await run_grid(
+                engine,
+                dataset.examples,
+                cells,
+                results,
+                concurrency=options.concurrency,
+                memory=options.memory,
+                on_record=lambda record: _tick(progress, record),
+            )
         finally:
-            if client is not None:
-                await client.close()
-    finally:
-        if simulator is not None:
-            simulator.stop()
-        if options.use_ray:
-            import ray
+            progress.close()
+        grid_s = time.perf_counter() - started
+        echo(f"ran {ran} examples in {grid_s:.1f} s")
+        return ran, grid_s
 
-            from reasonray.evals.distributed import release
+    over_service = options.url is not None or options.client is not None
+    if over_service:  # every example through the service: its model, its settings, its whole stack
+        from reasonray.client import AsyncClient
 
-            if ray.is_initialized():  # not when joining the cluster failed: its error is the one to see
-                release(app_name)
-            if ray_started:
-                ray.shutdown()
-    return _finish(options, settings, dataset, cells, results, cluster, ran, grid_s)
+        client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
+        cluster: dict[str, Any] = {"ray": False, "url": options.url or str(client.http.base_url)}
+        echo(f"evaluating through the service at {cluster['url']}")
+        try:
+            ran, grid_s = await timed_grid(HttpEngine(client))
+        finally:
+            if options.client is None:
+                await client.aclose()
+    else:
+        ran, grid_s, cluster = await _run_here(options, settings, dataset, timed_grid, echo)
 
-
-async def _timed_grid(
-    engine: Any, options: EvalOptions, dataset: Dataset, cells: list[Cell], results: ResultLog, todo: int, echo: Callable[[str], None]
-) -> tuple[int, float]:
-    """The grid run with a progress bar: how many examples ran, in how many seconds."""
-    progress = _progress(todo, options.progress)
-    started = time.perf_counter()
-    try:
-        ran = await run_grid(
-            engine,
-            dataset.examples,
-            cells,
-            results,
-            concurrency=options.concurrency,
-            memory=options.memory,
-            on_record=lambda record: _tick(progress, record),
-        )
-    finally:
-        progress.close()
-    grid_s = time.perf_counter() - started
-    echo(f"ran {ran} examples in {grid_s:.1f} s")
-    return ran, grid_s
-
-
-async def _run_over_http(
-    options: EvalOptions,
-    settings: Settings,
-    dataset: Dataset,
-    cells: list[Cell],
-    results: ResultLog,
-    todo: int,
-    echo: Callable[[str], None],
-) -> dict[str, Any]:
-    """Every example through the service at `options.url` (or `options.client`): its model, its settings,
-    its whole stack."""
-    from reasonray.client import AsyncClient
-
-    client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
-    where = options.url or str(client.http.base_url)
-    echo(f"evaluating through the service at {where}")
-    try:
-        ran, grid_s = await _timed_grid(HttpEngine(client), options, dataset, cells, results, todo, echo)
-    finally:
-        if options.client is None:
-            await client.aclose()
-    return _finish(options, settings, dataset, cells, results, {"ray": False, "url": where}, ran, grid_s)
-
-
-def _finish(
-    options: EvalOptions,
-    settings: Settings,
-    dataset: Dataset,
-    cells: list[Cell],
-    results: ResultLog,
-    cluster: dict[str, Any],
-    ran: int,
-    grid_s: float,
-) -> dict[str, Any]:
     records = results.select(dataset.examples, cells)
-    if options.url is not None or options.client is not None:  # the service's model, as its results name it
-        models = sorted({r.model for r in records if r.model})
-        model = ", ".join(models) or "unknown"
+    if over_service:  # the service's model, as its results name it
+        model = ", ".join(sorted({r.model for r in records if r.model})) or "unknown"
         simulated = any(r.simulated for r in records)
     else:
         simulated = settings.resolved_provider() == "simulated"
@@ -316,12 +242,12 @@ def _finish(
             "offset": options.offset,
         },
         "model": model,
-        "simulator_skill": options.sim_skill if simulated and options.url is None and options.client is None else None,
+        "simulator_skill": options.sim_skill if simulated and not over_service else None,
         "seeds": options.seeds,
         "memory": options.memory,
-        "memory_study": {"arms": _arms(options), "orders": options.orders} if options.memory_study else None,
+        "memory_study": _memory_study(options),
         "budgets": options.budgets,
-        "provenance": _served(options.out, model),
+        "provenance": _served(out, model),
         "cluster": cluster,
         "ran": ran,
         "grid_seconds": round(grid_s, 3),
@@ -331,9 +257,49 @@ def _finish(
     report["failed"] = [
         {"example_id": r.example_id, "error_type": r.error_type, "trace_id": r.trace_id} for r in records if r.status == "error"
     ]
-    paths = write_report(report, options.out)
-    report["paths"] = {k: str(v) for k, v in paths.items()}
+    report["paths"] = {k: str(v) for k, v in write_report(report, out).items()}
     return report
+
+
+async def _run_here(
+    options: EvalOptions, settings: Settings, dataset: Dataset, timed_grid: Callable[[Any], Any], echo: Callable[[str], None]
+) -> tuple[int, float, dict[str, Any]]:
+    """The grid on this run's own stack (Ray tasks or this process), with the simulated model when the settings name
+    no real endpoint: how many examples ran, in how many seconds, on what cluster."""
+    ray_started = False
+    app_name = "eval-" + hashlib.sha256(str(options.out.resolve()).encode()).hexdigest()[:10]
+    simulator: Any = None
+    cluster: dict[str, Any] = {"ray": False}
+    try:
+        if options.use_ray:
+            ray_started, cluster = _connect(options.address, settings)
+        if settings.resolved_provider() == "simulated":
+            if not settings.llm.base_url:
+                simulator = start_simulator(settings, _simulator_host(options.use_ray))
+                settings = settings.model_copy(
+                    update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})}
+                )
+            known = register_answer_key(settings.llm.base_url, dataset, options.sim_skill)
+            echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
+        engine, client = _engine(settings, options, app_name)
+        try:
+            ran, grid_s = await timed_grid(engine)
+        finally:
+            if client is not None:
+                await client.close()
+    finally:
+        if simulator is not None:
+            simulator.stop()
+        if options.use_ray:
+            import ray
+
+            from reasonray.evals.distributed import release
+
+            if ray.is_initialized():  # not when joining the cluster failed: its error is the one to see
+                release(app_name)
+            if ray_started:
+                ray.shutdown()
+    return ran, grid_s, cluster
 
 
 def _served(out: Path, model: str) -> dict[str, Any]:
@@ -398,12 +364,6 @@ def _engine(settings: Settings, options: EvalOptions, app_name: str) -> tuple[An
 
     app = build_application(settings, data_dir=None, memory=options.memory)
     return InProcessEngine(app.service), app.client
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="evaluating", unit="example", file=sys.stderr, disable=not enabled, mininterval=1.0)
 
 
 def _tick(progress: Any, record: Record) -> None:
@@ -489,59 +449,20 @@ def _int_list(value: str) -> list[int]:
     show_default=True,
     help="Level of the run's own log lines (every LLM call is an info line).",
 )
-def main(
-    dataset,
-    strategies,
-    configs,
-    seeds,
-    limit,
-    offset,
-    out,
-    concurrency,
-    memory,
-    memory_study,
-    placebo,
-    orders,
-    budgets,
-    use_ray,
-    url,
-    timeout_s,
-    address,
-    config_path,
-    sim_skill,
-    price_input,
-    price_output,
-    cache,
-    progress,
-    log_level,
-) -> None:
+def main(strategies, configs, seeds, budgets, use_ray, url, price_input, price_output, log_level, **fields) -> None:
     """Evaluate reasoning strategies on a dataset; write results.jsonl, report.md, report.json and plots."""
     configure_logging(LoggingSettings(level=log_level, format="console"))
     options = EvalOptions(
-        dataset=dataset,
         strategies=[s.strip() for s in strategies.split(",") if s.strip()],
-        out=out,
         configs=list(configs),
         seeds=_int_list(seeds),
-        limit=limit,
-        offset=offset,
-        concurrency=concurrency,
-        memory=memory,
-        memory_study=memory_study,
-        placebo=placebo,
-        orders=orders,
-        budgets=_int_list(budgets) if budgets else [],
+        budgets=_int_list(budgets),
         use_ray=use_ray and url is None,
         url=url,
-        timeout_s=timeout_s,
-        address=address,
-        config_path=config_path,
-        sim_skill=sim_skill,
         prices=Prices(price_input, price_output),
-        cache=cache,
-        progress=progress,
+        **fields,  # the other options are EvalOptions' fields of the same names
     )
-    if concurrency < 1:
+    if options.concurrency < 1:
         raise click.BadParameter("must be at least 1", param_hint="--concurrency")
     try:
         report = run(options, echo=click.echo)
