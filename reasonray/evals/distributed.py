@@ -7,6 +7,7 @@ than as nested tasks, each of which would need a worker process of its own. Task
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -51,17 +52,10 @@ class RayEngine:
         return await unwrap(evaluate_task.options(name=name).remote(self.spec, example, cell, memory))
 
 
-def release(app_name: str) -> list[str]:
-    """Stop the run's shared actors (the memory bank); their data on disk stays."""
-    stopped = []
-    for suffix in ("memory",):
-        name = f"{app_name}-{suffix}"
-        try:
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-            stopped.append(name)
-        except ValueError:
-            pass
-    return stopped
+def release(app_name: str) -> None:
+    """Stop the run's shared actor (the memory bank), if it started; its data on disk stays."""
+    with contextlib.suppress(ValueError):
+        ray.kill(ray.get_actor(f"{app_name}-memory", namespace=NAMESPACE), no_restart=True)
 
 
 def cluster_summary() -> dict[str, Any]:

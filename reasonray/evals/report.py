@@ -18,7 +18,7 @@ from reasonray.evals.datasets import Example
 from reasonray.evals.grid import Cell
 from reasonray.evals.runner import Record
 from reasonray.evals.scoring import extract_number, same_number
-from reasonray.evals.studies import k_curves, learning_curves
+from reasonray.evals.studies import k_curves, learning_curves, repeat
 
 NON_INFERIORITY_MARGIN = 0.10  # bounded context against chain of thought at the same config and budget
 
@@ -153,16 +153,10 @@ def build_report(
     groups: dict[str, list[Cell]] = {}
     for cell in cells:
         groups.setdefault(cell.group, []).append(cell)
-    rows = [
-        summarise(group, members[0].strategy, members[0].config_name, [r for c in members for r in by_cell.get(c.key, [])], prices)
-        for group, members in groups.items()
-    ]
+    pooled = {group: [r for c in members for r in by_cell.get(c.key, [])] for group, members in groups.items()}
+    rows = [summarise(group, members[0].strategy, members[0].config_name, pooled[group], prices) for group, members in groups.items()]
     per_seed = [summarise(c.key, c.strategy, c.config_name, by_cell.get(c.key, []), prices) for c in cells]
-    simulated = any(r.simulated for r in records)
-    outcomes = {
-        group: {(r.example_id, r.seed * 10_000 + r.order): r.correct for c in members for r in by_cell.get(c.key, [])}
-        for group, members in groups.items()
-    }
+    outcomes = {group: {(r.example_id, repeat(r)): r.correct for r in members} for group, members in pooled.items()}
     names = [g for g in groups if outcomes[g]]
     comparisons = [asdict(compare(a, outcomes[a], b, outcomes[b])) for i, a in enumerate(names) for b in names[i + 1 :]]
     for comparison, adjusted in zip(comparisons, holm([c["mcnemar_p"] for c in comparisons]), strict=True):
@@ -176,7 +170,7 @@ def build_report(
     ]
     return {
         **meta,
-        "simulated": simulated,
+        "simulated": any(r.simulated for r in records),
         "prices_usd_per_million_tokens": asdict(prices),
         "records": len(records),
         "rows": [_public(r) for r in rows],

@@ -81,10 +81,6 @@ class Record:
     def key(self) -> tuple[str, str]:
         return self.example_id, self.cell
 
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
 
 async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, memory: bool = False) -> Record:
     """Run `example` with `cell`'s strategy and config through the service, score the answer."""
@@ -126,9 +122,13 @@ async def _scored(example: Example, cell: Cell, result: dict[str, Any], latency:
     scored = await score(result["answer"], example)
     m = result["metrics"]
     report = result.get("memory")
+    specific = m.get("strategy_specific") or {}
+    found_by, attempts = specific.get("found_by"), specific.get("attempts")
     return Record(
         **_base(example, cell),
-        **_answer_fields(result["answer"], result.get("reasoning") or "", m.get("strategy_specific") or {}, example),
+        found_by=found_by if isinstance(found_by, str) else None,
+        correct_lenient=lenient_correct([result["answer"], result.get("reasoning") or ""], example),
+        attempts=attempts if isinstance(attempts, list) else None,
         status="ok",
         correct=scored.correct,
         answer=result["answer"][:ANSWER_CHARS],
@@ -159,16 +159,6 @@ def _base(example: Example, cell: Cell) -> dict[str, Any]:
     run = {"example_id": example.id, "strategy": cell.strategy, "config_name": cell.config_name, "seed": cell.seed}
     reference = example.reference if example.kind == "gsm8k" else ""
     return run | {"reference": reference, "arm": cell.arm, "order": cell.order, "budget": cell.budget}
-
-
-def _answer_fields(answer: str, reasoning: str, specific: dict[str, Any], example: Example) -> dict[str, Any]:
-    """What a record keeps beside the strict score: how the answer was found, the lenient score, MaTTS' attempts."""
-    attempts = specific.get("attempts")
-    return {
-        "found_by": specific.get("found_by") if isinstance(specific.get("found_by"), str) else None,
-        "correct_lenient": lenient_correct([answer, reasoning], example),
-        "attempts": attempts if isinstance(attempts, list) else None,
-    }
 
 
 # A placebo memory: as long as a typical learned item (title, description, content), retrieved like one, and
@@ -323,20 +313,18 @@ async def run_grid(
     for cell in cells:
         if learns(cell):
             jobs.append(stream(cell))
-        elif cell.arm:  # memory off: nothing to learn, so no need to wait in line; the position still counts
-            jobs += [one(e, cell, i) for i, e in enumerate(stream_order(examples, cell.order)) if not results.done(e, cell)]
-        else:
-            jobs += [one(e, cell) for e in examples if not results.done(e, cell)]
+        else:  # nothing to learn, so no need to wait in line; an arm's (memory off) position still counts
+            order = stream_order(examples, cell.order)
+            jobs += [one(e, cell, i if cell.arm else None) for i, e in enumerate(order) if not results.done(e, cell)]
     await asyncio.gather(*jobs)
     return ran
 
 
 def stream_order(examples: list[Example], order: int) -> list[Example]:
     """The examples in stream order `order`: 0 is the dataset's order, any other a shuffle seeded with it."""
-    if order == 0:
-        return list(examples)
     shuffled = list(examples)
-    random.Random(order).shuffle(shuffled)
+    if order:
+        random.Random(order).shuffle(shuffled)
     return shuffled
 
 

@@ -33,10 +33,8 @@ def _clean(number: str) -> str:
 
 def extract_number(answer: str) -> str | None:
     """The last number in the answer, `$` and thousands separators removed ("$1,200.50" -> "1200.50")."""
-    found = NUMBER.findall(answer)
-    if not found:
-        return None
-    return _clean(found[-1])
+    found = all_numbers(answer)
+    return found[-1] if found else None
 
 
 def all_numbers(text: str) -> list[str]:

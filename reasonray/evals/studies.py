@@ -77,14 +77,14 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
                 {
                     "block": b,
                     "positions": [b * size, min(length, (b + 1) * size) - 1],
-                    **_accuracy({(r.example_id, _repeat(r)): r.correct for r in ours if b * size <= r.position < (b + 1) * size}),
+                    **_accuracy({(r.example_id, repeat(r)): r.correct for r in ours if b * size <= r.position < (b + 1) * size}),
                 }
                 for b in range(math.ceil(length / size))
             ]
         curve: dict[str, Any] = {"group": group, "stream_length": length, "block_size": size, "arms": arms, "memory": memory}
         curve |= {"later": None, "later_vs_placebo": None}
         start = math.floor(length * later_from)
-        later = {arm: {(r.example_id, _repeat(r)): r.correct for r in members if r.arm == arm and r.position >= start} for arm in arms}
+        later = {arm: {(r.example_id, repeat(r)): r.correct for r in members if r.arm == arm and r.position >= start} for arm in arms}
         for other, field in (("off", "later"), ("placebo", "later_vs_placebo")):
             if {"on", other} <= later.keys() and later["on"].keys() & later[other].keys():
                 c = compare("memory on", later["on"], f"memory {other}", later[other])
@@ -93,7 +93,7 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
     return curves
 
 
-def _repeat(r: _Scored) -> int:
+def repeat(r: _Scored) -> int:
     """The repetition of an example within a group: its seed and stream order."""
     return r.seed * 10_000 + r.order
 
@@ -142,7 +142,7 @@ def k_curves(records: list[Any]) -> list[dict[str, Any]]:
             per_rule: dict[str, dict[tuple[str, int], bool]] = {"majority": {}, "judge": {}, "oracle": {}}
             for r in members:
                 for rule, right in k_outcomes(r.attempts or [], r.reference, k).items():
-                    per_rule[rule][(r.example_id, _repeat(r))] = right
+                    per_rule[rule][(r.example_id, repeat(r))] = right
             by_k[k] = per_rule
             points.append({"k": k, **{rule: _accuracy(outcomes) for rule, outcomes in per_rule.items()}})
         # the paired questions a scaling claim rests on: does k = K beat k = 1, and does the judge beat the vote?
