@@ -210,35 +210,28 @@ class SharedCacheStore:
         )
 
     @staticmethod
-    def _transaction(db: sqlite3.Connection, work: Callable[[], None]) -> None:
+    def _transaction(db: sqlite3.Connection) -> sqlite3.Connection:
+        """`db` in a write transaction, for a `with` block (which commits it, or rolls it back on an error)."""
         db.execute("BEGIN IMMEDIATE")
-        try:
-            work()
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        return db
 
     def _touch(self, db: sqlite3.Connection, key: str, now: float) -> None:
-        def work() -> None:
+        with self._transaction(db):
             db.execute("UPDATE entries SET used_at = ? WHERE key = ?", (now, key))
             self._count(db, {"hits": 1})
 
-        self._transaction(db, work)
-
     def _expire(self, db: sqlite3.Connection, key: str) -> None:
-        def work() -> None:
+        with self._transaction(db):
             gone = db.execute("DELETE FROM entries WHERE key = ? AND stored_at < ?", (key, self._clock() - self.ttl_s)).rowcount
             self._count(db, {"misses": 1, "expirations": gone})
-
-        self._transaction(db, work)
 
     def _insert(self, db: sqlite3.Connection, key: str, value: bytes, now: float) -> None:
         db.execute("INSERT OR REPLACE INTO entries (key, value, stored_at, used_at) VALUES (?, ?, ?, ?)", (key, value, now, now))
         self._since_prune += 1
         if self._since_prune >= min(self.prune_every, self.max_entries):
             self._since_prune = 0
-            self._transaction(db, lambda: self._prune(db))
+            with self._transaction(db):
+                self._prune(db)
 
     def _prune(self, db: sqlite3.Connection) -> None:
         expired = db.execute("DELETE FROM entries WHERE stored_at < ?", (self._clock() - self.ttl_s,)).rowcount

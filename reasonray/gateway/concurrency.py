@@ -93,8 +93,9 @@ class EndpointLimiter:
         self.peak_generating = 1
         self._clock = clock
         self._lock = threading.Lock()
-        self._in_flight = 0
-        self._wire = 0
+        self.in_flight = 0
+        self.on_the_wire = 0
+        """Calls whose HTTP request is open (sent, not yet answered or closed): what keeps a serial server busy."""
         self._generating: set[Ticket] = set()
         self._recent: deque[Ticket] = deque(maxlen=256)  # finished, for the queueing test
         self._clean = 0
@@ -115,28 +116,19 @@ class EndpointLimiter:
         return self.learned if self.learned is not None else self.ceiling
 
     @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
     def waiting(self) -> int:
         return len(self._waiters)
-
-    @property
-    def on_the_wire(self) -> int:
-        """Calls whose HTTP request is open (sent, not yet answered or closed): what keeps a serial server busy."""
-        return self._wire
 
     @contextlib.contextmanager
     def sending(self) -> Iterator[None]:
         """Marks an HTTP request to the endpoint as open while the block runs."""
         with self._lock:
-            self._wire += 1
+            self.on_the_wire += 1
         try:
             yield
         finally:
             with self._lock:
-                self._wire -= 1
+                self.on_the_wire -= 1
 
     def configure(self, limit: int | None) -> None:
         """Fix the limit (configured, or discovered from the server), or None to learn it."""
@@ -156,7 +148,7 @@ class EndpointLimiter:
                 self._give_back()
                 raise
             except Exception as exc:  # the cluster's slots are a courtesy to the server: the call still goes
-                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
+                self._shared_unavailable(exc)
             if lease is not None and lease.serial and not self.serial:
                 self._serialise(shared=False)
         return Ticket(self._clock(), lease)
@@ -164,8 +156,8 @@ class EndpointLimiter:
     async def _acquire_local(self) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self._in_flight < self.limit and not self._waiters:
-                self._in_flight += 1
+            if self.in_flight < self.limit and not self._waiters:
+                self.in_flight += 1
                 return
             future: asyncio.Future[None] = loop.create_future()
             self._waiters.append((loop, future))
@@ -176,13 +168,13 @@ class EndpointLimiter:
                 if (loop, future) in self._waiters:
                     self._waiters.remove((loop, future))
                 elif future.done() and not future.cancelled():  # granted just as we were cancelled: pass it on
-                    self._in_flight -= 1
+                    self.in_flight -= 1
                     self._grant()
             raise
 
     def _give_back(self) -> None:
         with self._lock:
-            self._in_flight -= 1
+            self.in_flight -= 1
             self._grant()
 
     def stream_cut(self) -> None:
@@ -202,25 +194,26 @@ class EndpointLimiter:
             try:
                 self.shared.serialise(self.name)
             except Exception as exc:
-                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
+                self._shared_unavailable(exc)
+
+    def _shared_unavailable(self, exc: Exception) -> None:
+        log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
 
     def _grant(self) -> None:
         # the lock is held
-        while self._waiters and self._in_flight < self.limit:
+        while self._waiters and self.in_flight < self.limit:
             loop, future = self._waiters.popleft()
             if future.done():
                 continue
-            self._in_flight += 1
+            self.in_flight += 1
             try:
                 loop.call_soon_threadsafe(self._resolve, future)
             except RuntimeError:  # that loop is closed: its waiter will never run
-                self._in_flight -= 1
+                self.in_flight -= 1
 
     def _resolve(self, future: asyncio.Future[None]) -> None:
         if future.done():  # cancelled after it was granted: give the slot back
-            with self._lock:
-                self._in_flight -= 1
-                self._grant()
+            self._give_back()
         else:
             future.set_result(None)
 
@@ -257,14 +250,14 @@ class EndpointLimiter:
                 self._clean += 1
                 if self.learned is not None and self._clean >= RECOVERY_CALLS and self.learned < self.ceiling:
                     self.learned, self._clean = self.learned + 1, 0
-            self._in_flight -= 1
+            self.in_flight -= 1
             self._grant()
         if ticket.lease is not None and self.shared is not None:
             lease, ticket.lease = ticket.lease, None
             try:
                 self.shared.release(lease)
             except Exception as exc:  # the holder's lease then expires with its heartbeat
-                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
+                self._shared_unavailable(exc)
 
 
 _limiters: dict[str, EndpointLimiter] = {}
