@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import time
+from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import structlog
 from a2a.auth.user import User
@@ -38,8 +40,6 @@ from reasonray.kernel.errors import SessionStateError
 from reasonray.stores.a2a import Repository, TaskQuery
 
 log = structlog.get_logger(__name__)
-
-_T = TypeVar("_T")
 
 SAVE_ATTEMPTS = 5  # a context bound by a concurrent message of the same context: reload and look again
 
@@ -186,8 +186,8 @@ class _Live:
     version: int = 0
     state: int = 0
     doc: dict[str, Any] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    first_seq: int = 0  # the sequence number of events[0]
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))  # the newest, the oldest dropped first
+    published: int = 0  # events published in all: the sequence number of the next one
     ended_at: float | None = None
 
 
@@ -238,10 +238,7 @@ class TaskBoard:
         if live is None:
             return
         live.events.append({"version": version, "event": event})
-        if len(live.events) > MAX_EVENTS:
-            drop = len(live.events) - MAX_EVENTS
-            del live.events[:drop]
-            live.first_seq += drop
+        live.published += 1
         async with self._changed:
             self._changed.notify_all()
 
@@ -253,12 +250,11 @@ class TaskBoard:
             live = self.tasks.get(task_id)
             if live is None:
                 return None
-            end = live.first_seq + len(live.events)
+            end, first = live.published, live.published - len(live.events)
             # an ending is committed just before its event is published: wait for that event, unless it ended a while ago
             ended_a_while_ago = live.ended_at is not None and time.monotonic() - live.ended_at > ENDING_S
             if cursor < end or ended_a_while_ago or time.monotonic() >= deadline:
-                start = max(cursor, live.first_seq)
-                return live.events[start - live.first_seq :], end
+                return list(itertools.islice(live.events, max(cursor, first) - first, None)), end
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))

@@ -442,17 +442,14 @@ class OpenAICompat:
             raise model_not_found(f"The model {model_id!r} does not exist; GET /v1/models lists {', '.join(m['id'] for m in listed)}")
         return found
 
-    def execute_params(self, request: ChatCompletionRequest, query: str | None = None, choice: int = 0) -> dict[str, Any]:
+    def execute_params(self, request: ChatCompletionRequest, choice: int = 0) -> dict[str, Any]:
         """reasoning.execute's params for a request answered by one run (no tools, or tool_choice none); choice `i`
         of `n` samples with the request's seed + i."""
         options = request.reasoning or ReasoningOptions()
         strategy = options.strategy or strategy_of(request.model, self.served_model)
-        if query is None:
-            query, system = conversation_query(request.messages)
-            if system:
-                query = f"{system}\n\n{query}"
+        query, system = conversation_query(request.messages)
         params: dict[str, Any] = {
-            "query": query,
+            "query": f"{system}\n\n{query}" if system else query,
             "strategy": strategy,
             **options.model_dump(exclude_none=True, exclude={"strategy", "progress"}),
             "reasoning_effort": request.reasoning_effort,
@@ -535,8 +532,6 @@ class OpenAICompat:
         tools = {t["function"]["name"]: t["function"] for t in request.tools or [] if t.get("function", {}).get("name")}
         named = request.tool_choice.function.name if isinstance(request.tool_choice, NamedToolChoice) else None
         chosen = [named] if named else list(tools)
-        query, system = conversation_query(request.messages)
-        listing = "\n".join(f"- {name}: {tools[name].get('description', '')}" for name in chosen)
         if len(chosen) == 1:
             schema = tools[chosen[0]].get("parameters") or {"type": "object", "properties": {}}
             ask = f"Call the function {chosen[0]} now: answer with only its arguments, a JSON object valid against {json.dumps(schema)}."
@@ -551,9 +546,10 @@ class OpenAICompat:
                     for name in chosen
                 ]
             }
+            listing = "\n".join(f"- {name}: {tools[name].get('description', '')}" for name in chosen)
             ask = f'Call one of these functions now:\n{listing}\nAnswer with only a JSON object {{"name": ..., "arguments": {{...}}}}.'
-        text = f"{system}\n\n{query}\n\n{ask}" if system else f"{query}\n\n{ask}"
-        params = self.execute_params(request, query=text)
+        params = self.execute_params(request)
+        params["query"] += f"\n\n{ask}"
         params["response_format"] = {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
         run = await self._run(request.model_copy(update={"stop": None}), params, trace_id)
         if run.finish == "length":
