@@ -90,8 +90,7 @@ def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0)
             made = generate(str(path))
         except GenerationError as exc:
             raise DatasetError(str(exc)) from None
-        generated = [Example(id=i, kind="gsm8k", query=q, reference=a, key=q) for i, q, a in made][offset:]
-        generated = generated[:limit] if limit is not None else generated
+        generated = [Example(id=i, kind="gsm8k", query=q, reference=a, key=q) for i, q, a in made][offset:][:limit]
         if not generated:
             raise DatasetError(f"{path} holds no examples at offset {offset}")
         return Dataset(Path(str(path)), "gsm8k", generated)
@@ -128,7 +127,7 @@ def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0)
 def _kind(record: dict, path: Path, number: int) -> Kind:
     if {"question", "answer"} <= record.keys():
         return "gsm8k"
-    if {"prompt", "entry_point"} <= record.keys() and ({"test"} & record.keys() or {"tests"} & record.keys()):
+    if {"prompt", "entry_point"} <= record.keys() and {"test", "tests"} & record.keys():
         return "humaneval"
     raise DatasetError(
         f"{path}:{number}: neither GSM8K (question, answer) nor HumanEval (prompt, test, entry_point); the record has {sorted(record)}"

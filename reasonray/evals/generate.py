@@ -97,8 +97,4 @@ def generate(spec: str) -> list[tuple[str, str, str]]:
     if not 1 <= n <= 100_000:
         raise GenerationError(f"{spec!r}: n must be between 1 and 100000")
     rng = random.Random(f"{family}:{seed}")  # the family in the seed: two families at one seed differ
-    examples = []
-    for i in range(n):
-        question, answer = make(rng, params)
-        examples.append((f"{family}-s{seed}-{i}", question, answer))
-    return examples
+    return [(f"{family}-s{seed}-{i}", *make(rng, params)) for i in range(n)]

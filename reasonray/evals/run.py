@@ -29,7 +29,7 @@ from reasonray.evals.datasets import Dataset, DatasetError, load_dataset
 from reasonray.evals.grid import Cell, GridError, build_grid, parse_configs
 from reasonray.evals.provenance import provenance
 from reasonray.evals.report import Prices, build_report, write_report
-from reasonray.evals.runner import HttpEngine, InProcessEngine, Record, ResultLog, pending, run_grid
+from reasonray.evals.runner import HttpEngine, InProcessEngine, Record, ResultLog, run_grid
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.kernel.config import (
     ConfigError,
@@ -179,9 +179,9 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     settings, dataset, cells = prepare(options)
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_file(out, dataset, cells, options, settings)
+    run_file = _check_run_file(out, dataset, cells, options, settings)
     results = ResultLog(out / "results.jsonl")
-    todo = pending(dataset.examples, cells, results)
+    todo = sum(not results.done(e, c) for e in dataset.examples for c in cells)
     echo(
         f"{len(dataset.examples)} examples x {len(cells)} cells: {todo} to run, "
         f"{len(dataset.examples) * len(cells) - todo} already in {out / 'results.jsonl'}"
@@ -231,6 +231,9 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     else:
         simulated = settings.resolved_provider() == "simulated"
         model = "simulated" if simulated else settings.llm.model
+    served = run_file["provenance"]["model"]  # run.json names the served model as the results do (over HTTP only they know it)
+    served["served_name"] = served["served_name"] or model
+    (out / "run.json").write_text(json.dumps(run_file, indent=2))
     meta = {
         "dataset": {
             "path": _dataset_name(dataset),
@@ -247,7 +250,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
         "memory": options.memory,
         "memory_study": _memory_study(options),
         "budgets": options.budgets,
-        "provenance": _served(out, model),
+        "provenance": run_file["provenance"],
         "cluster": cluster,
         "ran": ran,
         "grid_seconds": round(grid_s, 3),
@@ -300,17 +303,6 @@ async def _run_here(
             if ray_started:
                 ray.shutdown()
     return ran, grid_s, cluster
-
-
-def _served(out: Path, model: str) -> dict[str, Any]:
-    """run.json's provenance with the served model name the results report (over HTTP only they know it)."""
-    path = out / "run.json"
-    run_file = json.loads(path.read_text())
-    record = run_file.get("provenance") or {}
-    record.setdefault("model", {})["served_name"] = record.get("model", {}).get("served_name") or model
-    run_file["provenance"] = record
-    path.write_text(json.dumps(run_file, indent=2))
-    return record
 
 
 def run(options: EvalOptions, echo: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
@@ -410,13 +402,11 @@ def _int_list(value: str) -> list[int]:
 @click.option(
     "--memory-study",
     is_flag=True,
-    default=False,
     help="With --memory: run memory on and memory off on the same streams (both arms), for a learning curve.",
 )
 @click.option(
     "--placebo",
     is_flag=True,
-    default=False,
     help="With --memory-study and --url: a third arm that retrieves placebo memories (a learned item's length, no content).",
 )
 @click.option("--orders", type=int, default=1, show_default=True, help="With --memory: seeded stream orders (0 is the dataset's order).")

@@ -326,7 +326,3 @@ def stream_order(examples: list[Example], order: int) -> list[Example]:
     if order:
         random.Random(order).shuffle(shuffled)
     return shuffled
-
-
-def pending(examples: list[Example], cells: list[Cell], results: ResultLog) -> int:
-    return sum(not results.done(e, c) for e in examples for c in cells)

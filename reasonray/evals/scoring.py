@@ -27,10 +27,6 @@ class Score:
     detail: str = ""  # why it is wrong, when that can be told (the test's error)
 
 
-def _clean(number: str) -> str:
-    return number.replace("$", "").replace(",", "").rstrip(".")
-
-
 def extract_number(answer: str) -> str | None:
     """The last number in the answer, `$` and thousands separators removed ("$1,200.50" -> "1200.50")."""
     found = all_numbers(answer)
@@ -39,7 +35,7 @@ def extract_number(answer: str) -> str | None:
 
 def all_numbers(text: str) -> list[str]:
     """Every number in the text, in order, cleaned as `extract_number` cleans the last one."""
-    return [_clean(n) for n in NUMBER.findall(text)]
+    return [n.replace("$", "").replace(",", "").rstrip(".") for n in NUMBER.findall(text)]
 
 
 def lenient_correct(texts: list[str], example: Example) -> bool:
