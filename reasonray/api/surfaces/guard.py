@@ -144,9 +144,6 @@ def _walk(value: Any) -> tuple[int, str | None]:
     return deepest, None
 
 
-DEFAULT_SETTINGS = GuardSettings()
-
-
 class HttpGuard:
     """ASGI middleware applying the rules above, configured through the application object
     (`app.state.guard`, a `GuardSettings`); an application without one gets the loopback defaults."""
@@ -158,7 +155,7 @@ class HttpGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        settings: GuardSettings = getattr(getattr(scope.get("app"), "state", None), "guard", DEFAULT_SETTINGS)
+        settings: GuardSettings = getattr(getattr(scope.get("app"), "state", None), "guard", None) or GuardSettings()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         origin = headers.get("origin")
         cors = origin is not None and (origin in settings.cors_origins or "*" in settings.cors_origins)

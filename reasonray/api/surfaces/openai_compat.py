@@ -472,9 +472,9 @@ class OpenAICompat:
             return await self._forced_call(request, trace_id)
         if _uses_tools(request) or _resumes(request):
             return self._tool_turn_response(request, await self._tool_turn(request, trace_id))
-        runs = await asyncio.gather(
-            *(self._run(request, self.execute_params(request, choice=i), _choice_trace(trace_id, i)) for i in range(request.n or 1))
-        )
+        # choice 0 runs under the request's trace id, the others under ids derived from it
+        traces = [trace_id, *(trace_id and f"{trace_id}-{i}" for i in range(1, request.n or 1))]
+        runs = await asyncio.gather(*(self._run(request, self.execute_params(request, choice=i), t) for i, t in enumerate(traces)))
         choices = [_choice(r.message(), r.finish, i) for i, r in enumerate(runs)]
         extra = runs[0].extra if len(runs) == 1 else {**runs[0].extra, "choices": [r.extra for r in runs]}
         return self._completion(request, extra["trace_id"], choices, self._usage(runs), extra)
@@ -563,13 +563,14 @@ class OpenAICompat:
 
     # -- tools: a session turn ------------------------------------------------------------------------
     async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> TurnResult:
-        tail = _trailing_tool_messages(request.messages)
         if _resumes(request):  # re-entry: the tool messages answer the pending calls of the session named in their ids
-            session_id = _session_of(tail[0].tool_call_id or "")
-            results = [{"tool_call_id": (m.tool_call_id or "").split("-", 1)[1], "content": m.text(), "is_error": False} for m in tail]
-            if any(_session_of(m.tool_call_id or "") != session_id for m in tail):
+            tail = _trailing_tool_messages(request.messages)
+            sessions = {(m.tool_call_id or "").partition("-")[0] for m in tail}  # ids `<session_id>-<call id>`, as this server issues them
+            if len(sessions) > 1:
                 raise OpenAIError(400, "tool messages answer calls of different conversations", "invalid_request", "messages")
-            resumed: TurnResult = await self._call("session.resume", {"session_id": session_id, "tool_results": results}, trace_id)
+            results = [{"tool_call_id": (m.tool_call_id or "").partition("-")[2], "content": m.text(), "is_error": False} for m in tail]
+            resume = {"session_id": sessions.pop(), "tool_results": results}
+            resumed: TurnResult = await self._call("session.resume", resume, trace_id)
             return resumed
         # a new conversation, or results of calls no session is waiting for (a forced call, another
         # server's): a new turn, the whole conversation its context
@@ -719,21 +720,11 @@ def _cut_short(error: Mapping[str, Any], request: ChatCompletionRequest, trace_i
     return Answered(answer, "length", prompt, completion, thinking, {"trace_id": trace_id or uuid.uuid4().hex, "budget": data})
 
 
-def _choice_trace(trace_id: str | None, index: int) -> str | None:
-    """Choice 0 runs under the request's trace id; the others under ids derived from it."""
-    return trace_id if index == 0 or trace_id is None else f"{trace_id}-{index}"
-
-
 _SESSION_CALL = re.compile(r"^[0-9a-f]{32}-.+")
 
 
 def _trailing_tool_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
     return list(takewhile(lambda m: m.role == "tool", reversed(messages)))[::-1]
-
-
-def _session_of(tool_call_id: str) -> str:
-    """The session a call id this server issued (`<session_id>-<call id>`) belongs to."""
-    return tool_call_id.partition("-")[0]
 
 
 def _turn_message(turn: TurnResult, stops: list[str]) -> tuple[ChatCompletionMessage, FinishReason]:
