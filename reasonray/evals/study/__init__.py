@@ -11,6 +11,7 @@ not done and regenerates every table and plot from results.jsonl. OUT/SUMMARY.md
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import sys
 import time
@@ -43,19 +44,12 @@ def part_options(
     parts = (study or load_study())["parts"]
     if name not in parts:
         raise KeyError(f"no part {name!r}; the study has {', '.join(parts)}")
-    part = parts[name]
+    part = copy.deepcopy(parts[name])  # the other keys are EvalOptions' fields of the same names, with its defaults
     return EvalOptions(
-        dataset=Path(part["dataset"]),
-        strategies=list(part["strategies"]),
+        dataset=Path(part.pop("dataset")),
         out=out / name,
-        configs=list(part.get("configs", [])),
-        seeds=list(part.get("seeds", [0])),
-        budgets=list(part.get("budgets", [])),
-        call_caps=dict(part.get("call_caps", {})),
-        memory=bool(part.get("memory", False)),
-        memory_study=bool(part.get("memory_study", False)),
-        placebo=bool(part.get("placebo", False)) and (url is not None or client is not None),
-        orders=int(part.get("orders", 1)),
+        placebo=bool(part.pop("placebo", False)) and (url is not None or client is not None),
+        **part,
         url=url,
         client=client,
         use_ray=False,
