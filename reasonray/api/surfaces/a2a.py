@@ -224,9 +224,10 @@ class ReasoningExecutor(AgentExecutor):
             session_id = await self._session(owner, _context_of(context), asked.get("session"), trace_id)
             if isinstance(session_id, dict):  # session.create was refused or failed
                 return await self.unanswered(context, event_queue, session_id, owner)
-            method, params = "session.turn", {"session_id": session_id, "message": text}
+            method, params, doing = "session.turn", {"session_id": session_id, "message": text}, "continuing the context's session"
         else:
             method, params = "reasoning.execute", {"query": text, **{k: v for k, v in asked.items() if k != "session"}}
+            doing = f"reasoning with {asked.get('strategy') or asked.get('agent_id')}"
         items = stream_call(self.rpc, method, params, trace_id)
         try:
             await anext(items)  # Admitted: the guard let the call run; a refused or invalid call raises before anything ran
@@ -234,9 +235,6 @@ class ReasoningExecutor(AgentExecutor):
             await items.aclose()
             return await self.unanswered(context, event_queue, error.body(), owner)
         updater = await self.task_updater(context, event_queue)
-        doing = (
-            f"reasoning with {asked.get('strategy') or asked.get('agent_id')}" if "query" in params else "continuing the context's session"
-        )
         await updater.start_work(_say(updater, f"{doing} (trace {trace_id})"))
         run = await self.unless_cancelled_elsewhere(self._follow(items, updater), context.task_id)
         if run is None:  # the SDK ends the task
@@ -349,10 +347,7 @@ class ReasoningExecutor(AgentExecutor):
         message = _say(updater, f"{error['message']} (code {error['code']})"[:2000])  # why, with the JSON-RPC error's code
         data = error.get("data") or {}
         message.metadata.update({"code": error["code"], **{camel: data[k] for k, camel in _REFUSAL_KEYS.items() if k in data}})
-        if a2a_refused(error):
-            await updater.reject(message)
-        else:
-            await updater.failed(message)
+        await (updater.reject if a2a_refused(error) else updater.failed)(message)
         log.info("a2a.task_not_answered", task_id=updater.task_id, code=error["code"], error_type=data.get("error_type"))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
