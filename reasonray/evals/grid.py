@@ -166,8 +166,8 @@ def build_grid(
                     catalogue.resolve(strategy, full)
                 except ReasonRayError as exc:
                     raise GridError(f"--config {name} for {strategy}: {exc}") from None
-                if not arms:
-                    cells.append(Cell(strategy, name, seed, full, budget=budget))
-                for arm in arms:
-                    cells += [Cell(strategy, name, seed, full, arm=arm, order=order, budget=budget) for order in range(orders)]
+                for arm in arms or ("",):  # outside a memory study: one cell, in the dataset's order
+                    cells += [
+                        Cell(strategy, name, seed, full, arm=arm, order=order, budget=budget) for order in range(orders if arm else 1)
+                    ]
     return cells

@@ -23,28 +23,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from reasonray.evals.compare import clustered_interval, compare, rounded
 from reasonray.evals.scoring import extract_number, same_number
 from reasonray.strategies.matts import judge_selected
 
+if TYPE_CHECKING:  # the records these curves read (any object with Record's fields will do)
+    from reasonray.evals.runner import Record
+
 BLOCKS = 5
 LATER_FROM = 0.5
-
-
-class _Scored(Protocol):  # the fields of runner.Record these curves read
-    example_id: str
-    strategy: str
-    config_name: str
-    seed: int
-    correct: bool
-    reference: str
-    arm: str
-    order: int
-    position: int | None
-    attempts: list[dict[str, Any]] | None
-    memory: dict[str, Any] | None
 
 
 def _accuracy(outcomes: dict[tuple[str, int], bool]) -> dict[str, Any]:
@@ -56,7 +45,7 @@ def _accuracy(outcomes: dict[tuple[str, int], bool]) -> dict[str, Any]:
 
 def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: float = LATER_FROM) -> list[dict[str, Any]]:
     """One curve per strategy/config that ran both memory arms."""
-    studies: dict[str, list[_Scored]] = {}
+    studies: dict[str, list[Record]] = {}
     for r in records:
         if r.arm and r.position is not None:
             studies.setdefault(f"{r.strategy}/{r.config_name}", []).append(r)
@@ -93,15 +82,13 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
     return curves
 
 
-def repeat(r: _Scored) -> int:
+def repeat(r: Record) -> int:
     """The repetition of an example within a group: its seed and stream order."""
     return r.seed * 10_000 + r.order
 
 
 def _right(answer: str | None, reference: str) -> bool:
-    if not answer:
-        return False
-    number = extract_number(answer)
+    number = extract_number(answer or "")
     return number is not None and same_number(number, reference)
 
 
@@ -109,11 +96,7 @@ def majority(attempts: list[dict[str, Any]]) -> str | None:
     """The most common answer among finished attempts with one, each read as the scorer reads it (its last number,
     else its text: two prose replies ending in the same number are one vote); ties to the answer given first."""
     answers = [extract_number(a["answer"]) or a["answer"] for a in attempts if a.get("failed") is None and a.get("answer")]
-    if not answers:
-        return None
-    counts = Counter(answers)
-    best = max(counts.values())
-    return next(a for a in answers if counts[a] == best)
+    return Counter(answers).most_common(1)[0][0] if answers else None  # equal counts keep first-seen order
 
 
 def k_outcomes(attempts: list[dict[str, Any]], reference: str, k: int) -> dict[str, bool]:
@@ -130,7 +113,7 @@ def k_outcomes(attempts: list[dict[str, Any]], reference: str, k: int) -> dict[s
 
 def k_curves(records: list[Any]) -> list[dict[str, Any]]:
     """For every strategy/config whose records log attempts: accuracy at k = 1..K by each selection rule."""
-    groups: dict[str, list[_Scored]] = {}
+    groups: dict[str, list[Record]] = {}
     for r in records:
         if r.attempts:
             groups.setdefault(f"{r.strategy}/{r.config_name}", []).append(r)
