@@ -37,9 +37,21 @@ from reasonray.gateway.errors import (
 )
 from reasonray.gateway.families import ModelTraits, PrefixContinuation, traits_for
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
-from reasonray.gateway.protocol import PURPOSE_HEADER, Completion, LLMRequest, Message, ToolCall
+from reasonray.gateway.protocol import PURPOSE_HEADER, Completion, LLMRequest, Message
 from reasonray.gateway.refusals import REFUSABLE, ParameterRefused, RefusalBook, refusal_book, refused_param
-from reasonray.gateway.replies import WIRE, ReplyReader, WireCompletion, WireMessage, provider_error, read_usage, settle
+from reasonray.gateway.replies import (
+    WIRE,
+    ReplyReader,
+    WireChoice,
+    WireCompletion,
+    WireCompletionDetails,
+    WireFunction,
+    WireLogprobs,
+    WireMessage,
+    WireToolCall,
+    WireUsage,
+    provider_error,
+)
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
 from reasonray.kernel.config import is_loopback_host
 
@@ -124,7 +136,17 @@ class OpenAILLM:
         self._timeout_s = timeout_s
         self._queue_timeout_s = queue_timeout_s
         self._stream = stream
-        self._open_transport(base_url, api_key, http_backend, idle_timeout_s, generation_deadline_s)
+        # a streamed call fails when its tokens stop coming, not while they come, up to a generous overall deadline
+        self._idle_timeout_s = idle_timeout_s or timeout_s
+        self._generation_deadline_s = generation_deadline_s
+        # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
+        transport_timeout = self._idle_timeout_s + queue_timeout_s if stream else timeout_s
+        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
+        self._http_backend = http_backend
+        # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
+        # evaluation workers may drive one LLM from several loops)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
+        self.base_url = str(self._new_client().base_url)
         self.traits = _model_traits(
             model,
             refuses,
@@ -161,22 +183,6 @@ class OpenAILLM:
         self._framing_learned_for: str | None = None
         # reads every reply form into one Choice; `thinks_in_text` for a model that thinks in its text under a name not known
         self.replies = ReplyReader(model, thinks=thinks_in_text)
-
-    def _open_transport(
-        self, base_url: str | None, api_key: str | None, http_backend: str, idle_timeout_s: float | None, generation_deadline_s: float
-    ) -> None:
-        """The deadlines, the client options and the first client (which settles `base_url`)."""
-        # a streamed call fails when its tokens stop coming, not while they come, up to a generous overall deadline
-        self._idle_timeout_s = idle_timeout_s or self._timeout_s
-        self._generation_deadline_s = generation_deadline_s
-        # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
-        transport_timeout = self._idle_timeout_s + self._queue_timeout_s if self._stream else self._timeout_s
-        self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
-        self._http_backend = http_backend
-        # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
-        # evaluation workers may drive one LLM from several loops)
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
-        self.base_url = str(self._new_client().base_url)
 
     def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
         base = counter_for_model(self._model)
@@ -238,9 +244,8 @@ class OpenAILLM:
         auth, headers, timeouts and error classes), without its walk over every message to transform typed params (ours
         are plain JSON already) and with the answer decoded by msgspec into only what a Completion keeps. Together they
         were a seventh of the replica's CPU with 64 runs in flight. Params with a `prompt` go to /completions instead."""
-        body, options = _body_and_options(params)
-        path = "/completions" if "prompt" in body else "/chat/completions"
-        response = await self._client.post(path, body=body, cast_to=httpx.Response, options=options)
+        path = "/completions" if "prompt" in params else "/chat/completions"
+        response: httpx.Response = await self._post(path, params, cast_to=httpx.Response)
         try:
             reply = WIRE.decode(response.content)
         except msgspec.DecodeError as exc:
@@ -255,12 +260,11 @@ class OpenAILLM:
                 c.message = WireMessage(content=thinking.OPEN + (c.text or ""))
         return reply
 
-    async def _chat_stream(self, params: dict[str, Any]) -> openai.AsyncStream[ChatCompletionChunk]:
-        body, options = _body_and_options(params)
-        stream_cls = openai.AsyncStream[ChatCompletionChunk]
-        return await self._client.post(
-            "/chat/completions", body=body, cast_to=ChatCompletion, options=options, stream=True, stream_cls=stream_cls
-        )
+    async def _post(self, path: str, params: dict[str, Any], **how: Any) -> Any:
+        """POST a call's params: their `extra_headers` (the purpose) as the SDK's request headers, the rest as the body."""
+        body = dict(params)
+        headers = body.pop("extra_headers", None)
+        return await self._client.post(path, body=body, options={"headers": headers} if headers else {}, **how)
 
     async def ping(self) -> None:
         """Raise unless the endpoint answers `GET /models`."""
@@ -546,12 +550,7 @@ class OpenAILLM:
         """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""
         self._framing_learned_for = self.endpoint.fingerprint
         for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
-            params: dict[str, Any] = {"model": self._model, "messages": [openai_message(m) for m in probe]}
-            refused = self.refused()
-            params[self._limit_param(refused)] = 1
-            if "temperature" not in refused:
-                params["temperature"] = 0.0
-            params["extra_headers"] = {PURPOSE_HEADER: FRAMING_PROBE}  # the gateway's own call, of no run
+            params = self._params(LLMRequest(probe, purpose=FRAMING_PROBE), limit=1)  # the gateway's own call, of no run
             with self.limiter.sending():
                 response = await self._chat(params)
             if response.usage is not None:
@@ -577,7 +576,9 @@ class OpenAILLM:
         with self.limiter.sending():
             try:
                 async with asyncio.timeout(max(queue_left_s, 0.001)):
-                    stream = await self._chat_stream(params)
+                    stream = await self._post(
+                        "/chat/completions", params, cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk]
+                    )
             except TimeoutError:
                 raise TransientProviderError(not_started) from None
             chunks = aiter(stream)
@@ -615,18 +616,17 @@ class OpenAILLM:
 
 
 class _StreamParts:
-    """The chunks of a streamed completion, put back together (text, thinking, tool calls, log-probabilities, finish
-    reason, usage by choice) and read as the plain answer is (`gateway.replies`)."""
+    """The chunks of a streamed completion, put back together in the plain answer's wire form (text, thinking, tool
+    calls, log-probabilities, finish reason, usage by choice) and read as it is (`gateway.replies`)."""
 
-    __slots__ = ("calls", "finish", "logprobs", "model", "reasoning", "stop_reason", "texts", "usage")
+    __slots__ = ("calls", "choices", "logprobs", "model", "reasoning", "texts", "usage")
 
     def __init__(self) -> None:
+        self.choices: dict[int, WireChoice] = {}
         self.texts: dict[int, list[str]] = {}
         self.reasoning: dict[int, list[str]] = {}
+        self.calls: dict[int, dict[int, WireToolCall]] = {}
         self.logprobs: dict[int, list[Any]] = {}
-        self.calls: dict[int, dict[int, list[str]]] = {}
-        self.finish: dict[int, str] = {}
-        self.stop_reason: dict[int, str] = {}
         self.usage: Any = None
         self.model = ""
 
@@ -638,7 +638,7 @@ class _StreamParts:
         if chunk.usage is not None:
             self.usage = chunk.usage
         for c in chunk.choices:
-            texts = self.texts.setdefault(c.index, [])
+            texts, choice = self.texts.setdefault(c.index, []), self.choices.setdefault(c.index, WireChoice())
             delta = c.delta
             if delta is not None:
                 if delta.content:
@@ -651,19 +651,14 @@ class _StreamParts:
                     thought = fields.get("reasoning_content") or fields.get("reasoning")
                     if isinstance(thought, str) and thought:
                         self.reasoning.setdefault(c.index, []).append(thought)
-                if delta.tool_calls:
-                    calls = self.calls.setdefault(c.index, {})
-                    for t in delta.tool_calls:
-                        call = calls.setdefault(t.index, ["", "", ""])
-                        call[0] = t.id or call[0]
-                        if t.function is not None:
-                            call[1] += t.function.name or ""
-                            call[2] += t.function.arguments or ""
+                for t in delta.tool_calls or ():
+                    call = self.calls.setdefault(c.index, {}).setdefault(t.index, WireToolCall(function=WireFunction(arguments="")))
+                    call.id = t.id or call.id
+                    if t.function is not None:
+                        call.function.name += t.function.name or ""
+                        call.function.arguments = f"{call.function.arguments}{t.function.arguments or ''}"
             if c.finish_reason:
-                self.finish[c.index] = c.finish_reason
-                reason = (c.model_extra or {}).get("stop_reason")
-                if isinstance(reason, str):
-                    self.stop_reason[c.index] = reason
+                choice.finish_reason, choice.stop_reason = c.finish_reason, (c.model_extra or {}).get("stop_reason")
 
     def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
         """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion, the thinking
@@ -673,49 +668,29 @@ class _StreamParts:
         return error
 
     def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
-        if not self.texts or any(i not in self.finish for i in self.texts):
+        if not self.texts or any(c.finish_reason is None for c in self.choices.values()):
             llm.limiter.stream_cut()  # the next attempt (and every process's next call) is not sent alongside another
             cut = TransientProviderError(
                 f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
                 "llama-cpp-python interrupting it for another request)"
             )
             raise self.spent_on(cut, llm, request)
-        choices = []
-        for index in sorted(self.texts):
-            calls = tuple(
-                ToolCall(id=i or f"call_{index}_{n}", name=name, arguments=args or "{}")
-                for n, (i, name, args) in sorted(self.calls.get(index, {}).items())
-            )
-            choices.append(
-                llm.replies.choice(
-                    "".join(self.texts[index]),
-                    "".join(self.reasoning.get(index, ())),
-                    self.finish[index],
-                    tool_calls=calls,
-                    stop_sequence=self.stop_reason.get(index),
-                    logprobs=self.logprobs.get(index, ()),
-                )
-            )
-        counter = llm.tokens
-        if self.usage is not None:
-            details = self.usage.completion_tokens_details
+        for index, choice in self.choices.items():
+            calls = sorted(self.calls.get(index, {}).items())
+            for n, call in calls:
+                call.id = call.id or f"call_{index}_{n}"
+            reasoning = "".join(self.reasoning.get(index, ()))
+            choice.message = WireMessage("".join(self.texts[index]), [call for _, call in calls], reasoning_content=reasoning)
+            choice.logprobs = WireLogprobs(self.logprobs.get(index))
+        u = self.usage
+        if u is not None:
+            details = u.completion_tokens_details
             hidden = details.reasoning_tokens if details is not None else None
-            usage = read_usage(self.usage.prompt_tokens, self.usage.completion_tokens, hidden, choices, counter)
-        else:  # llama.cpp streams without a usage chunk: count as the model does, the thinking included
-            completion_tokens = sum(
-                counter.count(c.reasoning) + counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls)
-                for c in choices
-            )
-            usage = read_usage(count_messages(counter, request.messages, request.tools), completion_tokens, None, choices, counter)
-        model = self.model or llm.model
-        return Completion(choices=settle(choices, usage), usage=usage, model=model, simulated=model.startswith("simulated"))
-
-
-def _body_and_options(params: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """The JSON body of a call's params and the SDK's request options carrying its `extra_headers` (the purpose)."""
-    body = dict(params)
-    headers = body.pop("extra_headers", None)
-    return body, ({"headers": headers} if headers else {})
+            u = WireUsage(u.prompt_tokens, u.completion_tokens, WireCompletionDetails(hidden))
+        reply = WireCompletion([self.choices[i] for i in sorted(self.choices)], self.model or llm.model, u)
+        # llama.cpp streams without a usage chunk: its prompt is counted as the model does
+        prompt = None if u is not None else count_messages(llm.tokens, request.messages, request.tools)
+        return llm.replies.completion(reply, counter=llm.tokens, where=llm.base_url, prompt_tokens=prompt)
 
 
 def _system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -108,8 +108,9 @@ class ReplyReader:
             self.thinks_in_text = True  # thinking closed that the reply never opened: the template opens it
         return choice
 
-    def completion(self, response: WireCompletion, *, counter: TokenCounter, where: str) -> Completion:
-        """A decoded plain answer as a Completion; a 200 that holds an error or no choice raises, classified."""
+    def completion(self, response: WireCompletion, *, counter: TokenCounter, where: str, prompt_tokens: int | None = None) -> Completion:
+        """A decoded answer as a Completion; a 200 that holds an error or no choice raises, classified. `prompt_tokens`:
+        the prompt's count where the answer has no usage and must be counted here (a stream without a usage chunk)."""
         if response.error is not None:
             raise provider_error(response.error, where=where)
         if response.choices is None:  # some other JSON: a proxy's, a framework's 404 body, another endpoint's
@@ -137,11 +138,13 @@ class ReplyReader:
                 )
             )
         u = response.usage
-        if u is None:
-            usage = Usage()
-        else:
+        if u is not None:
             hidden = u.completion_tokens_details.reasoning_tokens if u.completion_tokens_details is not None else None
             usage = read_usage(u.prompt_tokens, u.completion_tokens, hidden, choices, counter)
+        elif prompt_tokens is not None:  # counted as the model counts, the thinking included
+            usage = read_usage(prompt_tokens, sum(counter.count(c.reasoning) + _shown(c, counter) for c in choices), None, choices, counter)
+        else:
+            usage = Usage()
         return Completion(
             choices=settle(choices, usage), usage=usage, model=response.model, simulated=response.model.startswith("simulated")
         )
@@ -179,9 +182,14 @@ def read_usage(
     server's completion total, the shares counted as the model does (so a counter's safety margin cancels out)."""
     if not reasoning_tokens and any(c.reasoning for c in choices):
         thought = sum(counter.count(c.reasoning) for c in choices)
-        shown = sum(counter.count(c.text) + sum(counter.count(t.name + t.arguments) for t in c.tool_calls) for c in choices)
+        shown = sum(_shown(c, counter) for c in choices)
         reasoning_tokens = round(completion_tokens * thought / (thought + shown)) if thought + shown else 0
     return Usage(prompt_tokens, completion_tokens, reasoning_tokens or 0)
+
+
+def _shown(choice: Choice, counter: TokenCounter) -> int:
+    """The tokens of a choice's answer: its text and its tool calls."""
+    return counter.count(choice.text) + sum(counter.count(t.name + t.arguments) for t in choice.tool_calls)
 
 
 def settle(choices: list[Choice], usage: Usage) -> tuple[Choice, ...]:
