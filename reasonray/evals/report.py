@@ -54,34 +54,8 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-@dataclass
-class Row:
-    group: str  # strategy/config (seeds pooled) or strategy/config/seed=N
-    strategy: str
-    config_name: str
-    examples: int
-    correct: int
-    errors: int
-    accuracy: float
-    ci_low: float
-    ci_high: float
-    prompt_tokens: int
-    completion_tokens: int
-    tokens_per_example: float
-    cost_usd: float
-    latency_p50_ms: float
-    latency_p95_ms: float
-    llm_calls_per_example: float
-    cache_hit_rate: float
-    latencies_ms: list[float]
-    correct_lenient: int = 0  # any number in the answer or its reasoning equals the reference
-    accuracy_lenient: float = 0.0
-    ci_method: str = "wilson"  # wilson (one record per example) or clustered bootstrap (examples resampled)
-    budget: int | None = None
-    found_by: dict[str, int] | None = None  # how many answers each reading found
-
-
-def summarise(group: str, strategy: str, config_name: str, records: list[Record], prices: Prices) -> Row:
+def summarise(group: str, strategy: str, config_name: str, records: list[Record], prices: Prices) -> dict[str, Any]:
+    """A row of the report (`latencies_ms`, every latency, is for the plots only)."""
     n = len(records)
     correct = sum(r.correct for r in records)
     repeated = len({r.example_id for r in records}) < n  # seeds or stream orders: records cluster by example
@@ -94,31 +68,31 @@ def summarise(group: str, strategy: str, config_name: str, records: list[Record]
     completion = sum(r.completion_tokens for r in records)
     calls = sum(r.llm_calls for r in records)
     latencies = sorted(r.latency_ms for r in records if r.status == "ok")
-    return Row(
-        group=group,
-        strategy=strategy,
-        config_name=config_name,
-        examples=n,
-        correct=correct,
-        errors=sum(r.status == "error" for r in records),
-        accuracy=correct / n if n else 0.0,
-        ci_low=low,
-        ci_high=high,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        tokens_per_example=(prompt + completion) / n if n else 0.0,
-        cost_usd=prices.cost(prompt, completion),
-        latency_p50_ms=percentile(latencies, 50),
-        latency_p95_ms=percentile(latencies, 95),
-        llm_calls_per_example=calls / n if n else 0.0,
-        cache_hit_rate=sum(r.cache_hits for r in records) / calls if calls else 0.0,
-        latencies_ms=latencies,
-        correct_lenient=lenient,
-        accuracy_lenient=lenient / n if n else 0.0,
-        ci_method="clustered bootstrap" if repeated else "wilson",
-        budget=records[0].budget if records else None,
-        found_by=dict(Counter(r.found_by or "unknown" for r in records if r.status == "ok")) or None,
-    )
+    return {
+        "group": group,  # strategy/config (seeds pooled) or strategy/config/seed=N
+        "strategy": strategy,
+        "config_name": config_name,
+        "examples": n,
+        "correct": correct,
+        "errors": sum(r.status == "error" for r in records),
+        "accuracy": correct / n if n else 0.0,
+        "ci_low": low,
+        "ci_high": high,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "tokens_per_example": (prompt + completion) / n if n else 0.0,
+        "cost_usd": prices.cost(prompt, completion),
+        "latency_p50_ms": percentile(latencies, 50),
+        "latency_p95_ms": percentile(latencies, 95),
+        "llm_calls_per_example": calls / n if n else 0.0,
+        "cache_hit_rate": sum(r.cache_hits for r in records) / calls if calls else 0.0,
+        "latencies_ms": latencies,
+        "correct_lenient": lenient,  # any number in the answer or its reasoning equals the reference
+        "accuracy_lenient": lenient / n if n else 0.0,
+        "ci_method": "clustered bootstrap" if repeated else "wilson",  # wilson: one record per example
+        "budget": records[0].budget if records else None,
+        "found_by": dict(Counter(r.found_by or "unknown" for r in records if r.status == "ok")) or None,  # answers per reading
+    }
 
 
 def baselines(examples: list[Example]) -> list[dict[str, Any]]:
@@ -161,7 +135,7 @@ def build_report(
     comparisons = [asdict(compare(a, outcomes[a], b, outcomes[b])) for i, a in enumerate(names) for b in names[i + 1 :]]
     for comparison, adjusted in zip(comparisons, holm([c["mcnemar_p"] for c in comparisons]), strict=True):
         comparison["p_holm"] = adjusted
-    front = pareto_front([(r.tokens_per_example, r.accuracy) for r in rows])
+    front = pareto_front([(r["tokens_per_example"], r["accuracy"]) for r in rows])
     inferiority = [
         asdict(non_inferiority(a, outcomes[a], b, outcomes[b], margin=NON_INFERIORITY_MARGIN))
         for a in names
@@ -176,7 +150,7 @@ def build_report(
         "rows": [_public(r) for r in rows],
         "per_seed": [_public(r) for r in per_seed],
         "comparisons": [rounded(c) for c in comparisons],
-        "pareto_front": [rows[i].group for i in front],
+        "pareto_front": [rows[i]["group"] for i in front],
         "baselines": baselines(examples or []),
         "non_inferiority": [rounded(c) for c in inferiority],
         "learning_curves": learning_curves(records),
@@ -192,10 +166,8 @@ def _base(group: str) -> str:
     return "/".join(p for p in (config.split("@")[0], arm) if p)
 
 
-def _public(row: Row) -> dict[str, Any]:
-    data = asdict(row)
-    data.pop("latencies_ms")
-    return rounded(data)
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rounded(row).items() if k != "latencies_ms"}
 
 
 SIMULATED_NOTE = (
@@ -323,16 +295,16 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
     """accuracy_vs_tokens.png (with the 95% intervals), latency.png (distributions per row), pareto.png (the
     cost-accuracy front) and, when the run holds those studies, learning_curve.png (each memory arm's accuracy by
     block of the stream) and k_curve.png (majority@k, judge-selected@k and oracle pass@k)."""
-    rows: list[Row] = report["_rows"]
+    rows: list[dict[str, Any]] = report["_rows"]
     tag = " (SIMULATED model)" if report["simulated"] else ""
     paths: dict[str, Path] = {}
 
     ax = _axes()
     for label, members in _curves(rows).items():  # a strategy's budgets joined into its curve
         ax.errorbar(
-            [row.tokens_per_example for row in members],
-            [row.accuracy * 100 for row in members],
-            yerr=_error_bars([vars(row) for row in members]),
+            [row["tokens_per_example"] for row in members],
+            [row["accuracy"] * 100 for row in members],
+            yerr=_error_bars(members),
             fmt="o-" if len(members) > 1 else "o",
             capsize=4,
             label=label,
@@ -341,8 +313,8 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
     paths["accuracy_plot"] = _save(ax, out / "accuracy_vs_tokens.png", "tokens per example", "accuracy (%), 95% CI", title, legend=8)
 
     ax = _axes()
-    ax.boxplot([row.latencies_ms or [0.0] for row in rows], showfliers=True)
-    ax.set_xticks(range(1, len(rows) + 1), [row.group for row in rows], rotation=20, ha="right", fontsize=8)
+    ax.boxplot([row["latencies_ms"] or [0.0] for row in rows], showfliers=True)
+    ax.set_xticks(range(1, len(rows) + 1), [row["group"] for row in rows], rotation=20, ha="right", fontsize=8)
     ax.set(ylabel="latency per example (ms)", title=f"Latency distributions{tag}")
     ax.grid(alpha=0.3, axis="y")
     ax.figure.tight_layout()
@@ -376,28 +348,32 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
     return paths
 
 
-def _pareto_plot(rows: list[Row], path: Path, tag: str) -> Path:
+def _pareto_plot(rows: list[dict[str, Any]], path: Path, tag: str) -> Path:
     """Accuracy (95% Wilson interval) against tokens per example, the non-dominated rows joined by the
     front's staircase: a row off the front is beaten by one that costs no more and is no less accurate."""
-    points = [(row.tokens_per_example, row.accuracy) for row in rows]
+    points = [(row["tokens_per_example"], row["accuracy"]) for row in rows]
     front = pareto_front(points)
     ax = _axes((7.5, 4.8))
     for label, members in _curves(rows).items():
         if len(members) > 1:  # the budget axis: each strategy's accuracy against its cost, as a curve
             ax.plot(
-                [r.tokens_per_example for r in members], [r.accuracy * 100 for r in members], "-", alpha=0.6, label=f"{label} (budgets)"
+                [r["tokens_per_example"] for r in members],
+                [r["accuracy"] * 100 for r in members],
+                "-",
+                alpha=0.6,
+                label=f"{label} (budgets)",
             )
     for i, row in enumerate(rows):
         on_front = i in front
         ax.errorbar(
-            row.tokens_per_example,
-            row.accuracy * 100,
-            yerr=_error_bars([vars(row)]),
+            row["tokens_per_example"],
+            row["accuracy"] * 100,
+            yerr=_error_bars([row]),
             fmt="o" if on_front else "s",
             markersize=8 if on_front else 6,
             capsize=4,
             alpha=1.0 if on_front else 0.55,
-            label=f"{row.group}{' (front)' if on_front else ''}",
+            label=f"{row['group']}{' (front)' if on_front else ''}",
         )
     if front:
         xs = [points[i][0] for i in front]
@@ -415,14 +391,14 @@ def _pareto_plot(rows: list[Row], path: Path, tag: str) -> Path:
     )
 
 
-def _curves(rows: list[Row]) -> dict[str, list[Row]]:
+def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Rows of one strategy and config at several budgets (`NAME@B`) as one curve, by increasing tokens."""
-    curves: dict[str, list[Row]] = {}
+    curves: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        base = row.config_name.rsplit("@", 1)[0] if row.budget is not None else row.config_name
-        suffix = row.group.removeprefix(f"{row.strategy}/{row.config_name}")  # a memory arm, if any
-        curves.setdefault(f"{row.strategy}/{base}{suffix}", []).append(row)
-    return {label: sorted(members, key=lambda r: r.tokens_per_example) for label, members in curves.items()}
+        base = row["config_name"].rsplit("@", 1)[0] if row["budget"] is not None else row["config_name"]
+        suffix = row["group"].removeprefix(f"{row['strategy']}/{row['config_name']}")  # a memory arm, if any
+        curves.setdefault(f"{row['strategy']}/{base}{suffix}", []).append(row)
+    return {label: sorted(members, key=lambda r: r["tokens_per_example"]) for label, members in curves.items()}
 
 
 def _axes(size: tuple[float, float] = (7, 4.5)) -> Any:
