@@ -452,14 +452,13 @@ class OpenAICompat:
             "query": f"{system}\n\n{query}" if system else query,
             "strategy": strategy,
             **options.model_dump(exclude_none=True, exclude={"strategy", "progress"}),
-            "reasoning_effort": request.reasoning_effort,
-            "thinking_budget": request.thinking_budget,
+            **request.model_dump(include={"reasoning_effort", "thinking_budget"}),
         }
-        sampling = {k: getattr(request, k) for k in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed")}
-        if sampling["seed"] is not None:
+        sampling = request.model_dump(include={"temperature", "top_p", "presence_penalty", "frequency_penalty", "seed"}, exclude_none=True)
+        if "seed" in sampling:
             sampling["seed"] += choice
-        if any(v is not None for v in sampling.values()):
-            params["sampling"] = {k: v for k, v in sampling.items() if v is not None}
+        if sampling:
+            params["sampling"] = sampling
         if request.completion_limit is not None:
             params["budget"] = {"max_completion_tokens": request.completion_limit}
         if request.response_format is not None and request.response_format.type != "text":
@@ -485,10 +484,7 @@ class OpenAICompat:
         try:
             result: ExecuteResult = await self.rpc.run("reasoning.execute", params, trace_id)
         except RpcError as error:
-            cut = _cut_short(error.body(), request, trace_id)
-            if cut is None:
-                raise error_from_rpc(error.body()) from None
-            return cut
+            return _cut_short(error.body(), request, trace_id)
         return self._finished(request, result)
 
     def _finished(self, request: ChatCompletionRequest, result: ExecuteResult) -> Answered:
@@ -624,11 +620,12 @@ class OpenAICompat:
                         ChoiceDelta(reasoning_content=text), reasonray={"kind": "progress", "event": str(item.__struct_config__.tag)}
                     )
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
-            if (cut := _cut_short(error.body(), request, trace_id)) is None:
-                yield json.dumps(error_from_rpc(error.body()).body)
+            try:
+                answered = counted = _cut_short(error.body(), request, trace_id)  # what the run had achieved: finish_reason "length"
+            except OpenAIError as failed:
+                yield json.dumps(failed.body)
                 yield "[DONE]"
                 return
-            answered = counted = cut  # what the run had achieved, with finish_reason "length"
         else:
             answered = self._finished(request, result)
             # usage: the tokens of the whole answer, as the run counted it (before any stop sequence)
@@ -704,17 +701,16 @@ def _choice(message: ChatCompletionMessage, finish: FinishReason, index: int = 0
     return Choice(index=index, message=message, logprobs=None, finish_reason=finish)
 
 
-def _cut_short(error: Mapping[str, Any], request: ChatCompletionRequest, trace_id: str | None) -> Answered | None:
+def _cut_short(error: Mapping[str, Any], request: ChatCompletionRequest, trace_id: str | None) -> Answered:
     """What a run that used up the request's completion tokens had achieved, answered with finish_reason "length"
-    (None: it failed otherwise). The run may end on the budget itself, or on what the cut-off reply lacked (an
-    answer, a format)."""
+    (a run that failed otherwise: its error in OpenAI's shape, raised). The run may end on the budget itself, or on
+    what the cut-off reply lacked (an answer, a format)."""
     data = error.get("data") or {}
     partial: dict[str, Any] = data.get("partial") or {}
     limit = request.completion_limit
-    if limit is None or error.get("code") == INVALID_PARAMS:
-        return None
-    if not ((error.get("code") == BUDGET_EXCEEDED and "max_completion_tokens" in data) or partial.get("completion_tokens", 0) >= limit):
-        return None
+    budget_hit = error.get("code") == BUDGET_EXCEEDED and "max_completion_tokens" in data
+    if limit is None or error.get("code") == INVALID_PARAMS or not (budget_hit or partial.get("completion_tokens", 0) >= limit):
+        raise error_from_rpc(error) from None
     answer = apply_stop(str(partial.get("answer") or ""), request.stops)
     prompt, completion, thinking = (int(partial.get(k, 0)) for k in ("prompt_tokens", "completion_tokens", "reasoning_tokens"))
     return Answered(answer, "length", prompt, completion, thinking, {"trace_id": trace_id or uuid.uuid4().hex, "budget": data})
