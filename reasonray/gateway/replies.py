@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, TypedDict, Unpack, cast
+from typing import Any, cast
 
 import msgspec
 
@@ -80,14 +80,6 @@ def answer_logprobs(tokens: Sequence[Any], answer_start: int) -> tuple[tuple[flo
     return tuple(chosen), tuple(top)
 
 
-class ChoiceParts(TypedDict, total=False):
-    """What a choice may carry besides its text, thinking and finish reason."""
-
-    tool_calls: tuple[ToolCall, ...]
-    stop_sequence: str | None  # the stop sequence that ended the text
-    logprobs: Sequence[Any]  # the tokens' log-probabilities, as the server sent them
-
-
 class ReplyReader:
     """Reads one endpoint's replies; learns from them whether its model thinks in its text.
 
@@ -100,13 +92,6 @@ class ReplyReader:
 
     def __init__(self, model: str, *, thinks: bool | None = None) -> None:
         self.thinks_in_text = thinks_in_text(model) if thinks is None else thinks
-
-    def choice(self, content: str | None, reasoning: str | None, finish_reason: str | None, **parts: Unpack[ChoiceParts]) -> Choice:
-        """One choice of a reply, whatever form its thinking came in (a separate field, tags in the text, or none)."""
-        choice = read_choice(content, reasoning, finish_reason, thinks=self.thinks_in_text, **parts)
-        if not reasoning and choice.reasoning and not choice.thinking_unfinished and not _OPENS.match(content or ""):
-            self.thinks_in_text = True  # thinking closed that the reply never opened: the template opens it
-        return choice
 
     def completion(self, response: WireCompletion, *, counter: TokenCounter, where: str, prompt_tokens: int | None = None) -> Completion:
         """A decoded answer as a Completion; a 200 that holds an error or no choice raises, classified. `prompt_tokens`:
@@ -123,20 +108,7 @@ class ReplyReader:
             raise ProviderRejectedError(
                 f"HTTP 200 from {where} holds no choice (`choices: []`): the server answered nothing", status_code=200
             )
-        choices = []
-        for c in response.choices:
-            m = c.message
-            calls = tuple(ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments or "{}") for t in (m.tool_calls or ()))
-            choices.append(
-                self.choice(
-                    m.content,
-                    _text(m.reasoning_content) or _text(m.reasoning),
-                    c.finish_reason,
-                    tool_calls=calls,
-                    stop_sequence=c.stop_reason if isinstance(c.stop_reason, str) else None,
-                    logprobs=(c.logprobs.content or ()) if c.logprobs is not None else (),
-                )
-            )
+        choices = [self._choice(c) for c in response.choices]
         u = response.usage
         if u is not None:
             hidden = u.completion_tokens_details.reasoning_tokens if u.completion_tokens_details is not None else None
@@ -149,26 +121,48 @@ class ReplyReader:
             choices=settle(choices, usage), usage=usage, model=response.model, simulated=response.model.startswith("simulated")
         )
 
+    def _choice(self, c: WireChoice) -> Choice:
+        """One choice of a reply, whatever form its thinking came in (a separate field, tags in the text, or none)."""
+        m = c.message
+        reasoning = _text(m.reasoning_content) or _text(m.reasoning)
+        choice = read_choice(
+            m.content,
+            reasoning,
+            c.finish_reason,
+            thinks=self.thinks_in_text,
+            tool_calls=tuple(ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments or "{}") for t in m.tool_calls or ()),
+            stop_sequence=c.stop_reason if isinstance(c.stop_reason, str) else None,
+            logprobs=(c.logprobs.content or ()) if c.logprobs is not None else (),
+        )
+        if not reasoning and choice.reasoning and not choice.thinking_unfinished and not _OPENS.match(m.content or ""):
+            self.thinks_in_text = True  # thinking closed that the reply never opened: the template opens it
+        return choice
+
 
 def read_choice(
-    content: str | None, reasoning: str | None, finish_reason: str | None, *, thinks: bool, **parts: Unpack[ChoiceParts]
+    content: str | None,
+    reasoning: str | None,
+    finish_reason: str | None,
+    *,
+    thinks: bool,
+    tool_calls: tuple[ToolCall, ...] = (),
+    stop_sequence: str | None = None,
+    logprobs: Sequence[Any] = (),
 ) -> Choice:
-    """One choice, `thinks` saying whether the model is known to think in its text."""
-    tool_calls, logprobs = parts.get("tool_calls", ()), parts.get("logprobs", ())
-    finish = finish_reason or "stop"
-    text = content or ""
+    """One choice, `thinks` saying whether the model is known to think in its text; `stop_sequence` the one that ended
+    its text, `logprobs` its tokens' log-probabilities as the server sent them."""
+    finish, text = finish_reason or "stop", content or ""
     if reasoning:  # a reasoning parser split it: content is the answer, null when the budget ran out while thinking
-        unfinished = finish == "length" and not text.strip() and not tool_calls
-        start = 0
+        unfinished, start = finish == "length" and not text.strip() and not tool_calls, 0
     else:
         text, reasoning, unfinished, start = split_thinking(text, finish, thinks=thinks and not tool_calls)
-    chosen, top = answer_logprobs(logprobs, start) if logprobs else ((), ())
+    chosen, top = answer_logprobs(logprobs, start)
     return Choice(
         text=text,
         finish_reason=cast(FinishReason, finish),  # the provider's own word for it
         tool_calls=tool_calls,
-        stop_sequence=parts.get("stop_sequence"),
-        reasoning=reasoning or "",
+        stop_sequence=stop_sequence,
+        reasoning=reasoning,
         token_logprobs=chosen,
         top_logprobs=top,
         thinking_unfinished=unfinished,
