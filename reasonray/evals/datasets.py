@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from reasonray.evals.generate import GenerationError, generate, is_generated
+from reasonray.evals.generate import PREFIX, GenerationError, generate
 from reasonray.kernel.errors import InvalidParamsError
 
 Kind = Literal["gsm8k", "humaneval"]
@@ -85,7 +85,7 @@ def gsm8k_final_answer(answer: str) -> str:
 def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0) -> Dataset:
     """Read `path` (or generate a `gen:FAMILY?...` spec: evals/generate.py); `offset` and `limit` select a
     contiguous slice of the examples, in file order."""
-    if is_generated(str(path)):
+    if str(path).startswith(PREFIX):
         try:
             made = generate(str(path))
         except GenerationError as exc:

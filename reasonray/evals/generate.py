@@ -76,10 +76,6 @@ FAMILIES: dict[str, Callable[[random.Random, dict[str, str]], tuple[str, str]]] 
 _KNOWN_PARAMS = {"n", "seed", "steps"}
 
 
-def is_generated(spec: str) -> bool:
-    return spec.startswith(PREFIX)
-
-
 def generate(spec: str) -> list[tuple[str, str, str]]:
     """The (id, question, answer) of a `gen:FAMILY?...` spec's examples, in their generated order."""
     family, _, query = spec.removeprefix(PREFIX).partition("?")

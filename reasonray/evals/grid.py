@@ -10,7 +10,6 @@ config fields each strategy's budget sets); a memory study adds arms (memory on 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,22 +68,18 @@ def parse_configs(options: tuple[str, ...] | list[str]) -> dict[str | None, dict
     return parsed
 
 
-def _at_least(floor: int) -> Callable[[int], int]:
-    return lambda budget: max(floor, budget)
-
-
-# The budget axis: a budget B is each call's token limit, set in each strategy's own config fields and sent as the
-# request's `budget.max_output_tokens`, which caps every call of the run (judges, iterations, tool steps). Floors
-# are the strategies' own minimums (their schemas refuse less). MaTTS passes B on to its base strategy's config.
+# The budget axis: a budget B is each call's token limit, set in each strategy's own config fields (each field to
+# max(floor, B)) and sent as the request's `budget.max_output_tokens`, which caps every call of the run (judges,
+# iterations, tool steps). Floors are the strategies' own minimums (their schemas refuse less). MaTTS passes B on to its base strategy's config.
 # Bounded context has no per-call field: an iteration generates what its chunk leaves, so the request's cap is
 # what holds it to B (its chunk must leave room for the prompt and carryover: set chunk_size in its config).
-BUDGET_FIELDS: dict[str, dict[str, Callable[[int], int]]] = {
-    "chain_of_thought": {"max_tokens": _at_least(1)},
-    "self_consistency": {"max_tokens": _at_least(1)},
-    "refine": {"max_tokens": _at_least(1), "evaluate_max_tokens": _at_least(16)},
-    "tree_of_thought": {"max_tokens": _at_least(16)},
-    "react": {"max_tokens": _at_least(16)},
-    "matts": {"judge_max_tokens": _at_least(16)},
+BUDGET_FIELDS: dict[str, dict[str, int]] = {
+    "chain_of_thought": {"max_tokens": 1},
+    "self_consistency": {"max_tokens": 1},
+    "refine": {"max_tokens": 1, "evaluate_max_tokens": 16},
+    "tree_of_thought": {"max_tokens": 16},
+    "react": {"max_tokens": 16},
+    "matts": {"judge_max_tokens": 16},
     "bounded_context": {},
 }
 
@@ -96,7 +91,7 @@ def with_budget(strategy: str, config: dict[str, Any], budget: int) -> dict[str,
     fields = BUDGET_FIELDS.get(strategy)
     if fields is None:
         raise GridError(f"--budgets: no budget mapping for strategy {strategy!r}; known: {', '.join(sorted(BUDGET_FIELDS))}")
-    limited = {**config, **{name: rule(budget) for name, rule in fields.items()}}
+    limited = {**config, **{name: max(floor, budget) for name, floor in fields.items()}}
     if strategy == "matts":
         limited["base_config"] = {**config.get("base_config", {}), "max_tokens": budget}
     return limited

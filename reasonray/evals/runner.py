@@ -177,10 +177,8 @@ def memory_request(example: Example, cell: Cell) -> dict[str, Any]:
     expected answer, so the service's verifier (not its LLM judge) labels the run. It compares the whole answer,
     stricter than the scorer where an answer wraps its number in words ("always 1"). A placebo run retrieves but
     does not learn: the evaluation stores a placebo memory after it instead."""
-    if cell.arm == "placebo":
-        return {"workspace": cell.workspace, "learn": False, "task_id": example.id}
-    request: dict[str, Any] = {"workspace": cell.workspace, "learn": True, "task_id": example.id}
-    if example.kind == "gsm8k":
+    request: dict[str, Any] = {"workspace": cell.workspace, "learn": cell.arm != "placebo", "task_id": example.id}
+    if example.kind == "gsm8k" and request["learn"]:
         request["expected_answer"] = example.reference
     return request
 
