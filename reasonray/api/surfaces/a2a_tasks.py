@@ -64,9 +64,7 @@ class PrincipalUser(User):
 
 def owner_of(context: ServerCallContext | None) -> str | None:
     """The owner of what a call creates and the only owner it reads: the caller's `sub`; None with auth off."""
-    if context is None or not context.user.is_authenticated:
-        return None
-    return context.user.user_name
+    return context.user.user_name if context is not None and context.user.is_authenticated else None
 
 
 # -- the SDK's task store ------------------------------------------------------------------------------------

@@ -45,10 +45,8 @@ def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | No
 
     async def call(method: str, params: dict[str, Any]) -> Any:
         """The method's typed result, through the method table (the guard of an authenticated API included)."""
-        if principal is None:
-            return await rpc.run(method, params)
         try:
-            caller = principal()
+            caller = principal() if principal is not None else CURRENT_PRINCIPAL.get()
         except UnauthenticatedError as exc:
             raise error_for(exc) from None
         token = CURRENT_PRINCIPAL.set(caller)

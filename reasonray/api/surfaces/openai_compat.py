@@ -571,9 +571,7 @@ class OpenAICompat:
         # a new conversation, or results of calls no session is waiting for (a forced call, another
         # server's): a new turn, the whole conversation its context
         query, system = conversation_query(request.messages)
-        spec: dict[str, Any] = {"client_tools": request.tools or []}
-        if system:
-            spec["system_prompt"] = system
+        spec = {"client_tools": request.tools or [], **({"system_prompt": system} if system else {})}
         created: SessionCreateResult = await self._call("session.create", spec)
         turn: TurnResult = await self._call("session.turn", {"session_id": created.session_id, "message": query}, trace_id)
         return turn
