@@ -68,11 +68,8 @@ class Dataset:
     def sha256(self) -> str:
         """The hash of the selected examples' content (ids, questions, references, tests): two runs with the
         same hash asked the same questions and were scored against the same answers."""
-        content = hashlib.sha256()
-        for e in self.examples:
-            content.update(json.dumps([e.id, e.query, e.reference, e.tests, e.entry_point]).encode())
-            content.update(b"\n")
-        return content.hexdigest()
+        content = "".join(json.dumps([e.id, e.query, e.reference, e.tests, e.entry_point]) + "\n" for e in self.examples)
+        return hashlib.sha256(content.encode()).hexdigest()
 
 
 def gsm8k_final_answer(answer: str) -> str:

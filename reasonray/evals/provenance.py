@@ -44,11 +44,8 @@ def file_sha256(path: str | Path) -> str | None:
     path = Path(path)
     if not path.is_file():
         return None
-    digest = hashlib.sha256()
     with path.open("rb") as data:
-        for block in iter(lambda: data.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(data, "sha256").hexdigest()
 
 
 def _get(url: str) -> tuple[dict[str, Any] | None, dict[str, str]]:
@@ -112,16 +109,6 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def result_settings(settings: Settings) -> dict[str, Any]:
-    """The ReasonRay settings that change results: cache, budgets, timeouts, sampling defaults, context."""
-    return {
-        "llm": settings.llm.model_dump(mode="json"),  # cache, retries, timeouts, sampling defaults (no secrets: a variable's name)
-        "budget": settings.budget.model_dump(mode="json"),
-        "reasoning": settings.reasoning.model_dump(mode="json", exclude={"enabled_strategies"}),
-        "memory": settings.memory.model_dump(mode="json"),
-    }
-
-
 def provenance(settings: Settings, *, service_url: str | None, dataset_sha256: str, over_service: bool = False) -> dict[str, Any]:
     """Everything run.json records about where the results came from. `over_service`: the examples ran through a
     service (at `service_url`, or a client given in process), whose own model and settings answered."""
@@ -141,5 +128,10 @@ def provenance(settings: Settings, *, service_url: str | None, dataset_sha256: s
         record["settings"] = None  # the service's own; this process's config does not apply
     else:
         record["model"] = endpoint_model(settings.llm.base_url, settings.llm.model)
-        record["settings"] = result_settings(settings)
+        record["settings"] = {  # the ReasonRay settings that change results
+            "llm": settings.llm.model_dump(mode="json"),  # cache, retries, timeouts, sampling defaults (no secrets: a variable's name)
+            "budget": settings.budget.model_dump(mode="json"),
+            "reasoning": settings.reasoning.model_dump(mode="json", exclude={"enabled_strategies"}),
+            "memory": settings.memory.model_dump(mode="json"),
+        }
     return record

@@ -22,8 +22,6 @@ from reasonray.evals.studies import k_curves, learning_curves, repeat
 
 NON_INFERIORITY_MARGIN = 0.10  # bounded context against chain of thought at the same config and budget
 
-Z95 = 1.959964
-
 
 @dataclass(frozen=True)
 class Prices:
@@ -36,7 +34,7 @@ class Prices:
         return (prompt_tokens * self.input_per_m + completion_tokens * self.output_per_m) / 1_000_000
 
 
-def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
+def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     """Wilson score interval of a proportion (sound at 0 and at n, unlike the normal approximation)."""
     if n == 0:
         return 0.0, 0.0

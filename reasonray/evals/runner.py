@@ -17,11 +17,11 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -187,8 +187,7 @@ def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
 
-class Engine(Protocol):
-    async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record: ...
+Engine = Callable[[Example, Cell, bool], Awaitable[Record]]  # runs one example of one cell, memory-aware or not
 
 
 class InProcessEngine:
