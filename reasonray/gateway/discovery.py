@@ -80,16 +80,19 @@ def _from_models(data: Any, model: str) -> tuple[Flavour, tuple[str, ...], int |
     return flavour, ids, _int(card.get("max_model_len"))
 
 
+TOKENIZE_STYLES: dict[str, tuple[str, str, str]] = {
+    # style, in the order probed (llama-cpp-python first: its path is its own, so a hit also says which server this is):
+    # (path of its tokenize and detokenize under the server's root, field of the text, field of the text in a detokenize answer)
+    "llama-cpp-python": ("/extras", "input", "text"),
+    "llama.cpp": ("", "content", "content"),
+    "vllm": ("", "prompt", "prompt"),
+}
+
+
 def _tokenize_probe(http: httpx.Client, root: str, model: str, flavour: Flavour) -> dict[str, Any]:
-    # llama-cpp-python first: its path is its own, so a hit also says which server this is
-    candidates = [
-        ("llama-cpp-python", f"{root}/extras/tokenize", f"{root}/extras/detokenize", "input"),
-        ("llama.cpp", f"{root}/tokenize", f"{root}/detokenize", "content"),
-        ("vllm", f"{root}/tokenize", f"{root}/detokenize", "prompt"),
-    ]
-    if flavour == "vllm":
-        candidates = candidates[2:]
-    for style, url, detok, field in candidates:
+    for style in ("vllm",) if flavour == "vllm" else TOKENIZE_STYLES:
+        path, field, _ = TOKENIZE_STYLES[style]
+        url = f"{root}{path}/tokenize"
         extra = {"model": model} if style == "vllm" else {}
         probe = _ask(http, url, {**extra, field: PROBE_TEXT})
         tokens = probe.get("tokens") if isinstance(probe, dict) else None
@@ -102,7 +105,7 @@ def _tokenize_probe(http: httpx.Client, root: str, model: str, flavour: Flavour)
         return {
             "style": style,
             "url": url,
-            "detokenize_url": detok,
+            "detokenize_url": f"{root}{path}/detokenize",
             "bos": bos,
             "tokens": tuple(int(t) for t in tokens[bos:]),
             "calibration": len(sample_tokens) - bos if isinstance(sample_tokens, list) else None,

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import httpx
 import structlog
 
+from reasonray.gateway.discovery import TOKENIZE_STYLES
 from reasonray.gateway.protocol import Message
 from reasonray.gateway.tokens import TokenCounter, count_messages, openai_message
 
@@ -148,14 +149,6 @@ def local_source(path: str) -> TokenSource:
     raise ValueError(f"[llm] tokenizer {path!r} is neither a .gguf model nor a tokenizer.json")
 
 
-TOKENIZE_STYLES: dict[str, tuple[str, str, str]] = {
-    # style: (field of the text, field of the ids in the detokenize request, field of the text in its answer)
-    "llama.cpp": ("content", "tokens", "content"),
-    "llama-cpp-python": ("input", "tokens", "text"),
-    "vllm": ("prompt", "tokens", "prompt"),
-}
-
-
 class ServerTokenizer:
     """The server's own tokenize (and detokenize) endpoint, called synchronously: counting happens between calls,
     in code that cannot await. `busy()` true means asking now would disturb the server (llama-cpp-python runs
@@ -198,15 +191,15 @@ class ServerTokenizer:
             return None
 
     def encode(self, text: str) -> list[int] | None:
-        data = self._post(self.tokenize_url, {TOKENIZE_STYLES[self.style][0]: text})
+        data = self._post(self.tokenize_url, {TOKENIZE_STYLES[self.style][1]: text})
         tokens = data.get("tokens") if data else None
         return [int(t) for t in tokens[self.bos_tokens :]] if isinstance(tokens, list) else None
 
     def decode(self, tokens: list[int]) -> str | None:
         if self.detokenize_url is None:
             return None
-        _, field, answer = TOKENIZE_STYLES[self.style]
-        data = self._post(self.detokenize_url, {field: tokens})
+        data = self._post(self.detokenize_url, {"tokens": tokens})
+        answer = TOKENIZE_STYLES[self.style][2]
         text = data.get(answer) if data else None
         return text if isinstance(text, str) else None
 

@@ -83,14 +83,12 @@ class ObservedLLM(Layer):
         Each of `branches` concurrent branches gets an equal share of what is left of the total budget,
         so together they cannot overspend it.
         """
-        spent = self.spent_tokens
-        if self.budget.max_total_tokens is not None:
-            left = max(self.budget.max_total_tokens - spent, 0)
-            spent = self.budget.max_total_tokens - left // max(branches, 1)
-        completion = self.spent_completion + self.tally.completion_tokens
-        if self.budget.max_completion_tokens is not None:
-            left = max(self.budget.max_completion_tokens - completion, 0)
-            completion = self.budget.max_completion_tokens - left // max(branches, 1)
+
+        def shared(limit: int | None, used: int) -> int:  # what a branch starts from: all but its share of what is left
+            return used if limit is None else limit - max(limit - used, 0) // max(branches, 1)
+
+        spent = shared(self.budget.max_total_tokens, self.spent_tokens)
+        completion = shared(self.budget.max_completion_tokens, self.spent_completion + self.tally.completion_tokens)
         options: dict[str, Any] = {"guidance": self.guidance, "budget": self.budget, "spent": spent}
         if completion or self.sampling is not None:  # only what a branch needs beyond the original three
             options |= {"spent_completion": completion, "sampling": self.sampling}
@@ -106,19 +104,9 @@ class ObservedLLM(Layer):
         if b.max_prompt_tokens is not None and prompt > b.max_prompt_tokens:
             messages, prompt = self._truncate(counter, messages, prompt, b.max_prompt_tokens)
         max_tokens = request.max_tokens
-        if b.max_output_tokens is not None:
-            max_tokens = min(max_tokens or b.max_output_tokens, b.max_output_tokens)
-        if b.max_total_tokens is not None:
-            left = b.max_total_tokens - self.spent_tokens - prompt
-            if left < 1:
-                raise BudgetExceededError(
-                    f"the request's token budget ({b.max_total_tokens} tokens) is spent: {self.spent_tokens} used so far "
-                    f"and the next call's prompt alone is {prompt} tokens; raise budget.max_total_tokens",
-                    {"max_total_tokens": b.max_total_tokens, "spent_tokens": self.spent_tokens, "next_prompt_tokens": prompt},
-                )
-            max_tokens = min(max_tokens or left, left)
-        if (room := self._completion_left(1)) is not None:
-            max_tokens = min(max_tokens or room, room)
+        for cap in (b.max_output_tokens, self._total_left(1, prompt), self._completion_left(1)):
+            if cap is not None:
+                max_tokens = min(max_tokens or cap, cap)
         return msgspec.structs.replace(request, messages=messages, max_tokens=max_tokens)
 
     def _completion_left(self, tokens: int) -> int | None:
@@ -135,17 +123,25 @@ class ObservedLLM(Layer):
             )
         return left
 
+    def _total_left(self, tokens: int, prompt: int = 0) -> int | None:
+        """What the total budget leaves after the next call's `prompt` (None: no such budget); raises when under `tokens`."""
+        b, spent = self.budget, self.spent_tokens
+        if b.max_total_tokens is None:
+            return None
+        if (left := b.max_total_tokens - spent - prompt) < tokens:
+            next_prompt = f" and the next call's prompt alone is {prompt} tokens" if prompt else ""
+            raise BudgetExceededError(
+                f"the request's token budget ({b.max_total_tokens} tokens) is spent: {spent} used so far{next_prompt}; "
+                "raise budget.max_total_tokens",
+                {"max_total_tokens": b.max_total_tokens, "spent_tokens": spent, **({"next_prompt_tokens": prompt} if prompt else {})},
+            )
+        return left
+
     def require_room(self, tokens: int) -> None:
         """Raise the budget's own error when the run's budget leaves fewer than `tokens` tokens to generate: a
         strategy whose last call the budget cut short learns that the budget, not the model, stopped it."""
-        b = self.budget
         self._completion_left(tokens)
-        if b.max_total_tokens is not None and b.max_total_tokens - self.spent_tokens < tokens:
-            raise BudgetExceededError(
-                f"the request's token budget ({b.max_total_tokens} tokens) is spent: {self.spent_tokens} used so far; "
-                "raise budget.max_total_tokens",
-                {"max_total_tokens": b.max_total_tokens, "spent_tokens": self.spent_tokens},
-            )
+        self._total_left(tokens)
 
     def _truncate(self, counter: TokenCounter, messages: tuple[Message, ...], prompt: int, limit: int) -> tuple[tuple[Message, ...], int]:
         index = max(range(len(messages)), key=lambda i: counter.count(messages[i].content or ""))
