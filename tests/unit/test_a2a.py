@@ -12,6 +12,7 @@ import httpx
 import pytest
 from a2a.client import ClientConfig, create_client
 from a2a.client.errors import A2AClientError
+from a2a.server.cluster import TaskVersion
 from a2a.server.context import ServerCallContext
 from a2a.types.a2a_pb2 import (
     Artifact,
@@ -42,8 +43,8 @@ from reasonray.api.surfaces.a2a_tasks import (
     CONFLICT,
     NOT_YOURS,
     ContextSessions,
-    OwnedTaskStore,
     PrincipalUser,
+    SharedTaskStore,
     TaskBoard,
 )
 from reasonray.gateway.testing import FunctionLLM
@@ -428,11 +429,19 @@ def task(task_id: str, context: str, answer: str | None, seconds: int) -> Task:
 
 
 async def test_the_task_store_keeps_owned_tasks_lists_pages_and_filters(repo):
-    store, alice, bob = OwnedTaskStore(repo), ServerCallContext(user=PrincipalUser("alice")), ServerCallContext(user=PrincipalUser("bob"))
+    store, alice, bob = (
+        SharedTaskStore(repo, TaskBoard()),
+        ServerCallContext(user=PrincipalUser("alice")),
+        ServerCallContext(user=PrincipalUser("bob")),
+    )
+
+    async def save(on: SharedTaskStore, task: Task, context: ServerCallContext) -> None:
+        await on.save(task, event=None, prev=None, prev_version=TaskVersion.MISSING, context=context)
+
     for i, (context, answer) in enumerate([("c1", "42"), ("c1", "43"), ("c2", None)], start=1):
-        await store.save(task(f"t{i}", context, answer, i), alice)
-    await store.save(task("b1", "c1", "x", 9), bob)
-    assert (await store.get("t2", alice)).artifacts[0].parts[0].text == "43"
+        await save(store, task(f"t{i}", context, answer, i), alice)
+    await save(store, task("b1", "c1", "x", 9), bob)
+    assert (await store.get("t2", alice)).task.artifacts[0].parts[0].text == "43"
     assert await store.get("t2", bob) is None and await store.get("nope", alice) is None
     assert await store.get("t2", ServerCallContext()) is None  # no owner (authentication off) is an owner of its own
     first = await store.list(ListTasksRequest(page_size=2), alice)
@@ -442,12 +451,14 @@ async def test_the_task_store_keeps_owned_tasks_lists_pages_and_filters(repo):
     assert [t.id for t in (await store.list(ListTasksRequest(context_id="c1"), alice)).tasks] == ["t2", "t1"]
     assert [t.id for t in (await store.list(ListTasksRequest(status=TaskState.TASK_STATE_WORKING), alice)).tasks] == ["t3"]
     assert [t.id for t in (await store.list(ListTasksRequest(), bob)).tasks] == ["b1"]
-    with pytest.raises(TaskNotFoundError):  # bob cannot overwrite alice's task under its id
-        await store.save(task("t1", "c9", "mine now", 10), bob)
+    for on in (store, SharedTaskStore(repo, TaskBoard())):  # bob cannot overwrite alice's task under its id, live or stored
+        with pytest.raises(TaskNotFoundError):
+            await save(on, task("t1", "c9", "mine now", 10), bob)
     await store.delete("t1", bob)
     assert await store.get("t1", alice) is not None
     await store.delete("t1", alice)
     assert await store.get("t1", alice) is None
+    assert await SharedTaskStore(repo, TaskBoard()).get("t2", alice) is not None  # the durable copy, the board restarted
 
 
 async def test_a_context_is_bound_to_one_session_per_owner_and_survives_a_new_process(repo, tmp_path):

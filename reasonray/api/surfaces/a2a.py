@@ -471,7 +471,7 @@ class A2AServer:
             REFUSED.reset(token)
         if "error" not in holder:
             return response, None
-        await self.store.owned.repo.delete_a2a_task(holder["task_id"], holder["owner"])
+        await self.store.repo.delete_a2a_task(holder["task_id"], holder["owner"])
         await self.board.forget(holder["task_id"])
         return response, holder["error"]
 

@@ -27,7 +27,6 @@ import structlog
 from a2a.auth.user import User
 from a2a.server.cluster import ConcurrentTaskModificationError, StoredTask, TaskEventStream, TaskVersion, VersionedEvent, VersionedTaskStore
 from a2a.server.context import ServerCallContext
-from a2a.server.tasks import TaskStore
 from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import Task
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
@@ -65,59 +64,6 @@ class PrincipalUser(User):
 def owner_of(context: ServerCallContext | None) -> str | None:
     """The owner of what a call creates and the only owner it reads: the caller's `sub`; None with auth off."""
     return context.user.user_name if context is not None and context.user.is_authenticated else None
-
-
-# -- the SDK's task store ------------------------------------------------------------------------------------
-
-
-class OwnedTaskStore(TaskStore):
-    """The a2a-sdk `TaskStore` over a repository, scoped to the caller: GetTask, ListTasks, CancelTask and
-    resubscribing all read through `get` / `list`, so they never see another owner's task."""
-
-    def __init__(self, repo: Repository) -> None:
-        self.repo = repo
-
-    async def save(self, task: Task, context: ServerCallContext | None = None) -> None:
-        owner = owner_of(context)
-        status_ns = task.status.timestamp.ToNanoseconds() if task.status.HasField("timestamp") else 0
-        doc = json_format.MessageToDict(task)
-        if not await self.repo.save_a2a_task(task.id, owner, task.context_id, task.status.state, status_ns, doc):
-            log.warning("a2a.task_id_taken", task_id=task.id)  # the SDK makes task ids; nobody should reuse another's
-            raise TaskNotFoundError(f"Task {task.id} not found")
-
-    async def get(self, task_id: str, context: ServerCallContext | None = None) -> Task | None:
-        doc = await self.repo.a2a_task(task_id, owner_of(context))
-        return json_format.ParseDict(doc, Task()) if doc is not None else None
-
-    async def list(self, params: a2a_pb2.ListTasksRequest, context: ServerCallContext | None = None) -> a2a_pb2.ListTasksResponse:
-        after = None
-        if params.page_token:
-            cursor = decode_list_tasks_cursor(params.page_token)
-            if cursor is None:
-                raise InvalidParamsError(f"Invalid page token: {params.page_token}")
-            after = (cursor.timestamp_ns or 0, cursor.task_id)
-        size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
-        since = params.status_timestamp_after.ToNanoseconds() if params.HasField("status_timestamp_after") else None
-        docs, total = await self.repo.a2a_tasks(
-            TaskQuery(
-                owner_of(context),
-                context_id=params.context_id or None,
-                state=params.status or None,
-                since_ns=since,
-                after=after,
-                limit=size + 1,  # one more than the page: whether another page follows
-            )
-        )
-        tasks = [json_format.ParseDict(d, Task()) for d in docs[:size]]
-        following = ""
-        if len(docs) > size:
-            last = tasks[-1]
-            stamp = last.status.timestamp.ToNanoseconds() if last.status.HasField("timestamp") else None
-            following = encode_list_tasks_cursor(ListTasksCursor(timestamp_ns=stamp or None, task_id=last.id))
-        return a2a_pb2.ListTasksResponse(tasks=tasks, next_page_token=following, page_size=size, total_size=total)
-
-    async def delete(self, task_id: str, context: ServerCallContext | None = None) -> None:
-        await self.repo.delete_a2a_task(task_id, owner_of(context))
 
 
 # -- contexts: one ReasonRay session each ------------------------------------------------------------------
@@ -285,41 +231,66 @@ def _version(version: TaskVersion) -> int:
 
 
 class SharedTaskStore(VersionedTaskStore):
-    """The a2a-sdk's versioned task store over the board (what is live, versioned) and a repository (the durable,
-    owned copy): the SDK's request handler then cancels a task running on another replica by writing CANCELED
-    here, and the running replica's next write (or its watcher, `a2a.ReasoningExecutor`) sees it."""
+    """The a2a-sdk's versioned task store over the board (what is live, versioned) and a repository (the durable
+    copy, scoped to the caller: GetTask, ListTasks, CancelTask and resubscribing all read through `get` / `list`, so
+    they never see another owner's task): the SDK's request handler then cancels a task running on another replica
+    by writing CANCELED here, and the running replica's next write (or its watcher, `a2a.ReasoningExecutor`) sees it."""
 
     def __init__(self, repo: Repository, board: Board) -> None:
-        self.owned = OwnedTaskStore(repo)
+        self.repo = repo
         self.board = board
 
     async def save(
         self, task: Task, *, event: Any, prev: Task | None, prev_version: TaskVersion, context: ServerCallContext
     ) -> TaskVersion:
-        doc = json_format.MessageToDict(task)
-        version = await self.board.commit(task.id, owner_of(context), _version(prev_version), task.status.state, doc)
-        if version == NOT_YOURS:
-            log.warning("a2a.task_id_taken", task_id=task.id)
-            raise TaskNotFoundError(f"Task {task.id} not found")
+        owner, doc = owner_of(context), json_format.MessageToDict(task)
+        version = await self.board.commit(task.id, owner, _version(prev_version), task.status.state, doc)
         if version == CONFLICT:
             raise ConcurrentTaskModificationError(task.id)
-        await self.owned.save(task, context)
+        status_ns = task.status.timestamp.ToNanoseconds() if task.status.HasField("timestamp") else 0
+        if version == NOT_YOURS or not await self.repo.save_a2a_task(task.id, owner, task.context_id, task.status.state, status_ns, doc):
+            log.warning("a2a.task_id_taken", task_id=task.id)  # the SDK makes task ids; nobody should reuse another's
+            raise TaskNotFoundError(f"Task {task.id} not found")
         return TaskVersion(version)
 
     async def get(self, task_id: str, context: ServerCallContext) -> StoredTask | None:
         live = await self.board.get(task_id, owner_of(context))
         if live is not None:
             return StoredTask(json_format.ParseDict(live[0], Task()), TaskVersion(live[1]))
-        task = await self.owned.get(task_id, context)
-        return StoredTask(task, TaskVersion.MISSING) if task is not None else None
+        doc = await self.repo.a2a_task(task_id, owner_of(context))
+        return StoredTask(json_format.ParseDict(doc, Task()), TaskVersion.MISSING) if doc is not None else None
 
     async def list(self, params: a2a_pb2.ListTasksRequest, context: ServerCallContext) -> a2a_pb2.ListTasksResponse:
-        return await self.owned.list(params, context)
+        after = None
+        if params.page_token:
+            cursor = decode_list_tasks_cursor(params.page_token)
+            if cursor is None:
+                raise InvalidParamsError(f"Invalid page token: {params.page_token}")
+            after = (cursor.timestamp_ns or 0, cursor.task_id)
+        size = params.page_size or DEFAULT_LIST_TASKS_PAGE_SIZE
+        since = params.status_timestamp_after.ToNanoseconds() if params.HasField("status_timestamp_after") else None
+        docs, total = await self.repo.a2a_tasks(
+            TaskQuery(
+                owner_of(context),
+                context_id=params.context_id or None,
+                state=params.status or None,
+                since_ns=since,
+                after=after,
+                limit=size + 1,  # one more than the page: whether another page follows
+            )
+        )
+        tasks = [json_format.ParseDict(d, Task()) for d in docs[:size]]
+        following = ""
+        if len(docs) > size:
+            last = tasks[-1]
+            stamp = last.status.timestamp.ToNanoseconds() if last.status.HasField("timestamp") else None
+            following = encode_list_tasks_cursor(ListTasksCursor(timestamp_ns=stamp or None, task_id=last.id))
+        return a2a_pb2.ListTasksResponse(tasks=tasks, next_page_token=following, page_size=size, total_size=total)
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
-        if await self.owned.get(task_id, context) is not None:
+        if await self.repo.a2a_task(task_id, owner_of(context)) is not None:
             await self.board.forget(task_id)
-        await self.owned.delete(task_id, context)
+        await self.repo.delete_a2a_task(task_id, owner_of(context))
 
 
 class BoardEventStream(TaskEventStream):
