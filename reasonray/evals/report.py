@@ -246,8 +246,7 @@ def _provenance_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"- per-call budgets: {', '.join(map(str, budgets))} tokens")
     if study := report.get("memory_study"):
         lines.append(f"- memory study: arms {', '.join(study['arms'])} on {study['orders']} stream order(s)")
-    prov = report.get("provenance") or {}
-    if prov.get("git_commit"):
+    if (prov := report.get("provenance") or {}).get("git_commit"):
         lines.append(f"- code: `{prov['git_commit'][:12]}`{' with uncommitted changes' if prov.get('git_dirty') else ''}")
     return lines
 

@@ -278,7 +278,7 @@ async def _run_here(
             ray_started, cluster = _connect(options.address, settings)
         if settings.resolved_provider() == "simulated":
             if not settings.llm.base_url:
-                simulator = start_simulator(settings, _simulator_host(options.use_ray))
+                simulator = start_simulator(settings, _simulator_host(cluster))
                 settings = settings.model_copy(
                     update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})}
                 )
@@ -303,10 +303,6 @@ async def _run_here(
             if ray_started:
                 ray.shutdown()
     return ran, grid_s, cluster
-
-
-def run(options: EvalOptions, echo: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    return asyncio.run(run_async(options, echo))
 
 
 def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, Any]]:
@@ -334,15 +330,13 @@ def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, A
     return True, {"ray": True, "address": address, **cluster_summary()}
 
 
-def _simulator_host(use_ray: bool) -> str:
+def _simulator_host(cluster: dict[str, Any]) -> str:
     """Loopback on one machine; the node's address when tasks may run on other nodes."""
-    if not use_ray:
+    if cluster.get("nodes", 1) <= 1:
         return "127.0.0.1"
     import ray
 
-    from reasonray.evals.distributed import cluster_summary
-
-    return ray.util.get_node_ip_address() if cluster_summary()["nodes"] > 1 else "127.0.0.1"
+    return ray.util.get_node_ip_address()
 
 
 def _engine(settings: Settings, options: EvalOptions, app_name: str) -> tuple[Any, Any]:
@@ -455,7 +449,7 @@ def main(strategies, configs, seeds, budgets, use_ray, url, price_input, price_o
     if options.concurrency < 1:
         raise click.BadParameter("must be at least 1", param_hint="--concurrency")
     try:
-        report = run(options, echo=click.echo)
+        report = asyncio.run(run_async(options, echo=click.echo))
     except (EvalError, DatasetError, GridError, ConfigError, LLMConfigError) as exc:
         click.echo(f"error: {exc}", err=True)
         click.echo(f"error_type: {error_type_of(exc)}", err=True)

@@ -38,9 +38,8 @@ LATER_FROM = 0.5
 
 def _accuracy(outcomes: dict[tuple[str, int], bool]) -> dict[str, Any]:
     n = len(outcomes)
-    accuracy = sum(outcomes.values()) / n if n else 0.0
-    low, high = clustered_interval(outcomes) if n else (0.0, 0.0)
-    return {"records": n, "accuracy": round(accuracy, 6), "ci_low": round(low, 6), "ci_high": round(high, 6)}
+    low, high = clustered_interval(outcomes)  # (0, 0) when there are none
+    return rounded({"records": n, "accuracy": sum(outcomes.values()) / n if n else 0.0, "ci_low": low, "ci_high": high})
 
 
 def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: float = LATER_FROM) -> list[dict[str, Any]]:
