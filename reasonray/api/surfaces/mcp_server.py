@@ -39,7 +39,15 @@ TOKEN_ENV = "REASONRAY_TOKEN"  # the stdio server's bearer token (or `reasonray 
 def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | None = None) -> Server:
     """The MCP server over `rpc`. Calls run as the request's principal (`CURRENT_PRINCIPAL`, which the HTTP
     auth gate sets), or as `principal()` when given: the stdio server's own verified caller."""
-    tools = tool_list(rpc)
+    # a tool per method declared with `mcp_tool` (memory tools exist only where the server has a bank): its input schema
+    # the params model, its output schema the result model
+    tools = [
+        types.Tool(
+            name=m.mcp_tool, description=m.description, input_schema=fillable(m.params.model_json_schema()), output_schema=result_schema(m)
+        )
+        for m in rpc.methods.values()
+        if m.mcp_tool is not None
+    ]
     by_name = {m.mcp_tool: name for name, m in rpc.methods.items() if m.mcp_tool is not None}
     has_memory = "memory.get" in rpc.methods
 
@@ -95,21 +103,6 @@ def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | No
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
     )
-
-
-def tool_list(rpc: Dispatcher) -> list[types.Tool]:
-    """A tool per method declared with `mcp_tool` (memory tools exist only where the server has a bank):
-    its input schema the params model, its output schema the result model."""
-    return [
-        types.Tool(
-            name=m.mcp_tool,
-            description=m.description,
-            input_schema=fillable(m.params.model_json_schema()),
-            output_schema=result_schema(m),
-        )
-        for m in rpc.methods.values()
-        if m.mcp_tool is not None
-    ]
 
 
 def resources(has_memory: bool) -> list[types.Resource]:

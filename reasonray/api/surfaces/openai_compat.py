@@ -577,12 +577,24 @@ class OpenAICompat:
         return turn
 
     def _tool_turn_response(self, request: ChatCompletionRequest, turn: TurnResult) -> ChatCompletion:
-        message, finish = _turn_message(turn, request.stops)
+        if turn.status == "completed":
+            content = apply_stop(turn.answer, request.stops) if turn.answer is not None else None
+            choice = _choice(ChatCompletionMessage(role="assistant", content=content), "stop")
+        else:
+            calls = [
+                _tool_call(
+                    f"{turn.session_id}-{c.tool_call_id}", c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)
+                )
+                for c in turn.pending_tool_calls
+            ]
+            choice = _choice(
+                ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
+            )
         prompt, completion = _turn_tokens(turn.trace)
         usage = usage_of(prompt, completion, self.tokens.count(turn.answer or ""), turn.usage.reasoning_tokens)
         trace_id = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
         extra = {"trace_id": trace_id, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
-        return self._completion(request, trace_id, [_choice(message, finish)], usage, extra)
+        return self._completion(request, trace_id, [choice], usage, extra)
 
     # -- streaming ------------------------------------------------------------------------------------
     async def stream(self, request: ChatCompletionRequest, trace_id: str | None = None) -> AsyncIterator[str]:
@@ -719,18 +731,6 @@ _SESSION_CALL = re.compile(r"^[0-9a-f]{32}-.+")
 
 def _trailing_tool_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
     return list(takewhile(lambda m: m.role == "tool", reversed(messages)))[::-1]
-
-
-def _turn_message(turn: TurnResult, stops: list[str]) -> tuple[ChatCompletionMessage, FinishReason]:
-    if turn.status == "completed":
-        return ChatCompletionMessage(
-            role="assistant", content=apply_stop(turn.answer or "", stops) if turn.answer is not None else None
-        ), "stop"
-    calls = [
-        _tool_call(f"{turn.session_id}-{c.tool_call_id}", c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments))
-        for c in turn.pending_tool_calls
-    ]
-    return ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
 
 
 def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
