@@ -177,7 +177,7 @@ class OpenAILLM:
         self.tokens: TokenCounter = self._initial_counter(tokenizer, token_margin)
         self._discovery_ttl_s = discovery_ttl_s
         self._discovered_at: float | None = None
-        self._discovering: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
+        self._discovering: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
         self.endpoint: EndpointInfo = EndpointInfo(flavour="openai" if base_url is None else "unknown")
         self._learned_context: int | None = None
         self._framing_learned_for: str | None = None
@@ -282,21 +282,10 @@ class OpenAILLM:
         if fresh and not force:
             return self.capabilities
         self._check_allowed()
-        loop = asyncio.get_running_loop()
-        pending = self._discovering.get(loop)
-        if pending is None:
-            pending = self._discovering[loop] = loop.create_future()
-            try:
+        seen = self._discovered_at
+        async with self._discovering.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
+            if self._discovered_at == seen:  # no probe ended while this caller waited for the one running
                 self._apply(await discover_endpoint(self.base_url, self._model, api_key=self._api_key))
-                pending.set_result(None)
-            except BaseException as exc:
-                pending.set_exception(exc)
-                pending.exception()  # retrieved here: the callers waiting on it see it too
-                raise
-            finally:
-                del self._discovering[loop]
-        else:
-            await asyncio.shield(pending)
         return self.capabilities
 
     def discover_now(self) -> None:

@@ -135,10 +135,7 @@ def refused_param(message: str, param: Any, params: dict[str, Any]) -> str | Non
     sent_system = any(m.get("role") == "system" for m in params.get("messages", ()))
     if sent_system and "system" in lowered and ("role" in lowered or any(n.startswith("messages") or n == "system" for n in named)):
         return "system"
-    for name in named:
-        if name in REFUSABLE and name != "system" and params.get(name) is not None:
-            return "logprobs" if name == "top_logprobs" else name
-    for name in REFUSABLE:  # unquoted, as some servers word it ("Unrecognized request argument supplied: stop")
-        if name != "system" and params.get(name) is not None and re.search(rf"\b{name}\b", lowered):
-            return "logprobs" if name == "top_logprobs" else name
-    return None
+    sent = [name for name in REFUSABLE if name != "system" and params.get(name) is not None]
+    # one it names, else one it mentions unquoted, as some servers word it ("Unrecognized request argument supplied: stop")
+    found = next((n for n in named if n in sent), None) or next((n for n in sent if re.search(rf"\b{n}\b", lowered)), None)
+    return "logprobs" if found == "top_logprobs" else found
