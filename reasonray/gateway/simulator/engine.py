@@ -51,6 +51,21 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
 # the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
 SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
+# The memory items extraction writes, by lesson: what worked, and what failed (a slip, an unchecked answer).
+LESSONS = {
+    "success": "<title>Work through the problem step by step</title><description>Break the problem into explicit steps and "
+    "compute each one exactly.</description><content>Write out every intermediate quantity and compute it exactly before "
+    "combining them; check the final answer against what the question asks.</content>",
+    "slip": "<title>Keep intermediate results exact</title><description>Rounding or guessing an intermediate value leads to a "
+    "wrong final answer.</description><content>Carry exact values through every step and round only the final answer, if at "
+    "all.</content><error_type>premature rounding</error_type><failure_pattern>An intermediate result was rounded to keep the "
+    "numbers simple, so the final answer was off.</failure_pattern><corrective_guidance>Keep every intermediate value exact; "
+    "re-check the arithmetic before answering.</corrective_guidance>",
+    "unverified": "<title>Verify the final answer</title><description>An unchecked final answer can be wrong even when the steps "
+    "look plausible.</description><content>Recompute the answer independently before giving it.</content><error_type>unverified "
+    "answer</error_type><failure_pattern>The final answer was given without checking it against the problem.</failure_pattern>"
+    "<corrective_guidance>Check the answer against the problem statement before giving it.</corrective_guidance>",
+}
 
 _PHRASES = (
     "re-checking the constraints of the problem",
@@ -670,37 +685,8 @@ class SimulatedModel:
         else:
             failed = [shown] if purpose == "extract_failure" else []
             succeeded, slipped = purpose == "extract_success", SLIP_STEP in shown
-        items = []
-        if succeeded:
-            items.append(
-                _memory_item(
-                    "Work through the problem step by step",
-                    "Break the problem into explicit steps and compute each one exactly.",
-                    "Write out every intermediate quantity and compute it exactly before combining them; check the final "
-                    "answer against what the question asks.",
-                )
-            )
-        if failed:
-            items.append(
-                _memory_item(
-                    "Keep intermediate results exact" if slipped else "Verify the final answer",
-                    "Rounding or guessing an intermediate value leads to a wrong final answer."
-                    if slipped
-                    else "An unchecked final answer can be wrong even when the steps look plausible.",
-                    "Carry exact values through every step and round only the final answer, if at all."
-                    if slipped
-                    else "Recompute the answer independently before giving it.",
-                    error=(
-                        "premature rounding" if slipped else "unverified answer",
-                        "An intermediate result was rounded to keep the numbers simple, so the final answer was off."
-                        if slipped
-                        else "The final answer was given without checking it against the problem.",
-                        "Keep every intermediate value exact; re-check the arithmetic before answering."
-                        if slipped
-                        else "Check the answer against the problem statement before giving it.",
-                    ),
-                )
-            )
+        lessons = (["success"] if succeeded else []) + (["slip" if slipped else "unverified"] if failed else [])
+        items = [f"<memory>{LESSONS[lesson]}</memory>" for lesson in lessons]
         return "<thinking>Looking for what generalises.</thinking>\n" + "\n".join(items)
 
     def _vote(self, request: LLMRequest, rng: random.Random) -> str:
@@ -808,11 +794,8 @@ def _answer_in(choice: SimChoice) -> str | None:
     return found.group(1).strip() if found else None
 
 
-def _memory_item(title: str, description: str, content: str, error: tuple[str, str, str] | None = None) -> str:
-    fields = f"<title>{title}</title><description>{description}</description><content>{content}</content>"
-    if error is not None:
-        fields += f"<error_type>{error[0]}</error_type><failure_pattern>{error[1]}</failure_pattern><corrective_guidance>{error[2]}</corrective_guidance>"
-    return f"<memory>{fields}</memory>"
+def _memory_item(title: str, description: str, content: str) -> str:
+    return f"<memory><title>{title}</title><description>{description}</description><content>{content}</content></memory>"
 
 
 def _stated(solution: str) -> str | None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,14 +296,7 @@ class _Served:
 
 def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
     tokenizer = SimTokenizer(settings.resolved_tokenizer)
-    model = model or SimulatedModel(
-        tokenizer,
-        seed=settings.seed,
-        faults=FaultPlan(settings.fault_rate, tuple(settings.fault_kinds)),
-        disobedience=Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds)),
-        context_length=settings.resolved_context_length,
-        reasoning=ReasoningPlan(settings.reasoning, settings.thinking_tokens),
-    )
+    model = model or SimulatedModel(tokenizer, seed=settings.seed, context_length=settings.resolved_context_length, **_plans(settings))
     app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
     app.state.model = model
     # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
@@ -322,22 +316,23 @@ def _token_routes(app: FastAPI, served: _Served) -> None:
         return JSONResponse({"object": "list", "data": [_model_card(settings, tokenizer)]}, headers=SIM_HEADER)
 
     @app.post("/extras/tokenize")
+    @app.post("/extras/tokenize/count")
     async def tokenize(request: Request) -> JSONResponse:
-        text = await _tokenize_input(request)
-        if text is None:
-            return rejected("tokenize takes {'input': '<text>'} (and optionally 'model')")
+        counting = request.url.path.endswith("/count")
+        try:  # llama.cpp's body: {"input": ..., "model": ...}
+            body = await request.json()
+        except ValueError:
+            body = None
+        text = body.get("input") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            return rejected(f"{'tokenize/count' if counting else 'tokenize'} takes {{'input': '<text>'}} (and optionally 'model')")
+        if counting:
+            return JSONResponse({"count": tokenizer.count(text)}, headers=SIM_HEADER)
         try:
             tokens = tokenizer.encode(text)
         except ValueError as exc:  # tiktoken's file is missing: counts are estimated, there are no token ids
             return _error(501, f"simulated model: {exc}", "not_implemented")
         return JSONResponse({"tokens": tokens}, headers=SIM_HEADER)
-
-    @app.post("/extras/tokenize/count")
-    async def tokenize_count(request: Request) -> JSONResponse:
-        text = await _tokenize_input(request)
-        if text is None:
-            return rejected("tokenize/count takes {'input': '<text>'} (and optionally 'model')")
-        return JSONResponse({"count": tokenizer.count(text)}, headers=SIM_HEADER)
 
     @app.post("/extras/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
@@ -457,43 +452,47 @@ def _script_routes(app: FastAPI, served: _Served) -> None:
         return JSONResponse({"exchanges": msgspec.to_builtins(list(model.exchanges))}, headers=SIM_HEADER)
 
 
+def _plans(settings: SimulatorSettings) -> dict[str, Any]:
+    """The fault, disobedience and reasoning plans the settings configure, by the model's attribute names."""
+    return {
+        "faults": FaultPlan(settings.fault_rate, tuple(settings.fault_kinds)),
+        "disobedience": Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds)),
+        "reasoning": ReasoningPlan(settings.reasoning, settings.thinking_tokens),
+    }
+
+
+# What each plan route sets on the model, from its JSON body.
+_PLAN_ROUTES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
+    "/v1/sim/faults": ("faults", lambda body: FaultPlan(float(body.get("rate", 0.0)), tuple(body.get("kinds") or FAULT_KINDS))),
+    "/v1/sim/disobey": ("disobedience", lambda body: Disobedience(float(body.get("rate", 0.0)), tuple(body.get("kinds") or DISOBEY_KINDS))),
+    "/v1/sim/reasoning": (
+        "reasoning",
+        lambda body: ReasoningPlan(str(body.get("form", "off")), int(body.get("thinking_tokens", DEFAULT_THINKING_TOKENS))),
+    ),
+}
+
+
 def _plan_routes(app: FastAPI, served: _Served) -> None:
     """The fault, disobedience and reasoning plans, and the reset to the configured ones."""
     settings, model = served.settings, served.model
 
-    @app.post("/v1/sim/faults")
-    async def set_faults(request: Request) -> JSONResponse:
-        body = await request.json()
-        try:
-            model.faults = FaultPlan(float(body.get("rate", 0.0)), tuple(body.get("kinds") or FAULT_KINDS))
-        except ValueError as exc:
-            return _error(400, str(exc))
-        return JSONResponse({"rate": model.faults.rate, "kinds": list(model.faults.kinds)}, headers=SIM_HEADER)
+    def plan_route(path: str, attribute: str, make: Callable[[dict[str, Any]], Any]) -> None:
+        @app.post(path, name=attribute)
+        async def set_plan(request: Request) -> JSONResponse:
+            try:
+                setattr(model, attribute, make(await request.json()))
+            except (TypeError, ValueError) as exc:
+                return _error(400, str(exc))
+            return JSONResponse(dataclasses.asdict(getattr(model, attribute)), headers=SIM_HEADER)
 
-    @app.post("/v1/sim/disobey")
-    async def set_disobedience(request: Request) -> JSONResponse:
-        body = await request.json()
-        try:
-            model.disobedience = Disobedience(float(body.get("rate", 0.0)), tuple(body.get("kinds") or DISOBEY_KINDS))
-        except (TypeError, ValueError) as exc:
-            return _error(400, str(exc))
-        return JSONResponse({"rate": model.disobedience.rate, "kinds": list(model.disobedience.kinds)}, headers=SIM_HEADER)
-
-    @app.post("/v1/sim/reasoning")
-    async def set_reasoning(request: Request) -> JSONResponse:
-        body = await request.json()
-        try:
-            model.reasoning = ReasoningPlan(str(body.get("form", "off")), int(body.get("thinking_tokens", DEFAULT_THINKING_TOKENS)))
-        except (TypeError, ValueError) as exc:
-            return _error(400, str(exc))
-        return JSONResponse({"form": model.reasoning.form, "thinking_tokens": model.reasoning.thinking_tokens}, headers=SIM_HEADER)
+    for path, (attribute, make) in _PLAN_ROUTES.items():
+        plan_route(path, attribute, make)
 
     @app.post("/v1/sim/reset")
     async def reset() -> JSONResponse:
         model.reset()
-        model.reasoning = ReasoningPlan(settings.reasoning, settings.thinking_tokens)
-        model.faults = FaultPlan(settings.fault_rate, tuple(settings.fault_kinds))
-        model.disobedience = Disobedience(settings.disobey_rate, tuple(settings.disobey_kinds))
+        for attribute, plan in _plans(settings).items():
+            setattr(model, attribute, plan)
         return JSONResponse({"ok": True}, headers=SIM_HEADER)
 
 
@@ -511,16 +510,6 @@ def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list
     words = text.split(" ")
     pieces = [(" " if i else "") + " ".join(words[i : i + tokens_per_piece]) for i in range(0, len(words), tokens_per_piece)]
     return [(piece, counter.count(piece)) for piece in pieces]
-
-
-async def _tokenize_input(request: Request) -> str | None:
-    """The text of a llama.cpp tokenize request (`{"input": ..., "model": ...}`), None when it is malformed."""
-    try:
-        body = await request.json()
-    except ValueError:
-        return None
-    text = body.get("input") if isinstance(body, dict) else None
-    return text if isinstance(text, str) else None
 
 
 KEEP_ALIVE_S = 75
