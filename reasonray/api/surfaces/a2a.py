@@ -231,8 +231,7 @@ class ReasoningExecutor(AgentExecutor):
         items = stream_call(self.rpc, method, params, trace_id)
         try:
             await anext(items)  # Admitted: the guard let the call run; a refused or invalid call raises before anything ran
-        except RpcError as error:
-            await items.aclose()
+        except RpcError as error:  # the stream ended with it
             return await self.unanswered(context, event_queue, error.body(), owner)
         updater = await self.task_updater(context, event_queue)
         await updater.start_work(_say(updater, f"{doing} (trace {trace_id})"))
