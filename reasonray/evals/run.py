@@ -125,11 +125,6 @@ def _memory_study(options: EvalOptions) -> dict[str, Any] | None:
     return {"arms": ["on", "off", "placebo"] if options.placebo else ["on", "off"], "orders": options.orders}
 
 
-def _dataset_name(dataset: Dataset) -> str:
-    """A file's absolute path, or a generated spec as written."""
-    return str(dataset.path) if str(dataset.path).startswith("gen:") else str(dataset.path.resolve())
-
-
 def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: EvalOptions, settings: Settings) -> dict[str, Any]:
     """run.json records what the results in `out` mean; a rerun must not mix in other configs."""
     path = out / "run.json"
@@ -143,7 +138,7 @@ def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: Eva
     if previous and previous.get("memory") != options.memory:
         raise EvalError(f"{out} holds a run with memory={'on' if previous['memory'] else 'off'}; use another --out to change it")
     run = {
-        "dataset": _dataset_name(dataset),
+        "dataset": str(dataset.path) if str(dataset.path).startswith("gen:") else str(dataset.path.resolve()),  # a spec as written
         "kind": dataset.kind,
         "memory": options.memory,
         "memory_study": _memory_study(options),
@@ -236,7 +231,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     (out / "run.json").write_text(json.dumps(run_file, indent=2))
     meta = {
         "dataset": {
-            "path": _dataset_name(dataset),
+            "path": run_file["dataset"],
             "name": str(dataset.path) if str(dataset.path).startswith("gen:") else dataset.path.name,
             "sha256": dataset.sha256,
             "kind": dataset.kind,
@@ -247,10 +242,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
         "model": model,
         "simulator_skill": options.sim_skill if simulated and not over_service else None,
         "seeds": options.seeds,
-        "memory": options.memory,
-        "memory_study": _memory_study(options),
-        "budgets": options.budgets,
-        "provenance": run_file["provenance"],
+        **{key: run_file[key] for key in ("memory", "memory_study", "budgets", "provenance")},
         "cluster": cluster,
         "ran": ran,
         "grid_seconds": round(grid_s, 3),
