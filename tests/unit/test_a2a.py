@@ -43,9 +43,9 @@ from reasonray.api.surfaces.a2a_tasks import (
     CONFLICT,
     NOT_YOURS,
     ContextSessions,
-    PrincipalUser,
     SharedTaskStore,
     TaskBoard,
+    principal_user,
 )
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
@@ -267,7 +267,7 @@ async def test_a_refusal_outside_the_route_still_ends_in_a_rejected_task(tmp_pat
     agent = Agent(tmp_path)
     token = CURRENT_PRINCIPAL.set(CALLERS["rita"])
     try:
-        task = await agent.server.handler.on_message_send(message("What is 6 * 7?"), ServerCallContext(user=PrincipalUser("rita")))
+        task = await agent.server.handler.on_message_send(message("What is 6 * 7?"), ServerCallContext(user=principal_user("rita")))
     finally:
         CURRENT_PRINCIPAL.reset(token)
     assert task.status.state == TaskState.TASK_STATE_REJECTED and task.status.message.metadata["code"] == -32003
@@ -293,7 +293,7 @@ async def test_another_principals_tasks_read_list_and_cancel_as_if_they_did_not_
         await send(
             bob, SendMessageRequest(message=Message(role=Role.ROLE_USER, message_id="m-x", task_id=hers.id, parts=[Part(text="hi")]))
         )
-    as_bob = ServerCallContext(user=PrincipalUser("bob"))
+    as_bob = ServerCallContext(user=principal_user("bob"))
     with pytest.raises(TaskNotFoundError):  # resubscribing
         [e async for e in agent.server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=hers.id), as_bob)]
 
@@ -332,7 +332,7 @@ async def test_a_context_is_a_reasonray_session_of_its_owner_and_a_fresh_one_for
 async def test_a_cancel_and_a_resubscription_reach_a_task_running_on_another_replica(tmp_path, http_clients):
     board = TaskBoard()
     one, two = Agent(tmp_path, board=board), Agent(tmp_path, board=board)  # two replicas: one board, one store
-    as_alice = ServerCallContext(user=PrincipalUser("alice"))
+    as_alice = ServerCallContext(user=principal_user("alice"))
     token = CURRENT_PRINCIPAL.set(CALLERS["alice"])  # what the auth gate sets (the handler is called directly:
     try:  # httpx's in-process transport would hold a streamed answer until it ends)
         events = one.server.handler.on_message_send_stream(message("[hang] What is 6 * 7?", strategy="chain_of_thought"), as_alice)
@@ -364,7 +364,7 @@ async def test_a_cancel_and_a_resubscription_reach_a_task_running_on_another_rep
 
 async def test_a_cancel_on_the_replica_running_the_task_stops_its_model_call(tmp_path, http_clients):
     agent = Agent(tmp_path)
-    as_alice = ServerCallContext(user=PrincipalUser("alice"))
+    as_alice = ServerCallContext(user=principal_user("alice"))
     token = CURRENT_PRINCIPAL.set(CALLERS["alice"])
     try:
         events = agent.server.handler.on_message_send_stream(message("[hang] What is 6 * 7?", strategy="chain_of_thought"), as_alice)
@@ -431,8 +431,8 @@ def task(task_id: str, context: str, answer: str | None, seconds: int) -> Task:
 async def test_the_task_store_keeps_owned_tasks_lists_pages_and_filters(repo):
     store, alice, bob = (
         SharedTaskStore(repo, TaskBoard()),
-        ServerCallContext(user=PrincipalUser("alice")),
-        ServerCallContext(user=PrincipalUser("bob")),
+        ServerCallContext(user=principal_user("alice")),
+        ServerCallContext(user=principal_user("bob")),
     )
 
     async def save(on: SharedTaskStore, task: Task, context: ServerCallContext) -> None:

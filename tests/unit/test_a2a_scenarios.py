@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from reasonray.api.app import local_dispatcher
 from reasonray.api.surfaces.a2a import A2AServer
-from reasonray.api.surfaces.a2a_tasks import PrincipalUser
+from reasonray.api.surfaces.a2a_tasks import principal_user
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
@@ -324,5 +324,5 @@ async def _guarded(agent: Agent, tmp_path, http_clients: list[httpx.AsyncClient]
         ("alice", "reasoning.execute", "ok"),
     ]
     stored = agent.server.store
-    assert await stored.get(task["id"], ServerCallContext(user=PrincipalUser("alice"))) is not None  # filed under its caller
-    assert await stored.get(task["id"], ServerCallContext(user=PrincipalUser("bob"))) is None  # and no one else's
+    assert await stored.get(task["id"], ServerCallContext(user=principal_user("alice"))) is not None  # filed under its caller
+    assert await stored.get(task["id"], ServerCallContext(user=principal_user("bob"))) is None  # and no one else's

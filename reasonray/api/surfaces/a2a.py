@@ -69,10 +69,10 @@ from reasonray.api.surfaces.a2a_tasks import (
     Board,
     BoardEventStream,
     ContextSessions,
-    PrincipalUser,
     SharedTaskStore,
     TaskBoard,
     owner_of,
+    principal_user,
 )
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
@@ -147,7 +147,7 @@ class CallerContextBuilder(DefaultServerCallContextBuilder):
 
     def build_user(self, request: Request) -> User:
         principal = CURRENT_PRINCIPAL.get()
-        return PrincipalUser(principal.sub) if principal is not None else UnauthenticatedUser()
+        return principal_user(principal.sub) if principal is not None else UnauthenticatedUser()
 
 
 _REFUSAL_KEYS = {"error_type": "errorType", "retry_after_s": "retryAfterS", "limit_name": "limitName", "trace_id": "traceId"}

@@ -27,6 +27,7 @@ import structlog
 from a2a.auth.user import User
 from a2a.server.cluster import ConcurrentTaskModificationError, StoredTask, TaskEventStream, TaskVersion, VersionedEvent, VersionedTaskStore
 from a2a.server.context import ServerCallContext
+from a2a.server.routes.common import StarletteUser
 from a2a.types import a2a_pb2
 from a2a.types.a2a_pb2 import Task
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
@@ -34,6 +35,7 @@ from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.proto_utils import to_stream_response
 from a2a.utils.task import ListTasksCursor, decode_list_tasks_cursor, encode_list_tasks_cursor
 from google.protobuf import json_format
+from starlette.authentication import SimpleUser
 
 from reasonray.kernel.errors import SessionStateError
 from reasonray.stores.a2a import Repository, TaskQuery
@@ -46,19 +48,9 @@ SAVE_ATTEMPTS = 5  # a context bound by a concurrent message of the same context
 # -- owners --------------------------------------------------------------------------------------------------
 
 
-class PrincipalUser(User):
+def principal_user(sub: str) -> User:
     """The verified caller as the a2a-sdk sees it: its `sub` is the user name every task is filed under."""
-
-    def __init__(self, sub: str) -> None:
-        self.sub = sub
-
-    @property
-    def is_authenticated(self) -> bool:
-        return True
-
-    @property
-    def user_name(self) -> str:
-        return self.sub
+    return StarletteUser(SimpleUser(sub))
 
 
 def owner_of(context: ServerCallContext | None) -> str | None:
