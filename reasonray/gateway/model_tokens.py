@@ -23,9 +23,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -204,24 +203,8 @@ class ServerTokenizer:
         return text if isinstance(text, str) else None
 
 
-class _LRU:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Any:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            if len(self._data) > self.size:
-                self._data.popitem(last=False)
+class _NoAnswer(Exception):
+    """The source could not answer now: nothing to cache."""
 
 
 class ModelTokenCounter:
@@ -241,10 +224,10 @@ class ModelTokenCounter:
         self.source = source
         self.unseen_framing = UNSEEN_FRAMING
         self._on_first_use = on_first_use  # learns what to count with (discovery) before the first count
-        self._ids = _LRU(cache_size)
+        self._ids = functools.lru_cache(maxsize=cache_size)(self._encode)
         self._base_count: Callable[[str], int] = functools.lru_cache(maxsize=cache_size)(base.count)
         # a streamed call counts its prompt twice, for its `max_tokens` and for its usage: rendered once
-        self._chats = _LRU(CHAT_CACHE_SIZE)
+        self._chats = functools.lru_cache(maxsize=CHAT_CACHE_SIZE)(self._render_chat)
         self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
         # by whether the prompt opens with a system message: chat templates inject one when it does not
         self._overheads: dict[bool, deque[int]] = {True: deque(maxlen=CALIBRATION_WINDOW), False: deque(maxlen=CALIBRATION_WINDOW)}
@@ -280,21 +263,23 @@ class ModelTokenCounter:
         """Count with `source` from now on (discovery found a tokenizer, or the model behind the endpoint changed)."""
         if source is not self.source:
             self.source = source
-            self._ids = _LRU(self._ids.size)
-            self._chats = _LRU(self._chats.size)
+            self._ids.cache_clear()
+            self._chats.cache_clear()
             for seen in self._overheads.values():
                 seen.clear()
 
     def _model_ids(self, text: str) -> list[int] | None:
-        if self.source is None:
+        try:
+            return self._ids(text) if self.source is not None else None
+        except _NoAnswer:
             return None
-        hit = self._ids.get(text)
-        if hit is None:
-            hit = self.source.encode(text)
-            if hit is not None:
-                self._ids.put(text, hit)
-                self.observe_ratio(self._base_count(text), len(hit))
-        return hit  # type: ignore[no-any-return]  # list[int] | None, as stored
+
+    def _encode(self, text: str) -> list[int]:
+        ids = self.source.encode(text) if self.source is not None else None
+        if ids is None:
+            raise _NoAnswer
+        self.observe_ratio(self._base_count(text), len(ids))
+        return ids
 
     def estimate(self, text: str) -> int:
         return math.ceil(self._base_count(text) * self.ratio * (1 + self.margin))
@@ -317,20 +302,20 @@ class ModelTokenCounter:
         self._first_use()
         if not self.renders_chat:
             return None
-        render = self.source.count_chat  # type: ignore[union-attr]  # a source that renders chats has it
-        chat = [openai_message(m) for m in messages]
-        key = json.dumps([chat, list(tools)], sort_keys=True, default=str)
-        hit = self._chats.get(key)
-        if hit is not None:
-            return int(hit)
         try:
-            counted = render(chat, list(tools))
+            return self._chats(tuple(messages), json.dumps(list(tools), sort_keys=True, default=str))
+        except _NoAnswer:
+            return None
+
+    def _render_chat(self, messages: tuple[Message, ...], tools: str) -> int:
+        render = self.source.count_chat  # type: ignore[union-attr]  # a source that renders chats has it
+        try:
+            counted = render([openai_message(m) for m in messages], json.loads(tools))
         except Exception as exc:  # a template that fails on these messages: the server would say so; estimate here
             log.info("tokens.chat_template_failed", source=self.encoding_name, reason=str(exc)[:200])
-            return None
+            raise _NoAnswer from None
         if counted is None:
-            return None
-        self._chats.put(key, int(counted))
+            raise _NoAnswer
         return int(counted)
 
     def head(self, text: str, n: int) -> str:
