@@ -532,14 +532,11 @@ class OpenAICompat:
             schema = tools[chosen[0]].get("parameters") or {"type": "object", "properties": {}}
             ask = f"Call the function {chosen[0]} now: answer with only its arguments, a JSON object valid against {json.dumps(schema)}."
         else:
+            arguments = {name: tools[name].get("parameters") or {"type": "object"} for name in chosen}
             schema = {
                 "anyOf": [
-                    {
-                        "type": "object",
-                        "properties": {"name": {"const": name}, "arguments": tools[name].get("parameters") or {"type": "object"}},
-                        "required": ["name", "arguments"],
-                    }
-                    for name in chosen
+                    {"type": "object", "properties": {"name": {"const": n}, "arguments": a}, "required": ["name", "arguments"]}
+                    for n, a in arguments.items()
                 ]
             }
             listing = "\n".join(f"- {name}: {tools[name].get('description', '')}" for name in chosen)
