@@ -143,17 +143,11 @@ def build_grid(
             raise GridError(
                 f"strategy {strategy!r} takes no seed: its runs at seeds {seeds} would be the same; give it one seed or leave it out"
             )
-        variants = [
-            (
-                f"{name}@{budget}" if budget is not None else name,
-                with_budget(strategy, config, budget) if budget is not None else config,
-                budget,
-            )
+        variants = [  # a budget sets the config's limits; a call cap (never both) leaves the config as it is
+            (f"{name}@{cap}" if cap is not None else name, with_budget(strategy, config, cap) if budgets else config, cap)
             for name, config in named.items()
-            for budget in (budgets or [None])
+            for cap in budgets or [call_caps.get(strategy)]
         ]
-        if strategy in call_caps:
-            variants = [(f"{name}@{call_caps[strategy]}", config, call_caps[strategy]) for name, config, _ in variants]
         for name, config, budget in variants:
             for seed in seeds:
                 full = {**config, "seed": seed} if takes_seed else dict(config)
