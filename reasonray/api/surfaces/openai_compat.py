@@ -26,6 +26,7 @@ the routes; unit tests drive the same object over `local_dispatcher`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -605,12 +606,8 @@ class OpenAICompat:
             return
         params = self.execute_params(request)
         await self._check_before_streaming(params)
-        chunk_id = f"chatcmpl-{trace_id or uuid.uuid4().hex}"
+        chunk = functools.partial(_chunk, f"chatcmpl-{trace_id or uuid.uuid4().hex}", request.model)
         progress = request.reasoning is None or request.reasoning.progress
-
-        def chunk(delta: ChoiceDelta | None = None, finish: FinishReason | None = None, **extra: Any) -> str:
-            return _chunk(chunk_id, request.model, delta, finish, **extra)
-
         run = stream_call(self.rpc, "reasoning.execute", params, trace_id)
         marked: dict[str, Any] = {}  # the finish chunk's `reasonray`: the run's, when it finished
         try:
@@ -693,14 +690,14 @@ def _chunk(chunk_id: str, model: str, delta: ChoiceDelta | None = None, finish: 
 async def _replay(completion: ChatCompletion, include_usage: bool) -> AsyncIterator[str]:
     """A finished completion (a tool turn) as chunks."""
     [choice] = completion.choices
-    message, chunk_id, model = choice.message, completion.id, completion.model
+    message, chunk = choice.message, functools.partial(_chunk, completion.id, completion.model)
     if reasoning := (message.model_extra or {}).get("reasoning_content"):
-        yield _chunk(chunk_id, model, ChoiceDelta(role="assistant", reasoning_content=reasoning), reasonray=THINKING)
+        yield chunk(ChoiceDelta(role="assistant", reasoning_content=reasoning), reasonray=THINKING)
     calls = [ChoiceDeltaToolCall(index=i, **c.to_dict()) for i, c in enumerate(message.tool_calls or [])]
-    yield _chunk(chunk_id, model, ChoiceDelta(role="assistant", content=message.content, **({"tool_calls": calls} if calls else {})))
-    yield _chunk(chunk_id, model, finish=choice.finish_reason, reasonray=(completion.model_extra or {})["reasonray"])
+    yield chunk(ChoiceDelta(role="assistant", content=message.content, **({"tool_calls": calls} if calls else {})))
+    yield chunk(finish=choice.finish_reason, reasonray=(completion.model_extra or {})["reasonray"])
     if include_usage:
-        yield _chunk(chunk_id, model, usage=completion.usage)
+        yield chunk(usage=completion.usage)
     yield "[DONE]"
 
 
