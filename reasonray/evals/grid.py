@@ -70,9 +70,10 @@ def parse_configs(options: tuple[str, ...] | list[str]) -> dict[str | None, dict
 
 # The budget axis: a budget B is each call's token limit, set in each strategy's own config fields (each field to
 # max(floor, B)) and sent as the request's `budget.max_output_tokens`, which caps every call of the run (judges,
-# iterations, tool steps). Floors are the strategies' own minimums (their schemas refuse less). MaTTS passes B on to its base strategy's config.
-# Bounded context has no per-call field: an iteration generates what its chunk leaves, so the request's cap is
-# what holds it to B (its chunk must leave room for the prompt and carryover: set chunk_size in its config).
+# iterations, tool steps). Floors are the strategies' own minimums (their schemas refuse less). MaTTS passes B on
+# to its base strategy's config. Bounded context has no per-call field: an iteration generates what its chunk
+# leaves, so the request's cap is what holds it to B (its chunk must leave room for the prompt and carryover: set
+# chunk_size in its config).
 BUDGET_FIELDS: dict[str, dict[str, int]] = {
     "chain_of_thought": {"max_tokens": 1},
     "self_consistency": {"max_tokens": 1},

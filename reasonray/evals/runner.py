@@ -77,10 +77,6 @@ class Record:
     def cell(self) -> str:
         return cell_key(self.strategy, self.config_name, self.seed, self.arm, self.order)
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.example_id, self.cell
-
 
 async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, memory: bool = False) -> Record:
     """Run `example` with `cell`'s strategy and config through the service, score the answer."""
@@ -254,14 +250,14 @@ class ResultLog:
                     # a line cut short by a killed run: the example simply runs again
                     log.warning("evals.results_line_skipped", path=str(path), line=number, error=str(exc)[:200])
                     continue
-                self.records[record.key] = record
+                self.records[(record.example_id, record.cell)] = record
 
     def done(self, example: Example, cell: Cell) -> bool:
         record = self.records.get((example.id, cell.key))
         return record is not None and record.status == "ok"
 
     def append(self, record: Record) -> None:
-        self.records[record.key] = record
+        self.records[(record.example_id, record.cell)] = record
         with self.path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
 
