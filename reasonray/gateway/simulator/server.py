@@ -234,19 +234,19 @@ def _model_card(settings: SimulatorSettings, tokenizer: SimTokenizer) -> dict[st
     }
 
 
-@dataclass
-class _Served:
-    """What the routes share: the settings, the model, its tokenizer and the generation slots."""
-
-    settings: SimulatorSettings
-    model: SimulatedModel
-    tokenizer: SimTokenizer
-    slots: asyncio.Semaphore | None
+def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
+    tokenizer = SimTokenizer(settings.resolved_tokenizer)
+    model = model or SimulatedModel(tokenizer, seed=settings.seed, context_length=settings.resolved_context_length, **_plans(settings))
+    app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
+    app.state.model = model
+    # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
+    limit = settings.resolved_max_concurrency
+    slots = asyncio.Semaphore(limit) if limit else None
 
     @contextlib.asynccontextmanager
-    async def generating(self) -> AsyncIterator[None]:
-        async with self.slots or contextlib.nullcontext():
-            stats = self.model.stats
+    async def generating() -> AsyncIterator[None]:
+        async with slots or contextlib.nullcontext():
+            stats = model.stats
             stats.generating += 1
             stats.most_generating = max(stats.most_generating, stats.generating)
             try:
@@ -254,10 +254,9 @@ class _Served:
             finally:
                 stats.generating -= 1
 
-    async def stream(self, response: SimResponse, created: int, rid: str, include_usage: bool, form: str) -> AsyncIterator[str]:
+    async def stream(response: SimResponse, created: int, rid: str, include_usage: bool, form: str) -> AsyncIterator[str]:
         """The reply as server-sent events, generated while the model is held: a client that closes the stream
         ends the generation (the response stops iterating this generator) and frees the model."""
-        settings, counter = self.settings, self.model.counter
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
             body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
@@ -265,14 +264,14 @@ class _Served:
                 body["usage"] = usage
             return f"data: {json.dumps(body)}\n\n"
 
-        async with self.generating():
+        async with generating():
             await asyncio.sleep(settings.ttft_ms / 1000)
             per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
             for index, choice in enumerate(response.choices):
                 yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
                 content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
-                deltas = [("reasoning_content", p) for p in _pieces(reasoning, counter)] if reasoning else []
-                deltas += [("content", p) for p in _pieces(content, counter)] if content else []
+                deltas = [("reasoning_content", p) for p in _pieces(reasoning, model.counter)] if reasoning else []
+                deltas += [("content", p) for p in _pieces(content, model.counter)] if content else []
                 for field, piece in deltas:
                     if per_token:
                         await asyncio.sleep(per_token * piece[1])
@@ -288,29 +287,12 @@ class _Served:
                 yield chunk([], _usage_json(response, form))
             yield "data: [DONE]\n\n"
 
-    def rejected(self, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
-        self.model.stats.rejected += 1
-        self.model.stats.last_rejection = message
+    def rejected(message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
+        model.stats.rejected += 1
+        model.stats.last_rejection = message
         return _error(400, f"simulated model: {message}", code=code, param=param)
 
-
-def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
-    tokenizer = SimTokenizer(settings.resolved_tokenizer)
-    model = model or SimulatedModel(tokenizer, seed=settings.seed, context_length=settings.resolved_context_length, **_plans(settings))
-    app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
-    app.state.model = model
-    # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
-    limit = settings.resolved_max_concurrency
-    served = _Served(settings, model, tokenizer, asyncio.Semaphore(limit) if limit else None)
-    for add_routes in (_token_routes, _chat_routes, _script_routes, _plan_routes):
-        add_routes(app, served)
-    return app
-
-
-def _token_routes(app: FastAPI, served: _Served) -> None:
-    """The model card, health and llama.cpp's tokenizer endpoints."""
-    settings, tokenizer, rejected = served.settings, served.tokenizer, served.rejected
-
+    # the model card, health and llama.cpp's tokenizer endpoints
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [_model_card(settings, tokenizer)]}, headers=SIM_HEADER)
@@ -352,11 +334,7 @@ def _token_routes(app: FastAPI, served: _Served) -> None:
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "simulated": True}, headers=SIM_HEADER)
 
-
-def _chat_routes(app: FastAPI, served: _Served) -> None:
-    """Chat completions (streamed or not) and embeddings."""
-    settings, model, rejected, generating = served.settings, served.model, served.rejected, served.generating
-
+    # chat completions (streamed or not) and embeddings
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
@@ -380,8 +358,8 @@ def _chat_routes(app: FastAPI, served: _Served) -> None:
         created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not settings.disobedient
-            stream = served.stream(response, created, rid, include_usage, form)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=SIM_HEADER)
+            events = stream(response, created, rid, include_usage, form)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SIM_HEADER)
         async with generating():  # the client may leave meanwhile: the reply is generated to the end anyway
             await asyncio.sleep(settings.delay_s(response.completion_tokens))
         if await request.is_disconnected():
@@ -415,11 +393,7 @@ def _chat_routes(app: FastAPI, served: _Served) -> None:
             headers=SIM_HEADER,
         )
 
-
-def _script_routes(app: FastAPI, served: _Served) -> None:
-    """What tests teach the model (scripts, answer keys) and what they read back (stats, exchanges)."""
-    model = served.model
-
+    # what tests teach the model (scripts, answer keys) and what they read back (stats, exchanges)
     @app.post("/v1/sim/scripts")
     async def add_script(request: Request) -> JSONResponse:
         body = await request.json()
@@ -451,6 +425,9 @@ def _script_routes(app: FastAPI, served: _Served) -> None:
     async def exchanges() -> JSONResponse:
         return JSONResponse({"exchanges": msgspec.to_builtins(list(model.exchanges))}, headers=SIM_HEADER)
 
+    _plan_routes(app, settings, model)
+    return app
+
 
 def _plans(settings: SimulatorSettings) -> dict[str, Any]:
     """The fault, disobedience and reasoning plans the settings configure, by the model's attribute names."""
@@ -472,9 +449,8 @@ _PLAN_ROUTES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
 }
 
 
-def _plan_routes(app: FastAPI, served: _Served) -> None:
+def _plan_routes(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel) -> None:
     """The fault, disobedience and reasoning plans, and the reset to the configured ones."""
-    settings, model = served.settings, served.model
 
     def plan_route(path: str, attribute: str, make: Callable[[dict[str, Any]], Any]) -> None:
         @app.post(path, name=attribute)
