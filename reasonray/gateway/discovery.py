@@ -38,14 +38,12 @@ class EndpointInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     """What discovery learned; None and empty fields were not found."""
 
     flavour: Flavour = "unknown"
-    model_ids: tuple[str, ...] = ()
     context_length: int | None = None
     max_concurrency: int | None = None
     tokenize_url: str | None = None
     detokenize_url: str | None = None
     tokenize_style: str | None = None
     bos_tokens: int = 0
-    probe_tokens: tuple[int, ...] = ()
     calibration_tokens: int | None = None
     """CALIBRATION_TEXT's length in the server's tokens."""
     model_path: str | None = None
@@ -150,14 +148,12 @@ def discover_sync(base_url: str, model: str, *, api_key: str | None = None, time
     }
     info = EndpointInfo(
         flavour=flavour,
-        model_ids=ids,
         context_length=context,
         max_concurrency=slots,
         tokenize_url=probe.get("url"),
         detokenize_url=probe.get("detokenize_url"),
         tokenize_style=style,
         bos_tokens=probe.get("bos", 0),
-        probe_tokens=probe.get("tokens", ()),
         calibration_tokens=probe.get("calibration"),
         model_path=model_path,
         fingerprint=hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16],

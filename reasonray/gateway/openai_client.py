@@ -131,7 +131,7 @@ class OpenAILLM:
     ) -> None:
         if not model:
             raise LLMConfigError("[llm] model is empty: name the model the endpoint serves")
-        self._model = model
+        self.model = model
         self._api_key = api_key
         self._timeout_s = timeout_s
         self._queue_timeout_s = queue_timeout_s
@@ -185,7 +185,7 @@ class OpenAILLM:
         self.replies = ReplyReader(model, thinks=thinks_in_text)
 
     def _initial_counter(self, tokenizer: str, margin: float) -> TokenCounter:
-        base = counter_for_model(self._model)
+        base = counter_for_model(self.model)
         if tokenizer == "tiktoken":
             return base
         try:
@@ -193,10 +193,6 @@ class OpenAILLM:
         except (OSError, ValueError, RuntimeError) as exc:  # a missing file, another format, llama-cpp-python absent
             raise LLMConfigError(str(exc)) from exc
         return ModelTokenCounter(base, margin=margin, source=source, on_first_use=self.discover_now if self._discover else None)
-
-    @property
-    def model(self) -> str:
-        return self._model
 
     @property
     def capabilities(self) -> Capabilities:
@@ -219,7 +215,7 @@ class OpenAILLM:
     @property
     def backend(self) -> str:
         """What answers: the endpoint, the model name and the server's fingerprint of the model behind it."""
-        return f"{self.base_url}|{self._model}|{self.endpoint.fingerprint}"
+        return f"{self.base_url}|{self.model}|{self.endpoint.fingerprint}"
 
     def _new_client(self) -> openai.AsyncOpenAI:
         # aiohttp: the SDK's own DefaultAioHttpClient (openai[aiohttp]); measured here at about 2.0 ms of CPU per call at
@@ -245,7 +241,8 @@ class OpenAILLM:
         are plain JSON already) and with the answer decoded by msgspec into only what a Completion keeps. Together they
         were a seventh of the replica's CPU with 64 runs in flight. Params with a `prompt` go to /completions instead."""
         path = "/completions" if "prompt" in params else "/chat/completions"
-        response: httpx.Response = await self._post(path, params, cast_to=httpx.Response)
+        with self.limiter.sending():
+            response: httpx.Response = await self._post(path, params, cast_to=httpx.Response)
         try:
             reply = WIRE.decode(response.content)
         except msgspec.DecodeError as exc:
@@ -285,7 +282,7 @@ class OpenAILLM:
         seen = self._discovered_at
         async with self._discovering.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
             if self._discovered_at == seen:  # no probe ended while this caller waited for the one running
-                self._apply(await discover_endpoint(self.base_url, self._model, api_key=self._api_key))
+                self._apply(await discover_endpoint(self.base_url, self.model, api_key=self._api_key))
         return self.capabilities
 
     def discover_now(self) -> None:
@@ -294,7 +291,7 @@ class OpenAILLM:
         with self._sync_discovery:
             if not self._discover or self._discovered_at is not None or not (ALLOW_REMOTE_REQUESTS or is_loopback_url(self.base_url)):
                 return
-            self._apply(discover_sync(self.base_url, self._model, api_key=self._api_key))
+            self._apply(discover_sync(self.base_url, self.model, api_key=self._api_key))
 
     def _apply(self, info: EndpointInfo) -> None:
         changed = info.fingerprint != self.endpoint.fingerprint
@@ -327,7 +324,7 @@ class OpenAILLM:
             info.tokenize_url,
             info.tokenize_style,
             detokenize_url=info.detokenize_url,
-            model=self._model,
+            model=self.model,
             bos_tokens=info.bos_tokens,
             headers={"Authorization": f"Bearer {self._api_key}"} if self._api_key else None,
             busy=(lambda: limiter.on_the_wire > 0) if serial else (lambda: False),
@@ -340,7 +337,7 @@ class OpenAILLM:
 
     def refused(self) -> frozenset[str]:
         """The parameters left out of this model's calls: its family's, configured, and learnt from its refusals."""
-        return self.traits.refuses | self.refusals.refused(self.base_url, self._model)
+        return self.traits.refuses | self.refusals.refused(self.base_url, self.model)
 
     def _limit_param(self, refused: frozenset[str]) -> str:
         return "max_completion_tokens" if "max_tokens" in refused else self.traits.max_tokens_param
@@ -382,22 +379,14 @@ class OpenAILLM:
         continuation = self.traits.prefix_continuation if prefix is not None else "none"
         if continuation in ("continue_final_message", "deepseek_prefix"):
             messages.append({"role": "assistant", "content": prefix, **({"prefix": True} if continuation == "deepseek_prefix" else {})})
-        params: dict[str, Any] = {"model": self._model, "messages": messages}
-        # sent as they are where the request sets them, unless the model refuses them
-        for name in ("temperature", "seed", "tool_choice", "response_format", "top_p", "presence_penalty", "frequency_penalty"):
-            if (value := getattr(request, name)) is not None and name not in refused:
-                params[name] = value
-        max_tokens = self._max_tokens(request, limit)
-        if max_tokens is not None:
-            params[self._limit_param(refused)] = max_tokens
-        if request.stop and "stop" not in refused:
-            params["stop"] = list(request.stop)
-        if request.logprobs is not None and "logprobs" not in refused:
-            params["logprobs"] = True
-            if request.logprobs > 0:
-                params["top_logprobs"] = request.logprobs
-        if effort is not None and "reasoning_effort" not in refused:
-            params["reasoning_effort"] = effort
+        params: dict[str, Any] = {"model": self.model, "messages": messages}
+        names = ("temperature", "seed", "tool_choice", "response_format", "top_p", "presence_penalty", "frequency_penalty")
+        wanted = {name: getattr(request, name) for name in names} | {"stop": list(request.stop) or None, "reasoning_effort": effort}
+        wanted[self._limit_param(refused)] = self._max_tokens(request, limit)
+        if request.logprobs is not None and "logprobs" not in refused:  # top_logprobs is refused with logprobs
+            wanted |= {"logprobs": True, "top_logprobs": request.logprobs or None}
+        # sent where the request (or the client) sets them, unless the model refuses them
+        params |= {name: value for name, value in wanted.items() if value is not None and name not in refused}
         if request.n != 1:
             params["n"] = request.n
         if request.tools:
@@ -463,7 +452,7 @@ class OpenAILLM:
             try:
                 return await self._complete(request, prefix, limit, effort)
             except ParameterRefused as exc:
-                self.refusals.record(self.base_url, self._model, exc.param)
+                self.refusals.record(self.base_url, self.model, exc.param)
             except ProviderRejectedError:
                 if context is not None or self.context_length is None:
                     raise
@@ -496,8 +485,7 @@ class OpenAILLM:
             if self._stream and not self.limiter.plain and "prompt" not in params:
                 completion, reported = await self._streamed(params, request, ticket, self._queue_timeout_s - (started - queued))
             else:
-                with self.limiter.sending():
-                    response = await self._chat(params)
+                response = await self._chat(params)
                 self.limiter.started(ticket)
                 completion, reported = self._read(response), response.usage is not None
         except openai.OpenAIError as exc:
@@ -540,8 +528,7 @@ class OpenAILLM:
         self._framing_learned_for = self.endpoint.fingerprint
         for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
             params = self._params(LLMRequest(probe, purpose=FRAMING_PROBE), limit=1)  # the gateway's own call, of no run
-            with self.limiter.sending():
-                response = await self._chat(params)
+            response = await self._chat(params)
             if response.usage is not None:
                 self._observe(probe, self._read(response))
 
