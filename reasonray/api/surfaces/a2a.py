@@ -108,7 +108,8 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
         for s in catalogue["strategies"]
     ]
     default = catalogue.get("default_strategy")
-    card = AgentCard(
+    bearer_scheme = SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer", bearer_format="JWT"))
+    return AgentCard(
         name="ReasonRay",
         description="LLM reasoning on Ray: pluggable strategies (choose one with the message metadata `strategy`, "
         f"or a skill id as `skill`; default {default or 'none'}), memory, sessions (a message naming no strategy "
@@ -123,15 +124,10 @@ def agent_card(catalogue: dict[str, Any], base_url: str, version: str, *, bearer
         default_output_modes=["text/plain"],
         skills=skills,
         documentation_url=base_url.rstrip("/") + "/docs",
+        # [auth] is configured: callers send `Authorization: Bearer <JWT>`
+        security_schemes={"bearer": bearer_scheme} if bearer else {},
+        security_requirements=[SecurityRequirement(schemes={"bearer": a2a_pb2.StringList()})] if bearer else [],
     )
-    if bearer:  # [auth] is configured: callers send `Authorization: Bearer <JWT>`
-        card.security_schemes["bearer"].CopyFrom(
-            SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer", bearer_format="JWT"))
-        )
-        requirement = SecurityRequirement()
-        requirement.schemes["bearer"].SetInParent()
-        card.security_requirements.append(requirement)
-    return card
 
 
 _PROGRESS: dict[type[Any], Callable[[Any], str]] = {  # a status line for the events a caller wants to watch, by type
