@@ -11,12 +11,13 @@ docs/evaluation.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -182,8 +183,7 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
         f"{len(dataset.examples) * len(cells) - todo} already in {out / 'results.jsonl'}"
     )
 
-    async def timed_grid(engine: Any) -> tuple[int, float]:
-        """The grid run with a progress bar: how many examples ran, in how many seconds."""
+    async with _engine(options, settings, dataset, echo) as (engine, cluster):
         from tqdm import tqdm
 
         progress = tqdm(total=todo, desc="evaluating", unit="example", file=sys.stderr, disable=not options.progress, mininterval=1.0)
@@ -202,24 +202,9 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
             progress.close()
         grid_s = time.perf_counter() - started
         echo(f"ran {ran} examples in {grid_s:.1f} s")
-        return ran, grid_s
-
-    over_service = options.url is not None or options.client is not None
-    if over_service:  # every example through the service: its model, its settings, its whole stack
-        from reasonray.client import AsyncClient
-
-        client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
-        cluster: dict[str, Any] = {"ray": False, "url": options.url or str(client.http.base_url)}
-        echo(f"evaluating through the service at {cluster['url']}")
-        try:
-            ran, grid_s = await timed_grid(HttpEngine(client))
-        finally:
-            if options.client is None:
-                await client.aclose()
-    else:
-        ran, grid_s, cluster = await _run_here(options, settings, dataset, timed_grid, echo)
 
     records = results.select(dataset.examples, cells)
+    over_service = options.url is not None or options.client is not None
     if over_service:  # the service's model, as its results name it
         model = ", ".join(sorted({r.model for r in records if r.model})) or "unknown"
         simulated = any(r.simulated for r in records)
@@ -256,11 +241,23 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     return report
 
 
-async def _run_here(
-    options: EvalOptions, settings: Settings, dataset: Dataset, timed_grid: Callable[[Any], Any], echo: Callable[[str], None]
-) -> tuple[int, float, dict[str, Any]]:
-    """The grid on this run's own stack (Ray tasks or this process), with the simulated model when the settings name
-    no real endpoint: how many examples ran, in how many seconds, on what cluster."""
+@contextlib.asynccontextmanager
+async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, echo: Callable[[str], None]) -> AsyncIterator[Any]:
+    """The engine the examples run through, and the cluster the report names: the service at `options.url` (or
+    `options.client`: its model, its settings, its whole stack), else this run's own stack as Ray tasks or in this
+    process, with the simulated model when the settings name no real endpoint. What it started stops at the end."""
+    if options.url is not None or options.client is not None:
+        from reasonray.client import AsyncClient
+
+        client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
+        url = options.url or str(client.http.base_url)
+        echo(f"evaluating through the service at {url}")
+        try:
+            yield HttpEngine(client), {"ray": False, "url": url}
+        finally:
+            if options.client is None:
+                await client.aclose()
+        return
     ray_started = False
     app_name = "eval-" + hashlib.sha256(str(options.out.resolve()).encode()).hexdigest()[:10]
     simulator: Any = None
@@ -276,12 +273,19 @@ async def _run_here(
                 )
             known = register_answer_key(settings.llm.base_url, dataset, options.sim_skill)
             echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
-        engine, client = _engine(settings, options, app_name)
-        try:
-            ran, grid_s = await timed_grid(engine)
-        finally:
-            if client is not None:
-                await client.close()
+        if options.use_ray:
+            from reasonray.actors.fanout import LLMSpec
+            from reasonray.evals.distributed import RayEngine
+
+            yield RayEngine(LLMSpec(settings.model_dump_json(), app_name)), cluster
+        else:
+            from reasonray.api.app import build_application
+
+            app = build_application(settings, data_dir=None, memory=options.memory)
+            try:
+                yield InProcessEngine(app.service), cluster
+            finally:
+                await app.client.close()
     finally:
         if simulator is not None:
             simulator.stop()
@@ -294,7 +298,6 @@ async def _run_here(
                 release(app_name)
             if ray_started:
                 ray.shutdown()
-    return ran, grid_s, cluster
 
 
 def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, Any]]:
@@ -329,19 +332,6 @@ def _simulator_host(cluster: dict[str, Any]) -> str:
     import ray
 
     return ray.util.get_node_ip_address()
-
-
-def _engine(settings: Settings, options: EvalOptions, app_name: str) -> tuple[Any, Any]:
-    """The engine, and the LLM client this process must close when the run ends (None for Ray)."""
-    if options.use_ray:
-        from reasonray.actors.fanout import LLMSpec
-        from reasonray.evals.distributed import RayEngine
-
-        return RayEngine(LLMSpec(settings.model_dump_json(), app_name)), None
-    from reasonray.api.app import build_application
-
-    app = build_application(settings, data_dir=None, memory=options.memory)
-    return InProcessEngine(app.service), app.client
 
 
 def _tick(progress: Any, record: Record) -> None:
