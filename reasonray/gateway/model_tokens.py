@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import httpx
 import structlog
 
-from reasonray.gateway.discovery import TOKENIZE_STYLES
+from reasonray.gateway.discovery import TOKENIZE_STYLES, EndpointInfo
 from reasonray.gateway.protocol import Message
 from reasonray.gateway.tokens import TokenCounter, count_messages, openai_message
 
@@ -153,29 +153,16 @@ class ServerTokenizer:
     in code that cannot await. `busy()` true means asking now would disturb the server (llama-cpp-python runs
     tokenize under the lock of generation and interrupts a stream for it), so the caller estimates instead."""
 
-    def __init__(
-        self,
-        tokenize_url: str,
-        style: str,
-        *,
-        detokenize_url: str | None = None,
-        model: str | None = None,
-        bos_tokens: int = 0,
-        headers: dict[str, str] | None = None,
-        timeout_s: float = 2.0,
-        busy: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self.name = f"server:{style}"
-        self.tokenize_url, self.detokenize_url, self.style, self.model = tokenize_url, detokenize_url, style, model
-        self.bos_tokens = bos_tokens  # ids the endpoint puts before any text (a BOS token), not part of the text
-        self.busy = busy
-        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+    def __init__(self, info: EndpointInfo, model: str, *, headers: dict[str, str] | None = None, busy: Callable[[], bool] = lambda: False):
+        self.info, self.style, self.model, self.busy = info, info.tokenize_style or "", model, busy
+        self.name = f"server:{self.style}"
+        self._http = httpx.Client(timeout=2.0, headers=headers)
         self._down_until = 0.0
 
-    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        if self.busy() or time.monotonic() < self._down_until:
+    def _post(self, url: str | None, body: dict[str, Any]) -> dict[str, Any] | None:
+        if url is None or self.busy() or time.monotonic() < self._down_until:
             return None
-        if self.model and self.style == "vllm":
+        if self.style == "vllm":
             body = {"model": self.model, **body}
         try:
             response = self._http.post(url, json=body)
@@ -190,16 +177,13 @@ class ServerTokenizer:
             return None
 
     def encode(self, text: str) -> list[int] | None:
-        data = self._post(self.tokenize_url, {TOKENIZE_STYLES[self.style][1]: text})
-        tokens = data.get("tokens") if data else None
-        return [int(t) for t in tokens[self.bos_tokens :]] if isinstance(tokens, list) else None
+        data = self._post(self.info.tokenize_url, {TOKENIZE_STYLES[self.style][1]: text})
+        tokens = data.get("tokens") if data else None  # without the ids the endpoint puts before any text (a BOS token)
+        return [int(t) for t in tokens[self.info.bos_tokens :]] if isinstance(tokens, list) else None
 
     def decode(self, tokens: list[int]) -> str | None:
-        if self.detokenize_url is None:
-            return None
-        data = self._post(self.detokenize_url, {"tokens": tokens})
-        answer = TOKENIZE_STYLES[self.style][2]
-        text = data.get(answer) if data else None
+        data = self._post(self.info.detokenize_url, {"tokens": tokens})
+        text = data.get(TOKENIZE_STYLES[self.style][2]) if data else None
         return text if isinstance(text, str) else None
 
 

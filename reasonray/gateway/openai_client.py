@@ -320,15 +320,8 @@ class OpenAILLM:
             return None
         serial = info.flavour == "llama-cpp-python"  # tokenize waits for its model lock and interrupts a running stream
         limiter = self.limiter
-        return ServerTokenizer(
-            info.tokenize_url,
-            info.tokenize_style,
-            detokenize_url=info.detokenize_url,
-            model=self.model,
-            bos_tokens=info.bos_tokens,
-            headers={"Authorization": f"Bearer {self._api_key}"} if self._api_key else None,
-            busy=(lambda: limiter.on_the_wire > 0) if serial else (lambda: False),
-        )
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        return ServerTokenizer(info, self.model, headers=headers, busy=(lambda: limiter.on_the_wire > 0) if serial else (lambda: False))
 
     @property
     def refusals(self) -> RefusalBook:
