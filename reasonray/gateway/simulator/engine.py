@@ -266,13 +266,20 @@ class SimulatedModel:
 
     # -- answers --------------------------------------------------------------------------------
     def respond(self, request: LLMRequest) -> SimResponse:
-        directives = parse_directives(_last_user_text(request.messages))
         try:
-            forced = structured.forced_tool(request.tools, request.tool_choice)
-            schema = structured.schema_of(request.response_format)
-            plan = Disobedience.from_directive(directives["disobey"]) if "disobey" in directives else self.disobedience
-        except ValueError as exc:
+            return self._respond(request)
+        except RecursionError:
+            raise SimulatorError(
+                "the response_format or tool schema refers to itself; the simulated model fills only finite schemas"
+            ) from None
+        except ValueError as exc:  # a directive, tool_choice, response_format or schema it cannot follow
             raise SimulatorError(str(exc)) from None
+
+    def _respond(self, request: LLMRequest) -> SimResponse:
+        directives = parse_directives(_last_user_text(request.messages))
+        forced = structured.forced_tool(request.tools, request.tool_choice)
+        schema = structured.schema_of(request.response_format)
+        plan = Disobedience.from_directive(directives["disobey"]) if "disobey" in directives else self.disobedience
         counted = request.messages
         if request.continue_thinking is not None and not (counted and counted[-1].role == "assistant"):
             counted = (*counted, Message(role="assistant", content=request.continue_thinking))  # the prefix is prompt too
@@ -286,27 +293,26 @@ class SimulatedModel:
             )
         # generation ends where the context window does, whatever max_tokens asked for
         request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
-        thought = self._think(request, directives)
-        if thought is not None and thought[2] is False:  # max_tokens ran out while thinking: no answer at all
-            cut = SimChoice(finish_reason="length", reasoning=thought[0], thinking_unfinished=True)
-            replies: list[tuple[SimChoice, str | None, str | None]] = [(cut, None, None) for _ in range(max(1, request.n))]
+        thinking, spent, finished = self._think(request, directives) or ("", 0, True)
+        if not finished:  # max_tokens ran out while thinking: no answer at all
+            cut = SimChoice(finish_reason="length", reasoning=thinking, thinking_unfinished=True)
+            replies: list[tuple[SimChoice, str | None, str | None]] = [(cut, None, None)] * max(1, request.n)
         else:
-            if thought is not None:  # the answer gets what the thinking left of max_tokens
-                request = msgspec.structs.replace(request, max_tokens=max((request.max_tokens or room) - thought[1], 0))
-            try:
-                replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
-            except RecursionError:
-                raise SimulatorError(
-                    "the response_format or tool schema refers to itself; the simulated model fills only finite schemas"
-                ) from None
-            except ValueError as exc:  # a schema it cannot fill
-                raise SimulatorError(str(exc)) from None
+            if thinking:  # the answer gets what the thinking left of max_tokens
+                request = msgspec.structs.replace(request, max_tokens=max((request.max_tokens or room) - spent, 0))
+            replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
             for choice, _, _ in replies:
-                choice.reasoning = thought[0] if thought is not None else choice.reasoning
+                choice.reasoning = thinking or choice.reasoning
         choices = [choice for choice, _, _ in replies]
         reasoning_tokens = sum(self.counter.count(c.reasoning) for c in choices)
         response = SimResponse(choices, prompt_tokens, sum(self._choice_tokens(c) for c in choices), reasoning_tokens)
-        self._record(request, response, tuple(kind for _, kind, _ in replies), tuple(says for _, _, says in replies))
+        for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+            setattr(self.stats, name, getattr(self.stats, name) + getattr(response, name))
+        finish_reasons, calls = tuple(c.finish_reason for c in choices), tuple(call for c in choices for call in c.tool_calls)
+        kinds, stated = tuple(kind for _, kind, _ in replies), tuple(says for _, _, says in replies)
+        self.exchanges.append(
+            Exchange(request.purpose, kinds, finish_reasons, stated, calls, prompt_tokens, response.completion_tokens, reasoning_tokens)
+        )
         return response
 
     def reasoning_plan(self, request: LLMRequest) -> ReasoningPlan:
@@ -376,23 +382,6 @@ class SimulatedModel:
     def _prompt_tokens(self, messages: tuple[Message, ...]) -> int:
         framing = getattr(self.counter, "prompt_tokens", None)  # a tokenizer with a chat template of its own
         return int(framing(messages)) if callable(framing) else count_messages(self.counter, messages)
-
-    def _record(self, request: LLMRequest, response: SimResponse, kinds: tuple[str | None, ...], stated: tuple[str | None, ...]) -> None:
-        self.stats.prompt_tokens += response.prompt_tokens
-        self.stats.completion_tokens += response.completion_tokens
-        self.stats.reasoning_tokens += response.reasoning_tokens
-        self.exchanges.append(
-            Exchange(
-                purpose=request.purpose,
-                disobeyed=kinds,
-                finish_reasons=tuple(c.finish_reason for c in response.choices),
-                stated=stated,
-                tool_calls=tuple(call for c in response.choices for call in c.tool_calls),
-                prompt_tokens=response.prompt_tokens,
-                completion_tokens=response.completion_tokens,
-                reasoning_tokens=response.reasoning_tokens,
-            )
-        )
 
     # -- obeying the request's output contract --------------------------------------------------
     def _conform(self, choice: SimChoice, request: LLMRequest, forced: str | None, schema: dict[str, Any] | None) -> SimChoice:
