@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import structlog
 from a2a.auth.user import UnauthenticatedUser, User
-from a2a.helpers.proto_helpers import new_text_part
+from a2a.helpers.proto_helpers import new_task, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -50,7 +50,6 @@ from a2a.types.a2a_pb2 import (
     HTTPAuthSecurityScheme,
     SecurityRequirement,
     SecurityScheme,
-    Task,
     TaskState,
 )
 from a2a.utils.constants import PROTOCOL_VERSION_CURRENT
@@ -257,13 +256,8 @@ class ReasoningExecutor(AgentExecutor):
         """The updater of the message's task, the task enqueued first (submitted) when the message starts one."""
         assert context.task_id and context.context_id
         if context.current_task is None:
-            task = Task(
-                id=context.task_id,
-                context_id=context.context_id,
-                status=a2a_pb2.TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[context.message] if context.message else [],
-            )
-            await event_queue.enqueue_event(task)
+            history = [context.message] if context.message else []
+            await event_queue.enqueue_event(new_task(context.task_id, context.context_id, TaskState.TASK_STATE_SUBMITTED, history=history))
         return TaskUpdater(event_queue, context.task_id, _context_of(context))
 
     async def unless_cancelled_elsewhere(self, work: Coroutine[Any, Any, T], task_id: str) -> asyncio.Future[T] | None:
