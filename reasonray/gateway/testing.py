@@ -46,26 +46,18 @@ def make_completion(
     counter: TokenCounter,
     finish_reason: str | None = None,
 ) -> Completion:
-    calls: tuple[ToolCall, ...] = ()
-    text = reasoning = ""
-    reasoning_tokens, unfinished = 0, False
     if isinstance(reply, ToolCall):
-        calls = (reply,)
-    elif isinstance(reply, tuple):
-        calls = reply
-    elif isinstance(reply, Thinking):
-        reasoning, unfinished, calls = reply.reasoning, reply.unfinished, reply.tool_calls
-        text = "" if unfinished else reply.text
-        reasoning_tokens = counter.count(reasoning) if reply.reasoning_tokens is None else reply.reasoning_tokens
-        finish_reason = "length" if unfinished else finish_reason
-    else:
-        text = reply
+        reply = (reply,)
+    if not isinstance(reply, Thinking):  # an answer, or tool calls, without thinking
+        reply = Thinking("", tool_calls=reply) if isinstance(reply, tuple) else Thinking("", reply)
+    text, calls, unfinished = "" if reply.unfinished else reply.text, reply.tool_calls, reply.unfinished
+    reasoning_tokens = counter.count(reply.reasoning) if reply.reasoning_tokens is None else reply.reasoning_tokens
     completion_tokens = reasoning_tokens + counter.count(text) + sum(counter.count(c.name + c.arguments) for c in calls)
     choice = Choice(
         text=text,
-        finish_reason=cast(FinishReason, finish_reason or ("tool_calls" if calls else "stop")),
+        finish_reason=cast(FinishReason, "length" if unfinished else finish_reason or ("tool_calls" if calls else "stop")),
         tool_calls=calls,
-        reasoning=reasoning,
+        reasoning=reply.reasoning,
         thinking_unfinished=unfinished,
     )
     return Completion(
