@@ -394,7 +394,6 @@ def _int_list(value: str) -> list[int]:
 @click.option("--ray/--no-ray", "use_ray", default=True, show_default=True, help="Examples as Ray tasks, or in this process.")
 @click.option(
     "--url",
-    default=None,
     help="Evaluate through the running service at this URL (reasoning.execute over HTTP, its model and settings) instead of "
     "a stack of the run's own; --ray, --config-file and --sim-skill then do not apply.",
 )

@@ -23,14 +23,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reasonray.evals.compare import clustered_interval, compare, rounded
+from reasonray.evals.runner import Record
 from reasonray.evals.scoring import extract_number, same_number
 from reasonray.strategies.matts import judge_selected
-
-if TYPE_CHECKING:  # the records these curves read (any object with Record's fields will do)
-    from reasonray.evals.runner import Record
 
 BLOCKS = 5
 LATER_FROM = 0.5
