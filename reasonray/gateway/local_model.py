@@ -99,19 +99,14 @@ class LocalModelServer:
 
     def command(self) -> list[str]:
         s = self.section
-        model = ("-m", "llama_cpp.server", "--model", str(model_path(s)), "--model_alias", s.alias, "--n_ctx", str(s.n_ctx))
-        address = ("--host", s.host, "--port", str(self.port))
+        argv = [self.python, "-m", "llama_cpp.server", "--model", str(model_path(s)), "--model_alias", s.alias, "--n_ctx", str(s.n_ctx)]
+        argv += ["--n_threads", str(s.n_threads), "--host", s.host, "--port", str(self.port)]
         if self.documented_defaults:
-            return [self.python, *model, "--n_threads", str(s.n_threads), *address, *self.extra_args]
-        argv = [
-            *(self.python, *model, "--n_threads", str(s.n_threads), "--n_threads_batch", str(s.n_threads), *address),
-            # by default the server cuts a running stream short when another request arrives (no usage, no finish
-            # reason): fan-out branches and sessions in other processes call it at once, and each must finish
-            *("--interrupt_requests", "False"),
-        ]
-        if s.chat_format:
-            argv += ["--chat_format", s.chat_format]
-        return argv
+            return [*argv, *self.extra_args]
+        # by default the server cuts a running stream short when another request arrives (no usage, no finish
+        # reason): fan-out branches and sessions in other processes call it at once, and each must finish
+        argv += ["--n_threads_batch", str(s.n_threads), "--interrupt_requests", "False"]
+        return argv + (["--chat_format", s.chat_format] if s.chat_format else [])
 
     def start(self) -> LocalModelServer:
         if importlib.util.find_spec("llama_cpp") is None:
@@ -119,10 +114,8 @@ class LocalModelServer:
         if self.port == 0:
             self.port = free_port(self.section.host)
         command = self.command()
-        fd, name = tempfile.mkstemp(prefix="reasonray-llama-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(name)
-        self._log = self.log_path.open("wb")
+        self._log = tempfile.NamedTemporaryFile(prefix="reasonray-llama-", suffix=".log", delete=False)  # noqa: SIM115  # closed by stop()
+        self.log_path = Path(self._log.name)
         # a session of its own: stop() ends the whole group, and a Ctrl-C meant for the parent reaches
         # the parent, which then stops it in order
         # llama_cpp.server binds $HOST and $PORT over its own --host and --port, and reads $CONFIG_FILE over its flags:
