@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal, TokenVerifier
@@ -62,12 +63,11 @@ class AuthGate:
         if scope["type"] != "http" or config is None or path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-trace-id"), None)
-        trace_id = accept_trace_id(given) or new_trace_id()
+        headers = Headers(scope=scope)
+        trace_id = accept_trace_id(headers.get("x-trace-id")) or new_trace_id()
         principal: Principal | None = None
         try:
-            principal = config.verifier.verify(header)
+            principal = config.verifier.verify(headers.get("authorization"))
             if not config.policy.known(principal):
                 # a valid signature with no role this server knows (a token minted for another service, a
                 # role since removed): it gets what an anonymous caller gets, not the docs, metrics or MCP
