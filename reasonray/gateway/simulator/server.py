@@ -111,18 +111,11 @@ class SimulatorSettings:
 
 
 def _error(
-    status: int,
-    message: str,
-    kind: str = "invalid_request_error",
-    headers: dict[str, str] | None = None,
-    code: str | None = None,
-    param: str | None = None,
+    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None, /, **fields: str | None
 ) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": code, "simulated": True}},
-        status_code=status,
-        headers={**SIM_HEADER, **(headers or {})},
-    )
+    """An OpenAI-style error body; `fields` fill its `param` and `code`."""
+    error = {"message": message, "type": kind, "param": None, "code": None, **fields, "simulated": True}
+    return JSONResponse({"error": error}, status_code=status, headers={**SIM_HEADER, **(headers or {})})
 
 
 def _content_text(content: Any) -> str | None:
@@ -142,21 +135,19 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in EFFORT_SCALE:
         raise ValueError(f"'reasoning_effort' must be one of {', '.join(EFFORT_SCALE)}, not {effort!r}")
-    messages = []
-    for m in body["messages"]:  # a continued prefix stays the last message: it is prompt, counted as such
-        calls = tuple(
-            ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments", "{}"))
-            for c in m.get("tool_calls") or []
+    messages = tuple(  # a continued prefix stays the last message: it is prompt, counted as such
+        Message(
+            role=m["role"],
+            content=_content_text(m.get("content")),
+            tool_calls=tuple(
+                ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments", "{}"))
+                for c in m.get("tool_calls") or []
+            ),
+            tool_call_id=m.get("tool_call_id"),
+            name=m.get("name"),
         )
-        messages.append(
-            Message(
-                role=m["role"],
-                content=_content_text(m.get("content")),
-                tool_calls=calls,
-                tool_call_id=m.get("tool_call_id"),
-                name=m.get("name"),
-            )
-        )
+        for m in body["messages"]
+    )
     stop = body.get("stop") or ()
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -165,7 +156,7 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
     if not isinstance(n, int) or not 1 <= n <= 128:
         raise ValueError("'n' must be an integer from 1 to 128")
     return LLMRequest(
-        messages=tuple(messages),
+        messages=messages,
         max_tokens=max_tokens,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         temperature=1.0 if body.get("temperature") is None else float(body["temperature"]),  # OpenAI's default
@@ -287,10 +278,10 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
                 yield chunk([], _usage_json(response, form))
             yield "data: [DONE]\n\n"
 
-    def rejected(message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
+    def rejected(message: str, **fields: str | None) -> JSONResponse:
         model.stats.rejected += 1
         model.stats.last_rejection = message
-        return _error(400, f"simulated model: {message}", code=code, param=param)
+        return _error(400, f"simulated model: {message}", **fields)
 
     # the model card, health and llama.cpp's tokenizer endpoints
     @app.get("/v1/models")

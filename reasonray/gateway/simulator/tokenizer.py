@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any
 
 from reasonray.gateway.protocol import Message
-from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model
+from reasonray.gateway.tokens import count_messages, counter_for_model
 
 TOKENIZERS = ("cl100k_base", "digits")
 DIGIT = re.compile(r"(\d)")
 # What SmolLM2's chat template writes when a conversation has no system message of its own.
 INJECTED_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-class EncodingCounter(TokenCounter, Protocol):
-    """A counter that can also list token ids and turn them back into text (for `/extras/tokenize`)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, tokens: list[int]) -> str: ...
 
 
 class SimTokenizer:
@@ -37,44 +29,39 @@ class SimTokenizer:
     def __init__(self, name: str = "cl100k_base") -> None:
         if name not in TOKENIZERS:
             raise ValueError(f"unknown tokenizer {name!r}; use one of {', '.join(TOKENIZERS)}")
-        base = counter_for_model("simulated")
-        if name != "cl100k_base" and not hasattr(base, "encode"):  # tiktoken's file is missing: only the estimate
+        self._base: Any = counter_for_model("simulated")  # tiktoken's counter, which also encodes, or the estimate
+        if name != "cl100k_base" and not hasattr(self._base, "encode"):  # tiktoken's file is missing: only the estimate
             raise ValueError(f"the {name!r} tokenizer needs tiktoken's cl100k_base file (set TIKTOKEN_CACHE_DIR)")
-        self.name = name
-        self._base = base
+        self.name = self.encoding_name = name
 
-    @property
-    def encoding_name(self) -> str:
-        return self.name
-
-    @property
-    def _ids(self) -> EncodingCounter:
-        if not hasattr(self._base, "encode"):
-            raise ValueError("token ids need tiktoken's cl100k_base file (set TIKTOKEN_CACHE_DIR); only counts are estimated")
-        return self._base  # type: ignore[return-value]
+    def _pieces(self, text: str) -> list[str]:
+        """What the base encoding counts apart: the text, or for `digits` the text with every digit on its own."""
+        return [text] if self.name == "cl100k_base" else [piece for piece in DIGIT.split(text) if piece]
 
     def encode(self, text: str) -> list[int]:
-        if self.name == "cl100k_base":
-            return self._ids.encode(text)
-        return [token for piece in DIGIT.split(text) if piece for token in self._ids.encode(piece)]
+        return [token for piece in self._pieces(text) for token in self._ids.encode(piece)]
 
     def decode(self, tokens: list[int]) -> str:
-        return self._ids.decode(tokens)
+        return str(self._ids.decode(tokens))
+
+    @property
+    def _ids(self) -> Any:
+        if not hasattr(self._base, "encode"):
+            raise ValueError("token ids need tiktoken's cl100k_base file (set TIKTOKEN_CACHE_DIR); only counts are estimated")
+        return self._base
 
     def count(self, text: str) -> int:
-        if self.name == "cl100k_base":
-            return self._base.count(text)
-        return sum(self._base.count(piece) for piece in DIGIT.split(text) if piece)
+        return sum(int(self._base.count(piece)) for piece in self._pieces(text))
 
     def head(self, text: str, n: int) -> str:
         if self.name == "cl100k_base":
-            return self._base.head(text, n)
+            return str(self._base.head(text, n))
         tokens = self.encode(text)
         return text if len(tokens) <= n else self.decode(tokens[: max(n, 0)])
 
     def tail(self, text: str, n: int) -> str:
         if self.name == "cl100k_base":
-            return self._base.tail(text, n)
+            return str(self._base.tail(text, n))
         tokens = self.encode(text)
         return text if len(tokens) <= n else self.decode(tokens[len(tokens) - max(n, 0) :])
 
