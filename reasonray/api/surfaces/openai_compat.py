@@ -248,10 +248,11 @@ def _uses_tools(request: ChatCompletionRequest) -> bool:
     return bool(request.tools) and request.tool_choice != "none"
 
 
-def _resumes(request: ChatCompletionRequest) -> bool:
-    """Whether the request answers the pending calls of one of this server's sessions (its trailing tool messages)."""
-    tail = _trailing_tool_messages(request.messages)
-    return request.tool_choice != "none" and bool(tail) and all(_SESSION_CALL.match(m.tool_call_id or "") for m in tail)
+def _resumes(request: ChatCompletionRequest) -> list[ChatMessage]:
+    """The request's trailing tool messages when they answer the pending calls of one of this server's sessions
+    (empty: it resumes none)."""
+    tail = list(takewhile(lambda m: m.role == "tool", reversed(request.messages)))[::-1]
+    return tail if request.tool_choice != "none" and all(_SESSION_CALL.match(m.tool_call_id or "") for m in tail) else []
 
 
 def _forced(request: ChatCompletionRequest) -> bool:
@@ -557,8 +558,7 @@ class OpenAICompat:
 
     # -- tools: a session turn ------------------------------------------------------------------------
     async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> TurnResult:
-        if _resumes(request):  # re-entry: the tool messages answer the pending calls of the session named in their ids
-            tail = _trailing_tool_messages(request.messages)
+        if tail := _resumes(request):  # re-entry: the tool messages answer the pending calls of the session named in their ids
             sessions = {(m.tool_call_id or "").partition("-")[0] for m in tail}  # ids `<session_id>-<call id>`, as this server issues them
             if len(sessions) > 1:
                 raise OpenAIError(400, "tool messages answer calls of different conversations", "invalid_request", "messages")
@@ -721,10 +721,6 @@ def _cut_short(error: Mapping[str, Any], request: ChatCompletionRequest, trace_i
 
 
 _SESSION_CALL = re.compile(r"^[0-9a-f]{32}-.+")
-
-
-def _trailing_tool_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
-    return list(takewhile(lambda m: m.role == "tool", reversed(messages)))[::-1]
 
 
 def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
