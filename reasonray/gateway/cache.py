@@ -10,6 +10,7 @@ one every process of an application on a machine shares (`SharedCacheStore`, a S
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import sqlite3
 import time
@@ -197,10 +198,8 @@ class SharedCacheStore:
         self._writes.submit(self._guarded, write, *args)
 
     def _guarded(self, write: Callable[..., None], *args: Any) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error, OSError):  # a lost write of a cache costs at most a later miss
             self._writer.run(lambda db: write(db, *args))
-        except (sqlite3.Error, OSError):
-            pass  # a lost write of a cache costs at most a later miss
 
     @staticmethod
     def _count(db: sqlite3.Connection, counts: dict[str, int]) -> None:

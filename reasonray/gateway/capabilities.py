@@ -28,13 +28,10 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     """How many requests the server runs at once (1 for llama.cpp's server); None: unknown, adaptive."""
 
 
-UNKNOWN = Capabilities()
-
-
 def capabilities_of(llm: Any) -> Capabilities:
-    """The capabilities an LLM (or any wrapper around one) declares; `UNKNOWN` when it declares none."""
+    """The capabilities an LLM (or any wrapper around one) declares; the defaults when it declares none."""
     caps = getattr(llm, "capabilities", None)
-    return caps if isinstance(caps, Capabilities) else UNKNOWN
+    return caps if isinstance(caps, Capabilities) else Capabilities()
 
 
 def endpoint_client(llm: Any) -> Any:

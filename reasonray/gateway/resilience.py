@@ -223,15 +223,15 @@ class ResilientLLM(Layer):
         return stop
 
     def _before_sleep(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        assert isinstance(exc, TransientProviderError)
-        log.warning("llm.retry", attempt=state.attempt_number, error=str(exc)[:200])
+        log.warning("llm.retry", attempt=state.attempt_number, error=str(state.outcome and state.outcome.exception())[:200])
 
-    async def _attempt(self, request: LLMRequest) -> Completion:
+    async def _attempt(self, request: LLMRequest, spent: list[int]) -> Completion:
+        """One attempt through the breaker; a failed one adds what it cost to `spent` (it was made and paid for)."""
         self.breaker.before_call()
         try:
             completion = await self.inner.complete(request)
         except TransientProviderError as exc:
+            spent[:] = spent[0] + exc.spent[0], spent[1] + exc.spent[1]
             if is_endpoint_fault(exc):
                 self.breaker.record_failure()
             else:
@@ -258,11 +258,7 @@ class ResilientLLM(Layer):
             async for attempt in retrying:
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
-                    try:
-                        completion = await self._attempt(request)
-                    except TransientProviderError as exc:
-                        spent[0], spent[1] = spent[0] + exc.spent[0], spent[1] + exc.spent[1]
-                        raise
+                    completion = await self._attempt(request, spent)
         except TransientProviderError as exc:
             error = ProviderUnavailableError(
                 f"LLM provider {self.endpoint or self.model!r} failed after {attempts} attempt(s); last error: {exc}",
@@ -272,10 +268,8 @@ class ResilientLLM(Layer):
             )
             error.spent = (spent[0], spent[1])
             raise error from exc
-        if spent != [0, 0]:  # the attempts before it were made and paid for (a stream cut midway, a timeout)
-            used = completion.usage
-            usage = msgspec.structs.replace(
-                used, prompt_tokens=used.prompt_tokens + spent[0], completion_tokens=used.completion_tokens + spent[1]
-            )
-            completion = msgspec.structs.replace(completion, usage=usage)
-        return msgspec.structs.replace(completion, attempts=attempts)
+        used = completion.usage  # with what the attempts before it cost (a stream cut midway, a timeout)
+        usage = msgspec.structs.replace(
+            used, prompt_tokens=used.prompt_tokens + spent[0], completion_tokens=used.completion_tokens + spent[1]
+        )
+        return msgspec.structs.replace(completion, usage=usage, attempts=attempts)
