@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 BOOTSTRAP_RESAMPLES = 5_000
 Outcomes = Mapping[tuple[str, int], bool]  # (example id, seed) -> whether the answer was right
 
@@ -94,12 +95,18 @@ def rounded(values: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
 
 
+def group_by(items: Iterable[T], key: Callable[[T], Any]) -> dict[Any, list[T]]:
+    """`items` in lists by `key`, keys and items in first-seen order."""
+    groups: dict[Any, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
+
+
 def per_example(outcomes: Mapping[tuple[str, int], bool | float]) -> dict[str, float]:
     """(example id, seed) -> correctness as example id -> mean correctness over its seeds."""
-    sums: dict[str, list[float]] = {}
-    for (example, _seed), value in outcomes.items():
-        sums.setdefault(example, []).append(float(value))
-    return {example: sum(values) / len(values) for example, values in sums.items()}
+    by_example = group_by(outcomes.items(), lambda item: item[0][0])
+    return {example: sum(float(value) for _, value in pairs) / len(pairs) for example, pairs in by_example.items()}
 
 
 def clustered_interval(

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonray.evals.compare import clustered_interval, compare, holm, non_inferiority, pareto_front, rounded
+from reasonray.evals.compare import clustered_interval, compare, group_by, holm, non_inferiority, pareto_front, rounded
 from reasonray.evals.datasets import Example
 from reasonray.evals.grid import Cell
 from reasonray.evals.runner import Record
@@ -119,12 +119,8 @@ def baselines(examples: list[Example]) -> list[dict[str, Any]]:
 def build_report(
     records: list[Record], cells: list[Cell], meta: dict[str, Any], prices: Prices, examples: list[Example] | None = None
 ) -> dict[str, Any]:
-    by_cell: dict[str, list[Record]] = {}
-    for record in records:
-        by_cell.setdefault(record.cell, []).append(record)
-    groups: dict[str, list[Cell]] = {}
-    for cell in cells:
-        groups.setdefault(cell.group, []).append(cell)
+    by_cell = group_by(records, lambda r: r.cell)
+    groups = group_by(cells, lambda c: c.group)
     pooled = {group: [r for c in members for r in by_cell.get(c.key, [])] for group, members in groups.items()}
     rows = [summarise(group, members[0].strategy, members[0].config_name, pooled[group], prices) for group, members in groups.items()]
     per_seed = [summarise(c.key, c.strategy, c.config_name, by_cell.get(c.key, []), prices) for c in cells]

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
-from reasonray.evals.compare import clustered_interval, compare, rounded
+from reasonray.evals.compare import clustered_interval, compare, group_by, rounded
 from reasonray.evals.runner import Record
 from reasonray.evals.scoring import extract_number, same_number
 from reasonray.strategies.matts import judge_selected
@@ -42,12 +42,8 @@ def _accuracy(outcomes: dict[tuple[str, int], bool]) -> dict[str, Any]:
 
 def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: float = LATER_FROM) -> list[dict[str, Any]]:
     """One curve per strategy/config that ran both memory arms."""
-    studies: dict[str, list[Record]] = {}
-    for r in records:
-        if r.arm and r.position is not None:
-            studies.setdefault(f"{r.strategy}/{r.config_name}", []).append(r)
     curves = []
-    for group, members in studies.items():
+    for group, members in group_by([r for r in records if r.arm and r.position is not None], _config).items():
         length = max(r.position for r in members) + 1
         size = math.ceil(length / blocks)
         arms: dict[str, Any] = {}
@@ -77,6 +73,10 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
                 curve[field] = {"from_position": start, **rounded(asdict(c))}
         curves.append(curve)
     return curves
+
+
+def _config(r: Record) -> str:
+    return f"{r.strategy}/{r.config_name}"
 
 
 def repeat(r: Record) -> int:
@@ -110,12 +110,8 @@ def k_outcomes(attempts: list[dict[str, Any]], reference: str, k: int) -> dict[s
 
 def k_curves(records: list[Any]) -> list[dict[str, Any]]:
     """For every strategy/config whose records log attempts: accuracy at k = 1..K by each selection rule."""
-    groups: dict[str, list[Record]] = {}
-    for r in records:
-        if r.attempts:
-            groups.setdefault(f"{r.strategy}/{r.config_name}", []).append(r)
     curves = []
-    for group, members in groups.items():
+    for group, members in group_by([r for r in records if r.attempts], _config).items():
         top = min(len(r.attempts or []) for r in members)
         points, by_k = [], {}
         for k in range(1, top + 1):
