@@ -100,13 +100,13 @@ def _tokenize_probe(http: httpx.Client, root: str, model: str, flavour: Flavour)
         bos = len(empty.get("tokens") or []) if isinstance(empty, dict) else 0
         sample = _ask(http, url, {**extra, field: CALIBRATION_TEXT})
         sample_tokens = sample.get("tokens") if isinstance(sample, dict) else None
-        return {
-            "style": style,
-            "url": url,
+        return {  # EndpointInfo's fields, the probe text's ids (for the fingerprint) and vLLM's context length
+            "tokenize_style": style,
+            "tokenize_url": url,
             "detokenize_url": f"{root}{path}/detokenize",
-            "bos": bos,
-            "tokens": tuple(int(t) for t in tokens[bos:]),
-            "calibration": len(sample_tokens) - bos if isinstance(sample_tokens, list) else None,
+            "bos_tokens": bos,
+            "calibration_tokens": len(sample_tokens) - bos if isinstance(sample_tokens, list) else None,
+            "tokens": [int(t) for t in tokens[bos:]],
             "max_model_len": _int(probe.get("max_model_len")),
         }
     return {}
@@ -132,31 +132,16 @@ def discover_sync(base_url: str, model: str, *, api_key: str | None = None, time
             slots = _int(props.get("total_slots"))
             model_path = props.get("model_path") if isinstance(props.get("model_path"), str) else None
         probe = _tokenize_probe(http, root, model, flavour) if flavour != "simulator" else {}
-    style = probe.get("style")
+    probed, max_model_len, style = probe.pop("tokens", []), probe.pop("max_model_len", None), probe.get("tokenize_style")
     if style == "llama-cpp-python":
         flavour, slots = "llama-cpp-python", 1  # one lock around the model: it runs one request at a time
     elif style == "vllm":
         flavour = "vllm"
-        context = context or probe.get("max_model_len")
-    fields = {
-        "base_url": base_url,
-        "flavour": flavour,
-        "ids": sorted(ids),
-        "context": context,
-        "model_path": model_path,
-        "probe": list(probe.get("tokens", ())),
-    }
+        context = context or max_model_len
+    fields = {"base_url": base_url, "flavour": flavour, "ids": sorted(ids), "context": context, "model_path": model_path, "probe": probed}
+    fingerprint = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     info = EndpointInfo(
-        flavour=flavour,
-        context_length=context,
-        max_concurrency=slots,
-        tokenize_url=probe.get("url"),
-        detokenize_url=probe.get("detokenize_url"),
-        tokenize_style=style,
-        bos_tokens=probe.get("bos", 0),
-        calibration_tokens=probe.get("calibration"),
-        model_path=model_path,
-        fingerprint=hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16],
+        flavour=flavour, context_length=context, max_concurrency=slots, model_path=model_path, fingerprint=fingerprint, **probe
     )
     log.info("llm.endpoint.discovered", base_url=base_url, flavour=flavour, context_length=context, max_concurrency=slots, tokenize=style)
     return info
