@@ -152,11 +152,16 @@ def _check_run_file(out: Path, dataset: Dataset, cells: list[Cell], options: Eva
     return run
 
 
-def start_simulator(settings: Settings, host: str) -> Any:
+def start_simulator(settings: Settings, cluster: dict[str, Any]) -> Any:
     """The simulated model for a run that names no real endpoint, started here (a server with `url` and `stop()`),
     to be given the dataset's answer key (so the strategies have something to get right, with probability `skill`)."""
     from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 
+    host = "127.0.0.1"
+    if cluster.get("nodes", 1) > 1:  # tasks may run on other nodes: bound to this node's address
+        import ray
+
+        host = ray.util.get_node_ip_address()
     s = settings.llm.simulator  # its own fields, bound where this run's tasks can reach it
     fields = s.model_dump() | {"host": host, "fault_kinds": tuple(s.fault_kinds), "disobey_kinds": tuple(s.disobey_kinds)}
     return SimulatorServer(SimulatorSettings(**fields)).start()
@@ -267,7 +272,7 @@ async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, ec
             ray_started, cluster = _connect(options.address, settings)
         if settings.resolved_provider() == "simulated":
             if not settings.llm.base_url:
-                simulator = start_simulator(settings, _simulator_host(cluster))
+                simulator = start_simulator(settings, cluster)
                 settings = settings.model_copy(
                     update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})}
                 )
@@ -323,15 +328,6 @@ def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, A
             "or leave out --address to start a local one for the run"
         ) from None
     return True, {"ray": True, "address": address, **cluster_summary()}
-
-
-def _simulator_host(cluster: dict[str, Any]) -> str:
-    """Loopback on one machine; the node's address when tasks may run on other nodes."""
-    if cluster.get("nodes", 1) <= 1:
-        return "127.0.0.1"
-    import ray
-
-    return ray.util.get_node_ip_address()
 
 
 def _tick(progress: Any, record: Record) -> None:
