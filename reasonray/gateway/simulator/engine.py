@@ -14,6 +14,7 @@ and numbered lists (candidates, attempts). So rewording a strategy's prompts cha
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -118,8 +119,7 @@ class FaultPlan:
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"fault rate must be between 0 and 1, got {self.rate}")
-        unknown = set(self.kinds) - set(FAULT_KINDS)
-        if unknown:
+        if unknown := set(self.kinds) - set(FAULT_KINDS):
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; use any of {', '.join(FAULT_KINDS)}")
 
 
@@ -450,8 +450,8 @@ class SimulatedModel:
         return choice, _answer_in(obedient) if choice.finish_reason == "stop" else None
 
     def _choice_tokens(self, choice: SimChoice) -> int:
-        text = self.counter.count(choice.text) + sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
-        return text + (self.counter.count(choice.reasoning) if choice.reasoning else 0)
+        calls = sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
+        return self.counter.count(choice.text) + calls + self.counter.count(choice.reasoning)
 
     def _rng(self, request: LLMRequest, index: int) -> random.Random:
         if request.sampled:
@@ -507,8 +507,7 @@ class SimulatedModel:
             name, arguments = calls[len(results)]
             call_id = f"call_{_request_digest(request)[:8]}_{len(results)}"
             return SimChoice(finish_reason="tool_calls", tool_calls=(ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)),))
-        last = results[-1]
-        return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{last}</answer>")
+        return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{results[-1]}</answer>")
 
     def _scripted(self, name: str) -> SimChoice:
         queue = self._scripts.get(name)
@@ -627,13 +626,8 @@ class SimulatedModel:
 
     def _known(self, text: str) -> tuple[str, str] | None:
         """The answer-key question this text quotes, with its answer."""
-        if not self._answers:
-            return None
-        flat = _normalise(text)
-        for question, answer in self._answers.items():
-            if question in flat:
-                return question, answer
-        return None
+        flat = _normalise(text) if self._answers else ""
+        return next(((question, answer) for question, answer in self._answers.items() if question in flat), None)
 
     def _recall(self, request: LLMRequest, known: tuple[str, str], rng: random.Random) -> str:
         """The key's answer, or a plausible wrong one with probability 1 - skill."""
@@ -841,20 +835,12 @@ def _wrong(answer: str, rng: random.Random) -> str:
 
 
 def _tool_results_since_last_user(messages: tuple[Message, ...]) -> list[str]:
-    results: list[str] = []
-    for m in reversed(messages):
-        if m.role == "user":
-            break
-        if m.role == "tool":
-            results.append(m.content or "")
-    return results[::-1]
+    since = itertools.takewhile(lambda m: m.role != "user", reversed(messages))
+    return [m.content or "" for m in since if m.role == "tool"][::-1]
 
 
 def _last_user_text(messages: tuple[Message, ...]) -> str:
-    for m in reversed(messages):
-        if m.role == "user":
-            return m.content or ""
-    return ""
+    return next((m.content or "" for m in reversed(messages) if m.role == "user"), "")
 
 
 def _all_text(messages: tuple[Message, ...]) -> str:

@@ -260,18 +260,14 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
             for index, choice in enumerate(response.choices):
                 yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-                content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
-                deltas = [("reasoning_content", p) for p in _pieces(reasoning, model.counter)] if reasoning else []
-                deltas += [("content", p) for p in _pieces(content, model.counter)] if content else []
-                for field, piece in deltas:
-                    if per_token:
-                        await asyncio.sleep(per_token * piece[1])
-                    yield chunk([{"index": index, "delta": {field: piece[0]}, "finish_reason": None}])
+                message = _choice_json(index, choice, form)["message"]  # streamed as the plain reply's message is
+                for field in ("reasoning_content", "content"):
+                    for piece, tokens in _pieces(message.get(field) or "", model.counter):
+                        if per_token:
+                            await asyncio.sleep(per_token * tokens)
+                        yield chunk([{"index": index, "delta": {field: piece}, "finish_reason": None}])
                 if choice.tool_calls:
-                    calls = [
-                        {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                        for i, c in enumerate(choice.tool_calls)
-                    ]
+                    calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
                     yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
                 yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
             if include_usage:
@@ -473,8 +469,8 @@ async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
 
 
 def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list[tuple[str, int]]:
-    """Split text into pieces of about `tokens_per_piece` tokens (words as the unit)."""
-    words = text.split(" ")
+    """Split text into pieces of about `tokens_per_piece` tokens (words as the unit); none for no text."""
+    words = text.split(" ") if text else []
     pieces = [(" " if i else "") + " ".join(words[i : i + tokens_per_piece]) for i in range(0, len(words), tokens_per_piece)]
     return [(piece, counter.count(piece)) for piece in pieces]
 
