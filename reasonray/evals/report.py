@@ -57,10 +57,7 @@ def summarise(group: str, strategy: str, config_name: str, records: list[Record]
     n = len(records)
     correct = sum(r.correct for r in records)
     repeated = len({r.example_id for r in records}) < n  # seeds or stream orders: records cluster by example
-    if repeated:
-        low, high = clustered_interval({(r.example_id, i): r.correct for i, r in enumerate(records)})
-    else:
-        low, high = wilson(correct, n)
+    low, high = clustered_interval({(r.example_id, i): r.correct for i, r in enumerate(records)}) if repeated else wilson(correct, n)
     lenient = sum(r.correct_lenient or r.correct for r in records)
     prompt = sum(r.prompt_tokens for r in records)
     completion = sum(r.completion_tokens for r in records)
