@@ -81,10 +81,3 @@ def traits_for(model: str) -> ModelTraits:
 
 EFFORT_BUDGET = {"low": 1024, "medium": 4096, "high": 16384}
 """The thinking budget a `reasoning_effort` becomes on a model that takes no effort but can be budgeted."""
-
-
-def effort_for_budget(budget: int) -> Literal["low", "medium", "high"]:
-    """The nearest `reasoning_effort` to a thinking budget, for a model whose only control is the effort."""
-    if budget <= EFFORT_BUDGET["low"]:
-        return "low"
-    return "medium" if budget <= EFFORT_BUDGET["medium"] else "high"

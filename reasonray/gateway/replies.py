@@ -37,12 +37,6 @@ _THINKS_IN_TEXT = re.compile(r"deepseek-r1|r1-distill|\bqwq|qwen3.*thinking", re
 _TRANSIENT_WORDS = ("overload", "rate_limit", "rate limit", "server_error", "unavailable", "timeout", "timed out", "capacity", "busy")
 
 
-def thinks_in_text(model: str) -> bool:
-    """True for a model known by name to think in its reply text from the first token (R1, its distills, QwQ,
-    Qwen3's thinking models), so that a reply cut before `</think>` holds no tag at all."""
-    return _THINKS_IN_TEXT.search(model) is not None
-
-
 def split_thinking(content: str, finish_reason: str, *, thinks: bool) -> tuple[str, str, bool, int]:
     """Raw reply text as (answer, thinking, unfinished, where the answer starts in `content`).
 
@@ -91,7 +85,7 @@ class ReplyReader:
     __slots__ = ("thinks_in_text",)
 
     def __init__(self, model: str, *, thinks: bool | None = None) -> None:
-        self.thinks_in_text = thinks_in_text(model) if thinks is None else thinks
+        self.thinks_in_text = _THINKS_IN_TEXT.search(model) is not None if thinks is None else thinks
 
     def completion(self, response: WireCompletion, *, counter: TokenCounter, where: str, prompt_tokens: int | None = None) -> Completion:
         """A decoded answer as a Completion; a 200 that holds an error or no choice raises, classified. `prompt_tokens`:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from reasonray.gateway.families import EFFORT_BUDGET, ModelTraits, effort_for_budget
+from reasonray.gateway.families import EFFORT_BUDGET, ModelTraits
 from reasonray.gateway.protocol import Choice, Completion, LLMRequest, Usage
 
 OPEN, CLOSE, WAIT = "<think>\n", "\n</think>\n\n", "\nWait"
@@ -52,7 +52,8 @@ def plan(
         budget = EFFORT_BUDGET[effort]
     if not forcing:
         if budget is not None and request.continue_thinking is None and traits.takes_reasoning_effort and "reasoning_effort" not in refused:
-            return Plan("native", effort=effort or effort_for_budget(budget), budget=budget)
+            nearest = next((name for name, tokens in EFFORT_BUDGET.items() if budget <= tokens), "high")  # the effort nearest the budget
+            return Plan("native", effort=effort or nearest, budget=budget)
         return Plan("unsupported", budget=budget)
     return Plan("forced" if budget is not None or request.min_thinking is not None else "continued", budget=budget)
 
