@@ -291,14 +291,7 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
 
     ax = _axes()
     for label, members in _curves(rows).items():  # a strategy's budgets joined into its curve
-        ax.errorbar(
-            [row["tokens_per_example"] for row in members],
-            [row["accuracy"] * 100 for row in members],
-            yerr=_error_bars(members),
-            fmt="o-" if len(members) > 1 else "o",
-            capsize=4,
-            label=label,
-        )
+        ax.errorbar(*_xy(members), yerr=_error_bars(members), fmt="o-" if len(members) > 1 else "o", capsize=4, label=label)
     title = f"Accuracy against tokens{tag}"
     paths["accuracy_plot"] = _save(ax, out / "accuracy_vs_tokens.png", "tokens per example", "accuracy (%), 95% CI", title, legend=8)
 
@@ -346,13 +339,7 @@ def _pareto_plot(rows: list[dict[str, Any]], path: Path, tag: str) -> Path:
     ax = _axes((7.5, 4.8))
     for label, members in _curves(rows).items():
         if len(members) > 1:  # the budget axis: each strategy's accuracy against its cost, as a curve
-            ax.plot(
-                [r["tokens_per_example"] for r in members],
-                [r["accuracy"] * 100 for r in members],
-                "-",
-                alpha=0.6,
-                label=f"{label} (budgets)",
-            )
+            ax.plot(*_xy(members), "-", alpha=0.6, label=f"{label} (budgets)")
     for i, row in enumerate(rows):
         on_front = i in front
         ax.errorbar(
@@ -366,19 +353,12 @@ def _pareto_plot(rows: list[dict[str, Any]], path: Path, tag: str) -> Path:
             label=f"{row['group']}{' (front)' if on_front else ''}",
         )
     if front:
-        xs = [points[i][0] for i in front]
-        ys = [points[i][1] * 100 for i in front]
-        ax.step(xs, ys, where="post", color="black", linewidth=1, linestyle="--", label="Pareto front")
+        ax.step(*_xy([rows[i] for i in front]), where="post", color="black", linewidth=1, linestyle="--", label="Pareto front")
     logarithmic = all(x > 0 for x, _ in points)  # costs spread over orders of magnitude (1 call to dozens)
     if logarithmic:
         ax.set_xscale("log")
-    return _save(
-        ax,
-        path,
-        f"tokens per example{' (log scale)' if logarithmic else ''}: the cost",
-        "accuracy (%), 95% Wilson CI",
-        f"Cost against accuracy{tag}",
-    )
+    xlabel = f"tokens per example{' (log scale)' if logarithmic else ''}: the cost"
+    return _save(ax, path, xlabel, "accuracy (%), 95% Wilson CI", f"Cost against accuracy{tag}")
 
 
 def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -389,6 +369,11 @@ def _curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         suffix = row["group"].removeprefix(f"{row['strategy']}/{row['config_name']}")  # a memory arm, if any
         curves.setdefault(f"{row['strategy']}/{base}{suffix}", []).append(row)
     return {label: sorted(members, key=lambda r: r["tokens_per_example"]) for label, members in curves.items()}
+
+
+def _xy(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """The rows' tokens per example and accuracies (%): the points of a curve."""
+    return [row["tokens_per_example"] for row in rows], [row["accuracy"] * 100 for row in rows]
 
 
 def _axes(size: tuple[float, float] = (7, 4.5)) -> Any:
