@@ -35,7 +35,7 @@ from reasonray.gateway.errors import (
     RemoteRequestsForbidden,
     TransientProviderError,
 )
-from reasonray.gateway.families import ModelTraits, PrefixContinuation, traits_for
+from reasonray.gateway.families import PrefixContinuation, traits_for
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
 from reasonray.gateway.protocol import PURPOSE_HEADER, Completion, LLMRequest, Message
 from reasonray.gateway.refusals import REFUSABLE, ParameterRefused, RefusalBook, refusal_book, refused_param
@@ -75,13 +75,6 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
-
-
-def _model_traits(model: str, refuses: Iterable[str], **stated: Any) -> ModelTraits:
-    """The model family's traits, each overridden where the configuration states it (refusals added to its own)."""
-    family = traits_for(model)
-    stated = {name: value for name, value in stated.items() if value is not None}
-    return msgspec.structs.replace(family, refuses=family.refuses | frozenset(refuses), **stated)
 
 
 class OpenAILLM:
@@ -147,15 +140,11 @@ class OpenAILLM:
         # evaluation workers may drive one LLM from several loops)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
         self.base_url = str(self._new_client().base_url)
-        self.traits = _model_traits(
-            model,
-            refuses,
-            max_tokens_param=max_tokens_param,
-            thinks=thinks,
-            takes_reasoning_effort=takes_reasoning_effort,
-            prefix_continuation=prefix_continuation,
-            thinking_room=thinking_room,
-        )
+        # the model family's traits, each overridden where the configuration states it (refusals added to its own)
+        family, stated = traits_for(model), {"max_tokens_param": max_tokens_param, "thinks": thinks, "thinking_room": thinking_room}
+        stated |= {"takes_reasoning_effort": takes_reasoning_effort, "prefix_continuation": prefix_continuation}
+        stated = {name: value for name, value in stated.items() if value is not None}
+        self.traits = msgspec.structs.replace(family, refuses=family.refuses | frozenset(refuses), **stated)
         if self.traits.prefix_continuation == "completions" and not chat_template:
             raise LLMConfigError(
                 '[llm] prefix_continuation = "completions" needs [llm] chat_template: the model\'s tokenizer_config.json or Jinja file'

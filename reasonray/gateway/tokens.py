@@ -94,15 +94,6 @@ class EstimateCounter:
         return text[len(text) - keep :] if keep < len(text) else text
 
 
-def _encoding_name_for(model: str) -> str:
-    import tiktoken
-
-    try:
-        return tiktoken.encoding_name_for_model(model)
-    except KeyError:
-        return DEFAULT_ENCODING
-
-
 @functools.lru_cache(maxsize=8)
 def _load(encoding_name: str) -> TokenCounter:
     import tiktoken
@@ -122,7 +113,12 @@ def _load(encoding_name: str) -> TokenCounter:
 
 def counter_for_model(model: str) -> TokenCounter:
     """The counter for a model: its tiktoken encoding, cl100k_base for unknown names, else the estimate."""
-    return _load(_encoding_name_for(model))
+    import tiktoken
+
+    try:
+        return _load(tiktoken.encoding_name_for_model(model))
+    except KeyError:
+        return _load(DEFAULT_ENCODING)
 
 
 def openai_message(m: Message) -> dict[str, Any]:
