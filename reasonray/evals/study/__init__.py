@@ -95,10 +95,8 @@ def summary(out: Path, names: list[str], seconds: dict[str, float], accuracies: 
     lines = ["# Real-model study: results", ""]
     if accuracies:
         shown = ", ".join(f"{family} {accuracy:.1%}" for family, accuracy in accuracies.items())
-        lines += [
-            f"Pilots (chain of thought): {shown}; every part on the primary family ran on **{choose_family(load_study(), accuracies)}**.",
-            "",
-        ]
+        chosen = choose_family(load_study(), accuracies)
+        lines += [f"Pilots (chain of thought): {shown}; every part on the primary family ran on **{chosen}**.", ""]
     for name in names:
         report = out / name / "report.md"
         lines += [f"## Part {name} ({seconds.get(name, 0.0) / 60:.1f} min this run)", ""]
