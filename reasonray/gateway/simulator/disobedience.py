@@ -43,8 +43,7 @@ class Disobedience:
             raise ValueError(f"disobey rate must be between 0 and 1, got {self.rate}")
         if not self.kinds:
             raise ValueError(f"disobey kinds is empty; use any of {', '.join(DISOBEY_KINDS)}")
-        unknown = set(self.kinds) - set(DISOBEY_KINDS)
-        if unknown:
+        if unknown := set(self.kinds) - set(DISOBEY_KINDS):
             raise ValueError(f"unknown disobey kinds {sorted(unknown)}; use any of {', '.join(DISOBEY_KINDS)}")
 
     @classmethod

@@ -535,8 +535,7 @@ class SimulatedModel:
             answer = self._recall(request, known, rng)
             return f"<thinking>Reading the problem carefully and {rng.choice(_PHRASES)}.</thinking>\n<answer>{answer}</answer>"
         elif (found := evaluate_arithmetic(DIRECTIVE.sub("", question))) is not None:
-            expr, value = found
-            answer = format_number(value)
+            expr, answer = found[0], format_number(found[1])
             thought = f"The question asks for {expr}. Computing it step by step: {expr} = {answer}."
         else:
             answer = "I am a simulated model: I answer arithmetic and follow [[sim ...]] directives only."
@@ -579,20 +578,14 @@ class SimulatedModel:
     def _value(self, request: LLMRequest, rng: random.Random, wants_feedback: bool = False) -> str:
         """A 0-1 score: low for a path with a slip or a wrong answer, high for a clean path that reached its answer."""
         shown = _last_user_text(request.messages)
-        verdict = self._check(shown)
-        if verdict is False:
-            score = 0.1 + 0.2 * rng.random()
-            feedback = (
-                f"One step is wrong: {SLIP_STEP} changes the result. Keep every intermediate value exact."
-                if SLIP_STEP in shown
-                else "The final answer does not follow from the problem; recompute it."
-            )
+        if self._check(shown) is False:
+            score, feedback = 0.1 + 0.2 * rng.random(), "The final answer does not follow from the problem; recompute it."
+            if SLIP_STEP in shown:
+                feedback = f"One step is wrong: {SLIP_STEP} changes the result. Keep every intermediate value exact."
         elif _stated(shown) is not None:
-            score = 0.9 + 0.1 * rng.random()
-            feedback = "Every step checks out."
+            score, feedback = 0.9 + 0.1 * rng.random(), "Every step checks out."
         else:
-            score = 0.6 + 0.2 * rng.random()
-            feedback = "The partial solution is sound so far; finish it."
+            score, feedback = 0.6 + 0.2 * rng.random(), "The partial solution is sound so far; finish it."
         extra = f"\n<feedback>{feedback}</feedback>" if wants_feedback else ""
         return f"<thinking>Checking each step in turn.</thinking>\n<score>{score:.2f}</score>{extra}"
 

@@ -74,9 +74,7 @@ def handed_over(reasoning: str, text: str, unfinished: bool, form: str) -> tuple
 
 def resume_point(prefix: str | None, total: int) -> int:
     """How far a continued thinking had got: its furthest marker of a thinking `total` tokens long (0: none)."""
-    if not prefix:
-        return 0
-    return max((int(done) for done, of in THOUGHT.findall(prefix) if int(of) == total), default=0)
+    return max((int(done) for done, of in THOUGHT.findall(prefix or "") if int(of) == total), default=0)
 
 
 def think(total: int, done: int, budget: int, counter: TokenCounter) -> tuple[str, int, bool]:

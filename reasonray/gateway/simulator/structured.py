@@ -52,12 +52,8 @@ def forced_tool(tools: tuple[dict[str, Any], ...], tool_choice: str | dict[str, 
 
 
 def parameters_of(tools: tuple[dict[str, Any], ...], name: str) -> dict[str, Any]:
-    for tool in tools:
-        function = tool.get("function") or {}
-        if function.get("name") == name:
-            parameters = function.get("parameters")
-            return parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {}}
+    parameters = next((t["function"].get("parameters") for t in tools if (t.get("function") or {}).get("name") == name), None)
+    return parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}
 
 
 def schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
