@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from typing import cast
 
 from reasonray.kernel.errors import CapExceededError
 
@@ -62,8 +63,7 @@ def _eval(node: ast.AST, max_digits: int) -> float:
                 " ([limits] max_calculator_digits in config.toml)",
                 {"cap": "[limits] max_calculator_digits", "limit": max_digits},
             )
-        result: float = _OPS[type(node.op)](left, right)
-        return result
+        return cast(float, _OPS[type(node.op)](left, right))
     raise ValueError(f"only numbers and + - * / // % ** are allowed, not {type(node).__name__}")
 
 

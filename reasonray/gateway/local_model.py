@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, cast
 
 import httpx
 
@@ -54,8 +54,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at `host` now (the system's pick)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+        return cast(int, probe.getsockname()[1])
 
 
 SERVER_ENV_OVERRIDES = frozenset({"HOST", "PORT", "CONFIG_FILE"})

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httpx
 import structlog
@@ -111,7 +111,7 @@ class GGUFVocab:
         )
 
     def encode(self, text: str) -> list[int] | None:
-        tokens: list[int] = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        tokens: list[int] = self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)  # typed: llama-cpp-python is optional
         return tokens
 
     def decode(self, tokens: list[int]) -> str | None:
@@ -129,12 +129,10 @@ class TokenizerFile:
         self._tok = Tokenizer.from_file(path)
 
     def encode(self, text: str) -> list[int] | None:
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-        return ids
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, tokens: list[int]) -> str | None:
-        text: str = self._tok.decode(tokens, skip_special_tokens=False)
-        return text
+        return self._tok.decode(tokens, skip_special_tokens=False)
 
 
 def local_source(path: str) -> TokenSource:
@@ -167,8 +165,7 @@ class ServerTokenizer:
         try:
             response = self._http.post(url, json=body)
             response.raise_for_status()
-            data: dict[str, Any] = response.json()
-            return data
+            return cast(dict[str, Any], response.json())
         except (httpx.HTTPError, ValueError) as exc:
             self._down_until = time.monotonic() + SERVER_RETRY_AFTER_S
             log.warning(

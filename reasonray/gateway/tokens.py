@@ -55,19 +55,16 @@ class TiktokenCounter:
 
     @property
     def encoding_name(self) -> str:
-        name: str = self._enc.name
-        return name
+        return self._enc.name
 
     def count(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=()))
 
     def encode(self, text: str) -> list[int]:
-        tokens: list[int] = self._enc.encode(text, disallowed_special=())
-        return tokens
+        return self._enc.encode(text, disallowed_special=())
 
     def decode(self, tokens: list[int]) -> str:
-        text: str = self._enc.decode(tokens)
-        return text
+        return self._enc.decode(tokens)
 
     def head(self, text: str, n: int) -> str:
         tokens = self.encode(text)
