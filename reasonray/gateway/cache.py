@@ -84,18 +84,16 @@ class LRUTTLCache:
 
     def get(self, key: str) -> bytes | None:
         item = self._data.get(key)
-        if item is None:
-            self._stats.misses += 1
-            return None
-        stored_at, value = item
-        if self._clock() - stored_at > self.ttl_s:
+        if item is not None and self._clock() - item[0] > self.ttl_s:
             del self._data[key]
             self._stats.expirations += 1
+            item = None
+        if item is None:
             self._stats.misses += 1
             return None
         self._data.move_to_end(key)
         self._stats.hits += 1
-        return value
+        return item[1]
 
     def put(self, key: str, value: bytes) -> None:
         self._data[key] = (self._clock(), value)

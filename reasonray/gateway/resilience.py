@@ -209,16 +209,15 @@ class ResilientLLM(Layer):
         self.clock = clock
 
     def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        retry_after = exc.retry_after_s if isinstance(exc, TransientProviderError) else None
+        retry_after = getattr(state.outcome and state.outcome.exception(), "retry_after_s", None)  # the provider's Retry-After
         return self.retry.backoff(state.attempt_number, retry_after)
 
     def _stop(self, started: float) -> Callable[[RetryCallState], bool]:
         def stop(state: RetryCallState) -> bool:
-            if state.attempt_number >= self.retry.max_attempts:
-                return True
-            deadline = self.retry.deadline_s
-            return deadline is not None and self.clock() + state.upcoming_sleep - started > deadline
+            deadline, attempts = self.retry.deadline_s, state.attempt_number
+            return attempts >= self.retry.max_attempts or (
+                deadline is not None and self.clock() + state.upcoming_sleep - started > deadline
+            )
 
         return stop
 
