@@ -52,8 +52,10 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
 # the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
 SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
-# The memory items extraction writes, by lesson: what worked, and what failed (a slip, an unchecked answer).
+# The memory items extraction writes, by lesson: what worked, what failed (a slip, an unchecked answer), and (its
+# content the answer shown) an answer that explained well.
 LESSONS = {
+    "passive": "<title>Reuse a worked explanation</title><description>A past answer that explained this kind of question well.</description>",
     "success": "<title>Work through the problem step by step</title><description>Break the problem into explicit steps and "
     "compute each one exactly.</description><content>Write out every intermediate quantity and compute it exactly before "
     "combining them; check the final answer against what the question asks.</content>",
@@ -648,11 +650,8 @@ class SimulatedModel:
             last = paragraphs[-1] if paragraphs else []
             if len(last) > 1 and last[0].rstrip().endswith(":"):
                 last = last[1:]
-            return _memory_item(
-                "Reuse a worked explanation",
-                "A past answer that explained this kind of question well.",
-                " ".join(" ".join(last).split())[:400] or "Explain step by step.",
-            )
+            worked = " ".join(" ".join(last).split())[:400] or "Explain step by step."
+            return f"<memory>{LESSONS['passive']}<content>{worked}</content></memory>"
         if purpose == "extract_contrast":
             attempts = [body for _, body in _enumerated(shown)] or [shown]
             problem = self._problem(shown)
@@ -687,8 +686,7 @@ class SimulatedModel:
         """
         total = self._think_total(directives)
         answer = directives.get("answer", "done")
-        prompt = _all_text(request.messages)
-        done = _progress(prompt, total)
+        done = _progress(_all_text(request.messages), total)
         budget = request.max_tokens if request.max_tokens is not None else 10**9
         wants_continue = "<continue>" in request.stop
         reserve = self.counter.count(" <continue>") if wants_continue else 0
@@ -768,10 +766,6 @@ def _answer_in(choice: SimChoice) -> str | None:
         return None
     found = re.search(r"<answer>(.*?)</answer>", choice.text, re.DOTALL)
     return found.group(1).strip() if found else None
-
-
-def _memory_item(title: str, description: str, content: str) -> str:
-    return f"<memory><title>{title}</title><description>{description}</description><content>{content}</content></memory>"
 
 
 def _stated(solution: str) -> str | None:

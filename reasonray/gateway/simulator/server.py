@@ -69,7 +69,6 @@ class SimulatorSettings:
     fault_kinds: tuple[str, ...] = FAULT_KINDS
     seed: int = 0
     hang_s: float = 30.0  # how long a "timeout" fault keeps the client waiting
-    embedding_dims: int = 384
     disobey_rate: float = 0.0  # share of replies that disobey as real models do (docs/simulator.md)
     disobey_kinds: tuple[str, ...] = DISOBEY_KINDS
     # What the server is like; None: OpenAI-like when obedient, llama.cpp-like when disobedient.
@@ -80,8 +79,7 @@ class SimulatorSettings:
     thinking_tokens: int = DEFAULT_THINKING_TOKENS  # tokens of thinking per reply at medium reasoning_effort
 
     def __post_init__(self) -> None:
-        Disobedience(self.disobey_rate, tuple(self.disobey_kinds))  # fails here on a bad rate or kind
-        ReasoningPlan(self.reasoning, self.thinking_tokens)  # and on a bad reasoning form
+        _plans(self)  # fails here on a bad rate, kind or reasoning form
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
             raise ValueError(f"unknown tokenizer {self.tokenizer!r}; use one of {', '.join(TOKENIZERS)}")
         if self.max_concurrency is not None and self.max_concurrency < 0:
@@ -331,16 +329,12 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             if refused is not None:  # as OpenAI's reasoning models refuse it, before anything else
                 return rejected(refused.message, code=refused.code, param=refused.param)
             sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
-            fault = model.fault_for(sim_request)
-        except (ValueError, KeyError, TypeError, SimulatorError) as exc:
-            return rejected(str(exc))
-        if fault is not None:
-            return await _inject(fault.kind, settings)
-        try:
+            if (fault := model.fault_for(sim_request)) is not None:
+                return await _inject(fault.kind, settings)
             response = model.respond(sim_request)
         except ContextLengthExceeded as exc:
             return rejected(str(exc), code="context_length_exceeded")
-        except SimulatorError as exc:
+        except (ValueError, KeyError, TypeError, SimulatorError) as exc:
             return rejected(str(exc))
         created, rid = int(time.time()), f"chatcmpl-sim-{uuid.uuid4().hex[:12]}"
         if body.get("stream"):
@@ -372,7 +366,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             inputs = [inputs]
         if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
             return _error(400, "simulated model: 'input' must be a string or a list of strings")
-        dims = int(body.get("dimensions") or settings.embedding_dims)
+        dims = int(body.get("dimensions") or 384)
         data = [{"object": "embedding", "index": i, "embedding": embed(t, dims)} for i, t in enumerate(inputs)]
         tokens = sum(model.counter.count(t) for t in inputs)
         return JSONResponse(
