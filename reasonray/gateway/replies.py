@@ -190,7 +190,7 @@ def settle(choices: list[Choice], usage: Usage) -> tuple[Choice, ...]:
     return tuple(choices)
 
 
-def provider_error(error: Any, *, where: str, status_code: int = 200) -> TransientProviderError | ProviderRejectedError:
+def provider_error(error: Any, *, where: str) -> TransientProviderError | ProviderRejectedError:
     """An error the provider sent inside a 200 (a body `{"error": ...}`, a stream's error event), in its own words:
     transient where its type, code or status says so (overloaded, rate limited, a server error), else a rejection."""
     fields = error if isinstance(error, dict) else {"message": str(error)}
@@ -200,9 +200,8 @@ def provider_error(error: Any, *, where: str, status_code: int = 200) -> Transie
     statuses = [int(v) for v in numbers if isinstance(v, int) or (isinstance(v, str) and v.isdigit() and len(v) == 3)]
     detail = f"{where} sent an error{f' ({kind})' if kind else ''}: {message}"
     words = f"{kind} {message}".lower()
-    if any(s == 429 or s == 408 or s >= 500 for s in statuses) or any(w in words for w in _TRANSIENT_WORDS):
-        return TransientProviderError(detail, status_code=statuses[0] if statuses else status_code)
-    return ProviderRejectedError(detail, status_code=statuses[0] if statuses else status_code)
+    transient = any(s == 429 or s == 408 or s >= 500 for s in statuses) or any(w in words for w in _TRANSIENT_WORDS)
+    return (TransientProviderError if transient else ProviderRejectedError)(detail, status_code=statuses[0] if statuses else 200)
 
 
 # -- the plain (non-streamed) answer, decoded by msgspec into only what a Completion keeps -------------------------
