@@ -8,6 +8,7 @@ another attempt) and rejected (not).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import weakref
@@ -70,11 +71,9 @@ def is_loopback_url(url: str) -> bool:
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after") if exc.response is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    with contextlib.suppress(ValueError):  # absent, or an HTTP date rather than seconds
+        return float(exc.response.headers.get("retry-after", ""))
+    return None
 
 
 class OpenAILLM:
@@ -640,8 +639,7 @@ class _StreamParts:
             choice.logprobs = WireLogprobs(self.logprobs.get(index))
         u = self.usage
         if u is not None:
-            details = u.completion_tokens_details
-            hidden = details.reasoning_tokens if details is not None else None
+            hidden = getattr(u.completion_tokens_details, "reasoning_tokens", None)
             u = WireUsage(u.prompt_tokens, u.completion_tokens, WireCompletionDetails(hidden))
         reply = WireCompletion([self.choices[i] for i in sorted(self.choices)], self.model or llm.model, u)
         # llama.cpp streams without a usage chunk: its prompt is counted as the model does
