@@ -250,21 +250,20 @@ class SimulatedModel:
         """A fault to inject instead of answering: a `fault=` directive first, then the random rate."""
         self.stats.requests += 1
         directives = parse_directives(_last_user_text(request.messages))
-        if "fault" in directives:
-            kind = directives["fault"]
+        if (kind := directives.get("fault")) is not None:
             if kind not in FAULT_KINDS:
                 raise SimulatorError(f"[[sim fault={kind}]]: use one of {', '.join(FAULT_KINDS)}")
             key = _request_digest(request)
             if self._directed_faults[key] < int(directives.get("times", "1")):
                 self._directed_faults[key] += 1
-                return self._count(Fault(kind))
-        if self.faults.rate and self._fault_rng.random() < self.faults.rate:
-            return self._count(Fault(self._fault_rng.choice(self.faults.kinds)))
-        return None
-
-    def _count(self, fault: Fault) -> Fault:
-        self.stats.faults[fault.kind] += 1
-        return fault
+            else:
+                kind = None
+        if kind is None and self.faults.rate and self._fault_rng.random() < self.faults.rate:
+            kind = self._fault_rng.choice(self.faults.kinds)
+        if kind is None:
+            return None
+        self.stats.faults[kind] += 1
+        return Fault(kind)
 
     # -- answers --------------------------------------------------------------------------------
     def respond(self, request: LLMRequest) -> SimResponse:
@@ -393,15 +392,14 @@ class SimulatedModel:
             choice = self._finish(self._without_tools(request), request)
         elif forced is not None and forced != "none":
             wanted = forced if forced != "required" else next((c.name for c in choice.tool_calls if c.name in names), names[0])
-            if not any(c.name == wanted for c in choice.tool_calls):
+            calls = tuple(c for c in choice.tool_calls if c.name == wanted)
+            if not calls:
                 question = DIRECTIVE.sub("", _last_user_text(request.messages)).strip()
                 found = evaluate_arithmetic(question)
                 hints = {"answer": found[0] if found else question, "text": question}
                 arguments = structured.instance(structured.parameters_of(request.tools, wanted), hints)
-                call = ToolCall(id=f"call_{_request_digest(request)[:8]}_forced", name=wanted, arguments=json.dumps(arguments))
-                choice = SimChoice(finish_reason="tool_calls", tool_calls=(call,))
-            else:
-                choice = SimChoice(finish_reason="tool_calls", tool_calls=tuple(c for c in choice.tool_calls if c.name == wanted))
+                calls = (ToolCall(id=f"call_{_request_digest(request)[:8]}_forced", name=wanted, arguments=json.dumps(arguments)),)
+            choice = SimChoice(finish_reason="tool_calls", tool_calls=calls)
         if schema is not None and not choice.tool_calls:
             shaped = self._finish(structured.as_json(choice.text, schema), request)
             if choice.finish_reason == "length":
