@@ -318,9 +318,6 @@ class OpenAILLM:
         """The parameters left out of this model's calls: its family's, configured, and learnt from its refusals."""
         return self.traits.refuses | self.refusals.refused(self.base_url, self.model)
 
-    def _limit_param(self, refused: frozenset[str]) -> str:
-        return "max_completion_tokens" if "max_tokens" in refused else self.traits.max_tokens_param
-
     def _visible_cap(self, request: LLMRequest) -> int | None:
         """The call's own `max_tokens`, else its purpose's default."""
         defaults = self._default_max_tokens
@@ -361,7 +358,7 @@ class OpenAILLM:
         params: dict[str, Any] = {"model": self.model, "messages": messages}
         names = ("temperature", "seed", "tool_choice", "response_format", "top_p", "presence_penalty", "frequency_penalty")
         wanted = {name: getattr(request, name) for name in names} | {"stop": list(request.stop) or None, "reasoning_effort": effort}
-        wanted[self._limit_param(refused)] = self._max_tokens(request, limit)
+        wanted["max_completion_tokens" if "max_tokens" in refused else self.traits.max_tokens_param] = self._max_tokens(request, limit)
         if request.logprobs is not None and "logprobs" not in refused:  # top_logprobs is refused with logprobs
             wanted |= {"logprobs": True, "top_logprobs": request.logprobs or None}
         # sent where the request (or the client) sets them, unless the model refuses them
@@ -455,8 +452,7 @@ class OpenAILLM:
         started = time.perf_counter()
         params: dict[str, Any] = {}
         try:
-            if self._framing_unknown:
-                await self._learn_framing()
+            if await self._learned_framing():
                 started = time.perf_counter()
             # in the slot: a serial server's tokenize answers only between generations
             params = self._params(request, prefix=prefix, limit=limit, effort=effort)
@@ -494,22 +490,21 @@ class OpenAILLM:
             self._learned_context = filled
             log.info("llm.context_length.learned", base_url=self.base_url, context_length=filled, source="length stop below max_tokens")
 
-    @property
-    def _framing_unknown(self) -> bool:
-        # a streamed answer from llama.cpp reports no usage, so nothing would ever show the framing its chat template adds
-        if not self._stream or self._framing_learned_for == self.endpoint.fingerprint or not isinstance(self.tokens, ModelTokenCounter):
+    async def _learned_framing(self) -> bool:
+        """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they
+        report, where the framing is not known yet: a streamed answer from llama.cpp reports no usage, so nothing would
+        ever show the framing its chat template adds. False (and no call) where there is nothing to learn, or where the
+        model's own chat template counts a prompt exactly."""
+        tokens, fingerprint = self.tokens, self.endpoint.fingerprint
+        if not self._stream or self._framing_learned_for == fingerprint or not isinstance(tokens, ModelTokenCounter) or tokens.renders_chat:
             return False
-        # nothing to learn where the model's own chat template counts a prompt exactly
-        return not self.tokens.renders_chat
-
-    async def _learn_framing(self) -> None:
-        """Two plain one-token calls, with and without a system message (a template may inject one), for the usage they report."""
-        self._framing_learned_for = self.endpoint.fingerprint
+        self._framing_learned_for = fingerprint
         for probe in ((Message(role="user", content="Hi"),), (Message(role="system", content="Hi"), Message(role="user", content="Hi"))):
             params = self._params(LLMRequest(probe, purpose=FRAMING_PROBE), limit=1)  # the gateway's own call, of no run
             response = await self._chat(params)
             if response.usage is not None:
                 self._observe(probe, self._read(response))
+        return True
 
     def _read(self, response: WireCompletion) -> Completion:
         """A plain answer as a Completion, its thinking read in whatever form it came (`gateway.replies`)."""
