@@ -183,14 +183,14 @@ class ObservedLLM(Layer):
         with tracing.span(f"chat {self.model}", requested, kind="client") as span:
             try:
                 completion = await self.inner.complete(request)
-            except Exception as exc:
-                self._count_failed(exc)
+            except Exception as exc:  # a call that failed was still made: it counts
+                spent: tuple[int, int] = getattr(exc, "spent", (0, 0))
+                self._count(spent[0], spent[1], getattr(exc, "attempts", 1))
                 raise
             if span is not tracing.NO_SPAN:
                 span.set(self._span_attributes(request, completion))
+        self._count(completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.attempts)
         t = self.tally
-        t.prompt_tokens += completion.usage.prompt_tokens
-        t.completion_tokens += completion.usage.completion_tokens
         t.reasoning_tokens += completion.usage.reasoning_tokens
         if completion.thinking_control == "unsupported":  # a budget, an effort or a continuation was asked, none held
             t.thinking_unenforced += 1
@@ -200,9 +200,7 @@ class ObservedLLM(Layer):
                     f"{self.model} at this endpoint can neither take a reasoning effort nor continue a reply: "
                     "the thinking budget was not enforced (docs/reasoning-models.md)",
                 )
-        t.calls += 1
         t.cache_hits += completion.cached
-        t.retries += max(completion.attempts - 1, 0)
         t.simulated = t.simulated or completion.simulated
         t.model = completion.model
         self.emit(
@@ -228,14 +226,13 @@ class ObservedLLM(Layer):
     def _warn(self, code: str, message: str) -> None:
         self.emit(RunWarning(trace_id=self.trace_id, strategy=self.strategy, code=code, message=message))
 
-    def _count_failed(self, exc: Exception) -> None:
-        """A call that failed was still made: it counts, with what its attempts are known to have cost."""
+    def _count(self, prompt_tokens: int, completion_tokens: int, attempts: int) -> None:
+        """A call made, with what it cost (a failed one too, with what its attempts are known to have cost)."""
         t = self.tally
-        spent = getattr(exc, "spent", (0, 0))
         t.calls += 1
-        t.prompt_tokens += spent[0]
-        t.completion_tokens += spent[1]
-        t.retries += max(getattr(exc, "attempts", 1) - 1, 0)
+        t.prompt_tokens += prompt_tokens
+        t.completion_tokens += completion_tokens
+        t.retries += max(attempts - 1, 0)
 
     @staticmethod
     def _span_attributes(request: LLMRequest, completion: Completion) -> dict[str, Any]:
