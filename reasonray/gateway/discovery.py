@@ -10,7 +10,6 @@ the same.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
@@ -112,14 +111,10 @@ def _tokenize_probe(http: httpx.Client, root: str, model: str, flavour: Flavour)
     return {}
 
 
-async def discover(base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> EndpointInfo:
-    """`discover_sync`, off the event loop."""
-    return await asyncio.to_thread(discover_sync, base_url, model, api_key=api_key, timeout_s=timeout_s)
-
-
 def discover_sync(base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> EndpointInfo:
     """Ask the endpoint at `base_url` what it is; never raises for a probe the server does not answer. Synchronous,
-    so a token count needed before the first call (a strategy sizing its first prompt) can have it."""
+    so a token count needed before the first call (a strategy sizing its first prompt) can have it; off the event
+    loop in a thread otherwise."""
     root = server_root(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=timeout_s, headers=headers) as http:

@@ -28,7 +28,6 @@ from reasonray.gateway.capabilities import Capabilities
 from reasonray.gateway.chat_template import ChatTemplate
 from reasonray.gateway.concurrency import Ticket, limiter_for
 from reasonray.gateway.discovery import CALIBRATION_TEXT, EndpointInfo, context_length_in, discover_sync
-from reasonray.gateway.discovery import discover as discover_endpoint
 from reasonray.gateway.errors import (
     LLMConfigError,
     ProviderRejectedError,
@@ -268,7 +267,7 @@ class OpenAILLM:
         seen = self._discovered_at
         async with self._discovering.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
             if self._discovered_at == seen:  # no probe ended while this caller waited for the one running
-                self._apply(await discover_endpoint(self.base_url, self.model, api_key=self._api_key))
+                self._apply(await asyncio.to_thread(discover_sync, self.base_url, self.model, api_key=self._api_key))
         return self.capabilities
 
     def discover_now(self) -> None:
