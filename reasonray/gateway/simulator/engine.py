@@ -745,11 +745,8 @@ class SimulatedModel:
 
     def _finish(self, text: str, request: LLMRequest, cut_off: bool = False) -> SimChoice:
         """Apply stop sequences (excluded from the text, as OpenAI does) and max_tokens."""
-        stop_at, stop_reason = len(text), None
-        for seq in request.stop:
-            pos = text.find(seq)
-            if 0 <= pos < stop_at:
-                stop_at, stop_reason = pos, seq
+        stops: list[tuple[int, str | None]] = [(text.find(seq), seq) for seq in request.stop if seq in text]
+        stop_at, stop_reason = min(stops, key=lambda stop: stop[0], default=(len(text), None))  # the first of those found first
         text = text[:stop_at]
         if request.max_tokens is not None and self.counter.count(text) > request.max_tokens:
             return SimChoice(text=self.counter.head(text, request.max_tokens), finish_reason="length")
@@ -784,11 +781,8 @@ def _states(line: str, expected: str) -> bool:
     except ValueError:
         said, want_text = " ".join(line.lower().split()).rstrip(" .!"), " ".join(expected.lower().split())
         return said.endswith(want_text) and not said.endswith(f"approximately {want_text}")
-    numbers = NUMBER.findall(line)
-    try:
-        return bool(numbers) and abs(float(numbers[-1].replace(",", "")) - want) < 1e-9
-    except ValueError:
-        return False
+    numbers = NUMBER.findall(line)  # each a float once its thousands separators go
+    return bool(numbers) and abs(float(numbers[-1].replace(",", "")) - want) < 1e-9
 
 
 def _enumerated(text: str) -> list[tuple[int, str]]:
