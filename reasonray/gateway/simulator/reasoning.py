@@ -100,37 +100,24 @@ def think(total: int, done: int, budget: int, counter: TokenCounter) -> tuple[st
             return "".join(parts), used, True
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A request parameter OpenAI's reasoning models refuse, in their words."""
-
-    param: str
-    message: str
-    code: str
-
-
-def refusal(body: dict[str, Any]) -> Refusal | None:
-    """What OpenAI's reasoning models (o1, o3, o4-mini, gpt-5) answer 400 to, the first such parameter of `body`."""
+def refusal(body: dict[str, Any]) -> dict[str, str] | None:
+    """What OpenAI's reasoning models (o1, o3, o4-mini, gpt-5) answer 400 to, the first such parameter of `body`: the
+    error's message (in their words), param and code."""
     if body.get("max_tokens") is not None:
-        return Refusal(
-            "max_tokens",
-            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
-            "unsupported_parameter",
-        )
+        message = "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
+        return {"message": message, "param": "max_tokens", "code": "unsupported_parameter"}
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None and value != 1:
-            return Refusal(
-                name,
-                f"Unsupported value: '{name}' does not support {value} with this model. Only the default (1) value is supported.",
-                "unsupported_value",
-            )
+            message = f"Unsupported value: '{name}' does not support {value} with this model. Only the default (1) value is supported."
+            return {"message": message, "param": name, "code": "unsupported_value"}
     for name in ("stop", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty"):
         if body.get(name):  # an empty or 0 value, the default, is accepted
-            return Refusal(name, f"Unsupported parameter: '{name}' is not supported with this model.", "unsupported_parameter")
+            message = f"Unsupported parameter: '{name}' is not supported with this model."
+            return {"message": message, "param": name, "code": "unsupported_parameter"}
     for name in ("continue_final_message", "add_generation_prompt", "chat_template_kwargs"):
         if name in body:
-            return Refusal(name, f"Unrecognized request argument supplied: {name}", "unrecognized_argument")
+            return {"message": f"Unrecognized request argument supplied: {name}", "param": name, "code": "unrecognized_argument"}
     return None
 
 

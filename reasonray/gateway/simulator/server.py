@@ -327,7 +327,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             form = model.reasoning.directed(parse_directives(_last_user_content(body))).form
             refused = refusal(body) if form == "hidden" else None
             if refused is not None:  # as OpenAI's reasoning models refuse it, before anything else
-                return rejected(refused.message, code=refused.code, param=refused.param)
+                return rejected(**refused)
             sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
             if (fault := model.fault_for(sim_request)) is not None:
                 return await _inject(fault.kind, settings)
