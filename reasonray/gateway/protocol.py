@@ -100,10 +100,6 @@ class Usage(msgspec.Struct, frozen=True):
     reasoning_tokens: int = 0
     """The part of `completion_tokens` spent thinking (visible or hidden)."""
 
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
 
