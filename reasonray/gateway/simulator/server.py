@@ -247,10 +247,8 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         """The reply as server-sent events, generated while the model is held: a client that closes the stream
         ends the generation (the response stops iterating this generator) and frees the model."""
 
-        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices}
-            if usage is not None:
-                body["usage"] = usage
+        def chunk(choices: list[dict[str, Any]], **usage: Any) -> str:
+            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices, **usage}
             return f"data: {json.dumps(body)}\n\n"
 
         async with generating():
@@ -269,7 +267,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
                     yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
                 yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
             if include_usage:
-                yield chunk([], _usage_json(response, form))
+                yield chunk([], usage=_usage_json(response, form))
             yield "data: [DONE]\n\n"
 
     def rejected(message: str, **fields: str | None) -> JSONResponse:

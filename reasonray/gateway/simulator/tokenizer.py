@@ -72,8 +72,6 @@ class SimTokenizer:
             return count_messages(self, messages)
         if not any(m.role == "system" for m in messages):
             messages.insert(0, Message(role="system", content=INJECTED_SYSTEM_PROMPT))
-        total = 1 + self.count("assistant\n")  # <|im_start|>assistant\n primes the reply
-        for m in messages:
-            body = f"{m.role}\n{m.content or ''}" + "".join(c.name + c.arguments for c in m.tool_calls)
-            total += 3 + self.count(body)  # <|im_start|> ... <|im_end|> \n
-        return total
+        bodies = (f"{m.role}\n{m.content or ''}" + "".join(c.name + c.arguments for c in m.tool_calls) for m in messages)
+        # <|im_start|>assistant\n primes the reply; each message is <|im_start|> ... <|im_end|> \n
+        return 1 + self.count("assistant\n") + sum(3 + self.count(body) for body in bodies)
