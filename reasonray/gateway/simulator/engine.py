@@ -237,12 +237,9 @@ class SimulatedModel:
         return len(self._answers)
 
     def reset(self) -> None:
-        self._scripts.clear()
-        self._answers.clear()
-        self.skill = 1.0
-        self._directed_faults.clear()
-        self.stats = SimStats()
-        self.exchanges.clear()
+        for taught in (self._scripts, self._answers, self._directed_faults, self.exchanges):
+            taught.clear()
+        self.skill, self.stats = 1.0, SimStats()
         self._fault_rng = random.Random(self.seed)
 
     # -- faults ---------------------------------------------------------------------------------

@@ -116,11 +116,9 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root
         properties = schema.get("properties") or {}
         return {name: instance(sub, fields, name, root) for name, sub in properties.items() if isinstance(sub, dict)}
     if kind == "array":
-        items = schema.get("items")
-        items = items if isinstance(items, dict) else {}
+        items = schema["items"] if isinstance(schema.get("items"), dict) else {}
         size = max(int(schema.get("minItems", 1)), 1)
-        if "maxItems" in schema:
-            size = min(size, int(schema["maxItems"]))
+        size = min(size, int(schema.get("maxItems", size)))
         return [instance(items, fields, key, root) for _ in range(size)]
     if kind in ("number", "integer"):
         found = NUMBER.findall(_field(key, fields))
@@ -135,9 +133,7 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root
         return float(found[0]) >= 0.5 if found else True
     if kind == "null":
         return None
-    text = _field(key, fields)
-    if "maxLength" in schema:
-        text = text[: int(schema["maxLength"])]
+    text = _field(key, fields)[: int(schema["maxLength"]) if "maxLength" in schema else None]
     return text.ljust(int(schema.get("minLength", 0)), " ")
 
 
