@@ -211,41 +211,47 @@ def unsupported_version(scope: Scope) -> JSONResponse | None:
     return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32602, "message": message, "data": data}}, status_code=400)
 
 
-class McpEndpoint:
-    """The ASGI app at `/mcp`, `McpEndpoint.asgi` (an object, not a function, so Starlette hands it the raw request):
-    Streamable HTTP through the SDK's session manager, stateless and answering in JSON, so every replica serves any
-    request. One per process (a Serve replica runs one ingress, which `serve`s its dispatcher here); the manager's
-    task group starts with the first request, inside the replica's event loop."""
-
-    asgi: ClassVar[McpEndpoint]
-
-    def __init__(self) -> None:
-        self.manager: StreamableHTTPSessionManager | None = None  # until `serve`
-        self._ready: asyncio.Event | None = None
-        self._runner: asyncio.Task[None] | None = None
-
-    @classmethod
-    def serve(cls, rpc: Dispatcher) -> None:
-        cls.asgi.manager, cls.asgi._ready = StreamableHTTPSessionManager(build_server(rpc), stateless=True, json_response=True), None
+class _McpAsgi:
+    """The route's endpoint: an ASGI object (not a function, so Starlette hands it the raw request) that finds the
+    endpoint at call time: Serve ships the route table to its replicas by value, so a route holding the endpoint
+    itself would hold a copy that `McpEndpoint.serve` never reaches."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (manager := self.manager) is None:
+        endpoint = McpEndpoint.current
+        if endpoint is None:
             await JSONResponse({"error": "the MCP endpoint is not ready"}, status_code=503)(scope, receive, send)
             return
         if (refusal := unsupported_version(scope)) is not None:
             await refusal(scope, receive, send)
             return
+        await endpoint._started()
+        await endpoint.manager.handle_request(scope, receive, send)
+
+
+class McpEndpoint:
+    """The ASGI app at `/mcp`: Streamable HTTP through the SDK's session manager, stateless and answering in
+    JSON, so every replica serves any request. One per process (a Serve replica runs one ingress); the
+    manager's task group starts with the first request, inside the replica's event loop."""
+
+    current: ClassVar[McpEndpoint | None] = None
+    asgi: ClassVar[_McpAsgi] = _McpAsgi()
+
+    def __init__(self, rpc: Dispatcher) -> None:
+        self.manager = StreamableHTTPSessionManager(build_server(rpc), stateless=True, json_response=True)
+        self._ready: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    @classmethod
+    def serve(cls, rpc: Dispatcher) -> None:
+        cls.current = cls(rpc)
+
+    async def _started(self) -> None:
         if self._ready is None:
             self._ready = asyncio.Event()
-            self._runner = asyncio.create_task(self._run(manager, self._ready))
+            self._runner = asyncio.create_task(self._run(self._ready))
         await self._ready.wait()
-        await manager.handle_request(scope, receive, send)
 
-    @staticmethod
-    async def _run(manager: StreamableHTTPSessionManager, ready: asyncio.Event) -> None:
-        async with manager.run():
+    async def _run(self, ready: asyncio.Event) -> None:
+        async with self.manager.run():
             ready.set()
             await asyncio.Event().wait()  # for the life of the replica
-
-
-McpEndpoint.asgi = McpEndpoint()
