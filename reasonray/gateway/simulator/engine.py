@@ -189,10 +189,9 @@ def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
         if not re.search(r"\d\s*[-+*/%]", expr):
             continue
         try:
-            value = evaluate(expr)
+            return expr, evaluate(expr)
         except (ValueError, ZeroDivisionError, OverflowError):
             continue
-        return expr, value
     return None
 
 
@@ -346,11 +345,9 @@ class SimulatedModel:
                 text, finished = more, more_finished
             else:
                 text = self.counter.head(more, budget)
-        tokens = self.counter.count(text)
-        if tokens > budget:  # the pieces were counted one by one; the whole must fit too
+        if self.counter.count(text) > budget:  # the pieces were counted one by one; the whole must fit too
             text, finished = self.counter.head(text, budget), False
-            tokens = self.counter.count(text)
-        return text, tokens, finished
+        return text, self.counter.count(text), finished
 
     def _reply(
         self,

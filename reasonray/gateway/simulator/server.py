@@ -404,7 +404,26 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     async def exchanges() -> JSONResponse:
         return JSONResponse({"exchanges": msgspec.to_builtins(list(model.exchanges))}, headers=SIM_HEADER)
 
-    _plan_routes(app, settings, model)
+    # the fault, disobedience and reasoning plans, and the reset to the configured ones
+    def plan_route(path: str, attribute: str, make: Callable[[dict[str, Any]], Any]) -> None:
+        @app.post(path, name=attribute)
+        async def set_plan(request: Request) -> JSONResponse:
+            try:
+                setattr(model, attribute, make(await request.json()))
+            except (TypeError, ValueError) as exc:
+                return _error(400, str(exc))
+            return JSONResponse(dataclasses.asdict(getattr(model, attribute)), headers=SIM_HEADER)
+
+    for path, (attribute, make) in _PLAN_ROUTES.items():
+        plan_route(path, attribute, make)
+
+    @app.post("/v1/sim/reset")
+    async def reset() -> JSONResponse:
+        model.reset()
+        for attribute, plan in _plans(settings).items():
+            setattr(model, attribute, plan)
+        return JSONResponse({"ok": True}, headers=SIM_HEADER)
+
     return app
 
 
@@ -426,29 +445,6 @@ _PLAN_ROUTES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
         lambda body: ReasoningPlan(str(body.get("form", "off")), int(body.get("thinking_tokens", DEFAULT_THINKING_TOKENS))),
     ),
 }
-
-
-def _plan_routes(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel) -> None:
-    """The fault, disobedience and reasoning plans, and the reset to the configured ones."""
-
-    def plan_route(path: str, attribute: str, make: Callable[[dict[str, Any]], Any]) -> None:
-        @app.post(path, name=attribute)
-        async def set_plan(request: Request) -> JSONResponse:
-            try:
-                setattr(model, attribute, make(await request.json()))
-            except (TypeError, ValueError) as exc:
-                return _error(400, str(exc))
-            return JSONResponse(dataclasses.asdict(getattr(model, attribute)), headers=SIM_HEADER)
-
-    for path, (attribute, make) in _PLAN_ROUTES.items():
-        plan_route(path, attribute, make)
-
-    @app.post("/v1/sim/reset")
-    async def reset() -> JSONResponse:
-        model.reset()
-        for attribute, plan in _plans(settings).items():
-            setattr(model, attribute, plan)
-        return JSONResponse({"ok": True}, headers=SIM_HEADER)
 
 
 async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
