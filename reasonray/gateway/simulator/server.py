@@ -92,20 +92,12 @@ class SimulatorSettings:
         return self.disobey_rate > 0
 
     @property
-    def resolved_tokenizer(self) -> str:
-        return self.tokenizer or ("digits" if self.disobedient else "cl100k_base")
-
-    @property
     def resolved_max_concurrency(self) -> int:
         return self.max_concurrency if self.max_concurrency is not None else (1 if self.disobedient else 0)
 
     @property
     def resolved_context_length(self) -> int:
         return self.context_length or (4096 if self.disobedient else DEFAULT_CONTEXT_LENGTH)
-
-    def delay_s(self, completion_tokens: int) -> float:
-        per_token = completion_tokens / self.tokens_per_second if self.tokens_per_second > 0 else 0.0
-        return self.ttft_ms / 1000 + per_token
 
 
 def _error(
@@ -224,13 +216,14 @@ def _model_card(settings: SimulatorSettings, tokenizer: SimTokenizer) -> dict[st
 
 
 def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None) -> FastAPI:
-    tokenizer = SimTokenizer(settings.resolved_tokenizer)
+    tokenizer = SimTokenizer(settings.tokenizer or ("digits" if settings.disobedient else "cl100k_base"))
     model = model or SimulatedModel(tokenizer, seed=settings.seed, context_length=settings.resolved_context_length, **_plans(settings))
     app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
     app.state.model = model
     # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
     limit = settings.resolved_max_concurrency
     slots = asyncio.Semaphore(limit) if limit else None
+    per_token_s = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0  # 0: no per-token delay
 
     @contextlib.asynccontextmanager
     async def generating() -> AsyncIterator[None]:
@@ -253,14 +246,13 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
 
         async with generating():
             await asyncio.sleep(settings.ttft_ms / 1000)
-            per_token = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0
             for index, choice in enumerate(response.choices):
                 yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
                 message = _choice_json(index, choice, form)["message"]  # streamed as the plain reply's message is
                 for field in ("reasoning_content", "content"):
                     for piece, tokens in _pieces(message.get(field) or "", model.counter):
-                        if per_token:
-                            await asyncio.sleep(per_token * tokens)
+                        if per_token_s:
+                            await asyncio.sleep(per_token_s * tokens)
                         yield chunk([{"index": index, "delta": {field: piece}, "finish_reason": None}])
                 if choice.tool_calls:
                     calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
@@ -340,7 +332,7 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             events = stream(response, created, rid, include_usage, form)
             return StreamingResponse(events, media_type="text/event-stream", headers=SIM_HEADER)
         async with generating():  # the client may leave meanwhile: the reply is generated to the end anyway
-            await asyncio.sleep(settings.delay_s(response.completion_tokens))
+            await asyncio.sleep(settings.ttft_ms / 1000 + per_token_s * response.completion_tokens)
         if await request.is_disconnected():
             model.stats.abandoned += 1
         return JSONResponse(
