@@ -313,22 +313,18 @@ class SimulatedModel:
         return response
 
     def reasoning_plan(self, request: LLMRequest) -> ReasoningPlan:
-        """How this request's reply thinks: the model's plan, as the request's directives change it."""
-        try:
-            return self.reasoning.directed(parse_directives(_last_user_text(request.messages)))
-        except ValueError as exc:
-            raise SimulatorError(str(exc)) from None
+        """How this request's reply thinks: the model's plan, as the request's directives change it (a ValueError for
+        directives it cannot follow, which `respond` answers with a SimulatorError)."""
+        return self.reasoning.directed(parse_directives(_last_user_text(request.messages)))
 
     def _think(self, request: LLMRequest, directives: dict[str, str]) -> tuple[str, int, bool] | None:
         """The thinking before the reply, in a reasoning mode: (text, tokens, finished within max_tokens). A reply that
         continues closed thinking (budget forcing closed it) answers at once; one that continues open thinking resumes
         from its furthest marker (a reply to the conversation also from thinking its prompt carries, as a tail or a
         summary does). Scripted replies stay exact."""
-        plan = self.reasoning_plan(request)
-        if plan.form == "off" or "script" in directives or not _thinking_enabled(request):
-            return None
+        plan = self.reasoning.directed(directives)
         prefix = request.continue_thinking
-        if prefix is not None and CLOSE.search(prefix):
+        if plan.form == "off" or "script" in directives or not _thinking_enabled(request) or CLOSE.search(prefix or ""):
             return None
         total = plan.tokens_for(request.reasoning_effort)
         budget = request.max_tokens if request.max_tokens is not None else self.context_length

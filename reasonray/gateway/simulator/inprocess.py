@@ -27,8 +27,8 @@ class SimulatedLLM:
 
     async def complete(self, request: LLMRequest) -> Completion:
         started = time.perf_counter()
-        form = self.engine.reasoning_plan(request).form
         response = self.engine.respond(request)
+        form = self.engine.reasoning_plan(request).form  # respond has checked the request's directives
         delay = self.ttft_ms / 1000 + (response.completion_tokens / self.tokens_per_second if self.tokens_per_second else 0.0)
         if delay:
             await asyncio.sleep(delay)
