@@ -143,32 +143,24 @@ def _stop_children(*children: Any) -> None:
 def _start_provider(settings: Settings, local: bool) -> tuple[Settings, Any, Any]:
     """The settings pointed at the model server serve starts, if any: llama.cpp for `--llm local`, the
     simulator for a simulated provider without a base_url; with the simulator and the local model (or None)."""
-    from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
+    from reasonray.gateway.simulator.server import SimulatorServer
 
     if local:
         local_model, settings = _start_local_model(settings)
         return settings, None, local_model
     if settings.resolved_provider() != "simulated" or settings.llm.base_url:
         return settings, None, None
-    s = settings.llm.simulator
-    simulator = SimulatorServer(
-        SimulatorSettings(
-            host=s.host,
-            port=s.port,
-            ttft_ms=s.ttft_ms,
-            tokens_per_second=s.tokens_per_second,
-            fault_rate=s.fault_rate,
-            fault_kinds=tuple(s.fault_kinds),
-            seed=s.seed,
-            disobey_rate=s.disobey_rate,
-            disobey_kinds=tuple(s.disobey_kinds),
-            tokenizer=s.tokenizer,
-            max_concurrency=s.max_concurrency,
-            context_length=s.context_length,
-        )
-    ).start()
+    simulator = SimulatorServer(_simulator_settings(settings.llm.simulator)).start()
     update = {"provider": "simulated", "base_url": simulator.url, "provider_reason": settings.provider_reason()}
     return settings.model_copy(update={"llm": settings.llm.model_copy(update=update)}), simulator, None
+
+
+def _simulator_settings(section: Any, **given: Any) -> Any:
+    """[llm.simulator] (`section`) as the simulated model's settings, each option `given` (not None) over its key."""
+    from reasonray.gateway.simulator.server import SimulatorSettings
+
+    fields = {**section.model_dump(), **{k: v for k, v in given.items() if v is not None}}
+    return SimulatorSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def _start_cluster(
@@ -349,42 +341,32 @@ def sim(
     context_length,
 ) -> None:
     """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
-    from reasonray.gateway.simulator.engine import FaultPlan
-    from reasonray.gateway.simulator.server import SimulatorSettings, run
+    from reasonray.gateway.simulator.server import run
 
-    defaults = _load(config_path, {}).llm.simulator
-    host = host or defaults.host
-    ttft_ms = defaults.ttft_ms if ttft_ms is None else ttft_ms
-    tokens_per_second = defaults.tokens_per_second if tokens_per_second is None else tokens_per_second
-    fault_rate = defaults.fault_rate if fault_rate is None else fault_rate
-    seed = defaults.seed if seed is None else seed
-    kinds = tuple(k.strip() for k in fault_kinds.split(",") if k.strip()) if fault_kinds else tuple(defaults.fault_kinds)
+    def listed(kinds: str | None) -> tuple[str, ...] | None:
+        return tuple(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
+
     try:
-        FaultPlan(fault_rate, kinds)
-    except ValueError as exc:
-        _fail(str(exc), error_type="invalid_params")
-    try:
-        settings = SimulatorSettings(
+        settings = _simulator_settings(
+            _load(config_path, {}).llm.simulator,
             host=host,
             port=port,
             ttft_ms=ttft_ms,
             tokens_per_second=tokens_per_second,
             fault_rate=fault_rate,
-            fault_kinds=kinds,
+            fault_kinds=listed(fault_kinds),
             seed=seed,
             hang_s=hang_s,
-            disobey_rate=defaults.disobey_rate if disobey_rate is None else disobey_rate,
-            disobey_kinds=tuple(k.strip() for k in disobey_kinds.split(",") if k.strip())
-            if disobey_kinds
-            else tuple(defaults.disobey_kinds),
-            tokenizer=tokenizer or defaults.tokenizer,
-            max_concurrency=defaults.max_concurrency if max_concurrency is None else max_concurrency,
-            context_length=context_length or defaults.context_length,
+            disobey_rate=disobey_rate,
+            disobey_kinds=listed(disobey_kinds),
+            tokenizer=tokenizer,
+            max_concurrency=max_concurrency,
+            context_length=context_length or None,
         )
-    except ValueError as exc:
+    except ValueError as exc:  # a rate, a kind or a size the simulator refuses
         _fail(str(exc), error_type="invalid_params")
     disobedient = f", disobeying {settings.disobey_rate:.0%} of replies" if settings.disobedient else ""
-    click.echo(f"simulated model (not a real LLM) on http://{host}:{port}/v1{disobedient}")
+    click.echo(f"simulated model (not a real LLM) on http://{settings.host}:{port}/v1{disobedient}")
     run(settings)
 
 
