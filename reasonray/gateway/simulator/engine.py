@@ -836,8 +836,7 @@ def _request_digest(request: LLMRequest) -> str:
 def embed(text: str, dims: int = 384) -> list[float]:
     """A deterministic bag-of-words embedding: texts sharing words point the same way (feature hashing)."""
     vector = [0.0] * dims
-    words = re.findall(r"\w+", text.lower())
-    for word in words:
+    for word in re.findall(r"\w+", text.lower()):
         digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
         index = int.from_bytes(digest[:4], "little") % dims
         vector[index] += 1.0 if digest[4] & 1 else -1.0
