@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -220,54 +221,23 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     model = model or SimulatedModel(tokenizer, seed=settings.seed, context_length=settings.resolved_context_length, **_plans(settings))
     app = FastAPI(title="ReasonRay simulated model", description="An OpenAI-compatible simulated LLM (not a real model).")
     app.state.model = model
-    # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
-    limit = settings.resolved_max_concurrency
-    slots = asyncio.Semaphore(limit) if limit else None
-    per_token_s = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0  # 0: no per-token delay
+    _model_routes(app, settings, model, tokenizer)
+    _chat_route(app, settings, model)
+    _sim_routes(app, settings, model)
+    return app
 
-    @contextlib.asynccontextmanager
-    async def generating() -> AsyncIterator[None]:
-        async with slots or contextlib.nullcontext():
-            stats = model.stats
-            stats.generating += 1
-            stats.most_generating = max(stats.most_generating, stats.generating)
-            try:
-                yield
-            finally:
-                stats.generating -= 1
 
-    async def stream(response: SimResponse, created: int, rid: str, include_usage: bool, form: str) -> AsyncIterator[str]:
-        """The reply as server-sent events, generated while the model is held: a client that closes the stream
-        ends the generation (the response stops iterating this generator) and frees the model."""
+def _rejected(model: SimulatedModel, message: str, **fields: str | None) -> JSONResponse:
+    """A 400 for a request the model refuses, counted in its stats."""
+    model.stats.rejected += 1
+    model.stats.last_rejection = message
+    return _error(400, f"simulated model: {message}", **fields)
 
-        def chunk(choices: list[dict[str, Any]], **usage: Any) -> str:
-            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices, **usage}
-            return f"data: {json.dumps(body)}\n\n"
 
-        async with generating():
-            await asyncio.sleep(settings.ttft_ms / 1000)
-            for index, choice in enumerate(response.choices):
-                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-                message = _choice_json(index, choice, form)["message"]  # streamed as the plain reply's message is
-                for field in ("reasoning_content", "content"):
-                    for piece, tokens in _pieces(message.get(field) or "", model.counter):
-                        if per_token_s:
-                            await asyncio.sleep(per_token_s * tokens)
-                        yield chunk([{"index": index, "delta": {field: piece}, "finish_reason": None}])
-                if choice.tool_calls:
-                    calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-                    yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
-                yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
-            if include_usage:
-                yield chunk([], usage=_usage_json(response, form))
-            yield "data: [DONE]\n\n"
+def _model_routes(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel, tokenizer: SimTokenizer) -> None:
+    """The model card, health, embeddings and llama.cpp's tokenizer endpoints."""
+    rejected = functools.partial(_rejected, model)
 
-    def rejected(message: str, **fields: str | None) -> JSONResponse:
-        model.stats.rejected += 1
-        model.stats.last_rejection = message
-        return _error(400, f"simulated model: {message}", **fields)
-
-    # the model card, health and llama.cpp's tokenizer endpoints
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [_model_card(settings, tokenizer)]}, headers=SIM_HEADER)
@@ -309,7 +279,72 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "simulated": True}, headers=SIM_HEADER)
 
-    # chat completions (streamed or not) and embeddings
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> JSONResponse:
+        body = await request.json()
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+            return _error(400, "simulated model: 'input' must be a string or a list of strings")
+        dims = int(body.get("dimensions") or 384)
+        data = [{"object": "embedding", "index": i, "embedding": embed(t, dims)} for i, t in enumerate(inputs)]
+        tokens = sum(model.counter.count(t) for t in inputs)
+        return JSONResponse(
+            {"object": "list", "model": MODEL_NAME, "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+            headers=SIM_HEADER,
+        )
+
+
+@contextlib.asynccontextmanager
+async def _generating(model: SimulatedModel, slots: asyncio.Semaphore | None) -> AsyncIterator[None]:
+    """The model writing a reply: one of the `slots` held (None: no limit), counted in its stats."""
+    async with slots or contextlib.nullcontext():
+        stats = model.stats
+        stats.generating += 1
+        stats.most_generating = max(stats.most_generating, stats.generating)
+        try:
+            yield
+        finally:
+            stats.generating -= 1
+
+
+def _chat_route(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel) -> None:
+    """Chat completions, streamed or not, generated at the settings' speed and concurrency."""
+    rejected = functools.partial(_rejected, model)
+    # one generation at a time when max_concurrency is 1, as llama.cpp's server runs
+    limit = settings.resolved_max_concurrency
+    slots = asyncio.Semaphore(limit) if limit else None
+    per_token_s = 1 / settings.tokens_per_second if settings.tokens_per_second > 0 else 0.0  # 0: no per-token delay
+
+    generating = functools.partial(_generating, model, slots)
+
+    async def stream(response: SimResponse, created: int, rid: str, include_usage: bool, form: str) -> AsyncIterator[str]:
+        """The reply as server-sent events, generated while the model is held: a client that closes the stream
+        ends the generation (the response stops iterating this generator) and frees the model."""
+
+        def chunk(choices: list[dict[str, Any]], **usage: Any) -> str:
+            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": MODEL_NAME, "choices": choices, **usage}
+            return f"data: {json.dumps(body)}\n\n"
+
+        async with generating():
+            await asyncio.sleep(settings.ttft_ms / 1000)
+            for index, choice in enumerate(response.choices):
+                yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+                message = _choice_json(index, choice, form)["message"]  # streamed as the plain reply's message is
+                for field in ("reasoning_content", "content"):
+                    for piece, tokens in _pieces(message.get(field) or "", model.counter):
+                        if per_token_s:
+                            await asyncio.sleep(per_token_s * tokens)
+                        yield chunk([{"index": index, "delta": {field: piece}, "finish_reason": None}])
+                if choice.tool_calls:
+                    calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+                    yield chunk([{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}])
+                yield chunk([{"index": index, "delta": {}, "finish_reason": choice.finish_reason}])
+            if include_usage:
+                yield chunk([], usage=_usage_json(response, form))
+            yield "data: [DONE]\n\n"
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
@@ -348,22 +383,8 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
             headers=SIM_HEADER,
         )
 
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> JSONResponse:
-        body = await request.json()
-        inputs = body.get("input")
-        if isinstance(inputs, str):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
-            return _error(400, "simulated model: 'input' must be a string or a list of strings")
-        dims = int(body.get("dimensions") or 384)
-        data = [{"object": "embedding", "index": i, "embedding": embed(t, dims)} for i, t in enumerate(inputs)]
-        tokens = sum(model.counter.count(t) for t in inputs)
-        return JSONResponse(
-            {"object": "list", "model": MODEL_NAME, "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-            headers=SIM_HEADER,
-        )
 
+def _sim_routes(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel) -> None:
     # what tests teach the model (scripts, answer keys) and what they read back (stats, exchanges)
     @app.post("/v1/sim/scripts")
     async def add_script(request: Request) -> JSONResponse:
@@ -415,8 +436,6 @@ def create_app(settings: SimulatorSettings, model: SimulatedModel | None = None)
         for attribute, plan in _plans(settings).items():
             setattr(model, attribute, plan)
         return JSONResponse({"ok": True}, headers=SIM_HEADER)
-
-    return app
 
 
 def _plans(settings: SimulatorSettings) -> dict[str, Any]:
