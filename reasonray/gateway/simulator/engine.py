@@ -90,11 +90,6 @@ class ContextLengthExceeded(SimulatorError):
     """The prompt fills the model's context window; answered with HTTP 400 and code `context_length_exceeded`."""
 
 
-@dataclass(frozen=True)
-class Fault:
-    kind: str  # "429", "500" or "timeout"
-
-
 @dataclass
 class SimChoice:
     text: str = ""
@@ -242,8 +237,8 @@ class SimulatedModel:
         self._fault_rng = random.Random(self.seed)
 
     # -- faults ---------------------------------------------------------------------------------
-    def fault_for(self, request: LLMRequest) -> Fault | None:
-        """A fault to inject instead of answering: a `fault=` directive first, then the random rate."""
+    def fault_for(self, request: LLMRequest) -> str | None:
+        """The kind of fault (one of FAULT_KINDS) to inject instead of answering: a `fault=` directive first, then the random rate."""
         self.stats.requests += 1
         directives = parse_directives(_last_user_text(request.messages))
         if (kind := directives.get("fault")) is not None:
@@ -256,10 +251,9 @@ class SimulatedModel:
                 kind = None
         if kind is None and self.faults.rate and self._fault_rng.random() < self.faults.rate:
             kind = self._fault_rng.choice(self.faults.kinds)
-        if kind is None:
-            return None
-        self.stats.faults[kind] += 1
-        return Fault(kind)
+        if kind is not None:
+            self.stats.faults[kind] += 1
+        return kind
 
     # -- answers --------------------------------------------------------------------------------
     def respond(self, request: LLMRequest) -> SimResponse:

@@ -355,7 +355,7 @@ def _chat_route(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel
                 return rejected(**refused)
             sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
             if (fault := model.fault_for(sim_request)) is not None:
-                return await _inject(fault.kind, settings)
+                return await _inject(fault, settings)
             response = model.respond(sim_request)
         except ContextLengthExceeded as exc:
             return rejected(str(exc), code="context_length_exceeded")
