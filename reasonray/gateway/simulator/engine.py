@@ -274,7 +274,8 @@ class SimulatedModel:
         counted = request.messages
         if request.continue_thinking is not None and not (counted and counted[-1].role == "assistant"):
             counted = (*counted, Message(role="assistant", content=request.continue_thinking))  # the prefix is prompt too
-        prompt_tokens = self._prompt_tokens(counted)
+        framing = getattr(self.counter, "prompt_tokens", None)  # a tokenizer with a chat template of its own
+        prompt_tokens = int(framing(counted)) if callable(framing) else count_messages(self.counter, counted)
         room = self.context_length - prompt_tokens
         if room <= 0:
             raise ContextLengthExceeded(  # in the words OpenAI and llama-cpp-python use
@@ -363,10 +364,6 @@ class SimulatedModel:
         choice = self._conform(obedient, request, forced, schema)
         meant = choice if "<answer>" in choice.text else obedient  # JSON carries what the tagged reply said
         return choice, None, _answer_in(meant) if choice.finish_reason == "stop" and not choice.tool_calls else None
-
-    def _prompt_tokens(self, messages: tuple[Message, ...]) -> int:
-        framing = getattr(self.counter, "prompt_tokens", None)  # a tokenizer with a chat template of its own
-        return int(framing(messages)) if callable(framing) else count_messages(self.counter, messages)
 
     # -- obeying the request's output contract --------------------------------------------------
     def _conform(self, choice: SimChoice, request: LLMRequest, forced: str | None, schema: dict[str, Any] | None) -> SimChoice:
