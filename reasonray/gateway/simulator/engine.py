@@ -52,8 +52,8 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # A sampled step or chain "slips" with the `slip` probability: it rounds an intermediate result, so
 # the answer it leads to is wrong. Evaluation prompts recognise the slip, as a careful checker would.
 SLIP_STEP = "rounding the intermediate result to keep the numbers simple"
-# The memory items extraction writes, by lesson: what worked, what failed (a slip, an unchecked answer), and (its
-# content the answer shown) an answer that explained well.
+# The memory items extraction writes, by lesson: what worked, what failed (a slip, an unchecked answer), and a
+# worked explanation (its content is then the answer shown).
 LESSONS = {
     "passive": "<title>Reuse a worked explanation</title><description>A past answer that explained this kind of question well.</description>",
     "success": "<title>Work through the problem step by step</title><description>Break the problem into explicit steps and "
