@@ -20,6 +20,7 @@ parse or validate are skipped, never stored half-formed.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ Verifier = Callable[[str], Awaitable[bool]]
 """Checks an answer against ground truth (an expected answer, unit tests): True is a success."""
 
 MAX_TRAJECTORY_CHARS = 12_000
+TEXT_FIELDS = {"title": 200, "description": 500, "content": 4000}  # an item's text fields and the longest each is kept
+ERROR_KEYS = ("error_type", "failure_pattern", "corrective_guidance")
 MEMORY_BLOCK = re.compile(r"<memory>(.*?)</memory>", re.DOTALL)
 
 JUDGE_PROMPT = (
@@ -150,23 +153,15 @@ def exact_verifier(expected: str) -> Verifier:
     return verify
 
 
-def parse_items(text: str, *, limit: int, require_error: bool = False) -> tuple[list[dict], int]:
-    """The memory items in a reply as field dicts, at most `limit`, and how many blocks were unusable."""
-    drafts, rejected = [], 0
+def parse_items(text: str, *, limit: int, require_error: bool = False) -> list[dict]:
+    """The usable memory items in a reply as field dicts, at most `limit`."""
+    drafts = []
     for body in MEMORY_BLOCK.findall(text):
-        fields = {
-            k: extract_tag(body, k)
-            for k in ("title", "description", "content", "error_type", "failure_pattern", "corrective_guidance", "tags")
-        }
-        if not all(fields[k] for k in ("title", "description", "content")):
-            rejected += 1
-            continue
-        has_error = all(fields[k] for k in ("error_type", "failure_pattern", "corrective_guidance"))
-        if require_error and not has_error:
-            rejected += 1
-            continue
-        drafts.append({**fields, "has_error": has_error})
-    return drafts[:limit], rejected + max(len(drafts) - limit, 0)
+        fields = {k: extract_tag(body, k) for k in (*TEXT_FIELDS, *ERROR_KEYS, "tags")}
+        has_error = all(fields[k] for k in ERROR_KEYS)
+        if all(fields[k] for k in TEXT_FIELDS) and (has_error or not require_error):
+            drafts.append({**fields, "has_error": has_error})
+    return drafts[:limit]
 
 
 def worked_example(query: str, trajectory: Trajectory, **common) -> MemoryItem:
@@ -216,58 +211,36 @@ class Learner:
             )
         return Judgement(status, "llm_judge", reply[:2000])  # type: ignore[arg-type]
 
-    def _items(self, drafts: list[dict], source: SourceType, **common) -> list[MemoryItem]:
+    async def _extract(
+        self, prompt: str, content: str, source: SourceType, limit: int, *, require_error: bool = False, **common
+    ) -> list[MemoryItem]:
+        """Ask for items with `prompt`; the reply's usable ones, from `source`."""
+        reply = await self._ask(prompt.format(n=limit), content, f"extract_{source}")
         items = []
-        for d in drafts:
-            error = None
-            if d["has_error"]:
-                error = ErrorContext(
-                    error_type=d["error_type"], failure_pattern=d["failure_pattern"], corrective_guidance=d["corrective_guidance"]
-                )
+        for d in parse_items(reply, limit=limit, require_error=require_error):
+            error = ErrorContext(**{k: d[k] for k in ERROR_KEYS}) if d["has_error"] else None
             tags = [t.strip() for t in (d["tags"] or "").split(",") if t.strip()][:20]
-            try:
-                items.append(
-                    MemoryItem(
-                        title=d["title"][:200],
-                        description=d["description"][:500],
-                        content=d["content"][:4000],
-                        error_context=error,
-                        pattern_tags=tags,
-                        source_type=source,
-                        **common,
-                    )
-                )
-            except ValidationError:
-                continue
+            text = {k: d[k][:cap] for k, cap in TEXT_FIELDS.items()}
+            with contextlib.suppress(ValidationError):
+                items.append(MemoryItem(**text, error_context=error, pattern_tags=tags, source_type=source, **common))
         return items
 
     async def extract(self, query: str, trajectory: Trajectory, outcome: Outcome, **common) -> list[MemoryItem]:
-        prompt = (SUCCESS_PROMPT if outcome == "success" else FAILURE_PROMPT).format(n=self.max_items)
-        reply = await self._ask(
-            prompt,
-            EXTRACT_TEMPLATE.format(query=query, outcome=outcome, trajectory=clip(trajectory.text), answer=trajectory.answer),
-            f"extract_{outcome}",
-        )
-        drafts, _ = parse_items(reply, limit=self.max_items, require_error=outcome == "failure")
-        return self._items(drafts, outcome, **common)
+        shown = EXTRACT_TEMPLATE.format(query=query, outcome=outcome, trajectory=clip(trajectory.text), answer=trajectory.answer)
+        prompt = SUCCESS_PROMPT if outcome == "success" else FAILURE_PROMPT
+        return await self._extract(prompt, shown, outcome, self.max_items, require_error=outcome == "failure", **common)
 
     async def contrast(self, query: str, judged: Sequence[tuple[Trajectory, Outcome]], **common) -> list[MemoryItem]:
         shown = "\n\n".join(
             CONTRAST_ITEM.format(number=i, outcome=outcome, trajectory=clip(t.text, MAX_TRAJECTORY_CHARS // len(judged)), answer=t.answer)
             for i, (t, outcome) in enumerate(judged, 1)
         )
-        reply = await self._ask(
-            CONTRAST_PROMPT.format(n=self.max_contrast_items), CONTRAST_TEMPLATE.format(query=query, trajectories=shown), "extract_contrast"
-        )
-        drafts, _ = parse_items(reply, limit=self.max_contrast_items)
-        return self._items(drafts, "contrast", **common)
+        content = CONTRAST_TEMPLATE.format(query=query, trajectories=shown)
+        return await self._extract(CONTRAST_PROMPT, content, "contrast", self.max_contrast_items, **common)
 
     async def passive(self, question: str, answer: str, **common) -> list[MemoryItem]:
-        reply = await self._ask(
-            PASSIVE_PROMPT.format(n=self.max_items), PASSIVE_TEMPLATE.format(question=question, answer=clip(answer)), "extract_passive"
-        )
-        drafts, _ = parse_items(reply, limit=self.max_items)
-        return self._items(drafts, "passive", **common)
+        content = PASSIVE_TEMPLATE.format(question=question, answer=clip(answer))
+        return await self._extract(PASSIVE_PROMPT, content, "passive", self.max_items, **common)
 
     async def learn(
         self,
@@ -284,21 +257,20 @@ class Learner:
             raise ValueError("learning needs at least one trajectory")
         judgements = [await self.judge(query, t, verifier) for t in trajectories]
         common = {"task_id": task_id, "workspace": workspace, "domain_category": domain}
+        judged = list(zip(trajectories, judgements, strict=True))
         if len(trajectories) == 1:
             items = await self.extract(query, trajectories[0], judgements[0].outcome, **common)
         else:
-            items = await self.contrast(query, [(t, j.outcome) for t, j in zip(trajectories, judgements, strict=False)], **common)
-        verified = [t for t, j in zip(trajectories, judgements, strict=False) if j.outcome == "success" and j.judged_by == "verifier"]
+            items = await self.contrast(query, [(t, j.outcome) for t, j in judged], **common)
+        verified = [t for t, j in judged if j.outcome == "success" and j.judged_by == "verifier"]
         if not items and verified and self.worked_examples:
             items = [worked_example(query, verified[0], **common)]
-        chosen = [j for t, j in zip(trajectories, judgements, strict=False) if t.selected] or judgements[-1:]
+        chosen = [j for t, j in judged if t.selected] or judgements[-1:]
         outcome: Outcome = chosen[0].outcome  # the outcome of the answer the task returned
         text = (
             trajectories[0].text
             if len(trajectories) == 1
-            else "\n\n".join(
-                f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(zip(trajectories, judgements, strict=False), 1)
-            )
+            else "\n\n".join(f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(judged, 1))
         )
         entry = MemoryEntry(task_id=task_id, query=query, trajectory=text, outcome=outcome, judged_by=judgements[0].judged_by, items=items)
         return entry, judgements

@@ -115,8 +115,8 @@ def test_a_worked_example_of_a_long_attempt_is_clipped_to_fit_an_item():
 
 
 def test_parse_items_skips_incomplete_blocks():
-    drafts, rejected = parse_items(ITEM.format(t="ok") + "<memory><title>no content</title></memory>", limit=3)
-    assert [d["title"] for d in drafts] == ["ok"] and rejected == 1
+    drafts = parse_items(ITEM.format(t="ok") + "<memory><title>no content</title></memory>", limit=3)
+    assert [d["title"] for d in drafts] == ["ok"]
 
 
 async def test_self_contrast_over_several_trajectories_extracts_at_most_five_items():
