@@ -86,10 +86,7 @@ def fields_of(text: str) -> dict[str, str]:
 def as_json(text: str, schema: dict[str, Any]) -> str:
     """The reply as a JSON object: valid against `schema`, or, for {}, its tags as keys."""
     fields = fields_of(text)
-    if not schema:
-        value: Any = {("reasoning" if k == "thinking" else k): _typed(k, v) for k, v in fields.items()}
-    else:
-        value = instance(schema, fields)
+    value = instance(schema, fields) if schema else {("reasoning" if k == "thinking" else k): _typed(k, v) for k, v in fields.items()}
     return json.dumps(value, ensure_ascii=False)
 
 
