@@ -43,12 +43,7 @@ from reasonray.gateway.cache import cache_scope, scope_cache
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import OverloadedError
 from reasonray.reasoner.hosting import LiveSessions
-from reasonray.reasoner.session import (
-    SessionPipeline,
-    SessionSpec,
-    created,
-    submitted,
-)
+from reasonray.reasoner.session import SessionPipeline, Sessions, submitted
 
 log = structlog.get_logger(__name__)
 
@@ -183,16 +178,13 @@ def host_index(session_id: str, hosts: int) -> int:
     return max(range(hosts), key=lambda i: hashlib.blake2b(f"{i}:{session_id}".encode(), digest_size=8).digest())
 
 
-class RaySessions:
+class RaySessions(Sessions):
     """`reasoner.session.Sessions` over the session hosts. Creating and reading a session touch the
     repository only; turns, re-entries and close run on the session's host, under its lock."""
 
     def __init__(self, hosts: list[SessionHostClient], pipeline: SessionPipeline) -> None:
+        super().__init__(pipeline)  # repository access only: its LLM is never called here
         self.hosts = hosts
-        self.pipeline = pipeline  # repository access only: its LLM is never called here
-
-    async def create(self, spec: SessionSpec) -> dict[str, Any]:
-        return created(await self.pipeline.create(spec))
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
@@ -206,15 +198,9 @@ class RaySessions:
         scope = cache_scope()
         return await self._on_host("resume", session_id, results, trace_id, request_id, scope)
 
-    async def get(self, session_id: str) -> dict[str, Any]:
-        return await self.pipeline.get(session_id)
-
     async def close(self, session_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)
         return await self._on_host("close", session_id)
-
-    def tools(self) -> list[dict[str, Any]]:
-        return [t.schema() for t in self.pipeline.toolbox.tools.values()]
 
     async def live_count(self) -> int:
         """Sessions live in the hosts' memory, all hosts together."""

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import structlog
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -283,14 +283,14 @@ class SessionPipeline:
     async def _index(
         self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None
     ) -> None:
-        tally = reasoner.llm.tally  # type: ignore[attr-defined]  # the ObservedLLM of _reasoner
+        usage = _usage(reasoner)
         run = RunRecord(
             trace_id=trace_id,
             kind="session",
             strategy="session",
             status=status,
-            prompt_tokens=tally.prompt_tokens,
-            completion_tokens=tally.completion_tokens,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
             started_at=datetime.fromtimestamp(started, UTC),
             elapsed_ms=int((time.time() - started) * 1000),
             error=error,
@@ -461,45 +461,28 @@ def _expect(state: SessionState, status: Status) -> None:
     raise SessionStateError(f"session {state.session_id!r} has no pending client tool calls; send a new turn with session.turn", data)
 
 
-class Sessions(Protocol):
-    """The session API's backend: in this process (`LocalSessions`) or through session hosts (`actors/session.py`)."""
-
-    async def create(self, spec: SessionSpec) -> dict[str, Any]: ...
-
-    async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]: ...
-
-    async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]: ...
-
-    async def get(self, session_id: str) -> dict[str, Any]: ...
-
-    async def close(self, session_id: str) -> dict[str, Any]: ...
-
-    def tools(self) -> list[dict[str, Any]]: ...
-
-
 def submitted(results: list[dict[str, Any]]) -> list[SubmittedResult]:
     """`session.resume`'s tool_results as the ledger takes them."""
     return [SubmittedResult(r["tool_call_id"], r["content"], r.get("is_error", False)) for r in results]
 
 
-def created(state: SessionState) -> dict[str, Any]:
-    return {
-        "session_id": state.session_id,
-        "status": state.status,
-        "mode": state.spec.mode,
-        "server_tools": state.spec.server_tools,
-        "client_tools": [t.name for t in state.spec.client_tools],
-    }
-
-
-class LocalSessions:
-    """`Sessions` over a pipeline in this process (tests, notebooks)."""
+class Sessions:
+    """The session API's backend over a pipeline: everything in this process (`LocalSessions`, tests and notebooks), or
+    turns, re-entries and close on the session hosts (`actors/session.py`'s `RaySessions` overrides those three)."""
 
     def __init__(self, pipeline: SessionPipeline) -> None:
         self.pipeline = pipeline
 
     async def create(self, spec: SessionSpec) -> dict[str, Any]:
-        return created(await self.pipeline.create(spec))
+        state = await self.pipeline.create(spec)
+        client_tools = [t.name for t in spec.client_tools]
+        return {
+            "session_id": state.session_id,
+            "status": state.status,
+            "mode": spec.mode,
+            "server_tools": spec.server_tools,
+            "client_tools": client_tools,
+        }
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
         return (await self.pipeline.turn(session_id, message, trace_id)).model_dump(mode="json")
@@ -515,3 +498,6 @@ class LocalSessions:
 
     def tools(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.pipeline.toolbox.tools.values()]
+
+
+LocalSessions = Sessions  # in this process, the base itself
