@@ -15,7 +15,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
@@ -32,6 +32,7 @@ from reasonray.memory.scoring import Scores, composite, similarity_from_cosine_d
 from reasonray.memory.store import ChromaStore
 
 LATENCY_WINDOW = 2048
+LLM_COUNTS = ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tokens")
 
 
 class RetrievalOptions(TypedDict, total=False):
@@ -90,67 +91,45 @@ class BankStats:
     def reset(self) -> None:
         with self._lock:
             self.since = time.time()
-            self.traces = {"success": 0, "failure": 0}
-            self.items_stored = 0
-            self.passive = {"captured": 0, "skipped": 0}
-            self.runs = 0
-            self.run_errors = 0
-            self.llm = {"calls": 0, "cache_hits": 0, "retries": 0, "prompt_tokens": 0, "completion_tokens": 0}
-            self.retrieval = _Latencies()
-            self.embedding = _Latencies()
-            self.embedded_texts = 0
+            # success, failure (traces), items_stored, captured, skipped (passive), runs, errors, texts (embedded), LLM_COUNTS
+            self.counts: Counter[str] = Counter()
+            self.latencies = {"retrieval": _Latencies(), "embedding": _Latencies()}
 
-    def record_stored(self, items: int, outcome: str | None = None) -> None:
-        """Items stored: from a judged trace with its `outcome`, or by hand (no outcome)."""
+    def add(self, ms: dict[str, float] | None = None, **counts: int) -> None:
+        """Add `counts`, and the times `ms` gives (of a retrieval, an embedding)."""
         with self._lock:
-            self.items_stored += items
-            if outcome is not None:
-                self.traces[outcome] += 1
-
-    def record_passive(self, captured: bool) -> None:
-        with self._lock:
-            self.passive["captured" if captured else "skipped"] += 1
+            self.counts.update(counts)
+            for kind, took in (ms or {}).items():
+                self.latencies[kind].add(took)
 
     def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
         """Count `runs` runs at once (`errors` of them failed) whose LLM tallies add up to `tally`."""
-        with self._lock:
-            self.runs += runs
-            self.run_errors += errors
-            for key in self.llm:
-                self.llm[key] += int(tally.get(key, 0))
-
-    def record_retrieval(self, ms: float) -> None:
-        with self._lock:
-            self.retrieval.add(ms)
-
-    def record_embedding(self, ms: float, texts: int) -> None:
-        with self._lock:
-            self.embedding.add(ms)
-            self.embedded_texts += texts
+        self.add(runs=runs, errors=errors, **{key: int(tally.get(key, 0)) for key in LLM_COUNTS})
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            judged = self.traces["success"] + self.traces["failure"]
-            calls, hits = self.llm["calls"], self.llm["cache_hits"]
+            c = self.counts
+            judged, calls, hits = c["success"] + c["failure"], c["calls"], c["cache_hits"]
             return {
                 "since": datetime.fromtimestamp(self.since).astimezone().isoformat(),
                 "traces": {
                     "total": judged,
-                    **self.traces,
-                    "success_rate": round(self.traces["success"] / judged, 4) if judged else None,
-                    "failure_rate": round(self.traces["failure"] / judged, 4) if judged else None,
+                    "success": c["success"],
+                    "failure": c["failure"],
+                    "success_rate": _rate(c["success"], judged),
+                    "failure_rate": _rate(c["failure"], judged),
                 },
-                "items_stored": self.items_stored,
-                "passive_learning": dict(self.passive),
-                "runs": {"total": self.runs, "errors": self.run_errors},
-                "llm": {
-                    **self.llm,
-                    "api_calls": calls - hits,
-                    "cache_hit_rate": round(hits / calls, 4) if calls else None,
-                },
-                "retrieval": self.retrieval.summary(),
-                "embedding": {**self.embedding.summary(), "texts": self.embedded_texts},
+                "items_stored": c["items_stored"],
+                "passive_learning": {"captured": c["captured"], "skipped": c["skipped"]},
+                "runs": {"total": c["runs"], "errors": c["errors"]},
+                "llm": {**{key: c[key] for key in LLM_COUNTS}, "api_calls": calls - hits, "cache_hit_rate": _rate(hits, calls)},
+                "retrieval": self.latencies["retrieval"].summary(),
+                "embedding": {**self.latencies["embedding"].summary(), "texts": c["texts"]},
             }
+
+
+def _rate(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
 
 
 @dataclass(eq=False)
@@ -165,7 +144,7 @@ class ReasoningBank:
     def embed(self, texts: list[str]) -> list[list[float]]:
         started = time.perf_counter()
         vectors = self.embedder.embed(texts)
-        self.stats.record_embedding((time.perf_counter() - started) * 1000, len(texts))
+        self.stats.add({"embedding": (time.perf_counter() - started) * 1000}, texts=len(texts))
         return vectors
 
     # -- writes -----------------------------------------------------------------------------------
@@ -204,7 +183,7 @@ class ReasoningBank:
         prepared = self._prepare(items, workspace)
         texts = list(keys) if keys is not None else [item_key(i) for i in prepared]
         self.store.add(prepared, texts, self.embed(texts))
-        self.stats.record_stored(len(prepared))
+        self.stats.add(items_stored=len(prepared))
         return prepared
 
     def store_entry(self, entry: MemoryEntry, *, workspace: str) -> tuple[list[MemoryItem], str]:
@@ -217,7 +196,7 @@ class ReasoningBank:
         except Exception:
             self.store.remove(workspace, [str(i.id) for i in prepared])
             raise
-        self.stats.record_stored(len(prepared), entry.outcome)
+        self.stats.add(items_stored=len(prepared), **{entry.outcome: 1})
         return prepared, trace_id
 
     # -- retrieval --------------------------------------------------------------------------------
@@ -226,7 +205,7 @@ class ReasoningBank:
         started = time.perf_counter()
         [vector] = self.embed([query])
         found = self.ranked(vector, workspace=workspace, **options)
-        self.stats.record_retrieval((time.perf_counter() - started) * 1000)
+        self.stats.add({"retrieval": (time.perf_counter() - started) * 1000})
         return found
 
     def ranked(

@@ -120,7 +120,7 @@ class BankService:
         self.bank.stats.record_runs(tally, runs, errors)
 
     def record_passive(self, captured: bool) -> None:
-        self.bank.stats.record_passive(captured)
+        self.bank.stats.add(**{"captured" if captured else "skipped": 1})
 
 
 def _guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
