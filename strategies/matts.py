@@ -146,19 +146,8 @@ def attempt_log(
     """Every attempt in attempt order: its normalized answer, its judge's verdict (`scored`, `unscored`: a reply
     with no readable score, `failed`; None when the finished attempts were not judged), its score, whether it was
     chosen, and for an attempt that failed, its error type instead."""
-    log: dict[int, dict[str, Any]] = {
-        i: {
-            "index": i,
-            "answer": None,
-            "found_by": None,
-            "degenerate": False,
-            "judge": None,
-            "score": None,
-            "chosen": False,
-            "failed": error_type_of(exc),
-        }
-        for i, exc in failed.items()
-    }
+    blank = {"index": None, "answer": None, "found_by": None, "degenerate": False, "judge": None, "score": None, "chosen": False}
+    log = {i: {**blank, "index": i, "failed": error_type_of(exc)} for i, exc in failed.items()}
     for position, a in enumerate(attempts):
         verdict = None
         if position in judge_failed:
@@ -193,12 +182,6 @@ def judge_selected(logged: list[dict[str, Any]]) -> int | None:
 def degenerate(found_by: str, truncated: bool) -> bool:
     """A reply cut by max_tokens whose answer is only its last number or its whole text: it never stated one."""
     return truncated and found_by in WEAK
-
-
-async def score(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> float | None:
-    """The judge's 0-1 score of one attempt; None when its reply holds no readable score (unscored)."""
-    value, _ = await evaluate(query, text, answer, max_tokens, context)
-    return value
 
 
 def agree(attempts: list[dict[str, Any]]) -> bool:
@@ -341,8 +324,9 @@ class _Run:
         """One attempt's judge call, started now as a branch of its own."""
 
         async def judged() -> float | None:
-            call = partial(score, self.query, a["text"], a["answer"], self.cfg.judge_max_tokens)
-            [value] = await self.context.fan_out([call], label=f"{self.strategy}.judge")
+            # the judge's 0-1 score (None: its reply held no readable score, so the attempt stays unscored)
+            call = partial(evaluate, self.query, a["text"], a["answer"], self.cfg.judge_max_tokens)
+            [(value, _)] = await self.context.fan_out([call], label=f"{self.strategy}.judge")
             return value
 
         task = asyncio.ensure_future(judged())
