@@ -1,7 +1,7 @@
 """The turn reasoner: validate, call the LLM, run tools, verify, clear turn context, exit.
 
-Each step returns a closed union of outcomes: a model reply is the turn's answer (`Completed`) or a
-`ToolRound`; a tool round ends in `RunAgain` or a hand-off to the client (`AwaitingClient`). A turn exits
+Each step is one LLM call: its reply is the turn's answer (`Completed`) or a round of tool calls, after which the
+turn calls the model again or hands the client's calls over (`AwaitingClient`). A turn exits
 in mode 1 (`Completed`) or mode 2 (`AwaitingClient`); hard errors are typed exceptions after a trace step. The reasoner does
 not populate providers, persist state or compose prompts; its one provider mutation is clearing
 turn-scoped context once it has been emitted. A reply without tool calls is the final answer: its
@@ -11,7 +11,6 @@ turn-scoped context once it has been emitted. A reply without tool calls is the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import assert_never
 
 import msgspec
 
@@ -26,7 +25,7 @@ from reasonray.kernel.events import EventSink
 from reasonray.kernel.extraction import FoundBy
 from reasonray.kernel.tags import extract_answer, strip_thinking
 from reasonray.reasoner.executor import ToolExecutor
-from reasonray.reasoner.providers import ContextProviders, build_request
+from reasonray.reasoner.providers import ContextProviders, LedgerEntry, build_request
 from reasonray.reasoner.trace import (
     Continued,
     Exited,
@@ -34,23 +33,6 @@ from reasonray.reasoner.trace import (
     ReentryRejected,
     ReentryVerified,
 )
-
-
-@dataclass(frozen=True)
-class ToolRound:
-    calls: tuple[ToolCall, ...]
-
-
-@dataclass(frozen=True)
-class RunAgain:
-    pass
-
-
-@dataclass(frozen=True)
-class PendingCall:
-    tool_call_id: str
-    name: str
-    arguments: str
 
 
 @dataclass(frozen=True)
@@ -65,7 +47,7 @@ class Completed:
 class AwaitingClient:
     """Exit mode 2: the client must run these calls and send their results back (`session.resume`)."""
 
-    calls: tuple[PendingCall, ...]
+    calls: tuple[LedgerEntry, ...]
 
 
 TurnExit = Completed | AwaitingClient
@@ -116,25 +98,18 @@ class TurnReasoner:
 
     async def _loop(self) -> TurnExit:
         while True:
-            match await self._next_step():
-                case Completed() as completed:
-                    self.emit(self._step(Exited, exit_mode=1, reason="final_answer"))
-                    return completed
-                case ToolRound(calls):
-                    outcome = await self._run_tools(calls)
-                case step:
-                    assert_never(step)
-            match outcome:
-                case RunAgain():
-                    continue
-                case AwaitingClient(pending):
-                    ids = [c.tool_call_id for c in pending]
-                    self.emit(self._step(Exited, exit_mode=2, reason="client_tool_calls", pending_tool_call_ids=ids))
-                    return outcome
-                case _:
-                    assert_never(outcome)
+            reply = await self._next_step()
+            if isinstance(reply, Completed):
+                self.emit(self._step(Exited, exit_mode=1, reason="final_answer"))
+                return reply
+            await self.executor.run_round(reply)
+            if pending := tuple(self.providers.ledger.pending()):
+                ids = [e.tool_call_id for e in pending]
+                self.emit(self._step(Exited, exit_mode=2, reason="client_tool_calls", pending_tool_call_ids=ids))
+                return AwaitingClient(pending)
 
-    async def _next_step(self) -> Completed | ToolRound:
+    async def _next_step(self) -> Completed | tuple[ToolCall, ...]:
+        """One LLM call: the turn's answer, or the tool calls to run."""
         if self.llm_calls >= self.max_llm_calls:
             self.emit(self._step(Exited, exit_mode=0, reason="max_llm_calls"))
             raise MaxLLMCallsError(
@@ -160,7 +135,7 @@ class TurnReasoner:
             )
         )
         if calls:
-            return ToolRound(calls)
+            return calls
         if completion.thinking_unfinished:  # the thinking so far is no answer, whatever it says
             raise ModelBehaviorError(
                 f"the model's reply ended inside its thinking, cut at the turn's {self.max_tokens} tokens per call, before it "
@@ -168,11 +143,6 @@ class TurnReasoner:
                 {"llm_calls": self.llm_calls, "reasoning_tokens": completion.usage.reasoning_tokens},
             )
         return self._answer_from(completion.text)
-
-    async def _run_tools(self, calls: tuple[ToolCall, ...]) -> RunAgain | AwaitingClient:
-        await self.executor.run_round(calls)
-        pending = tuple(PendingCall(e.tool_call_id, e.tool, e.arguments) for e in self.providers.ledger.pending())
-        return AwaitingClient(pending) if pending else RunAgain()
 
     def _answer_from(self, text: str) -> Completed:
         # a turn's reply is a whole message: only a tag marks an answer inside it, never a phrase or a number
