@@ -27,7 +27,7 @@ from pathlib import Path
 import _env  # noqa: F401  (sets up the environment first)
 
 from reasonray.gateway.protocol import Message
-from reasonray.reasoner.providers import Bootstrap, ContextProviders, Conversation, Instructions, ModeSpec, ModeState, ToolLedger
+from reasonray.reasoner.providers import ContextProviders, ModeSpec
 from reasonray.reasoner.session import SessionRepository, SessionSpec, SessionState
 from reasonray.stores.postgres import PgStore
 from reasonray.stores.sessions import PgSessionStore, open_sessions
@@ -35,17 +35,9 @@ from tests.pg import TempPostgres  # the throw-away server the tests use (the re
 
 
 def session(i: int, messages: int) -> SessionState:
-    providers = ContextProviders(
-        Instructions("You are a helpful assistant."),
-        ModeState("default", {"default": ModeSpec()}),
-        Conversation(),
-        Bootstrap([]),
-        ToolLedger(),
-    )
+    providers = ContextProviders.start("You are a helpful assistant.", "default", {"default": ModeSpec()})
     for m in range(messages):
-        providers.conversation.history.append(
-            Message(role="user" if m % 2 == 0 else "assistant", content=f"message {m} " + "lorem ipsum " * 25)
-        )
+        providers.history.append(Message(role="user" if m % 2 == 0 else "assistant", content=f"message {m} " + "lorem ipsum " * 25))
     now = datetime.now(UTC)
     return SessionState(
         session_id=f"bench-session-{i:05d}", status="idle", created_at=now, updated_at=now, spec=SessionSpec(), providers=providers.dump()

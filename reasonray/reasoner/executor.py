@@ -153,7 +153,7 @@ class ToolExecutor:
             raise ValueError(f"unknown mode {target!r}; modes: {', '.join(sorted(mode.modes))}")
         previous, mode.mode = mode.mode, target
         if bootstrap := mode.modes[target].bootstrap:
-            self.providers.bootstrap.pending.append(bootstrap)
+            self.providers.bootstrap.append(bootstrap)
         self.emit(self._step(ModeChanged, tool_call_id=entry.tool_call_id, previous=previous, mode=target))
         return f"Mode is now {target}."
 

@@ -29,18 +29,6 @@ class ModeSpec(BaseModel):
 
 
 @dataclass
-class Instructions:
-    """Session-scoped: the session's system prompt and the active mode's instructions."""
-
-    text: str
-
-    def messages(self, mode: ModeState) -> list[Message]:
-        spec = mode.modes[mode.mode]
-        body = f"{self.text}\n\nCurrent mode: {mode.mode}." + (f"\n{spec.instructions}" if spec.instructions else "")
-        return [Message(role="system", content=body)]
-
-
-@dataclass
 class ModeState:
     """Session-scoped: the active mode and every mode's spec. Changed only by the mode_state_change tool."""
 
@@ -50,29 +38,6 @@ class ModeState:
     def allows(self, tool: str) -> bool:
         allowed = self.modes[self.mode].tools
         return allowed is None or tool in allowed
-
-
-@dataclass
-class Conversation:
-    """Session-scoped: the user messages and final answers of the session so far (thinking stripped)."""
-
-    history: list[Message] = field(default_factory=list)
-
-    def messages(self) -> list[Message]:
-        return list(self.history)
-
-
-@dataclass
-class Bootstrap:
-    """Turn-scoped: welcome and initialisation text, armed by session creation or a mode change."""
-
-    pending: list[str] = field(default_factory=list)
-
-    def messages(self) -> list[Message]:
-        return [Message(role="system", content=text) for text in self.pending]
-
-    def clear(self) -> None:
-        self.pending = []
 
 
 class LedgerEntry(msgspec.Struct):
@@ -136,12 +101,13 @@ class ToolLedger:
 
 @dataclass
 class ContextProviders:
-    """Every provider of a session, in the order the request builder emits them."""
+    """Every provider of a session, in the order the request builder emits them (the mode's instructions join
+    the system prompt)."""
 
-    instructions: Instructions
+    instructions: str  # session-scoped: the session's system prompt
     mode: ModeState
-    conversation: Conversation
-    bootstrap: Bootstrap
+    history: list[Message]  # session-scoped: the user messages and final answers of the session so far (thinking stripped)
+    bootstrap: list[str]  # turn-scoped: welcome and initialisation text, armed by session creation or a mode change
     ledger: ToolLedger
 
     @classmethod
@@ -155,16 +121,14 @@ class ContextProviders:
         bootstrap: list[str] | None = None,
     ) -> ContextProviders:
         """The providers of a conversation that begins: its prompt, its modes, and no tool results yet."""
-        return cls(
-            Instructions(system_prompt), ModeState(mode, modes), Conversation(history or []), Bootstrap(bootstrap or []), ToolLedger()
-        )
+        return cls(system_prompt, ModeState(mode, modes), history or [], bootstrap or [], ToolLedger())
 
     def dump(self) -> dict[str, Any]:
         return {
-            "instructions": self.instructions.text,
+            "instructions": self.instructions,
             "mode": {"mode": self.mode.mode, "modes": {k: v.model_dump() for k, v in self.mode.modes.items()}},
-            "conversation": msgspec.to_builtins(self.conversation.history),
-            "bootstrap": list(self.bootstrap.pending),
+            "conversation": msgspec.to_builtins(self.history),
+            "bootstrap": list(self.bootstrap),
             "tool_results": {"rounds": msgspec.to_builtins(self.ledger.rounds), "unexpected": msgspec.to_builtins(self.ledger.unexpected)},
         }
 
@@ -172,20 +136,22 @@ class ContextProviders:
     def load(cls, state: dict[str, Any]) -> ContextProviders:
         ledger = state["tool_results"]
         return cls(
-            instructions=Instructions(state["instructions"]),
+            instructions=state["instructions"],
             mode=ModeState(state["mode"]["mode"], {k: ModeSpec.model_validate(v) for k, v in state["mode"]["modes"].items()}),
-            conversation=Conversation(msgspec.convert(state["conversation"], list[Message])),
-            bootstrap=Bootstrap(list(state["bootstrap"])),
+            history=msgspec.convert(state["conversation"], list[Message]),
+            bootstrap=list(state["bootstrap"]),
             ledger=ToolLedger(msgspec.convert(ledger["rounds"], list[Round]), msgspec.convert(ledger["unexpected"], list[SubmittedResult])),
         )
 
 
 def build_request(providers: ContextProviders, tools: list[dict[str, Any]], *, max_tokens: int) -> LLMRequest:
     """Materialise the providers into one LLM request (at temperature 0): instructions, bootstrap, conversation, tool rounds."""
+    mode, spec = providers.mode.mode, providers.mode.modes[providers.mode.mode]
+    instructions = f"{providers.instructions}\n\nCurrent mode: {mode}." + (f"\n{spec.instructions}" if spec.instructions else "")
     messages = [
-        *providers.instructions.messages(providers.mode),
-        *providers.bootstrap.messages(),
-        *providers.conversation.messages(),
+        Message(role="system", content=instructions),
+        *(Message(role="system", content=text) for text in providers.bootstrap),
+        *providers.history,
         *providers.ledger.messages(),
     ]
     carried = tuple(_without_thinking(m) for m in messages)

@@ -120,7 +120,7 @@ class TurnReasoner:
         request = build_request(self.providers, self.executor.available(), max_tokens=self.max_tokens)
         if self.llm_calls == 0 and self.first_tool_choice is not None and request.tools:
             request = msgspec.structs.replace(request, tool_choice=self.first_tool_choice)
-        self.providers.bootstrap.clear()  # turn-scoped context (the bootstrap) is shown to the model once, then dropped
+        self.providers.bootstrap = []  # turn-scoped context (the bootstrap) is shown to the model once, then dropped
         completion = await self.llm.complete(request)
         self.llm_calls += 1
         calls = completion.choices[0].tool_calls

@@ -194,9 +194,9 @@ class SessionPipeline:
             return _replayed(state)
         _expect(state, "idle")
         providers = ContextProviders.load(state.providers)
-        providers.conversation.history.append(Message(role="user", content=message))
+        providers.history.append(Message(role="user", content=message))
         # the oldest messages go first: a long-lived session neither grows its file nor its prompts without end
-        trim_history(providers.conversation.history, self.max_history)
+        trim_history(providers.history, self.max_history)
         providers.ledger = ToolLedger()  # a fresh ledger per turn
         state = state.model_copy(
             update={
@@ -231,7 +231,7 @@ class SessionPipeline:
             "created_at": state.created_at.isoformat(),
             "updated_at": state.updated_at.isoformat(),
             "pending_tool_calls": _pending(providers),
-            "messages": len(providers.conversation.history),
+            "messages": len(providers.history),
             "last_answer": state.last_answer,
             "last_error": state.last_error,
             "trace": state.trace,
@@ -321,8 +321,8 @@ class SessionPipeline:
     ) -> TurnResult:
         match exit_:
             case Completed(answer):
-                providers.conversation.history.append(Message(role="assistant", content=answer))
-                trim_history(providers.conversation.history, self.max_history)  # what is saved keeps the cap too
+                providers.history.append(Message(role="assistant", content=answer))
+                trim_history(providers.history, self.max_history)  # what is saved keeps the cap too
                 status, pending = "idle", []
             case AwaitingClient():
                 status, answer, pending = "awaiting_client_tools", None, _pending(providers)
@@ -349,7 +349,7 @@ class SessionPipeline:
     ) -> TurnResult:
         """Offer the completed turn's exchange to passive learning; its steps join the saved trace."""
         assert self.passive is not None and result.answer is not None
-        question = next(m.content for m in reversed(providers.conversation.history) if m.role == "user")
+        question = next(m.content for m in reversed(providers.history) if m.role == "user")
         report = self.passive.report(None, f"{state.session_id}-turn-{state.turn}")
         learned_from = len(trace)
         llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
@@ -367,8 +367,8 @@ class SessionPipeline:
         self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exc: ReasonRayError
     ) -> None:
         """A failed turn ends: the session is idle again, the failure noted for the model and the client."""
-        providers.conversation.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
-        trim_history(providers.conversation.history, self.max_history)
+        providers.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
+        trim_history(providers.history, self.max_history)
         providers.ledger = ToolLedger()
         error = {"error_type": type(exc).__name__, "message": exc.message}
         steps = [*state.trace, *as_dicts(trace)]
