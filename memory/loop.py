@@ -136,16 +136,10 @@ class MemoryLoop:
         verifier: Verifier | None = None,
     ) -> None:
         llm.guidance = None  # the judge and the extractor see the task, not the memories
-        learner = Learner(
-            llm,
-            max_items=self.settings.max_items_per_trajectory,
-            max_contrast_items=self.settings.max_contrast_items,
-            worked_examples=self.settings.worked_examples,
-        )
         if verifier is None and params.expected_answer is not None:
             verifier = exact_verifier(params.expected_answer)
         try:
-            entry, _ = await learner.learn(
+            entry, _ = await self._learner(llm).learn(
                 query, trajectories, task_id=report.task_id, workspace=report.workspace, verifier=verifier, domain=params.domain
             )
             stored = await self.client.store_entry(entry.model_dump(mode="json"), report.workspace)
@@ -169,14 +163,11 @@ class MemoryLoop:
 
     async def passive(self, report: MemoryReport, llm: ObservedLLM, emit: EventSink, query: str, answer: str) -> None:
         """Learn from a good exchange nobody asked to learn from (passive learning)."""
-        thresholds = PassiveThresholds(min_answer_chars=self.settings.passive_min_answer_chars)
-        why_not = thresholds.rejects(query, answer)
+        why_not = PassiveThresholds(min_answer_chars=self.settings.passive_min_answer_chars).rejects(query, answer)
         if why_not is None:
             llm.guidance = None
             try:
-                items = await Learner(llm, max_items=self.settings.max_items_per_trajectory).passive(
-                    query, answer, task_id=report.task_id, workspace=report.workspace
-                )
+                items = await self._learner(llm).passive(query, answer, task_id=report.task_id, workspace=report.workspace)
                 if not items:
                     why_not = "the extractor found nothing reusable"
                 else:
@@ -197,6 +188,12 @@ class MemoryLoop:
                     **_about(llm, report), outcome="success", judged_by="passive", trajectories=1, stored=report.stored, source="passive"
                 )
             )
+
+    def _learner(self, llm: ObservedLLM) -> Learner:
+        s = self.settings
+        return Learner(
+            llm, max_items=s.max_items_per_trajectory, max_contrast_items=s.max_contrast_items, worked_examples=s.worked_examples
+        )
 
 
 def _about(llm: ObservedLLM, report: MemoryReport) -> dict[str, Any]:

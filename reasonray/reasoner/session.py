@@ -38,12 +38,7 @@ from reasonray.kernel.events import Event, EventRecorder, LLMInvocation, RecordM
 from reasonray.memory.loop import MemoryLoop, MemoryReport
 from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor
 from reasonray.reasoner.providers import ContextProviders, ModeSpec, SubmittedResult, ToolLedger
-from reasonray.reasoner.reasoner import (
-    AwaitingClient,
-    Completed,
-    TurnExit,
-    TurnReasoner,
-)
+from reasonray.reasoner.reasoner import Completed, TurnReasoner
 from reasonray.reasoner.tools import ClientTool, ToolBox
 from reasonray.reasoner.trace import TurnStarted, as_dicts
 from reasonray.stores.runs import RunIndex, RunRecord
@@ -264,21 +259,50 @@ class SessionPipeline:
         except ReentryError as exc:
             error = type(exc).__name__
             raise _in_session(exc, state) from None  # nothing changes: the client can send the right results
-        except ReasonRayError as exc:
+        except ReasonRayError as exc:  # a failed turn ends: the session is idle again, the failure noted for the model and the client
             error = type(exc).__name__
-            await self._save_failure(state, providers, trace, reasoner, exc)
+            self._answered(providers, f"(This turn failed: {exc.message})")
+            providers.ledger = ToolLedger()
+            failure = {"error_type": error, "message": exc.message}
+            last_outcome = _outcome(state, error={**failure, "data": exc.data})
+            await self._save_turn(
+                state, providers, reasoner, trace, status="idle", last_error={**failure, **exc.data}, last_outcome=last_outcome
+            )
             exc.data.setdefault("usage", _usage(reasoner).model_dump())  # a failed turn's tokens count towards budgets too
             raise _in_session(exc, state) from None
         else:
-            result = await self._save_exit(state, providers, trace, reasoner, exit_)
-            outcome = "ok" if isinstance(exit_, Completed) else "awaiting_client_tools"
-            if isinstance(exit_, Completed) and self.passive is not None:
+            answer = exit_.answer if isinstance(exit_, Completed) else None
+            if completed := answer is not None:
+                self._answered(providers, answer)
+            result = TurnResult(
+                session_id=state.session_id,
+                turn=state.turn,
+                status="completed" if completed else "awaiting_client_tools",
+                answer=answer,
+                pending_tool_calls=[] if completed else _pending(providers),
+                mode=providers.mode.mode,
+                llm_calls=reasoner.llm_calls,
+                trace=[*state.trace, *as_dicts(trace)],
+                usage=_usage(reasoner),
+            )
+            status = "idle" if completed else "awaiting_client_tools"
+            last_answer = answer if completed else state.last_answer
+            await self._save_turn(
+                state, providers, reasoner, trace, status=status, last_answer=last_answer, last_outcome=_outcome(state, result=result)
+            )
+            outcome = "ok" if completed else "awaiting_client_tools"
+            if completed and self.passive is not None:
                 result = await self._learn_passively(state, providers, trace, emit, trace_id, result)
             return result
         finally:
             recorder.close()
             if self.runs is not None:
                 await self._index(trace_id, reasoner, outcome, error, started, log_path)
+
+    def _answered(self, providers: ContextProviders, answer: str) -> None:
+        """The turn's last word joins the conversation, which keeps its cap in what is saved too."""
+        providers.history.append(Message(role="assistant", content=answer))
+        trim_history(providers.history, self.max_history)
 
     async def _index(
         self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None
@@ -316,34 +340,6 @@ class SessionPipeline:
             llm_calls=state.turn_llm_calls,
         )
 
-    async def _save_exit(
-        self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exit_: TurnExit
-    ) -> TurnResult:
-        match exit_:
-            case Completed(answer):
-                providers.history.append(Message(role="assistant", content=answer))
-                trim_history(providers.history, self.max_history)  # what is saved keeps the cap too
-                status, pending = "idle", []
-            case AwaitingClient():
-                status, answer, pending = "awaiting_client_tools", None, _pending(providers)
-        steps = [*state.trace, *as_dicts(trace)]
-        result = TurnResult(
-            session_id=state.session_id,
-            turn=state.turn,
-            status="completed" if status == "idle" else status,
-            answer=answer,
-            pending_tool_calls=pending,
-            mode=providers.mode.mode,
-            llm_calls=reasoner.llm_calls,
-            trace=steps,
-            usage=_usage(reasoner),
-        )
-        last_answer = answer if answer is not None else state.last_answer
-        await self._save_turn(
-            state, providers, reasoner, steps, status=status, last_answer=last_answer, last_outcome=_outcome(state, result=result)
-        )
-        return result
-
     async def _learn_passively(
         self, state: SessionState, providers: ContextProviders, trace: list[Event], emit: Any, trace_id: str, result: TurnResult
     ) -> TurnResult:
@@ -363,23 +359,11 @@ class SessionPipeline:
             log.warning("session.learning_steps_not_saved", session_id=state.session_id, error=f"{type(exc).__name__}: {exc}")
         return learned
 
-    async def _save_failure(
-        self, state: SessionState, providers: ContextProviders, trace: list[Event], reasoner: TurnReasoner, exc: ReasonRayError
-    ) -> None:
-        """A failed turn ends: the session is idle again, the failure noted for the model and the client."""
-        providers.history.append(Message(role="assistant", content=f"(This turn failed: {exc.message})"))
-        trim_history(providers.history, self.max_history)
-        providers.ledger = ToolLedger()
-        error = {"error_type": type(exc).__name__, "message": exc.message}
-        steps = [*state.trace, *as_dicts(trace)]
-        outcome = _outcome(state, error={**error, "data": exc.data})
-        await self._save_turn(state, providers, reasoner, steps, status="idle", last_error={**error, **exc.data}, last_outcome=outcome)
-
     async def _save_turn(
-        self, state: SessionState, providers: ContextProviders, reasoner: TurnReasoner, steps: list[dict[str, Any]], **update: Any
+        self, state: SessionState, providers: ContextProviders, reasoner: TurnReasoner, trace: list[Event], **update: Any
     ) -> None:
         """The turn's outcome saved: its providers, its LLM calls so far, its trace and `update`."""
-        turn = {"providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": steps}
+        turn = {"providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": [*state.trace, *as_dicts(trace)]}
         await self._save(state.model_copy(update={**turn, **update}))
 
     async def require(self, session_id: str) -> SessionState:
