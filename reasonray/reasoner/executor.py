@@ -106,19 +106,16 @@ class ToolExecutor:
                 entry.status, entry.content = "failed", f"{type(exc).__name__}: {exc}"
                 capped = exc if isinstance(exc, CapExceededError) else None
                 span.error(exc)
-        elapsed = round((time.perf_counter() - started) * 1000, 3)
         failed = entry.status == "failed"
-        self._executed(entry, elapsed, entry.content if failed else None)
+        self._executed(entry, round((time.perf_counter() - started) * 1000, 3), entry.content if failed else None)
+        data = {"tool_call_id": entry.tool_call_id, "tool": entry.tool, "error": entry.content}
         if capped is not None:  # over a configured cap: the caller's request asked for too much (-32602, naming the cap)
             raise CapExceededError(
                 f"tool {entry.tool!r} (call {entry.tool_call_id}) refused its input, which ends the turn: {capped.message}",
-                {**capped.data, "tool_call_id": entry.tool_call_id, "tool": entry.tool, "error": entry.content},
+                {**capped.data, **data},
             )
         if failed:
-            raise ToolFailedError(
-                f"tool {entry.tool!r} (call {entry.tool_call_id}) failed, which ends the turn: {entry.content}",
-                {"tool_call_id": entry.tool_call_id, "tool": entry.tool, "error": entry.content},
-            )
+            raise ToolFailedError(f"tool {entry.tool!r} (call {entry.tool_call_id}) failed, which ends the turn: {entry.content}", data)
 
     def _rejected(self, entry: LedgerEntry) -> bool:
         """Send a call with unusable arguments back to the model while `argument_retries` lasts."""

@@ -216,23 +216,7 @@ class SessionPipeline:
         return await self._run(state.model_copy(update={"last_request_id": request_id}), providers, [], resume=True)
 
     async def get(self, session_id: str) -> dict[str, Any]:
-        state = await self.require(session_id)
-        providers = ContextProviders.load(state.providers)
-        return {
-            "session_id": state.session_id,
-            "status": state.status,
-            "mode": providers.mode.mode,
-            "turn": state.turn,
-            "created_at": state.created_at.isoformat(),
-            "updated_at": state.updated_at.isoformat(),
-            "pending_tool_calls": _pending(providers),
-            "messages": len(providers.history),
-            "last_answer": state.last_answer,
-            "last_error": state.last_error,
-            "trace": state.trace,
-            "server_tools": state.spec.server_tools,
-            "client_tools": [t.name for t in state.spec.client_tools],
-        }
+        return _view(await self.require(session_id))
 
     async def close(self, session_id: str) -> dict[str, Any]:
         state = await self.require(session_id)
@@ -377,6 +361,26 @@ class SessionPipeline:
         await self.repository.save(state.model_copy(update={"updated_at": datetime.now(UTC)}))
 
 
+def _view(state: SessionState) -> dict[str, Any]:
+    """What session.get shows of a session."""
+    providers = ContextProviders.load(state.providers)
+    return {
+        "session_id": state.session_id,
+        "status": state.status,
+        "mode": providers.mode.mode,
+        "turn": state.turn,
+        "created_at": state.created_at.isoformat(),
+        "updated_at": state.updated_at.isoformat(),
+        "pending_tool_calls": _pending(providers),
+        "messages": len(providers.history),
+        "last_answer": state.last_answer,
+        "last_error": state.last_error,
+        "trace": state.trace,
+        "server_tools": state.spec.server_tools,
+        "client_tools": [t.name for t in state.spec.client_tools],
+    }
+
+
 def _outcome(state: SessionState, *, result: TurnResult | None = None, error: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What a retry of the request gets back; nothing for calls without a request id (in-process callers)."""
     if state.last_request_id is None:
@@ -458,15 +462,8 @@ class Sessions:
         self.pipeline = pipeline
 
     async def create(self, spec: SessionSpec) -> dict[str, Any]:
-        state = await self.pipeline.create(spec)
-        client_tools = [t.name for t in spec.client_tools]
-        return {
-            "session_id": state.session_id,
-            "status": state.status,
-            "mode": spec.mode,
-            "server_tools": spec.server_tools,
-            "client_tools": client_tools,
-        }
+        shown = _view(await self.pipeline.create(spec))
+        return {key: shown[key] for key in ("session_id", "status", "mode", "server_tools", "client_tools")}
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
         return (await self.pipeline.turn(session_id, message, trace_id)).model_dump(mode="json")
