@@ -114,12 +114,9 @@ class ChromaStore:
 
     # -- writes -----------------------------------------------------------------------------------
     def add(self, items: Sequence[MemoryItem], keys: Sequence[str], embeddings: Sequence[Sequence[float]]) -> None:
-        """Upsert items (idempotent by id: a retried write stores nothing twice). One workspace per call."""
+        """Upsert items (idempotent by id: a retried write stores nothing twice), all of one workspace (the bank placed them)."""
         if not items:
             return
-        workspaces = {i.workspace for i in items}
-        if len(workspaces) != 1:
-            raise ValueError(f"one workspace per write, got {sorted(workspaces)}")
         collection = self._collection(MEMORIES, items[0].workspace, create=True)
         collection.upsert(
             ids=[str(i.id) for i in items],

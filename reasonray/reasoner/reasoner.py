@@ -19,7 +19,6 @@ from reasonray.kernel.errors import (
     MaxLLMCallsError,
     ModelBehaviorError,
     ReentryError,
-    SessionStateError,
 )
 from reasonray.kernel.events import EventSink
 from reasonray.kernel.extraction import FoundBy
@@ -68,10 +67,7 @@ class TurnReasoner:
     """`tool_choice` of the turn's first call ("required": it must call a tool), for endpoints that enforce it."""
 
     async def run(self) -> TurnExit:
-        """Run a new turn whose providers the pipeline has populated."""
-        if pending := self.providers.ledger.pending():
-            ids = [e.tool_call_id for e in pending]
-            raise SessionStateError(f"the turn still waits for client calls {', '.join(ids)}; resume it instead", {"pending": ids})
+        """Run a new turn whose providers the pipeline has populated (with a fresh ledger)."""
         return await self._loop()
 
     async def resume(self) -> TurnExit:
