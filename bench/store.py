@@ -27,7 +27,7 @@ from pathlib import Path
 import _env  # noqa: F401  (sets up the environment first)
 
 from reasonray.gateway.protocol import Message
-from reasonray.reasoner.providers import ContextProviders, ModeSpec
+from reasonray.reasoner.providers import ContextProviders, ModeSpec, ModeState
 from reasonray.reasoner.session import SessionRepository, SessionSpec, SessionState
 from reasonray.stores.postgres import PgStore
 from reasonray.stores.sessions import PgSessionStore, open_sessions
@@ -35,7 +35,7 @@ from tests.pg import TempPostgres  # the throw-away server the tests use (the re
 
 
 def session(i: int, messages: int) -> SessionState:
-    providers = ContextProviders.start("You are a helpful assistant.", "default", {"default": ModeSpec()})
+    providers = ContextProviders("You are a helpful assistant.", ModeState("default", {"default": ModeSpec()}))
     for m in range(messages):
         providers.history.append(Message(role="user" if m % 2 == 0 else "assistant", content=f"message {m} " + "lorem ipsum " * 25))
     now = datetime.now(UTC)

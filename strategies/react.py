@@ -25,7 +25,7 @@ from reasonray.kernel.extraction import find_answer, numeric_question
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.executor import ToolExecutor
-from reasonray.reasoner.providers import ContextProviders, ModeSpec
+from reasonray.reasoner.providers import ContextProviders, ModeSpec, ModeState
 from reasonray.reasoner.reasoner import AwaitingClient, Completed, TurnReasoner
 from reasonray.strategies.base import (
     ReasoningResult,
@@ -74,7 +74,7 @@ class ReAct(Strategy):
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
         tools = {t.name: t for t in self.toolbox.select(cfg.tools)}
-        providers = ContextProviders.start(cfg.system_prompt, "react", {"react": ModeSpec()}, history=[Message(role="user", content=query)])
+        providers = ContextProviders(cfg.system_prompt, ModeState("react", {"react": ModeSpec()}), [Message(role="user", content=query)])
         executor = ToolExecutor(tools, {}, providers, context.emit, context.trace_id, self.name, argument_retries=cfg.argument_retries)
         forced = cfg.require_tool_call and capabilities_of(context.llm).tool_choice
         reasoner = TurnReasoner(

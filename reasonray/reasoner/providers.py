@@ -106,22 +106,9 @@ class ContextProviders:
 
     instructions: str  # session-scoped: the session's system prompt
     mode: ModeState
-    history: list[Message]  # session-scoped: the user messages and final answers of the session so far (thinking stripped)
-    bootstrap: list[str]  # turn-scoped: welcome and initialisation text, armed by session creation or a mode change
-    ledger: ToolLedger
-
-    @classmethod
-    def start(
-        cls,
-        system_prompt: str,
-        mode: str,
-        modes: dict[str, ModeSpec],
-        *,
-        history: list[Message] | None = None,
-        bootstrap: list[str] | None = None,
-    ) -> ContextProviders:
-        """The providers of a conversation that begins: its prompt, its modes, and no tool results yet."""
-        return cls(system_prompt, ModeState(mode, modes), history or [], bootstrap or [], ToolLedger())
+    history: list[Message] = field(default_factory=list)  # session-scoped: the user messages and final answers so far (no thinking)
+    bootstrap: list[str] = field(default_factory=list)  # turn-scoped: welcome and initialisation text, armed by creation or a mode change
+    ledger: ToolLedger = field(default_factory=ToolLedger)  # a conversation begins with no tool results
 
     def dump(self) -> dict[str, Any]:
         return {

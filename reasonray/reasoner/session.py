@@ -37,7 +37,7 @@ from reasonray.kernel.errors import (
 from reasonray.kernel.events import Event, EventRecorder, LLMInvocation, RecordMode, event_log_path
 from reasonray.memory.loop import MemoryLoop, MemoryReport
 from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor
-from reasonray.reasoner.providers import ContextProviders, ModeSpec, SubmittedResult, ToolLedger
+from reasonray.reasoner.providers import ContextProviders, ModeSpec, ModeState, SubmittedResult, ToolLedger
 from reasonray.reasoner.reasoner import Completed, TurnReasoner
 from reasonray.reasoner.tools import ClientTool, ToolBox
 from reasonray.reasoner.trace import TurnStarted, as_dicts
@@ -174,7 +174,7 @@ class SessionPipeline:
         self.toolbox.select(spec.server_tools)  # unknown names: InvalidParamsError listing what exists
         modes = spec.modes or {spec.mode: ModeSpec()}
         bootstrap = [text for text in (spec.bootstrap, modes[spec.mode].bootstrap) if text]
-        providers = ContextProviders.start(spec.system_prompt, spec.mode, modes, bootstrap=bootstrap)
+        providers = ContextProviders(spec.system_prompt, ModeState(spec.mode, modes), bootstrap=bootstrap)
         now = datetime.now(UTC)
         state = SessionState(
             session_id=session_id or uuid.uuid4().hex, status="idle", created_at=now, updated_at=now, spec=spec, providers=providers.dump()
