@@ -46,13 +46,9 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, model: str | None = None) -> None:
         self.model = model or bundled_model_path()
-        self.label = model.rstrip("/").rsplit("/", 1)[-1] if model else "all-MiniLM-L6-v2"
+        self.name = f"sentence-transformers:{model.rstrip('/').rsplit('/', 1)[-1] if model else 'all-MiniLM-L6-v2'}"
         self._loaded: Any = None
         self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return f"sentence-transformers:{self.label}"
 
     def load(self) -> Any:
         with self._lock:
@@ -80,12 +76,9 @@ class OpenAIEmbedder:
         from openai import OpenAI
 
         self.model = model
+        self.name = f"openai:{model}"
         self.base_url = base_url
         self._client = OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout_s, max_retries=3)
-
-    @property
-    def name(self) -> str:
-        return f"openai:{self.model}"
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         try:

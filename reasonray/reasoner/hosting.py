@@ -34,14 +34,14 @@ class _Live:
     last_used: float = field(default_factory=time.monotonic)
 
 
+@dataclass(eq=False)
 class LiveSessions:
     """The live sessions of one host, at most `capacity` of them."""
 
-    def __init__(self, capacity: int, idle_timeout_s: float, retry_after_s: float = 1.0) -> None:
-        self.capacity = capacity
-        self.idle_timeout_s = idle_timeout_s
-        self.retry_after_s = retry_after_s
-        self._live: OrderedDict[str, _Live] = OrderedDict()  # least recently used first
+    capacity: int
+    idle_timeout_s: float
+    retry_after_s: float = 1.0
+    _live: OrderedDict[str, _Live] = field(default_factory=OrderedDict, init=False)  # least recently used first
 
     def __len__(self) -> int:
         return len(self._live)
