@@ -15,11 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from reasonray.gateway.protocol import LLM, ToolCall
-from reasonray.kernel.errors import (
-    MaxLLMCallsError,
-    ModelBehaviorError,
-    ReentryError,
-)
+from reasonray.kernel.errors import MaxLLMCallsError, ModelBehaviorError, ReentryError
 from reasonray.kernel.events import EventSink
 from reasonray.kernel.extraction import FoundBy
 from reasonray.kernel.tags import extract_answer, strip_thinking
@@ -32,6 +28,12 @@ from reasonray.reasoner.trace import (
     ReentryRejected,
     ReentryVerified,
 )
+
+REENTRY_PROBLEMS = {
+    "missing": "no result for pending call(s) {}",
+    "unexpected": "results for unknown call id(s) {}",
+    "mismatched": "results for call(s) {} that are not pending client calls (duplicates or already answered)",
+}
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,13 @@ class TurnReasoner:
         known = {e.tool_call_id for e in ledger.entries()}  # a known id here is a server call or a duplicate
         unexpected = [r.tool_call_id for r in ledger.unexpected if r.tool_call_id not in known]
         mismatched = [r.tool_call_id for r in ledger.unexpected if r.tool_call_id in known]
-        if missing or unexpected or mismatched:
-            self.emit(self._step(ReentryRejected, missing=missing, unexpected=unexpected, mismatched=mismatched))
+        wrong = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+        if parts := [REENTRY_PROBLEMS[kind].format(", ".join(ids)) for kind, ids in wrong.items() if ids]:
+            self.emit(self._step(ReentryRejected, **wrong))
             raise ReentryError(
-                _reentry_message(missing, unexpected, mismatched), {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+                f"client tool results do not match the pending calls: {'; '.join(parts)}. "
+                "Send exactly one result per pending tool_call_id (see session.get)",
+                wrong,
             )
         verified = [e.tool_call_id for e in ledger.entries() if e.kind == "client"]
         self.emit(self._step(ReentryVerified, tool_call_ids=verified))
@@ -150,16 +155,3 @@ class TurnReasoner:
 
     def _step(self, kind: type, **fields: object) -> object:
         return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
-
-
-def _reentry_message(missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
-    parts = [
-        template.format(", ".join(ids))
-        for template, ids in (
-            ("no result for pending call(s) {}", missing),
-            ("results for unknown call id(s) {}", unexpected),
-            ("results for call(s) {} that are not pending client calls (duplicates or already answered)", mismatched),
-        )
-        if ids
-    ]
-    return f"client tool results do not match the pending calls: {'; '.join(parts)}. Send exactly one result per pending tool_call_id (see session.get)"

@@ -281,33 +281,27 @@ class SessionPipeline:
         finally:
             recorder.close()
             if self.runs is not None:
-                await self._index(trace_id, reasoner, outcome, error, started, log_path)
+                usage = _usage(reasoner)
+                run = RunRecord(
+                    trace_id=trace_id,
+                    kind="session",
+                    strategy="session",
+                    status=outcome,
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    started_at=datetime.fromtimestamp(started, UTC),
+                    elapsed_ms=int((time.time() - started) * 1000),
+                    error=error,
+                )
+                try:
+                    await self.runs.record(run, log_path)
+                except Exception as exc:  # the turn's outcome is saved; only its index entry is missing
+                    log.warning("session.run_not_indexed", trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _answered(self, providers: ContextProviders, answer: str) -> None:
         """The turn's last word joins the conversation, which keeps its cap in what is saved too."""
         providers.history.append(Message(role="assistant", content=answer))
         trim_history(providers.history, self.max_history)
-
-    async def _index(
-        self, trace_id: str, reasoner: TurnReasoner, status: str, error: str | None, started: float, log_path: Path | None
-    ) -> None:
-        usage = _usage(reasoner)
-        run = RunRecord(
-            trace_id=trace_id,
-            kind="session",
-            strategy="session",
-            status=status,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            started_at=datetime.fromtimestamp(started, UTC),
-            elapsed_ms=int((time.time() - started) * 1000),
-            error=error,
-        )
-        try:
-            assert self.runs is not None
-            await self.runs.record(run, log_path)
-        except Exception as exc:  # the turn's outcome is saved; only its index entry is missing
-            log.warning("session.run_not_indexed", trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _reasoner(self, state: SessionState, providers: ContextProviders, emit: Any, trace_id: str) -> TurnReasoner:
         tools = {t.name: t for t in self.toolbox.select(state.spec.server_tools)}
