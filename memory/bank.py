@@ -312,11 +312,8 @@ class ReasoningBank:
 
     # -- workspaces -------------------------------------------------------------------------------
     def list_workspaces(self) -> list[dict[str, Any]]:
-        out = []
-        for name in self.store.workspaces():
-            memories, traces = self.store.count(name)
-            out.append({"workspace": name, "memories": memories, "traces": traces})
-        return out
+        counts = {name: self.store.count(name) for name in self.store.workspaces()}
+        return [{"workspace": name, "memories": memories, "traces": traces} for name, (memories, traces) in counts.items()]
 
     def delete_workspace(self, workspace: str) -> dict[str, Any]:
         if workspace not in self.store.workspaces():

@@ -141,11 +141,7 @@ def build_request(providers: ContextProviders, tools: list[dict[str, Any]], *, m
         *providers.history,
         *providers.ledger.messages(),
     ]
-    carried = tuple(_without_thinking(m) for m in messages)
+    carried = tuple(  # an assistant message carries its answer forward, never its thinking
+        msgspec.structs.replace(m, content=strip_thinking(m.content)) if m.role == "assistant" and m.content else m for m in messages
+    )
     return LLMRequest(messages=carried, tools=tuple(tools), max_tokens=max_tokens, temperature=0.0)
-
-
-def _without_thinking(message: Message) -> Message:
-    if message.role != "assistant" or not message.content:
-        return message
-    return msgspec.structs.replace(message, content=strip_thinking(message.content))
