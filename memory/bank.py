@@ -58,29 +58,6 @@ def item_key(item: MemoryItem) -> str:
     return f"{item.title}. {item.description} {item.content}"
 
 
-@dataclass
-class _Latencies:
-    samples: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
-    count: int = 0
-    total_ms: float = 0.0
-
-    def add(self, ms: float) -> None:
-        self.samples.append(ms)
-        self.count += 1
-        self.total_ms += ms
-
-    def summary(self) -> dict[str, Any]:
-        s = sorted(self.samples)
-        pick = (lambda q: round(s[min(int(q * len(s)), len(s) - 1)], 3)) if s else (lambda q: None)
-        return {
-            "count": self.count,
-            "mean_ms": round(self.total_ms / self.count, 3) if self.count else None,
-            "p50_ms": round(statistics.median(s), 3) if s else None,
-            "p95_ms": pick(0.95),
-            "total_ms": round(self.total_ms, 3),
-        }
-
-
 class BankStats:
     """The bank's statistics: traces and outcomes, LLM calls and cache hits, retrieval and embedding time."""
 
@@ -91,16 +68,18 @@ class BankStats:
     def reset(self) -> None:
         with self._lock:
             self.since = time.time()
-            # success, failure (traces), items_stored, captured, skipped (passive), runs, errors, texts (embedded), LLM_COUNTS
+            # success, failure (traces), items_stored, captured, skipped (passive), runs, errors, texts (embedded), LLM_COUNTS,
+            # and for each timed kind (retrieval, embedding) <kind>_count and <kind>_ms, with its latest times in `samples`
             self.counts: Counter[str] = Counter()
-            self.latencies = {"retrieval": _Latencies(), "embedding": _Latencies()}
+            self.samples: dict[str, deque[float]] = {kind: deque(maxlen=LATENCY_WINDOW) for kind in ("retrieval", "embedding")}
 
-    def add(self, ms: dict[str, float] | None = None, **counts: int) -> None:
+    def add(self, ms: dict[str, float] | None = None, /, **counts: int) -> None:
         """Add `counts`, and the times `ms` gives (of a retrieval, an embedding)."""
         with self._lock:
             self.counts.update(counts)
             for kind, took in (ms or {}).items():
-                self.latencies[kind].add(took)
+                self.samples[kind].append(took)
+                self.counts.update({f"{kind}_count": 1, f"{kind}_ms": took})  # type: ignore[dict-item]  # Counter adds floats too
 
     def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
         """Count `runs` runs at once (`errors` of them failed) whose LLM tallies add up to `tally`."""
@@ -123,9 +102,19 @@ class BankStats:
                 "passive_learning": {"captured": c["captured"], "skipped": c["skipped"]},
                 "runs": {"total": c["runs"], "errors": c["errors"]},
                 "llm": {**{key: c[key] for key in LLM_COUNTS}, "api_calls": calls - hits, "cache_hit_rate": _rate(hits, calls)},
-                "retrieval": self.latencies["retrieval"].summary(),
-                "embedding": {**self.latencies["embedding"].summary(), "texts": c["texts"]},
+                "retrieval": self._latency("retrieval"),
+                "embedding": {**self._latency("embedding"), "texts": c["texts"]},
             }
+
+    def _latency(self, kind: str) -> dict[str, Any]:
+        s, count, total = sorted(self.samples[kind]), self.counts[f"{kind}_count"], float(self.counts[f"{kind}_ms"])
+        return {
+            "count": count,
+            "mean_ms": round(total / count, 3) if count else None,
+            "p50_ms": round(statistics.median(s), 3) if s else None,
+            "p95_ms": round(s[min(int(0.95 * len(s)), len(s) - 1)], 3) if s else None,
+            "total_ms": round(total, 3),
+        }
 
 
 def _rate(part: int, whole: int) -> float | None:
