@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
 from pydantic import ValidationError
@@ -176,17 +176,16 @@ def worked_example(query: str, trajectory: Trajectory, **common) -> MemoryItem:
     )
 
 
+@dataclass(eq=False)
 class Learner:
     """Judges and extracts with one LLM (strategies' model, cache and retries included)."""
 
-    def __init__(
-        self, llm: LLM, *, max_items: int = 3, max_contrast_items: int = 5, max_tokens: int = 2048, worked_examples: bool = True
-    ) -> None:
-        self.llm = llm
-        self.max_items = max_items
-        self.max_contrast_items = max_contrast_items
-        self.max_tokens = max_tokens
-        self.worked_examples = worked_examples
+    llm: LLM
+    _: KW_ONLY
+    max_items: int = 3
+    max_contrast_items: int = 5
+    max_tokens: int = 2048
+    worked_examples: bool = True
 
     async def _ask(self, instructions: str, content: str, purpose: str) -> str:
         completion = await self.llm.complete(

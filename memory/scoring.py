@@ -6,14 +6,12 @@ what each component measures; the error-context relevance of a lesson from failu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
 from reasonray.kernel.config import ScoreWeights
 from reasonray.memory.items import MemoryItem
-
-SECONDS_PER_DAY = 86_400.0
 
 
 class Scores(BaseModel):
@@ -30,7 +28,7 @@ def similarity_from_cosine_distance(distance: float) -> float:
 
 
 def recency(created_at: datetime, now: datetime, half_life_days: float) -> float:
-    age_days = max((now - created_at).total_seconds(), 0.0) / SECONDS_PER_DAY
+    age_days = max((now - created_at) / timedelta(days=1), 0.0)
     return 0.5 ** (age_days / half_life_days)
 
 
