@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import structlog
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
@@ -40,7 +41,7 @@ from reasonray.reasoner.executor import MODE_TOOL, ToolExecutor
 from reasonray.reasoner.providers import ContextProviders, ModeSpec, ModeState, SubmittedResult, ToolLedger
 from reasonray.reasoner.reasoner import Completed, TurnReasoner
 from reasonray.reasoner.tools import ClientTool, ToolBox
-from reasonray.reasoner.trace import TurnStarted, as_dicts
+from reasonray.reasoner.trace import TurnStarted
 from reasonray.stores.runs import RunIndex, RunRecord
 from reasonray.stores.sessions import SessionStore, SqliteSessionStore, StoredSession
 
@@ -266,7 +267,7 @@ class SessionPipeline:
                 pending_tool_calls=[] if completed else _pending(providers),
                 mode=providers.mode.mode,
                 llm_calls=reasoner.llm_calls,
-                trace=[*state.trace, *as_dicts(trace)],
+                trace=[*state.trace, *msgspec.to_builtins(trace)],
                 usage=_usage(reasoner),
             )
             status = "idle" if completed else "awaiting_client_tools"
@@ -328,7 +329,7 @@ class SessionPipeline:
         learned_from = len(trace)
         llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
         await self.passive.passive(report, llm, emit, question or "", result.answer)
-        steps = as_dicts(trace[learned_from:])
+        steps = msgspec.to_builtins(trace[learned_from:])
         learned = result.model_copy(update={"memory": report, "trace": [*result.trace, *steps]})
         try:
             saved = await self.require(state.session_id)
@@ -341,7 +342,7 @@ class SessionPipeline:
         self, state: SessionState, providers: ContextProviders, reasoner: TurnReasoner, trace: list[Event], **update: Any
     ) -> None:
         """The turn's outcome saved: its providers, its LLM calls so far, its trace and `update`."""
-        turn = {"providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": [*state.trace, *as_dicts(trace)]}
+        turn = {"providers": providers.dump(), "turn_llm_calls": reasoner.llm_calls, "trace": [*state.trace, *msgspec.to_builtins(trace)]}
         await self._save(state.model_copy(update={**turn, **update}))
 
     async def require(self, session_id: str) -> SessionState:

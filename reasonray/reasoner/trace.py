@@ -8,8 +8,6 @@ small enough to persist with every turn.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from reasonray.kernel.events import Event
@@ -67,7 +65,3 @@ class Exited(Event, tag="EXIT"):
     exit_mode: int  # 1: final answer; 2: pending client tool calls; 0: failed
     reason: str
     pending_tool_call_ids: list[str] = msgspec.field(default_factory=list)
-
-
-def as_dicts(steps: list[Event]) -> list[dict[str, Any]]:
-    return [msgspec.to_builtins(step) for step in steps]
