@@ -43,7 +43,7 @@ from reasonray.reasoner.reasoner import Completed, TurnReasoner
 from reasonray.reasoner.tools import ClientTool, ToolBox
 from reasonray.reasoner.trace import TurnStarted
 from reasonray.stores.runs import RunIndex, RunRecord
-from reasonray.stores.sessions import SessionStore, SqliteSessionStore, StoredSession
+from reasonray.stores.sessions import SessionStore, StoredSession
 
 log = structlog.get_logger(__name__)
 
@@ -108,13 +108,6 @@ class SessionState(StoredSession):
 
 
 SessionRepository = SessionStore[SessionState]
-
-
-class LocalSessionRepository(SqliteSessionStore[SessionState]):
-    """`SessionState`s in `<root>/sessions.sqlite3` (`reasonray.stores.sessions.SqliteSessionStore`)."""
-
-    def __init__(self, root: Path, retention_days: float | None = None) -> None:
-        super().__init__(SessionState, root, retention_days)
 
 
 def trim_history(history: list[Message], cap: int) -> None:

@@ -16,7 +16,8 @@ from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import CapSettings, ReasoningSettings, Settings
 from reasonray.kernel.errors import InvalidParamsError, SessionStateError
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, SessionSpec, SessionState
+from reasonray.reasoner.session import SessionSpec, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.unit.memory_harness import local_memory, make_bank
 
 
@@ -26,7 +27,7 @@ def stored_state(sid: str, **changes) -> SessionState:
 
 
 async def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
-    repo = LocalSessionRepository(tmp_path, retention_days=1)
+    repo = SqliteSessionStore(SessionState, tmp_path, retention_days=1)
     for sid in ("old", "recent"):
         await repo.save(stored_state(sid))
     assert repo.sweep(now=time.time() + 0.5 * 86400) == 0  # half a day later: both kept
@@ -34,7 +35,7 @@ async def test_old_sessions_are_swept_and_recent_ones_kept(tmp_path):
     repo._db.run(lambda db: db.execute("UPDATE sessions SET written_at = written_at + 1.5 * 86400 WHERE session_id = 'recent'"))
     assert repo.sweep(now=time.time() + 2 * 86400) == 1
     assert await repo.load("old") is None and await repo.load("recent") is not None
-    assert LocalSessionRepository(tmp_path, retention_days=None).sweep(now=time.time() + 10**6) == 0
+    assert SqliteSessionStore(SessionState, tmp_path, retention_days=None).sweep(now=time.time() + 10**6) == 0
 
 
 def test_a_trimmed_history_keeps_the_cap_and_starts_with_no_half_of_a_tool_exchange():
@@ -157,7 +158,10 @@ def test_the_configured_query_cap_is_the_one_enforced(method, cap, tmp_path):
 
 
 async def test_a_session_saved_from_a_stale_version_is_refused_and_the_newer_one_kept(tmp_path):
-    first, second = LocalSessionRepository(tmp_path), LocalSessionRepository(tmp_path)  # two processes' views of one file
+    first, second = (
+        SqliteSessionStore(SessionState, tmp_path),
+        SqliteSessionStore(SessionState, tmp_path),
+    )  # two processes' views of one file
     await first.save(stored_state("s1", turn=1))
     with pytest.raises(SessionStateError, match="stale"):
         await second.save(stored_state("s1", turn=9))  # made anew elsewhere: version 0 again
@@ -175,7 +179,7 @@ async def test_sessions_an_earlier_version_kept_as_files_are_imported_once(tmp_p
     (tmp_path / "s-old.json").write_text(kept.model_dump_json())
     (tmp_path / ".s-old.lock").write_text("")
     (tmp_path / "notes.json").write_text('{"not": "a session"}')  # left where it is
-    repo = LocalSessionRepository(tmp_path)
+    repo = SqliteSessionStore(SessionState, tmp_path)
     loaded = await repo.load("s-old")
     assert loaded is not None and (loaded.version, loaded.turn) == (3, 4)
     assert not (tmp_path / "s-old.json").exists() and not (tmp_path / ".s-old.lock").exists()

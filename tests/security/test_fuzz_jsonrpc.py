@@ -25,7 +25,8 @@ from reasonray.api.surfaces.guard import GuardSettings, Refusal, check_body
 from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.unit.memory_harness import local_memory, make_bank
 
 ENABLED = ["chain_of_thought", "self_consistency", "tree_of_thought", "refine", "matts", "bounded_context"]
@@ -37,7 +38,7 @@ LLM = FunctionLLM(lambda request: "<thinking>short</thinking><answer>4</answer>"
 RPC = local_dispatcher(
     ReasoningSettings(enabled_strategies=ENABLED, default_strategy="chain_of_thought"),
     LLM,
-    sessions=LocalSessions(SessionPipeline(LocalSessionRepository(DATA / "sessions"), LLM, builtin_toolbox(), data_dir=DATA)),
+    sessions=LocalSessions(SessionPipeline(SqliteSessionStore(SessionState, DATA / "sessions"), LLM, builtin_toolbox(), data_dir=DATA)),
     memory=local_memory(make_bank(DATA / "chroma")),
 )
 METHODS = sorted(RPC.methods)

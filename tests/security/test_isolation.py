@@ -106,11 +106,12 @@ async def test_session_turns_on_a_host_use_the_callers_cache_scope(tmp_path):
     from reasonray.actors.session import RaySessions, SessionHost, SessionHostClient
     from reasonray.reasoner.builtin_tools import builtin_toolbox
     from reasonray.reasoner.hosting import LiveSessions
-    from reasonray.reasoner.session import LocalSessionRepository, SessionPipeline, SessionSpec
+    from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
+    from reasonray.stores.sessions import SqliteSessionStore
 
     model = FunctionLLM(lambda request: "<answer>4</answer>")
     cached = CachingLLM(model, LocalCacheStore(LRUTTLCache(max_entries=10, ttl_s=60)))
-    pipeline = SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), cached, builtin_toolbox(), data_dir=tmp_path)
+    pipeline = SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), cached, builtin_toolbox(), data_dir=tmp_path)
     host = object.__new__(SessionHost.__ray_metadata__.modified_class)  # the actor's own code, without Ray
     host.pipeline, host.live, host._sweeper = pipeline, LiveSessions(8, 60.0), None
 

@@ -51,10 +51,11 @@ from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
 from reasonray.stores.a2a import SqliteRepository, open_a2a
 from reasonray.stores.audit import JsonlAuditLog
 from reasonray.stores.ownership import OwnershipTable
+from reasonray.stores.sessions import SqliteSessionStore
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.a2a_rows import stored_rows
 
@@ -122,7 +123,7 @@ class Agent:
         self.prompts: list[str] = []
         self.llm = HangingLLM(self._reply)
         sessions = LocalSessions(
-            SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
+            SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
         )
         self.rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path, sessions=sessions)
         self.limiter = RateLimiter()

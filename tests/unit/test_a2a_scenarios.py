@@ -32,8 +32,9 @@ from reasonray.api.surfaces.a2a_tasks import principal_user
 from reasonray.gateway.testing import ScriptedLLM
 from reasonray.kernel.config import ReasoningSettings, Settings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
 from reasonray.stores.a2a import SqliteRepository
+from reasonray.stores.sessions import SqliteSessionStore
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.a2a_rows import stored_rows
 from tests.a2a_scenarios import RESUBSCRIBE_WAIT_S, SCENARIOS, File, Script, Status, Wait, scenario_for
@@ -70,7 +71,7 @@ class Conformance:
         reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought")
         self.llm = ScriptedLLM(replies)
         sessions = LocalSessions(
-            SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
+            SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), self.llm, builtin_toolbox(), data_dir=tmp_path)
         )
         rpc = local_dispatcher(reasoning, self.llm, data_dir=tmp_path, sessions=sessions)
         catalogue = build_catalogue(StrategyRegistry().discover(), reasoning)

@@ -19,10 +19,13 @@ from tests.unit.memory_harness import local_memory, make_bank
 @pytest.fixture
 def rpc(tmp_path):
     from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+    from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+    from reasonray.stores.sessions import SqliteSessionStore
 
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     rpc = local_dispatcher(
         ReasoningSettings(), llm, data_dir=tmp_path, sessions=sessions, memory=local_memory(make_bank(tmp_path / "bank"))
     )

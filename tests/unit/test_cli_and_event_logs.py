@@ -231,10 +231,13 @@ def test_events_purge_before_a_date_from_the_cli(tmp_path):
 async def test_session_turns_follow_the_record_mode_too(tmp_path):
     from reasonray.gateway.simulator.inprocess import SimulatedLLM
     from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+    from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+    from reasonray.stores.sessions import SqliteSessionStore
 
     llm = SimulatedLLM()
-    pipeline = SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path, record="metadata")
+    pipeline = SessionPipeline(
+        SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path, record="metadata"
+    )
     rpc = local_dispatcher(REASONING, llm, sessions=LocalSessions(pipeline))
     created, _ = await rpc.handle_payload({"jsonrpc": "2.0", "id": 1, "method": "session.create", "params": {}})
     sid = created["result"]["session_id"]

@@ -191,10 +191,13 @@ def test_the_run_failures_are_listed_as_tested():
 async def test_every_session_method_carries_its_trace_id(tmp_path):
     from reasonray.gateway.simulator.inprocess import SimulatedLLM
     from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+    from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+    from reasonray.stores.sessions import SqliteSessionStore
 
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     rpc = local_dispatcher(
         ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions
     )
@@ -218,12 +221,15 @@ def full_dispatcher(tmp_path: Path):
     from reasonray.gateway.simulator.inprocess import SimulatedLLM
     from reasonray.kernel.config import load_settings
     from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+    from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+    from reasonray.stores.sessions import SqliteSessionStore
     from tests.unit.memory_harness import local_memory, make_bank
 
     settings = load_settings()
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     bank = make_bank(tmp_path / "chroma")
     return local_dispatcher(
         settings.reasoning, llm, data_dir=tmp_path, memory=local_memory(bank), memory_settings=settings.memory, sessions=sessions

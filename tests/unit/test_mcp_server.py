@@ -14,12 +14,13 @@ from reasonray.api.surfaces.mcp_server import build_server, fillable, unsupporte
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 
 
 def server(tmp_path):
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(SessionPipeline(SqliteSessionStore(SessionState, tmp_path), llm, builtin_toolbox(), data_dir=tmp_path))
     return build_server(
         local_dispatcher(
             ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions
@@ -72,7 +73,9 @@ def guarded(tmp_path):
     llm = SimulatedLLM()
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "tree_of_thought"], default_strategy="chain_of_thought")
     settings = Settings(data_dir=tmp_path, reasoning=reasoning, auth={"jwt_secret": SECRET, "roles": ROLES})
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     application = build_application(
         settings, llm=llm, backends=Backends(cache=None, memory=None, sessions=lambda _: sessions), data_dir=tmp_path
     )

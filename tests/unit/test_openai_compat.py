@@ -24,7 +24,8 @@ from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.client_tools import WEATHER
 
 
@@ -47,7 +48,9 @@ def llm():
 
 @pytest.fixture
 def compat(tmp_path, llm):
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     settings = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")
     return OpenAICompat(local_dispatcher(settings, llm, sessions=sessions), counter_for_model("simulated"), "simulated")
 
@@ -195,7 +198,9 @@ def guarded_compat(tmp_path, llm):
 
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "bounded_context"], default_strategy="chain_of_thought")
     settings = Settings(data_dir=tmp_path, reasoning=reasoning, auth={"jwt_secret": "u" * 40, "roles": AUTH_ROLES})
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     application = build_application(
         settings, llm=llm, backends=Backends(cache=None, memory=None, sessions=lambda _: sessions), data_dir=tmp_path
     )

@@ -20,7 +20,8 @@ from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.client_tools import WEATHER
 from tests.docs_examples import REPO
 from tests.unit.test_doc_promises import ITEM, call, calls_with_results, full_dispatcher
@@ -38,7 +39,7 @@ def meta_validator() -> jsonschema.Draft7Validator:
 
 async def test_rpc_discover_documents_every_method_with_params_result_and_errors(tmp_path):
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(SessionPipeline(SqliteSessionStore(SessionState, tmp_path), llm, builtin_toolbox(), data_dir=tmp_path))
     rpc = local_dispatcher(ReasoningSettings(), llm, sessions=sessions)
     response, _ = await rpc.handle_payload({"jsonrpc": "2.0", "method": "rpc.discover", "id": 1})
     document = response["result"]

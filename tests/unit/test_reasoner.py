@@ -22,11 +22,12 @@ from reasonray.kernel.errors import (
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.providers import SubmittedResult
 from reasonray.reasoner.session import (
-    LocalSessionRepository,
     SessionPipeline,
     SessionSpec,
+    SessionState,
 )
 from reasonray.reasoner.tools import ToolBox, server_tool
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.client_tools import HANDED_OFF_THEN_RESUMED, WEATHER
 
 
@@ -35,7 +36,9 @@ def call(id, name, **arguments):
 
 
 def pipeline(tmp_path, llm, toolbox=None, **kw):
-    return SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, toolbox or builtin_toolbox(), data_dir=tmp_path, **kw)
+    return SessionPipeline(
+        SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, toolbox or builtin_toolbox(), data_dir=tmp_path, **kw
+    )
 
 
 async def session(p, **spec):
@@ -352,14 +355,14 @@ async def test_a_learning_step_that_cannot_be_saved_leaves_the_saved_turn_and_th
     llm = ScriptedLLM([f"<answer>{LONG_ANSWER}</answer>", LESSON])
     p, _ = passive_pipeline(tmp_path, llm)
     sid = await session(p)
-    save = LocalSessionRepository.save
+    save = SqliteSessionStore.save
 
     async def disk_full_for_learning(self, state):
         if any(step["type"] == "MEMORY_LEARNING" for step in state.trace):
             raise OSError(28, "No space left on device")
         await save(self, state)
 
-    monkeypatch.setattr(LocalSessionRepository, "save", disk_full_for_learning)
+    monkeypatch.setattr(SqliteSessionStore, "save", disk_full_for_learning)
     result = await p.turn(sid, "What is the weather in Paris today?", "t1")
     assert result.answer == LONG_ANSWER and result.memory.passive == "captured" and steps(result)[-1] == "MEMORY_LEARNING"
     saved = await p.get(sid)

@@ -258,10 +258,13 @@ def test_requests_carry_the_runs_settings_as_the_gateway_sees_them():
 
 async def test_a_session_keeps_the_answer_not_the_thinking_and_a_reply_cut_while_thinking_is_no_answer(tmp_path):
     from reasonray.reasoner.builtin_tools import builtin_toolbox
-    from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+    from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+    from reasonray.stores.sessions import SqliteSessionStore
 
     llm = ScriptedLLM([Thinking("SECRET: the capital of France", "Paris"), Thinking("SECRET: Lyon? no, wait", unfinished=True)])
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     rpc = local_dispatcher(REASONING, llm, sessions=sessions)
 
     async def call(method, params):

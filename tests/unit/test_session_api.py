@@ -7,17 +7,20 @@ from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.session import (
-    LocalSessionRepository,
     LocalSessions,
     SessionPipeline,
+    SessionState,
 )
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.client_tools import WEATHER
 
 
 @pytest.fixture
 def api(tmp_path):
     llm = SimulatedLLM()
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     return local_dispatcher(
         ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions
     )
@@ -85,7 +88,7 @@ async def test_a_session_searches_the_reasoning_memory_with_the_memory_search_to
     bank.store_items([lesson], workspace="default", keys=["add lengths in metres and centimetres"])
     llm = SimulatedLLM()
     toolbox = builtin_toolbox(memory=local_memory(bank))
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, toolbox, data_dir=tmp_path))
+    sessions = LocalSessions(SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, toolbox, data_dir=tmp_path))
     api = local_dispatcher(
         ReasoningSettings(enabled_strategies=["chain_of_thought"], default_strategy="chain_of_thought"), llm, sessions=sessions
     )

@@ -15,13 +15,14 @@ from reasonray.kernel.errors import OverloadedError, SessionStateError, ToolFail
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.hosting import LiveSessions
 from reasonray.reasoner.providers import SubmittedResult
-from reasonray.reasoner.session import LocalSessionRepository, SessionPipeline, SessionSpec
+from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}}
 
 
 def pipeline(tmp_path, llm):
-    return SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    return SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
 
 
 async def new_session(p):

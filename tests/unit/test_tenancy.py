@@ -24,10 +24,11 @@ from reasonray.gateway.testing import FunctionLLM
 from reasonray.kernel.auth_settings import AuthSettings
 from reasonray.kernel.config import ReasoningSettings
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
 from reasonray.stores.audit import JsonlAuditLog
 from reasonray.stores.counters import MemoryCounters
 from reasonray.stores.ownership import OwnershipTable
+from reasonray.stores.sessions import SqliteSessionStore
 from tests.unit.memory_harness import local_memory, make_bank
 
 ANSWER = "<thinking>easy</thinking><answer>4</answer>"
@@ -44,7 +45,9 @@ class Clock:
 def api(tmp_path, *, memory=False, llm=None, **auth):
     reasoning = ReasoningSettings(enabled_strategies=["chain_of_thought", "tree_of_thought"], default_strategy="chain_of_thought")
     llm = llm or FunctionLLM(lambda req: ANSWER)
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     bank = local_memory(make_bank(tmp_path / "bank")) if memory else None
     rpc = local_dispatcher(reasoning, llm, data_dir=tmp_path, sessions=sessions, memory=bank)
     settings = AuthSettings(jwt_secret="s" * 40, **auth)

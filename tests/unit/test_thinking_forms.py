@@ -27,7 +27,8 @@ from reasonray.gateway.simulator.reasoning import THOUGHT
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.reasoner.builtin_tools import builtin_toolbox
-from reasonray.reasoner.session import LocalSessionRepository, LocalSessions, SessionPipeline
+from reasonray.reasoner.session import LocalSessions, SessionPipeline, SessionState
+from reasonray.stores.sessions import SqliteSessionStore
 from reasonray.strategies.registry import StrategyRegistry, build_catalogue
 from tests.unit.thinking_forms_setup import FORMS, MODEL, REASONING, STRATEGIES, Recorded
 
@@ -112,7 +113,9 @@ async def test_every_strategy_answers_without_thinking_and_counts_what_the_serve
 @pytest.mark.parametrize("form", FORMS)
 async def test_a_session_turn_with_a_server_tool_keeps_the_answer_not_the_thinking(server, form, tmp_path):
     llm = thinking_model(server, form)
-    sessions = LocalSessions(SessionPipeline(LocalSessionRepository(tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path))
+    sessions = LocalSessions(
+        SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), llm, builtin_toolbox(), data_dir=tmp_path)
+    )
     rpc = local_dispatcher(REASONING, llm, sessions=sessions)
     sid = (await call(rpc, "session.create", {"server_tools": ["calculator"]}))["result"]["session_id"]
     message = 'What is 6 * 7? [[sim call=calculator {"expression": "6*7"}]]'
