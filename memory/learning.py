@@ -196,9 +196,7 @@ class Learner:
     async def judge(self, query: str, trajectory: Trajectory, verifier: Verifier | None = None) -> Judgement:
         if verifier is not None:
             ok = await verifier(trajectory.answer)
-            return Judgement(
-                "success" if ok else "failure", "verifier", "the verifier accepted the answer" if ok else "the verifier rejected the answer"
-            )
+            return Judgement("success" if ok else "failure", "verifier", f"the verifier {'accepted' if ok else 'rejected'} the answer")
         reply = await self._ask(
             JUDGE_PROMPT, JUDGE_TEMPLATE.format(query=query, trajectory=clip(trajectory.text), answer=trajectory.answer), "judge"
         )

@@ -11,6 +11,7 @@ parent id, error flag and type, domain, source type, evolution stage and creatio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -197,8 +198,6 @@ class ChromaStore:
         for kind in (MEMORIES, TRACES):
             name = self._name(kind, workspace)
             self._collections.pop(name, None)
-            try:
+            with contextlib.suppress(Exception):  # not there: nothing to delete
                 self.client.delete_collection(name)
-            except Exception:  # not there: nothing to delete
-                pass
         return counts

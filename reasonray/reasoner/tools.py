@@ -60,8 +60,7 @@ def server_tool(fn: Callable[..., Any] | None = None, *, name: str | None = None
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param.name] = (param.annotation, default)
         model = create_model(f"{f.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-        doc = inspect.getdoc(f) or ""
-        return ServerTool(name or f.__name__, doc, model, f)
+        return ServerTool(name or f.__name__, inspect.getdoc(f) or "", model, f)
 
     return wrap(fn) if fn is not None else wrap
 
