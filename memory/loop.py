@@ -150,16 +150,7 @@ class MemoryLoop:
             return
         report.outcome, report.judged_by = entry.outcome, entry.judged_by
         report.stored = [i["id"] for i in stored["items"]]
-        emit(
-            MemoryLearning(
-                **_about(llm, report),
-                outcome=entry.outcome,
-                judged_by=entry.judged_by,
-                trajectories=len(trajectories),
-                stored=report.stored,
-                source="judged",
-            )
-        )
+        emit(_learning(llm, report, outcome=entry.outcome, judged_by=entry.judged_by, trajectories=len(trajectories), source="judged"))
 
     async def passive(self, report: MemoryReport, llm: ObservedLLM, emit: EventSink, query: str, answer: str) -> None:
         """Learn from a good exchange nobody asked to learn from (passive learning)."""
@@ -183,11 +174,7 @@ class MemoryLoop:
         except Exception as exc:  # statistics only: the answer stands
             log.warning("memory.stats_not_recorded", error=f"{type(exc).__name__}: {exc}"[:300])
         if why_not is None:
-            emit(
-                MemoryLearning(
-                    **_about(llm, report), outcome="success", judged_by="passive", trajectories=1, stored=report.stored, source="passive"
-                )
-            )
+            emit(_learning(llm, report, outcome="success", judged_by="passive", trajectories=1, source="passive"))
 
     def _learner(self, llm: ObservedLLM) -> Learner:
         s = self.settings
@@ -199,6 +186,11 @@ class MemoryLoop:
 def _about(llm: ObservedLLM, report: MemoryReport) -> dict[str, Any]:
     """The run and the task a memory event is about."""
     return {"trace_id": llm.trace_id, "strategy": llm.strategy, "workspace": report.workspace, "task_id": report.task_id}
+
+
+def _learning(llm: ObservedLLM, report: MemoryReport, **fields: Any) -> MemoryLearning:
+    """The event of what the run's learning stored."""
+    return MemoryLearning(**_about(llm, report), stored=report.stored, **fields)
 
 
 @dataclass(eq=False)
