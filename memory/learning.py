@@ -188,10 +188,8 @@ class Learner:
     worked_examples: bool = True
 
     async def _ask(self, instructions: str, content: str, purpose: str) -> str:
-        completion = await self.llm.complete(
-            LLMRequest(messages=(system(instructions), user(content)), max_tokens=self.max_tokens, temperature=0.0, purpose=purpose)
-        )
-        return completion.text
+        request = LLMRequest(messages=(system(instructions), user(content)), max_tokens=self.max_tokens, temperature=0.0, purpose=purpose)
+        return (await self.llm.complete(request)).text
 
     async def judge(self, query: str, trajectory: Trajectory, verifier: Verifier | None = None) -> Judgement:
         if verifier is not None:

@@ -25,6 +25,7 @@ from reasonray.memory.embeddings import (
     Embedder,
     OpenAIEmbedder,
     SentenceTransformerEmbedder,
+    bundled_model_path,
 )
 from reasonray.memory.items import MemoryEntry, MemoryItem
 from reasonray.memory.store import ChromaStore, open_client
@@ -188,8 +189,6 @@ def check_memory(settings: Settings) -> None:
     if not m.enabled:
         return
     if m.embedding == "sentence_transformers" and not m.embedding_model:
-        from reasonray.memory.embeddings import bundled_model_path
-
         bundled_model_path()
     if m.chroma_url:
         open_client(m.chroma_url, Path(settings.data_dir))
