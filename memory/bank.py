@@ -144,8 +144,7 @@ class ReasoningBank:
             raise InvalidParamsError("two memory items share an id; give each its own (or omit ids)")
         parent_ids = {str(i.parent_memory_id) for i in items if i.parent_memory_id} - set(pending)
         parents = {str(p.id): p for p in self.store.get(workspace, sorted(parent_ids))}
-        missing = parent_ids - set(parents)
-        if missing:
+        if missing := parent_ids - set(parents):
             raise InvalidParamsError(
                 f"parent_memory_id {', '.join(sorted(missing))} is not a memory of workspace {workspace!r}; "
                 "a memory can only evolve from one in its own workspace",

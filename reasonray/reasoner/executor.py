@@ -67,8 +67,7 @@ class ToolExecutor:
     async def run_round(self, calls: tuple[ToolCall, ...]) -> None:
         """Validate every call, record the round, then run server calls in order; client calls stay pending."""
         names = {schema["function"]["name"] for schema in self.available()}
-        unknown = [c for c in calls if c.name not in names]
-        if unknown:
+        if unknown := [c for c in calls if c.name not in names]:
             raise UnregisteredToolError(
                 f"the model called {', '.join(repr(c.name) for c in unknown)}, not available in mode "
                 f"{self.providers.mode.mode!r} (available: {', '.join(sorted(names)) or 'none'})",

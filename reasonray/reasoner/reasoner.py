@@ -143,12 +143,9 @@ class TurnReasoner:
                 "answered (unfinished thinking is no answer); a model that thinks longer needs a larger max_tokens",
                 {"llm_calls": self.llm_calls, "reasoning_tokens": completion.usage.reasoning_tokens},
             )
-        return self._answer_from(completion.text)
-
-    def _answer_from(self, text: str) -> Completed:
         # a turn's reply is a whole message: only a tag marks an answer inside it, never a phrase or a number
-        tagged = extract_answer(text)
-        answer = tagged if tagged is not None else strip_thinking(text)
+        tagged = extract_answer(completion.text)
+        answer = tagged if tagged is not None else strip_thinking(completion.text)
         if not answer:
             raise ModelBehaviorError("the model ended the turn with neither tool calls nor an answer", {"llm_calls": self.llm_calls})
         return Completed(answer, "tag" if tagged is not None else "whole_text")

@@ -81,8 +81,7 @@ class SessionSpec(BaseModel):
             raise ValueError(f"tool names must be unique across server and client tools (and not {MODE_TOOL!r}): {clash or client}")
         known = set(client) | set(self.server_tools)
         for name, spec in modes.items():
-            unknown = sorted(set(spec.tools or []) - known)
-            if unknown:
+            if unknown := sorted(set(spec.tools or []) - known):
                 raise ValueError(f"mode {name!r} lists tools the session does not have: {unknown}")
         return self
 
@@ -230,7 +229,13 @@ class SessionPipeline:
             if not isinstance(event, LLMInvocation):  # full text goes to the event log, not the trace
                 trace.append(event)
 
-        reasoner = self._reasoner(state, providers, emit, trace_id)
+        tools = {t.name: t for t in self.toolbox.select(state.spec.server_tools)}
+        executor = ToolExecutor(tools, {t.name: t for t in state.spec.client_tools}, providers, emit, trace_id, "session")
+        llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
+        max_llm_calls = state.spec.max_llm_calls or self.default_max_llm_calls
+        reasoner = TurnReasoner(
+            llm, providers, executor, emit, trace_id, "session", max_llm_calls=max_llm_calls, llm_calls=state.turn_llm_calls
+        )
         outcome, error = "error", None
         try:
             exit_ = await (reasoner.resume() if resume else reasoner.run())
@@ -296,21 +301,6 @@ class SessionPipeline:
         """The turn's last word joins the conversation, which keeps its cap in what is saved too."""
         providers.history.append(Message(role="assistant", content=answer))
         trim_history(providers.history, self.max_history)
-
-    def _reasoner(self, state: SessionState, providers: ContextProviders, emit: Any, trace_id: str) -> TurnReasoner:
-        tools = {t.name: t for t in self.toolbox.select(state.spec.server_tools)}
-        executor = ToolExecutor(tools, {t.name: t for t in state.spec.client_tools}, providers, emit, trace_id, "session")
-        llm = ObservedLLM(self.llm, emit, trace_id=trace_id, strategy="session")
-        return TurnReasoner(
-            llm,
-            providers,
-            executor,
-            emit,
-            trace_id,
-            "session",
-            max_llm_calls=state.spec.max_llm_calls or self.default_max_llm_calls,
-            llm_calls=state.turn_llm_calls,
-        )
 
     async def _learn_passively(
         self, state: SessionState, providers: ContextProviders, trace: list[Event], emit: Any, trace_id: str, result: TurnResult

@@ -100,8 +100,7 @@ class ToolBox:
         self.tools[tool.name] = tool
 
     def select(self, names: list[str]) -> list[ServerTool]:
-        unknown = [n for n in names if n not in self.tools]
-        if unknown:
+        if unknown := [n for n in names if n not in self.tools]:
             raise InvalidParamsError(
                 f"unknown server tools {unknown}; available: {', '.join(sorted(self.tools))}",
                 {"unknown": unknown, "available": sorted(self.tools)},
