@@ -11,12 +11,13 @@ turn-scoped context once it has been emitted. A reply without tool calls is the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import msgspec
 
 from reasonray.gateway.protocol import LLM, ToolCall
 from reasonray.kernel.errors import MaxLLMCallsError, ModelBehaviorError, ReentryError
-from reasonray.kernel.events import EventSink
+from reasonray.kernel.events import Event, EventSink
 from reasonray.kernel.extraction import FoundBy
 from reasonray.kernel.tags import extract_answer, strip_thinking
 from reasonray.reasoner.executor import ToolExecutor
@@ -28,6 +29,8 @@ from reasonray.reasoner.trace import (
     ReentryRejected,
     ReentryVerified,
 )
+
+E = TypeVar("E", bound=Event)
 
 REENTRY_PROBLEMS = {
     "missing": "no result for pending call(s) {}",
@@ -150,5 +153,5 @@ class TurnReasoner:
             raise ModelBehaviorError("the model ended the turn with neither tool calls nor an answer", {"llm_calls": self.llm_calls})
         return Completed(answer, "tag" if tagged is not None else "whole_text")
 
-    def _step(self, kind: type, **fields: object) -> object:
+    def _step(self, kind: type[E], **fields: Any) -> E:
         return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
