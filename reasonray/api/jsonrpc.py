@@ -37,7 +37,6 @@ from reasonray.kernel.errors import (
     RateLimitedError,
     ReasonRayError,
     StrategyUnavailableError,
-    UnauthenticatedError,
     describe_errors,
     json_safe_errors,
 )
@@ -55,7 +54,6 @@ RETIRED_CODES = frozenset({-32009})  # max iterations until 2026-11-28: never an
 STRATEGY_UNAVAILABLE = StrategyUnavailableError.code
 BUDGET_EXCEEDED = BudgetExceededError.code
 NOT_FOUND = NotFoundError.code
-UNAUTHENTICATED = UnauthenticatedError.code
 FORBIDDEN = ForbiddenError.code
 RATE_LIMITED = RateLimitedError.code
 
