@@ -82,12 +82,23 @@ class _Sse:
 
 
 class _Methods:
-    """The typed API: each method builds one call; `_call` (sync or async) sends it."""
+    """The typed API: each method builds one call; `_call` (sync or async) sends it over `http`, an httpx client of
+    `_http` (`httpx.Client` or `httpx.AsyncClient`) with the given base URL, timeout, headers and transport."""
 
-    _ids: Iterator[int]
+    _http: Any
+
+    def __init__(
+        self, base_url: str = DEFAULT_URL, *, timeout: float = 600.0, headers: dict[str, str] | None = None, transport: Any = None
+    ) -> None:
+        self.http = self._http(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport)
+        self._ids = itertools.count(1)
 
     def _call(self, method: str, params: dict[str, Any]) -> Any:
         raise NotImplementedError
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Any JSON-RPC method by name (awaited on the `AsyncClient`)."""
+        return self._call(method, params or {})
 
     def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return {"jsonrpc": "2.0", "method": method, "params": params, "id": next(self._ids)}
@@ -198,20 +209,7 @@ class _Methods:
 class Client(_Methods):
     """Blocking client. Use as a context manager, or call `close()`."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        *,
-        timeout: float = 600.0,
-        headers: dict[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport)
-        self._ids = itertools.count(1)
-
-    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        """Any JSON-RPC method by name."""
-        return self._call(method, params or {})
+    _http = httpx.Client
 
     def _call(self, method: str, params: dict[str, Any]) -> Any:
         return _result(self.http.post("/rpc", json=self._request(method, params)).json())
@@ -238,19 +236,7 @@ class Client(_Methods):
 class AsyncClient(_Methods):
     """asyncio client: the same methods, awaited. Use as an async context manager, or call `aclose()`."""
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_URL,
-        *,
-        timeout: float = 600.0,
-        headers: dict[str, str] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, transport=transport)
-        self._ids = itertools.count(1)
-
-    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
-        return await self._call(method, params or {})
+    _http = httpx.AsyncClient
 
     async def _call(self, method: str, params: dict[str, Any]) -> Any:
         return _result((await self.http.post("/rpc", json=self._request(method, params))).json())
