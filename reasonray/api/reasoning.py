@@ -73,19 +73,10 @@ async def bounded_context(ctx: Context, params: BoundedContextParams, call: Call
     config = params.model_dump(exclude_none=True, exclude={"query", "include_trace"})
     run = ExecuteParams.checked(query=params.query, strategy="bounded_context", strategy_config=config, include_trace=params.include_trace)
     result = await ctx.service.execute(run, call.trace_id)
-    specific = result.metrics.strategy_specific
-    return results.BoundedContextResult(
-        answer=result.answer,
-        reasoning=result.reasoning,
-        iterations=specific["iterations"],
-        total_tokens=result.metrics.total_tokens,
-        compute_savings_pct=specific["compute_savings_pct"],
-        total_iterations=specific["total_iterations"],
-        execution_time_ms=result.metrics.execution_time_ms,
-        metrics=result.metrics,
-        trace=result.trace,
-        trace_id=result.trace_id,
-    )
+    m = result.metrics
+    record = {k: m.strategy_specific[k] for k in ("iterations", "compute_savings_pct", "total_iterations")}
+    record |= {"answer": result.answer, "reasoning": result.reasoning, "total_tokens": m.total_tokens, "trace": result.trace}
+    return results.BoundedContextResult.of({**record, "execution_time_ms": m.execution_time_ms, "metrics": m}, result.trace_id)
 
 
 @declare(REASONING, "reasoning.strategies", access=Access(EVERYONE))
