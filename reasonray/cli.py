@@ -324,44 +324,21 @@ def ask(question, strategy, agent, strategy_config, trace, reasoning_effort, thi
 )
 @click.option("--max-concurrency", type=int, default=None, help="Requests generated at once, 0: no limit [default: 1 when disobeying].")
 @click.option("--context-length", type=int, default=None, help="Context window in tokens [default: 4096 when disobeying, else 131072].")
-def sim(
-    config_path,
-    host,
-    port,
-    ttft_ms,
-    tokens_per_second,
-    fault_rate,
-    fault_kinds,
-    seed,
-    hang_s,
-    disobey_rate,
-    disobey_kinds,
-    tokenizer,
-    max_concurrency,
-    context_length,
-) -> None:
+def sim(config_path, port, fault_kinds, disobey_kinds, context_length, **options: Any) -> None:
     """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
     from reasonray.gateway.simulator.server import run
 
     def listed(kinds: str | None) -> tuple[str, ...] | None:
         return tuple(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
 
-    try:
+    try:  # every other option (host, ttft_ms, seed, ...) is the simulator setting of its own name
         settings = _simulator_settings(
             _load(config_path, {}).llm.simulator,
-            host=host,
             port=port,
-            ttft_ms=ttft_ms,
-            tokens_per_second=tokens_per_second,
-            fault_rate=fault_rate,
             fault_kinds=listed(fault_kinds),
-            seed=seed,
-            hang_s=hang_s,
-            disobey_rate=disobey_rate,
             disobey_kinds=listed(disobey_kinds),
-            tokenizer=tokenizer,
-            max_concurrency=max_concurrency,
             context_length=context_length or None,
+            **options,
         )
     except ValueError as exc:  # a rate, a kind or a size the simulator refuses
         _fail(str(exc), error_type="invalid_params")
