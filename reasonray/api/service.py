@@ -623,7 +623,9 @@ class _Teed(EventRecorder):
 
     def _remember(self, event: LLMInvocation) -> None:
         for i, text in enumerate(event.responses):
-            answer = _given_answer(text)
+            # the answer a reply gives, in the form answers are compared in: its `<answer>` block, else its whole text
+            tagged = extract_answer(text)
+            answer = normalize_answer(tagged if tagged is not None else strip_thinking(text))
             if not answer:
                 continue
             self._thinking.pop(answer, None)  # the latest reply giving an answer is the one kept
@@ -634,9 +636,3 @@ class _Teed(EventRecorder):
     def thinking_behind(self, answer: str) -> str:
         """The thinking of the run's last reply whose answer is `answer` ("" when none gave it as it stands)."""
         return self._thinking.get(normalize_answer(answer), "") if answer else ""
-
-
-def _given_answer(text: str) -> str:
-    """The answer a reply gives, in the form answers are compared in: its `<answer>` block, else its whole text."""
-    tagged = extract_answer(text)
-    return normalize_answer(tagged if tagged is not None else strip_thinking(text))

@@ -121,16 +121,13 @@ async def conform(answer: str, response_format: dict[str, Any], llm: LLM, query:
         return Conformed(json.dumps(value), "repair")
     if (single := _single_field(answer, schema)) is not None:
         return Conformed(json.dumps(single), "single_field")
-    if schema is None:  # any object will do: the answer as its one field
-        return Conformed(json.dumps({"answer": _scalar(answer)}), "wrapped")
+    if schema is None:  # any object will do: the answer as its one field, a JSON scalar when it is exactly one
+        bare = answer.strip()
+        scalar = next((v for v in json_values(bare)[:1] if json.dumps(v) == bare), bare)
+        return Conformed(json.dumps({"answer": scalar}), "wrapped")
     values = json_values(repair.text) or json_values(answer)
     why = problem(values[0], schema) if values else "the model's reply holds no JSON"
     raise ModelBehaviorError(
         f"the model's answer does not satisfy response_format, even after one repair: {why}",
         {"response_format": response_format.get("type"), "answer": answer[:500], "repair": repair.text[:500]},
     )
-
-
-def _scalar(answer: str) -> Any:
-    values = json_values(answer.strip())
-    return values[0] if values and json.dumps(values[0]) == answer.strip() else answer.strip()

@@ -218,17 +218,11 @@ class Policy:
         """The principal's own limits when configured, else the most generous of its roles' (None wins: unlimited)."""
         if principal.sub in self.principals:
             return self.principals[principal.sub]
-        return _most_generous(tuple(self.roles[r].limits for r in principal.roles if r in self.roles))
+        limits = [self.roles[r].limits for r in principal.roles if r in self.roles]
+        if not limits:
+            return LimitSettings(requests_per_minute=1, concurrent_runs=1, tokens_per_minute=1, tokens_per_day=1)
+        values = {name: [getattr(lim, name) for lim in limits] for name in LimitSettings.model_fields}
+        return LimitSettings(**{name: None if None in v else max(v) for name, v in values.items()})
 
     def _grant(self, roles: tuple[str, ...], kind: str, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for r in roles if r in self.roles for p in getattr(self.roles[r], kind))
-
-
-def _most_generous(limits: tuple[LimitSettings, ...]) -> LimitSettings:
-    if not limits:
-        return LimitSettings(requests_per_minute=1, concurrent_runs=1, tokens_per_minute=1, tokens_per_day=1)
-    merged: dict[str, int | None] = {}
-    for name in LimitSettings.model_fields:
-        values = [getattr(lim, name) for lim in limits]
-        merged[name] = None if any(v is None for v in values) else max(values)
-    return LimitSettings(**merged)

@@ -102,11 +102,6 @@ class TokenBudgets:
             self._seen[(key, budget)] = seen
         return seen[1] + self._pending.get((key, budget, start), 0)
 
-    def reset_in(self, budget: Budget, now: float) -> float:
-        """Seconds until the current window of `budget` ends."""
-        span = BUDGET_WINDOWS[budget]
-        return window_start(span, now) + span - now
-
     def charge(self, key: str, tokens: int, now: float) -> None:
         for budget, span in BUDGET_WINDOWS.items():
             slot = (key, budget, window_start(span, now))
@@ -240,10 +235,10 @@ class RateLimiter:
         concurrent = limits.get("concurrent_runs")
         if concurrent and len(c.runs) + runs > concurrent:
             return _refused("concurrent_runs", concurrent, 1.0)
-        for name in BUDGET_WINDOWS:
+        for name, span in BUDGET_WINDOWS.items():
             budget = limits.get(name)
             if budget and self.budgets.spent(key, name, now) >= budget:
-                return _refused(name, budget, self.budgets.reset_in(name, now))
+                return _refused(name, budget, window_start(span, now) + span - now)  # when the budget's window ends
         return None
 
 
