@@ -25,7 +25,7 @@ import ray
 import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from reasonray.actors import NAMESPACE, unwrap
+from reasonray.actors import unwrap
 from reasonray.actors.fanout import LLMSpec
 from reasonray.actors.lifecycle import (
     Fingerprinted,
@@ -188,15 +188,13 @@ class RaySessions(Sessions):
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
-        request_id = uuid.uuid4().hex  # the same for every retry of this call
-        scope = cache_scope()  # the caller's, set where the request was authenticated: the host's LLM calls use it
-        return await self._on_host("turn", session_id, message, trace_id, request_id, scope)
+        # a request id the same for every retry of this call; the caller's cache scope (set where the request was
+        # authenticated), which the host's LLM calls use
+        return await self._on_host("turn", session_id, message, trace_id, uuid.uuid4().hex, cache_scope())
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)
-        request_id = uuid.uuid4().hex
-        scope = cache_scope()
-        return await self._on_host("resume", session_id, results, trace_id, request_id, scope)
+        return await self._on_host("resume", session_id, results, trace_id, uuid.uuid4().hex, cache_scope())
 
     async def close(self, session_id: str) -> dict[str, Any]:
         await self.pipeline.require(session_id)
@@ -218,18 +216,10 @@ class RaySessions(Sessions):
                 # the host died or is restarting; the call is retried with the same request id: a turn it
                 # saved before dying is answered from the repository, one it had not saved runs again
                 log.info("session.host_retry", session_id=session_id, host=host.name, attempt=attempt + 1, error=type(exc).__name__)
-                if isinstance(exc, ActorDiedError) and _gone(host.name):
+                if isinstance(exc, ActorDiedError) and lookup(host.name) is None:
                     host.forget()
                 await asyncio.sleep(0.2 * 2**attempt)
         raise OverloadedError(
             f"session {session_id!r}: its host {host.name} did not come back after {RETRIES} attempts; retry in {RETRY_AFTER_S:g} s",
             {"session_id": session_id, "retry_after_s": RETRY_AFTER_S},
         )
-
-
-def _gone(name: str) -> bool:
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return True
-    return False
