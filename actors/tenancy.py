@@ -31,7 +31,7 @@ from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint,
 from reasonray.api.access.limits import Decision, KeyedLimits, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import LocalOwners
 from reasonray.stores.counters import open_counters
-from reasonray.stores.ownership import OwnerRecord, open_ownership
+from reasonray.stores.ownership import open_ownership
 
 LEASE_S = 1.0  # unused permits of a lease expire this soon: a replica never sits on others' headroom for long
 LEASE_SHARE = 20  # a lease is at most 1/20 of a per-minute limit, so leftover permits waste little of it
@@ -97,28 +97,21 @@ class LimiterActor(Fingerprinted):
 
 
 class RayOwners:
-    """`reasonray.api.access.tenancy.Owners` over the application's ownership actor."""
+    """`reasonray.api.access.tenancy.Owners` over the application's ownership actor: each of its methods (get,
+    claim, share, drop, readable, owned) is the actor's method of that name, awaited."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def get(self, kind: str, ident: str) -> OwnerRecord | None:
-        return await unwrap(self.handle.get.remote(kind, ident))
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_") or method == "handle":  # a probe (copy, pickle) of an instance not yet built
+            raise AttributeError(method)
+        remote = getattr(self.handle, method).remote
 
-    async def claim(self, kind: str, ident: str, sub: str) -> bool:
-        return await unwrap(self.handle.claim.remote(kind, ident, sub))
+        async def call(*args: Any) -> Any:
+            return await unwrap(remote(*args))
 
-    async def share(self, kind: str, ident: str, readers: list[str]) -> None:
-        await unwrap(self.handle.share.remote(kind, ident, readers))
-
-    async def drop(self, kind: str, ident: str) -> None:
-        await unwrap(self.handle.drop.remote(kind, ident))
-
-    async def readable(self, kind: str, sub: str) -> list[str]:
-        return await unwrap(self.handle.readable.remote(kind, sub))
-
-    async def owned(self, kind: str) -> set[str]:
-        return await unwrap(self.handle.owned.remote(kind))
+        return call
 
 
 RUN_LEASE_S = 1.0  # a lease's free run slots are used this long after it was granted; then they go back
@@ -303,17 +296,11 @@ def _lease_size(keyed: KeyedLimits) -> int:
     return max(1, min(MAX_LEASE, min(limits) // LEASE_SHARE)) if limits else MAX_LEASE
 
 
-def _args(store_url: str | None, data_dir: Path) -> tuple[str | None, str]:
-    return store_url, str(data_dir)
-
-
 def owners_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
     """Deploy time: the ownership actor for this store and data directory, replacing one built for others."""
-    args = _args(store_url, data_dir)
-    return ensure_actor(OwnersActor, f"{app_name}-owners", fingerprint(*args), *args)
+    return ensure_actor(OwnersActor, f"{app_name}-owners", fingerprint(store_url, str(data_dir)), store_url, str(data_dir))
 
 
 def limiter_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
     """Deploy time: the limiter actor whose budgets live in this store (or data directory)."""
-    args = _args(store_url, data_dir)
-    return ensure_actor(LimiterActor, f"{app_name}-limiter", fingerprint(*args), *args)
+    return ensure_actor(LimiterActor, f"{app_name}-limiter", fingerprint(store_url, str(data_dir)), store_url, str(data_dir))
