@@ -58,11 +58,6 @@ class Resource:
         found = self.holder_and_name(params)
         return getattr(found[0], found[1]) if found is not None else None
 
-    def mode_for(self, params: Any) -> Mode:
-        if self.claims is not None and self.claims(params):
-            return "claim"
-        return self.mode
-
 
 Check = Callable[[Any, bool], None]
 """A rule on the params of one method, given whether the caller sees every owner's data; raises ForbiddenError."""

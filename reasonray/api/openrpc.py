@@ -33,14 +33,6 @@ def result_schema(method: Method) -> JsonSchemaValue | None:
     return method.result.model_json_schema(mode="serialization") if method.result is not None else None
 
 
-def _errors() -> list[dict[str, Any]]:
-    """Every code the API answers with: the protocol's (by their names) and the error tree's (by the first class's type)."""
-    codes = dict(CODE_NAMES)
-    for cls in error_classes():
-        codes.setdefault(cls.code, cls.error_type.replace("_", " "))
-    return [{"code": code, "message": message} for code, message in sorted(codes.items(), reverse=True)]
-
-
 def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
     components: dict[str, Any] = {}
 
@@ -50,7 +42,11 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
         components.update(schema.pop("$defs", {}))
         return schema
 
-    errors = _errors()
+    # every code the API answers with: the protocol's (by their names) and the error tree's (by the first class's type)
+    codes = dict(CODE_NAMES)
+    for cls in error_classes():
+        codes.setdefault(cls.code, cls.error_type.replace("_", " "))
+    errors = [{"code": code, "message": message} for code, message in sorted(codes.items(), reverse=True)]
     methods = []
     for name in sorted(rpc.methods):
         method = rpc.methods[name]

@@ -23,6 +23,7 @@ KEY_CAPS = {
     "max_tool_calls": "max_iterations",
     "chunk_size": "max_tokens",
 }
+INNER_WORK = ("samples", "max_iterations", "max_tool_calls", "max_nodes")  # the first a config sets is its calls per run
 
 
 def cap_error(what: str, value: int, key: str, cap: int) -> InvalidParamsError:
@@ -49,15 +50,8 @@ def check_strategy_config(strategy: str, config: dict[str, Any], limits: CapSett
     if isinstance(base, dict):
         check_strategy_config(str(config.get("base_strategy", "base")), base, limits)
         k = config.get("k", 1) if isinstance(config.get("k", 1), int) else 1
-        work = k * inner_work(base)
+        # calls one run of the base strategy may make, roughly: its samples, iterations or tool calls
+        inner = next((max(1, v) for name in INNER_WORK if isinstance(v := base.get(name), int) and not isinstance(v, bool)), 1)
+        work = k * inner
         if work > limits.max_matts_work:
             raise cap_error(f"{strategy} k x inner runs", work, "max_matts_work", limits.max_matts_work)
-
-
-def inner_work(config: dict[str, Any]) -> int:
-    """Calls one run of a strategy may make, roughly: its samples, iterations or tool calls."""
-    for name in ("samples", "max_iterations", "max_tool_calls", "max_nodes"):
-        value = config.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return max(1, value)
-    return 1

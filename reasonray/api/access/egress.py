@@ -122,20 +122,15 @@ class EgressPolicy:
                 raise _refused(f"{host}:{port} could not be resolved", host, port) from None
         # a name that resolves to both public and internal addresses is refused outright: which one a
         # later lookup returns is the attacker's choice
-        if not addresses or any(not self._may_reach(host, a, port) for a in addresses):
+        # an internal address passes when allow_hosts names it; an entry naming localhost names loopback
+        named = {a for a in addresses if (a, port) in self.named_addresses or (host.lower() == "localhost" and a.is_loopback)}
+        if not addresses or any(internal_address(a) and a not in named for a in addresses):
             raise _refused(
                 f"{host}:{port} resolves to an internal (private, loopback or link-local) address that [egress] allow_hosts does not name",
                 host,
                 port,
             )
         return str(addresses[0])
-
-    def _may_reach(self, host: str, address: IPAddress, port: int) -> bool:
-        if not internal_address(address):
-            return True
-        if (address, port) in self.named_addresses:
-            return True
-        return host.lower() == "localhost" and address.is_loopback  # an entry naming localhost names loopback
 
 
 class _PolicyBackend(httpcore.AsyncNetworkBackend):

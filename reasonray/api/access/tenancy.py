@@ -235,7 +235,7 @@ class Guard:
             setattr(holder, name, ident)
         if ident is None:
             return
-        mode = resource.mode_for(params)
+        mode = "claim" if resource.claims is not None and resource.claims(params) else resource.mode
         write, claim = mode != "read", mode == "claim"
         if resource.kind == "agent":
             await self._agent(principal, ident, write=write, claim=claim)
