@@ -261,7 +261,7 @@ def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
 @click.option("--show-reasoning", is_flag=True, help="Also print the model's thinking behind the answer.")
 @click.option("--url", default=DEFAULT_URL, show_default=True, envvar="REASONRAY_URL", help="Where the API runs.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for the answer.")
-def ask(question, strategy, agent, strategy_config, trace, reasoning_effort, thinking_budget, show_reasoning, url, timeout) -> None:
+def ask(question, agent, strategy_config, trace, show_reasoning, url, timeout, **options: Any) -> None:
     """Ask the running service a question through reasoning.execute."""
     from reasonray.client import Client, ReasonRayError
 
@@ -273,15 +273,8 @@ def ask(question, strategy, agent, strategy_config, trace, reasoning_effort, thi
             _fail(f"--strategy-config is not valid JSON: {exc}")
     try:
         with Client(url, timeout=timeout) as rr:
-            result = rr.execute(
-                question,
-                strategy=strategy,
-                strategy_config=config,
-                agent_id=agent,
-                include_trace=trace,
-                reasoning_effort=reasoning_effort,
-                thinking_budget=thinking_budget,
-            )
+            # strategy, reasoning_effort and thinking_budget are execute's keywords of the same name
+            result = rr.execute(question, strategy_config=config, agent_id=agent, include_trace=trace, **options)
     except httpx.HTTPError as exc:
         _fail(
             f"cannot reach ReasonRay at {url} ({type(exc).__name__}: {exc}). Is `reasonray serve` running?",
