@@ -84,7 +84,7 @@ def main() -> None:
 @click.option("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all).")
 @click.option("--dashboard/--no-dashboard", default=True, show_default=True, help="Start the Ray dashboard.")
 @click.option("--dashboard-port", type=int, default=8265, show_default=True, help="Port of the Ray dashboard (a cluster we start).")
-def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_port) -> None:
+def serve(config_path, llm, host, port, address, **cluster: Any) -> None:
     """Run the Serve API on a Ray cluster until Ctrl-C."""
     local = llm == "local"
     settings = _load(config_path, {"llm.provider": None if local else llm, "server.host": host, "server.port": port})
@@ -112,7 +112,7 @@ def serve(config_path, llm, host, port, address, num_cpus, dashboard, dashboard_
     except (ConfigError, LLMConfigError) as exc:
         _stop_children(simulator, local_model)
         _fail(str(exc), error_type=error_type_of(exc))
-    context = _start_cluster(settings, address, num_cpus, dashboard, dashboard_port, simulator, local_model)
+    context = _start_cluster(settings, address, cluster, simulator, local_model)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -163,10 +163,8 @@ def _simulator_settings(section: Any, **given: Any) -> Any:
     return SimulatorSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def _start_cluster(
-    settings: Settings, address: str, num_cpus: Any, dashboard: Any, dashboard_port: Any, simulator: Any, local_model: Any
-) -> Any:
-    """ray.init, joining `address` or starting a local cluster; the model servers stop if it fails."""
+def _start_cluster(settings: Settings, address: str, cluster: dict[str, Any], simulator: Any, local_model: Any) -> Any:
+    """ray.init, joining `address` or starting a local cluster with serve's --num-cpus/--dashboard* options; the model servers stop if it fails."""
     import ray
 
     from reasonray.actors.environment import ray_environment
@@ -182,7 +180,7 @@ def _start_cluster(
         except PortCollisionError as exc:
             _stop_children(simulator)
             _fail(str(exc), error_type="config_error")
-        own = {"num_cpus": num_cpus, "include_dashboard": dashboard, "dashboard_host": "127.0.0.1", "dashboard_port": dashboard_port}
+        own = {"include_dashboard": cluster.pop("dashboard"), "dashboard_host": "127.0.0.1", **cluster}
     try:
         return ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
     except BaseException:
