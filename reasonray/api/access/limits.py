@@ -163,6 +163,8 @@ class RateLimiter:
                 if lease_s is not None:
                     c.expires[run_id] = now + lease_s
         limit, remaining, reset_s = min(headroom, key=lambda h: h[1]) if headroom else (None, None, None)
+        # tokens the tightest budget of these keys has left (None: no budget), what a leased run may spend
+        left = [lim[name] - self.budgets.spent(key, name, now) for key, lim in keyed for name in BUDGET_WINDOWS if run and lim.get(name)]
         return {
             "ok": True,
             "run_id": run_ids[0] if run_ids else None,
@@ -170,13 +172,8 @@ class RateLimiter:
             "limit": limit,
             "remaining": remaining,
             "reset_s": reset_s,
-            "budget_left": self._budget_left(keyed, now) if run else None,
+            "budget_left": min(left) if left else None,
         }
-
-    def _budget_left(self, keyed: KeyedLimits, now: float) -> int | None:
-        """Tokens the tightest budget of these keys has left (None: no budget), what a leased run may spend."""
-        left = [limits[name] - self.budgets.spent(key, name, now) for key, limits in keyed for name in BUDGET_WINDOWS if limits.get(name)]
-        return min(left) if left else None
 
     def renew(self, keys: list[str], run_ids: list[str], lease_s: float) -> None:
         """Keep leased run slots (free or running) another `lease_s` seconds."""
