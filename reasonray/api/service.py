@@ -469,7 +469,7 @@ class ReasoningService:
     def _meter(self, outcome: RunOutcome) -> None:
         """The run's tokens and outcome in the metrics (and a bounded-context run under its own names)."""
         t, end = outcome.tally, outcome.end
-        record_run(self.metrics, end.strategy, outcome.agent, t.prompt_tokens, t.completion_tokens, outcome.specific)
+        record_run(self.metrics, end.strategy, outcome.agent, t.prompt_tokens, t.completion_tokens)
         if end.strategy == "bounded_context":
             status = type(outcome.error).__name__ if outcome.error is not None else "ok"
             record_bounded_context(self.metrics, status, end.execution_time_ms / 1000, end.total_tokens, outcome.specific)

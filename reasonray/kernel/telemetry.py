@@ -23,8 +23,8 @@ TOKENS = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000)
 class MetricSpec:
     name: str
     kind: Kind
+    tags: tuple[str, ...]
     description: str
-    tags: tuple[str, ...] = ()
     boundaries: tuple[float, ...] = ()
 
     @property
@@ -33,33 +33,28 @@ class MetricSpec:
         return f"ray_{self.name}_total" if self.kind == "counter" else f"ray_{self.name}"
 
 
-def _counter(name: str, tags: tuple[str, ...], description: str) -> MetricSpec:
-    return MetricSpec(name, "counter", description, tags)
-
-
-def _gauge(name: str, tags: tuple[str, ...], description: str) -> MetricSpec:
-    return MetricSpec(name, "gauge", description, tags)
-
-
 def _histogram(name: str, tags: tuple[str, ...], description: str, boundaries: tuple[float, ...] = LATENCY_SECONDS) -> MetricSpec:
-    return MetricSpec(name, "histogram", description, tags, boundaries)
+    return MetricSpec(name, "histogram", tags, description, boundaries)
 
 
 CATALOGUE: tuple[MetricSpec, ...] = (
-    _counter(
+    MetricSpec(
         "reasonray_requests",
+        "counter",
         ("method", "strategy", "status"),
         "JSON-RPC calls answered, by method, strategy and status (ok or the error type).",
     ),
     _histogram("reasonray_request_latency_seconds", ("method", "strategy"), "Time to answer a JSON-RPC call, in seconds."),
-    _counter(
+    MetricSpec(
         "reasonray_tokens",
+        "counter",
         ("strategy", "agent", "kind"),
         "Tokens spent by reasoning runs, failed or not, by strategy, agent (or none) and kind (prompt or completion).",
     ),
     _histogram("reasonray_run_tokens", ("strategy", "agent"), "Tokens one reasoning run spent (prompt plus completion).", TOKENS),
-    _counter(
+    MetricSpec(
         "reasonray_runs",
+        "counter",
         ("strategy", "agent", "status"),
         "Reasoning runs, by the strategy that ran, the agent (or none) and status: ok, degraded or the error type.",
     ),
@@ -68,27 +63,27 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("strategy", "agent", "status"),
         "Time of one reasoning run, failed or not, by strategy, agent and status, in seconds.",
     ),
-    _counter("reasonray_run_llm_calls", ("strategy", "agent"), "LLM calls made by reasoning runs, failed or not."),
-    _counter("reasonray_llm_calls", ("model", "outcome"), "LLM calls, by model and outcome (ok, cached or error)."),
-    _counter("reasonray_llm_retries", ("model",), "Extra attempts spent on transient provider failures."),
-    _counter("reasonray_llm_failures", ("model", "error"), "LLM calls that failed after their retries, by error type."),
+    MetricSpec("reasonray_run_llm_calls", "counter", ("strategy", "agent"), "LLM calls made by reasoning runs, failed or not."),
+    MetricSpec("reasonray_llm_calls", "counter", ("model", "outcome"), "LLM calls, by model and outcome (ok, cached or error)."),
+    MetricSpec("reasonray_llm_retries", "counter", ("model",), "Extra attempts spent on transient provider failures."),
+    MetricSpec("reasonray_llm_failures", "counter", ("model", "error"), "LLM calls that failed after their retries, by error type."),
     _histogram("reasonray_llm_latency_seconds", ("model",), "Time of an LLM call that reached the provider, retries included, in seconds."),
-    _gauge("reasonray_llm_breaker_state", ("endpoint",), "The circuit breaker: 0 closed, 1 half open, 2 open."),
-    _counter("reasonray_llm_cache_hits", ("model",), "LLM calls answered from the response cache."),
-    _counter("reasonray_llm_cache_misses", ("model",), "Cacheable LLM calls the cache could not answer."),
+    MetricSpec("reasonray_llm_breaker_state", "gauge", ("endpoint",), "The circuit breaker: 0 closed, 1 half open, 2 open."),
+    MetricSpec("reasonray_llm_cache_hits", "counter", ("model",), "LLM calls answered from the response cache."),
+    MetricSpec("reasonray_llm_cache_misses", "counter", ("model",), "Cacheable LLM calls the cache could not answer."),
     _histogram("reasonray_memory_retrieval_latency_seconds", (), "Memory retrieval (embedding and ranking), in seconds."),
-    _gauge("reasonray_memory_items", ("workspace",), "Memory items stored, by workspace."),
-    _gauge("reasonray_active_sessions", (), "Sessions live in the session hosts' memory."),
+    MetricSpec("reasonray_memory_items", "gauge", ("workspace",), "Memory items stored, by workspace."),
+    MetricSpec("reasonray_active_sessions", "gauge", (), "Sessions live in the session hosts' memory."),
     # bounded-context runs under the names the API's first description gave them; GET /metrics serves
     # them without Ray's `ray_` prefix, as spelled here (one family per metric: no second copy)
-    _counter("reasoning_bounded_context_requests", ("status",), "Bounded-context runs, by status (ok or the error type)."),
+    MetricSpec("reasoning_bounded_context_requests", "counter", ("status",), "Bounded-context runs, by status (ok or the error type)."),
     _histogram(
         "reasoning_bounded_context_duration_seconds",
         (),
         "Time of a bounded-context run, in seconds.",
         (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
     ),
-    _counter("reasoning_bounded_context_tokens", (), "Tokens bounded-context runs spent (prompt plus completion)."),
+    MetricSpec("reasoning_bounded_context_tokens", "counter", (), "Tokens bounded-context runs spent (prompt plus completion)."),
     _histogram(
         "reasoning_bounded_context_compute_savings_pct",
         (),
@@ -126,9 +121,7 @@ def check(name: str, tags: dict[str, str], value: float = 1.0) -> MetricSpec:
     return spec
 
 
-def record_run(
-    metrics: Metrics, strategy: str, agent: str, prompt_tokens: int, completion_tokens: int, specific: dict[str, Any] | None
-) -> None:
+def record_run(metrics: Metrics, strategy: str, agent: str, prompt_tokens: int, completion_tokens: int) -> None:
     """A reasoning run's tokens (tagged with the strategy and the agent, or `none`); a bounded-context
     run's iterations and savings are `record_bounded_context`'s."""
     metrics.record("reasonray_tokens", prompt_tokens, strategy=strategy, agent=agent, kind="prompt")
