@@ -138,10 +138,9 @@ def error_for(exc: Exception) -> RpcError:
         return RpcError(INTERNAL_ERROR, "internal error; quote the trace_id when reporting it", {"error_type": "internal"})
     data: dict[str, Any] = {"error_type": exc.error_type, **exc.data}
     # what the run achieved and which strategy ran, attached by the service (ReasoningService.execute)
-    if getattr(exc, "partial_result", None):
-        data["partial"] = exc.partial_result  # type: ignore[attr-defined]
-    if getattr(exc, "strategy_name", None):
-        data["strategy"] = exc.strategy_name  # type: ignore[attr-defined]
+    for key, attribute in (("partial", "partial_result"), ("strategy", "strategy_name")):
+        if value := getattr(exc, attribute, None):
+            data[key] = value
     message = provider_summary(exc) if isinstance(exc, LLMError) else exc.message
     return RpcError(exc.code, message, data, http_status=exc.http_status)
 

@@ -251,12 +251,7 @@ def refusal_error(decision: Decision, sub: str) -> RateLimitedError:
     return RateLimitedError(
         f"rate limited: {sub!r} reached its {what}{scope} ({decision['limit']}); retry after {decision['retry_after_s']} s "
         "or ask an operator for a higher limit ([auth] roles / principals)",
-        {
-            "retry_after_s": decision["retry_after_s"],
-            "limit_name": name,
-            "limit": decision["limit"],
-            "remaining": 0,
-        },
+        {k: decision[k] for k in ("retry_after_s", "limit_name", "limit", "remaining")},  # as `_refused` made them
     )
 
 
