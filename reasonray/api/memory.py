@@ -23,7 +23,7 @@ from reasonray.api.service import ExecuteParams
 from reasonray.kernel.errors import InvalidParamsError
 from reasonray.kernel.sandbox import SandboxLimits, run_python
 from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
-from reasonray.memory.loop import MemoryParams
+from reasonray.memory.loop import MemoryParams, MemoryReport
 
 MEMORY: Table = {}
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -226,15 +226,13 @@ async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: C
     """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
     verifier = tests_verifier(params.tests, ctx.sandbox) if params.tests else None
     result = await ctx.service.execute(_solve_params(params), call.trace_id, verifier=verifier)
-    report = result.memory
+    report = result.memory or MemoryReport(workspace="", task_id="")  # none: nothing retrieved, judged or stored
     summary = {
         "solution": extract_code(result.answer),
         "answer": result.answer,
-        "outcome": report.outcome if report else None,
-        "judged_by": report.judged_by if report else None,
-        "memories_used": [r.model_dump() for r in report.retrieved] if report else [],
-        "memories_stored": report.stored if report else [],
-        "learn_error": report.learn_error if report else None,
+        **report.model_dump(include={"outcome", "judged_by", "learn_error"}),
+        "memories_used": report.model_dump()["retrieved"],
+        "memories_stored": report.stored,
         "matts": {k: result.metrics.strategy_specific.get(k) for k in ("mode", "k", "selected", "scores", "fallback")},
         "metrics": result.metrics.model_dump(),
     }
