@@ -120,18 +120,20 @@ class PendingToolCall(BaseModel):
     )
 
 
-class SessionCreateResult(Result):
+class SessionResult(Result):
     session_id: str
+
+
+class SessionCreateResult(SessionResult):
     status: str = Field(description="`idle` for a new session.")
     mode: str = Field(description="The session's mode.")
     server_tools: list[str] = Field(description="Server tools the session may use.")
     client_tools: list[str] = Field(description="Client tools the model may call (names).")
 
 
-class TurnResult(Result):
+class TurnResult(SessionResult):
     """session.turn and session.resume."""
 
-    session_id: str
     turn: int = Field(description="1-based turn number.")
     status: str = Field(description="`completed` (the answer is set) or `awaiting_client_tools` (pending_tool_calls).")
     answer: str | None = Field(description="The final answer (exit mode 1); null while client tools are pending.")
@@ -143,8 +145,7 @@ class TurnResult(Result):
     memory: dict[str, Any] | None = Field(description="What the turn retrieved or learned, when the session is memory-aware.")
 
 
-class SessionGetResult(Result):
-    session_id: str
+class SessionGetResult(SessionResult):
     status: str
     mode: str
     turn: int = Field(description="Turns so far.")
@@ -159,8 +160,7 @@ class SessionGetResult(Result):
     client_tools: list[str]
 
 
-class SessionCloseResult(Result):
-    session_id: str
+class SessionCloseResult(SessionResult):
     status: Literal["closed"]
 
 
@@ -169,8 +169,11 @@ class SessionToolsResult(Result):
 
 
 # -- memory ----------------------------------------------------------------------------------------
-class RetrieveResult(Result):
+class WorkspaceResult(Result):
     workspace: str
+
+
+class RetrieveResult(WorkspaceResult):
     memories: list[Retrieved] = Field(description="Best first, by composite score.")
 
 
@@ -178,8 +181,7 @@ class RetrieveMemoriesResult(RetrieveResult):
     query: str
 
 
-class StoreResult(Result):
-    workspace: str
+class StoreResult(WorkspaceResult):
     stored: list[MemoryItem] = Field(description="The items as stored (ids and stages set).")
 
 
@@ -205,10 +207,9 @@ class DescendantsResult(Result):
     descendants: list[MemoryItem]
 
 
-class MemoriesResult(Result):
+class MemoriesResult(WorkspaceResult):
     """memory.errors."""
 
-    workspace: str
     memories: list[MemoryItem]
 
 
@@ -237,14 +238,12 @@ class WorkspacesResult(Result):
     workspaces: list[WorkspaceInfo] = Field(description="The workspaces the caller may read.")
 
 
-class DeleteWorkspaceResult(Result):
-    workspace: str
+class DeleteWorkspaceResult(WorkspaceResult):
     deleted_memories: int
     deleted_traces: int
 
 
-class ShareResult(Result):
-    workspace: str
+class ShareResult(WorkspaceResult):
     readers: list[str] = Field(description="Who may read it now, sorted.")
 
 
