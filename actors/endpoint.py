@@ -197,11 +197,6 @@ def board_name(app_name: str) -> str:
     return f"{app_name}-endpoints"
 
 
-def endpoint_board(app_name: str) -> Any:
-    """The application's endpoint actor, created by whichever process asks first."""
-    return EndpointBoard.options(name=board_name(app_name), namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
-
-
 class RayEndpointSlots:
     """`SharedSlots` and a refusal sink over the endpoint actor, for one process (its owner id, its heartbeat)."""
 
@@ -268,7 +263,9 @@ def share_endpoints(app_name: str) -> RayEndpointSlots | None:
         slots = _installed.get(app_name)
         if slots is None:
             book = LocalRefusalBook()
-            slots = _installed[app_name] = RayEndpointSlots(endpoint_board(app_name), book)
+            # the application's endpoint actor, created by whichever process asks first
+            board = EndpointBoard.options(name=board_name(app_name), namespace=NAMESPACE, get_if_exists=True, lifetime="detached")
+            slots = _installed[app_name] = RayEndpointSlots(board.remote(), book)
             book.sink = slots.record_refusal
             use_refusal_book(book)
             use_shared_slots(slots)
@@ -283,8 +280,7 @@ def warm_now(llm: Any) -> None:
     try:
         if client is not None and hasattr(client, "discover_now"):
             client.discover_now()
-        tokens = getattr(client, "tokens", None)
-        if tokens is not None:
+        if (tokens := getattr(client, "tokens", None)) is not None:
             tokens.count("warm")
     except Exception as exc:  # a model server not up yet is found at the first call, as before
         log.warning("llm.warm_failed", reason=str(exc)[:200])
@@ -300,13 +296,13 @@ async def warm(llm: Any) -> dict[str, Any]:
     client = endpoint_client(llm)
     if client is None:
         return {"warmed": False}
+    warmed = True
     try:
         await client.discover()
-        tokens = getattr(client, "tokens", None)
-        if tokens is not None:
+        if (tokens := getattr(client, "tokens", None)) is not None:
             tokens.count("warm")  # loads the tokenizer (tiktoken's file, or the server's)
         await client.ping()  # GET /models: a pooled connection is open for the first call
     except Exception as exc:
         log.warning("llm.warm_failed", reason=str(exc)[:200])
-        return {"warmed": False, "ms": round((time.perf_counter() - started) * 1000, 1)}
-    return {"warmed": True, "ms": round((time.perf_counter() - started) * 1000, 1)}
+        warmed = False
+    return {"warmed": warmed, "ms": round((time.perf_counter() - started) * 1000, 1)}
