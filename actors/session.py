@@ -204,11 +204,8 @@ class RaySessions(Sessions):
         """Sessions live in the hosts' memory, all hosts together."""
         return sum(await asyncio.gather(*(h.live() for h in self.hosts)))
 
-    def host_for(self, session_id: str) -> SessionHostClient:
-        return self.hosts[host_index(session_id, len(self.hosts))]
-
     async def _on_host(self, method: str, session_id: str, *args: Any) -> Any:
-        host = self.host_for(session_id)
+        host = self.hosts[host_index(session_id, len(self.hosts))]
         for attempt in range(RETRIES):
             try:
                 return await host.call(method, session_id, *args)
