@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypedDict, TypeVar, cast
 
 import structlog
 
@@ -67,10 +67,8 @@ class RegistryService:
         """Built once: the catalogue and the plugin failures are fixed when the service starts, and each strategy's
         config schema took about a millisecond of the actor's CPU to generate, on every `reasoning.strategies`."""
         if self._described is None:
-            c, failures = self.catalogue.describe(), [f.__dict__ for f in self.registry.failures]
-            self._described = StrategiesDescription(
-                default_strategy=c["default_strategy"], strategies=c["strategies"], plugin_failures=failures
-            )
+            failures = [f.__dict__ for f in self.registry.failures]
+            self._described = cast(StrategiesDescription, {**self.catalogue.describe(), "plugin_failures": failures})
         return self._described
 
     def register_agent(self, registration: AgentRegistration, known_methods: list[str]) -> RegisteredAgent:
