@@ -104,11 +104,10 @@ def retire_extra(prefix: str, keep: set[str]) -> list[str]:
     """Kill the actors named `prefix...` that are not in `keep` (a redeploy with fewer session hosts)."""
     gone = []
     for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == NAMESPACE and actor["name"].startswith(prefix) and actor["name"] not in keep:
-            handle = lookup(actor["name"])
-            if handle is not None:
-                ray.kill(handle, no_restart=True)
-                gone.append(actor["name"])
+        name = actor["name"]
+        if actor["namespace"] == NAMESPACE and name.startswith(prefix) and name not in keep and (handle := lookup(name)) is not None:
+            ray.kill(handle, no_restart=True)
+            gone.append(name)
     for name in gone:
         _wait_gone(name)
     return gone
