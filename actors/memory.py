@@ -17,6 +17,7 @@ server instead (docs/operations.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +51,8 @@ class MemoryBankActor(LocalMemory, Fingerprinted):
 
     @staticmethod
     def _warm(load: Any) -> None:
-        try:
+        with contextlib.suppress(Exception):  # reported, with its fix, by the first call that needs the model
             load()
-        except Exception:  # reported, with its fix, by the first call that needs the model
-            pass
 
 
 def memory_name(app_name: str) -> str:
