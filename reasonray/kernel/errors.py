@@ -106,19 +106,19 @@ class NotFoundError(ReasonRayError):
 class ReentryError(InvalidParamsError):
     """`session.resume` results are missing, extra or mismatched; `data` names the call ids. Nothing changed."""
 
-    code, http_status, error_type = -32602, 400, "reentry_mismatch"
+    error_type = "reentry_mismatch"
 
 
 class MaxLLMCallsError(MaxIterationsError):
     """A turn made its maximum number of LLM calls without a final answer."""
 
-    code, http_status, error_type = -32001, 422, "max_llm_calls"
+    error_type = "max_llm_calls"
 
 
 class UnregisteredToolError(ModelBehaviorError):
     """The model called a tool that is not registered (or not available in the current mode)."""
 
-    code, http_status, error_type = -32010, 502, "unregistered_tool"
+    error_type = "unregistered_tool"
 
 
 class ToolFailedError(ReasonRayError):

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 import msgspec
 import structlog
@@ -144,8 +144,7 @@ _made_dirs: set[Path] = set()
 
 
 def to_dict(event: Event) -> dict[str, Any]:
-    plain: dict[str, Any] = msgspec.to_builtins(event)
-    return plain
+    return cast(dict[str, Any], msgspec.to_builtins(event))
 
 
 def metadata_only(event: Event) -> dict[str, Any]:
