@@ -82,6 +82,12 @@ def asking(output: OutputFormat, instructions: str, prompt: str, enforced: bool,
     return shaped(LLMRequest(messages=(system(instructions), user(prompt)), **fields), output, enforced)
 
 
+async def ask(context: StrategyContext, output: OutputFormat, instructions: str, prompt: str, **fields: Any) -> tuple[Any, bool]:
+    """The completion of `asking(...)` on the context's model, and whether the endpoint enforced `output`."""
+    enforced = structured(context)
+    return await context.llm.complete(asking(output, instructions, prompt, enforced, **fields)), enforced
+
+
 def note_found_by(context: StrategyContext, strategy: str, extracted: Extracted, where: str = "the answer") -> None:
     """A WARNING event when the model did not give `where` in the structure it was asked for."""
     if not extracted.structured:

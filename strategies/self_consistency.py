@@ -53,7 +53,7 @@ from reasonray.strategies.base import (
     failure_kinds,
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
-from reasonray.strategies.output import ANSWER, asking, found_by_counts, structured
+from reasonray.strategies.output import ANSWER, ask, found_by_counts
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,10 @@ def confidences(choice: Choice, window: int) -> tuple[float | None, float | None
 
 async def sample_chain(query: str, cfg: SelfConsistencyConfig, seed: int, context: StrategyContext) -> Chain:
     """One sampled chain's answer, how it was found and, when asked for and given, its confidences."""
-    enforced = structured(context)
     logprobs = cfg.confidence_top_k if cfg.confidence != "off" else None
-    request = asking(
-        ANSWER, cfg.system_prompt, query, enforced, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, logprobs=logprobs
+    completion, enforced = await ask(
+        context, ANSWER, cfg.system_prompt, query, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, logprobs=logprobs
     )
-    completion = await context.llm.complete(request)
     found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
     top, chosen = confidences(completion.choices[0], cfg.confidence_window) if cfg.confidence != "off" else (None, None)
     return Chain(found.answer if found else None, found.found_by if found else None, top, chosen)

@@ -50,7 +50,7 @@ from reasonray.strategies.base import (
     StrategyContext,
     failure_kinds,
 )
-from reasonray.strategies.output import ANSWER, SCORE, STEP, VOTE, asking, structured
+from reasonray.strategies.output import ANSWER, SCORE, STEP, VOTE, ask
 
 PROPOSE_PROMPT = (
     "You solve problems one step at a time. Given the problem and the steps so far, write only the "
@@ -163,33 +163,27 @@ def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
 
 async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> Proposal | None:
     """One proposed next step, or the final answer; None when the reply has neither."""
-    enforced = structured(context)
     shown = render(query, steps)
-    request = asking(
-        STEP, PROPOSE_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="propose"
+    completion, enforced = await ask(
+        context, STEP, PROPOSE_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="propose"
     )
-    completion = await context.llm.complete(request)
     return read_proposal(completion.text, query, enforced)
 
 
 async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: StrategyContext) -> float | None:
     """The node's 0-1 score from a temperature-0 judge; None when the reply holds no readable score."""
-    enforced = structured(context)
     shown = render(query, node.steps, node.answer)
-    request = asking(SCORE, VALUE_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=0.0, purpose="score")
-    completion = await context.llm.complete(request)
+    completion, enforced = await ask(context, SCORE, VALUE_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=0.0, purpose="score")
     return find_score(completion.text, structured=enforced)
 
 
 async def vote(query: str, nodes: list[Node], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> int | None:
     """The index of the candidate one sampled vote prefers; None for a vote that names none in the list."""
     listing = "\n\n".join(CANDIDATE.format(number=i, path=render(query, n.steps, n.answer)) for i, n in enumerate(nodes, 1))
-    enforced = structured(context)
     shown = VOTE_LISTING.format(query=query, candidates=listing)
-    request = asking(
-        VOTE, VOTE_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="choose"
+    completion, enforced = await ask(
+        context, VOTE, VOTE_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="choose"
     )
-    completion = await context.llm.complete(request)
     return find_choice(completion.text, len(nodes), structured=enforced)
 
 
@@ -372,10 +366,10 @@ class TreeOfThought(Strategy):
     ) -> tuple[str, str]:
         """The answer along the best path, and how it was found."""
         best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
-        enforced = structured(context)
         shown = FINAL_PROMPT.format(path=render(query, best.steps))
-        request = asking(ANSWER, ANSWER_PROMPT, shown, enforced, max_tokens=cfg.max_tokens, temperature=0.0, purpose="final_answer")
-        completion = await context.llm.complete(request)
+        completion, enforced = await ask(
+            context, ANSWER, ANSWER_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=0.0, purpose="final_answer"
+        )
         numeric = numeric_question(query)
         found = find_answer(completion.text, numeric=numeric, structured=enforced)
         # a number was asked for and the reply names none (a small model echoes the instruction, or fills the answer
