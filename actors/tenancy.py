@@ -31,7 +31,7 @@ from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint,
 from reasonray.api.access.limits import Decision, KeyedLimits, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import LocalOwners
 from reasonray.stores.counters import open_counters
-from reasonray.stores.ownership import open_ownership
+from reasonray.stores.ownership import OwnerRecord, open_ownership
 
 LEASE_S = 1.0  # unused permits of a lease expire this soon: a replica never sits on others' headroom for long
 LEASE_SHARE = 20  # a lease is at most 1/20 of a per-minute limit, so leftover permits waste little of it
@@ -97,21 +97,28 @@ class LimiterActor(Fingerprinted):
 
 
 class RayOwners:
-    """`reasonray.api.access.tenancy.Owners` over the application's ownership actor: each of its methods (get,
-    claim, share, drop, readable, owned) is the actor's method of that name, awaited."""
+    """`reasonray.api.access.tenancy.Owners` over the application's ownership actor."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def __getattr__(self, method: str) -> Any:
-        if method.startswith("_") or method == "handle":  # a probe (copy, pickle) of an instance not yet built
-            raise AttributeError(method)
-        remote = getattr(self.handle, method).remote
+    async def get(self, kind: str, ident: str) -> OwnerRecord | None:
+        return await unwrap(self.handle.get.remote(kind, ident))
 
-        async def call(*args: Any) -> Any:
-            return await unwrap(remote(*args))
+    async def claim(self, kind: str, ident: str, sub: str) -> bool:
+        return await unwrap(self.handle.claim.remote(kind, ident, sub))
 
-        return call
+    async def share(self, kind: str, ident: str, readers: list[str]) -> None:
+        await unwrap(self.handle.share.remote(kind, ident, readers))
+
+    async def drop(self, kind: str, ident: str) -> None:
+        await unwrap(self.handle.drop.remote(kind, ident))
+
+    async def readable(self, kind: str, sub: str) -> list[str]:
+        return await unwrap(self.handle.readable.remote(kind, sub))
+
+    async def owned(self, kind: str) -> set[str]:
+        return await unwrap(self.handle.owned.remote(kind))
 
 
 RUN_LEASE_S = 1.0  # a lease's free run slots are used this long after it was granted; then they go back
