@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, actor_for, ensure_actor, fingerprint, retire_if_stale
+from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint
 from reasonray.api.surfaces.a2a_tasks import TaskBoard
 from reasonray.kernel.errors import RunCancelledError
 
@@ -43,43 +43,32 @@ async def _call(method: Any, *args: Any) -> Any:
 class RayTaskBoard:
     """`reasonray.api.surfaces.a2a_tasks.Board` over the application's board actor."""
 
-    def __init__(self, name: str, fp: str, handle: Any = None) -> None:
-        self.name, self.fp = name, fp
-        self._handle = handle
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:  # not started at deploy time ([server] prestart off): started by its first use
-            self._handle = actor_for(TaskBoardActor, self.name, self.fp)
-        return self._handle
+    def __init__(self, actor: NamedActor) -> None:
+        self.actor = actor  # not started at deploy time ([server] prestart off): started by its first use
 
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
-        return int(await _call(self.handle.commit, task_id, owner, prev_version, state, doc))
+        return int(await _call(self.actor.handle.commit, task_id, owner, prev_version, state, doc))
 
     async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
-        found = await _call(self.handle.get, task_id, owner)
+        found = await _call(self.actor.handle.get, task_id, owner)
         return (found[0], int(found[1])) if found is not None else None
 
     async def state(self, task_id: str) -> int | None:
-        found = await _call(self.handle.state, task_id)
+        found = await _call(self.actor.handle.state, task_id)
         return int(found) if found is not None else None
 
     async def forget(self, task_id: str) -> None:
-        await _call(self.handle.forget, task_id)
+        await _call(self.actor.handle.forget, task_id)
 
     async def publish(self, task_id: str, version: int, event: dict[str, Any]) -> None:
-        await _call(self.handle.publish, task_id, version, event)
+        await _call(self.actor.handle.publish, task_id, version, event)
 
     async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
-        found = await _call(self.handle.events, task_id, cursor, wait_s)
+        found = await _call(self.actor.handle.events, task_id, cursor, wait_s)
         return (list(found[0]), int(found[1])) if found is not None else None
 
 
 def task_board(app_name: str, start: bool = True) -> RayTaskBoard:
     """Deploy time: the application's board (one per application, whatever its settings), started now or at its
     first use."""
-    name, fp = f"{app_name}-a2a-board", fingerprint("a2a-board", 1)
-    if not start:
-        retire_if_stale(name, fp)
-        return RayTaskBoard(name, fp)
-    return RayTaskBoard(name, fp, ensure_actor(TaskBoardActor, name, fp))
+    return RayTaskBoard(NamedActor(TaskBoardActor, f"{app_name}-a2a-board", fingerprint("a2a-board", 1)).deploy(start))

@@ -15,17 +15,19 @@ To manage an actor this way: subclass `Fingerprinted`, take the fingerprint as t
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 import ray
 import structlog
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from reasonray.actors import NAMESPACE
+from reasonray.actors import NAMESPACE, unwrap
 
 log = structlog.get_logger(__name__)
 
@@ -98,6 +100,47 @@ def ensure_actor(actor_class: Any, name: str, fp: str, *args: Any, **options: An
 def actor_for(actor_class: Any, name: str, fp: str, *args: Any, **options: Any) -> Any:
     """The actor `name` as it runs, or a new one built from these settings (non-blocking: the call path)."""
     return actor_class.options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", **options).remote(fp, *args)
+
+
+@dataclass(eq=False)
+class NamedActor:
+    """A managed actor reached by name: got, or created from these settings (`actor_for`), at its first use, and kept."""
+
+    actor_class: Any
+    name: str
+    fp: str
+    args: tuple[Any, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    _handle: Any = None
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = actor_for(self.actor_class, self.name, self.fp, *self.args, **self.options)
+        return self._handle
+
+    def forget(self) -> None:
+        """The actor is gone for good (killed by an operator, a lost node): the next call starts a new one."""
+        self._handle = None
+
+    def deploy(self, start: bool = True) -> Self:
+        """Deploy time: started now and answering (`ensure_actor`), or left to its first use with one built from
+        other settings retired now."""
+        if start:
+            self._handle = ensure_actor(self.actor_class, self.name, self.fp, *self.args, **self.options)
+        else:
+            retire_if_stale(self.name, self.fp)
+        return self
+
+    async def running(self) -> bool:
+        """Whether the actor runs, without starting it (a handle found is kept for the calls after)."""
+        if self._handle is None:
+            self._handle = await asyncio.to_thread(lookup, self.name)
+        return self._handle is not None
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One method of the actor (its signature is there), awaited."""
+        return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
 
 
 def retire_extra(prefix: str, keep: set[str]) -> list[str]:

@@ -27,8 +27,7 @@ import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, actor_for, fingerprint, lookup, private_files, retire_if_stale
+from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, private_files, retire_if_stale
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
 from reasonray.kernel.logs import configure_logging
@@ -93,39 +92,24 @@ class RayMemory(MemoryClient):
 
     def __init__(self, app_name: str, settings: Settings) -> None:
         self.app_name = app_name
-        self.settings = settings
-        self._handle: Any = None
+        options: dict[str, Any] = {}
+        if not settings.memory.chroma_url:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.bank = NamedActor(MemoryBankActor, memory_name(app_name), memory_fingerprint(settings), (settings.model_dump_json(),), options)
         # runs counted here and sent as one actor call at most every RUN_STATS_FLUSH_S: an actor call per
         # request cost the ingress ~5% of its CPU under load; stats() and reset_stats() send them first
         self._runs = _RunBatch()
         self._flush: asyncio.Task[None] | None = None
 
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:
-            options: dict[str, Any] = {}
-            if not self.settings.memory.chroma_url:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-            self._handle = actor_for(
-                MemoryBankActor, memory_name(self.app_name), memory_fingerprint(self.settings), self.settings.model_dump_json(), **options
-            )
-        return self._handle
-
-    async def _running(self) -> bool:
-        """Whether the bank actor runs, without starting it (a handle found is kept for the calls after)."""
-        if self._handle is None:
-            self._handle = await asyncio.to_thread(lookup, memory_name(self.app_name))
-        return self._handle is not None
-
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
+            return await self.bank.call(method, *args, **kwargs)
         except (ActorDiedError, ActorUnavailableError):
             # killed for good (an operator, a lost node, a redeploy): start a new one, which reopens the store, and retry once
             log.info("memory.actor_replaced", app=self.app_name)
-            self._handle = None
+            self.bank.forget()
             await asyncio.sleep(0.2)  # let Ray release the dead actor's name
-            return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
+            return await self.bank.call(method, *args, **kwargs)
 
     async def stats(self) -> dict[str, Any]:
         await self._send_runs()
@@ -145,7 +129,7 @@ class RayMemory(MemoryClient):
             await asyncio.sleep(RUN_STATS_FLUSH_S)
             # counting runs is no reason to start a bank (its process, Chroma, the embedder): the counts wait here
             # until something that needs the bank started it; stats() and reset_stats() start it and send them
-            while not await self._running():
+            while not await self.bank.running():
                 await asyncio.sleep(RUN_STATS_WAIT_S)
         finally:
             self._flush = None

@@ -18,25 +18,14 @@ import asyncio
 import hashlib
 import os
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-from reasonray.actors import unwrap
 from reasonray.actors.fanout import LLMSpec
-from reasonray.actors.lifecycle import (
-    Fingerprinted,
-    actor_for,
-    ensure_actor,
-    fingerprint,
-    lookup,
-    private_files,
-    retire_extra,
-    retire_if_stale,
-)
+from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, lookup, private_files, retire_extra
 from reasonray.actors.memory import RayMemory
 from reasonray.api.app import session_pipeline as build_session_pipeline
 from reasonray.gateway.cache import cache_scope, scope_cache
@@ -114,35 +103,12 @@ class SessionHost(Fingerprinted):
                 log.info("session.idle_dropped", sessions=dropped, live=len(self.live))
 
 
-@dataclass(eq=False)
-class SessionHostClient:
+class SessionHostClient(NamedActor):
     """A handle on one session host; finds (or restarts the creation of) the host by name."""
-
-    name: str
-    fp: str
-    spec: LLMSpec
-    _handle: Any = None
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:  # gone for good (killed by an operator): a new one, same settings
-            self._handle = actor_for(SessionHost, self.name, self.fp, self.spec, **HOST_OPTIONS)
-        return self._handle
-
-    def forget(self) -> None:
-        self._handle = None
-
-    async def call(self, method: str, *args: Any) -> Any:
-        """One `SessionHost` method (its signature is there), awaited."""
-        return await unwrap(getattr(self.handle, method).remote(*args))
 
     async def live(self) -> int:
         """Sessions live in this host's memory: none in a host that has not started (asking does not start it)."""
-        if self._handle is None:
-            self._handle = await asyncio.to_thread(lookup, self.name)
-            if self._handle is None:
-                return 0
-        return int((await self.call("stats"))["live"])
+        return int((await self.call("stats"))["live"]) if await self.running() else 0
 
 
 # spread over the nodes: a host's death then interrupts one node's share of the sessions, and the others
@@ -159,13 +125,9 @@ def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[Sess
     `[server] prestart` off, each is created at its first use (hosts with other settings are retired now)."""
     fp = fingerprint(spec.settings_json)
     names = [host_name(app_name, i) for i in range(settings.sessions.hosts)]
+    hosts = [SessionHostClient(SessionHost, name, fp, (spec,), HOST_OPTIONS).deploy(settings.server.prestart) for name in names]
     if settings.server.prestart:
-        hosts = [SessionHostClient(name, fp, spec, ensure_actor(SessionHost, name, fp, spec, **HOST_OPTIONS)) for name in names]
         ray.get([h.handle.warm.remote() for h in hosts], timeout=120)  # the first turn finds the endpoint known
-    else:
-        for name in names:
-            retire_if_stale(name, fp)
-        hosts = [SessionHostClient(name, fp, spec) for name in names]
     retired = retire_extra(host_name(app_name, 0)[:-1], set(names))
     if retired:
         log.info("session.hosts_retired", hosts=retired)

@@ -126,7 +126,7 @@ async def test_session_turns_on_a_host_use_the_callers_cache_scope(tmp_path):
     class Handle:
         turn, resume = Method("turn"), Method("resume")
 
-    sessions = RaySessions([SessionHostClient("host-0", "fp", None, Handle())], pipeline)
+    sessions = RaySessions([SessionHostClient(SessionHost, "host-0", "fp", _handle=Handle())], pipeline)
     answers = []
     for who in ("alice", "bob", "alice"):
         session_id = (await sessions.create(SessionSpec()))["session_id"]
