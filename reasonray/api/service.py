@@ -235,12 +235,9 @@ class ReasoningService:
     events: EventsSettings = field(default_factory=EventsSettings)
     limits: CapSettings = field(default_factory=CapSettings)
     memory_loop: MemoryLoop | None = field(init=False)
-    run_end: list[RunEndConsumer] = field(init=False)
-    """What happens after a run: each reads the one record of the run's end."""
 
     def __post_init__(self, memory_settings: MemorySettings | None) -> None:
         self.memory_loop = MemoryLoop(self.memory, memory_settings or MemorySettings()) if self.memory is not None else None
-        self.run_end = [self._meter, self._charge, self._record_run, self._index]
         self._last_sweep = float("-inf")
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -281,11 +278,9 @@ class ReasoningService:
         try:
             result = await self._run(plan, params, verifier)
         except BaseException as exc:
-            status = self._failed(exc, plan.context, resolution.strategy)
+            status, degraded = self._failed(exc, plan.context, resolution.strategy)
             error = exc if isinstance(exc, Exception) else None
-            degraded = self._degraded(exc, status)
-            outcome = plan.outcome("degraded" if degraded else status, error, getattr(exc, "data", None))
-            await self._settle(plan, outcome)
+            await self._settle(plan, plan.outcome("degraded" if degraded else status, error, getattr(exc, "data", None)))
             if degraded is None:
                 raise
             # the strategy's best answer from a run that failed part-way
@@ -381,16 +376,16 @@ class ReasoningService:
         return result
 
     async def _settle(self, plan: RunPlan, outcome: RunOutcome) -> None:
-        """The run's record ends its event log, then goes to every run-end consumer (`run_end`: metrics, the
-        caller's token budget, the memory bank's statistics, the run index); finished even when the caller
-        goes away."""
+        """The run's record ends its event log, then goes to every run-end consumer (metrics, the caller's token
+        budget, the memory bank's statistics, the run index); finished even when the caller goes away."""
 
         async def end() -> None:
             plan.recorder(outcome.end)
             await plan.recorder.aclose()  # the event log is whole before any consumer reads it
-            for consume in self.run_end:
-                if (pending := consume(outcome)) is not None:
-                    await pending
+            self._meter(outcome)
+            charge_tokens(outcome.end.total_tokens)  # the caller's token budget pays what the run used
+            self._record_run(outcome)
+            self._index(outcome)
 
         await asyncio.shield(end())
 
@@ -415,23 +410,23 @@ class ReasoningService:
             attach_partial(error, partial)
         return error
 
-    def _failed(self, exc: BaseException, context: StrategyContext, strategy: str) -> str:
+    def _failed(self, exc: BaseException, context: StrategyContext, strategy: str) -> tuple[str, dict[str, Any] | None]:
         """Attach what the run achieved (`partial`: the strategy's shape, plus the tokens and calls spent)
-        and the strategy's name to the error, for `error.data`; the error type, for the metrics."""
+        and the strategy's name to the error, for `error.data`; the error type, for the metrics; and, with
+        `degraded_answers`, the error a run that can still answer met (else None: the error stands)."""
         t = context.llm.tally
         counts = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "calls")
         spent = {"tokens": t.prompt_tokens + t.completion_tokens, **{k: getattr(t, k) for k in counts}}
-        attach_partial(exc, {**context.progress, **(getattr(exc, "partial_result", None) or {}), **spent})
+        partial = {**context.progress, **(getattr(exc, "partial_result", None) or {}), **spent}
+        attach_partial(exc, partial)
         exc.strategy_name = strategy  # type: ignore[attr-defined]
-        return error_for(exc).data["error_type"] if isinstance(exc, Exception) else "cancelled"
-
-    def _degraded(self, exc: BaseException, error_type: str) -> dict[str, Any] | None:
-        """With `degraded_answers`, the error a run that can still answer met (else None: the error stands)."""
-        partial = getattr(exc, "partial_result", {})
-        if not self.degraded_answers or not isinstance(exc, Exception) or not partial.get("answer") or error_type == "invalid_params":
-            return None
+        if not isinstance(exc, Exception):
+            return "cancelled", None
         error = error_for(exc)
-        return {"code": error.code, "error_type": error_type, "message": error.message, "partial": partial}
+        error_type = error.data["error_type"]
+        if not self.degraded_answers or not partial.get("answer") or error_type == "invalid_params":
+            return error_type, None
+        return error_type, {"code": error.code, "error_type": error_type, "message": error.message, "partial": partial}
 
     def _sweep_events(self) -> None:
         """Enforce the event logs' retention ([events] max_age_days, max_total_mb) every sweep_interval_s, off the loop."""
@@ -475,10 +470,6 @@ class ReasoningService:
             record_bounded_context(self.metrics, status, end.execution_time_ms / 1000, end.total_tokens, outcome.specific)
         record_outcome(self.metrics, end.strategy, outcome.agent, outcome.status, end.execution_time_ms, t.calls)
 
-    @staticmethod
-    def _charge(outcome: RunOutcome) -> None:
-        charge_tokens(outcome.end.total_tokens)  # the caller's token budget pays what the run used
-
     def _record_run(self, outcome: RunOutcome) -> None:
         """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
         if self.memory is None:
@@ -505,10 +496,6 @@ class ReasoningService:
             error=end.error,
         )
         self._in_background(self.runs.record(run, outcome.event_log), "run.not_indexed", trace_id=end.trace_id)
-
-
-RunEndConsumer = Callable[["RunOutcome"], Awaitable[None] | None]
-"""Receives the record of every run as it ends (ok, failed or degraded); an awaitable it returns is awaited."""
 
 
 @dataclass(frozen=True)
