@@ -256,15 +256,20 @@ class BoundedContext(Strategy):
         return math.ceil(count_messages(context.tokens, messages) * state.prompt_ratio) + PROMPT_MARGIN
 
     def _fit(
-        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext, need: int | None = None
+        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext, final: bool = False
     ) -> tuple[tuple[Message, ...], str, int]:
         """The call's messages, the thinking it continues (delethink mode) and its generation budget, shortening the
-        carryover (then, in delethink mode, the head) if the prompt leaves less than `need` tokens."""
-        need = min_generation(cfg) if need is None else need
+        carryover (then, in delethink mode, the head) if the prompt leaves less than a chunk needs to reason in or,
+        for the `final` answer, than that answer's room (outside delethink mode: the last prompt, told to answer now)."""
+        # a chunk needs 256 tokens to reason in, the final answer 512: a quarter of a smaller chunk either way
+        need = min(FINAL_ANSWER_TOKENS if final else MIN_GENERATION_TOKENS, cfg.chunk_size // 4)
         delethink = state.mode == "delethink" and iteration > 0
+        told = final and not delethink
 
         def measure() -> tuple[tuple[Message, ...], str, int]:
             messages = self._messages(query, state, iteration, cfg)
+            if told:
+                messages = (messages[0], user(FINAL_PROMPT.format(prompt=messages[1].content, instruction=FINAL_INSTRUCTION)))
             thinking = state.kept() if delethink else ""
             return messages, thinking, cfg.chunk_size - self._prompt(messages, state, context, thinking)
 
@@ -278,8 +283,9 @@ class BoundedContext(Strategy):
                     state.head = context.tokens.head(state.head, max(0, context.tokens.count(state.head) - cut))
                 messages, thinking, room = measure()
             kept = context.tokens.count(state.kept() if delethink else state.carryover)
-            context.warn(self.name, "carryover_truncated", f"carryover cut to {kept} tokens to fit chunk_size {cfg.chunk_size}")
-        if room < need:
+            to = "leave room for the final answer" if told else f"fit chunk_size {cfg.chunk_size}"
+            context.warn(self.name, "carryover_truncated", f"carryover cut to {kept} tokens to {to}")
+        if room < need and not told:  # the final answer's prompt is checked by the caller, which needs less
             raise InvalidParamsError(
                 f"context size exceeded: the prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens "
                 f"(as the model counts them, with a margin), leaving {room} to reason in (at least {need} "
@@ -459,28 +465,10 @@ class BoundedContext(Strategy):
             return None
         return context.tokens.head(summary, cfg.carryover_size)
 
-    def _final_messages(self, query: str, state: RunState, cfg: BoundedContextConfig) -> tuple[Message, ...]:
-        last = self._messages(query, state, len(state.iterations), cfg)
-        return (last[0], user(FINAL_PROMPT.format(prompt=last[1].content, instruction=FINAL_INSTRUCTION)))
-
     async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
         """One more call that must answer: in delethink mode the thinking so far, closed (`thinking_budget=0`), else the
         last carryover with an instruction to answer now."""
-        need = final_room(cfg)
-        if state.mode == "delethink":
-            messages, thinking, room = self._fit(query, state, max(len(state.iterations), 1), cfg, context, need)
-        else:
-            thinking = ""
-            messages = self._final_messages(query, state, cfg)
-            room = cfg.chunk_size - self._prompt(messages, state, context)
-            if room < need and state.carryover:  # the answer's room comes out of the carryover, as in _fit
-                while room < need and state.carryover:
-                    keep = max(0, context.tokens.count(state.carryover) - math.ceil((need - room) / state.prompt_ratio) - 1)
-                    state.carryover = context.tokens.tail(state.carryover, keep)
-                    messages = self._final_messages(query, state, cfg)
-                    room = cfg.chunk_size - self._prompt(messages, state, context)
-                kept = context.tokens.count(state.carryover)
-                context.warn(self.name, "carryover_truncated", f"carryover cut to {kept} tokens to leave room for the final answer")
+        messages, thinking, room = self._fit(query, state, max(len(state.iterations), 1), cfg, context, final=True)
         if room < 1:
             raise InvalidParamsError(
                 f"context size exceeded: the final-answer prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens; "
@@ -577,16 +565,6 @@ def thinks_then_answers(completion: Completion, reasoning: str) -> bool:
     if not reasoning:
         return False
     return completion.thinking_unfinished or (completion.finish_reason != "length" and not asks_to_continue(completion))
-
-
-def min_generation(cfg: BoundedContextConfig) -> int:
-    """Fewest tokens a chunk must leave to reason in: 256, or a quarter of a chunk smaller than 1,024."""
-    return min(MIN_GENERATION_TOKENS, cfg.chunk_size // 4)
-
-
-def final_room(cfg: BoundedContextConfig) -> int:
-    """Room the final answer is given: 512 tokens, or a quarter of a chunk smaller than 2,048."""
-    return min(FINAL_ANSWER_TOKENS, cfg.chunk_size // 4)
 
 
 def capacity(cfg: BoundedContextConfig) -> int:
