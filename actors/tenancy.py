@@ -53,47 +53,29 @@ class OwnersActor(LocalOwners, Fingerprinted):
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
-class LimiterActor(Fingerprinted):
+class LimiterActor(RateLimiter, Fingerprinted):
     """The application's `RateLimiter`; its token budgets are counters in the store, so a restart keeps them."""
 
     def __init__(self, fp: str, store_url: str | None, data_dir: str) -> None:
         private_files()
         self._fingerprint = fp
         # token charges reach the store once a second, summed (TokenBudgets), not twice per run
-        self.limiter = RateLimiter(budgets=TokenBudgets(open_counters(store_url, Path(data_dir)), flush_s=BUDGET_FLUSH_S))
-        self._lock = threading.Lock()  # the calls below and the flusher thread take turns
+        super().__init__(budgets=TokenBudgets(open_counters(store_url, Path(data_dir)), flush_s=BUDGET_FLUSH_S))
         threading.Thread(target=self._flush_forever, name="budget-flush", daemon=True).start()
 
-    def admit(self, keyed: KeyedLimits, requests: int, run: bool, runs: int = 1, lease_s: float | None = None) -> Decision:
-        with self._lock:
-            return self.limiter.admit(keyed, requests=requests, run=run, runs=runs, lease_s=lease_s)
+    def admit(self, keyed: KeyedLimits, requests: int, run: bool, runs: int = 1, lease_s: float | None = None) -> Decision:  # type: ignore[override]
+        return super().admit(keyed, requests=requests, run=run, runs=runs, lease_s=lease_s)
 
-    def renew(self, keys: list[str], run_ids: list[str], lease_s: float) -> None:
-        with self._lock:
-            self.limiter.renew(keys, run_ids, lease_s)
+    def flush_due(self) -> None:
+        self.budgets.flush_due(time.time())
 
-    def release(self, keys: list[str], run_ids: list[str]) -> None:
-        with self._lock:
-            self.limiter.release(keys, run_ids)
-
-    def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
-        with self._lock:
-            self.limiter.finish(keys, run_id, tokens)
-
-    def usage(self, key: str) -> dict[str, int]:
-        with self._lock:
-            return self.limiter.usage(key)
-
-    def flush(self) -> None:
-        """Write pending token charges now (tests, a graceful stop)."""
-        with self._lock:
-            self.limiter.budgets.flush(time.time())
-
-    def _flush_forever(self) -> None:
+    @staticmethod
+    def _flush_forever() -> None:
+        # through the actor's own queue: Ray runs its calls one at a time, so a flush never interleaves with them
+        actor = ray.get_runtime_context().current_actor
         while True:
             time.sleep(BUDGET_FLUSH_S)
-            with self._lock:
-                self.limiter.budgets.flush_due(time.time())
+            ray.get(actor.flush_due.remote())
 
 
 class RayOwners:
@@ -198,7 +180,7 @@ class RayLimits:
             self._running[run_id] = lease
             return {**permit, "run_id": run_id}
         await self._send_charges([k for k, _ in keyed])  # the limiter decides on every token this replica knows of
-        size = _run_lease_size(keyed)
+        size = _lease_size(keyed, "concurrent_runs", RUN_LEASE_SHARE, MAX_RUN_LEASE)
         if size > 1:
             decision = await unwrap(self.handle.admit.remote(keyed, 0, True, size, RUN_SLOT_TTL_S))
             if decision["ok"] or decision.get("limit_name") != "concurrent_runs":
@@ -285,12 +267,6 @@ def _lease_key(keyed: KeyedLimits) -> tuple:
     return tuple((k, tuple(sorted(lim.items()))) for k, lim in keyed)
 
 
-def _run_lease_size(keyed: KeyedLimits) -> int:
-    """Slots one lease takes: 1 (no lease: each slot freed when its run ends) under a concurrent_runs of 7 or less."""
-    limits = [lim["concurrent_runs"] for _, lim in keyed if lim.get("concurrent_runs")]
-    return max(1, min(MAX_RUN_LEASE, min(limits) // RUN_LEASE_SHARE)) if limits else MAX_RUN_LEASE
-
-
 async def _settle(ref: Any, keys: list[str]) -> None:
     try:
         await unwrap(ref)
@@ -298,9 +274,11 @@ async def _settle(ref: Any, keys: list[str]) -> None:
         log.warning("limits.finish_failed", keys=keys, error=f"{type(exc).__name__}: {exc}"[:200])
 
 
-def _lease_size(keyed: KeyedLimits) -> int:
-    limits = [lim["requests_per_minute"] for _, lim in keyed if lim.get("requests_per_minute")]
-    return max(1, min(MAX_LEASE, min(limits) // LEASE_SHARE)) if limits else MAX_LEASE
+def _lease_size(keyed: KeyedLimits, limit: str = "requests_per_minute", share: int = LEASE_SHARE, most: int = MAX_LEASE) -> int:
+    """Permits (or run slots) one lease takes: a `share`-th of the tightest `limit`, at most `most`. 1 is no lease: a
+    run slot is then freed when its run ends, under a concurrent_runs of 7 or less."""
+    limits = [lim[limit] for _, lim in keyed if lim.get(limit)]
+    return max(1, min(most, min(limits) // share)) if limits else most
 
 
 def owners_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
