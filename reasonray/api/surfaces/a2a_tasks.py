@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import structlog
 from a2a.auth.user import User
+from a2a.server.agent_execution.active_task import TERMINAL_TASK_STATES
 from a2a.server.cluster import ConcurrentTaskModificationError, StoredTask, TaskEventStream, TaskVersion, VersionedEvent, VersionedTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.routes.common import StarletteUser
@@ -103,14 +104,7 @@ class ContextSessions:
 
 CONFLICT = 0  # `TaskBoard.commit`: the write is stale (or the task already ended)
 NOT_YOURS = -1  # `TaskBoard.commit`: another owner's task
-TERMINAL = frozenset(
-    {
-        a2a_pb2.TaskState.TASK_STATE_COMPLETED,
-        a2a_pb2.TaskState.TASK_STATE_FAILED,
-        a2a_pb2.TaskState.TASK_STATE_CANCELED,
-        a2a_pb2.TaskState.TASK_STATE_REJECTED,
-    }
-)
+TERMINAL = frozenset(TERMINAL_TASK_STATES)  # completed, failed, canceled, rejected: the SDK's own list
 ENDED_KEPT_S = 300.0  # an ended task's entry (and events) stays this long, for late resubscribers and cancels
 MAX_EVENTS = 2000  # events kept per task (the oldest dropped first)
 ENDING_S = 2.0  # a task that ended less than this ago may still publish its last event

@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from reasonray import __version__
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, TokenVerifier
-from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError, error_for, wire
+from reasonray.api.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Dispatcher, RpcError, error_for, wire
 from reasonray.api.openrpc import result_schema
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import UnauthenticatedError
@@ -67,11 +67,9 @@ def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | No
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        method = by_name.get(params.name)
-        if method is None:
-            error = {"code": -32601, "message": f"unknown tool {params.name!r}; tools: {', '.join(by_name)}"}
-            return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
         try:
+            if (method := by_name.get(params.name)) is None:
+                raise RpcError(METHOD_NOT_FOUND, f"unknown tool {params.name!r}; tools: {', '.join(by_name)}")
             result = wire(await call(method, params.arguments or {}))
         except RpcError as error:  # a tool error carrying the JSON-RPC error (code, message, data)
             return types.CallToolResult(content=[types.TextContent(text=json.dumps(error.body()))], is_error=True)

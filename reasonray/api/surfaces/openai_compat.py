@@ -383,7 +383,7 @@ def usage_of(prompt: int, completion: int, answer_tokens: int, thinking_tokens: 
     )
 
 
-_PROGRESS: dict[type[Any], Callable[[Any], str]] = {  # a run event's progress line, by its type
+_PROGRESS: dict[type[Any], Callable[[Any], str]] = {  # a run event's progress line (a streamed `reasoning_content`), by its type
     events.IterationEnd: lambda e: f"[iteration {e.iteration + 1}] {e.completion_tokens} tokens, {e.stop}\n",
     events.Carryover: lambda e: f"[carryover] {e.tokens} tokens carried forward ({e.mode})\n",
     events.BranchRun: lambda e: f"[branch {e.label} #{e.index}] done in {e.elapsed_ms:.0f} ms, {e.llm_calls} LLM calls\n",
@@ -397,12 +397,6 @@ _PROGRESS: dict[type[Any], Callable[[Any], str]] = {  # a run event's progress l
     events.RunWarning: lambda e: f"[warning] {e.code}: {e.message}\n",
     ToolExecuted: lambda e: f"[tool] {e.tool} {e.status} in {e.elapsed_ms:.0f} ms\n",
 }
-
-
-def progress_text(event: Event) -> str | None:
-    """One line of progress for a run event (a streamed `reasoning_content`), or None for events not shown."""
-    line = _PROGRESS.get(type(event))
-    return line(event) if line is not None else None
 
 
 class OpenAICompat:
@@ -579,12 +573,8 @@ class OpenAICompat:
             content = apply_stop(turn.answer, request.stops) if turn.answer is not None else None
             choice = _choice(ChatCompletionMessage(role="assistant", content=content), "stop")
         else:
-            calls = [
-                _tool_call(
-                    f"{turn.session_id}-{c.tool_call_id}", c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)
-                )
-                for c in turn.pending_tool_calls
-            ]
+            pending = [(c, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)) for c in turn.pending_tool_calls]
+            calls = [_tool_call(f"{turn.session_id}-{c.tool_call_id}", c.name, arguments) for c, arguments in pending]
             choice = _choice(
                 ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
             )
@@ -619,10 +609,9 @@ class OpenAICompat:
             async for item in run:
                 if isinstance(item, CallResult):
                     result: ExecuteResult = item.value
-                elif progress and isinstance(item, Event) and (text := progress_text(item)):
-                    yield chunk(
-                        ChoiceDelta(reasoning_content=text), reasonray={"kind": "progress", "event": str(item.__struct_config__.tag)}
-                    )
+                elif progress and isinstance(item, Event) and (line := _PROGRESS.get(type(item))) is not None:
+                    kind = {"kind": "progress", "event": str(item.__struct_config__.tag)}
+                    yield chunk(ChoiceDelta(reasoning_content=line(item)), reasonray=kind)
         except RpcError as error:  # the stream has started (HTTP 200): the error is its last payload
             try:
                 answered = counted = _cut_short(error.body(), request, trace_id)  # what the run had achieved: finish_reason "length"
