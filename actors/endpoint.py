@@ -27,7 +27,7 @@ import structlog
 
 from reasonray.actors import NAMESPACE
 from reasonray.gateway.concurrency import Lease, use_shared_slots
-from reasonray.gateway.refusals import LocalRefusalBook, use_refusal_book
+from reasonray.gateway.refusals import RefusalBook, use_refusal_book
 
 log = structlog.get_logger(__name__)
 
@@ -200,7 +200,7 @@ def board_name(app_name: str) -> str:
 class RayEndpointSlots:
     """`SharedSlots` and a refusal sink over the endpoint actor, for one process (its owner id, its heartbeat)."""
 
-    def __init__(self, handle: Any, book: LocalRefusalBook | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, handle: Any, book: RefusalBook | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.handle = handle
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.book = book
@@ -262,7 +262,7 @@ def share_endpoints(app_name: str) -> RayEndpointSlots | None:
     with _install_lock:
         slots = _installed.get(app_name)
         if slots is None:
-            book = LocalRefusalBook()
+            book = RefusalBook()
             # the application's endpoint actor, created by whichever process asks first
             board = EndpointBoard.options(name=board_name(app_name), namespace=NAMESPACE, get_if_exists=True, lifetime="detached")
             slots = _installed[app_name] = RayEndpointSlots(board.remote(), book)

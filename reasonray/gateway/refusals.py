@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import structlog
 
@@ -40,21 +40,9 @@ Sink = Callable[[str, str, str], None]
 """Told of every refusal learnt here first: (base_url, model, parameter)."""
 
 
-@runtime_checkable
-class RefusalBook(Protocol):
-    """The parameters each (endpoint, model) is known to refuse."""
-
-    def refused(self, base_url: str, model: str) -> frozenset[str]:
-        """What the model at `base_url` refuses, as far as this process knows (never blocks)."""
-        ...
-
-    def record(self, base_url: str, model: str, param: str) -> bool:
-        """Remember a refusal; True when it is new here (then it is logged and passed to the sink)."""
-        ...
-
-
-class LocalRefusalBook:
-    """A `RefusalBook` in this process's memory; `sink` (if set) hears each new refusal, `load` merges others'."""
+class RefusalBook:
+    """The parameters each (endpoint, model) is known to refuse, in this process's memory; `sink` (if set) hears each
+    new refusal, `load` merges others'."""
 
     def __init__(self, sink: Sink | None = None) -> None:
         self._known: dict[Key, frozenset[str]] = {}
@@ -62,9 +50,11 @@ class LocalRefusalBook:
         self.sink = sink
 
     def refused(self, base_url: str, model: str) -> frozenset[str]:
+        """What the model at `base_url` refuses, as far as this process knows (never blocks)."""
         return self._known.get((base_url, model), frozenset())
 
     def record(self, base_url: str, model: str, param: str) -> bool:
+        """Remember a refusal; True when it is new here (then it is logged and passed to the sink)."""
         if not self._add(base_url, model, param):
             return False
         log.info("llm.parameter_refused", base_url=base_url, model=model, param=param)
@@ -92,7 +82,7 @@ class LocalRefusalBook:
             return True
 
 
-_book: RefusalBook = LocalRefusalBook()
+_book = RefusalBook()
 
 
 def refusal_book() -> RefusalBook:

@@ -182,10 +182,10 @@ async def test_the_cluster_tells_a_process_that_the_endpoint_is_serial():
 
 
 def test_a_refusal_learnt_in_one_process_is_known_in_the_others_after_their_heartbeat():
-    from reasonray.gateway.refusals import LocalRefusalBook
+    from reasonray.gateway.refusals import RefusalBook
 
     board = SlotBoard()
-    first, second = LocalRefusalBook(), LocalRefusalBook()
+    first, second = RefusalBook(), RefusalBook()
     first.sink = lambda url, model, param: board.record_refusal(url, model, param)  # what RayEndpointSlots sends
     assert first.record("http://llm/v1", "o4-mini", "temperature") is True
     assert first.record("http://llm/v1", "o4-mini", "temperature") is False  # told once

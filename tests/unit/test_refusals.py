@@ -12,7 +12,7 @@ import pytest
 import reasonray.gateway.openai_client as oc
 from reasonray.gateway.families import traits_for
 from reasonray.gateway.protocol import LLMRequest, system, user
-from reasonray.gateway.refusals import LocalRefusalBook, refused_param
+from reasonray.gateway.refusals import RefusalBook, refused_param
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.kernel.tags import extract_answer
 
@@ -36,7 +36,7 @@ def hidden(question: str = "What is 17 * 23?", **kw) -> LLMRequest:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_unknown_reasoning_model_learns_each_refusal_once_and_later_calls_go_straight(server, stream):
-    book = LocalRefusalBook()
+    book = RefusalBook()
     # counted by tiktoken: no framing probes, so every call the server sees is this test's
     llm = oc.OpenAILLM(
         "acme-reasoner", base_url=server.url, api_key="x", discover=False, stream=stream, refusals=book, tokenizer="tiktoken"
@@ -57,14 +57,14 @@ async def test_an_unknown_reasoning_model_learns_each_refusal_once_and_later_cal
 
 
 async def test_a_refused_stop_is_enforced_on_the_reply_text(server):
-    llm = oc.OpenAILLM("acme-reasoner", base_url=server.url, api_key="x", discover=False, refusals=LocalRefusalBook())
+    llm = oc.OpenAILLM("acme-reasoner", base_url=server.url, api_key="x", discover=False, refusals=RefusalBook())
     completion = await llm.complete(hidden(stop=("</answer>",), temperature=1.0, max_tokens=400))
     assert "</answer>" not in completion.text and completion.text.rstrip().endswith("391")
     assert completion.finish_reason == "stop" and completion.choices[0].stop_sequence == "</answer>"
 
 
 async def test_every_client_sharing_a_book_learns_from_the_first(server):
-    book = LocalRefusalBook()
+    book = RefusalBook()
     shared: list[tuple[str, str, str]] = []
     book.sink = lambda *entry: shared.append(entry)
     first = oc.OpenAILLM("acme-reasoner", base_url=server.url, api_key="x", discover=False, refusals=book)
@@ -75,14 +75,14 @@ async def test_every_client_sharing_a_book_learns_from_the_first(server):
     await other.complete(hidden(max_tokens=400))
     assert (await stats(server))["rejected"] == before["rejected"]
     # a book that loads what another process learnt starts there too, and tells its sink nothing of it
-    loaded = LocalRefusalBook(sink=lambda *entry: shared.append(entry))
+    loaded = RefusalBook(sink=lambda *entry: shared.append(entry))
     loaded.load(book.entries())
     assert loaded.refused(first.base_url, "acme-reasoner") == {"max_tokens", "temperature"} and len(shared) == 2
 
 
 @pytest.mark.parametrize("model", ["o3", "o4-mini", "gpt-5", "gpt-5-mini", "openai/o1"])
 async def test_openais_reasoning_families_start_right_without_any_refusal(server, model):
-    llm = oc.OpenAILLM(model, base_url=server.url, api_key="x", discover=False, refusals=LocalRefusalBook())
+    llm = oc.OpenAILLM(model, base_url=server.url, api_key="x", discover=False, refusals=RefusalBook())
     before = await stats(server)
     completion = await llm.complete(hidden(stop=("</answer>",), top_p=0.5, presence_penalty=0.2, purpose="final_answer"))
     after = await stats(server)
@@ -126,7 +126,7 @@ def answer(text: str) -> dict:
 
 
 def scripted(model: str, transport: httpx.MockTransport, **kw) -> oc.OpenAILLM:
-    llm = oc.OpenAILLM(model, base_url="http://127.0.0.1:9/v1", api_key="x", discover=False, refusals=LocalRefusalBook(), **kw)
+    llm = oc.OpenAILLM(model, base_url="http://127.0.0.1:9/v1", api_key="x", discover=False, refusals=RefusalBook(), **kw)
     llm._new_client = lambda: openai.AsyncOpenAI(  # type: ignore[method-assign]
         base_url=llm.base_url, api_key="x", max_retries=0, http_client=httpx.AsyncClient(transport=transport)
     )
