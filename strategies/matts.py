@@ -125,13 +125,13 @@ async def attempt(
     result = await strategy.reason(query, context=own, config=config)
     specific = result.metrics.strategy_specific
     found_by = specific.get("found_by") if isinstance(specific.get("found_by"), str) else ""
-    return {
-        "index": index,
-        "answer": result.answer,
-        "text": "\n\n".join(recording.replies) or result.answer,
-        "found_by": found_by,
-        "degenerate": degenerate(found_by, specific.get("truncated") is True),
-    }
+    return attempted(index, result.answer, "\n\n".join(recording.replies) or result.answer, found_by, specific.get("truncated") is True)
+
+
+def attempted(index: int, answer: str, text: str, found_by: str, truncated: bool) -> dict[str, Any]:
+    """An attempt as the run keeps it; cut by max_tokens with an answer that is only its last number or its whole
+    text, it never stated one: it is degenerate."""
+    return {"index": index, "answer": answer, "text": text, "found_by": found_by, "degenerate": truncated and found_by in WEAK}
 
 
 def attempt_log(
@@ -179,11 +179,6 @@ def judge_selected(logged: list[dict[str, Any]]) -> int | None:
     return int(finished[chosen]["index"])
 
 
-def degenerate(found_by: str, truncated: bool) -> bool:
-    """A reply cut by max_tokens whose answer is only its last number or its whole text: it never stated one."""
-    return truncated and found_by in WEAK
-
-
 def agree(attempts: list[dict[str, Any]]) -> bool:
     """Every attempt gave the same (normalized, non-empty) answer: there is nothing to choose between."""
     answers = {normalize_answer(a["answer"]) for a in attempts}
@@ -192,7 +187,7 @@ def agree(attempts: list[dict[str, Any]]) -> bool:
 
 def pick(attempts: list[dict[str, Any]], scores: list[float | None]) -> int:
     """The chosen attempt: one with an answer before one without, a stated answer before a degenerate one (see
-    `degenerate`), scored before unscored, the higher score, then the answer more attempts share, then the earlier attempt."""
+    `attempted`), scored before unscored, the higher score, then the answer more attempts share, then the earlier attempt."""
     counts = Counter(normalize_answer(a["answer"]) for a in attempts)
 
     def rank(i: int) -> tuple[bool, bool, bool, float, int, int]:
@@ -391,16 +386,8 @@ class _Run:
                 self.note_progress(attempts, len(self.failed))
                 break
             found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
-            found_by = found.found_by if found else ""
-            attempts.append(
-                {
-                    "index": index,
-                    "answer": found.answer if found else "",
-                    "text": completion.text,
-                    "found_by": found_by,
-                    "degenerate": degenerate(found_by, completion.finish_reason == "length"),
-                }
-            )
+            answer, found_by = (found.answer, found.found_by) if found else ("", "")
+            attempts.append(attempted(index, answer, completion.text, found_by, completion.finish_reason == "length"))
             self.note_progress(attempts)
         return attempts
 
