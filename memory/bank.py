@@ -223,10 +223,8 @@ class ReasoningBank:
             domain=domain,
             error_patterns=error_patterns,
         )
-        scored = []
-        for item, distance in self.store.nearest(workspace, vector, max(s.candidates, top_k * 3), where):
-            if (similarity := similarity_from_cosine_distance(distance)) >= floor:
-                scored.append((item, score(item, similarity)))
+        nearest = self.store.nearest(workspace, vector, max(s.candidates, top_k * 3), where)
+        scored = [(item, score(item, sim)) for item, distance in nearest if (sim := similarity_from_cosine_distance(distance)) >= floor]
         scored.sort(key=lambda pair: pair[1].composite, reverse=True)
         chosen: list[str] = []
         results = []
@@ -285,17 +283,20 @@ class ReasoningBank:
             ancestors.insert(0, found[0])
             parent = found[0].parent_memory_id
 
+        shown: list[MemoryItem] = []
+
         def tree(item: MemoryItem, depth: int) -> dict[str, Any]:
             kids = self.children(str(item.id), workspace=workspace) if depth < 64 else []
+            shown.extend(kids)
             return {"memory": item.model_dump(mode="json"), "children": [tree(k, depth + 1) for k in kids]}
 
-        descendants = tree(memory, 0)
+        descendants = tree(memory, 0)["children"]
         return {
             "memory": memory.model_dump(mode="json"),
             "evolution_stage": memory.evolution_stage,
             "ancestors": [a.model_dump(mode="json") for a in ancestors],
-            "descendants": descendants["children"],
-            "descendant_count": _count(descendants) - 1,
+            "descendants": descendants,
+            "descendant_count": len(shown),
         }
 
     # -- workspaces -------------------------------------------------------------------------------
@@ -324,7 +325,3 @@ def _uuid(memory_id: str) -> str:
         return str(uuid.UUID(str(memory_id)))
     except ValueError:
         raise InvalidParamsError(f"memory id {memory_id!r} is not a UUID", {"memory_id": str(memory_id)}) from None
-
-
-def _count(node: dict[str, Any]) -> int:
-    return 1 + sum(_count(c) for c in node["children"])

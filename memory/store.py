@@ -162,15 +162,14 @@ class ChromaStore:
         return list(zip(_items(found["metadatas"][0]), found["distances"][0], strict=False))
 
     def get(self, workspace: str, ids: Sequence[str]) -> list[MemoryItem]:
-        collection = self._collection(MEMORIES, workspace, create=False)
-        if collection is None or not ids:
-            return []
-        return _items(collection.get(ids=list(ids), include=["metadatas"])["metadatas"])
+        return self.find(workspace, None, ids=list(ids)) if ids else []
 
-    def find(self, workspace: str, where: dict[str, Any], limit: int | None = None) -> list[MemoryItem]:
+    def find(
+        self, workspace: str, where: dict[str, Any] | None, limit: int | None = None, *, ids: list[str] | None = None
+    ) -> list[MemoryItem]:
         if (collection := self._collection(MEMORIES, workspace, create=False)) is None:
             return []
-        return _items(collection.get(where=where, limit=limit, include=["metadatas"])["metadatas"])
+        return _items(collection.get(ids=ids, where=where, limit=limit, include=["metadatas"])["metadatas"])
 
     def traces(self, workspace: str, task_id: str) -> list[dict[str, Any]]:
         if (collection := self._collection(TRACES, workspace, create=False)) is None:

@@ -43,13 +43,9 @@ def evaluate_task(spec: LLMSpec, example: Example, cell: Cell, memory: bool) -> 
     return WorkerLoop.run(evaluate(ray_service(spec, memory), example, cell, memory=memory))
 
 
-class RayEngine:
-    def __init__(self, spec: LLMSpec) -> None:
-        self.spec = spec
-
-    async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
-        name = f"eval[{cell.key}][{example.id}]"
-        return await unwrap(evaluate_task.options(name=name).remote(self.spec, example, cell, memory))
+async def on_ray(spec: LLMSpec, example: Example, cell: Cell, memory: bool) -> Record:
+    """The engine of a run on Ray (`functools.partial(on_ray, spec)`): the example as a Ray task."""
+    return await unwrap(evaluate_task.options(name=f"eval[{cell.key}][{example.id}]").remote(spec, example, cell, memory))
 
 
 def release(app_name: str) -> None:

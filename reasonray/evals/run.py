@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -280,9 +281,9 @@ async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, ec
             echo(f"SIMULATED model at {settings.llm.base_url} (answer key of {known} questions, skill {options.sim_skill})")
         if options.use_ray:
             from reasonray.actors.fanout import LLMSpec
-            from reasonray.evals.distributed import RayEngine
+            from reasonray.evals.distributed import on_ray
 
-            yield RayEngine(LLMSpec(settings.model_dump_json(), app_name)), cluster
+            yield functools.partial(on_ray, LLMSpec(settings.model_dump_json(), app_name)), cluster
         else:
             from reasonray.api.app import build_application
 

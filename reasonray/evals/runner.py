@@ -2,7 +2,7 @@
 appended to `results.jsonl` as it finishes.
 
 Ray-free: an `Engine` runs one (example, cell) and returns its `Record`; `InProcessEngine` runs it
-here, `evals.distributed.RayEngine` as a Ray task, `HttpEngine` through a running service over HTTP. `run_grid` schedules with bounded concurrency:
+here, `evals.distributed.on_ray` as a Ray task, `HttpEngine` through a running service over HTTP. `run_grid` schedules with bounded concurrency:
 examples of plain cells in any order, those of memory-aware cells one after the other in the
 cell's stream order (a stream: each example retrieves what the earlier ones taught, then learns,
 never seeing its own memories; stream order `order` is the examples shuffled with that seed, order
@@ -13,6 +13,7 @@ skips what `results.jsonl` already holds (examples that failed are tried again).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
@@ -78,7 +79,7 @@ class Record:
         return cell_key(self.strategy, self.config_name, self.seed, self.arm, self.order)
 
 
-async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, memory: bool = False) -> Record:
+async def evaluate(service: ReasoningService, example: Example, cell: Cell, memory: bool = False) -> Record:
     """Run `example` with `cell`'s strategy and config through the service, score the answer."""
     trace_id = f"eval-{uuid.uuid4().hex[:16]}"
     params = ExecuteParams(
@@ -98,14 +99,14 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, *, m
     except Exception as exc:  # recorded, with what the run spent before it failed; the grid goes on
         rpc = error_for(exc)
         spent = getattr(exc, "partial_result", None) or {}
-        return Record(
-            **_base(example, cell),
-            status="error",
+        return _failed(
+            example,
+            cell,
+            f"{type(exc).__name__}: {exc}",
             prompt_tokens=int(spent.get("prompt_tokens", 0)),
             completion_tokens=int(spent.get("completion_tokens", 0)),
             llm_calls=int(spent.get("calls", 0)),
             latency_ms=_ms(started),
-            error=f"{type(exc).__name__}: {exc}"[:1000],
             error_code=rpc.code,
             error_type=rpc.data.get("error_type"),
             trace_id=trace_id,
@@ -157,6 +158,11 @@ def _base(example: Example, cell: Cell) -> dict[str, Any]:
     return run | {"reference": reference, "arm": cell.arm, "order": cell.order, "budget": cell.budget}
 
 
+def _failed(example: Example, cell: Cell, error: str, **fields: Any) -> Record:
+    """The record of a run that failed with `error`: the grid goes on."""
+    return Record(**_base(example, cell), status="error", error=error[:1000], **fields)
+
+
 # A placebo memory: as long as a typical learned item (title, description, content), retrieved like one, and
 # holding no method, no answer and no advice, so that what it shows is the effect of memories' mere presence.
 PLACEBO_SENTENCE = "This note records only that a task of this kind was seen; it holds no method, answer or advice. "
@@ -186,49 +192,36 @@ def _ms(started: float) -> float:
 Engine = Callable[[Example, Cell, bool], Awaitable[Record]]  # runs one example of one cell, memory-aware or not
 
 
-class InProcessEngine:
+def InProcessEngine(service: ReasoningService) -> Engine:
     """Runs examples on this process's event loop against one ReasoningService."""
-
-    def __init__(self, service: ReasoningService) -> None:
-        self.service = service
-
-    async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
-        return await evaluate(self.service, example, cell, memory=memory)
+    return functools.partial(evaluate, service)
 
 
-class HttpEngine:
-    """Runs examples through a running service over HTTP (`reasoning.execute`, JSON-RPC), with
-    `reasonray.AsyncClient`: the whole stack the service's users reach, its model and its settings."""
+def HttpEngine(client: Any) -> Engine:
+    """Runs examples through a running service over HTTP (`reasoning.execute`, JSON-RPC), with `client` (a
+    `reasonray.AsyncClient`): the whole stack the service's users reach, its model and its settings."""
+    return functools.partial(_over_http, client)
 
-    def __init__(self, client: Any) -> None:
-        self.client = client  # a reasonray.AsyncClient
 
-    async def __call__(self, example: Example, cell: Cell, memory: bool) -> Record:
-        from reasonray.client import ReasonRayError
+async def _over_http(client: Any, example: Example, cell: Cell, memory: bool) -> Record:
+    from reasonray.client import ReasonRayError
 
-        started = time.perf_counter()
-        try:
-            result = await self.client.execute(
-                example.query,
-                strategy=cell.strategy,
-                strategy_config=cell.config or None,
-                budget={"max_output_tokens": cell.budget} if cell.budget is not None else None,
-                memory=memory_request(example, cell) if memory else None,
-            )
-        except ReasonRayError as exc:
-            return Record(
-                **_base(example, cell),
-                status="error",
-                latency_ms=_ms(started),
-                error=f"{exc.code}: {exc.message}"[:1000],
-                error_code=exc.code,
-                error_type=exc.data.get("error_type"),
-                trace_id=exc.trace_id or "",
-            )
-        latency = _ms(started)
-        if memory and cell.arm == "placebo":  # found by the task's text, as a learned memory would be
-            await self.client.store_memories([PLACEBO_ITEM], workspace=cell.workspace, key=example.query)
-        return await _scored(example, cell, result, latency)
+    started = time.perf_counter()
+    try:
+        result = await client.execute(
+            example.query,
+            strategy=cell.strategy,
+            strategy_config=cell.config or None,
+            budget={"max_output_tokens": cell.budget} if cell.budget is not None else None,
+            memory=memory_request(example, cell) if memory else None,
+        )
+    except ReasonRayError as exc:
+        fields = {"error_code": exc.code, "error_type": exc.data.get("error_type"), "trace_id": exc.trace_id or ""}
+        return _failed(example, cell, f"{exc.code}: {exc.message}", latency_ms=_ms(started), **fields)
+    latency = _ms(started)
+    if memory and cell.arm == "placebo":  # found by the task's text, as a learned memory would be
+        await client.store_memories([PLACEBO_ITEM], workspace=cell.workspace, key=example.query)
+    return await _scored(example, cell, result, latency)
 
 
 class ResultLog:
@@ -288,7 +281,7 @@ async def run_grid(
             try:
                 record = await engine(example, cell, learns(cell))
             except Exception as exc:  # the engine itself failed (a Ray worker died): still one record
-                record = Record(**_base(example, cell), status="error", error=f"{type(exc).__name__}: {exc}"[:1000])
+                record = _failed(example, cell, f"{type(exc).__name__}: {exc}")
         record.position = position
         results.append(record)
         ran += 1
