@@ -187,7 +187,8 @@ class _Run:
         context.progress.update(
             iterations=len(attempts), last_score=score, last_critique=feedback, answer=max(attempts, key=rank)["answer"]
         )
-        step = "failed" if failed else self.stop_decision(attempts[-1])
+        passed = score is not None and score > self.cfg.threshold and not attempts[-1]["degenerate"]  # a real attempt above it
+        step = "failed" if failed else ("threshold" if passed else "continue")
         self.iteration_end(iteration, before, True, step)
         return step
 
@@ -208,12 +209,6 @@ class _Run:
                 "(it cannot stop the loop or beat a scored attempt)",
             )
         return score, feedback, False
-
-    def stop_decision(self, attempt: dict[str, Any]) -> str:
-        """ "threshold" when a real attempt scored above the threshold, else "continue"."""
-        score = attempt["score"]
-        passed = score is not None and score > self.cfg.threshold and not attempt["degenerate"]
-        return "threshold" if passed else "continue"
 
     def finish(self, stop: str) -> ReasoningResult:
         """The best attempt's answer, with the whole trajectory kept for memory learning."""
@@ -252,23 +247,18 @@ class _Run:
     def attempt_request(self, iteration: int, enforced: bool) -> LLMRequest:
         """The first attempt's request, or a re-examination of the last attempt in the light of its review, the
         attempt and the review cut (head and tail) where the whole would not fit the model's context."""
-        query, cfg, attempts = self.query, self.cfg, self.attempts
-        last = attempts[-1] if attempts else None
+        query, cfg, last = self.query, self.cfg, self.attempts[-1] if self.attempts else None
+        seed = None if cfg.seed is None else cfg.seed + iteration - 1
+        temperature = cfg.temperature if last is None else cfg.refine_temperature
+        if last is None:
+            return asking(ANSWER, SYSTEM_PROMPT, query, enforced, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
 
         def build(parts: tuple[str, ...]) -> LLMRequest:
-            if last is None:
-                instructions, prompt = SYSTEM_PROMPT, query
-            else:
-                solution, answer, feedback = parts
-                score = UNSCORED if last["score"] is None else last["score"]
-                instructions = REFINE_PROMPT
-                prompt = REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
-            temperature = cfg.refine_temperature if attempts else cfg.temperature
-            seed = None if cfg.seed is None else cfg.seed + iteration - 1
-            return asking(ANSWER, instructions, prompt, enforced, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
+            solution, answer, feedback = parts
+            score = UNSCORED if last["score"] is None else last["score"]
+            prompt = REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
+            return asking(ANSWER, REFINE_PROMPT, prompt, enforced, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
 
-        if last is None:
-            return build(())
         return fitted(self.context, build, (strip_thinking(last["text"]), last["answer"], last["feedback"] or NO_FEEDBACK))
 
     def iteration_end(self, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
