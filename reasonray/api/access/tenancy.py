@@ -239,7 +239,7 @@ class Guard:
         write, claim = mode != "read", mode == "claim"
         if resource.kind == "agent":
             await self._agent(principal, ident, write=write, claim=claim)
-        else:
+        elif not sees_all:
             await self._require(resource.kind, ident, principal, write=write, claim=claim)
 
     async def _visible(self, principal: Principal, kind: Kind, sees_all: bool) -> Visible | None:
@@ -297,8 +297,7 @@ class Guard:
         await self._require("agent", agent_id, principal, write=write, claim=claim)
 
     async def _require(self, kind: str, ident: str, principal: Principal, *, write: bool, claim: bool = False) -> None:
-        if self.policy.sees_all(principal):
-            return
+        """Refuse a principal that does not see every owner's data unless `ident` is its own (or shared with it, to read)."""
         record = await self.owners.get(kind, ident)
         if record is None and kind == "workspace" and PERSONAL_WORKSPACE.fullmatch(ident):
             if ident != personal_workspace(principal.sub):

@@ -63,8 +63,8 @@ from reasonray.memory.loop import MemoryParams
 from reasonray.reasoner.trace import ToolExecuted
 
 OWNER = "reasonray"
-_STRATEGY = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 DEFAULT_MODEL = "reasonray"
+_MODEL_NAME = re.compile(rf"{DEFAULT_MODEL}/(?P<named>[a-z_][a-z0-9_]{{0,63}}\n?)|(?P<prefixed>[a-z_][a-z0-9_]{{0,63}}\n?):.*", re.S)
 
 
 class ReasoningOptions(BaseModel):
@@ -172,8 +172,7 @@ class ChatCompletionRequest(BaseModel):
     @property
     def completion_limit(self) -> int | None:
         """Completion tokens the whole run may generate (the lower of max_tokens and max_completion_tokens)."""
-        limits = [v for v in (self.max_tokens, self.max_completion_tokens) if v is not None]
-        return min(limits) if limits else None
+        return min((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None), default=None)
 
     @property
     def tool_names(self) -> list[str]:
@@ -329,15 +328,12 @@ def strategy_of(model: str, served_model: str) -> str | None:
     that is not enabled is found by reasoning.execute (-32002, answered as a 404 listing the enabled ones)."""
     if model in (DEFAULT_MODEL, served_model):
         return None
-    name = (
-        model.removeprefix(f"{DEFAULT_MODEL}/") if model.startswith(f"{DEFAULT_MODEL}/") else model.split(":", 1)[0] if ":" in model else ""
-    )
-    if not _STRATEGY.match(name):
+    if (found := _MODEL_NAME.fullmatch(model)) is None:
         raise model_not_found(
             f"The model {model!r} does not exist: use 'reasonray', 'reasonray/<strategy>' or '<strategy>:<model>'; "
             "GET /v1/models lists the strategies"
         )
-    return name
+    return found["named"] or found["prefixed"]
 
 
 def conversation_query(messages: list[ChatMessage]) -> tuple[str, str | None]:
