@@ -174,8 +174,9 @@ class RunState:
     so a prompt made mostly of one is counted at least at this ratio, whatever the first (short) prompt showed."""
 
     def kept(self) -> str:
-        """Delethink mode: the thinking the next chunk continues, its head and its raw tail, joined as they were cut."""
-        return self.head + self.carryover
+        """What the next chunk carries: in delethink mode the thinking it continues, its head and its raw tail joined as
+        they were cut; else the carryover."""
+        return self.head + self.carryover if self.mode == "delethink" else self.carryover
 
     def calibrate(self, counted: int, served: int) -> None:
         """Learn from a prompt the server counted (`served` tokens) that our counter made `counted`."""
@@ -203,7 +204,11 @@ class BoundedContext(Strategy):
 
     async def reason(self, query: str, *, context: StrategyContext, config: Any = None, **_: Any) -> ReasoningResult:
         cfg = self.parse_config(config)
-        self._check_limits(cfg)
+        if cfg.max_iterations > (allowed := self.settings.max_allowed_iterations):
+            raise InvalidParamsError(
+                f"max_iterations {cfg.max_iterations} exceeds this server's max_allowed_iterations ({allowed}): ask for at most {allowed}",
+                {"max_allowed_iterations": allowed},
+            )
         state = RunState(mode=None if cfg.carryover_mode == "auto" else cfg.carryover_mode)
         try:
             for iteration in range(cfg.max_iterations):
@@ -223,14 +228,6 @@ class BoundedContext(Strategy):
         except BaseException as exc:  # provider, budget, deadline, cancellation: keep the iterations done
             raise attach_partial(exc, self._partial(cfg, state)) from None
         raise self._out_of_iterations(cfg, state)
-
-    def _check_limits(self, cfg: BoundedContextConfig) -> None:
-        allowed = self.settings.max_allowed_iterations
-        if cfg.max_iterations > allowed:
-            raise InvalidParamsError(
-                f"max_iterations {cfg.max_iterations} exceeds this server's max_allowed_iterations ({allowed}): ask for at most {allowed}",
-                {"max_allowed_iterations": allowed},
-            )
 
     @staticmethod
     def _forces_answer(cfg: BoundedContextConfig, state: RunState) -> bool:
@@ -282,7 +279,7 @@ class BoundedContext(Strategy):
                 else:
                     state.head = context.tokens.head(state.head, max(0, context.tokens.count(state.head) - cut))
                 messages, thinking, room = measure()
-            kept = context.tokens.count(state.kept() if delethink else state.carryover)
+            kept = context.tokens.count(state.kept())
             to = "leave room for the final answer" if told else f"fit chunk_size {cfg.chunk_size}"
             context.warn(self.name, "carryover_truncated", f"carryover cut to {kept} tokens to {to}")
         if room < need and not told:  # the final answer's prompt is checked by the caller, which needs less
@@ -369,36 +366,31 @@ class BoundedContext(Strategy):
     ) -> bool:
         """Make the next chunk's carryover; False when it would leave the next prompt as it was (no progress)."""
         before = (state.head, state.carryover)
-        fallback = False
-        if state.mode == "delethink":
-            text = chunk.reasoning
-            if iteration == 0:
-                state.head = context.tokens.head(text, cfg.head_tokens)
-                text = (
-                    text[len(state.head) :]
-                    if text.startswith(state.head)
-                    else context.tokens.tail(text, context.tokens.count(text) - cfg.head_tokens)
+        delethink = state.mode == "delethink"
+        # delethink carries the thinking; the other modes the chunk's visible reasoning, and a chunk with none (cut while
+        # thinking) by its thinking, which the endpoint handed over apart or left in the text's tags, rather than by nothing
+        material = (
+            chunk.reasoning if delethink else strip_thinking(chunk.text) or chunk.reasoning or _THINK_TAG.sub(" ", chunk.text).strip()
+        )
+        if iteration == 0:
+            state.head = context.tokens.head(material, cfg.head_tokens)
+            if delethink:  # the raw tail of the thinking is what follows its head
+                material = (
+                    material[len(state.head) :]
+                    if material.startswith(state.head)
+                    else context.tokens.tail(material, context.tokens.count(material) - cfg.head_tokens)
                 )
-            state.carryover = context.tokens.tail(state.carryover + text, cfg.carryover_size)
-            carried = state.kept()
-        else:
-            # the chunk's visible reasoning; a chunk with none (cut while thinking) is carried by its thinking, which
-            # the endpoint handed over apart or left in the text's tags, rather than by nothing
-            material = strip_thinking(chunk.text) or chunk.reasoning or _THINK_TAG.sub(" ", chunk.text).strip()
-            if iteration == 0:
-                state.head = context.tokens.head(material, cfg.head_tokens)
-            if not material:
-                return False
-            if state.mode == "summary":
-                summary = await self._summarize(query, state, material, cfg, context)
-                fallback = summary is None
-                state.carryover = summary if summary is not None else context.tokens.tail(material, cfg.carryover_size)
-            else:
-                state.carryover = context.tokens.tail(material, cfg.carryover_size)
-            carried = state.carryover
-        # the thinking carried unchanged: the next chunk would continue from exactly where this one did
-        if state.mode == "delethink" and (state.head, state.carryover) == before:
+        if not material and not delethink:
             return False
+        summary = await self._summarize(query, state, material, cfg, context) if state.mode == "summary" else None
+        fallback = state.mode == "summary" and summary is None
+        if summary is None:  # the raw tail: of the thinking so far in delethink mode, else of this chunk's reasoning
+            summary = context.tokens.tail((state.carryover if delethink else "") + material, cfg.carryover_size)
+        state.carryover = summary
+        # the thinking carried unchanged: the next chunk would continue from exactly where this one did
+        if delethink and (state.head, state.carryover) == before:
+            return False
+        carried = state.kept()
         state.compressions += 1
         state.fallbacks += fallback
         state.iterations[-1]["carryover_tokens"] = context.tokens.count(carried)
@@ -508,7 +500,7 @@ class BoundedContext(Strategy):
         }
 
     def _partial(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
-        return {**self._progress(cfg, state), "last_carryover": state.kept() if state.mode == "delethink" else state.carryover}
+        return {**self._progress(cfg, state), "last_carryover": state.kept()}
 
     def _out_of_iterations(self, cfg: BoundedContextConfig, state: RunState) -> MaxIterationsError:
         allowed = self.settings.max_allowed_iterations
