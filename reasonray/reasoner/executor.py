@@ -20,28 +20,12 @@ from typing import Any
 from reasonray.gateway.protocol import ToolCall
 from reasonray.kernel import tracing
 from reasonray.kernel.errors import CapExceededError, ToolFailedError, UnregisteredToolError
-from reasonray.kernel.events import EventSink
+from reasonray.kernel.events import Event, EventSink
 from reasonray.reasoner.providers import ContextProviders, LedgerEntry, Round
 from reasonray.reasoner.tools import ClientTool, ServerTool, ToolArgumentsError
 from reasonray.reasoner.trace import ClientToolPending, ModeChanged, ToolExecuted
 
 MODE_TOOL = "mode_state_change"
-
-
-def mode_tool_schema(modes: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": MODE_TOOL,
-            "description": "Switch the session to another mode; it applies from your next step and may change your tools.",
-            "parameters": {
-                "type": "object",
-                "properties": {"mode": {"type": "string", "enum": modes, "description": "The mode to switch to."}},
-                "required": ["mode"],
-                "additionalProperties": False,
-            },
-        },
-    }
 
 
 @dataclass
@@ -61,7 +45,14 @@ class ToolExecutor:
         schemas = [t.schema() for n, t in self.server.items() if mode.allows(n)]
         schemas += [t.model_dump() for n, t in self.client.items() if mode.allows(n)]
         if len(mode.modes) > 1:
-            schemas.append(mode_tool_schema(sorted(mode.modes)))
+            description = "Switch the session to another mode; it applies from your next step and may change your tools."
+            parameters = {
+                "type": "object",
+                "properties": {"mode": {"type": "string", "enum": sorted(mode.modes), "description": "The mode to switch to."}},
+                "required": ["mode"],
+                "additionalProperties": False,
+            }
+            schemas.append({"type": "function", "function": {"name": MODE_TOOL, "description": description, "parameters": parameters}})
         return schemas
 
     async def run_round(self, calls: tuple[ToolCall, ...]) -> None:
@@ -77,7 +68,7 @@ class ToolExecutor:
         self.providers.ledger.rounds.append(Round(list(calls), entries))
         for entry in entries:
             if entry.kind == "client":
-                self.emit(self._step(ClientToolPending, tool_call_id=entry.tool_call_id, tool=entry.tool))
+                self._emit(ClientToolPending, tool_call_id=entry.tool_call_id, tool=entry.tool)
             else:
                 await self._run_server(entry)
 
@@ -150,15 +141,11 @@ class ToolExecutor:
         previous, mode.mode = mode.mode, target
         if bootstrap := mode.modes[target].bootstrap:
             self.providers.bootstrap.append(bootstrap)
-        self.emit(self._step(ModeChanged, tool_call_id=entry.tool_call_id, previous=previous, mode=target))
+        self._emit(ModeChanged, tool_call_id=entry.tool_call_id, previous=previous, mode=target)
         return f"Mode is now {target}."
 
     def _executed(self, entry: LedgerEntry, elapsed_ms: float = 0.0, error: str | None = None) -> None:
-        self.emit(
-            self._step(
-                ToolExecuted, tool_call_id=entry.tool_call_id, tool=entry.tool, status=entry.status, elapsed_ms=elapsed_ms, error=error
-            )
-        )
+        self._emit(ToolExecuted, tool_call_id=entry.tool_call_id, tool=entry.tool, status=entry.status, elapsed_ms=elapsed_ms, error=error)
 
-    def _step(self, kind: type, **fields: Any) -> Any:
-        return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
+    def _emit(self, kind: type[Event], **fields: Any) -> None:
+        self.emit(kind(trace_id=self.trace_id, strategy=self.strategy, **fields))

@@ -11,7 +11,7 @@ turn-scoped context once it has been emitted. A reply without tool calls is the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -29,8 +29,6 @@ from reasonray.reasoner.trace import (
     ReentryRejected,
     ReentryVerified,
 )
-
-E = TypeVar("E", bound=Event)
 
 REENTRY_PROBLEMS = {
     "missing": "no result for pending call(s) {}",
@@ -71,15 +69,11 @@ class TurnReasoner:
     first_tool_choice: str | None = None
     """`tool_choice` of the turn's first call ("required": it must call a tool), for endpoints that enforce it."""
 
-    async def run(self) -> TurnExit:
-        """Run a new turn whose providers the pipeline has populated (with a fresh ledger)."""
-        return await self._loop()
-
     async def resume(self) -> TurnExit:
         """Continue a turn after the pipeline restored its providers and submitted the client's results."""
         self.verify_reentry()
-        self.emit(self._step(Continued))
-        return await self._loop()
+        self._emit(Continued)
+        return await self.run()
 
     def verify_reentry(self) -> None:
         """Every expected client call has a result and nothing else came back; else a hard ReentryError."""
@@ -90,32 +84,33 @@ class TurnReasoner:
         mismatched = [r.tool_call_id for r in ledger.unexpected if r.tool_call_id in known]
         wrong = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
         if parts := [REENTRY_PROBLEMS[kind].format(", ".join(ids)) for kind, ids in wrong.items() if ids]:
-            self.emit(self._step(ReentryRejected, **wrong))
+            self._emit(ReentryRejected, **wrong)
             raise ReentryError(
                 f"client tool results do not match the pending calls: {'; '.join(parts)}. "
                 "Send exactly one result per pending tool_call_id (see session.get)",
                 wrong,
             )
         verified = [e.tool_call_id for e in ledger.entries() if e.kind == "client"]
-        self.emit(self._step(ReentryVerified, tool_call_ids=verified))
+        self._emit(ReentryVerified, tool_call_ids=verified)
         self.executor.raise_for_failed_client_calls()
 
-    async def _loop(self) -> TurnExit:
+    async def run(self) -> TurnExit:
+        """Run a new turn whose providers the pipeline has populated (with a fresh ledger), or go on with a resumed one."""
         while True:
             reply = await self._next_step()
             if isinstance(reply, Completed):
-                self.emit(self._step(Exited, exit_mode=1, reason="final_answer"))
+                self._emit(Exited, exit_mode=1, reason="final_answer")
                 return reply
             await self.executor.run_round(reply)
             if pending := tuple(self.providers.ledger.pending()):
                 ids = [e.tool_call_id for e in pending]
-                self.emit(self._step(Exited, exit_mode=2, reason="client_tool_calls", pending_tool_call_ids=ids))
+                self._emit(Exited, exit_mode=2, reason="client_tool_calls", pending_tool_call_ids=ids)
                 return AwaitingClient(pending)
 
     async def _next_step(self) -> Completed | tuple[ToolCall, ...]:
         """One LLM call: the turn's answer, or the tool calls to run."""
         if self.llm_calls >= self.max_llm_calls:
-            self.emit(self._step(Exited, exit_mode=0, reason="max_llm_calls"))
+            self._emit(Exited, exit_mode=0, reason="max_llm_calls")
             raise MaxLLMCallsError(
                 f"the turn made {self.llm_calls} LLM calls without a final answer (limit {self.max_llm_calls}); "
                 "raise max_llm_calls or simplify the task",
@@ -128,15 +123,13 @@ class TurnReasoner:
         completion = await self.llm.complete(request)
         self.llm_calls += 1
         calls = completion.choices[0].tool_calls
-        self.emit(
-            self._step(
-                LLMCalled,
-                call=self.llm_calls,
-                prompt_tokens=completion.usage.prompt_tokens,
-                completion_tokens=completion.usage.completion_tokens,
-                finish_reason=completion.finish_reason,
-                tool_call_ids=[c.id for c in calls],
-            )
+        self._emit(
+            LLMCalled,
+            call=self.llm_calls,
+            prompt_tokens=completion.usage.prompt_tokens,
+            completion_tokens=completion.usage.completion_tokens,
+            finish_reason=completion.finish_reason,
+            tool_call_ids=[c.id for c in calls],
         )
         if calls:
             return calls
@@ -153,5 +146,5 @@ class TurnReasoner:
             raise ModelBehaviorError("the model ended the turn with neither tool calls nor an answer", {"llm_calls": self.llm_calls})
         return Completed(answer, "tag" if tagged is not None else "whole_text")
 
-    def _step(self, kind: type[E], **fields: Any) -> E:
-        return kind(trace_id=self.trace_id, strategy=self.strategy, **fields)
+    def _emit(self, kind: type[Event], **fields: Any) -> None:
+        self.emit(kind(trace_id=self.trace_id, strategy=self.strategy, **fields))
