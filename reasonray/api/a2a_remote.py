@@ -74,11 +74,11 @@ async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = 
     except (A2AError, httpx.HTTPError, ValidationError, ValueError, TimeoutError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     else:
-        problem = "; ".join(
-            ([] if any(i.protocol_binding == "JSONRPC" for i in card.supported_interfaces) else ["no JSONRPC interface"])
-            + ([] if card.skills else ["no skills"])
-        )
-        if not problem:
+        lacks = {
+            "no JSONRPC interface": not any(i.protocol_binding == "JSONRPC" for i in card.supported_interfaces),
+            "no skills": not card.skills,
+        }
+        if not (problem := "; ".join(k for k, missing in lacks.items() if missing)):
             return card
     # the caller learns that no usable card came, not why: a closed port, a timeout, a status, a page
     # that is not a card would otherwise tell it what listens where (the operator's log has it)
@@ -132,11 +132,31 @@ async def forward(
     limit_s = min(d for d in (egress.settings.call_timeout_s, deadline_s) if d is not None)
     try:
         async with _slot(egress, agent["a2a_card_url"], limit_s), asyncio.timeout(limit_s):
-            replies = await _send(agent, query, skill, trace_id, egress, http, limit_s)
+            connection = http or egress.client(limit_s)
+            try:
+                card = await fetch_card(agent["a2a_card_url"], egress, connection)
+                client = await create_client(card, ClientConfig(httpx_client=connection, streaming=False))
+                message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
+                message.metadata.update({"traceId": trace_id, **({"skill": skill} if skill else {})})
+                replies = [r async for r in client.send_message(SendMessageRequest(message=message))]
+            finally:
+                if http is None:
+                    # shielded: the request can be cancelled twice when its caller leaves (Serve's watch and the front
+                    # door's), and a second cancel in the middle of the close left the remote's connection open
+                    await asyncio.shield(connection.aclose())
     except TimeoutError:
         raise RemoteAgentError(
             f"remote agent {agent['id']!r} did not answer within {limit_s:g} s ([egress] call_timeout_s or budget.deadline_s)",
             {"agent_id": agent["id"]},
+        ) from None
+    except InvalidParamsError:
+        raise RemoteAgentError(
+            f"remote agent {agent['id']!r} is unreachable: its card could not be fetched", {"agent_id": agent["id"]}
+        ) from None
+    except (A2AError, A2AClientError, httpx.HTTPError) as exc:
+        log.warning("agent.remote_failed", agent_id=agent["id"], trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:500])
+        raise RemoteAgentError(
+            f"remote agent {agent['id']!r} gave no usable answer (the server log has the detail)", {"agent_id": agent["id"]}
         ) from None
     answer, remote = _answer(agent["id"], replies)
     took = round((time.perf_counter() - started) * 1000)
@@ -156,33 +176,6 @@ async def forward(
     )
 
 
-async def _send(
-    agent: dict[str, Any], query: str, skill: str | None, trace_id: str, egress: Egress, http: httpx.AsyncClient | None, limit_s: float
-) -> list[Any]:
-    owned = http is None
-    http = http or egress.client(limit_s)
-    try:
-        card = await fetch_card(agent["a2a_card_url"], egress, http)
-        client = await create_client(card, ClientConfig(httpx_client=http, streaming=False))
-        message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=query)])
-        message.metadata.update({"traceId": trace_id, **({"skill": skill} if skill else {})})
-        return [r async for r in client.send_message(SendMessageRequest(message=message))]
-    except InvalidParamsError:
-        raise RemoteAgentError(
-            f"remote agent {agent['id']!r} is unreachable: its card could not be fetched", {"agent_id": agent["id"]}
-        ) from None
-    except (A2AError, A2AClientError, httpx.HTTPError) as exc:
-        log.warning("agent.remote_failed", agent_id=agent["id"], trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:500])
-        raise RemoteAgentError(
-            f"remote agent {agent['id']!r} gave no usable answer (the server log has the detail)", {"agent_id": agent["id"]}
-        ) from None
-    finally:
-        if owned:
-            # shielded: the request can be cancelled twice when its caller leaves (Serve's watch and the front
-            # door's), and a second cancel in the middle of the close left the remote's connection open
-            await asyncio.shield(http.aclose())
-
-
 def _answer(agent_id: str, replies: list[Any]) -> tuple[str, dict[str, Any]]:
     """The text of the remote's reply (a completed task's artifacts, or a message) and where it came from."""
     for reply in reversed(replies):
@@ -194,11 +187,8 @@ def _answer(agent_id: str, replies: list[Any]) -> tuple[str, dict[str, Any]]:
                 raise RemoteAgentError(
                     f"remote agent {agent_id!r} did not complete the task: {why[:500]}", {"agent_id": agent_id, "remote": remote}
                 )
-            text = "\n".join(p.text for a in task.artifacts for p in a.parts if p.text)
-            return text, remote
+            return "\n".join(p.text for a in task.artifacts for p in a.parts if p.text), remote
         if reply.HasField("message"):
-            return "\n".join(p.text for p in reply.message.parts if p.text), {
-                "agent_id": agent_id,
-                **json_format.MessageToDict(reply.message),
-            }
+            remote = {"agent_id": agent_id, **json_format.MessageToDict(reply.message)}
+            return "\n".join(p.text for p in reply.message.parts if p.text), remote
     raise RemoteAgentError(f"remote agent {agent_id!r} sent no answer", {"agent_id": agent_id})

@@ -49,7 +49,6 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-RETIRED_CODES = frozenset({-32009})  # max iterations until 2026-11-28: never answered again
 # the codes of the error tree that surfaces name; every code is its error class's (reasonray.kernel.errors)
 STRATEGY_UNAVAILABLE = StrategyUnavailableError.code
 BUDGET_EXCEEDED = BudgetExceededError.code
@@ -64,10 +63,6 @@ CODE_NAMES = {
     INVALID_PARAMS: "invalid_params",
     INTERNAL_ERROR: "internal",
 }
-
-# docs/api.md: every result carries its trace id (its result model's `trace_id`), except rpc.discover's: the
-# OpenRPC document itself, which admits no other member (its trace id is in X-Trace-Id)
-VERBATIM_RESULTS = frozenset({"rpc.discover"})
 PROTOCOL_HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, METHOD_NOT_FOUND: 404, INVALID_PARAMS: 400, INTERNAL_ERROR: 500}
 
 
@@ -119,15 +114,10 @@ class RpcError(ReasonRayError):
         return body
 
 
-def error_classes() -> list[type[ReasonRayError]]:
-    """Every error class of the tree (the error table: each class names its code, status and type)."""
-    found: list[type[ReasonRayError]] = []
-    pending: list[type[ReasonRayError]] = [ReasonRayError]
-    while pending:
-        cls = pending.pop()
-        found.append(cls)
-        pending.extend(cls.__subclasses__())
-    return [cls for cls in found if cls is not RpcError]
+def error_classes(root: type[ReasonRayError] = ReasonRayError) -> list[type[ReasonRayError]]:
+    """Every error class of the tree under `root` (the error table: each class names its code, status and type)."""
+    below = [cls for sub in reversed(root.__subclasses__()) for cls in error_classes(sub)]
+    return [cls for cls in (root, *below) if cls is not RpcError]
 
 
 def error_for(exc: Exception) -> RpcError:

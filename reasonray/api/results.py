@@ -108,9 +108,6 @@ class AgentUnregisterResult(Result):
 
 
 # -- sessions --------------------------------------------------------------------------------------
-SessionStatus = Literal["idle", "running", "awaiting_client_tools", "closed", "failed"]
-
-
 class PendingToolCall(BaseModel):
     tool_call_id: str = Field(description="Answer it in session.resume's tool_results.")
     name: str = Field(description="The client tool to run.")

@@ -390,7 +390,7 @@ class ReasoningService:
         await asyncio.shield(end())
 
     def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
-        report, memory = plan.report, plan.memory
+        report = plan.report
         if not result.reasoning:
             result.reasoning = plan.recorder.thinking_behind(result.answer)
         return ExecuteResult(
@@ -398,7 +398,7 @@ class ReasoningService:
             trace=plan.recorder.as_trace() if params.include_trace else None,
             trace_id=plan.context.trace_id,
             resolution=plan.resolution,
-            memory=report if memory is not None or (report is not None and report.passive) else None,
+            memory=report if plan.memory is not None or (report is not None and report.passive) else None,
             degraded=degraded is not None,
             degraded_error=degraded,
         )
