@@ -52,6 +52,12 @@ class ReasonRayError(Exception):
     openai_type: str = "server_error"
     a2a_state: str = "failed"
 
+    def __init_subclass__(cls, **surfaces: Any) -> None:
+        """`class X(ReasonRayError, code=..., http_status=...)` sets how every surface shows X; the rest is its parent's."""
+        super().__init_subclass__()
+        for name, value in surfaces.items():
+            setattr(cls, name, value)
+
     def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -62,10 +68,8 @@ class ReasonRayError(Exception):
         return type(self), (self.message, self.data)
 
 
-class InvalidParamsError(ReasonRayError):
+class InvalidParamsError(ReasonRayError, code=-32602, http_status=400, error_type="invalid_params", openai_type="invalid_request_error"):
     """The caller sent parameters that are missing, malformed or out of range."""
-
-    code, http_status, error_type, openai_type = -32602, 400, "invalid_params", "invalid_request_error"
 
 
 class CapExceededError(InvalidParamsError, ValueError):
@@ -73,107 +77,85 @@ class CapExceededError(InvalidParamsError, ValueError):
     the model called on the caller's behalf is what hit it (still a ValueError for the tool's own callers)."""
 
 
-class StrategyUnavailableError(ReasonRayError):
+class StrategyUnavailableError(
+    ReasonRayError, code=-32002, http_status=404, error_type="strategy_unavailable", openai_type="invalid_request_error"
+):
     """The strategy requested (or defaulted to) cannot serve this request; `data.available` lists those that can."""
 
-    code, http_status, error_type, openai_type = -32002, 404, "strategy_unavailable", "invalid_request_error"
 
-
-class MaxIterationsError(ReasonRayError):
+class MaxIterationsError(ReasonRayError, code=-32001, http_status=422, error_type="max_iterations", openai_type="invalid_request_error"):
     """A strategy used all its iterations without an answer; `data` keeps the partial trace."""
 
-    code, http_status, error_type, openai_type = -32001, 422, "max_iterations", "invalid_request_error"
 
-
-class ModelBehaviorError(ReasonRayError):
+class ModelBehaviorError(ReasonRayError, code=-32010, http_status=502, error_type="model_behavior"):
     """The model answered in a way the strategy cannot use (e.g. no parsable output after retries)."""
 
-    code, http_status, error_type = -32010, 502, "model_behavior"
 
-
-class BudgetExceededError(ReasonRayError):
+class BudgetExceededError(ReasonRayError, code=-32004, http_status=422, error_type="budget_exceeded", openai_type="invalid_request_error"):
     """The request's cumulative token budget ran out."""
 
-    code, http_status, error_type, openai_type = -32004, 422, "budget_exceeded", "invalid_request_error"
 
-
-class NotFoundError(ReasonRayError):
+class NotFoundError(ReasonRayError, code=-32005, http_status=404, error_type="not_found", openai_type="not_found_error"):
     """The caller named something (an agent, a session, a memory) that does not exist; `data` says what is there."""
 
-    code, http_status, error_type, openai_type = -32005, 404, "not_found", "not_found_error"
 
-
-class ReentryError(InvalidParamsError):
+class ReentryError(InvalidParamsError, error_type="reentry_mismatch"):
     """`session.resume` results are missing, extra or mismatched; `data` names the call ids. Nothing changed."""
 
-    error_type = "reentry_mismatch"
 
-
-class MaxLLMCallsError(MaxIterationsError):
+class MaxLLMCallsError(MaxIterationsError, error_type="max_llm_calls"):
     """A turn made its maximum number of LLM calls without a final answer."""
 
-    error_type = "max_llm_calls"
 
-
-class UnregisteredToolError(ModelBehaviorError):
+class UnregisteredToolError(ModelBehaviorError, error_type="unregistered_tool"):
     """The model called a tool that is not registered (or not available in the current mode)."""
 
-    error_type = "unregistered_tool"
 
-
-class ToolFailedError(ReasonRayError):
+class ToolFailedError(ReasonRayError, code=-32006, http_status=502, error_type="tool_failed"):
     """A tool failed; the turn ends at the first failure. `data` names the call and the error."""
-
-    code, http_status, error_type = -32006, 502, "tool_failed"
 
 
 class SandboxUnavailableError(ToolFailedError):
     """The python sandbox cannot isolate code on this host (bubblewrap missing, no user namespaces): nothing runs."""
 
 
-class SessionStateError(ReasonRayError):
+class SessionStateError(ReasonRayError, code=-32007, http_status=409, error_type="session_state", openai_type="invalid_request_error"):
     """The session cannot take this request now (a turn while client results are pending, a closed session)."""
 
-    code, http_status, error_type, openai_type = -32007, 409, "session_state", "invalid_request_error"
 
-
-class MemoryUnavailableError(ReasonRayError):
+class MemoryUnavailableError(ReasonRayError, code=-32008, http_status=503, error_type="memory_unavailable"):
     """The memory bank cannot serve: Chroma unreachable, an embedding model missing or mismatched."""
 
-    code, http_status, error_type = -32008, 503, "memory_unavailable"
 
-
-class RunCancelledError(ReasonRayError):
+class RunCancelledError(ReasonRayError, code=-32014, http_status=409, error_type="cancelled", openai_type="invalid_request_error"):
     """The run was cancelled before it answered (the caller went away, the service is shutting down)."""
 
-    code, http_status, error_type, openai_type = -32014, 409, "cancelled", "invalid_request_error"
 
-
-class DeadlineExceededError(ReasonRayError):
+class DeadlineExceededError(
+    ReasonRayError, code=-32015, http_status=422, error_type="deadline_exceeded", openai_type="invalid_request_error"
+):
     """The request's deadline (`budget.deadline_s`, or the server's) passed before the run answered.
 
     A time budget ran out, like a token budget (422, not 504): proxies retry 5xx answers on their own,
     and a run that was too slow for its deadline should not be run again behind the caller's back."""
 
-    code, http_status, error_type, openai_type = -32015, 422, "deadline_exceeded", "invalid_request_error"
 
-
-class UnauthenticatedError(ReasonRayError):
+class UnauthenticatedError(
+    ReasonRayError, code=-32016, http_status=401, error_type="unauthenticated", openai_type="authentication_error", a2a_state="rejected"
+):
     """The request carries no valid credentials; the message says what is missing or wrong (never which part of a signature)."""
 
-    code, http_status, error_type, openai_type, a2a_state = -32016, 401, "unauthenticated", "authentication_error", "rejected"
 
-
-class ForbiddenError(ReasonRayError):
+class ForbiddenError(
+    ReasonRayError, code=-32003, http_status=403, error_type="forbidden", openai_type="permission_error", a2a_state="rejected"
+):
     """The caller is known but may not do this, or the thing named is not theirs (whether it exists is not said)."""
 
-    code, http_status, error_type, openai_type, a2a_state = -32003, 403, "forbidden", "permission_error", "rejected"
 
-
-class RateLimitedError(ReasonRayError):
+class RateLimitedError(
+    ReasonRayError, code=-32012, http_status=429, error_type="rate_limited", openai_type="rate_limit_error", a2a_state="rejected"
+):
     """The caller's rate limit or token budget is used up for now; `data.retry_after_s` says when to try again."""
-
-    code, http_status, error_type, openai_type, a2a_state = -32012, 429, "rate_limited", "rate_limit_error", "rejected"
 
 
 def attach_partial(exc: BaseException, partial: dict[str, Any]) -> BaseException:
@@ -197,8 +179,6 @@ def json_safe_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return [{"loc": [str(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors(include_url=False)]
 
 
-class OverloadedError(ReasonRayError):
+class OverloadedError(ReasonRayError, code=-32011, http_status=503, error_type="overloaded"):
     """This server has no room for the request now (every session slot of a host is busy, or a replica has
     `[fanout] max_in_flight` branches running); nothing was done. `data.retry_after_s` says when to try again."""
-
-    code, http_status, error_type = -32011, 503, "overloaded"

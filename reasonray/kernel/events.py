@@ -156,12 +156,6 @@ def metadata_only(event: Event) -> dict[str, Any]:
     return fields
 
 
-def private_dir(path: Path) -> None:
-    """Make `path` (and missing parents) readable by the service's user only: 0700, whatever the umask."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
-
-
 def event_log_path(data_dir: Path, trace_id: str) -> Path:
     """Where a run's events go: <data_dir>/events/<UTC date>/<trace_id>.jsonl."""
     day = datetime.now(UTC).strftime("%Y-%m-%d")
@@ -209,8 +203,9 @@ class EventRecorder:
         assert self.path is not None
         for _ in range(2):
             if self.path.parent not in _made_dirs:
-                private_dir(self.path.parent.parent)  # <data_dir>/events
-                private_dir(self.path.parent)
+                for directory in (self.path.parent.parent, self.path.parent):  # <data_dir>/events, its day
+                    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    directory.chmod(0o700)  # the service's user's only, whatever the umask
                 _made_dirs.add(self.path.parent)
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # prompts are personal data: owner only

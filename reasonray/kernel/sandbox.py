@@ -171,8 +171,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunR
         await proc.wait()
     if not timed_out and proc.returncode in (1, 127) and out.size == 0 and err.text().startswith(("bwrap:", "setpriv:", "prlimit:")):
         raise SandboxUnavailableError(f"the python sandbox could not start: {err.text().strip()[:300]}")
-    stdout, cut_out = _truncate(out, limits.max_output_chars)
-    stderr, cut_err = _truncate(err, limits.max_output_chars)
+    stdout, cut_out = out.clipped(limits.max_output_chars)
+    stderr, cut_err = err.clipped(limits.max_output_chars)
     # RLIMIT_CPU's hard limit ends the code with SIGKILL (bwrap passes it on as 128 + 9): its time budget is spent
     timed_out = timed_out or proc.returncode in (128 + signal.SIGKILL, -signal.SIGKILL)
     return RunResult(stdout, stderr, None if timed_out else proc.returncode, timed_out, cut_out or cut_err)
@@ -197,6 +197,12 @@ class _Capture:
     def text(self) -> str:
         return self.kept.decode(errors="replace")
 
+    def clipped(self, limit: int) -> tuple[str, bool]:
+        """The text cut to `limit` characters, saying how many more there were; and whether it was cut."""
+        text = self.text()
+        more = max(len(text) - limit, 0) + (self.size - len(self.kept))
+        return (text[:limit] + f"\n... [truncated: {more} more characters]", True) if more else (text, False)
+
 
 async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
     assert stdin is not None
@@ -205,11 +211,3 @@ async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
         stdin.write(data)
         await stdin.drain()
         stdin.close()
-
-
-def _truncate(capture: _Capture, limit: int) -> tuple[str, bool]:
-    text = capture.text()
-    if len(text) <= limit and capture.size == len(capture.kept):
-        return text, False
-    more = max(len(text) - limit, 0) + (capture.size - len(capture.kept))
-    return text[:limit] + f"\n... [truncated: {more} more characters]", True

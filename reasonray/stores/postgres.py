@@ -158,7 +158,8 @@ def migrate(url: str) -> list[str]:
     """Create or migrate the schema to the newest version; returns the ids of the migrations applied."""
     from yoyo import get_backend, read_migrations  # imported here: only processes with a store URL need it
 
-    backend = get_backend(yoyo_url(url))
+    scheme, _, rest = url.partition("://")  # yoyo names psycopg 3 `postgresql+psycopg`
+    backend = get_backend(f"postgresql+psycopg://{rest}" if scheme in ("postgresql", "postgres") else url)
     with resources.as_file(resources.files("reasonray.stores") / "migrations") as path:
         migrations = read_migrations(str(path))
         with backend.lock():
@@ -168,12 +169,6 @@ def migrate(url: str) -> list[str]:
     if applied:
         log.info("store.migrated", applied=applied, url=redacted(url))
     return applied
-
-
-def yoyo_url(url: str) -> str:
-    """yoyo names psycopg 3 `postgresql+psycopg`."""
-    scheme, _, rest = url.partition("://")
-    return f"postgresql+psycopg://{rest}" if scheme in ("postgresql", "postgres") else url
 
 
 def redacted(url: str) -> str:
