@@ -115,18 +115,13 @@ class Judgement:
     rationale: str = ""
 
 
-@dataclass(frozen=True)
-class PassiveThresholds:
-    min_answer_chars: int = 100
-    min_question_chars: int = 10
-
-    def rejects(self, question: str, answer: str) -> str | None:
-        """Why an exchange is not worth learning from, or None when it is."""
-        if len(answer.strip()) < self.min_answer_chars:
-            return f"answer shorter than {self.min_answer_chars} characters"
-        if len(question.strip()) < self.min_question_chars:
-            return f"question shorter than {self.min_question_chars} characters"
-        return None
+def passive_rejects(question: str, answer: str, min_answer_chars: int = 100, min_question_chars: int = 10) -> str | None:
+    """Why an exchange is not worth learning from passively, or None when it is."""
+    if len(answer.strip()) < min_answer_chars:
+        return f"answer shorter than {min_answer_chars} characters"
+    if len(question.strip()) < min_question_chars:
+        return f"question shorter than {min_question_chars} characters"
+    return None
 
 
 def clip(text: str, limit: int = MAX_TRAJECTORY_CHARS) -> str:

@@ -38,9 +38,9 @@ from reasonray.memory.items import (
 )
 from reasonray.memory.learning import (
     Learner,
-    PassiveThresholds,
     Verifier,
     exact_verifier,
+    passive_rejects,
 )
 from reasonray.memory.service import MemoryClient
 
@@ -154,7 +154,7 @@ class MemoryLoop:
 
     async def passive(self, report: MemoryReport, llm: ObservedLLM, emit: EventSink, query: str, answer: str) -> None:
         """Learn from a good exchange nobody asked to learn from (passive learning)."""
-        why_not = PassiveThresholds(min_answer_chars=self.settings.passive_min_answer_chars).rejects(query, answer)
+        why_not = passive_rejects(query, answer, self.settings.passive_min_answer_chars)
         if why_not is None:
             llm.guidance = None
             try:

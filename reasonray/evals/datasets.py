@@ -72,13 +72,6 @@ class Dataset:
         return hashlib.sha256(content.encode()).hexdigest()
 
 
-def gsm8k_final_answer(answer: str) -> str:
-    """The number after `####`, commas removed ("#### 1,200" -> "1200")."""
-    if "####" not in answer:
-        raise ValueError("no '####' before the final answer")
-    return answer.rsplit("####", 1)[1].strip().replace(",", "")
-
-
 def load_dataset(path: str | Path, *, limit: int | None = None, offset: int = 0) -> Dataset:
     """Read `path` (or generate a `gen:FAMILY?...` spec: evals/generate.py); `offset` and `limit` select a
     contiguous slice of the examples, in file order."""
@@ -134,14 +127,11 @@ def _kind(record: dict, path: Path, number: int) -> Kind:
 def _example(kind: Kind, record: dict, path: Path, number: int) -> Example:
     try:
         if kind == "gsm8k":
-            question = str(record["question"]).strip()
-            return Example(
-                id=str(record.get("id") or f"gsm8k-{number}"),
-                kind=kind,
-                query=question,
-                reference=gsm8k_final_answer(str(record["answer"])),
-                key=question,
-            )
+            question, answer = str(record["question"]).strip(), str(record["answer"])
+            if "####" not in answer:
+                raise ValueError("no '####' before the final answer")
+            reference = answer.rsplit("####", 1)[1].strip().replace(",", "")  # "#### 1,200" -> "1200"
+            return Example(id=str(record.get("id") or f"gsm8k-{number}"), kind=kind, query=question, reference=reference, key=question)
         prompt = str(record["prompt"])
         return Example(
             id=str(record.get("task_id") or record.get("id") or f"humaneval-{number}"),

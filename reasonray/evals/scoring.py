@@ -64,16 +64,11 @@ def extract_code(answer: str) -> str:
     return (blocks[-1] if blocks else answer).strip("\n")
 
 
-def humaneval_program(code: str, example: Example) -> str:
-    """The solution (completed from the prompt when it is only a body), the tests, and the check call."""
-    if not re.search(rf"^\s*def {re.escape(example.entry_point)}\s*\(", code, re.MULTILINE):
-        code = example.prompt + code
-    return f"{code}\n\n{example.tests}\n\ncheck({example.entry_point})\n"
-
-
 async def score_humaneval(answer: str, example: Example, limits: SandboxLimits = HUMANEVAL_LIMITS) -> Score:
+    """Run the solution (completed from the prompt when it is only a body) with the tests and the check call."""
     code = extract_code(answer)
-    run = await run_python(humaneval_program(code, example), limits)
+    defined = re.search(rf"^\s*def {re.escape(example.entry_point)}\s*\(", code, re.MULTILINE)
+    run = await run_python(f"{code if defined else example.prompt + code}\n\n{example.tests}\n\ncheck({example.entry_point})\n", limits)
     if run.ok:
         return Score(True, code)
     if run.timed_out:

@@ -15,9 +15,9 @@ from reasonray.memory.learning import (
     FAILURE_PROMPT,
     SUCCESS_PROMPT,
     Learner,
-    PassiveThresholds,
     exact_verifier,
     parse_items,
+    passive_rejects,
     worked_example,
 )
 from tests.unit.memory_harness import local_memory, make_bank
@@ -137,10 +137,9 @@ async def test_self_contrast_over_several_trajectories_extracts_at_most_five_ite
 
 
 def test_passive_thresholds_need_a_substantial_answer():
-    t = PassiveThresholds(min_answer_chars=100)
-    assert t.rejects("What is a monad in Haskell?", "A wrapper.") == "answer shorter than 100 characters"
-    assert t.rejects("What is a monad in Haskell?", "x" * 100) is None
-    assert t.rejects("Hi", "x" * 200) == "question shorter than 10 characters"
+    assert passive_rejects("What is a monad in Haskell?", "A wrapper.", 100) == "answer shorter than 100 characters"
+    assert passive_rejects("What is a monad in Haskell?", "x" * 100, 100) is None
+    assert passive_rejects("Hi", "x" * 200, 100) == "question shorter than 10 characters"
 
 
 # -- memory-aware runs through the API ------------------------------------------------------------
