@@ -164,11 +164,6 @@ def _asked(context: RequestContext) -> dict[str, Any]:
     return {name: value for name, value in found.items() if value is not None}
 
 
-def _say(updater: TaskUpdater, line: str) -> a2a_pb2.Message:
-    """A status message of the updater's task."""
-    return updater.new_agent_message([new_text_part(line)])
-
-
 def run_trace_id(context: RequestContext) -> str:
     """The trace id of the message's run: the caller's (traceparent, or the request's span) when it may choose one."""
     headers = context.call_context.state.get("headers", {}) if context.call_context else {}
@@ -229,7 +224,7 @@ class ReasoningExecutor(AgentExecutor):
         except RpcError as error:  # the stream ended with it
             return await self.unanswered(context, event_queue, error.body(), owner)
         updater = await self.task_updater(context, event_queue)
-        await updater.start_work(_say(updater, f"{doing} (trace {trace_id})"))
+        await updater.start_work(updater.new_agent_message([new_text_part(f"{doing} (trace {trace_id})")]))
         run = await self.unless_cancelled_elsewhere(self._follow(items, updater), context.task_id)
         if run is None:  # the SDK ends the task
             await items.aclose()
@@ -306,7 +301,7 @@ class ReasoningExecutor(AgentExecutor):
                 if isinstance(item, CallResult):
                     return item
                 if isinstance(item, Event) and (line := _PROGRESS.get(type(item))) is not None:
-                    await updater.update_status(TaskState.TASK_STATE_WORKING, _say(updater, line(item)))
+                    await updater.update_status(TaskState.TASK_STATE_WORKING, updater.new_agent_message([new_text_part(line(item))]))
         except RpcError as error:
             return error.body()
         return {"code": -32603, "message": "the run ended without a result"}
@@ -333,7 +328,7 @@ class ReasoningExecutor(AgentExecutor):
         """A refused caller (no run started) gets a `rejected` task, a run that failed a `failed` one; the status
         message says why and carries the error's code and type, and for a rate limit its `limit_name` and
         `retry_after_s`."""
-        message = _say(updater, f"{error['message']} (code {error['code']})"[:2000])  # why, with the JSON-RPC error's code
+        message = updater.new_agent_message([new_text_part(f"{error['message']} (code {error['code']})"[:2000])])  # why, and the code
         data = error.get("data") or {}
         message.metadata.update({"code": error["code"], **{camel: data[k] for k, camel in _REFUSAL_KEYS.items() if k in data}})
         await (updater.reject if a2a_refused(error) else updater.failed)(message)

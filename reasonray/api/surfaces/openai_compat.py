@@ -440,21 +440,19 @@ class OpenAICompat:
         options = request.reasoning or ReasoningOptions()
         strategy = options.strategy or strategy_of(request.model, self.served_model)
         query, system = conversation_query(request.messages)
-        params: dict[str, Any] = {
+        sampling = request.model_dump(include={"temperature", "top_p", "presence_penalty", "frequency_penalty", "seed"}, exclude_none=True)
+        if "seed" in sampling:
+            sampling["seed"] += choice
+        limit, shape = request.completion_limit, request.response_format
+        params: dict[str, Any] = {  # None: left out
             "query": f"{system}\n\n{query}" if system else query,
             "strategy": strategy,
             **options.model_dump(exclude_none=True, exclude={"strategy", "progress"}),
             **request.model_dump(include={"reasoning_effort", "thinking_budget"}),
+            "sampling": sampling or None,
+            "budget": {"max_completion_tokens": limit} if limit is not None else None,
+            "response_format": shape.as_openai() if shape is not None and shape.type != "text" else None,
         }
-        sampling = request.model_dump(include={"temperature", "top_p", "presence_penalty", "frequency_penalty", "seed"}, exclude_none=True)
-        if "seed" in sampling:
-            sampling["seed"] += choice
-        if sampling:
-            params["sampling"] = sampling
-        if request.completion_limit is not None:
-            params["budget"] = {"max_completion_tokens": request.completion_limit}
-        if request.response_format is not None and request.response_format.type != "text":
-            params["response_format"] = request.response_format.as_openai()
         return {k: v for k, v in params.items() if v is not None}
 
     # -- plain completions ----------------------------------------------------------------------------
@@ -468,7 +466,7 @@ class OpenAICompat:
         runs = await asyncio.gather(*(self._run(request, self.execute_params(request, choice=i), t) for i, t in enumerate(traces)))
         choices = [_choice(r.message(), r.finish, i) for i, r in enumerate(runs)]
         extra = runs[0].extra if len(runs) == 1 else {**runs[0].extra, "choices": [r.extra for r in runs]}
-        return self._completion(request, extra["trace_id"], choices, self._usage(runs), extra)
+        return _completion(request.model, extra["trace_id"], choices, self._usage(runs), extra)
 
     async def _run(self, request: ChatCompletionRequest, params: dict[str, Any], trace_id: str | None) -> Answered:
         """One run. A run that used up max_completion_tokens answers what it had, with finish_reason "length",
@@ -495,22 +493,6 @@ class OpenAICompat:
             sum(r.completion_tokens for r in runs),
             sum(self.tokens.count(r.answer) for r in runs),
             sum(r.reasoning_tokens for r in runs),
-        )
-
-    @staticmethod
-    def _completion(
-        request: ChatCompletionRequest, trace_id: str, choices: list[Choice], usage: CompletionUsage, extra: dict[str, Any]
-    ) -> ChatCompletion:
-        return ChatCompletion(
-            id=f"chatcmpl-{trace_id}",
-            object="chat.completion",
-            created=int(time.time()),
-            model=request.model,
-            choices=choices,
-            usage=usage,
-            service_tier="default",
-            system_fingerprint=None,
-            reasonray=extra,
         )
 
     # -- a forced tool call: the run answers with the call's arguments ------------------------------------
@@ -544,7 +526,7 @@ class OpenAICompat:
             name, arguments = (chosen[0], value) if len(chosen) == 1 else (value["name"], value["arguments"])
             call = _tool_call(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(arguments))
             choice = _choice(run.message(content=None, tool_calls=[call]), "tool_calls")
-        return self._completion(request, run.extra["trace_id"], [choice], self._usage([run]), run.extra)
+        return _completion(request.model, run.extra["trace_id"], [choice], self._usage([run]), run.extra)
 
     # -- tools: a session turn ------------------------------------------------------------------------
     async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> TurnResult:
@@ -578,7 +560,7 @@ class OpenAICompat:
         usage = usage_of(prompt, completion, self.tokens.count(turn.answer or ""), turn.usage.reasoning_tokens)
         trace_id = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
         extra = {"trace_id": trace_id, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
-        return self._completion(request, trace_id, [choice], usage, extra)
+        return _completion(request.model, trace_id, [choice], usage, extra)
 
     # -- streaming ------------------------------------------------------------------------------------
     async def stream(self, request: ChatCompletionRequest, trace_id: str | None = None) -> AsyncIterator[str]:
@@ -684,6 +666,20 @@ async def _replay(completion: ChatCompletion, include_usage: bool) -> AsyncItera
     if include_usage:
         yield chunk(usage=completion.usage)
     yield "[DONE]"
+
+
+def _completion(model: str, trace_id: str, choices: list[Choice], usage: CompletionUsage, extra: dict[str, Any]) -> ChatCompletion:
+    return ChatCompletion(
+        id=f"chatcmpl-{trace_id}",
+        object="chat.completion",
+        created=int(time.time()),
+        model=model,
+        choices=choices,
+        usage=usage,
+        service_tier="default",
+        system_fingerprint=None,
+        reasonray=extra,
+    )
 
 
 def _choice(message: ChatCompletionMessage, finish: FinishReason, index: int = 0) -> Choice:
