@@ -20,6 +20,7 @@ from typing import Any
 from reasonray.api.access.egress import Egress, SharedSlots
 from reasonray.api.access.limits import LocalLimits, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import Guard, LocalOwners, build_guard, install_guard
+from reasonray.api.context import Context
 from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
 from reasonray.api.registry_service import LocalRegistry, Registry, RegistryService
@@ -136,16 +137,9 @@ def build_application(
     )
     sessions = parts.sessions(llm) if parts.sessions is not None else None
     s = settings.sessions
-    dispatcher = build_dispatcher(
-        service,
-        registry,
-        sessions,
-        cache_stats=parts.cache_stats,
-        sandbox=SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars),
-        metrics=parts.metrics,
-        limits=settings.limits,
-        egress=Egress(settings.egress, shared=parts.egress_slots),
-    )
+    sandbox = SandboxLimits(timeout_s=s.code_timeout_s, memory_mb=s.code_memory_mb, max_output_chars=s.code_max_output_chars)
+    egress = Egress(settings.egress, shared=parts.egress_slots)
+    dispatcher = build_dispatcher(Context(service, registry, sessions, settings.limits, egress, sandbox, parts.cache_stats), parts.metrics)
     return Application(settings, llm, service, registry, dispatcher, parts.metrics, sessions, client, resilient)
 
 

@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import replace
 
-from reasonray.api.access.egress import Egress
-from reasonray.api.context import CacheStats, Context
+from reasonray.api.context import Context
 from reasonray.api.directory import AGENTS
 from reasonray.api.jsonrpc import Dispatcher, Method
 from reasonray.api.memory import MEMORY
 from reasonray.api.openrpc import add_discover
 from reasonray.api.reasoning import REASONING
-from reasonray.api.registry_service import Registry
-from reasonray.api.service import ReasoningService
 from reasonray.api.sessions import SESSIONS
 from reasonray.api.stats import STATS
-from reasonray.kernel.config import CapSettings
-from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.kernel.telemetry import Metrics
-from reasonray.reasoner.session import Sessions
 
 _TRACE_ID = re.compile(r"^[A-Za-z0-9._-]{8,128}$")
 
@@ -49,26 +44,16 @@ def declared(name: str) -> Method:
     return next(table[name] for table in TABLES if name in table)
 
 
-def build_dispatcher(
-    service: ReasoningService,
-    registry: Registry,
-    sessions: Sessions | None = None,
-    *,
-    cache_stats: CacheStats | None = None,
-    sandbox: SandboxLimits = SandboxLimits(),
-    metrics: Metrics | None = None,
-    limits: CapSettings | None = None,
-    egress: Egress | None = None,
-) -> Dispatcher:
-    """The API over a service; session.* with sessions, memory.*, stats.* and the ReasoningBank MCP tool
-    aliases when the service has a memory bank, and rpc.discover."""
-    limits = limits or CapSettings()
+def build_dispatcher(ctx: Context, metrics: Metrics | None = None) -> Dispatcher:
+    """The API over a context's service; session.* with sessions, memory.*, stats.* and the ReasoningBank MCP
+    tool aliases when the service has a memory bank, and rpc.discover."""
+    limits = ctx.limits
     rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
-    ctx = Context(service, registry, sessions, limits, egress or Egress(), sandbox, cache_stats, rpc.methods)
+    ctx = replace(ctx, methods=rpc.methods)  # agent.register checks a card's methods against the served table
     rpc.add(REASONING | AGENTS, ctx)
-    if sessions is not None:
+    if ctx.sessions is not None:
         rpc.add(SESSIONS, ctx)
-    if service.memory_loop is not None:
+    if ctx.service.memory_loop is not None:
         rpc.add(MEMORY | STATS, ctx)
     add_discover(rpc)  # rpc.discover: the OpenRPC document of the methods above
     return rpc

@@ -37,12 +37,10 @@ class Conformed(msgspec.Struct, frozen=True):
 
 
 def schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
-    """The JSON Schema a `response_format` asks for (None: any JSON object); checked to be a valid schema."""
-    kind = response_format.get("type")
-    if kind == "json_object":
+    """The JSON Schema a `response_format` of type json_object or json_schema (as ResponseFormatParams has
+    checked) asks for (None: any JSON object); checked to be a valid schema."""
+    if response_format.get("type") == "json_object":
         return None
-    if kind != "json_schema":
-        raise InvalidParamsError(f"response_format.type must be 'json_object' or 'json_schema', not {kind!r}", {"param": "response_format"})
     schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
