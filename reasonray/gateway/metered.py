@@ -23,28 +23,25 @@ class MeteredLLM(Layer):
         self.endpoint = endpoint or "default"
 
     async def complete(self, request: LLMRequest) -> Completion:
-        model = self.inner.model
-        started = time.perf_counter()
+        m, model, started = self.metrics, self.inner.model, time.perf_counter()
         try:
             completion = await self.inner.complete(request)
         except Exception as exc:
-            if self.caching and not request.sampled:  # the cache was asked and had nothing
-                self.metrics.record("reasonray_llm_cache_misses", model=model)
-            self.metrics.record("reasonray_llm_calls", model=model, outcome="error")
-            self.metrics.record("reasonray_llm_failures", model=model, error=type(exc).__name__)
-            self._breaker()
+            m.record("reasonray_llm_failures", model=model, error=type(exc).__name__)
+            self._ended(request, None)
             raise
-        m = self.metrics
-        m.record("reasonray_llm_calls", model=model, outcome="cached" if completion.cached else "ok")
-        if self.caching and not request.sampled:
-            m.record("reasonray_llm_cache_hits" if completion.cached else "reasonray_llm_cache_misses", model=model)
+        self._ended(request, completion)
         if not completion.cached:
             m.record("reasonray_llm_latency_seconds", time.perf_counter() - started, model=model)
             if completion.attempts > 1:
                 m.record("reasonray_llm_retries", completion.attempts - 1, model=model)
-        self._breaker()
         return completion
 
-    def _breaker(self) -> None:
+    def _ended(self, request: LLMRequest, completion: Completion | None) -> None:
+        """A call ended (None: it failed): its outcome, the cache's hit or miss, the breaker's state."""
+        m, model, cached = self.metrics, self.inner.model, completion is not None and completion.cached
+        m.record("reasonray_llm_calls", model=model, outcome="error" if completion is None else "cached" if cached else "ok")
+        if self.caching and not request.sampled:  # a failed call too: the cache was asked and had nothing
+            m.record("reasonray_llm_cache_hits" if cached else "reasonray_llm_cache_misses", model=model)
         if self.breaker is not None:
-            self.metrics.record("reasonray_llm_breaker_state", BREAKER_STATES.get(self.breaker.state, 0), endpoint=self.endpoint)
+            m.record("reasonray_llm_breaker_state", BREAKER_STATES.get(self.breaker.state, 0), endpoint=self.endpoint)

@@ -208,22 +208,6 @@ class ResilientLLM(Layer):
         self.sleep = sleep
         self.clock = clock
 
-    def _wait(self, state: RetryCallState) -> float:
-        retry_after = getattr(state.outcome and state.outcome.exception(), "retry_after_s", None)  # the provider's Retry-After
-        return self.retry.backoff(state.attempt_number, retry_after)
-
-    def _stop(self, started: float) -> Callable[[RetryCallState], bool]:
-        def stop(state: RetryCallState) -> bool:
-            deadline, attempts = self.retry.deadline_s, state.attempt_number
-            return attempts >= self.retry.max_attempts or (
-                deadline is not None and self.clock() + state.upcoming_sleep - started > deadline
-            )
-
-        return stop
-
-    def _before_sleep(self, state: RetryCallState) -> None:
-        log.warning("llm.retry", attempt=state.attempt_number, error=str(state.outcome and state.outcome.exception())[:200])
-
     async def _attempt(self, request: LLMRequest, spent: list[int]) -> Completion:
         """One attempt through the breaker; a failed one adds what it cost to `spent` (it was made and paid for)."""
         self.breaker.before_call()
@@ -243,11 +227,20 @@ class ResilientLLM(Layer):
         return completion
 
     async def complete(self, request: LLMRequest) -> Completion:
+        policy, started = self.retry, self.clock()
+
+        def failed(state: RetryCallState) -> BaseException | None:
+            return state.outcome.exception() if state.outcome else None
+
         retrying = AsyncRetrying(
-            stop=self._stop(self.clock()),
-            wait=self._wait,
+            # no retry starts past the policy's deadline
+            stop=lambda state: (
+                state.attempt_number >= policy.max_attempts
+                or (policy.deadline_s is not None and self.clock() + state.upcoming_sleep - started > policy.deadline_s)
+            ),
+            wait=lambda state: policy.backoff(state.attempt_number, getattr(failed(state), "retry_after_s", None)),  # its Retry-After
             retry=retry_if_exception_type(TransientProviderError),
-            before_sleep=self._before_sleep,
+            before_sleep=lambda state: log.warning("llm.retry", attempt=state.attempt_number, error=str(failed(state))[:200]),
             sleep=self.sleep,
             reraise=True,
         )
