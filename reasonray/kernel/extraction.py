@@ -98,18 +98,15 @@ def _phrase(visible: str) -> str | None:
         return _clean(boxed[-1]) or None
     if hashes := _HASHES.findall(visible):
         return _clean(hashes[-1]) or None
-    found: list[tuple[int, str]] = []
-    line_start = 0
-    for line in visible.splitlines(keepends=True):  # line by line: `\s` never carries a match over a line break
-        for match in _ANSWER_COLON.finditer(line):
-            found.append((line_start + match.start(), match.group(1)))
+    found: list[tuple[int, int, str]] = []  # (line, column, statement)
+    for n, line in enumerate(visible.splitlines(keepends=True)):  # line by line: `\s` never carries a match over a line break
+        found += [(n, match.start(), match.group(1)) for match in _ANSWER_COLON.finditer(line)]
         for match in _ANSWER_IS.finditer(line):
             sentence = re.split(r"(?<=[.!?])\s", match.group(1), maxsplit=1)[0]
             first = re.sub(r"[^\w]", "", sentence.split()[0].lower()) if sentence.split() else ""
             if not _JUDGEMENTS.fullmatch(first):
-                found.append((line_start + match.start(), sentence))
-        line_start += len(line)
-    for _, value in sorted(found, reverse=True):
+                found.append((n, match.start(), sentence))
+    for *_, value in sorted(found, reverse=True):
         if cleaned := _clean(value):
             return cleaned
     return None
