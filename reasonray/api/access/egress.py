@@ -133,12 +133,11 @@ class EgressPolicy:
         return str(addresses[0])
 
 
-class _PolicyBackend(httpcore.AsyncNetworkBackend):
+class _PolicyBackend(httpcore.AnyIOBackend):
     """httpcore's network backend with the policy in front of every TCP connection (redirects included)."""
 
     def __init__(self, policy: EgressPolicy) -> None:
         self.policy = policy
-        self.inner = httpcore.AnyIOBackend()
 
     async def connect_tcp(
         self,
@@ -149,15 +148,12 @@ class _PolicyBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         address = await self.policy.resolve(host, port, timeout)
-        return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+        return await super().connect_tcp(address, port, timeout, local_address, socket_options)
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.AsyncNetworkStream:
         raise EgressRefusedError("egress refused: unix sockets are never reached on a caller's behalf")
-
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
 
 
 class _PolicyTransport(httpx.AsyncHTTPTransport):
