@@ -19,8 +19,9 @@ import json
 import random
 import re
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -28,10 +29,11 @@ from reasonray.gateway.arithmetic import evaluate, format_number
 from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
 from reasonray.gateway.simulator import structured
 from reasonray.gateway.simulator.disobedience import Disobedience, in_prose, malformed_arguments, ramble
-from reasonray.gateway.simulator.reasoning import CLOSE, THOUGHT, ReasoningPlan, resume_point, think
+from reasonray.gateway.simulator.reasoning import CLOSE, THOUGHT, ReasoningPlan, resume_point, think, written
 from reasonray.gateway.tokens import TokenCounter, count_messages
 from reasonray.kernel.errors import ReasonRayError
 
+_T = TypeVar("_T")
 MODEL_NAME = "simulated"
 DIRECTIVE = re.compile(r"\[\[sim\s+([^\]]*)\]\]")
 CALL_DIRECTIVE = re.compile(r"\[\[sim\s+call=([A-Za-z0-9_.-]+)\s*")
@@ -326,18 +328,13 @@ class SimulatedModel:
         done = resume_point(prefix, total)
         if not done and request.purpose is None:  # thinking carried forward in the prompt (a tail or a summary) resumes too
             done = resume_point(_all_text(request.messages), total)
-        text, _, finished = think(total, done, budget, self.counter)
-        if not finished:
-            # cut by max_tokens: a server generates the first `budget` tokens of its thinking and says so (length, all
-            # of max_tokens used); the pieces were counted one by one, and joined they count fewer, which a client
-            # reads as a context window met before max_tokens ran out
-            more, _, more_finished = think(total, done, budget + 64, self.counter)
-            if self.counter.count(more) <= budget:
-                text, finished = more, more_finished
-            else:
-                text = self.counter.head(more, budget)
-        if self.counter.count(text) > budget:  # the pieces were counted one by one; the whole must fit too
-            text, finished = self.counter.head(text, budget), False
+        # cut by max_tokens, a server generates the first `budget` tokens of its thinking and says so (length, all of
+        # max_tokens used): the pieces are counted one by one, and joined they count fewer (which a client reads as a
+        # context window met before max_tokens ran out), so a little more is thought than fits, then cut, twice if need be
+        text, finished = think(total, done, budget + 64, self.counter)
+        for _ in range(2):
+            if self.counter.count(text) > budget:
+                text, finished = self.counter.head(text, budget), False
         return text, self.counter.count(text), finished
 
     def _reply(
@@ -529,13 +526,7 @@ class SimulatedModel:
 
     def _slips(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> bool:
         """Whether a sampled reply (temperature > 0) slips, with the `slip` directive's probability."""
-        raw = directives.get("slip", "0")
-        try:
-            chance = float(raw)
-        except ValueError:
-            chance = -1.0
-        if not 0.0 <= chance <= 1.0:
-            raise SimulatorError(f"[[sim slip={raw}]]: slip is a probability between 0 and 1")
+        chance = _directed(directives, "slip", "0", _probability, "slip is a probability between 0 and 1")
         return request.temperature > 0 and rng.random() < chance
 
     # -- tree of thought ------------------------------------------------------------------------
@@ -544,11 +535,7 @@ class SimulatedModel:
         its own step phrases that the prompt shows back."""
         shown = _last_user_text(request.messages)
         depth = len(OWN_STEP.findall(shown))
-        try:
-            total = int(directives.get("steps", "2"))
-        except ValueError:
-            raise SimulatorError(f"[[sim steps={directives['steps']}]]: steps takes a whole number") from None
-        if depth >= total:
+        if depth >= _directed(directives, "steps", "2", int, "steps takes a whole number"):
             answer = self._final_answer(request, directives).removeprefix("<answer>").removesuffix("</answer>")
             if SLIP_STEP in shown:
                 answer = _wrong(answer, rng)
@@ -663,41 +650,28 @@ class SimulatedModel:
         the text and whether max_tokens cut it off; when `<continue>` is one of the request's stop
         sequences, a full chunk ends with that marker instead of being cut off.
         """
-        total = self._think_total(directives)
-        answer = directives.get("answer", "done")
+        total = _directed(directives, "think", "", int, "think takes a whole number of tokens")
         done = _progress(_all_text(request.messages), total)
         budget = request.max_tokens if request.max_tokens is not None else 10**9
         wants_continue = "<continue>" in request.stop
         reserve = self.counter.count(" <continue>") if wants_continue else 0
-        parts: list[str] = []
-        used = 0
-        step = done // 20
-        while done + used < total:
-            sentence = f" Step {step}: {rng.choice(_PHRASES)} [progress {done + used}/{total}]."
-            if step % 8 == 7:
-                sentence += f" <thinking>scratch: re-derive step {step} to be sure</thinking>"
-            cost = self.counter.count(sentence)
-            if cost > budget - used - reserve:
-                parts.append(self.counter.head(sentence, max(budget - used - reserve, 0)))
-                if wants_continue:
-                    parts.append(" <continue>")
-                return "".join(parts), not wants_continue
-            parts.append(sentence)
-            used += cost
-            step += 1
-        parts.append(f" [progress {total}/{total}] <answer>{answer}</answer>")
-        return "".join(parts), False
 
-    def _think_total(self, directives: dict[str, str]) -> int:
-        try:
-            return int(directives["think"])
-        except ValueError:
-            raise SimulatorError(f"[[sim think={directives['think']}]]: think takes a whole number of tokens") from None
+        def sentence(i: int, used: int) -> tuple[str, bool]:
+            if done + used >= total:
+                return "", True
+            step = done // 20 + i
+            aside = f" <thinking>scratch: re-derive step {step} to be sure</thinking>" if step % 8 == 7 else ""
+            return f" Step {step}: {rng.choice(_PHRASES)} [progress {done + used}/{total}].{aside}", False
+
+        text, finished = written(sentence, budget - reserve, self.counter)
+        if finished:
+            return f"{text} [progress {total}/{total}] <answer>{directives.get('answer', 'done')}</answer>", False
+        return text + (" <continue>" if wants_continue else ""), not wants_continue
 
     def _carryover_summary(self, request: LLMRequest, directives: dict[str, str]) -> str:
         """What the model writes when asked for a structured carryover (see docs/simulator.md)."""
         if "think" in directives:
-            total = self._think_total(directives)
+            total = _directed(directives, "think", "", int, "think takes a whole number of tokens")
             done = _progress(_all_text(request.messages), total)
             progress = f"[progress {done}/{total}] reasoning tokens completed."
             step = f"step {done // 20}"
@@ -805,6 +779,21 @@ def _last_user_text(messages: tuple[Message, ...]) -> str:
 
 def _all_text(messages: tuple[Message, ...]) -> str:
     return "\n".join(m.content or "" for m in messages)
+
+
+def _directed(directives: dict[str, str], key: str, default: str, parse: Callable[[str], _T], what: str) -> _T:
+    """A directive's value as `parse` reads it; one it cannot read is a SimulatorError saying `what` the directive takes."""
+    raw = directives.get(key, default)
+    try:
+        return parse(raw)
+    except ValueError:
+        raise SimulatorError(f"[[sim {key}={raw}]]: {what}") from None
+
+
+def _probability(raw: str) -> float:
+    if not 0.0 <= (chance := float(raw)) <= 1.0:
+        raise ValueError(raw)
+    return chance
 
 
 def _progress(prompt: str, total: int) -> int:

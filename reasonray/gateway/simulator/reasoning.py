@@ -15,6 +15,7 @@ marker it was given, as the `think=` directive's visible reasoning does from its
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,27 +78,32 @@ def resume_point(prefix: str | None, total: int) -> int:
     return max((int(done) for done, of in THOUGHT.findall(prefix or "") if int(of) == total), default=0)
 
 
-def think(total: int, done: int, budget: int, counter: TokenCounter) -> tuple[str, int, bool]:
-    """The thinking from `done` to `total` tokens, within `budget`: (text, its tokens, whether it finished)."""
+def think(total: int, done: int, budget: int, counter: TokenCounter) -> tuple[str, bool]:
+    """The thinking from `done` to `total` tokens, within `budget`: (text, whether it finished)."""
+
+    def sentence(i: int, used: int) -> tuple[str, bool]:
+        lead, step = " " if i or done else "", done // 20 + i
+        if done + used >= total:  # the closing sentence is the last
+            return f"{lead}So I am done thinking [thought {total}/{total}].", True
+        return f"{lead}Thought {step}: {_THOUGHTS[step % len(_THOUGHTS)]} [thought {done + used}/{total}].", False
+
+    return written(sentence, budget, counter)
+
+
+def written(sentence: Callable[[int, int], tuple[str, bool]], budget: int, counter: TokenCounter) -> tuple[str, bool]:
+    """The sentences `sentence(i, tokens so far)` writes, up to the one it says is the last (an empty one costs nothing),
+    or until `budget` tokens run out inside one, cut there: (text, whether it finished)."""
     parts: list[str] = []
     used = 0
-    step = done // 20
     while True:
-        finished = done + used >= total  # the closing sentence is the last
-        lead = " " if parts or done else ""
-        if finished:
-            sentence = f"{lead}So I am done thinking [thought {total}/{total}]."
-        else:
-            sentence = f"{lead}Thought {step}: {_THOUGHTS[step % len(_THOUGHTS)]} [thought {done + used}/{total}]."
-        cost = counter.count(sentence)
-        if used + cost > budget:
-            cut = counter.head(sentence, max(budget - used, 0))
-            return "".join(parts) + cut, used + counter.count(cut), False
-        parts.append(sentence)
+        text, last = sentence(len(parts), used)
+        cost = counter.count(text)
+        if cost and used + cost > budget:
+            return "".join(parts) + counter.head(text, max(budget - used, 0)), False
+        parts.append(text)
         used += cost
-        step += 1
-        if finished:
-            return "".join(parts), used, True
+        if last:
+            return "".join(parts), True
 
 
 def refusal(body: dict[str, Any]) -> dict[str, str] | None:
