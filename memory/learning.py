@@ -250,17 +250,14 @@ class Learner:
         judged = list(zip(trajectories, judgements, strict=True))
         if len(trajectories) == 1:
             items = await self.extract(query, trajectories[0], judgements[0].outcome, **common)
+            text = trajectories[0].text
         else:
             items = await self.contrast(query, [(t, j.outcome) for t, j in judged], **common)
+            text = "\n\n".join(f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(judged, 1))
         verified = [t for t, j in judged if j.outcome == "success" and j.judged_by == "verifier"]
         if not items and verified and self.worked_examples:
             items = [worked_example(query, verified[0], **common)]
         chosen = [j for t, j in judged if t.selected] or judgements[-1:]
         outcome: Outcome = chosen[0].outcome  # the outcome of the answer the task returned
-        text = (
-            trajectories[0].text
-            if len(trajectories) == 1
-            else "\n\n".join(f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(judged, 1))
-        )
         entry = MemoryEntry(task_id=task_id, query=query, trajectory=text, outcome=outcome, judged_by=judgements[0].judged_by, items=items)
         return entry, judgements

@@ -8,7 +8,7 @@ than as nested tasks, each of which would need a worker process of its own. Task
 from __future__ import annotations
 
 import contextlib
-import threading
+import functools
 from typing import Any
 
 import ray
@@ -23,19 +23,13 @@ from reasonray.evals.grid import Cell
 from reasonray.evals.runner import Record, evaluate
 from reasonray.kernel.config import Settings
 
-_services: dict[tuple[LLMSpec, bool], ReasoningService] = {}
-_lock = threading.Lock()
 
-
+@functools.cache  # a worker process runs one (synchronous) task at a time: no two build at once
 def ray_service(spec: LLMSpec, memory: bool) -> ReasoningService:
     """This worker's service for the run (built once per worker process)."""
-    with _lock:
-        if (spec, memory) not in _services:
-            settings = Settings.model_validate_json(spec.settings_json)
-            backends = Backends(cache=None, memory=RayMemory(spec.app_name, settings) if memory else None)
-            app = build_application(settings, llm=WorkerLoop.llm(spec), backends=backends, data_dir=None)
-            _services[(spec, memory)] = app.service
-        return _services[(spec, memory)]
+    settings = Settings.model_validate_json(spec.settings_json)
+    backends = Backends(cache=None, memory=RayMemory(spec.app_name, settings) if memory else None)
+    return build_application(settings, llm=WorkerLoop.llm(spec), backends=backends, data_dir=None).service
 
 
 @ray.remote(num_cpus=0, max_retries=0)
