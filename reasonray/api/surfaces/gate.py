@@ -83,11 +83,10 @@ class AuthGate:
                 )
             await config.admit(principal)
         except (UnauthenticatedError, ForbiddenError, RateLimitedError) as exc:
-            outcome = {UnauthenticatedError: "unauthenticated", ForbiddenError: "forbidden"}.get(type(exc), "rate_limited")
             await audit_refusal(
                 config.audit,
                 method=f"{scope['method']} {path}",
-                outcome=outcome,
+                outcome=exc.error_type,
                 reason=exc.message,
                 trace_id=trace_id,
                 principal=principal.sub if principal is not None else None,
