@@ -47,9 +47,7 @@ WALL_FACTOR = 3  # wall time allowed per second of the CPU budget (SandboxLimits
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    # The code's time budget is CPU time (RLIMIT_CPU): a busy machine does not fail code that would finish. A
-    # program that sleeps or blocks is stopped after WALL_FACTOR times the budget in wall time.
-    timeout_s: float = 5.0
+    timeout_s: float = 5.0  # CPU seconds (RLIMIT_CPU; the module docstring says why), and WALL_FACTOR times that in wall time
     memory_mb: int = 256
     max_output_chars: int = 4000
     max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid: a fork bomb stops here
