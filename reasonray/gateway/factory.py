@@ -6,7 +6,6 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from reasonray.gateway.cache import CacheStore, CachingLLM, SharedCacheStore
 from reasonray.gateway.errors import LLMConfigError
@@ -21,25 +20,29 @@ from reasonray.kernel.telemetry import Metrics
 
 def client_for(settings: Settings, environ: Mapping[str, str] | None = None) -> OpenAILLM:
     """The raw client for the configured provider; a real provider without its key fails here, at start-up."""
-    env = os.environ if environ is None else environ
-    llm = settings.llm
-    if settings.resolved_provider(env) == "simulated":
+    env, llm = os.environ if environ is None else environ, settings.llm
+    simulated = settings.resolved_provider(env) == "simulated"
+    options = {
+        "timeout_s": llm.request_timeout_s,
+        # the simulated model's plain answers say which stop sequence matched; real servers need the stream to stop
+        "stream": llm.stream if llm.stream is not None else not simulated,
+        **{name: getattr(llm, name) for name in ENDPOINT_OPTIONS},
+    }
+    if simulated:
         if not llm.base_url:
             raise LLMConfigError(
                 "[llm] provider is simulated but no base_url names a running simulated model: "
                 "start one with `reasonray sim --port 8001` and set REASONRAY_LLM__BASE_URL=http://127.0.0.1:8001/v1, "
                 "or run `reasonray serve --llm simulated`, which starts it for you"
             )
-        return OpenAILLM(MODEL_NAME, base_url=llm.base_url, api_key="simulated", **_endpoint_options(settings, simulated=True))
+        return OpenAILLM(MODEL_NAME, base_url=llm.base_url, api_key="simulated", **options)
     key = env.get(llm.api_key_env, "")
     if not key and llm.api_key_required:
         raise LLMConfigError(
             f"[llm] provider is openai but the environment variable {llm.api_key_env} is not set: "
             f"export {llm.api_key_env}=<your key>, or set [llm] api_key_required = false for a keyless local server"
         )
-    return OpenAILLM(
-        llm.model, base_url=llm.base_url, api_key=key or None, max_tokens_param=llm.max_tokens_param, **_endpoint_options(settings)
-    )
+    return OpenAILLM(llm.model, base_url=llm.base_url, api_key=key or None, max_tokens_param=llm.max_tokens_param, **options)
 
 
 ENDPOINT_OPTIONS = (
@@ -48,18 +51,7 @@ ENDPOINT_OPTIONS = (
     *("generation_deadline_s", "thinks", "thinks_in_text", "refuses", "takes_reasoning_effort", "prefix_continuation"),
     *("thinking_room", "reasoning_effort", "thinking_budget", "extra_body", "chat_template"),
 )
-"""The `[llm]` keys the client takes as they are, under the same names."""
-
-
-def _endpoint_options(settings: Settings, *, simulated: bool = False) -> dict[str, Any]:
-    """What `[llm]` says about the endpoint's capacity, tokens and capabilities."""
-    llm = settings.llm
-    return {
-        "timeout_s": llm.request_timeout_s,
-        # the simulated model's plain answers say which stop sequence matched; real servers need the stream to stop
-        "stream": llm.stream if llm.stream is not None else not simulated,
-        **{name: getattr(llm, name) for name in ENDPOINT_OPTIONS},
-    }
+"""The `[llm]` keys the client takes as they are, under the same names: what it says of the endpoint's capacity and tokens."""
 
 
 _shared_caches: dict[tuple[Path, int, float], SharedCacheStore] = {}

@@ -15,7 +15,7 @@ import reasonray.gateway.openai_client as oc
 from reasonray.gateway.errors import TransientProviderError
 from reasonray.gateway.families import EFFORT_BUDGET
 from reasonray.gateway.protocol import LLMRequest, user
-from reasonray.gateway.refusals import LocalRefusalBook
+from reasonray.gateway.refusals import RefusalBook
 from reasonray.gateway.simulator.reasoning import THOUGHT
 from reasonray.gateway.simulator.server import SimulatorServer, SimulatorSettings
 from reasonray.kernel.tags import extract_answer
@@ -35,7 +35,7 @@ def ask(form: str, thinking: int, **kw) -> LLMRequest:
 
 
 def simulated(server, model: str, **kw) -> oc.OpenAILLM:
-    return oc.OpenAILLM(model, base_url=server.url, api_key="x", discover=False, refusals=LocalRefusalBook(), tokenizer="tiktoken", **kw)
+    return oc.OpenAILLM(model, base_url=server.url, api_key="x", discover=False, refusals=RefusalBook(), tokenizer="tiktoken", **kw)
 
 
 async def test_a_budget_cut_thinking_is_closed_and_continued_into_an_answer(server):
@@ -91,7 +91,7 @@ def answer(text: str, reasoning: str = "", reasoning_tokens: int = 0) -> httpx.R
 
 def scripted(model: str, transport: httpx.MockTransport, **kw) -> oc.OpenAILLM:
     llm = oc.OpenAILLM(
-        model, base_url="http://127.0.0.1:9/v1", api_key="x", discover=False, refusals=LocalRefusalBook(), tokenizer="tiktoken", **kw
+        model, base_url="http://127.0.0.1:9/v1", api_key="x", discover=False, refusals=RefusalBook(), tokenizer="tiktoken", **kw
     )
     llm._new_client = lambda: openai.AsyncOpenAI(  # type: ignore[method-assign]
         base_url=llm.base_url, api_key="x", max_retries=0, http_client=httpx.AsyncClient(transport=transport)
