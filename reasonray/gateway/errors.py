@@ -16,10 +16,8 @@ from typing import Any
 from reasonray.kernel.errors import ReasonRayError
 
 
-class LLMError(ReasonRayError):
+class LLMError(ReasonRayError, code=-32013, http_status=502, error_type="llm_error"):
     """Something went wrong talking to the model."""
-
-    code, http_status, error_type = -32013, 502, "llm_error"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Fan-out branches run as Ray tasks, so these errors cross processes by pickle. The default
@@ -32,16 +30,12 @@ def _restore(cls: type[LLMError], args: tuple[Any, ...]) -> LLMError:
     return cls.__new__(cls, *args)
 
 
-class LLMConfigError(LLMError):
+class LLMConfigError(LLMError, error_type="llm_config"):  # the provider is unusable: a gateway failure (502), not a bug
     """The gateway is configured wrongly; the message says which setting to change."""
 
-    code, http_status, error_type = -32013, 502, "llm_config"  # the provider is unusable: a gateway failure, not a bug
 
-
-class ProviderRejectedError(LLMError):
+class ProviderRejectedError(LLMError, error_type="provider_rejected"):
     """The provider refused the request itself; retrying the same request cannot succeed."""
-
-    code, http_status, error_type = -32013, 502, "provider_rejected"
 
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message, {"status_code": status_code})
@@ -58,10 +52,8 @@ class TransientProviderError(LLMError):
         self.spent = (0, 0)  # (prompt, completion) tokens the failed attempt cost, when the server had started on it
 
 
-class ProviderUnavailableError(LLMError):
+class ProviderUnavailableError(LLMError, error_type="provider_unavailable"):
     """The provider failed on every attempt (rate limits, server errors, timeouts, connection errors)."""
-
-    code, http_status, error_type = -32013, 502, "provider_unavailable"
 
     def __init__(self, message: str, *, attempts: int = 0, cause: str = "", status_code: int | None = None) -> None:
         super().__init__(message, {"attempts": attempts})
@@ -71,10 +63,8 @@ class ProviderUnavailableError(LLMError):
         self.spent = (0, 0)  # (prompt, completion) tokens the failed attempts cost, as far as they are known
 
 
-class CircuitOpenError(ProviderUnavailableError):
+class CircuitOpenError(ProviderUnavailableError, error_type="circuit_open"):
     """The breaker is open after consecutive failures; calls fail fast until it half-opens."""
-
-    error_type = "circuit_open"
 
     # a default, so the error survives unpickling (Ray ships a fan-out branch's error back by pickle,
     # which calls the class with the message alone; the attributes follow from __dict__)
