@@ -47,15 +47,13 @@ class RayTaskBoard:
         self.actor = actor  # not started at deploy time ([server] prestart off): started by its first use
 
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
-        return int(await _call(self.actor.handle.commit, task_id, owner, prev_version, state, doc))
+        return await _call(self.actor.handle.commit, task_id, owner, prev_version, state, doc)
 
     async def get(self, task_id: str, owner: str | None) -> tuple[dict[str, Any], int] | None:
-        found = await _call(self.actor.handle.get, task_id, owner)
-        return (found[0], int(found[1])) if found is not None else None
+        return await _call(self.actor.handle.get, task_id, owner)
 
     async def state(self, task_id: str) -> int | None:
-        found = await _call(self.actor.handle.state, task_id)
-        return int(found) if found is not None else None
+        return await _call(self.actor.handle.state, task_id)
 
     async def forget(self, task_id: str) -> None:
         await _call(self.actor.handle.forget, task_id)
@@ -64,8 +62,7 @@ class RayTaskBoard:
         await _call(self.actor.handle.publish, task_id, version, event)
 
     async def events(self, task_id: str, cursor: int, wait_s: float) -> tuple[list[dict[str, Any]], int] | None:
-        found = await _call(self.actor.handle.events, task_id, cursor, wait_s)
-        return (list(found[0]), int(found[1])) if found is not None else None
+        return await _call(self.actor.handle.events, task_id, cursor, wait_s)
 
 
 def task_board(app_name: str, start: bool = True) -> RayTaskBoard:

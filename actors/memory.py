@@ -6,7 +6,7 @@ restarts when it fails (`max_restarts=-1`), reopening the store from disk or the
 in flight are retried on the new instance, which is safe because every write is an upsert by item id.
 
 It is built from the application's settings and replaced when the application is deployed with
-other ones (`retire_stale_memory` at deploy time, `actors.lifecycle`): memories go to the data
+other ones (`RayMemory.bank.deploy` at deploy time, `actors.lifecycle`): memories go to the data
 directory or Chroma server configured now, never through a bank left over from an earlier deploy.
 
 With embedded Chroma (no `[memory] chroma_url`) the data lives on one node's disk, so the actor is
@@ -27,7 +27,7 @@ import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, private_files, retire_if_stale
+from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, private_files
 from reasonray.actors.metrics import ray_metrics
 from reasonray.kernel.config import Settings
 from reasonray.kernel.logs import configure_logging
@@ -54,17 +54,8 @@ class MemoryBankActor(LocalMemory, Fingerprinted):
             load()
 
 
-def memory_name(app_name: str) -> str:
-    return f"{app_name}-memory"
-
-
 def memory_fingerprint(settings: Settings) -> str:
     return fingerprint(settings.model_dump(mode="json"))
-
-
-def retire_stale_memory(app_name: str, settings: Settings) -> None:
-    """Deploy time: a memory bank built from other settings goes; the next call starts one from these."""
-    retire_if_stale(memory_name(app_name), memory_fingerprint(settings))
 
 
 RUN_STATS_FLUSH_S = 0.5
@@ -95,7 +86,7 @@ class RayMemory(MemoryClient):
         options: dict[str, Any] = {}
         if not settings.memory.chroma_url:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.bank = NamedActor(MemoryBankActor, memory_name(app_name), memory_fingerprint(settings), (settings.model_dump_json(),), options)
+        self.bank = NamedActor(MemoryBankActor, f"{app_name}-memory", memory_fingerprint(settings), (settings.model_dump_json(),), options)
         # runs counted here and sent as one actor call at most every RUN_STATS_FLUSH_S: an actor call per
         # request cost the ingress ~5% of its CPU under load; stats() and reset_stats() send them first
         self._runs = _RunBatch()

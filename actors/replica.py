@@ -24,11 +24,11 @@ from reasonray.actors.a2a_board import task_board
 from reasonray.actors.endpoint import share_endpoints, warm, warm_now
 from reasonray.actors.fanout import BranchPool, LLMSpec, RayFanout
 from reasonray.actors.lifecycle import private_files
-from reasonray.actors.memory import RayMemory, retire_stale_memory
+from reasonray.actors.memory import RayMemory
 from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
-from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, limiter_actor, owners_actor
+from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, tenancy_clients
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, TokenVerifier
 from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Application, Backends, build_application
@@ -243,6 +243,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
     spec = LLMSpec(settings.model_dump_json(), app_name)
     share_endpoints(app_name)  # a small endpoint's slots and the refusals learnt are the cluster's, not this replica's
     pool = BranchPool(app_name, spec, settings.fanout)
+    memory = RayMemory(app_name, settings)
     # the application's named actors follow these settings: kept when built from them, replaced when not.
     # Each start is a process importing the package (seconds on a small node): they start side by side
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="deploy") as starting:
@@ -251,8 +252,10 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         board_started = starting.submit(task_board, app_name, prestart)  # running A2A tasks, shared by the replicas
         hosts_started = starting.submit(session_hosts, app_name, settings, spec)
         pool_started = starting.submit(pool.start if prestart else list)  # the first request finds the runners warm
-        tenancy_started = starting.submit(_tenancy_actors, settings, app_name) if settings.auth.enabled else None
-        starting.submit(retire_stale_memory, app_name, settings).result()
+        tenancy_started = (
+            starting.submit(tenancy_clients, app_name, settings.store.url, settings.data_dir) if settings.auth.enabled else None
+        )
+        starting.submit(memory.bank.deploy, False).result()  # a memory bank built from other settings goes
         handle, board, hosts = registry_started.result(), board_started.result(), hosts_started.result()
         pool_started.result()
         tenancy = tenancy_started.result() if tenancy_started is not None else None
@@ -264,7 +267,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         registry=registry,
         catalogue=build_catalogue(StrategyRegistry().discover(), reasoning),
         cache=cache,
-        memory=RayMemory(app_name, settings) if settings.memory.enabled else None,
+        memory=memory if settings.memory.enabled else None,
         fanout=RayFanout(pool),
         sessions=lambda llm: RaySessions(hosts, session_pipeline(settings, llm, app_name)),
         metrics=ray_metrics(settings.reasoning.performance.enable_metrics),
@@ -296,13 +299,6 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         replica._warming = asyncio.get_running_loop().create_task(warm(app.client))
     log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=app.client.model)
     return replica
-
-
-def _tenancy_actors(settings: Settings, app_name: str) -> tuple[RayOwners, RayLimits]:
-    """The ownership records and limits of an application with authentication, on the cluster's shared
-    actors; both follow this deployment's store and data directory, and keep their records there."""
-    owners = RayOwners(owners_actor(app_name, settings.store.url, settings.data_dir))
-    return owners, RayLimits(limiter_actor(app_name, settings.store.url, settings.data_dir))
 
 
 def _guard(settings: Settings, app: Application, owners: RayOwners, limits: RayLimits) -> GateConfig:

@@ -149,17 +149,14 @@ class RaySessions(Sessions):
         self.hosts = hosts
 
     async def turn(self, session_id: str, message: str, trace_id: str) -> dict[str, Any]:
-        await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
         # a request id the same for every retry of this call; the caller's cache scope (set where the request was
         # authenticated), which the host's LLM calls use
         return await self._on_host("turn", session_id, message, trace_id, uuid.uuid4().hex, cache_scope())
 
     async def resume(self, session_id: str, results: list[dict[str, Any]], trace_id: str) -> dict[str, Any]:
-        await self.pipeline.require(session_id)
         return await self._on_host("resume", session_id, results, trace_id, uuid.uuid4().hex, cache_scope())
 
     async def close(self, session_id: str) -> dict[str, Any]:
-        await self.pipeline.require(session_id)
         return await self._on_host("close", session_id)
 
     async def live_count(self) -> int:
@@ -167,6 +164,7 @@ class RaySessions(Sessions):
         return sum(await asyncio.gather(*(h.live() for h in self.hosts)))
 
     async def _on_host(self, method: str, session_id: str, *args: Any) -> Any:
+        await self.pipeline.require(session_id)  # an unknown session fails here, without a host call
         host = self.hosts[host_index(session_id, len(self.hosts))]
         for attempt in range(RETRIES):
             try:

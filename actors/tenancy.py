@@ -281,11 +281,14 @@ def _lease_size(keyed: KeyedLimits, limit: str = "requests_per_minute", share: i
     return max(1, min(most, min(limits) // share)) if limits else most
 
 
-def owners_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
-    """Deploy time: the ownership actor for this store and data directory, replacing one built for others."""
-    return ensure_actor(OwnersActor, f"{app_name}-owners", fingerprint(store_url, str(data_dir)), store_url, str(data_dir))
+def owners_actor(app_name: str, store_url: str | None, data_dir: Path, actor_class: Any = OwnersActor, role: str = "owners") -> Any:
+    """Deploy time: the ownership actor (or the `role` actor of `actor_class`) for this store and data directory,
+    replacing one built for others."""
+    return ensure_actor(actor_class, f"{app_name}-{role}", fingerprint(store_url, str(data_dir)), store_url, str(data_dir))
 
 
-def limiter_actor(app_name: str, store_url: str | None, data_dir: Path) -> Any:
-    """Deploy time: the limiter actor whose budgets live in this store (or data directory)."""
-    return ensure_actor(LimiterActor, f"{app_name}-limiter", fingerprint(store_url, str(data_dir)), store_url, str(data_dir))
+def tenancy_clients(app_name: str, store_url: str | None, data_dir: Path) -> tuple[RayOwners, RayLimits]:
+    """Deploy time: the ownership records and limits of an application with authentication, on the cluster's shared
+    actors; both follow this deployment's store and data directory (its token budgets among them), and keep their records there."""
+    limiter = owners_actor(app_name, store_url, data_dir, LimiterActor, "limiter")
+    return RayOwners(owners_actor(app_name, store_url, data_dir)), RayLimits(limiter)
