@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from reasonray.gateway.simulator.structured import NUMBER, TAG
+
 DISOBEY_KINDS = ("prose", "ramble", "tools")
-TAG = re.compile(r"<(\w+)>(.*?)</\1>", re.DOTALL)
 ANY_TAG = re.compile(r"</?\w+>")
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 _OPENERS = ("Okay, let me think about this.", "Let's see.", "Alright, so the question is interesting.", "Hmm.")
 _FILLER = (

@@ -287,7 +287,7 @@ class SimulatedModel:
             )
         # generation ends where the context window does, whatever max_tokens asked for
         request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
-        thinking, spent, finished = self._think(request, directives) or ("", 0, True)
+        thinking, spent, finished = self._think(request, directives)
         if not finished:  # max_tokens ran out while thinking: no answer at all
             cut = SimChoice(finish_reason="length", reasoning=thinking, thinking_unfinished=True)
             replies: list[tuple[SimChoice, str | None, str | None]] = [(cut, None, None)] * max(1, request.n)
@@ -314,7 +314,7 @@ class SimulatedModel:
         directives it cannot follow, which `respond` answers with a SimulatorError)."""
         return self.reasoning.directed(parse_directives(_last_user_text(request.messages)))
 
-    def _think(self, request: LLMRequest, directives: dict[str, str]) -> tuple[str, int, bool] | None:
+    def _think(self, request: LLMRequest, directives: dict[str, str]) -> tuple[str, int, bool]:
         """The thinking before the reply, in a reasoning mode: (text, tokens, finished within max_tokens). A reply that
         continues closed thinking (budget forcing closed it) answers at once; one that continues open thinking resumes
         from its furthest marker (a reply to the conversation also from thinking its prompt carries, as a tail or a
@@ -322,7 +322,7 @@ class SimulatedModel:
         plan = self.reasoning.directed(directives)
         prefix = request.continue_thinking
         if plan.form == "off" or "script" in directives or not _thinking_enabled(request) or CLOSE.search(prefix or ""):
-            return None
+            return "", 0, True
         total = plan.tokens_for(request.reasoning_effort)
         budget = request.max_tokens if request.max_tokens is not None else self.context_length
         done = resume_point(prefix, total)
@@ -407,21 +407,19 @@ class SimulatedModel:
         """The reply as a model that ignores its instructions gives it, with the answer it still states (if any)."""
         rng = random.Random(f"{self.seed}:{kind}:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
         question = DIRECTIVE.sub("", _last_user_text(request.messages))
-        found = evaluate_arithmetic(question)
         budget = request.max_tokens or self.context_length
         if kind == "ramble":
             text = self.counter.head(ramble(question, self.counter.count, budget, rng), budget)
             return SimChoice(text=text, finish_reason="length"), None
-        if kind == "tools":
-            if obedient.tool_calls and rng.random() < 0.5:  # forgets the tools and answers on its own
-                dropped = self._without_tools(request)
-                choice = self._finish(in_prose(dropped, rng, found[0] if found else None), request)
-                return choice, _answer_in(SimChoice(text=dropped)) if choice.finish_reason == "stop" else None
+        if kind == "tools" and obedient.tool_calls and rng.random() < 0.5:  # forgets the tools and answers on its own
+            obedient = SimChoice(text=self._without_tools(request))
+        elif kind == "tools":
             calls = obedient.tool_calls or (
                 ToolCall(id=f"call_{_request_digest(request)[:8]}_{index}", name=structured.tool_names(request.tools)[0], arguments="{}"),
             )
             broken = tuple(ToolCall(id=c.id, name=c.name, arguments=malformed_arguments(c.arguments, rng)) for c in calls)
             return SimChoice(finish_reason="tool_calls", tool_calls=broken), None
+        found = evaluate_arithmetic(question)
         choice = self._finish(in_prose(obedient.text, rng, found[0] if found else None), request)
         if obedient.finish_reason == "length":
             choice.finish_reason = "length"
@@ -651,7 +649,7 @@ class SimulatedModel:
         sequences, a full chunk ends with that marker instead of being cut off.
         """
         total = _directed(directives, "think", "", int, "think takes a whole number of tokens")
-        done = _progress(_all_text(request.messages), total)
+        done = resume_point(_all_text(request.messages), total, PROGRESS)
         budget = request.max_tokens if request.max_tokens is not None else 10**9
         wants_continue = "<continue>" in request.stop
         reserve = self.counter.count(" <continue>") if wants_continue else 0
@@ -672,7 +670,7 @@ class SimulatedModel:
         """What the model writes when asked for a structured carryover (see docs/simulator.md)."""
         if "think" in directives:
             total = _directed(directives, "think", "", int, "think takes a whole number of tokens")
-            done = _progress(_all_text(request.messages), total)
+            done = resume_point(_all_text(request.messages), total, PROGRESS)
             progress = f"[progress {done}/{total}] reasoning tokens completed."
             step = f"step {done // 20}"
         elif marks := THOUGHT.findall(_all_text(request.messages)):
@@ -794,11 +792,6 @@ def _probability(raw: str) -> float:
     if not 0.0 <= (chance := float(raw)) <= 1.0:
         raise ValueError(raw)
     return chance
-
-
-def _progress(prompt: str, total: int) -> int:
-    """The furthest progress marker of a `think=total` reasoning that the prompt shows."""
-    return max((int(d) for d, n in PROGRESS.findall(prompt) if int(n) == total), default=0)
 
 
 def _thinking_enabled(request: LLMRequest) -> bool:

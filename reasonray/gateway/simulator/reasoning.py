@@ -73,9 +73,10 @@ def handed_over(reasoning: str, text: str, unfinished: bool, form: str) -> tuple
     return text or None, None
 
 
-def resume_point(prefix: str | None, total: int) -> int:
-    """How far a continued thinking had got: its furthest marker of a thinking `total` tokens long (0: none)."""
-    return max((int(done) for done, of in THOUGHT.findall(prefix or "") if int(of) == total), default=0)
+def resume_point(prefix: str | None, total: int, marker: re.Pattern[str] = THOUGHT) -> int:
+    """How far a continued thinking (or a `think=` reasoning's progress) had got: its furthest marker of a thinking
+    `total` tokens long (0: none)."""
+    return max((int(done) for done, of in marker.findall(prefix or "") if int(of) == total), default=0)
 
 
 def think(total: int, done: int, budget: int, counter: TokenCounter) -> tuple[str, bool]:

@@ -157,10 +157,6 @@ def _field(key: str, fields: dict[str, str]) -> str:
 
 def _typed(tag: str, value: str) -> Any:
     try:
-        if tag == "score":
-            return float(value)
-        if tag == "vote":
-            return int(value)
+        return {"score": float, "vote": int}.get(tag, str)(value)
     except ValueError:
-        pass
-    return value
+        return value
