@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import sys
 import tempfile
 
-from reasonray.kernel.config import Settings
+from reasonray.kernel.config import Settings, ip_address_or_none
 from reasonray.kernel.ports import instance_ports
 
 PROXY_READY_TIMEOUT_ENV = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
@@ -77,11 +76,8 @@ def haproxy_wrapper(host: str) -> str | None:
     bound on `host`, as the API, where `host` is one IPv4 address (on every interface, an IPv6 address or a name
     they are left as Ray wrote them: HAProxy's bind syntax differs), and request bodies not spliced. None when no
     HAProxy is found (Ray's own error then says so)."""
-    try:
-        address = ipaddress.ip_address(host)
-        bind_on = "" if address.version != 4 or address.is_unspecified else str(address)
-    except ValueError:
-        bind_on = ""
+    address = ip_address_or_none(host)
+    bind_on = str(address) if address is not None and address.version == 4 and not address.is_unspecified else ""
     real = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or None
     if real is None:
         try:
