@@ -53,11 +53,6 @@ class Retrieved(BaseModel):
     genealogy: dict[str, Any] = Field(description="parent_memory_id and evolution_stage.")
 
 
-def item_key(item: MemoryItem) -> str:
-    """The text a memory is found by when it has no task query: its own words."""
-    return f"{item.title}. {item.description} {item.content}"
-
-
 class BankStats:
     """The bank's statistics: traces and outcomes, LLM calls and cache hits, retrieval and embedding time."""
 
@@ -169,7 +164,8 @@ class ReasoningBank:
     def store_items(self, items: Sequence[MemoryItem], *, workspace: str, keys: Sequence[str] | None = None) -> list[MemoryItem]:
         """Store items found by `keys` (default: their own text). Idempotent by item id."""
         prepared = self._prepare(items, workspace)
-        texts = list(keys) if keys is not None else [item_key(i) for i in prepared]
+        # a memory with no task query is found by its own words
+        texts = list(keys) if keys is not None else [f"{i.title}. {i.description} {i.content}" for i in prepared]
         self.store.add(prepared, texts, self.embed(texts))
         self.stats.add(items_stored=len(prepared))
         return prepared

@@ -8,6 +8,7 @@ query, its trajectory, the judged outcome and the items extracted from it.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import UTC, datetime
 from typing import Literal
@@ -20,8 +21,7 @@ Outcome = Literal["success", "failure"]
 Difficulty = Literal["easy", "medium", "hard"]
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
+utc_now = functools.partial(datetime.now, UTC)
 
 
 class ErrorContext(BaseModel):

@@ -97,19 +97,15 @@ def baselines(examples: list[Example]) -> list[dict[str, Any]]:
     if not numeric:
         return []
     constant = Counter(e.reference for e in numeric).most_common(1)[0][0]
-    rows = []
+    n, rows = len(numeric), []
     for name, answer, answer_of in (
         ("constant", constant, lambda e: constant),
         ("echo", "the question's last number", lambda e: extract_number(e.query) or ""),
     ):
         correct = sum(same_number(answer_of(e), e.reference) for e in numeric)
-        n = len(numeric)
         low, high = wilson(correct, n)
-        rows.append(
-            rounded(
-                {"name": name, "answer": answer, "examples": n, "correct": correct, "accuracy": correct / n, "ci_low": low, "ci_high": high}
-            )
-        )
+        row = {"name": name, "answer": answer, "examples": n, "correct": correct, "accuracy": correct / n, "ci_low": low, "ci_high": high}
+        rows.append(rounded(row))
     return rows
 
 

@@ -239,19 +239,17 @@ class SessionPipeline:
         outcome, error = "error", None
         try:
             exit_ = await (reasoner.resume() if resume else reasoner.run())
-        except ReentryError as exc:
+        except ReasonRayError as exc:
             error = type(exc).__name__
-            raise _in_session(exc, state) from None  # nothing changes: the client can send the right results
-        except ReasonRayError as exc:  # a failed turn ends: the session is idle again, the failure noted for the model and the client
-            error = type(exc).__name__
-            self._answered(providers, f"(This turn failed: {exc.message})")
-            providers.ledger = ToolLedger()
-            failure = {"error_type": error, "message": exc.message}
-            last_outcome = _outcome(state, error={**failure, "data": exc.data})
-            await self._save_turn(
-                state, providers, reasoner, trace, status="idle", last_error={**failure, **exc.data}, last_outcome=last_outcome
-            )
-            exc.data.setdefault("usage", _usage(reasoner).model_dump())  # a failed turn's tokens count towards budgets too
+            # a failed turn ends: the session is idle again, the failure noted for the model and the client; a refused
+            # re-entry changes nothing, so that the client can send the right results
+            if not isinstance(exc, ReentryError):
+                self._answered(providers, f"(This turn failed: {exc.message})")
+                providers.ledger = ToolLedger()
+                failure = {"error_type": error, "message": exc.message}
+                last_error, last_outcome = {**failure, **exc.data}, _outcome(state, error={**failure, "data": exc.data})
+                await self._save_turn(state, providers, reasoner, trace, status="idle", last_error=last_error, last_outcome=last_outcome)
+                exc.data.setdefault("usage", _usage(reasoner).model_dump())  # a failed turn's tokens count towards budgets too
             raise _in_session(exc, state) from None
         else:
             answer = exit_.answer if isinstance(exit_, Completed) else None
