@@ -42,11 +42,3 @@ def endpoint_client(llm: Any) -> Any:
             return llm
         llm, seen = getattr(llm, "inner", None), seen + 1
     return None
-
-
-async def discover(llm: Any) -> Capabilities:
-    """Have the stack's endpoint client ask its server what it is (no-op for stacks without one), and return the result."""
-    client = endpoint_client(llm)
-    if client is not None:
-        await client.discover()
-    return capabilities_of(llm)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from reasonray.gateway.capabilities import discover
 from reasonray.gateway.local_model import bundled_model
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter
 from reasonray.gateway.protocol import Message, ToolCall
@@ -43,7 +42,7 @@ async def test_a_gguf_named_in_the_configuration_counts_exactly_without_the_serv
 async def test_auto_loads_the_gguf_the_server_names_when_it_is_on_this_machine(double):
     double.model_path = smollm2_gguf()
     llm, client = stack_for(double)
-    await discover(llm)
+    await client.discover()
     assert llm.tokens.encoding_name == "gguf:SmolLM2-135M-Instruct.Q4_1.gguf" and client.capabilities.tokenize
 
 

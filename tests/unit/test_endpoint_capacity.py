@@ -9,7 +9,7 @@ import time
 import pytest
 
 from reasonray.gateway.cache import LocalCacheStore, LRUTTLCache
-from reasonray.gateway.capabilities import capabilities_of, discover
+from reasonray.gateway.capabilities import capabilities_of, endpoint_client
 from reasonray.gateway.concurrency import EndpointLimiter
 from reasonray.gateway.errors import ProviderRejectedError, ProviderUnavailableError, TransientProviderError
 from reasonray.gateway.factory import build_llm, client_for
@@ -27,6 +27,12 @@ GSM8K = (
     "every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. How much in "
     "dollars does she make every day at the farmers' market? 16 - 3 - 4 = 9 eggs; 9 * 2 = 18 dollars. #### 18"
 )
+
+
+async def discover(llm):
+    """Have the stack's endpoint client ask its server what it is; what every layer then reports."""
+    await endpoint_client(llm).discover()
+    return capabilities_of(llm)
 
 
 @pytest.fixture
