@@ -181,10 +181,12 @@ class AgentDirectory:
         return card, replaced
 
     def get(self, agent_id: str) -> AgentCard:
-        try:
-            return self.cards[agent_id]
-        except KeyError:
-            raise self._missing(agent_id) from None
+        cards = self.cards
+        if agent_id in cards:
+            return cards[agent_id]
+        known = sorted(cards)
+        hint = f"registered agents: {', '.join(known)}" if known else "no agents are registered; add one with agent.register"
+        raise NotFoundError(f"no agent with id {agent_id!r}; {hint}", {"agent_id": agent_id, "registered": known})
 
     def unregister(self, agent_id: str) -> AgentCard:
         card = self.get(agent_id)
@@ -196,8 +198,3 @@ class AgentDirectory:
         """Agents advertising every one of `capabilities` (all of them when the list is empty)."""
         wanted = set(capabilities)
         return [card for card in self.cards.values() if wanted <= set(card.capabilities)]
-
-    def _missing(self, agent_id: str) -> NotFoundError:
-        known = sorted(self.cards)
-        hint = f"registered agents: {', '.join(known)}" if known else "no agents are registered; add one with agent.register"
-        return NotFoundError(f"no agent with id {agent_id!r}; {hint}", {"agent_id": agent_id, "registered": known})

@@ -259,12 +259,9 @@ class SelfConsistency(Strategy):
         why sampling stopped."""
         settled: dict[int, Chain | Failed] = {}
 
-        def arrived_from(start: int) -> Callable[[int, Chain | Failed], None]:
-            def arrived(index: int, outcome: Chain | Failed) -> None:
-                settled[start + index] = outcome
-                self._note_progress(context, cfg, [settled[i] for i in sorted(settled)])
-
-            return arrived
+        def arrived(start: int, index: int, outcome: Chain | Failed) -> None:  # `index` counts from the wave's first chain
+            settled[start + index] = outcome
+            self._note_progress(context, cfg, [settled[i] for i in sorted(settled)])
 
         self._note_progress(context, cfg, [])
         outcomes: list[Chain | Failed] = []
@@ -277,7 +274,7 @@ class SelfConsistency(Strategy):
                 wave = next_wave(counts, remaining, cfg.stop_confidence)
             start = len(outcomes)
             chains = [partial(sample_chain, query, cfg, cfg.seed + i) for i in range(start, start + wave)]
-            outcomes += await context.fan_out_settled(chains, label=f"{self.name}.sample", arrived=arrived_from(start))
+            outcomes += await context.fan_out_settled(chains, label=f"{self.name}.sample", arrived=partial(arrived, start))
         return outcomes, "all_samples"
 
     @staticmethod
