@@ -26,7 +26,7 @@ from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.executor import ToolExecutor
 from reasonray.reasoner.providers import ContextProviders, ModeSpec, ModeState
-from reasonray.reasoner.reasoner import AwaitingClient, Completed, TurnReasoner
+from reasonray.reasoner.reasoner import AwaitingClient, TurnReasoner
 from reasonray.strategies.base import (
     ReasoningResult,
     Strategy,
@@ -91,23 +91,17 @@ class ReAct(Strategy):
         try:
             outcome = await reasoner.run()
         except BaseException:  # provider, budget, tool failure or cancellation: keep the steps so far
-            context.progress.update(steps=reasoner.llm_calls, observations=self._observations(providers))
+            # the tool calls made so far with what they returned (the observations), capped for the error
+            observations = [
+                {"tool": e.tool, "arguments": e.arguments[:2000], "status": e.status, "observation": (e.content or "")[:2000]}
+                for e in providers.ledger.entries()
+            ]
+            context.progress.update(steps=reasoner.llm_calls, observations=observations)
             raise
-        match outcome:
-            case Completed(reply, found_by):
-                answer = reply
-                if found_by != "tag":  # the whole reply: take the answer it states, as chain of thought would
-                    stated = find_answer(reply, numeric=numeric_question(query))
-                    answer, found_by = (stated.answer, stated.found_by) if stated is not None else (reply, found_by)
-            case AwaitingClient():  # no client tools are offered, so the executor cannot hand any over
-                raise AssertionError("react offers no client tools")
+        if isinstance(outcome, AwaitingClient):  # no client tools are offered, so the executor cannot hand any over
+            raise AssertionError("react offers no client tools")
+        answer, found_by = outcome.answer, outcome.found_by
+        if found_by != "tag" and (stated := find_answer(answer, numeric=numeric_question(query))) is not None:
+            answer, found_by = stated.answer, stated.found_by  # the whole reply: take the answer it states, as chain of thought would
         calls = [{"tool": e.tool, "arguments": e.arguments, "status": e.status} for e in providers.ledger.entries()]
         return context.result(self.name, answer, tool_calls=calls, steps=reasoner.llm_calls, found_by=found_by, tool_choice_forced=forced)
-
-    @staticmethod
-    def _observations(providers: ContextProviders) -> list[dict[str, Any]]:
-        """The tool calls made so far with what they returned (the observations), capped for the error."""
-        return [
-            {"tool": e.tool, "arguments": e.arguments[:2000], "status": e.status, "observation": (e.content or "")[:2000]}
-            for e in providers.ledger.entries()
-        ]
