@@ -16,6 +16,7 @@ import re
 import time
 import typing
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
@@ -30,6 +31,7 @@ from reasonray.gateway.errors import (
     ProviderRejectedError,
     ProviderUnavailableError,
 )
+from reasonray.kernel.config import CapSettings
 from reasonray.kernel.errors import (
     BudgetExceededError,
     ForbiddenError,
@@ -207,15 +209,11 @@ def declare(
 class Dispatcher:
     """Routes JSON-RPC calls to handlers with Pydantic-validated params."""
 
-    def __init__(
-        self, new_trace_id: Callable[[], str], metrics: Metrics | None = None, max_batch_size: int = 20, batch_concurrency: int = 4
-    ) -> None:
+    def __init__(self, new_trace_id: Callable[[], str], metrics: Metrics | None = None, limits: CapSettings | None = None) -> None:
         self.methods: dict[str, Method] = {}
         self._new_trace_id = new_trace_id
         self.metrics = metrics or NoMetrics()
-        self.max_batch_size = max_batch_size
-        # the calls of one batch share this many slots: a batch is not a way around the replica's concurrency
-        self.batch_concurrency = batch_concurrency
+        self.limits = limits or CapSettings()  # max_batch_size, and batch_concurrency: the slots one batch's calls share
         self.guard: Guard | None = None
 
     def method(
@@ -249,32 +247,29 @@ class Dispatcher:
         if isinstance(payload, list):
             if not payload:
                 return error_response(None, RpcError(INVALID_REQUEST, "invalid request: an empty batch")), []
-            if len(payload) > self.max_batch_size:
-                message = f"invalid params: a batch of {len(payload)} calls; the cap is {self.max_batch_size} ([limits] max_batch_size)"
+            if len(payload) > (cap := self.limits.max_batch_size):
+                message = f"invalid params: a batch of {len(payload)} calls; the cap is {cap} ([limits] max_batch_size)"
                 return error_response(None, RpcError(INVALID_PARAMS, message, {"cap": "limits.max_batch_size"})), []
             trace_ids = [self._new_trace_id() for _ in payload]
-            slots = asyncio.Semaphore(self.batch_concurrency)
-
-            async def one(call: Any, trace_id: str) -> Response | None:
-                async with slots:
-                    return await self._one(call, trace_id)
-
-            responses = await asyncio.gather(*(one(c, t) for c, t in zip(payload, trace_ids, strict=False)))
+            # a batch is not a way around the replica's concurrency: its calls share batch_concurrency slots
+            slots = asyncio.Semaphore(self.limits.batch_concurrency)
+            responses = await asyncio.gather(*(self._one(c, t, slots) for c, t in zip(payload, trace_ids, strict=False)))
             sent = [r for r in responses if r is not None]
             return (sent or None), trace_ids
         trace_id = trace_id or self._new_trace_id()
-        return await self._one(payload, trace_id), [trace_id]
+        return await self._one(payload, trace_id, nullcontext()), [trace_id]
 
-    async def _one(self, call: Any, trace_id: str) -> Response | None:
-        """The response to one call of a body (None for a notification: its call runs, nothing is sent)."""
-        if problem := _envelope_problem(call):
-            request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
-            return error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
-        try:
-            response = result_response(call.get("id"), await self.call(call["method"], call.get("params", {}), trace_id))
-        except RpcError as error:
-            response = error_response(call.get("id"), error)
-        return response if "id" in call else None
+    async def _one(self, call: Any, trace_id: str, slot: AbstractAsyncContextManager[Any]) -> Response | None:
+        """The response to one call of a body (None for a notification: its call runs, nothing is sent), in `slot`."""
+        async with slot:
+            if problem := _envelope_problem(call):
+                request_id = call.get("id") if isinstance(call, dict) and _valid_id(call.get("id")) else None
+                return error_response(request_id, RpcError(INVALID_REQUEST, f"invalid request: {problem}", {"trace_id": trace_id}))
+            try:
+                response = result_response(call.get("id"), await self.call(call["method"], call.get("params", {}), trace_id))
+            except RpcError as error:
+                response = error_response(call.get("id"), error)
+            return response if "id" in call else None
 
     async def call(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
         """`run`, its result made JSON-ready: what JSON-RPC, the REST mirrors and MCP answer."""
@@ -291,25 +286,9 @@ class Dispatcher:
         trace_id = trace_id or self._new_trace_id()
         structlog.contextvars.bind_contextvars(trace_id=trace_id)
         started = time.perf_counter()
-        method = name if name in self.methods else "unknown"
+        method = self.methods.get(name)
         strategy: Any = None
         status = "ok"
-        try:
-            result = await self._answer(name, params, trace_id, admitted)
-            strategy = getattr(result, "strategy_used", None)
-            return result
-        except RpcError as error:
-            strategy = error.data.get("strategy")
-            status = error.data.get("error_type") or CODE_NAMES.get(error.code, "error")
-            raise
-        finally:
-            strategy = strategy if isinstance(strategy, str) else "none"  # "none": no strategy ran (bad params, other methods)
-            self.metrics.record("reasonray_requests", method=method, strategy=strategy, status=status)
-            self.metrics.record("reasonray_request_latency_seconds", time.perf_counter() - started, method=method, strategy=strategy)
-            structlog.contextvars.unbind_contextvars("trace_id")
-
-    async def _answer(self, name: str, params: Any, trace_id: str, admitted: Callable[[], None] | None = None) -> Any:
-        method = self.methods.get(name)
         try:
             if method is None:
                 raise RpcError(METHOD_NOT_FOUND, f"method not found: {name!r}; available methods: {', '.join(sorted(self.methods))}")
@@ -326,21 +305,30 @@ class Dispatcher:
                     admitted()
                 return method.handler(parsed, here)
 
-            if self.guard is None:
-                return await invoke()
             # authorization, ownership, limits and audit wrap every method (reasonray.api.access.tenancy)
-            return await self.guard(here, parsed, invoke)
-        except RpcError as exc:
-            raise _with_trace(exc, trace_id) from None
+            result = await (invoke() if self.guard is None else self.guard(here, parsed, invoke))
+            strategy = getattr(result, "strategy_used", None)
+            return result
         except Exception as exc:
             error = error_for(exc)
-            if error.data.get("error_type") == "internal":
+            if error is exc:  # an RpcError: already the caller's answer
+                pass
+            elif error.data.get("error_type") == "internal":
                 log.exception("rpc.internal_error", method=name)
             else:
                 # the caller gets a summary; the provider's own words (URL, body) stay in the log
                 detail = str(exc)[:500] if isinstance(exc, LLMError) else None
                 log.warning("rpc.error", method=name, code=error.code, error_type=error.data.get("error_type"), detail=detail)
-            raise _with_trace(error, trace_id) from exc
+            error.data.setdefault("trace_id", trace_id)
+            strategy = error.data.get("strategy")
+            status = error.data.get("error_type") or CODE_NAMES.get(error.code, "error")
+            raise error from (None if error is exc else exc)
+        finally:
+            label = name if method is not None else "unknown"
+            strategy = strategy if isinstance(strategy, str) else "none"  # "none": no strategy ran (bad params, other methods)
+            self.metrics.record("reasonray_requests", method=label, strategy=strategy, status=status)
+            self.metrics.record("reasonray_request_latency_seconds", time.perf_counter() - started, method=label, strategy=strategy)
+            structlog.contextvars.unbind_contextvars("trace_id")
 
 
 def wire(result: Any) -> Any:
@@ -379,11 +367,6 @@ def _envelope_problem(call: Any) -> str | None:
     if unknown:
         return f"unknown members {sorted(unknown)}"
     return None
-
-
-def _with_trace(error: RpcError, trace_id: str) -> RpcError:
-    error.data.setdefault("trace_id", trace_id)
-    return error
 
 
 def well_formed(call: Any) -> bool:

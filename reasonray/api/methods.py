@@ -47,8 +47,7 @@ def declared(name: str) -> Method:
 def build_dispatcher(ctx: Context, metrics: Metrics | None = None) -> Dispatcher:
     """The API over a context's service; session.* with sessions, memory.*, stats.* and the ReasoningBank MCP
     tool aliases when the service has a memory bank, and rpc.discover."""
-    limits = ctx.limits
-    rpc = Dispatcher(new_trace_id, metrics, max_batch_size=limits.max_batch_size, batch_concurrency=limits.batch_concurrency)
+    rpc = Dispatcher(new_trace_id, metrics, ctx.limits)
     ctx = replace(ctx, methods=rpc.methods)  # agent.register checks a card's methods against the served table
     rpc.add(REASONING | AGENTS, ctx)
     if ctx.sessions is not None:
