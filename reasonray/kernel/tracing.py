@@ -19,6 +19,7 @@ import re
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from importlib import import_module
 from typing import Any, Literal
 
 Kind = Literal["internal", "server", "client"]
@@ -97,15 +98,8 @@ class _Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-        exporter: SpanExporter
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-            exporter = GrpcExporter()
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-            exporter = HttpExporter()
+        transport = "grpc" if protocol == "grpc" else "http"  # each exporter imported only when chosen
+        exporter: SpanExporter = import_module(f"opentelemetry.exporter.otlp.proto.{transport}.trace_exporter").OTLPSpanExporter()
         attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "reasonray"}
         self.provider = TracerProvider(resource=Resource.create(attributes))  # sampler: OTEL_TRACES_SAMPLER
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
