@@ -299,7 +299,8 @@ class SimulatedModel:
                 choice.reasoning = thinking or choice.reasoning
         choices = [choice for choice, _, _ in replies]
         reasoning_tokens = sum(self.counter.count(c.reasoning) for c in choices)
-        response = SimResponse(choices, prompt_tokens, sum(self._choice_tokens(c) for c in choices), reasoning_tokens)
+        parts = (part for c in choices for part in (c.text, *(t.name + t.arguments for t in c.tool_calls), c.reasoning))
+        response = SimResponse(choices, prompt_tokens, sum(self.counter.count(part) for part in parts), reasoning_tokens)
         for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(response, name))
         finish_reasons, calls = tuple(c.finish_reason for c in choices), tuple(call for c in choices for call in c.tool_calls)
@@ -320,8 +321,9 @@ class SimulatedModel:
         from its furthest marker (a reply to the conversation also from thinking its prompt carries, as a tail or a
         summary does). Scripted replies stay exact."""
         plan = self.reasoning.directed(directives)
-        prefix = request.continue_thinking
-        if plan.form == "off" or "script" in directives or not _thinking_enabled(request) or CLOSE.search(prefix or ""):
+        prefix, kwargs = request.continue_thinking, (request.extra_body or {}).get("chat_template_kwargs")
+        switched_off = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False  # as Qwen3's chat template takes it
+        if plan.form == "off" or "script" in directives or switched_off or CLOSE.search(prefix or ""):
             return "", 0, True
         total = plan.tokens_for(request.reasoning_effort)
         budget = request.max_tokens if request.max_tokens is not None else self.context_length
@@ -425,18 +427,12 @@ class SimulatedModel:
             choice.finish_reason = "length"
         return choice, _answer_in(obedient) if choice.finish_reason == "stop" else None
 
-    def _choice_tokens(self, choice: SimChoice) -> int:
-        calls = sum(self.counter.count(c.name + c.arguments) for c in choice.tool_calls)
-        return self.counter.count(choice.text) + calls + self.counter.count(choice.reasoning)
-
     def _rng(self, request: LLMRequest, index: int) -> random.Random:
+        """Draws that differ on every sampled call, or else seeded from what the model understands of the request (its
+        purpose, directives, problem and its own earlier output shown), not from its wording: seeded draws stay the
+        same when a strategy rewords."""
         if request.sampled:
-            return random.Random()  # differs on every call
-        return random.Random(f"{self.seed}:{request.seed}:{index}:{self._understood(request)}")
-
-    def _understood(self, request: LLMRequest) -> str:
-        """A digest of what the model understands of a request (its purpose, directives, problem and its own
-        earlier output shown), not of its wording: seeded draws stay the same when a strategy rewords."""
+            return random.Random()
         shown = _last_user_text(request.messages)
         understood = [
             request.purpose,
@@ -446,7 +442,8 @@ class SimulatedModel:
             PROGRESS.findall(_all_text(request.messages)),
             _tool_results_since_last_user(request.messages),
         ]
-        return hashlib.sha256(json.dumps(understood, ensure_ascii=False).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(json.dumps(understood, ensure_ascii=False).encode()).hexdigest()[:16]
+        return random.Random(f"{self.seed}:{request.seed}:{index}:{digest}")
 
     def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
         purpose = request.purpose
@@ -792,13 +789,6 @@ def _probability(raw: str) -> float:
     if not 0.0 <= (chance := float(raw)) <= 1.0:
         raise ValueError(raw)
     return chance
-
-
-def _thinking_enabled(request: LLMRequest) -> bool:
-    """False where the request switches thinking off as Qwen3's chat template takes it
-    (`chat_template_kwargs: {"enable_thinking": false}`)."""
-    kwargs = (request.extra_body or {}).get("chat_template_kwargs")
-    return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
 
 
 def _request_digest(request: LLMRequest) -> str:

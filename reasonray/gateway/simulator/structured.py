@@ -74,18 +74,12 @@ def schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
     raise ValueError(f"response_format type {kind!r}: use text, json_object or json_schema")
 
 
-def fields_of(text: str) -> dict[str, str]:
-    """A tagged reply's parts by tag; the untagged rest as "text"."""
+def as_json(text: str, schema: dict[str, Any]) -> str:
+    """The reply as a JSON object: valid against `schema`, or, for {}, its tags as keys (the untagged rest as "text")."""
     fields = {tag: body.strip() for tag, body in TAG.findall(text)}
     rest = TAG.sub(" ", text).strip()
     if rest or not fields:
         fields["text"] = rest
-    return fields
-
-
-def as_json(text: str, schema: dict[str, Any]) -> str:
-    """The reply as a JSON object: valid against `schema`, or, for {}, its tags as keys."""
-    fields = fields_of(text)
     value = instance(schema, fields) if schema else {("reasoning" if k == "thinking" else k): _typed(k, v) for k, v in fields.items()}
     return json.dumps(value, ensure_ascii=False)
 
