@@ -208,9 +208,6 @@ class SessionPipeline:
         providers.ledger.submit(results)  # the pipeline populates ToolResults for client tools
         return await self._run(state.model_copy(update={"last_request_id": request_id}), providers, [], resume=True)
 
-    async def get(self, session_id: str) -> dict[str, Any]:
-        return _view(await self.require(session_id))
-
     async def close(self, session_id: str) -> dict[str, Any]:
         state = await self.require(session_id)
         if state.status != "closed":
@@ -448,7 +445,7 @@ class Sessions:
         return (await self.pipeline.resume(session_id, submitted(results), trace_id)).model_dump(mode="json")
 
     async def get(self, session_id: str) -> dict[str, Any]:
-        return await self.pipeline.get(session_id)
+        return _view(await self.pipeline.require(session_id))
 
     async def close(self, session_id: str) -> dict[str, Any]:
         return await self.pipeline.close(session_id)

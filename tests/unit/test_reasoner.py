@@ -23,6 +23,7 @@ from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.providers import SubmittedResult
 from reasonray.reasoner.session import (
     SessionPipeline,
+    Sessions,
     SessionSpec,
     SessionState,
 )
@@ -57,7 +58,7 @@ async def test_normal_turn_completion(tmp_path):
     llm.assert_complete()
     assert result.status == "completed" and result.answer == "Hello!" and result.turn == 1
     assert steps(result) == ["TURN_STARTED", "LLM_CALL", "EXIT"] and result.trace[-1]["exit_mode"] == 1
-    state = await p.get(sid)
+    state = await Sessions(p).get(sid)
     assert state["status"] == "idle" and state["messages"] == 2 and state["last_answer"] == "Hello!"
     [request] = llm.requests
     assert {t["function"]["name"] for t in request.tools} == {"calculator", "get_weather"}
@@ -100,7 +101,7 @@ async def test_mid_turn_mode_change_applies_from_the_next_call_and_changes_tools
     assert bootstraps == [[], ["You may now run code."], []]  # armed by the mode change, emitted once
     change = next(s for s in result.trace if s["type"] == "MODE_CHANGE")
     assert (change["previous"], change["mode"]) == ("plan", "act")
-    assert (await p.get(sid))["mode"] == "act"  # the mode persists for the next turn
+    assert (await Sessions(p).get(sid))["mode"] == "act"  # the mode persists for the next turn
 
 
 async def test_turn_context_is_emitted_once_and_session_context_every_call(tmp_path):
@@ -176,7 +177,7 @@ async def test_reentry_verification_failures_are_hard_and_change_nothing(tmp_pat
     assert {k: err.value.data[k] for k in data} == data
     assert err.value.message.startswith(f"session {sid!r}, turn 1: ") and err.value.data["session_id"] == sid
     assert "Send exactly one result per pending tool_call_id" in err.value.message
-    assert (await p.get(sid))["status"] == "awaiting_client_tools"  # nothing was lost: the right results still work
+    assert (await Sessions(p).get(sid))["status"] == "awaiting_client_tools"  # nothing was lost: the right results still work
     assert (await p.resume(sid, [SubmittedResult("w1", "sunny")], "t3")).answer == "done"
 
 
@@ -190,7 +191,7 @@ async def test_resume_without_pending_calls_and_unknown_sessions_are_refused(tmp
     await p.close(sid)
     with pytest.raises(SessionStateError, match="is closed"):
         await p.turn(sid, "hi", "t2")
-    assert (await p.get(sid))["status"] == "closed"
+    assert (await Sessions(p).get(sid))["status"] == "closed"
 
 
 async def test_an_unregistered_tool_is_a_hard_error_and_the_turn_ends(tmp_path):
@@ -200,7 +201,7 @@ async def test_an_unregistered_tool_is_a_hard_error_and_the_turn_ends(tmp_path):
     with pytest.raises(UnregisteredToolError, match="the model called 'rm_rf', not available in mode 'default'") as err:
         await p.turn(sid, "clean up", "t1")
     assert err.value.data["tool_call_ids"] == ["x1"]
-    state = await p.get(sid)
+    state = await Sessions(p).get(sid)
     assert state["status"] == "idle" and state["last_error"]["error_type"] == "UnregisteredToolError"
 
 
@@ -210,7 +211,7 @@ async def test_the_first_failing_tool_ends_the_turn(tmp_path):
     sid = await session(p)
     with pytest.raises(ToolFailedError, match=r"tool 'calculator' \(call c1\) failed, which ends the turn: ValueError: division by zero"):
         await p.turn(sid, "divide", "t1")
-    trace = (await p.get(sid))["trace"]
+    trace = (await Sessions(p).get(sid))["trace"]
     executed = [s for s in trace if s["type"] == "TOOL_EXECUTED"]
     assert [(s["tool_call_id"], s["status"]) for s in executed] == [("c1", "failed")]  # c2 never ran
     llm.assert_complete()
@@ -223,7 +224,7 @@ async def test_a_client_tool_error_ends_the_turn_too(tmp_path):
     await p.turn(sid, "Weather?", "t1")
     with pytest.raises(ToolFailedError, match="client tool 'get_weather' \\(call w1\\) reported an error"):
         await p.resume(sid, [SubmittedResult("w1", "no such city", is_error=True)], "t2")
-    assert (await p.get(sid))["status"] == "idle"
+    assert (await Sessions(p).get(sid))["status"] == "idle"
 
 
 async def test_the_llm_call_limit_is_enforced_per_turn(tmp_path):
@@ -324,7 +325,7 @@ async def test_passive_learning_captures_a_completed_turn_after_the_hand_off_int
     assert "Question:\nWhat is the weather in Paris today?" in llm.requests[2].messages[1].content  # the turn's own message
     assert steps(final)[-2:] == ["EXIT", "MEMORY_LEARNING"] and final.trace[-1]["source"] == "passive"
     assert final.llm_calls == 2  # learning does not count against the turn's LLM call limit
-    saved = await p.get(sid)
+    saved = await Sessions(p).get(sid)
     assert saved["trace"] == final.trace and saved["status"] == "idle" and saved["last_answer"] == LONG_ANSWER
 
 
@@ -346,7 +347,7 @@ async def test_passive_learning_skips_short_answers_and_never_fails_or_loses_the
     llm.assert_complete()
     assert failed.status == "completed" and failed.answer == LONG_ANSWER
     assert failed.memory.passive == "skipped: learning failed: ConnectionError: chroma server gone" and failed.memory.stored == []
-    saved = await p.get(sid)
+    saved = await Sessions(p).get(sid)
     assert saved["status"] == "idle" and saved["turn"] == 2 and saved["last_answer"] == LONG_ANSWER and saved["messages"] == 4
     assert bank.list_workspaces() == []
 
@@ -365,5 +366,5 @@ async def test_a_learning_step_that_cannot_be_saved_leaves_the_saved_turn_and_th
     monkeypatch.setattr(SqliteSessionStore, "save", disk_full_for_learning)
     result = await p.turn(sid, "What is the weather in Paris today?", "t1")
     assert result.answer == LONG_ANSWER and result.memory.passive == "captured" and steps(result)[-1] == "MEMORY_LEARNING"
-    saved = await p.get(sid)
+    saved = await Sessions(p).get(sid)
     assert saved["last_answer"] == LONG_ANSWER and saved["turn"] == 1 and saved["trace"][-1]["type"] == "EXIT"

@@ -15,7 +15,7 @@ from reasonray.kernel.errors import OverloadedError, SessionStateError, ToolFail
 from reasonray.reasoner.builtin_tools import builtin_toolbox
 from reasonray.reasoner.hosting import LiveSessions
 from reasonray.reasoner.providers import SubmittedResult
-from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
+from reasonray.reasoner.session import SessionPipeline, Sessions, SessionSpec, SessionState
 from reasonray.stores.sessions import SqliteSessionStore
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}}
@@ -37,7 +37,7 @@ async def test_a_retried_turn_gets_the_saved_result_and_makes_no_second_llm_call
     again = await p.turn(sid, "Hi", "t1", request_id="r1")  # the host died after saving; the caller retries
     llm.assert_complete()
     assert again == first and again.turn == 1
-    state = await p.get(sid)
+    state = await Sessions(p).get(sid)
     assert state["turn"] == 1 and state["messages"] == 2
 
 
@@ -59,7 +59,7 @@ async def test_a_retried_failed_turn_raises_the_saved_error_and_runs_nothing(tmp
         await p.turn(sid, "divide", "t1", request_id="r1")
     llm.assert_complete()
     assert again.value.data["tool_call_id"] == first.value.data["tool_call_id"] == "c1"
-    assert (await p.get(sid))["turn"] == 1
+    assert (await Sessions(p).get(sid))["turn"] == 1
 
 
 async def test_a_retried_resume_gets_the_saved_result(tmp_path):
@@ -109,7 +109,7 @@ async def test_a_sessions_calls_run_one_at_a_time_in_arrival_order(tmp_path):
     results = await asyncio.gather(*(turn(n) for n in range(5)), close(), return_exceptions=True)
     assert not overlapped
     assert [r.answer for r in results[:5]] == ["m0", "m1", "m2", "m3", "m4"] and [r.turn for r in results[:5]] == [1, 2, 3, 4, 5]
-    assert (await p.get(sid))["status"] == "closed"  # closed after the turns queued before it, none lost
+    assert (await Sessions(p).get(sid))["status"] == "closed"  # closed after the turns queued before it, none lost
 
 
 async def test_a_full_host_drops_its_least_recently_used_idle_session_or_refuses_when_all_are_busy():
