@@ -108,36 +108,33 @@ def serve(config_path, llm, host, port, address, **cluster: Any) -> None:
         _fail(busy, error_type="config_error")
     settings, simulator, local_model = _start_provider(settings, local)
     try:
-        app = build_app({"settings": settings.model_dump(mode="json")})
-    except (ConfigError, LLMConfigError) as exc:
-        _stop_children(simulator, local_model)
-        _fail(str(exc), error_type=error_type_of(exc))
-    context = _start_cluster(settings, address, cluster, simulator, local_model)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        ray_serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
-        ray_serve.run(app, name="reasonray", route_prefix="/")
-        _banner(settings, context, simulator, local_model)
-        stop.wait()
-    finally:
-        click.echo("stopping...")
-        # Deleting the application first lets its replicas answer the requests in flight through a proxy that is
-        # still up ([server] shutdown_timeout_s); serve.shutdown() alone kills the proxies with those requests.
         try:
-            ray_serve.delete("reasonray")
-        except Exception as exc:  # a cluster already gone: nothing left to drain
-            click.echo(f"  could not drain the application ({type(exc).__name__}: {exc})", err=True)
-        ray_serve.shutdown()
-        ray.shutdown()
-        _stop_children(simulator, local_model)
-
-
-def _stop_children(*children: Any) -> None:
-    for child in children:
-        if child:
-            child.stop()
+            app = build_app({"settings": settings.model_dump(mode="json")})
+        except (ConfigError, LLMConfigError) as exc:
+            _fail(str(exc), error_type=error_type_of(exc))
+        context = _start_cluster(settings, address, cluster)
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            ray_serve.start(http_options={"host": settings.server.host, "port": settings.server.port})
+            ray_serve.run(app, name="reasonray", route_prefix="/")
+            _banner(settings, context, simulator, local_model)
+            stop.wait()
+        finally:
+            click.echo("stopping...")
+            # Deleting the application first lets its replicas answer the requests in flight through a proxy that is
+            # still up ([server] shutdown_timeout_s); serve.shutdown() alone kills the proxies with those requests.
+            try:
+                ray_serve.delete("reasonray")
+            except Exception as exc:  # a cluster already gone: nothing left to drain
+                click.echo(f"  could not drain the application ({type(exc).__name__}: {exc})", err=True)
+            ray_serve.shutdown()
+            ray.shutdown()
+    finally:  # the model server serve started, whatever failed
+        for child in (simulator, local_model):
+            if child:
+                child.stop()
 
 
 def _start_provider(settings: Settings, local: bool) -> tuple[Settings, Any, Any]:
@@ -163,8 +160,8 @@ def _simulator_settings(section: Any, **given: Any) -> Any:
     return SimulatorSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def _start_cluster(settings: Settings, address: str, cluster: dict[str, Any], simulator: Any, local_model: Any) -> Any:
-    """ray.init, joining `address` or starting a local cluster with serve's --num-cpus/--dashboard* options; the model servers stop if it fails."""
+def _start_cluster(settings: Settings, address: str, cluster: dict[str, Any]) -> Any:
+    """ray.init, joining `address` or starting a local cluster with serve's --num-cpus/--dashboard* options."""
     import ray
 
     from reasonray.actors.environment import ray_environment
@@ -178,14 +175,9 @@ def _start_cluster(settings: Settings, address: str, cluster: dict[str, Any], si
         try:  # a port set in the environment that another process holds: that process would answer for us
             check_instance_ports(os.environ)
         except PortCollisionError as exc:
-            _stop_children(simulator)
             _fail(str(exc), error_type="config_error")
         own = {"include_dashboard": cluster.pop("dashboard"), "dashboard_host": "127.0.0.1", **cluster}
-    try:
-        return ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
-    except BaseException:
-        _stop_children(simulator, local_model)
-        raise
+    return ray.init(address=address, namespace="reasonray", log_to_driver=False, **own)
 
 
 def _banner(settings: Settings, context: Any, simulator: Any, local_model: Any) -> None:
