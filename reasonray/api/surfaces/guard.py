@@ -215,13 +215,11 @@ async def _until_disconnect(run: Callable[[Receive], Awaitable[None]], body: byt
     other messages come from the watch here, so a streaming response that listens for `http.disconnect`
     (SSE) still gets it, when the client really leaves."""
     gone = asyncio.Event()
-    replayed = False
+    unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def receive() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        if unread:
+            return unread.pop()
         await gone.wait()
         return {"type": "http.disconnect"}
 
