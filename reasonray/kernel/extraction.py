@@ -106,10 +106,7 @@ def _phrase(visible: str) -> str | None:
             first = re.sub(r"[^\w]", "", sentence.split()[0].lower()) if sentence.split() else ""
             if not _JUDGEMENTS.fullmatch(first):
                 found.append((n, match.start(), sentence))
-    for *_, value in sorted(found, reverse=True):
-        if cleaned := _clean(value):
-            return cleaned
-    return None
+    return next(filter(None, (_clean(value) for *_, value in sorted(found, reverse=True))), None)
 
 
 def final_number(text: str) -> str | None:
@@ -206,8 +203,5 @@ def find_choice(text: str, count: int, *, structured: bool = False) -> int | Non
     if structured and (obj := parse_json_object(text)) is not None and (value := _json_text(obj.get("vote"))) is not None:
         return index(value)
     visible = strip_thinking(text)
-    named = [m.group(1) for m in _CHOICE_PHRASE.finditer(visible)]
-    for raw in reversed(named):
-        if (chosen := index(raw)) is not None:
-            return chosen
-    return index(visible)
+    named = [chosen for m in _CHOICE_PHRASE.finditer(visible) if (chosen := index(m.group(1))) is not None]
+    return named[-1] if named else index(visible)
