@@ -279,7 +279,4 @@ def use_shared_slots(slots: SharedSlots | None) -> SharedSlots | None:
 def limiter_for(endpoint: str, *, ceiling: int = 256) -> EndpointLimiter:
     """The process's one limiter for `endpoint` (a base URL): every stack calling it shares its slots."""
     with _limiters_lock:
-        limiter = _limiters.get(endpoint)
-        if limiter is None:
-            limiter = _limiters[endpoint] = EndpointLimiter(endpoint, ceiling=ceiling)
-        return limiter
+        return _limiters.setdefault(endpoint, EndpointLimiter(endpoint, ceiling=ceiling))

@@ -48,8 +48,8 @@ CALIBRATION_WINDOW = 32
 UNSEEN_FRAMING = 48
 """Tokens a prompt is assumed to carry beyond `count_messages`' framing until the server's usage has shown how many
 (ChatML markers for a few messages and a system prompt a chat template injects take about this)."""
-CHAT_CACHE_SIZE = 256
-"""Chat prompts whose exact counts are kept (the calls in flight and their retries, not a history)."""
+TEXT_CACHE_SIZE, CHAT_CACHE_SIZE = 16384, 256
+"""Texts whose token ids and base counts are kept; chat prompts whose exact counts are (the calls in flight and their retries)."""
 SERVER_RETRY_AFTER_S = 10.0
 """After the tokenize endpoint failed or timed out, counts are estimated for this long before it is asked again."""
 
@@ -197,7 +197,6 @@ class ModelTokenCounter:
         *,
         margin: float = 0.1,
         source: TokenSource | None = None,
-        cache_size: int = 16384,
         on_first_use: Callable[[], None] | None = None,
     ) -> None:
         self.base = base
@@ -205,8 +204,8 @@ class ModelTokenCounter:
         self.source = source
         self.unseen_framing = UNSEEN_FRAMING
         self._on_first_use = on_first_use  # learns what to count with (discovery) before the first count
-        self._ids = functools.lru_cache(maxsize=cache_size)(self._encode)
-        self._base_count: Callable[[str], int] = functools.lru_cache(maxsize=cache_size)(base.count)
+        self._ids = functools.lru_cache(maxsize=TEXT_CACHE_SIZE)(self._encode)
+        self._base_count: Callable[[str], int] = functools.lru_cache(maxsize=TEXT_CACHE_SIZE)(base.count)
         # a streamed call counts its prompt twice, for its `max_tokens` and for its usage: rendered once
         self._chats = functools.lru_cache(maxsize=CHAT_CACHE_SIZE)(self._render_chat)
         self._ratios: deque[float] = deque(maxlen=CALIBRATION_WINDOW)
@@ -231,8 +230,8 @@ class ModelTokenCounter:
         """Tokens the server adds to these messages beyond `count_messages`' own framing (its chat template's
         markers; a system prompt it injects when the messages bring none), as its usage has shown."""
         self._first_use()
-        seen = self._overheads[bool(messages) and messages[0].role == "system"]
-        other = self._overheads[not (bool(messages) and messages[0].role == "system")]
+        system = bool(messages) and messages[0].role == "system"
+        seen, other = self._overheads[system], self._overheads[not system]
         return max(seen) if seen else max(other) if other else self.unseen_framing
 
     def _first_use(self) -> None:

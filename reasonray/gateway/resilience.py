@@ -183,9 +183,7 @@ def breaker_for(endpoint: str, **settings: float) -> CircuitBreaker:
     endpoint from this process sees, and feeds, the same health."""
     key = (endpoint, tuple(sorted(settings.items())))
     with _breakers_lock:
-        if key not in _breakers:
-            _breakers[key] = CircuitBreaker(**settings)  # type: ignore[arg-type]  # keyword settings of CircuitBreaker, numbers all
-        return _breakers[key]
+        return _breakers.setdefault(key, CircuitBreaker(**settings))  # type: ignore[arg-type]  # keyword settings of CircuitBreaker
 
 
 class ResilientLLM(Layer):
