@@ -23,18 +23,13 @@ from importlib import import_module
 from typing import Any, Literal
 
 Kind = Literal["internal", "server", "client"]
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
-_ZERO_TRACE = "0" * 32
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")  # all-zero ids are invalid
 
 
 def trace_id_from(traceparent: str | None) -> str | None:
     """The trace id of a well-formed W3C traceparent header (32 lowercase hex), else None."""
-    if not traceparent:
-        return None
-    match = _TRACEPARENT.match(traceparent.strip().lower())
-    if match is None or match[1] == _ZERO_TRACE or match[2] == "0" * 16:
-        return None
-    return match[1]
+    match = _TRACEPARENT.match((traceparent or "").strip().lower())
+    return match[1] if match else None
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
