@@ -46,6 +46,7 @@ class _Endpoint:
     held: dict[str, str] = field(default_factory=dict)  # lease id -> owner
     granted_at: dict[str, float] = field(default_factory=dict)
     waiting: deque[tuple[str, str, asyncio.Future[None]]] = field(default_factory=deque)
+    peak: int = 0  # the most slots held at once
     gone: set[str] = field(default_factory=set)  # released before their acquire arrived
 
 
@@ -58,7 +59,6 @@ class SlotBoard:
         self.endpoints: dict[str, _Endpoint] = {}
         self.seen: dict[str, float] = {}
         self.refusals: list[tuple[str, str, str]] = []
-        self.peak: dict[str, int] = {}
 
     def _endpoint(self, name: str) -> _Endpoint:
         return self.endpoints.setdefault(name, _Endpoint())
@@ -72,7 +72,7 @@ class SlotBoard:
             e.gone.discard(lease_id)
             return e.serial
         if len(e.held) < self._limit(e) and not e.waiting:
-            self._hold(endpoint, e, lease_id, owner)
+            self._hold(e, lease_id, owner)
             return e.serial
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         e.waiting.append((lease_id, owner, future))
@@ -82,10 +82,10 @@ class SlotBoard:
     def _limit(self, e: _Endpoint) -> int:
         return 1 if e.serial else e.limit
 
-    def _hold(self, name: str, e: _Endpoint, lease_id: str, owner: str) -> None:
+    def _hold(self, e: _Endpoint, lease_id: str, owner: str) -> None:
         e.held[lease_id] = owner
         e.granted_at[lease_id] = self._clock()
-        self.peak[name] = max(self.peak.get(name, 0), len(e.held))
+        e.peak = max(e.peak, len(e.held))
 
     def release(self, endpoint: str, lease_id: str) -> None:
         e = self._endpoint(endpoint)
@@ -100,14 +100,14 @@ class SlotBoard:
                 e.gone.add(lease_id)
                 if len(e.gone) > 1024:
                     e.gone.pop()
-        self._grant(endpoint, e)
+        self._grant(e)
 
-    def _grant(self, name: str, e: _Endpoint) -> None:
+    def _grant(self, e: _Endpoint) -> None:
         while e.waiting and len(e.held) < self._limit(e):
             lease_id, owner, future = e.waiting.popleft()
             if future.done():
                 continue
-            self._hold(name, e, lease_id, owner)
+            self._hold(e, lease_id, owner)
             future.set_result(None)
 
     def serialise(self, endpoint: str) -> None:
@@ -139,14 +139,14 @@ class SlotBoard:
         if not dead:
             return []
         gone = set(dead)
-        for name, e in self.endpoints.items():
+        for e in self.endpoints.values():
             for lease_id in [i for i, o in e.held.items() if o in gone]:
                 del e.held[lease_id]
                 e.granted_at.pop(lease_id, None)
             for waiter in [w for w in e.waiting if w[1] in gone]:
                 e.waiting.remove(waiter)
                 waiter[2].cancel()
-            self._grant(name, e)
+            self._grant(e)
         log.warning("llm.concurrency.leases_expired", owners=dead)
         return dead
 
@@ -164,7 +164,7 @@ class SlotBoard:
             "serial": e.serial,
             "in_flight": len(e.held),
             "waiting": len(e.waiting),
-            "peak": self.peak.get(endpoint, 0),
+            "peak": e.peak,
         }
 
 
@@ -200,17 +200,14 @@ def board_name(app_name: str) -> str:
 class RayEndpointSlots:
     """`SharedSlots` and a refusal sink over the endpoint actor, for one process (its owner id, its heartbeat)."""
 
-    def __init__(self, handle: Any, book: RefusalBook | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, handle: Any, book: RefusalBook | None = None) -> None:
         self.handle = handle
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.book = book
         self._refusals_seen = 0
         self.holding: set[str] = set()
-        self._stop = threading.Event()
-        self._heartbeat_s = heartbeat_s
         self.beat()  # registers the owner, takes in what the cluster learnt so far
-        self._thread = threading.Thread(target=self._beating, name="reasonray-endpoint-heartbeat", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._beating, name="reasonray-endpoint-heartbeat", daemon=True).start()
 
     async def acquire(self, endpoint: str, limit: int) -> Lease:
         lease = Lease(endpoint, uuid.uuid4().hex)
@@ -239,14 +236,12 @@ class RayEndpointSlots:
             self.book.load(new)
 
     def _beating(self) -> None:
-        while not self._stop.wait(self._heartbeat_s):
+        while True:
+            time.sleep(HEARTBEAT_S)
             try:
                 self.beat()
             except Exception as exc:  # the actor restarting: the next beat registers again
                 log.warning("llm.endpoint_board.heartbeat_failed", reason=str(exc)[:200])
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 _installed: dict[str, RayEndpointSlots] = {}
