@@ -11,6 +11,7 @@ Transport-free and Ray-free.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,12 +48,8 @@ class Resource:
     def holder_and_name(self, params: Any) -> tuple[Any, str] | None:
         """The object holding the id and the id's attribute name (None: the params hold no such part)."""
         *path, name = self.param.split(".")
-        holder = params
-        for part in path:
-            holder = getattr(holder, part, None)
-            if holder is None:
-                return None
-        return (holder, name) if hasattr(holder, name) else None
+        holder = functools.reduce(lambda held, part: getattr(held, part, None), path, params)
+        return (holder, name) if holder is not None and hasattr(holder, name) else None
 
     def ident(self, params: Any) -> str | None:
         found = self.holder_and_name(params)
