@@ -58,8 +58,7 @@ from reasonray.strategies.base import (
     ends_run,
     failure_kinds,
 )
-from reasonray.strategies.context_fit import fitted
-from reasonray.strategies.output import ANSWER, VOTE, asking, structured
+from reasonray.strategies.output import ANSWER, VOTE, ask
 from reasonray.strategies.refine import evaluate
 
 REEXAMINE_PROMPT = (
@@ -370,15 +369,11 @@ class _Run:
         self.note_progress(attempts)
         for index in range(1, self.k):
             last = attempts[-1]
-            enforced = structured(context)
-
-            def build(parts: tuple[str, ...], enforced: bool = enforced) -> LLMRequest:
-                shown = REEXAMINE_TEMPLATE.format(query=query, solution=parts[0], answer=parts[1])
-                return asking(ANSWER, REEXAMINE_PROMPT, shown, enforced, max_tokens=4096, temperature=0.0)
-
+            shown = lambda parts: REEXAMINE_TEMPLATE.format(query=query, solution=parts[0], answer=parts[1])
             # an attempt that rambled to the context's end is shown cut (head and tail), so the re-examination fits
             try:
-                completion = await context.llm.complete(fitted(context, build, (strip_thinking(last["text"]), last["answer"])))
+                quoted = (strip_thinking(last["text"]), last["answer"])
+                completion, enforced = await ask(context, ANSWER, REEXAMINE_PROMPT, shown, quoted, max_tokens=4096, temperature=0.0)
             except Exception as exc:
                 if ends_run(exc):
                     raise
@@ -405,19 +400,19 @@ class _Run:
         """The attempt one comparing call picks; the majority answer when its reply names no candidate, or when the call
         fails (every attempt goes to `judge_failed` then)."""
         query, cfg, context = self.query, self.cfg, self.context
-        enforced = structured(context)
 
-        def build(parts: tuple[str, ...]) -> LLMRequest:
-            shown = "\n\n".join(
+        def shown(parts: tuple[str, ...]) -> str:
+            candidates = (
                 CANDIDATE.format(number=i, solution=parts[2 * i - 2], answer=parts[2 * i - 1]) for i in range(1, len(attempts) + 1)
             )
-            prompt = SELECT_TEMPLATE.format(query=query, candidates=shown)
-            return asking(VOTE, SELECT_PROMPT, prompt, enforced, max_tokens=cfg.judge_max_tokens, temperature=0.0, purpose="choose")
+            return SELECT_TEMPLATE.format(query=query, candidates="\n\n".join(candidates))
 
         # the candidates share the context: each one that would not fit its share is shown cut (head and tail)
         parts = tuple(piece for a in attempts for piece in (strip_thinking(a["text"]), a["answer"]))
         try:
-            completion = await context.llm.complete(fitted(context, build, parts))
+            completion, enforced = await ask(
+                context, VOTE, SELECT_PROMPT, shown, parts, max_tokens=cfg.judge_max_tokens, temperature=0.0, purpose="choose"
+            )
         except Exception as exc:
             if ends_run(exc):
                 raise

@@ -10,6 +10,7 @@ the structure asked for is a WARNING event (`answer_format`) in the run's trace.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from reasonray.gateway.capabilities import capabilities_of
 from reasonray.gateway.protocol import LLMRequest, system, user, with_system_note
 from reasonray.kernel.extraction import Extracted
 from reasonray.strategies.base import StrategyContext
+from reasonray.strategies.context_fit import fitted
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,18 @@ def asking(output: OutputFormat, instructions: str, prompt: str, enforced: bool,
     return shaped(LLMRequest(messages=(system(instructions), user(prompt)), **fields), output, enforced)
 
 
-async def ask(context: StrategyContext, output: OutputFormat, instructions: str, prompt: str, **fields: Any) -> tuple[Any, bool]:
-    """The completion of `asking(...)` on the context's model, and whether the endpoint enforced `output`."""
+Quoting = Callable[[tuple[str, ...]], str]  # a prompt quoting earlier replies, made from the texts as they were cut
+
+
+async def ask(
+    context: StrategyContext, output: OutputFormat, instructions: str, prompt: str | Quoting, quoted: tuple[str, ...] = (), **fields: Any
+) -> tuple[Any, bool]:
+    """The completion of `asking(...)` on the context's model, and whether the endpoint enforced `output`. A prompt that
+    quotes earlier replies is `prompt(quoted)`, the texts cut (head and tail, `context_fit.fitted`) where the whole would
+    not fit the model's context."""
     enforced = structured(context)
-    return await context.llm.complete(asking(output, instructions, prompt, enforced, **fields)), enforced
+    build = lambda parts: asking(output, instructions, prompt if isinstance(prompt, str) else prompt(parts), enforced, **fields)
+    return await context.llm.complete(fitted(context, build, quoted) if quoted else build(())), enforced
 
 
 def note_found_by(context: StrategyContext, strategy: str, extracted: Extracted, where: str = "the answer") -> None:

@@ -31,7 +31,6 @@ from typing import Any
 
 from pydantic import Field
 
-from reasonray.gateway.protocol import LLMRequest
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.events import IterationEnd
 from reasonray.kernel.extraction import Extracted, find_answer, find_feedback, find_score, numeric_question
@@ -46,8 +45,7 @@ from reasonray.strategies.base import (
     failure_kinds,
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
-from reasonray.strategies.context_fit import fitted
-from reasonray.strategies.output import ANSWER, CRITIQUE, asking, note_found_by, structured
+from reasonray.strategies.output import ANSWER, CRITIQUE, ask, note_found_by
 
 EVALUATE_PROMPT = (
     "You are a strict reviewer. Check the proposed solution to the problem step by step: is every step "
@@ -83,14 +81,12 @@ class RefineConfig(StrategyConfig):
 
 async def evaluate(query: str, text: str, answer: str, max_tokens: int, context: StrategyContext) -> tuple[float | None, str]:
     """A 0-1 score (None: unscored) and feedback for one attempt (temperature 0, so repeatable and cacheable)."""
-    enforced = structured(context)
-
-    def build(parts: tuple[str, ...]) -> LLMRequest:
-        shown = EVALUATE_TEMPLATE.format(query=query, solution=parts[0], answer=parts[1])
-        return asking(CRITIQUE, EVALUATE_PROMPT, shown, enforced, max_tokens=max_tokens, temperature=0.0, purpose="critique")
-
+    shown = lambda parts: EVALUATE_TEMPLATE.format(query=query, solution=parts[0], answer=parts[1])
     # an attempt that rambled to the context's end is shown cut (head and tail), so the review fits the context
-    completion = await context.llm.complete(fitted(context, build, (strip_thinking(text), answer)))
+    quoted = (strip_thinking(text), answer)
+    completion, enforced = await ask(
+        context, CRITIQUE, EVALUATE_PROMPT, shown, quoted, max_tokens=max_tokens, temperature=0.0, purpose="critique"
+    )
     return find_score(completion.text, structured=enforced), find_feedback(completion.text, structured=enforced)
 
 
@@ -147,10 +143,8 @@ class _Run:
         """One attempt and its review, appended to `attempts`; the stop reason, or "continue"."""
         context, attempts = self.context, self.attempts
         before = context.llm.tally.prompt_tokens, context.llm.tally.completion_tokens
-        enforced = structured(context)
-        request = self.attempt_request(iteration, enforced)
         try:
-            completion = await context.llm.complete(request)
+            completion, enforced = await self.attempt(iteration)
         except Exception as exc:
             if not attempts or ends_run(exc):
                 raise  # nothing finished to answer with, or the run itself is over
@@ -244,22 +238,22 @@ class _Run:
             failures=failure_kinds(self.failures),
         )
 
-    def attempt_request(self, iteration: int, enforced: bool) -> LLMRequest:
-        """The first attempt's request, or a re-examination of the last attempt in the light of its review, the
-        attempt and the review cut (head and tail) where the whole would not fit the model's context."""
+    async def attempt(self, iteration: int) -> tuple[Any, bool]:
+        """The first attempt, or a re-examination of the last attempt in the light of its review, the attempt and the
+        review cut (head and tail) where the whole would not fit the model's context; and whether the schema was enforced."""
         query, cfg, last = self.query, self.cfg, self.attempts[-1] if self.attempts else None
         seed = None if cfg.seed is None else cfg.seed + iteration - 1
         temperature = cfg.temperature if last is None else cfg.refine_temperature
         if last is None:
-            return asking(ANSWER, SYSTEM_PROMPT, query, enforced, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
+            return await ask(self.context, ANSWER, SYSTEM_PROMPT, query, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
 
-        def build(parts: tuple[str, ...]) -> LLMRequest:
+        def shown(parts: tuple[str, ...]) -> str:
             solution, answer, feedback = parts
             score = UNSCORED if last["score"] is None else last["score"]
-            prompt = REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
-            return asking(ANSWER, REFINE_PROMPT, prompt, enforced, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
+            return REFINE_TEMPLATE.format(query=query, solution=solution, answer=answer, score=score, feedback=feedback)
 
-        return fitted(self.context, build, (strip_thinking(last["text"]), last["answer"], last["feedback"] or NO_FEEDBACK))
+        quoted = (strip_thinking(last["text"]), last["answer"], last["feedback"] or NO_FEEDBACK)
+        return await ask(self.context, ANSWER, REFINE_PROMPT, shown, quoted, max_tokens=cfg.max_tokens, temperature=temperature, seed=seed)
 
     def iteration_end(self, iteration: int, before: tuple[int, int], has_answer: bool, stop: str) -> None:
         t = self.context.llm.tally
