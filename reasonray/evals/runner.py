@@ -131,14 +131,8 @@ async def _scored(example: Example, cell: Cell, result: dict[str, Any], latency:
         answer=result["answer"][:ANSWER_CHARS],
         extracted=(scored.extracted or "")[:ANSWER_CHARS] or None,
         detail=scored.detail,
-        prompt_tokens=m["prompt_tokens"],
-        completion_tokens=m["completion_tokens"],
-        llm_calls=m["llm_calls"],
-        cache_hits=m["cache_hits"],
-        retries=m["retries"],
+        **{key: m[key] for key in ("prompt_tokens", "completion_tokens", "llm_calls", "cache_hits", "retries", "model", "simulated")},
         latency_ms=latency,
-        model=m["model"],
-        simulated=m["simulated"],
         trace_id=result["trace_id"],
         memory=None
         if not report

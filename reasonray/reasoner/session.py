@@ -275,14 +275,12 @@ class SessionPipeline:
         finally:
             recorder.close()
             if self.runs is not None:
-                usage = _usage(reasoner)
                 run = RunRecord(
                     trace_id=trace_id,
                     kind="session",
                     strategy="session",
                     status=outcome,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
+                    **_usage(reasoner).model_dump(include={"prompt_tokens", "completion_tokens"}),
                     started_at=datetime.fromtimestamp(started, UTC),
                     elapsed_ms=int((time.time() - started) * 1000),
                     error=error,
@@ -377,12 +375,8 @@ def _replayed(state: SessionState) -> TurnResult:
 
 def _usage(reasoner: TurnReasoner) -> TurnUsage:
     tally = reasoner.llm.tally  # type: ignore[attr-defined]  # the ObservedLLM of SessionPipeline._reasoner
-    return TurnUsage(
-        prompt_tokens=tally.prompt_tokens,
-        completion_tokens=tally.completion_tokens,
-        total_tokens=tally.prompt_tokens + tally.completion_tokens,
-        reasoning_tokens=tally.reasoning_tokens,
-    )
+    counts = {key: getattr(tally, key) for key in ("prompt_tokens", "completion_tokens", "reasoning_tokens")}
+    return TurnUsage(**counts, total_tokens=tally.prompt_tokens + tally.completion_tokens)
 
 
 def _in_session(exc: ReasonRayError, state: SessionState) -> ReasonRayError:
