@@ -11,7 +11,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from reasonray.kernel.storage import LocalDatabase
 from reasonray.stores import cluster_store
@@ -30,31 +30,9 @@ class TaskQuery:
     limit: int = 100
 
 
-class Repository(Protocol):
-    """Owned A2A records as JSON: `SqlRepository` implements it on either database."""
-
-    async def save_a2a_task(
-        self, task_id: str, owner: str | None, context_id: str, state: int, status_ns: int, task: dict[str, Any]
-    ) -> bool: ...
-
-    async def a2a_task(self, task_id: str, owner: str | None) -> dict[str, Any] | None: ...
-
-    async def a2a_tasks(self, query: TaskQuery) -> tuple[list[dict[str, Any]], int]:
-        """The owner's tasks newest first (by status time, then id), from just after `after`; and how many match in all."""
-        ...
-
-    async def delete_a2a_task(self, task_id: str, owner: str | None) -> None: ...
-
-    async def load_a2a_conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], int] | None: ...
-
-    async def save_a2a_conversation(
-        self, conversation_id: str, owner: str | None, context_id: str, exchanges: list[dict[str, Any]], version: int
-    ) -> bool: ...
-
-
-class SqlRepository:
-    """`Repository` in one set of statements, on PostgreSQL's `a2a_tasks` and `a2a_conversations` tables and on
-    SQLite's of the same names (`Sql`). Every row has an owner (NULL: authentication off); each write that checks
+class Repository:
+    """Owned A2A records as JSON, in one set of statements, on PostgreSQL's `a2a_tasks` and `a2a_conversations` tables
+    and on SQLite's of the same names (`Sql`). Every row has an owner (NULL: authentication off); each write that checks
     an owner or a version is one statement, so the database's own locking makes it atomic; listing filters,
     orders and pages in SQL instead of reading every task."""
 
@@ -80,6 +58,7 @@ class SqlRepository:
         return self.db.loads(rows[0][0]) if rows else None
 
     async def a2a_tasks(self, query: TaskQuery) -> tuple[list[dict[str, Any]], int]:
+        """The owner's tasks newest first (by status time, then id), from just after `after`; and how many match in all."""
         q = query
         where, params = _owned(q.owner)
         clauses, values = [where], list(params)
@@ -124,7 +103,7 @@ class SqlRepository:
         return bool(await self.db.fetch(sql, params))
 
 
-class SqliteRepository(SqlRepository):
+class SqliteRepository(Repository):
     """`<sessions>/a2a/a2a.sqlite3`, shared by the processes of one machine. Records that an earlier version kept
     as JSON files (`tasks/`, `contexts/` beside it) are imported once, when the database is made."""
 
@@ -162,4 +141,4 @@ def _owned(owner: str | None) -> tuple[str, tuple[Any, ...]]:
 
 def open_a2a(store_url: str | None, sessions_dir: Path) -> Repository:
     """PostgreSQL when a store URL is configured (as for sessions), else SQLite beside the sessions."""
-    return SqliteRepository(sessions_dir) if store_url is None else SqlRepository(cluster_store(store_url))
+    return SqliteRepository(sessions_dir) if store_url is None else Repository(cluster_store(store_url))
