@@ -138,8 +138,6 @@ class BoundedContextSettings(StrategySettings):
 @dataclass
 class Chunk:
     text: str
-    prompt_tokens: int
-    completion_tokens: int
     answer: str | None
     stop: str
     """answer, continue, length (cut by max_tokens), thinking (cut while thinking) or answer_cut (thinking closed,
@@ -327,12 +325,13 @@ class BoundedContext(Strategy):
                 state.first = self._messages(query, state, 0, cfg)
         chunk = self._read_chunk(query, completion, reasoning, state)
         thinking_tokens = completion.usage.reasoning_tokens or context.tokens.count(reasoning)
-        state.ledger.chunk(chunk.prompt_tokens, chunk.completion_tokens)
+        usage = completion.usage
+        state.ledger.chunk(usage.prompt_tokens, usage.completion_tokens)
         record = {
             "iteration": iteration,
-            "tokens": chunk.prompt_tokens + chunk.completion_tokens,
-            "prompt_tokens": chunk.prompt_tokens,
-            "completion_tokens": chunk.completion_tokens,
+            "tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
             "thinking_tokens": thinking_tokens,
             "thinking_finished": not completion.thinking_unfinished,
             "continued_tokens": context.tokens.count(thinking),
@@ -347,19 +346,18 @@ class BoundedContext(Strategy):
     @staticmethod
     def _read_chunk(query: str, completion: Completion, reasoning: str, state: RunState) -> Chunk:
         """What the chunk came to: an answer, more reasoning to carry, or closed thinking with its answer missing."""
-        usage = completion.usage
         if completion.thinking_unfinished:  # cut inside the thinking: whatever it says, it is not an answer
             answer, found_by, stop = None, None, "thinking"
         elif state.mode == "delethink":  # the thinking closed: what follows it is the answer
             answer, found_by = chunk_answer(completion.text, completion.finish_reason)
-            if answer is None and completion.finish_reason != "length" and not asks_to_continue(completion):
+            if answer is None and stopped(completion):
                 found = find_answer(completion.text, numeric=numeric_question(query))
                 answer, found_by = (found.answer, found.found_by) if found is not None else (None, None)
             stop = "answer" if answer is not None else "answer_cut"
         else:
             answer, found_by = chunk_answer(completion.text, completion.finish_reason)
             stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
-        return Chunk(completion.text, usage.prompt_tokens, usage.completion_tokens, answer, stop, found_by, reasoning)
+        return Chunk(completion.text, answer, stop, found_by, reasoning)
 
     async def _carry(
         self, query: str, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
@@ -544,9 +542,11 @@ def chunk_answer(text: str, finish_reason: str) -> tuple[str | None, FoundBy | N
     return (stated.answer, "phrase") if stated is not None and stated.found_by == "phrase" else (None, None)
 
 
-def asks_to_continue(completion: Completion) -> bool:
-    """The reply stopped on `<continue>` (reported by the server, or left at the end of the text)."""
-    return completion.choices[0].stop_sequence == "<continue>" or completion.text.rstrip().endswith("<continue>")
+def stopped(completion: Completion) -> bool:
+    """The reply ended by itself: neither cut by max_tokens nor stopped on `<continue>` (reported by the server, or left
+    at the end of the text)."""
+    asked = completion.choices[0].stop_sequence == "<continue>" or completion.text.rstrip().endswith("<continue>")
+    return completion.finish_reason != "length" and not asked
 
 
 def thinks_then_answers(completion: Completion, reasoning: str) -> bool:
@@ -554,9 +554,7 @@ def thinks_then_answers(completion: Completion, reasoning: str) -> bool:
     handed over, and the reply either ended inside it or closed it and stopped. A model whose visible text is
     still reasoning when the chunk ends (cut off, or asking to continue) reasons in the open, its thinking only
     asides: the tail of that text is what to carry."""
-    if not reasoning:
-        return False
-    return completion.thinking_unfinished or (completion.finish_reason != "length" and not asks_to_continue(completion))
+    return bool(reasoning) and (completion.thinking_unfinished or stopped(completion))
 
 
 def capacity(cfg: BoundedContextConfig) -> int:
