@@ -156,19 +156,17 @@ class RayLimits:
         lease_key = _lease_key(keyed)
         left, expires, decision = self._leases.get(lease_key, (0, 0.0, {"ok": False, "limit": None, "remaining": None}))
         now = time.monotonic()
-        if left > 0 and now < expires:
-            self._leases[lease_key] = (left - 1, expires, decision)
-            return {**decision, "remaining": max(decision["remaining"] + left - 1, 0) if decision.get("remaining") is not None else None}
-        size = _lease_size(keyed)
-        decision = await unwrap(self.handle.admit.remote(keyed, size, False))
-        if not decision["ok"] and size > 1:  # not room for a whole lease: maybe for this one call
-            size = 1
-            decision = await unwrap(self.handle.admit.remote(keyed, 1, False))
-        if decision["ok"]:
-            self._leases[lease_key] = (size - 1, now + LEASE_S, decision)
-            if decision.get("remaining") is not None:  # the actor counted the whole lease as spent
-                return {**decision, "remaining": decision["remaining"] + size - 1}
-        return decision
+        if left <= 0 or now >= expires:  # a new lease (the actor counts it all as spent), or one permit when none fits
+            size = _lease_size(keyed)
+            decision = await unwrap(self.handle.admit.remote(keyed, size, False))
+            if not decision["ok"] and size > 1:
+                size = 1
+                decision = await unwrap(self.handle.admit.remote(keyed, 1, False))
+            if not decision["ok"]:
+                return decision
+            left, expires = size, now + LEASE_S
+        self._leases[lease_key] = (left - 1, expires, decision)
+        return {**decision, "remaining": max(decision["remaining"] + left - 1, 0) if decision["remaining"] is not None else None}
 
     async def _run_slot(self, keyed: KeyedLimits, permit: Decision) -> Decision:
         key = _lease_key(keyed)
