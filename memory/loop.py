@@ -101,14 +101,8 @@ class MemoryLoop:
 
     async def retrieve(self, params: MemoryParams, report: MemoryReport, llm: ObservedLLM, emit: EventSink, query: str) -> None:
         started = time.perf_counter()
-        found = await self.client.retrieve(
-            query,
-            report.workspace,
-            top_k=params.top_k,
-            exclude_task_ids=[report.task_id],
-            domain=params.domain,
-            min_similarity=params.min_similarity,
-        )
+        options = params.model_dump(include={"top_k", "domain", "min_similarity"})
+        found = await self.client.retrieve(query, report.workspace, exclude_task_ids=[report.task_id], **options)
         items = [MemoryItem.model_validate(r["memory"]) for r in found]
         llm.guidance = format_memory_block(items) or None
         report.retrieved = [
