@@ -61,16 +61,12 @@ class ChainOfThought(Strategy):
             None if completion.thinking_unfinished else find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
         )
         if found is None:
+            unfinished = completion.thinking_unfinished
+            why = "it ended still thinking, even when asked to answer" if unfinished else "an empty <answer>, or nothing outside <thinking>"
+            fix = "it hit max_tokens: raise max_tokens" if completion.finish_reason == "length" else "check the model"
             raise ModelBehaviorError(
-                "the model's reply held no answer ("
-                + (
-                    "it ended still thinking, even when asked to answer"
-                    if completion.thinking_unfinished
-                    else "an empty <answer>, or nothing outside <thinking>"
-                )
-                + ")"
-                + ("; it hit max_tokens: raise max_tokens" if completion.finish_reason == "length" else "; check the model"),
-                {"finish_reason": completion.finish_reason, "thinking_unfinished": completion.thinking_unfinished, "answer_forced": forced},
+                f"the model's reply held no answer ({why}); {fix}",
+                {"finish_reason": completion.finish_reason, "thinking_unfinished": unfinished, "answer_forced": forced},
             )
         note_found_by(context, self.name, found)
         return context.result(
