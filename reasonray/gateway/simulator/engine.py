@@ -353,7 +353,13 @@ class SimulatedModel:
         obedient = self._choice(request, directives, index)
         if "script" in directives and request.purpose != "judge" and request.purpose not in EXTRACTIONS:
             return obedient, None, _answer_in(obedient)  # scripted replies are exact
-        kind = self._disobeys(request, plan, index)
+        # how it disobeys (None: it obeys): a draw at the plan's rate from what the request says, so the same request is
+        # answered the same way every time; `tools` only where tools are offered
+        kind = None
+        if plan.rate > 0:
+            draw = random.Random(f"{self.seed}:disobey:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
+            if draw.random() < plan.rate and (kinds := [k for k in plan.kinds if k != "tools" or request.tools]):
+                kind = draw.choices(kinds, weights=[DISOBEY_WEIGHTS[k] for k in kinds])[0]
         if kind == "prose" and obedient.tool_calls:  # a tool call has no text format to ignore: it fumbles the call
             kind = "tools" if "tools" in plan.kinds else None
         if kind is not None:
@@ -394,17 +400,6 @@ class SimulatedModel:
         return f"<thinking>Answering without calling a tool.</thinking>\n<answer>{answer}</answer>"
 
     # -- disobeying -----------------------------------------------------------------------------
-    def _disobeys(self, request: LLMRequest, plan: Disobedience, index: int) -> str | None:
-        """How this reply disobeys (None: it obeys): a draw at the plan's rate from what the request says, so the
-        same request is answered the same way every time; `tools` only where tools are offered."""
-        if plan.rate <= 0:
-            return None
-        draw = random.Random(f"{self.seed}:disobey:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
-        if draw.random() >= plan.rate:
-            return None
-        kinds = [k for k in plan.kinds if k != "tools" or request.tools]
-        return draw.choices(kinds, weights=[DISOBEY_WEIGHTS[k] for k in kinds])[0] if kinds else None
-
     def _disobey(self, obedient: SimChoice, request: LLMRequest, kind: str, index: int) -> tuple[SimChoice, str | None]:
         """The reply as a model that ignores its instructions gives it, with the answer it still states (if any)."""
         rng = random.Random(f"{self.seed}:{kind}:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")

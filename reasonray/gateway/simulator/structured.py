@@ -96,10 +96,9 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         wanted = _field(key, fields)
         return next((v for v in schema["enum"] if str(v).lower() == wanted.lower()), schema["enum"][0])
-    for combinator in ("anyOf", "oneOf"):
-        options = [o for o in schema.get(combinator) or [] if isinstance(o, dict) and o.get("type") != "null"]
-        if options:
-            return instance(options[0], fields, key, root)
+    options = [o for o in [*(schema.get("anyOf") or []), *(schema.get("oneOf") or [])] if isinstance(o, dict) and o.get("type") != "null"]
+    if options:  # anyOf's first, else oneOf's
+        return instance(options[0], fields, key, root)
     kind = schema.get("type", "object" if "properties" in schema else "string")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
