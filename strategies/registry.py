@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 from pydantic import BaseModel, Field, ValidationError
@@ -22,13 +22,25 @@ from reasonray.kernel.config import ConfigError, ReasoningSettings
 from reasonray.kernel.errors import StrategyUnavailableError, describe_errors
 from reasonray.strategies.base import ReasoningStrategy
 
-if TYPE_CHECKING:  # the cards validate against the catalogue, so agents imports this module and never the other way round
-    from reasonray.strategies.agents import AgentRegistration
-
 log = structlog.get_logger(__name__)
 
 ENTRY_POINT_GROUP = "reasonray.strategies"
 Level = Literal["request", "agent", "system", "default"]
+
+
+class AgentDefaults(Protocol):
+    """What resolution reads of an agent: its strategies, its default and its per-strategy config.
+    `strategies.agents.AgentCard` is one; the cards validate against the catalogue, so they import this
+    module and never the other way round."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def strategies(self) -> list[str]: ...
+    @property
+    def default_strategy(self) -> str | None: ...
+    @property
+    def strategy_config(self) -> dict[str, dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,7 @@ class Catalogue:
         )
         return StrategyUnavailableError(f"{message}; {hint}", {"available": available})
 
-    def choose(self, requested: str | None, agent: AgentRegistration | None = None) -> tuple[str, Literal["request", "agent", "system"]]:
+    def choose(self, requested: str | None, agent: AgentDefaults | None = None) -> tuple[str, Literal["request", "agent", "system"]]:
         if requested:
             name, level = requested, "request"
         elif agent is not None and agent.default_strategy:
@@ -133,7 +145,7 @@ class Catalogue:
         return name, level
 
     def resolve(
-        self, requested: str | None, request_config: dict[str, Any] | None = None, *, agent: AgentRegistration | None = None
+        self, requested: str | None, request_config: dict[str, Any] | None = None, *, agent: AgentDefaults | None = None
     ) -> Resolution:
         name, level = self.choose(requested, agent)
         entry = self.entries[name]
