@@ -159,14 +159,13 @@ async def forward(
             f"remote agent {agent['id']!r} gave no usable answer (the server log has the detail)", {"agent_id": agent["id"]}
         ) from None
     answer, remote = _answer(agent["id"], replies)
-    took = round((time.perf_counter() - started) * 1000)
     used = remote_strategy(agent["id"])
     return ExecuteResult(
         answer=answer,
         strategy_used=used,
         metrics=ReasoningMetrics(
             **dict.fromkeys(("total_tokens", "prompt_tokens", "completion_tokens", "llm_calls", "cache_hits", "retries"), 0),
-            execution_time_ms=took,
+            execution_time_ms=round((time.perf_counter() - started) * 1000),
             model=f"a2a:{agent['id']}",
             simulated=False,
             strategy_specific={"remote": remote},

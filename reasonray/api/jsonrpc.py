@@ -271,9 +271,9 @@ class Dispatcher:
                 response = error_response(call.get("id"), error)
             return response if "id" in call else None
 
-    async def call(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
+    async def call(self, name: str, params: Any, trace_id: str | None = None) -> Any:
         """`run`, its result made JSON-ready: what JSON-RPC, the REST mirrors and MCP answer."""
-        return wire(await self.run(name, params, trace_id, admitted=admitted))
+        return wire(await self.run(name, params, trace_id))
 
     async def run(self, name: str, params: Any, trace_id: str | None = None, *, admitted: Callable[[], None] | None = None) -> Any:
         """Run one method by name, as every surface does (JSON-RPC, the REST mirrors, the OpenAI and MCP

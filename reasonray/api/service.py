@@ -577,13 +577,13 @@ def _sampling(params: ExecuteParams) -> Sampling | None:
     return Sampling(**params.sampling.model_dump()) if params.sampling else None
 
 
-def bounded_thinking(text: str, limit: int = MAX_REASONING_CHARS) -> str:
-    """`text` within `limit` characters: its head and, longer, its tail (where the thinking reaches the answer)."""
-    if len(text) <= limit:
+def bounded_thinking(text: str) -> str:
+    """`text` within MAX_REASONING_CHARS: its head and, longer, its tail (where the thinking reaches the answer)."""
+    if len(text) <= MAX_REASONING_CHARS:
         return text
     marker = "\n[... {} characters of thinking omitted; the event log has them ...]\n"
-    head = limit // 8
-    tail = limit - head - len(marker.format(len(text)))
+    head = MAX_REASONING_CHARS // 8
+    tail = MAX_REASONING_CHARS - head - len(marker.format(len(text)))
     return text[:head] + marker.format(len(text) - head - tail) + text[-tail:]
 
 
