@@ -129,8 +129,7 @@ def build_grid(
         raise GridError("--strategies names no strategy; e.g. --strategies chain_of_thought,self_consistency")
     if not seeds:
         raise GridError("--seeds names no seed; e.g. --seeds 0 or --seeds 0,1,2")
-    unknown = set(configs) - {None} - set(strategies)
-    if unknown:
+    if unknown := set(configs) - {None} - set(strategies):
         raise GridError(f"--config names strategies not in --strategies: {', '.join(sorted(unknown))}")
     cells = []
     for strategy in dict.fromkeys(strategies):

@@ -48,8 +48,7 @@ def learning_curves(records: list[Any], *, blocks: int = BLOCKS, later_from: flo
         size = math.ceil(length / blocks)
         arms: dict[str, Any] = {}
         memory: dict[str, Any] = {}
-        for arm in sorted({r.arm for r in members}):
-            ours = [r for r in members if r.arm == arm]
+        for arm, ours in sorted(group_by(members, lambda r: r.arm).items()):
             reports = [r.memory or {} for r in ours]
             memory[arm] = {
                 "stored": sum(m.get("stored") or 0 for m in reports),
