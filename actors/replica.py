@@ -28,7 +28,7 @@ from reasonray.actors.memory import RayMemory
 from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
-from reasonray.actors.tenancy import RayEgressSlots, RayLimits, RayOwners, tenancy_clients
+from reasonray.actors.tenancy import RayLimits, RayOwners, tenancy_clients
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, TokenVerifier
 from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Application, Backends, build_application
@@ -273,7 +273,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         metrics=ray_metrics(settings.reasoning.performance.enable_metrics),
         cache_stats=cache.stats if cache is not None else None,
         # with [auth], a caller's (and a destination's) remote-agent calls are counted for the cluster
-        egress_slots=RayEgressSlots(tenancy[1].handle) if tenancy is not None else None,
+        egress_slots=tenancy[1] if tenancy is not None else None,
     )
     app = build_application(settings, backends=backends)
     assert app.client is not None and app.resilient is not None and app.sessions is not None

@@ -65,15 +65,13 @@ class SessionHost(Fingerprinted):
         return await warm(self.pipeline.llm)
 
     async def turn(self, session_id: str, message: str, trace_id: str, request_id: str, cache_scope: str | None = None) -> dict[str, Any]:
-        scope_cache(cache_scope)  # the caller's cache entries only, as in the replica (this call runs in its own task)
-        async with self._using(session_id):
+        async with self._using(session_id, cache_scope):
             return (await self.pipeline.turn(session_id, message, trace_id, request_id)).model_dump(mode="json")
 
     async def resume(
         self, session_id: str, results: list[dict[str, Any]], trace_id: str, request_id: str, cache_scope: str | None = None
     ) -> dict[str, Any]:
-        scope_cache(cache_scope)
-        async with self._using(session_id):
+        async with self._using(session_id, cache_scope):
             return (await self.pipeline.resume(session_id, submitted(results), trace_id, request_id)).model_dump(mode="json")
 
     async def close(self, session_id: str) -> dict[str, Any]:
@@ -89,7 +87,8 @@ class SessionHost(Fingerprinted):
         """Whether the session is in this host's memory now (operators and tests)."""
         return session_id in self.live
 
-    def _using(self, session_id: str) -> Any:
+    def _using(self, session_id: str, cache_scope: str | None = None) -> Any:
+        scope_cache(cache_scope)  # the caller's cache entries only, as in the replica (each call runs in its own task)
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep())
         return self.live.use(session_id)

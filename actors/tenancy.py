@@ -218,6 +218,14 @@ class RayLimits:
         if run_id is not None or tokens > 0:
             self._send(self.handle.finish.remote(keys, run_id, tokens), keys)
 
+    async def take(self, keyed: KeyedLimits, ttl_s: float) -> Decision:
+        """`reasonray.api.access.egress.SharedSlots`: a remote-agent call in flight, counted for the whole cluster; its
+        slot is freed when the call ends or, if its replica dies holding it, after its TTL."""
+        return await unwrap(self.handle.admit.remote(keyed, 0, True, 1, ttl_s))  # type: ignore[no-any-return]
+
+    async def give_back(self, keys: list[str], slot: str) -> None:
+        await unwrap(self.handle.release.remote(keys, [slot]))
+
     async def _send_charges(self, keys: list[str]) -> None:
         if (tokens := self._charges.pop(tuple(keys), 0)) > 0:
             await unwrap(self.handle.finish.remote(keys, None, tokens))
@@ -245,20 +253,6 @@ class RayLimits:
                 elif now - lease.renewed >= RUN_RENEW_S:
                     lease.renewed = now
                     self._send(self.handle.renew.remote(lease.keys, [*lease.busy, *lease.free], RUN_SLOT_TTL_S), lease.keys)
-
-
-class RayEgressSlots:
-    """`reasonray.api.access.egress.SharedSlots` on the application's limiter actor: remote-agent calls in flight counted
-    for the whole cluster, each slot freed when its call ends or, if its replica dies holding it, after its TTL."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    async def take(self, keyed: KeyedLimits, ttl_s: float) -> Decision:
-        return await unwrap(self.handle.admit.remote(keyed, 0, True, 1, ttl_s))  # type: ignore[no-any-return]
-
-    async def give_back(self, keys: list[str], slot: str) -> None:
-        await unwrap(self.handle.release.remote(keys, [slot]))
 
 
 def _lease_key(keyed: KeyedLimits) -> tuple:
