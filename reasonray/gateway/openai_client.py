@@ -39,19 +39,7 @@ from reasonray.gateway.families import PrefixContinuation, traits_for
 from reasonray.gateway.model_tokens import GGUFVocab, ModelTokenCounter, ServerTokenizer, TokenSource, local_source
 from reasonray.gateway.protocol import PURPOSE_HEADER, Completion, LLMRequest, Message
 from reasonray.gateway.refusals import REFUSABLE, ParameterRefused, RefusalBook, refusal_book, refused_param
-from reasonray.gateway.replies import (
-    WIRE,
-    ReplyReader,
-    WireChoice,
-    WireCompletion,
-    WireCompletionDetails,
-    WireFunction,
-    WireLogprobs,
-    WireMessage,
-    WireToolCall,
-    WireUsage,
-    provider_error,
-)
+from reasonray.gateway.replies import WIRE, ReplyReader, StreamParts, WireCompletion, WireMessage, provider_error
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_for_model, openai_message
 from reasonray.kernel.config import is_loopback_host
 
@@ -532,7 +520,7 @@ class OpenAILLM:
 
     async def _streamed(self, params: dict[str, Any], request: LLMRequest, ticket: Ticket, queue_left_s: float) -> tuple[Completion, bool]:
         params = {**params, "stream": True, "stream_options": {"include_usage": True}}
-        parts = _StreamParts()
+        parts = StreamParts()
         not_started = f"the server at {self.base_url} did not start on the call within queue_timeout_s={self._queue_timeout_s:g}"
         with self.limiter.sending():
             try:
@@ -555,9 +543,23 @@ class OpenAILLM:
                 await self._read_stream(chunks, parts, request)
             finally:
                 await stream.close()  # on cancel and timeout too: a closed stream is how the server learns to stop
-        return parts.completion(self, request), parts.usage is not None
+        return self._assembled(parts, request), parts.usage is not None
 
-    async def _read_stream(self, chunks: Any, parts: _StreamParts, request: LLMRequest) -> None:
+    def _assembled(self, parts: StreamParts, request: LLMRequest) -> Completion:
+        """A whole stream as a Completion; a stream cut short raises, charged with what it cost."""
+        if not parts.texts or any(c.finish_reason is None for c in parts.choices.values()):  # the server cut it short
+            self.limiter.stream_cut()  # the next attempt (and every process's next call) is not sent alongside another
+            cut = TransientProviderError(
+                f"the stream from {self.base_url} ended before the model finished (the server cut it short, e.g. "
+                "llama-cpp-python interrupting it for another request)"
+            )
+            raise parts.spent_on(cut, self.tokens, request)
+        reply = parts.reply(self.model)
+        # llama.cpp streams without a usage chunk: its prompt is counted as the model does
+        prompt = None if reply.usage is not None else count_messages(self.tokens, request.messages, request.tools)
+        return self.replies.completion(reply, counter=self.tokens, where=self.base_url, prompt_tokens=prompt)
+
+    async def _read_stream(self, chunks: Any, parts: StreamParts, request: LLMRequest) -> None:
         """The rest of a stream into `parts`; it fails when no chunk has come for `idle_timeout_s` (a model still producing
         tokens is never cut for its total time, however long it thinks) or at the overall `generation_deadline_s`."""
         loop = asyncio.get_running_loop()
@@ -573,84 +575,7 @@ class OpenAILLM:
             else:
                 why = f"sent no token for idle_timeout_s={self._idle_timeout_s:g}"
             timeout = TransientProviderError(f"Timeout: the model at {self.base_url} {why} (the stream was closed, which stops it)")
-            raise parts.spent_on(timeout, self, request) from None
-
-
-class _StreamParts:
-    """The chunks of a streamed completion, put back together in the plain answer's wire form (text, thinking, tool
-    calls, log-probabilities, finish reason, usage by choice) and read as it is (`gateway.replies`)."""
-
-    __slots__ = ("calls", "choices", "logprobs", "model", "reasoning", "texts", "usage")
-
-    def __init__(self) -> None:
-        self.choices: dict[int, WireChoice] = {}
-        self.texts: dict[int, list[str]] = {}
-        self.reasoning: dict[int, list[str]] = {}
-        self.calls: dict[int, dict[int, WireToolCall]] = {}
-        self.logprobs: dict[int, list[Any]] = {}
-        self.usage: Any = None
-        self.model = ""
-
-    def add(self, chunk: Any) -> None:
-        extra = getattr(chunk, "model_extra", None)  # the SDK's chunks keep a server's own members there
-        if extra and extra.get("error"):  # an error event the SDK passed on as a chunk
-            raise provider_error(extra["error"], where=f"the stream from {chunk.model or 'the server'}")
-        self.model = chunk.model or self.model
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        for c in chunk.choices:
-            texts, choice = self.texts.setdefault(c.index, []), self.choices.setdefault(c.index, WireChoice())
-            delta = c.delta
-            if delta is not None:
-                if delta.content:
-                    texts.append(delta.content)
-                    logprobs = getattr(c, "logprobs", None)
-                    if logprobs is not None and logprobs.content:  # a thinking delta's tokens are not the answer's
-                        self.logprobs.setdefault(c.index, []).extend(logprobs.content)
-                fields = getattr(delta, "model_extra", None)
-                if fields:  # vLLM, SGLang and DeepSeek stream the thinking as `reasoning_content`, newer vLLM as `reasoning`
-                    thought = fields.get("reasoning_content") or fields.get("reasoning")
-                    if isinstance(thought, str) and thought:
-                        self.reasoning.setdefault(c.index, []).append(thought)
-                for t in delta.tool_calls or ():
-                    call = self.calls.setdefault(c.index, {}).setdefault(t.index, WireToolCall(function=WireFunction(arguments="")))
-                    call.id = t.id or call.id
-                    if t.function is not None:
-                        call.function.name += t.function.name or ""
-                        call.function.arguments = f"{call.function.arguments}{t.function.arguments or ''}"
-            if c.finish_reason:
-                choice.finish_reason, choice.stop_reason = c.finish_reason, (c.model_extra or {}).get("stop_reason")
-
-    def spent_on(self, error: TransientProviderError, llm: OpenAILLM, request: LLMRequest) -> TransientProviderError:
-        """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion, the thinking
-        streamed so far included), by the model's count."""
-        counter, streamed = llm.tokens, (*self.texts.values(), *self.reasoning.values())
-        error.spent = (count_messages(counter, request.messages, request.tools), sum(counter.count("".join(p)) for p in streamed))
-        return error
-
-    def completion(self, llm: OpenAILLM, request: LLMRequest) -> Completion:
-        if not self.texts or any(c.finish_reason is None for c in self.choices.values()):
-            llm.limiter.stream_cut()  # the next attempt (and every process's next call) is not sent alongside another
-            cut = TransientProviderError(
-                f"the stream from {llm.base_url} ended before the model finished (the server cut it short, e.g. "
-                "llama-cpp-python interrupting it for another request)"
-            )
-            raise self.spent_on(cut, llm, request)
-        for index, choice in self.choices.items():
-            calls = sorted(self.calls.get(index, {}).items())
-            for n, call in calls:
-                call.id = call.id or f"call_{index}_{n}"
-            reasoning = "".join(self.reasoning.get(index, ()))
-            choice.message = WireMessage("".join(self.texts[index]), [call for _, call in calls], reasoning_content=reasoning)
-            choice.logprobs = WireLogprobs(self.logprobs.get(index))
-        u = self.usage
-        if u is not None:
-            hidden = getattr(u.completion_tokens_details, "reasoning_tokens", None)
-            u = WireUsage(u.prompt_tokens, u.completion_tokens, WireCompletionDetails(hidden))
-        reply = WireCompletion([self.choices[i] for i in sorted(self.choices)], self.model or llm.model, u)
-        # llama.cpp streams without a usage chunk: its prompt is counted as the model does
-        prompt = None if u is not None else count_messages(llm.tokens, request.messages, request.tools)
-        return llm.replies.completion(reply, counter=llm.tokens, where=llm.base_url, prompt_tokens=prompt)
+            raise parts.spent_on(timeout, self.tokens, request) from None
 
 
 def _system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -25,8 +25,8 @@ from typing import Any, cast
 import msgspec
 
 from reasonray.gateway.errors import ProviderRejectedError, TransientProviderError
-from reasonray.gateway.protocol import Choice, Completion, FinishReason, ToolCall, Usage
-from reasonray.gateway.tokens import TokenCounter
+from reasonray.gateway.protocol import Choice, Completion, FinishReason, LLMRequest, ToolCall, Usage
+from reasonray.gateway.tokens import TokenCounter, count_messages
 
 _TAG = re.compile(r"<(/?)(think|thinking)\s*>", re.IGNORECASE)
 _OPENS = re.compile(r"\s*<think(?:ing)?\s*>", re.IGNORECASE)
@@ -266,6 +266,74 @@ class WireCompletion(msgspec.Struct):
 
 
 WIRE = msgspec.json.Decoder(WireCompletion)
+
+
+class StreamParts:
+    """The chunks of a streamed completion, put back together in the plain answer's wire form (text, thinking, tool
+    calls, log-probabilities, finish reason, usage by choice), to be read as it is."""
+
+    __slots__ = ("calls", "choices", "logprobs", "model", "reasoning", "texts", "usage")
+
+    def __init__(self) -> None:
+        self.choices: dict[int, WireChoice] = {}
+        self.texts: dict[int, list[str]] = {}
+        self.reasoning: dict[int, list[str]] = {}
+        self.calls: dict[int, dict[int, WireToolCall]] = {}
+        self.logprobs: dict[int, list[Any]] = {}
+        self.usage: Any = None
+        self.model = ""
+
+    def add(self, chunk: Any) -> None:
+        extra = getattr(chunk, "model_extra", None)  # the SDK's chunks keep a server's own members there
+        if extra and extra.get("error"):  # an error event the SDK passed on as a chunk
+            raise provider_error(extra["error"], where=f"the stream from {chunk.model or 'the server'}")
+        self.model = chunk.model or self.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for c in chunk.choices:
+            texts, choice = self.texts.setdefault(c.index, []), self.choices.setdefault(c.index, WireChoice())
+            delta = c.delta
+            if delta is not None:
+                if delta.content:
+                    texts.append(delta.content)
+                    logprobs = getattr(c, "logprobs", None)
+                    if logprobs is not None and logprobs.content:  # a thinking delta's tokens are not the answer's
+                        self.logprobs.setdefault(c.index, []).extend(logprobs.content)
+                fields = getattr(delta, "model_extra", None)
+                if fields:  # vLLM, SGLang and DeepSeek stream the thinking as `reasoning_content`, newer vLLM as `reasoning`
+                    thought = fields.get("reasoning_content") or fields.get("reasoning")
+                    if isinstance(thought, str) and thought:
+                        self.reasoning.setdefault(c.index, []).append(thought)
+                for t in delta.tool_calls or ():
+                    call = self.calls.setdefault(c.index, {}).setdefault(t.index, WireToolCall(function=WireFunction(arguments="")))
+                    call.id = t.id or call.id
+                    if t.function is not None:
+                        call.function.name += t.function.name or ""
+                        call.function.arguments = f"{call.function.arguments}{t.function.arguments or ''}"
+            if c.finish_reason:
+                choice.finish_reason, choice.stop_reason = c.finish_reason, (c.model_extra or {}).get("stop_reason")
+
+    def spent_on(self, error: TransientProviderError, counter: TokenCounter, request: LLMRequest) -> TransientProviderError:
+        """`error`, carrying the tokens the call spent before it failed (`spent`: prompt, completion, the thinking
+        streamed so far included), by the model's count."""
+        streamed = (*self.texts.values(), *self.reasoning.values())
+        error.spent = (count_messages(counter, request.messages, request.tools), sum(counter.count("".join(p)) for p in streamed))
+        return error
+
+    def reply(self, model: str) -> WireCompletion:
+        """The stream as the plain answer it stands for (`model`: the name asked for, where the chunks named none)."""
+        for index, choice in self.choices.items():
+            calls = sorted(self.calls.get(index, {}).items())
+            for n, call in calls:
+                call.id = call.id or f"call_{index}_{n}"
+            reasoning = "".join(self.reasoning.get(index, ()))
+            choice.message = WireMessage("".join(self.texts[index]), [call for _, call in calls], reasoning_content=reasoning)
+            choice.logprobs = WireLogprobs(self.logprobs.get(index))
+        u = self.usage
+        if u is not None:
+            hidden = getattr(u.completion_tokens_details, "reasoning_tokens", None)
+            u = WireUsage(u.prompt_tokens, u.completion_tokens, WireCompletionDetails(hidden))
+        return WireCompletion([self.choices[i] for i in sorted(self.choices)], self.model or model, u)
 
 
 def _text(value: Any) -> str | None:

@@ -272,20 +272,20 @@ async def test_against_the_simulator_streams_and_plain_calls_agree():
 def test_stream_chunks_reassemble_tool_calls_and_refuse_a_stream_cut_short():
     from types import SimpleNamespace as NS
 
-    from reasonray.gateway.openai_client import _StreamParts
+    from reasonray.gateway.replies import StreamParts
 
     def chunk(delta, finish=None, index=0):
         return NS(model="m", usage=None, choices=[NS(index=index, delta=NS(**delta), finish_reason=finish, model_extra={})])
 
-    parts = _StreamParts()
+    parts = StreamParts()
     fn = NS(name="calc", arguments='{"a": ')
     parts.add(chunk({"content": None, "tool_calls": [NS(index=0, id="c1", function=fn)]}))
     parts.add(chunk({"content": None, "tool_calls": [NS(index=0, id=None, function=NS(name=None, arguments="1}"))]}))
     llm = OpenAILLM("m", base_url="http://127.0.0.1:9/v1", discover=False)
     with pytest.raises(TransientProviderError, match="ended before the model finished"):
-        parts.completion(llm, ask("q"))
+        llm._assembled(parts, ask("q"))
     parts.add(chunk({"content": None, "tool_calls": None}, finish="tool_calls"))
-    done = parts.completion(llm, ask("q"))
+    done = llm._assembled(parts, ask("q"))
     assert done.tool_calls[0].name == "calc" and done.tool_calls[0].arguments == '{"a": 1}' and done.finish_reason == "tool_calls"
     assert done.usage.prompt_tokens > 0  # no usage chunk: counted as the model counts
 

@@ -40,7 +40,7 @@ import pytest  # noqa: E402
 import reasonray.gateway.openai_client as oc  # noqa: E402
 from reasonray.gateway.errors import ProviderRejectedError, TransientProviderError  # noqa: E402
 from reasonray.gateway.model_tokens import ModelTokenCounter  # noqa: E402
-from reasonray.gateway.replies import split_thinking  # noqa: E402
+from reasonray.gateway.replies import StreamParts, split_thinking  # noqa: E402
 from reasonray.kernel.tags import extract_answer  # noqa: E402
 from tests.unit.fixed_endpoint import fixed_endpoint  # noqa: E402
 
@@ -305,11 +305,11 @@ def test_a_failed_streams_cost_includes_the_thinking_it_streamed():
     from openai.types.chat import ChatCompletionChunk
 
     model = llm("http://127.0.0.1:9/v1", stream=True)
-    parts = oc._StreamParts()
+    parts = StreamParts()
     for delta in ({"role": "assistant", "content": ""}, {"reasoning_content": THOUGHT}, {"reasoning_content": THOUGHT}):
         chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": delta}]}
         parts.add(ChatCompletionChunk.model_validate(chunk))
-    error = parts.spent_on(TransientProviderError("timed out"), model, REQUEST)
+    error = parts.spent_on(TransientProviderError("timed out"), model.tokens, REQUEST)
     assert error.spent[1] == model.tokens.count(THOUGHT) * 2
 
 
