@@ -98,7 +98,8 @@ class AgentCard(AgentRegistration):
 
 
 def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: list[str]) -> AgentRegistration:
-    """The card with its strategy config normalised, or InvalidParamsError naming every problem and the fix."""
+    """The card, once every strategy it advertises and configures is enabled here and configured validly; else
+    InvalidParamsError naming every problem and the fix."""
     enabled = sorted(catalogue.entries)
     if card.a2a_card_url is not None:
         return _validate_remote(card, known_methods)
@@ -114,26 +115,19 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
     problems += _unknown_methods(card, known_methods)
     if card.default_strategy is not None and card.default_strategy not in card.strategies:
         problems.append(f"default_strategy {card.default_strategy!r} is not among the agent's strategies {card.strategies}")
-    config: dict[str, dict[str, Any]] = {}
     for name, values in card.strategy_config.items():
         if name not in card.strategies:
             problems.append(f"strategy_config.{name}: the agent does not advertise {STRATEGY_CAPABILITY}{name}")
-            continue
-        if name not in catalogue.entries:
-            continue  # already reported above
-        parse = getattr(catalogue.entries[name].strategy, "parse_config", None)
-        try:
-            if parse is not None:  # strategies built on `Strategy` validate their config
+        elif name in catalogue.entries and (parse := getattr(catalogue.entries[name].strategy, "parse_config", None)) is not None:
+            try:  # strategies built on `Strategy` validate their config (a strategy not enabled is reported above)
                 parse(values)
-        except InvalidParamsError as exc:
-            problems.append(f"strategy_config.{name}: {exc.message.split(': ', 1)[-1]}")
-            continue
-        config[name] = values
+            except InvalidParamsError as exc:
+                problems.append(f"strategy_config.{name}: {exc.message.split(': ', 1)[-1]}")
     if problems:
         raise InvalidParamsError(
             f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems, "enabled": enabled}
         )
-    return card.model_copy(update={"strategy_config": config})
+    return card
 
 
 def _validate_remote(card: AgentRegistration, known_methods: list[str]) -> AgentRegistration:
