@@ -424,19 +424,16 @@ class BoundedContext(Strategy):
         self, query: str, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext
     ) -> str | None:
         """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
-        frame = user(SUMMARY_FRAME.format(query=query, carryover=state.carryover or NO_CARRYOVER))
-        framed = self._prompt((system(SUMMARY_INSTRUCTIONS), frame), state, context)
-        room_for_source = math.floor((cfg.chunk_size - cfg.carryover_size - framed) / state.prompt_ratio)
-        source = context.tokens.tail(visible, max(room_for_source, 0))
-        messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
+        frame = SUMMARY_FRAME.format(query=query, carryover=state.carryover or NO_CARRYOVER)
+        framed = lambda source: (system(SUMMARY_INSTRUCTIONS), user(frame + source))
+        room = cfg.chunk_size - self._prompt(framed(""), state, context)
+        source = context.tokens.tail(visible, max(math.floor((room - cfg.carryover_size) / state.prompt_ratio), 0))
         # tokens do not add up across a join (the frame's end and the source's start may encode
         # differently together), so the budget comes from the prompt as sent, never from the parts
-        excess = self._prompt(messages, state, context) + cfg.carryover_size - cfg.chunk_size
-        while excess > 0 and source:
-            source = context.tokens.tail(source, max(context.tokens.count(source) - math.ceil(excess / state.prompt_ratio) - 1, 0))
-            messages = (system(SUMMARY_INSTRUCTIONS), user(frame.content + source))
-            excess = self._prompt(messages, state, context) + cfg.carryover_size - cfg.chunk_size
-        max_tokens = min(cfg.carryover_size, cfg.chunk_size - self._prompt(messages, state, context))
+        while (room := cfg.chunk_size - self._prompt(framed(source), state, context)) < cfg.carryover_size and source:
+            cut = math.ceil((cfg.carryover_size - room) / state.prompt_ratio) + 1
+            source = context.tokens.tail(source, max(context.tokens.count(source) - cut, 0))
+        messages, max_tokens = framed(source), min(cfg.carryover_size, room)
         if max_tokens < 1:
             context.warn(self.name, "carryover_fallback", "the summary prompt alone fills chunk_size; carrying the raw tail")
             return None
