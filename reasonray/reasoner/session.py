@@ -252,23 +252,21 @@ class SessionPipeline:
             answer = exit_.answer if isinstance(exit_, Completed) else None
             if completed := answer is not None:
                 self._answered(providers, answer)
+            status = "completed" if completed else "awaiting_client_tools"
             result = TurnResult(
                 session_id=state.session_id,
                 turn=state.turn,
-                status="completed" if completed else "awaiting_client_tools",
+                status=status,
                 answer=answer,
-                pending_tool_calls=[] if completed else _pending(providers),
+                pending_tool_calls=_pending(providers),  # none once the turn is completed
                 mode=providers.mode.mode,
                 llm_calls=reasoner.llm_calls,
                 trace=[*state.trace, *msgspec.to_builtins(trace)],
                 usage=_usage(reasoner),
             )
-            status = "idle" if completed else "awaiting_client_tools"
-            last_answer = answer if completed else state.last_answer
-            await self._save_turn(
-                state, providers, reasoner, trace, status=status, last_answer=last_answer, last_outcome=_outcome(state, result=result)
-            )
-            outcome = "ok" if completed else "awaiting_client_tools"
+            saved = {"last_answer": answer or state.last_answer, "last_outcome": _outcome(state, result=result)}
+            await self._save_turn(state, providers, reasoner, trace, status="idle" if completed else status, **saved)
+            outcome = "ok" if completed else status
             if completed and self.passive is not None:
                 result = await self._learn_passively(state, providers, trace, emit, trace_id, result)
             return result
