@@ -49,12 +49,6 @@ class EndpointInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     fingerprint: str = ""
 
 
-def server_root(base_url: str) -> str:
-    """The server's root: the OpenAI base URL without its trailing `/v1`."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -115,7 +109,7 @@ def discover_sync(base_url: str, model: str, *, api_key: str | None = None, time
     """Ask the endpoint at `base_url` what it is; never raises for a probe the server does not answer. Synchronous,
     so a token count needed before the first call (a strategy sizing its first prompt) can have it; off the event
     loop in a thread otherwise."""
-    root = server_root(base_url)
+    root = base_url.rstrip("/").removesuffix("/v1")  # the server's root: the OpenAI base URL without its trailing /v1
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=timeout_s, headers=headers) as http:
         flavour, ids, context = _from_models(_ask(http, f"{base_url.rstrip('/')}/models"), model)
