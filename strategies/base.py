@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -130,18 +130,11 @@ class Thinking:
 
     def over(self, outer: Thinking) -> Thinking:
         """These settings where set, `outer`'s (an enclosing strategy's) elsewhere."""
-        return Thinking(
-            self.reasoning_effort if self.reasoning_effort is not None else outer.reasoning_effort,
-            self.thinking_budget if self.thinking_budget is not None else outer.thinking_budget,
-        )
+        return Thinking(**{**asdict(outer), **{k: v for k, v in asdict(self).items() if v is not None}})
 
     def apply(self, request: LLMRequest) -> LLMRequest:
         """`request` with these settings where it sets none of its own (a forced answer's budget of 0 stays 0)."""
-        changes: dict[str, Any] = {}
-        if self.reasoning_effort is not None and request.reasoning_effort is None:
-            changes["reasoning_effort"] = self.reasoning_effort
-        if self.thinking_budget is not None and request.thinking_budget is None:
-            changes["thinking_budget"] = self.thinking_budget
+        changes = {k: v for k, v in asdict(self).items() if v is not None and getattr(request, k) is None}
         return msgspec.structs.replace(request, **changes) if changes else request
 
 
