@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
 from reasonray.actors import unwrap
 from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint
@@ -28,16 +29,11 @@ class TaskBoardActor(TaskBoard, Fingerprinted):
         self._fingerprint = fp
 
 
+@retry(retry=retry_if_exception_type(RunCancelledError), stop=stop_after_attempt(3), reraise=True)
 async def _call(method: Any, *args: Any) -> Any:
     """One board call. A task outlives the HTTP request that started it, but Ray cancels the calls a replica made
     while serving a request when that request is cancelled (its client went away): such a call is sent again."""
-    for attempt in range(3):
-        try:
-            return await unwrap(method.remote(*args))
-        except RunCancelledError:
-            if attempt == 2:
-                raise
-    return None
+    return await unwrap(method.remote(*args))
 
 
 class RayTaskBoard:
