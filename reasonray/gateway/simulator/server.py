@@ -171,11 +171,8 @@ def _last_user_content(body: dict[str, Any]) -> str:
 
 
 def _usage_json(response: SimResponse, form: str) -> dict[str, Any]:
-    usage: dict[str, Any] = {
-        "prompt_tokens": response.prompt_tokens,
-        "completion_tokens": response.completion_tokens,
-        "total_tokens": response.prompt_tokens + response.completion_tokens,
-    }
+    prompt, completion = response.prompt_tokens, response.completion_tokens
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     if form in ("field", "hidden"):  # DeepSeek and OpenAI count the thinking; a raw R1 server does not
         usage["completion_tokens_details"] = {"reasoning_tokens": response.reasoning_tokens}
     return usage
@@ -282,9 +279,7 @@ def _model_routes(app: FastAPI, settings: SimulatorSettings, model: SimulatedMod
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
         body = await request.json()
-        inputs = body.get("input")
-        if isinstance(inputs, str):
-            inputs = [inputs]
+        inputs = [body["input"]] if isinstance(body.get("input"), str) else body.get("input")
         if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
             return _error(400, "simulated model: 'input' must be a string or a list of strings")
         dims = int(body.get("dimensions") or 384)

@@ -58,10 +58,7 @@ def parameters_of(tools: tuple[dict[str, Any], ...], name: str) -> dict[str, Any
 
 def schema_of(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
     """The JSON schema a `response_format` asks for ({} for any JSON object); None for plain text."""
-    if not response_format:
-        return None
-    kind = response_format.get("type")
-    if kind == "text":
+    if not response_format or (kind := response_format.get("type")) == "text":
         return None
     if kind == "json_object":  # llama-cpp-python also takes a schema here
         schema = response_format.get("schema")
