@@ -1,6 +1,6 @@
 """What a method may touch, declared where it is registered: the roles that may call it, the resources it
 names (session, workspace, agent card, task) and how, the strategy it runs and the limits it is charged
-against (`reasonray.api.jsonrpc.declare`). `Dispatcher.method` refuses a method without a declaration; the one guard
+against (`reasonray.api.jsonrpc.declare`, which refuses a method without a declaration); the one guard
 (`reasonray.api.access.tenancy.Guard`) reads it for every surface and never looks at a method's name.
 
     @declare(SESSIONS, "session.turn", access=Access(REASONERS, (Resource("session", "session_id", "write"),), limits="run"))

@@ -166,14 +166,14 @@ class Params(BaseModel):
 
 @dataclass
 class Method:
-    """A method as it is served, or as its domain module declares it (`declare`): a module-level
-    `async def fn(ctx, params, call)` that `Dispatcher.add` binds to the application's context."""
+    """A method as its domain module declares it (`declare`): a module-level `async def fn(ctx, params, call)`
+    that `Dispatcher.add` binds to the application's context, or one declared straight into `Dispatcher.methods`."""
 
     handler: Handler
     params: type[BaseModel]
     description: str
     access: Access  # who may call it, what it touches, what it is charged against (reasonray.api.declarations)
-    result: type[BaseModel] | None = None  # what it answers, as rpc.discover advertises it (reasonray.api.results)
+    result: type[BaseModel]  # what it answers, as rpc.discover advertises it (reasonray.api.results)
     stream: bool = False  # POST /rpc may answer it as SSE (`"stream": true` in its params)
     mcp_tool: str | None = None  # the MCP tool it is served as, if any
 
@@ -193,7 +193,10 @@ def declare(
 ) -> Callable[[_Fn], _Fn]:
     """Declare the decorated function as method `name` in a domain's `table` (the function stays as it is).
     Its signature is the schema: the params model is its `params` annotation, the result model its return
-    annotation (`result` names it for a method that answers a record)."""
+    annotation (`result` names it for a method that answers a record). `access` is required: a method nobody
+    declared access for cannot be served."""
+    if not isinstance(access, Access):
+        raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.declarations), not {access!r}")
 
     def add(fn: _Fn) -> _Fn:
         hints = typing.get_type_hints(fn)
@@ -215,19 +218,6 @@ class Dispatcher:
         self.metrics = metrics or NoMetrics()
         self.limits = limits or CapSettings()  # max_batch_size, and batch_concurrency: the slots one batch's calls share
         self.guard: Guard | None = None
-
-    def method(
-        self, name: str, params: type[BaseModel], *, access: Access, result: type[BaseModel] | None = None
-    ) -> Callable[[Handler], Handler]:
-        """Register a method; `access` is required: a method nobody declared access for cannot be served."""
-        if not isinstance(access, Access):
-            raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.declarations), not {access!r}")
-
-        def register(handler: Handler) -> Handler:
-            self.methods[name] = Method(handler, params, (handler.__doc__ or "").strip(), access, result)
-            return handler
-
-        return register
 
     def add(self, table: Table, ctx: Any) -> None:
         """Serve every method of a domain's table, each called with `ctx` (reasonray.api.context.Context)."""

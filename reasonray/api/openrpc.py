@@ -2,7 +2,7 @@
 
 Every method's params come from its Pydantic model (one `by-name` param per field, `required` as the
 model says), its result from the result model it was declared with (`declare(..., result=...)`,
-reasonray.api.results; a method without one is a bug that `discover_document` refuses),
+reasonray.api.results; `declare` refuses a method without one: generated clients get real types, not `object`),
 and the errors from the error tree (`error_classes`) and the codes JSON-RPC reserves, so clients and tools can be
 generated from the running server and never drift from it.
 """
@@ -17,7 +17,7 @@ from pydantic.json_schema import JsonSchemaValue
 from reasonray import __version__
 from reasonray.api.context import NoParams
 from reasonray.api.declarations import OPERATORS, Access
-from reasonray.api.jsonrpc import CODE_NAMES, Call, Dispatcher, Method, error_classes
+from reasonray.api.jsonrpc import CODE_NAMES, Call, Dispatcher, Method, declare, error_classes
 from reasonray.api.results import OpenRpcDocument
 
 OPENRPC_VERSION = "1.3.2"
@@ -28,9 +28,9 @@ STREAM_DOC = (
 )
 
 
-def result_schema(method: Method) -> JsonSchemaValue | None:
-    """The JSON Schema of what the method returns (standalone, `$defs` inside), or None when it has no result model."""
-    return method.result.model_json_schema(mode="serialization") if method.result is not None else None
+def result_schema(method: Method) -> JsonSchemaValue:
+    """The JSON Schema of what the method returns (standalone, `$defs` inside)."""
+    return method.result.model_json_schema(mode="serialization")
 
 
 def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
@@ -63,8 +63,6 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
         ]
         if method.stream:  # a transport option, not a model field: POST /rpc answers it as SSE
             params.append({"name": "stream", "required": False, "schema": {"type": "boolean", "default": False}, "description": STREAM_DOC})
-        if method.result is None:  # every method documents its result: generated clients get real types, not `object`
-            raise TypeError(f"method {name!r} has no result model: register it with result=... (reasonray.api.results)")
         methods.append(
             {
                 "name": name,
@@ -87,7 +85,7 @@ def discover_document(rpc: Dispatcher) -> OpenRpcDocument:
 def add_discover(rpc: Dispatcher) -> None:
     """Register `rpc.discover` (OpenRPC's service discovery method) on the dispatcher."""
 
-    @rpc.method(DISCOVER, NoParams, result=OpenRpcDocument, access=Access(OPERATORS))
+    @declare(rpc.methods, DISCOVER, access=Access(OPERATORS))
     async def discover(params: NoParams, call: Call) -> OpenRpcDocument:
         """The OpenRPC document of this API: every method with its params, result and errors."""
         return discover_document(rpc)

@@ -8,8 +8,8 @@ import pytest
 from reasonray.api.access.auth import Policy, Principal
 from reasonray.api.access.tenancy import ShareParams, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.context import NoParams
 from reasonray.api.declarations import EVERYONE, Access, Resource, Visible
+from reasonray.api.jsonrpc import declare
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import DEFAULT_ROLES, AuthSettings
 from reasonray.kernel.config import ReasoningSettings
@@ -67,9 +67,10 @@ def test_every_method_whose_params_name_a_workspace_or_session_declares_it(rpc):
 
 def test_a_method_without_a_declaration_cannot_be_registered(rpc):
     with pytest.raises(TypeError, match=r"test\.undeclared"):
-        rpc.method("test.undeclared", NoParams, access=None)  # type: ignore[arg-type]
+        declare(rpc.methods, "test.undeclared", access=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        rpc.method("test.undeclared", NoParams)  # type: ignore[call-arg]
+        declare(rpc.methods, "test.undeclared")  # type: ignore[call-arg]
+    assert "test.undeclared" not in rpc.methods
 
 
 def test_a_resource_is_found_along_its_path_and_names_the_audit_target():

@@ -15,6 +15,7 @@ from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
 from reasonray.api.context import NoParams
 from reasonray.api.declarations import EVERYONE, Access
+from reasonray.api.jsonrpc import declare
 from reasonray.api.openrpc import discover_document
 from reasonray.gateway.simulator.inprocess import SimulatedLLM
 from reasonray.kernel.auth_settings import AuthSettings
@@ -86,12 +87,12 @@ def test_every_method_advertises_a_real_result_schema(tmp_path):
 def test_a_method_without_a_result_model_is_refused():
     rpc = local_dispatcher(ReasoningSettings(), SimulatedLLM())
 
-    @rpc.method("test.untyped", NoParams, access=Access(EVERYONE))
-    async def untyped(params, call):
+    async def untyped(params: NoParams, call):
         return {}
 
     with pytest.raises(TypeError, match=r"test\.untyped"):
-        discover_document(rpc)
+        declare(rpc.methods, "test.untyped", access=Access(EVERYONE))(untyped)
+    assert "test.untyped" not in rpc.methods and "test.untyped" not in {m["name"] for m in discover_document(rpc).methods}
 
 
 def resolved(document: dict, schema: dict) -> dict:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import Decision, KeyedLimits, Limits, limited, refusal_error
 from reasonray.api.declarations import REASONERS, RESOLVED, Access, Kind, Resource, Visible
-from reasonray.api.jsonrpc import Call, Dispatcher, error_for
+from reasonray.api.jsonrpc import Call, Dispatcher, declare, error_for
 from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
 from reasonray.memory.items import WORKSPACE
@@ -128,7 +128,7 @@ class Guard:
     async def __call__(self, call: Call, params: BaseModel, invoke: Callable[[], Awaitable[Any]]) -> Any:
         principal = CURRENT_PRINCIPAL.get()
         access = call.access
-        if access is None:  # Dispatcher.method refuses such a method; a hand-made Call must not slip through
+        if access is None:  # declare refuses such a method; a hand-made Call must not slip through
             raise ForbiddenError(f"forbidden: {call.method} declares no access", {"method": call.method})
         target = access.target(params)
         outcome, reason = "ok", None
@@ -340,9 +340,7 @@ def install_guard(rpc: Dispatcher, guard: Guard) -> None:
     if "memory.store" not in rpc.methods:
         return
 
-    @rpc.method(
-        "memory.share_workspace", ShareParams, result=ShareResult, access=Access(REASONERS, (Resource("workspace", "workspace", "write"),))
-    )
+    @declare(rpc.methods, "memory.share_workspace", access=Access(REASONERS, (Resource("workspace", "workspace", "write"),)))
     async def share_workspace(params: ShareParams, call: Call) -> ShareResult:
         """Let named principals read one of your workspaces (read-only); replaces its reader list."""
         if await guard.owners.get("workspace", params.workspace) is None:
