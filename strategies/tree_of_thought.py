@@ -218,10 +218,8 @@ class Search:
         children: list[Node] = []
         seen: set[tuple[str, str, bool]] = set()
         for (parent, _), proposal in zip(slots, proposals, strict=False):
-            if isinstance(proposal, Failed):
-                continue
-            if proposal is None:
-                self.unparsed += 1
+            if proposal is None or isinstance(proposal, Failed):  # a failed proposal proposes nothing; a reply with neither is unparsed
+                self.unparsed += proposal is None
                 continue
             text, is_answer, how = proposal
             if (parent.id, text, is_answer) in seen:
@@ -229,9 +227,8 @@ class Search:
             seen.add((parent.id, text, is_answer))
             self.free_text += how in ("phrase", "free_text")
             index = sum(1 for c in children if c.parent_id == parent.id)
-            node_id = f"{parent.id}.{index}"
             steps = parent.steps if is_answer else (*parent.steps, text)
-            children.append(Node(node_id, parent.id, steps, text if is_answer else None, found_by=how))
+            children.append(Node(f"{parent.id}.{index}", parent.id, steps, text if is_answer else None, found_by=how))
         await self.evaluate(children)
         self.nodes += children
         self.note_progress()
@@ -334,12 +331,12 @@ class TreeOfThought(Strategy):
         found = await (search.bfs(root) if cfg.search == "bfs" else search.dfs(root))
         answers = [n for n in search.nodes if n.answer is not None]
         solution = found or max(answers, key=lambda n: (n.status != "pruned", n.scored, n.score), default=None)
+        best = solution or max(search.nodes, key=lambda n: (n.depth, n.score), default=root)
         if solution is not None:
             answer, fallback, found_by = solution.answer or "", None if found else "best_answer_seen", solution.found_by
             search.record(solution, "answer")
         else:  # the search ended on steps only: ask for the answer along the best path
-            (answer, found_by), fallback = await self._answer_from_best_path(query, search, cfg, context), "final_answer_call"
-        best = solution or max(search.nodes, key=lambda n: (n.depth, n.score), default=root)
+            (answer, found_by), fallback = await self._answer_from_best_path(query, best, search, cfg, context), "final_answer_call"
         return context.result(
             self.name,
             answer,
@@ -362,10 +359,9 @@ class TreeOfThought(Strategy):
         )
 
     async def _answer_from_best_path(
-        self, query: str, search: Search, cfg: TreeOfThoughtConfig, context: StrategyContext
+        self, query: str, best: Node, search: Search, cfg: TreeOfThoughtConfig, context: StrategyContext
     ) -> tuple[str, str]:
-        """The answer along the best path, and how it was found."""
-        best = max(search.nodes, key=lambda n: (n.depth, n.score), default=Node("0", "", ()))
+        """The answer along the best path (ending at `best`), and how it was found."""
         shown = FINAL_PROMPT.format(path=render(query, best.steps))
         completion, enforced = await ask(
             context, ANSWER, ANSWER_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=0.0, purpose="final_answer"
