@@ -294,45 +294,44 @@ class BoundedContext(Strategy):
         messages, thinking, room = self._fit(query, state, iteration, cfg, context)
         if iteration == 0:
             state.first = messages
-        request = LLMRequest(
-            messages=messages,
-            max_tokens=room,
-            stop=() if state.mode == "delethink" else STOP_SEQUENCES,
-            temperature=cfg.temperature,
-            seed=cfg.seed,
-            continue_thinking=thinking or None,
+        completion = await context.llm.complete(
+            LLMRequest(
+                messages=messages,
+                max_tokens=room,
+                stop=() if state.mode == "delethink" else STOP_SEQUENCES,
+                temperature=cfg.temperature,
+                seed=cfg.seed,
+                continue_thinking=thinking or None,
+            )
         )
-        completion = await context.llm.complete(request)
         if thinking and completion.thinking_control == "unsupported":
             # the endpoint cannot continue a reply (no prefix continuation): this chunk thought afresh and every later
             # one would too; the head and raw tail of the thinking go in the prompt instead, which any model reads
             state.mode = "tail"
             context.warn(self.name, "carryover_fallback", "the endpoint cannot continue the thinking; carrying its raw tail in the prompt")
             return await self._reason_chunk(query, state, iteration, cfg, context)
+        usage = completion.usage
         sent = (*messages, Message(role="assistant", content=thinking)) if thinking else messages  # the continued thinking is prompt too
-        state.calibrate(count_messages(context.tokens, sent), completion.usage.prompt_tokens)
+        state.calibrate(count_messages(context.tokens, sent), usage.prompt_tokens)
         reasoning = completion.reasoning
         if thinking and reasoning.startswith(thinking):  # a server that hands back the continued prefix with the reply
             reasoning = reasoning[len(thinking) :]
-        if completion.usage.reasoning_tokens == 0 or reasoning:  # hidden thinking says nothing of the tokenizers' ratio
+        if usage.reasoning_tokens == 0 or reasoning:  # hidden thinking says nothing of the tokenizers' ratio
             generated = context.tokens.count(completion.text) + context.tokens.count(reasoning)
-            state.calibrate_text(generated, completion.usage.completion_tokens)
-        thinks = bool(reasoning) or completion.thinking_unfinished
-        state.thinks = state.thinks or thinks or completion.usage.reasoning_tokens > 0
+            state.calibrate_text(generated, usage.completion_tokens)
+        state.thinks = state.thinks or bool(reasoning) or completion.thinking_unfinished or usage.reasoning_tokens > 0
         if state.mode is None:  # auto: the first reply tells how the model reasons
             state.mode = "delethink" if thinks_then_answers(completion, reasoning) else "tail"
             if state.mode == "delethink":  # later chunks continue the thinking under delethink's own (shorter) instructions
                 state.first = self._messages(query, state, 0, cfg)
         chunk = self._read_chunk(query, completion, reasoning, state)
-        thinking_tokens = completion.usage.reasoning_tokens or context.tokens.count(reasoning)
-        usage = completion.usage
         state.ledger.chunk(usage.prompt_tokens, usage.completion_tokens)
         record = {
             "iteration": iteration,
             "tokens": usage.prompt_tokens + usage.completion_tokens,
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
-            "thinking_tokens": thinking_tokens,
+            "thinking_tokens": usage.reasoning_tokens or context.tokens.count(reasoning),
             "thinking_finished": not completion.thinking_unfinished,
             "continued_tokens": context.tokens.count(thinking),
             "has_answer": chunk.answer is not None,
