@@ -205,10 +205,6 @@ class ExecuteResult(ReasoningResult):
     )
 
 
-AgentLookup = Callable[[str], Awaitable[AgentCard]]
-"""Fetches a registered AgentCard by id, raising NotFoundError when there is none."""
-
-
 async def no_agents(agent_id: str) -> AgentCard:
     raise NotFoundError(f"no agent with id {agent_id!r}; this service has no agent directory", {"agent_id": agent_id})
 
@@ -222,7 +218,7 @@ class ReasoningService:
     tokens: TokenCounter
     _: KW_ONLY
     fanout: Fanout = local_fanout
-    agents: AgentLookup = no_agents
+    agents: Callable[[str], Awaitable[AgentCard]] = no_agents  # a registered card by id, else NotFoundError
     selection_budget_ms: float = 50.0
     data_dir: Path | None = None
     log_queries: bool = False
