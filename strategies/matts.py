@@ -295,9 +295,8 @@ class _Run:
             settled[index] = outcome
             finished = {i: o for i, o in sorted(settled.items()) if not isinstance(o, Failed)}
             self.note_progress(list(finished.values()), len(settled) - len(finished))
-            if not judging or isinstance(outcome, Failed):
-                return
-            if self.judges or not agree(list(finished.values())):
+            # a failed attempt starts no judging; a finished one starts it once two finished attempts disagree
+            if judging and not isinstance(outcome, Failed) and (self.judges or not agree(list(finished.values()))):
                 for i, a in finished.items():
                     if i not in self.judges:
                         self.judges[i] = self.judge(a)
@@ -354,12 +353,8 @@ class _Run:
     def diverse(self, index: int) -> dict[str, Any]:
         """Attempt `index`'s config: sampled with its own seed when the base strategy takes them."""
         fields = set(getattr(getattr(self.base, "Config", None), "model_fields", {}))
-        diverse = dict(self.base_config)
-        if "temperature" in fields:
-            diverse["temperature"] = self.cfg.temperature
-        if "seed" in fields:
-            diverse["seed"] = self.cfg.seed + index
-        return diverse
+        sampled = {"temperature": self.cfg.temperature, "seed": self.cfg.seed + index}
+        return {**self.base_config, **{k: v for k, v in sampled.items() if k in fields}}
 
     async def sequential(self) -> list[dict[str, Any]]:
         """The first attempt and up to k - 1 re-examinations; one that fails (its error goes to `failed`) ends the
