@@ -102,14 +102,6 @@ class SessionHost(Fingerprinted):
                 log.info("session.idle_dropped", sessions=dropped, live=len(self.live))
 
 
-class SessionHostClient(NamedActor):
-    """A handle on one session host; finds (or restarts the creation of) the host by name."""
-
-    async def live(self) -> int:
-        """Sessions live in this host's memory: none in a host that has not started (asking does not start it)."""
-        return int((await self.call("stats"))["live"]) if await self.running() else 0
-
-
 # spread over the nodes: a host's death then interrupts one node's share of the sessions, and the others
 # keep serving (Ray would otherwise pack these zero-CPU actors onto the node that creates them)
 HOST_OPTIONS: dict[str, Any] = {"scheduling_strategy": "SPREAD"}
@@ -119,12 +111,12 @@ def host_name(app_name: str, index: int) -> str:
     return f"{app_name}-session-host-{index}"
 
 
-def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[SessionHostClient]:
+def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[NamedActor]:
     """The application's session hosts, created now (deploy time) or kept when they run with these settings; with
     `[server] prestart` off, each is created at its first use (hosts with other settings are retired now)."""
     fp = fingerprint(spec.settings_json)
     names = [host_name(app_name, i) for i in range(settings.sessions.hosts)]
-    hosts = [SessionHostClient(SessionHost, name, fp, (spec,), HOST_OPTIONS).deploy(settings.server.prestart) for name in names]
+    hosts = [NamedActor(SessionHost, name, fp, (spec,), HOST_OPTIONS).deploy(settings.server.prestart) for name in names]
     if settings.server.prestart:
         ray.get([h.handle.warm.remote() for h in hosts], timeout=120)  # the first turn finds the endpoint known
     retired = retire_extra(host_name(app_name, 0)[:-1], set(names))
@@ -143,7 +135,7 @@ class RaySessions(Sessions):
     """`reasoner.session.Sessions` over the session hosts. Creating and reading a session touch the
     repository only; turns, re-entries and close run on the session's host, under its lock."""
 
-    def __init__(self, hosts: list[SessionHostClient], pipeline: SessionPipeline) -> None:
+    def __init__(self, hosts: list[NamedActor], pipeline: SessionPipeline) -> None:
         super().__init__(pipeline)  # repository access only: its LLM is never called here
         self.hosts = hosts
 
@@ -159,8 +151,9 @@ class RaySessions(Sessions):
         return await self._on_host("close", session_id)
 
     async def live_count(self) -> int:
-        """Sessions live in the hosts' memory, all hosts together."""
-        return sum(await asyncio.gather(*(h.live() for h in self.hosts)))
+        """Sessions live in the hosts' memory, all hosts together: none in a host that has not started (asking does not start it)."""
+        running = [host for host in self.hosts if await host.running()]
+        return sum(int(stats["live"]) for stats in await asyncio.gather(*(host.call("stats") for host in running)))
 
     async def _on_host(self, method: str, session_id: str, *args: Any) -> Any:
         await self.pipeline.require(session_id)  # an unknown session fails here, without a host call

@@ -103,7 +103,8 @@ async def test_session_turns_on_a_host_use_the_callers_cache_scope(tmp_path):
     import asyncio
     import contextvars
 
-    from reasonray.actors.session import RaySessions, SessionHost, SessionHostClient
+    from reasonray.actors.lifecycle import NamedActor
+    from reasonray.actors.session import RaySessions, SessionHost
     from reasonray.reasoner.builtin_tools import builtin_toolbox
     from reasonray.reasoner.hosting import LiveSessions
     from reasonray.reasoner.session import SessionPipeline, SessionSpec, SessionState
@@ -126,7 +127,7 @@ async def test_session_turns_on_a_host_use_the_callers_cache_scope(tmp_path):
     class Handle:
         turn, resume = Method("turn"), Method("resume")
 
-    sessions = RaySessions([SessionHostClient(SessionHost, "host-0", "fp", _handle=Handle())], pipeline)
+    sessions = RaySessions([NamedActor(SessionHost, "host-0", "fp", _handle=Handle())], pipeline)
     answers = []
     for who in ("alice", "bob", "alice"):
         session_id = (await sessions.create(SessionSpec()))["session_id"]
