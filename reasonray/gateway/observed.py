@@ -183,26 +183,22 @@ class ObservedLLM(Layer):
         with tracing.span(f"chat {self.model}", requested, kind="client") as span:
             try:
                 completion = await self.inner.complete(request)
-            except Exception as exc:  # a call that failed was still made: it counts
+            except Exception as exc:  # a call that failed was still made: it counts, with what its attempts are known to have cost
                 spent: tuple[int, int] = getattr(exc, "spent", (0, 0))
-                self._count(spent[0], spent[1], getattr(exc, "attempts", 1))
+                self.tally.add(Tally(*spent, calls=1, retries=max(getattr(exc, "attempts", 1) - 1, 0)))
                 raise
             if span is not tracing.NO_SPAN:
                 span.set(self._span_attributes(request, completion))
-        self._count(completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.attempts)
-        t = self.tally
-        t.reasoning_tokens += completion.usage.reasoning_tokens
-        if completion.thinking_control == "unsupported":  # a budget, an effort or a continuation was asked, none held
-            t.thinking_unenforced += 1
-            if t.thinking_unenforced == 1:  # said once a run: the result's metrics count them all
-                self._warn(
-                    "thinking_budget_unenforced",
-                    f"{self.model} at this endpoint can neither take a reasoning effort nor continue a reply: "
-                    "the thinking budget was not enforced (docs/reasoning-models.md)",
-                )
-        t.cache_hits += completion.cached
-        t.simulated = t.simulated or completion.simulated
-        t.model = completion.model
+        unenforced = completion.thinking_control == "unsupported"  # a budget, an effort or a continuation was asked, none held
+        call = Tally(**msgspec.structs.asdict(completion.usage), thinking_unenforced=unenforced, calls=1, cache_hits=completion.cached)
+        call.retries, call.simulated, call.model = max(completion.attempts - 1, 0), completion.simulated, completion.model
+        self.tally.add(call)
+        if unenforced and self.tally.thinking_unenforced == 1:  # said once a run: the result's metrics count them all
+            self._warn(
+                "thinking_budget_unenforced",
+                f"{self.model} at this endpoint can neither take a reasoning effort nor continue a reply: "
+                "the thinking budget was not enforced (docs/reasoning-models.md)",
+            )
         self.emit(
             LLMInvocation(
                 trace_id=self.trace_id,
@@ -225,14 +221,6 @@ class ObservedLLM(Layer):
 
     def _warn(self, code: str, message: str) -> None:
         self.emit(RunWarning(trace_id=self.trace_id, strategy=self.strategy, code=code, message=message))
-
-    def _count(self, prompt_tokens: int, completion_tokens: int, attempts: int) -> None:
-        """A call made, with what it cost (a failed one too, with what its attempts are known to have cost)."""
-        t = self.tally
-        t.calls += 1
-        t.prompt_tokens += prompt_tokens
-        t.completion_tokens += completion_tokens
-        t.retries += max(attempts - 1, 0)
 
     @staticmethod
     def _span_attributes(request: LLMRequest, completion: Completion) -> dict[str, Any]:
