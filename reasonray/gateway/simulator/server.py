@@ -241,36 +241,27 @@ def _model_routes(app: FastAPI, settings: SimulatorSettings, model: SimulatedMod
 
     @app.post("/extras/tokenize")
     @app.post("/extras/tokenize/count")
-    async def tokenize(request: Request) -> JSONResponse:
-        counting = request.url.path.endswith("/count")
-        try:  # llama.cpp's body: {"input": ..., "model": ...}
+    @app.post("/extras/detokenize")
+    async def tokens(request: Request) -> JSONResponse:
+        route = request.url.path.removeprefix("/extras/")
+        try:  # llama.cpp's bodies: {"input": ..., "model": ...} to tokenize (or count), {"tokens": [...]} to detokenize
             body = await request.json()
         except ValueError:
             body = None
-        text = body.get("input") if isinstance(body, dict) else None
-        if not isinstance(text, str):
-            return rejected(f"{'tokenize/count' if counting else 'tokenize'} takes {{'input': '<text>'}} (and optionally 'model')")
-        if counting:
-            return JSONResponse({"count": tokenizer.count(text)}, headers=SIM_HEADER)
+        given: Any = body.get("tokens" if route == "detokenize" else "input") if isinstance(body, dict) else None
         try:
-            tokens = tokenizer.encode(text)
+            if route != "detokenize":
+                if not isinstance(given, str):
+                    return rejected(f"{route} takes {{'input': '<text>'}} (and optionally 'model')")
+                counted = {"count": tokenizer.count(given)} if route.endswith("count") else {"tokens": tokenizer.encode(given)}
+                return JSONResponse(counted, headers=SIM_HEADER)
+            if not isinstance(given, list) or not all(isinstance(t, int) for t in given):
+                return rejected("detokenize takes {'tokens': [<int>, ...]}")
+            return JSONResponse({"text": tokenizer.decode(given)}, headers=SIM_HEADER)
+        except (KeyError, OverflowError):
+            return rejected(f"detokenize: some of {given[:20]} are not token ids of this model")
         except ValueError as exc:  # tiktoken's file is missing: counts are estimated, there are no token ids
             return _error(501, f"simulated model: {exc}", "not_implemented")
-        return JSONResponse({"tokens": tokens}, headers=SIM_HEADER)
-
-    @app.post("/extras/detokenize")
-    async def detokenize(request: Request) -> JSONResponse:
-        body = await request.json()
-        tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            return rejected("detokenize takes {'tokens': [<int>, ...]}")
-        try:
-            text = tokenizer.decode(tokens)
-        except (KeyError, OverflowError):
-            return rejected(f"detokenize: some of {tokens[:20]} are not token ids of this model")
-        except ValueError as exc:
-            return _error(501, f"simulated model: {exc}", "not_implemented")
-        return JSONResponse({"text": text}, headers=SIM_HEADER)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
