@@ -22,8 +22,7 @@ class EmbeddingError(MemoryUnavailableError):
 class Embedder(Protocol):
     """Turns texts into vectors. `name` identifies the model (a collection records which one filled it)."""
 
-    @property
-    def name(self) -> str: ...
+    name: str
 
     def embed(self, texts: list[str]) -> list[list[float]]: ...
 
