@@ -148,11 +148,8 @@ def attempt_log(
     blank = {"index": None, "answer": None, "found_by": None, "degenerate": False, "judge": None, "score": None, "chosen": False}
     log = {i: {**blank, "index": i, "failed": error_type_of(exc)} for i, exc in failed.items()}
     for position, a in enumerate(attempts):
-        verdict = None
-        if position in judge_failed:
-            verdict = "failed"
-        elif judged and len(attempts) > 1:
-            verdict = "scored" if scores[position] is not None else "unscored"
+        scored = "scored" if scores[position] is not None else "unscored"
+        verdict = "failed" if position in judge_failed else (scored if judged and len(attempts) > 1 else None)
         log[a["index"]] = {
             "index": a["index"],
             "answer": normalize_answer(a["answer"]) or None,
