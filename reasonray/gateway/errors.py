@@ -66,8 +66,6 @@ class ProviderUnavailableError(LLMError, error_type="provider_unavailable"):
 class CircuitOpenError(ProviderUnavailableError, error_type="circuit_open"):
     """The breaker is open after consecutive failures; calls fail fast until it half-opens."""
 
-    # a default, so the error survives unpickling (Ray ships a fan-out branch's error back by pickle,
-    # which calls the class with the message alone; the attributes follow from __dict__)
     def __init__(self, message: str, *, retry_after_s: float = 0.0) -> None:
         super().__init__(message, attempts=0, cause="circuit_open")
         self.data = {"attempts": 0, "retry_after_s": round(retry_after_s, 3)}

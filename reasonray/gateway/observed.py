@@ -206,15 +206,13 @@ class ObservedLLM(Layer):
                 messages=[msgspec.to_builtins(m) for m in request.messages],
                 responses=[c.text for c in completion.choices],
                 finish_reason=completion.finish_reason,
-                prompt_tokens=completion.usage.prompt_tokens,
-                completion_tokens=completion.usage.completion_tokens,
+                **msgspec.structs.asdict(completion.usage),  # prompt, completion and reasoning tokens
                 latency_ms=round(completion.latency_ms, 3),
                 cached=completion.cached,
                 attempts=completion.attempts,
                 model=completion.model,
                 simulated=completion.simulated,
                 reasoning=[c.reasoning for c in completion.choices],
-                reasoning_tokens=completion.usage.reasoning_tokens,
             )
         )
         return completion
