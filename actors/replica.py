@@ -32,8 +32,8 @@ from reasonray.actors.tenancy import RayLimits, RayOwners, tenancy_clients
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, TokenVerifier
 from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Application, Backends, build_application
-from reasonray.api.errors import error_headers, rest_error, view_of
-from reasonray.api.jsonrpc import RATE_LIMITED, RpcError, error_for
+from reasonray.api.errors import error_headers, rest_error
+from reasonray.api.jsonrpc import RpcError, error_for
 from reasonray.api.methods import new_trace_id
 from reasonray.api.surfaces import prometheus
 from reasonray.api.surfaces.a2a import A2AServer, card_headers, card_json, not_modified
@@ -46,7 +46,7 @@ from reasonray.gateway.factory import shared_cache
 from reasonray.gateway.tokens import counter_for_model
 from reasonray.kernel import tracing
 from reasonray.kernel.config import Settings
-from reasonray.kernel.errors import ForbiddenError
+from reasonray.kernel.errors import ForbiddenError, RateLimitedError
 from reasonray.kernel.logs import configure_logging
 from reasonray.stores.a2a import open_a2a
 from reasonray.stores.audit import audit_refusal
@@ -60,7 +60,7 @@ SESSION_GAUGE_S = 5.0
 
 def rate_limit_headers(error: dict[str, Any]) -> dict[str, str]:
     """Retry-After and X-RateLimit-* for a -32012 error; nothing for other errors (/rpc answers those with 200)."""
-    return error_headers(error) if error.get("code") == RATE_LIMITED else {}
+    return error_headers(error) if error.get("code") == RateLimitedError.code else {}
 
 
 def openai_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> JSONResponse:
@@ -107,7 +107,7 @@ class Replica:
             return Response(status_code=204, headers=headers)
         # JSON-RPC over HTTP answers its errors with 200, but for a rate limit (429 and when to come back)
         limited = rate_limit_headers(payload.get("error") or {}) if isinstance(payload, dict) else {}
-        return JSONResponse(payload, headers={**headers, **limited}, status_code=view_of(RATE_LIMITED).http_status if limited else 200)
+        return JSONResponse(payload, headers={**headers, **limited}, status_code=RateLimitedError.http_status if limited else 200)
 
     async def rest(self, method: str, params: dict[str, Any], request: Request) -> Response:
         """A REST mirror of the JSON-RPC method `method`."""

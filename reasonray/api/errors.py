@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from reasonray.api.jsonrpc import CODE_NAMES, INTERNAL_ERROR, PROTOCOL_HTTP_STATUS, RATE_LIMITED, STRATEGY_UNAVAILABLE, error_classes
+from reasonray.api.jsonrpc import CODE_NAMES, INTERNAL_ERROR, PROTOCOL_HTTP_STATUS, error_classes
+from reasonray.kernel.errors import RateLimitedError, StrategyUnavailableError
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def error_headers(error: Mapping[str, Any]) -> dict[str, str]:
     data = error.get("data") or {}
     if "retry_after_s" not in data:
         return {}
-    if error.get("code") != RATE_LIMITED:
+    if error.get("code") != RateLimitedError.code:
         return {"Retry-After": str(max(1, math.ceil(data["retry_after_s"])))}
     wait = str(max(1, round(data["retry_after_s"] + 0.4999)))
     return {"Retry-After": wait, "X-RateLimit-Limit": str(data.get("limit", "")), "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": wait}
@@ -78,7 +79,7 @@ def openai_error(error: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     model); the JSON-RPC code and data ride along in `reasonray`."""
     view = view_of(error["code"])
     data = error.get("data") or {}
-    unavailable = error["code"] == STRATEGY_UNAVAILABLE
+    unavailable = error["code"] == StrategyUnavailableError.code
     code = "model_not_found" if unavailable else data.get("error_type") or CODE_NAMES.get(error["code"]) or "reasonray_error"
     body = {"message": error["message"], "type": view.openai_type, "param": None, "code": code}
     return view.http_status, {"error": {**body, "reasonray": {"code": error["code"], "data": data}}}

@@ -32,16 +32,7 @@ from reasonray.gateway.errors import (
     ProviderUnavailableError,
 )
 from reasonray.kernel.config import CapSettings
-from reasonray.kernel.errors import (
-    BudgetExceededError,
-    ForbiddenError,
-    NotFoundError,
-    RateLimitedError,
-    ReasonRayError,
-    StrategyUnavailableError,
-    describe_errors,
-    json_safe_errors,
-)
+from reasonray.kernel.errors import ReasonRayError, describe_errors, json_safe_errors
 from reasonray.kernel.telemetry import Metrics, NoMetrics
 
 log = structlog.get_logger(__name__)
@@ -51,12 +42,6 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-# the codes of the error tree that surfaces name; every code is its error class's (reasonray.kernel.errors)
-STRATEGY_UNAVAILABLE = StrategyUnavailableError.code
-BUDGET_EXCEEDED = BudgetExceededError.code
-NOT_FOUND = NotFoundError.code
-FORBIDDEN = ForbiddenError.code
-RATE_LIMITED = RateLimitedError.code
 
 CODE_NAMES = {
     PARSE_ERROR: "parse_error",

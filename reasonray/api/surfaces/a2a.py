@@ -61,7 +61,7 @@ from starlette.routing import Match, Route
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, principal_trace_id
 from reasonray.api.errors import a2a_refused, view_of
-from reasonray.api.jsonrpc import FORBIDDEN, NOT_FOUND, Dispatcher, ErrorObject, RpcError
+from reasonray.api.jsonrpc import Dispatcher, ErrorObject, RpcError
 from reasonray.api.results import SessionCreateResult, SessionGetResult, TurnResult
 from reasonray.api.service import ExecuteResult
 from reasonray.api.surfaces.a2a_tasks import (
@@ -75,6 +75,7 @@ from reasonray.api.surfaces.a2a_tasks import (
 )
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.kernel import tracing
+from reasonray.kernel.errors import ForbiddenError, NotFoundError
 from reasonray.kernel.events import BranchRun, Event, IterationEnd, LLMInvocation, MemoryRetrieval
 from reasonray.stores.a2a import Repository
 from reasonray.strategies.registry import Catalogue
@@ -285,7 +286,7 @@ class ReasoningExecutor(AgentExecutor):
                 if state.status != "closed":
                     return current
             except RpcError as error:
-                if error.code not in (NOT_FOUND, FORBIDDEN):  # anything but "gone" (expired, deleted): say so
+                if error.code not in (NotFoundError.code, ForbiddenError.code):  # anything but "gone" (expired, deleted): say so
                     return error.body()
         try:
             created: SessionCreateResult = await self.rpc.run("session.create", spec or {}, trace_id)

@@ -44,19 +44,13 @@ from openai.types.completion_usage import CompletionTokensDetails
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reasonray.api.errors import openai_error
-from reasonray.api.jsonrpc import (
-    BUDGET_EXCEEDED,
-    INVALID_PARAMS,
-    STRATEGY_UNAVAILABLE,
-    Dispatcher,
-    RpcError,
-)
+from reasonray.api.jsonrpc import INVALID_PARAMS, Dispatcher, RpcError
 from reasonray.api.results import SessionCreateResult, StrategiesResult, TurnResult
 from reasonray.api.service import EXTRA_BODY_RIGHT, ExecuteParams, ExecuteResult, ResponseFormatParams
 from reasonray.api.surfaces.streaming import CallResult, stream_call
 from reasonray.gateway.tokens import TokenCounter
 from reasonray.kernel import events
-from reasonray.kernel.errors import describe_errors
+from reasonray.kernel.errors import BudgetExceededError, StrategyUnavailableError, describe_errors
 from reasonray.kernel.events import Event
 from reasonray.kernel.tags import strip_thinking
 from reasonray.memory.loop import MemoryParams
@@ -480,7 +474,7 @@ class OpenAICompat:
     def _finished(self, request: ChatCompletionRequest, result: ExecuteResult) -> Answered:
         m = result.metrics
         limit = request.completion_limit
-        hit = (limit is not None and m.completion_tokens >= limit) or (result.degraded_error or {}).get("code") == BUDGET_EXCEEDED
+        hit = (limit is not None and m.completion_tokens >= limit) or (result.degraded_error or {}).get("code") == BudgetExceededError.code
         answer = result.answer if request.response_format is not None else apply_stop(result.answer, request.stops)
         # what ReasonRay adds to a completion (`reasonray`): the run's trace id, strategy, metrics, resolution and memory
         extra = result.model_dump(mode="json", include={"trace_id", "strategy_used", "metrics", "resolution", "memory"})
@@ -627,7 +621,7 @@ class OpenAICompat:
             raise model_not_found(
                 f"The model {DEFAULT_MODEL}/{strategy} does not exist: strategy {strategy!r} is not enabled; "
                 f"available: {', '.join(enabled) or 'none'} (GET /v1/models lists them)",
-                reasonray={"code": STRATEGY_UNAVAILABLE, "data": {"available": enabled}},
+                reasonray={"code": StrategyUnavailableError.code, "data": {"available": enabled}},
             )
 
 
@@ -693,7 +687,7 @@ def _cut_short(error: Mapping[str, Any], request: ChatCompletionRequest, trace_i
     data = error.get("data") or {}
     partial: dict[str, Any] = data.get("partial") or {}
     limit = request.completion_limit
-    budget_hit = error.get("code") == BUDGET_EXCEEDED and "max_completion_tokens" in data
+    budget_hit = error.get("code") == BudgetExceededError.code and "max_completion_tokens" in data
     if limit is None or error.get("code") == INVALID_PARAMS or not (budget_hit or partial.get("completion_tokens", 0) >= limit):
         raise error_from_rpc(error) from None
     answer = apply_stop(str(partial.get("answer") or ""), request.stops)
