@@ -133,36 +133,6 @@ def attempted(index: int, answer: str, text: str, found_by: str, truncated: bool
     return {"index": index, "answer": answer, "text": text, "found_by": found_by, "degenerate": truncated and found_by in WEAK}
 
 
-def attempt_log(
-    attempts: list[dict[str, Any]],
-    scores: list[float | None],
-    chosen: int,
-    judge_failed: set[int],
-    failed: dict[int, Exception],
-    *,
-    judged: bool,
-) -> list[dict[str, Any]]:
-    """Every attempt in attempt order: its normalized answer, its judge's verdict (`scored`, `unscored`: a reply
-    with no readable score, `failed`; None when the finished attempts were not judged), its score, whether it was
-    chosen, and for an attempt that failed, its error type instead."""
-    blank = {"index": None, "answer": None, "found_by": None, "degenerate": False, "judge": None, "score": None, "chosen": False}
-    log = {i: {**blank, "index": i, "failed": error_type_of(exc)} for i, exc in failed.items()}
-    for position, a in enumerate(attempts):
-        scored = "scored" if scores[position] is not None else "unscored"
-        verdict = "failed" if position in judge_failed else (scored if judged and len(attempts) > 1 else None)
-        log[a["index"]] = {
-            "index": a["index"],
-            "answer": normalize_answer(a["answer"]) or None,
-            "found_by": a["found_by"] or None,
-            "degenerate": a["degenerate"],
-            "judge": verdict,
-            "score": scores[position],
-            "chosen": position == chosen,
-            "failed": None,
-        }
-    return [log[i] for i in sorted(log)]
-
-
 def judge_selected(logged: list[dict[str, Any]]) -> int | None:
     """The attempt (its `index`) a judged run would choose among these entries of its `attempts` log, e.g. its
     first k: the first finished one when their answers agree, else by `pick` over their judge scores; None when
@@ -240,7 +210,6 @@ class Matts(Strategy):
                 task.cancel()  # judging started for attempts that turned out to agree, or a failed run
         for i, a in enumerate(attempts):
             context.trajectories.append(Trajectory(text=a["text"], answer=a["answer"], score=scores[i], selected=i == chosen))
-        failed, judge_failed = run.failed, run.judge_failed
         return context.result(
             self.name,
             attempts[chosen]["answer"],
@@ -254,13 +223,11 @@ class Matts(Strategy):
             scores=scores,
             judged=sum(s is not None for s in scores),
             unscored=sum(s is None for s in scores) if selection in ("judge", "majority") else 0,
-            judges_failed=len(judge_failed) if cfg.selection == "judge" else int(bool(judge_failed)),
+            judges_failed=len(run.judge_failed) if cfg.selection == "judge" else int(bool(run.judge_failed)),
             branches_finished=len(attempts),
-            branches_failed=len(failed),
-            failures=failure_kinds(list(failed.values())),
-            attempts=attempt_log(
-                attempts, scores, chosen, judge_failed, failed, judged=selection != "agreement" and cfg.selection == "judge"
-            ),
+            branches_failed=len(run.failed),
+            failures=failure_kinds(list(run.failed.values())),
+            attempts=run.log(attempts, scores, chosen, judged=selection != "agreement" and cfg.selection == "judge"),
             found_by=attempts[chosen]["found_by"] or None,
             attempts_ms=attempts_ms,
             selection_ms=round((time.perf_counter() - started) * 1000, 1),
@@ -346,6 +313,27 @@ class _Run:
                 outcome = None
             scores.append(outcome)
         return scores
+
+    def log(self, attempts: list[dict[str, Any]], scores: list[float | None], chosen: int, *, judged: bool) -> list[dict[str, Any]]:
+        """Every attempt in attempt order: its normalized answer, its judge's verdict (`scored`, `unscored`: a reply
+        with no readable score, `failed`; None when the finished attempts were not judged), its score, whether it was
+        chosen, and for an attempt that failed, its error type instead."""
+        blank = {"index": None, "answer": None, "found_by": None, "degenerate": False, "judge": None, "score": None, "chosen": False}
+        log = {i: {**blank, "index": i, "failed": error_type_of(exc)} for i, exc in self.failed.items()}
+        for position, a in enumerate(attempts):
+            scored = "scored" if scores[position] is not None else "unscored"
+            verdict = "failed" if position in self.judge_failed else (scored if judged and len(attempts) > 1 else None)
+            log[a["index"]] = {
+                "index": a["index"],
+                "answer": normalize_answer(a["answer"]) or None,
+                "found_by": a["found_by"] or None,
+                "degenerate": a["degenerate"],
+                "judge": verdict,
+                "score": scores[position],
+                "chosen": position == chosen,
+                "failed": None,
+            }
+        return [log[i] for i in sorted(log)]
 
     def diverse(self, index: int) -> dict[str, Any]:
         """Attempt `index`'s config: sampled with its own seed when the base strategy takes them."""
