@@ -3,14 +3,11 @@
 The application's detached actors (memory bank, LLM cache, strategy registry, session hosts, the
 branch pool) keep running when the application is deployed again. Each is built from some settings;
 it remembers their fingerprint (`Fingerprinted`), and a replica starting with other settings
-replaces it (`ensure_actor` at deploy time, `retire_if_stale` for actors created on first use), so a
+replaces it (`NamedActor.deploy`: started then, or, for actors created on first use, retired), so a
 redeploy with another data directory, model or size never keeps writing through the old one.
 
-Recovery paths (a call found the actor dead) use `actor_for`, which never replaces: a replica of the
-previous deployment still draining its requests must not kill the actor the new deployment built.
-
 To manage an actor this way: subclass `Fingerprinted`, take the fingerprint as the first argument of
-`__init__` and store it in `self._fingerprint`; build it through `ensure_actor(cls, name, fp, *args)`.
+`__init__` and store it in `self._fingerprint`; reach it through `NamedActor(cls, name, fp, args)`.
 """
 
 from __future__ import annotations
@@ -86,25 +83,11 @@ def retire_if_stale(name: str, fp: str) -> bool:
     return True
 
 
-def ensure_actor(actor_class: Any, name: str, fp: str, *args: Any, **options: Any) -> Any:
-    """The detached named actor built from the settings `fp` names: the running one when it matches,
-    else a new one replacing it. Blocks until the actor answers (deploy time, not the request path)."""
-    for _ in range(5):  # replicas of one deployment race here; they all want the same fingerprint
-        retire_if_stale(name, fp)
-        handle = actor_for(actor_class, name, fp, *args, **options)
-        if fingerprint_of(handle) == fp:
-            return handle
-    raise RuntimeError(f"actor {name!r} keeps being replaced with other settings: are two deployments of one app running?")
-
-
-def actor_for(actor_class: Any, name: str, fp: str, *args: Any, **options: Any) -> Any:
-    """The actor `name` as it runs, or a new one built from these settings (non-blocking: the call path)."""
-    return actor_class.options(name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", **options).remote(fp, *args)
-
-
 @dataclass(eq=False)
 class NamedActor:
-    """A managed actor reached by name: got, or created from these settings (`actor_for`), at its first use, and kept."""
+    """A managed actor reached by name: got, or created from these settings, at its first use, and kept. Its first
+    use never replaces a running actor (a call finding its actor dead makes a new one): a replica of the previous
+    deployment still draining its requests must not kill the actor the new deployment built."""
 
     actor_class: Any
     name: str
@@ -116,7 +99,8 @@ class NamedActor:
     @property
     def handle(self) -> Any:
         if self._handle is None:
-            self._handle = actor_for(self.actor_class, self.name, self.fp, *self.args, **self.options)
+            named = self.actor_class.options(name=self.name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", **self.options)
+            self._handle = named.remote(self.fp, *self.args)
         return self._handle
 
     def forget(self) -> None:
@@ -124,13 +108,15 @@ class NamedActor:
         self._handle = None
 
     def deploy(self, start: bool = True) -> Self:
-        """Deploy time: started now and answering (`ensure_actor`), or left to its first use with one built from
-        other settings retired now."""
-        if start:
-            self._handle = ensure_actor(self.actor_class, self.name, self.fp, *self.args, **self.options)
-        else:
+        """Deploy time: the running actor when it was built from these settings, else a new one replacing it, answering
+        (blocking: not the request path); or, not `start`, one built from other settings retired and this one left to
+        its first use."""
+        for _ in range(5):  # replicas of one deployment race here; they all want the same fingerprint
             retire_if_stale(self.name, self.fp)
-        return self
+            self._handle = None
+            if not start or fingerprint_of(self.handle) == self.fp:
+                return self
+        raise RuntimeError(f"actor {self.name!r} keeps being replaced with other settings: are two deployments of one app running?")
 
     async def running(self) -> bool:
         """Whether the actor runs, without starting it (a handle found is kept for the calls after)."""

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
+from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, private_files
 from reasonray.api.registry_service import Registry, RegistryService
 from reasonray.kernel.config import ReasoningSettings
 
@@ -52,4 +52,4 @@ def registry_fingerprint(reasoning: ReasoningSettings, data_dir: Path | None, st
 def registry_actor(app_name: str, reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> Any:
     """The application's registry actor for these settings (deploy time: blocks until it answers)."""
     args = _registry_args(reasoning, data_dir, store_url)
-    return ensure_actor(StrategyRegistryActor, f"{app_name}-registry", fingerprint(*args), *args)
+    return NamedActor(StrategyRegistryActor, f"{app_name}-registry", fingerprint(*args), args).deploy().handle

@@ -27,7 +27,7 @@ import ray
 import structlog
 
 from reasonray.actors import unwrap
-from reasonray.actors.lifecycle import Fingerprinted, ensure_actor, fingerprint, private_files
+from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, private_files
 from reasonray.api.access.limits import Decision, KeyedLimits, RateLimiter, TokenBudgets
 from reasonray.api.access.tenancy import LocalOwners
 from reasonray.stores.counters import open_counters
@@ -276,7 +276,8 @@ def _lease_size(keyed: KeyedLimits, limit: str = "requests_per_minute", share: i
 def owners_actor(app_name: str, store_url: str | None, data_dir: Path, actor_class: Any = OwnersActor, role: str = "owners") -> Any:
     """Deploy time: the ownership actor (or the `role` actor of `actor_class`) for this store and data directory,
     replacing one built for others."""
-    return ensure_actor(actor_class, f"{app_name}-{role}", fingerprint(store_url, str(data_dir)), store_url, str(data_dir))
+    args = (store_url, str(data_dir))
+    return NamedActor(actor_class, f"{app_name}-{role}", fingerprint(*args), args).deploy().handle
 
 
 def tenancy_clients(app_name: str, store_url: str | None, data_dir: Path) -> tuple[RayOwners, RayLimits]:
