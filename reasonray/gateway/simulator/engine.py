@@ -44,7 +44,8 @@ DEFAULT_CONTEXT_LENGTH = 131_072
 EXCHANGES_KEPT = 1000
 # Small models mostly answer in their own words; fewer ramble on, or fumble the tools they are offered.
 DISOBEY_WEIGHTS = {"prose": 3, "ramble": 1, "tools": 2}
-EXTRACTIONS = ("extract_success", "extract_failure", "extract_contrast", "extract_passive")
+# Purposes whose prompts quote a task (to judge it, to learn from it), directives included: those are not for them.
+READS_TASK = ("judge", "extract_success", "extract_failure", "extract_contrast", "extract_passive")
 # A numbered item at the start of a line, whatever its label: "Candidate 2:", "Option #2", "2.", "(2)".
 ENUMERATED = re.compile(
     r"^[ \t]*(?:[-*>]+[ \t]*)?(?P<label>[^\W\d_][^\W\d]{0,20}(?:[ \t][^\W\d]{1,20}){0,2})?[ \t]*[#(\[]?(?P<number>\d{1,3})(?![\d,.]\d)",
@@ -351,7 +352,7 @@ class SimulatedModel:
         """One choice: the obedient reply, then shaped as the request asks or disobeying; with how it disobeyed
         (None: it obeyed) and the answer it states."""
         obedient = self._choice(request, directives, index)
-        if "script" in directives and request.purpose != "judge" and request.purpose not in EXTRACTIONS:
+        if "script" in directives and request.purpose not in READS_TASK:
             return obedient, None, _answer_in(obedient)  # scripted replies are exact
         # how it disobeys (None: it obeys): a draw at the plan's rate from what the request says, so the same request is
         # answered the same way every time; `tools` only where tools are offered
@@ -442,11 +443,8 @@ class SimulatedModel:
 
     def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
         purpose = request.purpose
-        # prompts about a task (judging it, learning from it) quote the task, directives included: they come first
-        if purpose == "judge":
-            return self._finish(self._judge(request), request)
-        if purpose in EXTRACTIONS:
-            return self._finish(self._memories(request, purpose), request)
+        if purpose in READS_TASK:  # before the directives it quotes
+            return self._finish(self._judge(request) if purpose == "judge" else self._memories(request, purpose), request)
         if "script" in directives:
             return self._scripted(directives["script"])
         if calls := parse_calls(_last_user_text(request.messages)):
@@ -663,8 +661,7 @@ class SimulatedModel:
         if "think" in directives:
             total = _directed(directives, "think", "", int, "think takes a whole number of tokens")
             done = resume_point(_all_text(request.messages), total, PROGRESS)
-            progress = f"[progress {done}/{total}] reasoning tokens completed."
-            step = f"step {done // 20}"
+            progress, step = f"[progress {done}/{total}] reasoning tokens completed.", f"step {done // 20}"
         elif marks := THOUGHT.findall(_all_text(request.messages)):
             # the thinking it was shown: a model summing up where its thinking got to says how far, so the next
             # chunk resumes from there (a summary that forgot would make it start over)
