@@ -214,10 +214,11 @@ class _Run:
                 "raise max_tokens or check the model",
                 {"iterations": len(attempts), "stop_reason": stop},
             )
+        shown = lambda score: "unscored" if score is None else f"{score:.2f}"
         self.context.trajectories.append(
             Trajectory(
                 text="\n\n".join(
-                    f"[attempt {a['iteration']}, score {_shown(a['score'])}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts
+                    f"[attempt {a['iteration']}, score {shown(a['score'])}]\n{a['text']}\nReviewer: {a['feedback']}" for a in attempts
                 ),
                 answer=best["answer"],
                 score=best["score"],
@@ -268,7 +269,3 @@ class _Run:
                 stop=stop,
             )
         )
-
-
-def _shown(score: float | None) -> str:
-    return "unscored" if score is None else f"{score:.2f}"
