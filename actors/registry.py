@@ -40,16 +40,8 @@ class RayRegistry(Registry):
         return await unwrap(getattr(self.handle, method).remote(*args, **kwargs))
 
 
-def _registry_args(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None) -> tuple[Any, ...]:
-    return reasoning.model_dump(mode="json"), str(data_dir) if data_dir else None, store_url
-
-
-def registry_fingerprint(reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> str:
-    """What a registry actor built from these settings answers to `fingerprint()`."""
-    return fingerprint(*_registry_args(reasoning, data_dir, store_url))
-
-
-def registry_actor(app_name: str, reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> Any:
-    """The application's registry actor for these settings (deploy time: blocks until it answers)."""
-    args = _registry_args(reasoning, data_dir, store_url)
-    return NamedActor(StrategyRegistryActor, f"{app_name}-registry", fingerprint(*args), args).deploy().handle
+def registry_actor(app_name: str, reasoning: ReasoningSettings, data_dir: Path | None, store_url: str | None = None) -> NamedActor:
+    """The application's registry actor for these settings (its `fp` is what it answers to `fingerprint()`); deploy time
+    starts it with `.deploy()`, which blocks until it answers."""
+    args = reasoning.model_dump(mode="json"), str(data_dir) if data_dir else None, store_url
+    return NamedActor(StrategyRegistryActor, f"{app_name}-registry", fingerprint(*args), args)

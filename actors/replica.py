@@ -247,7 +247,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
     # the application's named actors follow these settings: kept when built from them, replaced when not.
     # Each start is a process importing the package (seconds on a small node): they start side by side
     with ThreadPoolExecutor(max_workers=8, thread_name_prefix="deploy") as starting:
-        registry_started = starting.submit(registry_actor, app_name, settings.reasoning, settings.data_dir, settings.store.url)
+        registry_started = starting.submit(registry_actor(app_name, settings.reasoning, settings.data_dir, settings.store.url).deploy)
         prestart = settings.server.prestart  # off: these three start at their first use
         board_started = starting.submit(task_board, app_name, prestart)  # running A2A tasks, shared by the replicas
         hosts_started = starting.submit(session_hosts, app_name, settings, spec)
@@ -256,7 +256,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
             starting.submit(tenancy_clients, app_name, settings.store.url, settings.data_dir) if settings.auth.enabled else None
         )
         starting.submit(memory.bank.deploy, False).result()  # a memory bank built from other settings goes
-        handle, board, hosts = registry_started.result(), board_started.result(), hosts_started.result()
+        handle, board, hosts = registry_started.result().handle, board_started.result(), hosts_started.result()
         pool_started.result()
         tenancy = tenancy_started.result() if tenancy_started is not None else None
     cache = shared_cache(settings, app_name)

@@ -12,7 +12,7 @@ from ray.exceptions import RayActorError
 from reasonray.actors.fanout import LLMSpec
 from reasonray.actors.lifecycle import fingerprint, fingerprint_of, retire_extra, retire_if_stale
 from reasonray.actors.memory import memory_fingerprint
-from reasonray.actors.registry import registry_fingerprint
+from reasonray.actors.registry import registry_actor
 from reasonray.actors.tenancy import owners_actor
 from reasonray.kernel.config import Settings
 from tests.integration.conftest import settings_for
@@ -43,7 +43,7 @@ def test_an_actor_built_from_other_settings_is_replaced_and_one_built_from_the_s
 def test_every_managed_actors_fingerprint_moves_with_the_data_directory():
     a, b = (Settings.model_validate(settings_for("http://127.0.0.1:9/v1", data_dir=d)) for d in ("/srv/a", "/srv/b"))
     assert memory_fingerprint(a) != memory_fingerprint(b)
-    assert registry_fingerprint(a.reasoning, a.data_dir, None) != registry_fingerprint(b.reasoning, b.data_dir, None)
+    assert registry_actor(APP, a.reasoning, a.data_dir).fp != registry_actor(APP, b.reasoning, b.data_dir).fp
     # the session hosts: the whole settings, as the replica hands them over (branch runners are each replica's own)
     assert fingerprint(LLMSpec(a.model_dump_json(), APP).settings_json) != fingerprint(LLMSpec(b.model_dump_json(), APP).settings_json)
     assert memory_fingerprint(a) == memory_fingerprint(Settings.model_validate(a.model_dump(mode="json")))  # stable
