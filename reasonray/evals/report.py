@@ -304,15 +304,9 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, Path]:
     if report.get("learning_curves"):
         ax = _axes()
         for curve in report["learning_curves"]:
-            for arm, blocks in curve["arms"].items():
-                ax.errorbar(
-                    [(b["positions"][0] + b["positions"][1]) / 2 for b in blocks],
-                    [b["accuracy"] * 100 for b in blocks],
-                    yerr=_error_bars(blocks),
-                    fmt="o-",
-                    capsize=3,
-                    label=f"{curve['group']} memory {arm}",
-                )
+            for arm, blocks in curve["arms"].items():  # each block at its centre
+                centres, accuracies = [sum(b["positions"]) / 2 for b in blocks], [b["accuracy"] * 100 for b in blocks]
+                ax.errorbar(centres, accuracies, yerr=_error_bars(blocks), fmt="o-", capsize=3, label=f"{curve['group']} memory {arm}")
         title = f"Learning curve: memory on and off on the same streams{tag}"
         paths["learning_plot"] = _save(
             ax, out / "learning_curve.png", "position in the stream (block centre)", "accuracy (%), 95% CI (examples resampled)", title
@@ -338,16 +332,8 @@ def _pareto_plot(rows: list[dict[str, Any]], path: Path, tag: str) -> Path:
             ax.plot(*_xy(members), "-", alpha=0.6, label=f"{label} (budgets)")
     for i, row in enumerate(rows):
         on_front = i in front
-        ax.errorbar(
-            row["tokens_per_example"],
-            row["accuracy"] * 100,
-            yerr=_error_bars([row]),
-            fmt="o" if on_front else "s",
-            markersize=8 if on_front else 6,
-            capsize=4,
-            alpha=1.0 if on_front else 0.55,
-            label=f"{row['group']}{' (front)' if on_front else ''}",
-        )
+        style = {"fmt": "o", "markersize": 8, "alpha": 1.0} if on_front else {"fmt": "s", "markersize": 6, "alpha": 0.55}
+        ax.errorbar(*_xy([row]), yerr=_error_bars([row]), capsize=4, label=f"{row['group']}{' (front)' if on_front else ''}", **style)
     if front:
         ax.step(*_xy([rows[i] for i in front]), where="post", color="black", linewidth=1, linestyle="--", label="Pareto front")
     logarithmic = all(x > 0 for x, _ in points)  # costs spread over orders of magnitude (1 call to dozens)
