@@ -235,13 +235,10 @@ class BoundedContext(Strategy):
 
     def _messages(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig) -> tuple[Message, ...]:
         if iteration == 0:
-            return (system(DELETHINK_INSTRUCTIONS) if state.mode == "delethink" else system(INSTRUCTIONS)), user(query)
+            return system(DELETHINK_INSTRUCTIONS if state.mode == "delethink" else INSTRUCTIONS), user(query)
         if state.mode == "delethink":
             return state.first
-        if state.mode == "summary":
-            memory = SUMMARY_MEMORY.format(carryover=state.carryover)
-        else:
-            memory = TAIL_MEMORY.format(head=state.head, carryover=state.carryover)
+        memory = (SUMMARY_MEMORY if state.mode == "summary" else TAIL_MEMORY).format(head=state.head, carryover=state.carryover)
         return system(INSTRUCTIONS), user(CONTINUE_PROMPT.format(query=query, memory=memory))
 
     def _prompt(self, messages: tuple[Message, ...], state: RunState, context: StrategyContext, thinking: str = "") -> int:
