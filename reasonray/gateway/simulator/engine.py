@@ -288,6 +288,30 @@ class SimulatedModel:
             )
         # generation ends where the context window does, whatever max_tokens asked for
         request = msgspec.structs.replace(request, max_tokens=min(request.max_tokens or room, room))
+
+        def reply(index: int) -> tuple[SimChoice, str | None, str | None]:
+            """One choice: the obedient reply, then shaped as the request asks or disobeying; with how it disobeyed
+            (None: it obeyed) and the answer it states."""
+            obedient = self._choice(request, directives, index)
+            if "script" in directives and request.purpose not in READS_TASK:
+                return obedient, None, _answer_in(obedient)  # scripted replies are exact
+            # how it disobeys (None: it obeys): a draw at the plan's rate from what the request says, so the same request is
+            # answered the same way every time; `tools` only where tools are offered
+            kind = None
+            if plan.rate > 0:
+                draw = random.Random(f"{self.seed}:disobey:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
+                if draw.random() < plan.rate and (kinds := [k for k in plan.kinds if k != "tools" or request.tools]):
+                    kind = draw.choices(kinds, weights=[DISOBEY_WEIGHTS[k] for k in kinds])[0]
+            if kind == "prose" and obedient.tool_calls:  # a tool call has no text format to ignore: it fumbles the call
+                kind = "tools" if "tools" in plan.kinds else None
+            if kind is not None:
+                self.stats.disobeyed[kind] += 1
+                choice, says = self._disobey(obedient, request, kind, index)
+                return choice, kind, says
+            choice = self._conform(obedient, request, forced, schema)
+            meant = choice if "<answer>" in choice.text else obedient  # JSON carries what the tagged reply said
+            return choice, None, _answer_in(meant) if choice.finish_reason == "stop" and not choice.tool_calls else None
+
         thinking, spent, finished = self._think(request, directives)
         if not finished:  # max_tokens ran out while thinking: no answer at all
             cut = SimChoice(finish_reason="length", reasoning=thinking, thinking_unfinished=True)
@@ -295,7 +319,7 @@ class SimulatedModel:
         else:
             if thinking:  # the answer gets what the thinking left of max_tokens
                 request = msgspec.structs.replace(request, max_tokens=max((request.max_tokens or room) - spent, 0))
-            replies = [self._reply(request, directives, plan, forced, schema, index) for index in range(max(1, request.n))]
+            replies = [reply(index) for index in range(max(1, request.n))]
             for choice, _, _ in replies:
                 choice.reasoning = thinking or choice.reasoning
         choices = [choice for choice, _, _ in replies]
@@ -339,37 +363,6 @@ class SimulatedModel:
             if self.counter.count(text) > budget:
                 text, finished = self.counter.head(text, budget), False
         return text, self.counter.count(text), finished
-
-    def _reply(
-        self,
-        request: LLMRequest,
-        directives: dict[str, str],
-        plan: Disobedience,
-        forced: str | None,
-        schema: dict[str, Any] | None,
-        index: int,
-    ) -> tuple[SimChoice, str | None, str | None]:
-        """One choice: the obedient reply, then shaped as the request asks or disobeying; with how it disobeyed
-        (None: it obeyed) and the answer it states."""
-        obedient = self._choice(request, directives, index)
-        if "script" in directives and request.purpose not in READS_TASK:
-            return obedient, None, _answer_in(obedient)  # scripted replies are exact
-        # how it disobeys (None: it obeys): a draw at the plan's rate from what the request says, so the same request is
-        # answered the same way every time; `tools` only where tools are offered
-        kind = None
-        if plan.rate > 0:
-            draw = random.Random(f"{self.seed}:disobey:{_request_digest(request)}:{request.purpose}:{request.seed}:{index}")
-            if draw.random() < plan.rate and (kinds := [k for k in plan.kinds if k != "tools" or request.tools]):
-                kind = draw.choices(kinds, weights=[DISOBEY_WEIGHTS[k] for k in kinds])[0]
-        if kind == "prose" and obedient.tool_calls:  # a tool call has no text format to ignore: it fumbles the call
-            kind = "tools" if "tools" in plan.kinds else None
-        if kind is not None:
-            self.stats.disobeyed[kind] += 1
-            choice, says = self._disobey(obedient, request, kind, index)
-            return choice, kind, says
-        choice = self._conform(obedient, request, forced, schema)
-        meant = choice if "<answer>" in choice.text else obedient  # JSON carries what the tagged reply said
-        return choice, None, _answer_in(meant) if choice.finish_reason == "stop" and not choice.tool_calls else None
 
     # -- obeying the request's output contract --------------------------------------------------
     def _conform(self, choice: SimChoice, request: LLMRequest, forced: str | None, schema: dict[str, Any] | None) -> SimChoice:
