@@ -63,9 +63,6 @@ class LimiterActor(RateLimiter, Fingerprinted):
         super().__init__(budgets=TokenBudgets(open_counters(store_url, Path(data_dir)), flush_s=BUDGET_FLUSH_S))
         threading.Thread(target=self._flush_forever, name="budget-flush", daemon=True).start()
 
-    def admit(self, keyed: KeyedLimits, requests: int, run: bool, runs: int = 1, lease_s: float | None = None) -> Decision:  # type: ignore[override]
-        return super().admit(keyed, requests=requests, run=run, runs=runs, lease_s=lease_s)
-
     def flush_due(self) -> None:
         self.budgets.flush_due(time.time())
 
@@ -158,10 +155,10 @@ class RayLimits:
         now = time.monotonic()
         if left <= 0 or now >= expires:  # a new lease (the actor counts it all as spent), or one permit when none fits
             size = _lease_size(keyed)
-            decision = await unwrap(self.handle.admit.remote(keyed, size, False))
+            decision = await unwrap(self.handle.admit.remote(keyed, requests=size))
             if not decision["ok"] and size > 1:
                 size = 1
-                decision = await unwrap(self.handle.admit.remote(keyed, 1, False))
+                decision = await unwrap(self.handle.admit.remote(keyed))
             if not decision["ok"]:
                 return decision
             left, expires = size, now + LEASE_S
@@ -180,11 +177,11 @@ class RayLimits:
         await self._send_charges([k for k, _ in keyed])  # the limiter decides on every token this replica knows of
         size = _lease_size(keyed, "concurrent_runs", RUN_LEASE_SHARE, MAX_RUN_LEASE)
         if size > 1:
-            decision = await unwrap(self.handle.admit.remote(keyed, 0, True, size, RUN_SLOT_TTL_S))
+            decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True, runs=size, lease_s=RUN_SLOT_TTL_S))
             if decision["ok"] or decision.get("limit_name") != "concurrent_runs":
                 return self._leased(key, keyed, decision, permit, now)
         # a small concurrent_runs limit, or no room for a whole lease: one slot, freed when the run ends
-        decision = await unwrap(self.handle.admit.remote(keyed, 0, True))
+        decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True))
         return {**permit, "run_id": decision["run_id"]} if decision["ok"] else decision
 
     def _leased(self, key: tuple, keyed: KeyedLimits, decision: Decision, permit: Decision, now: float) -> Decision:
@@ -221,7 +218,7 @@ class RayLimits:
     async def take(self, keyed: KeyedLimits, ttl_s: float) -> Decision:
         """`reasonray.api.access.egress.SharedSlots`: a remote-agent call in flight, counted for the whole cluster; its
         slot is freed when the call ends or, if its replica dies holding it, after its TTL."""
-        return await unwrap(self.handle.admit.remote(keyed, 0, True, 1, ttl_s))  # type: ignore[no-any-return]
+        return await unwrap(self.handle.admit.remote(keyed, requests=0, run=True, lease_s=ttl_s))  # type: ignore[no-any-return]
 
     async def give_back(self, keys: list[str], slot: str) -> None:
         await unwrap(self.handle.release.remote(keys, [slot]))

@@ -24,11 +24,11 @@ class Method:
     def __init__(self, fn, calls: list[str], name: str) -> None:
         self.fn, self.calls, self.name = fn, calls, name
 
-    def remote(self, *args):
+    def remote(self, *args, **kwargs):
         self.calls.append(self.name)
 
         async def call():
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
 
         return call()
 
@@ -36,11 +36,7 @@ class Method:
 class Actor:
     def __init__(self, limiter: RateLimiter) -> None:
         self.calls: list[str] = []
-        self.admit = Method(
-            lambda keyed, requests, run, runs=1, lease_s=None: limiter.admit(keyed, requests=requests, run=run, runs=runs, lease_s=lease_s),
-            self.calls,
-            "admit",
-        )
+        self.admit = Method(limiter.admit, self.calls, "admit")
         self.finish = Method(limiter.finish, self.calls, "finish")
         self.renew = Method(limiter.renew, self.calls, "renew")
         self.release = Method(limiter.release, self.calls, "release")
