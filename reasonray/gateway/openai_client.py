@@ -111,10 +111,10 @@ class OpenAILLM:
         if not model:
             raise LLMConfigError("[llm] model is empty: name the model the endpoint serves")
         self.model = model
-        self._api_key = api_key
         self._queue_timeout_s = queue_timeout_s
         self._stream = stream
-        self._open_transport(base_url, api_key, http_backend, timeout_s, idle_timeout_s, generation_deadline_s)
+        self._idle_timeout_s, self._generation_deadline_s = idle_timeout_s or timeout_s, generation_deadline_s
+        self._open_transport(base_url, api_key, http_backend, timeout_s)
         # the model family's traits, each overridden where the configuration states it (refusals added to its own)
         family, stated = traits_for(model), {"max_tokens_param": max_tokens_param, "thinks": thinks, "thinking_room": thinking_room}
         stated |= {"takes_reasoning_effort": takes_reasoning_effort, "prefix_continuation": prefix_continuation}
@@ -148,23 +148,13 @@ class OpenAILLM:
         # reads every reply form into one Choice; `thinks_in_text` for a model that thinks in its text under a name not known
         self.replies = ReplyReader(model, thinks=thinks_in_text)
 
-    def _open_transport(
-        self,
-        base_url: str | None,
-        api_key: str | None,
-        http_backend: str,
-        timeout_s: float,
-        idle_timeout_s: float | None,
-        deadline_s: float,
-    ) -> None:
-        """The deadlines, the client options and the first client (which settles `base_url`)."""
-        # a streamed call fails when its tokens stop coming, not while they come, up to a generous overall deadline
-        self._idle_timeout_s = idle_timeout_s or timeout_s
-        self._generation_deadline_s = deadline_s
-        # a streamed call's deadlines are ours (queue, then generation); the transport's only catches a dead socket
+    def _open_transport(self, base_url: str | None, api_key: str | None, http_backend: str, timeout_s: float) -> None:
+        """The client options and the first client (which settles `base_url`)."""
+        self._api_key, self._http_backend = api_key, http_backend
+        # a streamed call's deadlines are ours: the queue's, then the generation's (it fails when its tokens stop coming,
+        # not while they come, up to a generous overall deadline); the transport's only catches a dead socket
         transport_timeout = self._idle_timeout_s + self._queue_timeout_s if self._stream else timeout_s
         self._options: dict[str, Any] = {"base_url": base_url or None, "api_key": api_key or "not-needed", "timeout": transport_timeout}
-        self._http_backend = http_backend
         # one client per event loop: a connection pool belongs to the loop that opened it (tests, notebooks and
         # evaluation workers may drive one LLM from several loops)
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = weakref.WeakKeyDictionary()
