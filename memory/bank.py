@@ -222,14 +222,12 @@ class ReasoningBank:
         nearest = self.store.nearest(workspace, vector, max(s.candidates, top_k * 3), where)
         scored = [(item, score(item, sim)) for item, distance in nearest if (sim := similarity_from_cosine_distance(distance)) >= floor]
         scored.sort(key=lambda pair: pair[1].composite, reverse=True)
-        chosen: list[str] = []
+        # the items of one past task come together: those of the best `top_k` tasks
+        chosen = list(dict.fromkeys(item.task_id or str(item.id) for item, _ in scored))[:top_k]
         results = []
         for item, scores in scored:
-            group = item.task_id or str(item.id)  # the items of one past task come together
-            if group not in chosen:
-                if len(chosen) == top_k:
-                    continue
-                chosen.append(group)
+            if (item.task_id or str(item.id)) not in chosen:
+                continue
             parent = str(item.parent_memory_id) if item.parent_memory_id else None
             genealogy = {"parent_memory_id": parent, "evolution_stage": item.evolution_stage}
             results.append(Retrieved(memory=item, scores=scores, warning=item.is_warning, genealogy=genealogy))
