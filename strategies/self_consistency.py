@@ -176,8 +176,9 @@ class Vote:
     details: dict[str, Any]
 
 
-def vote(chains: list[Chain], cfg: SelfConsistencyConfig) -> Vote | None:
-    """The winning answer (as its first chain wrote it), plainly or weighted by confidence; None when no chain voted."""
+def vote(chains: list[Chain], cfg: SelfConsistencyConfig, *, weighed: bool = True) -> Vote | None:
+    """The winning answer (as its first chain wrote it), plainly or (`weighed`, as `cfg` asks) weighted by confidence;
+    None when no chain voted."""
     voting = ballots(chains)
     answered = [(i, normalize_answer(a)) for i, a in enumerate(voting) if a]
     if not answered:
@@ -185,7 +186,7 @@ def vote(chains: list[Chain], cfg: SelfConsistencyConfig) -> Vote | None:
     votes = Counter(norm for _, norm in answered)
     weights = {norm: float(n) for norm, n in votes.items()}
     details: dict[str, Any] = {"confidence": cfg.confidence}
-    weight_of = confidence_weight([chains[i] for i, _ in answered]) if cfg.confidence != "off" else None
+    weight_of = confidence_weight([chains[i] for i, _ in answered]) if weighed and cfg.confidence != "off" else None
     if cfg.confidence != "off":
         details |= {"confidence_used": weight_of is not None, "confidence_fallback": None if weight_of else "no_logprobs"}
     if weight_of is not None:
@@ -281,15 +282,12 @@ class SelfConsistency(Strategy):
     def _note_progress(context: StrategyContext, cfg: SelfConsistencyConfig, outcomes: list[Chain | Failed]) -> None:
         """The chains settled so far (in chain order) and their vote, for `error.data.partial`."""
         chains = [o for o in outcomes if not isinstance(o, Failed)]
-        voting = ballots(chains)
-        answered = [(a, normalize_answer(a)) for a in voting if a]
-        votes = Counter(norm for _, norm in answered)
-        leader = max(votes, key=votes.__getitem__, default=None)
+        won = vote(chains, cfg, weighed=False)  # the plain majority so far
         context.progress.update(
             samples=cfg.samples,
             samples_finished=len(chains),
             samples_failed=len(outcomes) - len(chains),
-            answers=[normalize_answer(a) if a else None for a in voting],
-            votes=dict(votes.most_common()),
-            answer=next((a for a, norm in answered if norm == leader), None),
+            answers=[normalize_answer(a) if a else None for a in ballots(chains)],
+            votes=won.votes if won else {},
+            answer=won.answer if won else None,
         )
