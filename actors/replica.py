@@ -80,7 +80,6 @@ class Replica:
     """What the routes of one ingress replica answer with: the application and its surfaces."""
 
     app: Application
-    registry: RayRegistry
     openai: OpenAICompat  # docs/openai.md
     a2a: A2AServer  # docs/interop.md
     pool: BranchPool
@@ -207,7 +206,7 @@ class Replica:
 
     async def _registry_health(self) -> dict[str, Any]:
         try:
-            snapshot = await self.registry.snapshot()
+            snapshot = await self.app.registry.snapshot()
         except Exception as exc:  # the actor is restarting or gone
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
         return {"ok": True, **snapshot}
@@ -262,9 +261,8 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
     cache = shared_cache(settings, app_name)
     snapshot = ray.get(handle.snapshot.remote())
     reasoning = settings.reasoning.model_copy(update={"enabled_strategies": snapshot["enabled"], "default_strategy": snapshot["default"]})
-    registry = RayRegistry(handle)
     backends = Backends(
-        registry=registry,
+        registry=RayRegistry(handle),
         catalogue=build_catalogue(StrategyRegistry().discover(), reasoning),
         cache=cache,
         memory=memory if settings.memory.enabled else None,
@@ -291,7 +289,7 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         executor=settings.a2a.executor,  # an agent executor plugged in around ReasonRay's (unset: messages reason)
     )
     openai = OpenAICompat(app.dispatcher, counter_for_model(app.client.model), app.client.model)
-    replica = Replica(app, registry, openai, a2a, pool, _guard(settings, app, *tenancy) if tenancy is not None else None)
+    replica = Replica(app, openai, a2a, pool, _guard(settings, app, *tenancy) if tenancy is not None else None)
     # before the replica takes requests: the endpoint discovered and its tokenizer loaded here (blocking, the
     # constructor is the replica's readiness), the connection opened on the replica's loop right after
     warm_now(app.client)
