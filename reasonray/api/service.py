@@ -276,12 +276,12 @@ class ReasoningService:
         except BaseException as exc:
             status, degraded = self._failed(exc, plan.context, resolution.strategy)
             error = exc if isinstance(exc, Exception) else None
-            await self._settle(plan, plan.outcome("degraded" if degraded else status, error, getattr(exc, "data", None)))
+            await asyncio.shield(self._settle(plan, plan.outcome("degraded" if degraded else status, error, getattr(exc, "data", None))))
             if degraded is None:
                 raise
             # the strategy's best answer from a run that failed part-way
             return self._answer(plan, params, plan.context.result(resolution.strategy, plan.context.progress["answer"]), degraded)
-        await self._settle(plan, plan.outcome("ok", None, result.metrics.strategy_specific))
+        await asyncio.shield(self._settle(plan, plan.outcome("ok", None, result.metrics.strategy_specific)))
         return self._answer(plan, params, result, None)
 
     def _admit(self, params: ExecuteParams, resolution: Resolution, trace_id: str) -> RunPlan:
@@ -373,17 +373,13 @@ class ReasoningService:
 
     async def _settle(self, plan: RunPlan, outcome: RunOutcome) -> None:
         """The run's record ends its event log, then goes to every run-end consumer (metrics, the caller's token
-        budget, the memory bank's statistics, the run index); finished even when the caller goes away."""
-
-        async def end() -> None:
-            plan.recorder(outcome.end)
-            await plan.recorder.aclose()  # the event log is whole before any consumer reads it
-            self._meter(outcome)
-            charge_tokens(outcome.end.total_tokens)  # the caller's token budget pays what the run used
-            self._record_run(outcome)
-            self._index(outcome)
-
-        await asyncio.shield(end())
+        budget, the memory bank's statistics, the run index); shielded by the caller: finished even when it goes away."""
+        plan.recorder(outcome.end)
+        await plan.recorder.aclose()  # the event log is whole before any consumer reads it
+        self._meter(outcome)
+        charge_tokens(outcome.end.total_tokens)  # the caller's token budget pays what the run used
+        self._record_run(outcome)
+        self._index(outcome)
 
     def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
         report = plan.report
