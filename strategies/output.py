@@ -9,7 +9,6 @@ the structure asked for is a WARNING event (`answer_format`) in the run's trace.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,8 +101,3 @@ def note_found_by(context: StrategyContext, strategy: str, extracted: Extracted,
     """A WARNING event when the model did not give `where` in the structure it was asked for."""
     if not extracted.structured:
         context.warn(strategy, "answer_format", f"the model gave {where} without the requested format; found by {extracted.found_by}")
-
-
-def found_by_counts(found: list[str | None]) -> dict[str, int]:
-    """How many answers were found each way (for several samples or attempts)."""
-    return dict(Counter(f for f in found if f is not None))

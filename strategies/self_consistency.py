@@ -53,7 +53,7 @@ from reasonray.strategies.base import (
     failure_kinds,
 )
 from reasonray.strategies.chain_of_thought import SYSTEM_PROMPT
-from reasonray.strategies.output import ANSWER, ask, found_by_counts
+from reasonray.strategies.output import ANSWER, ask
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ class SelfConsistency(Strategy):
             votes=won.votes,
             agreement=round(won.votes.get(winner, 0) / len(chains), 4),
             answers=[normalize_answer(a) if a else None for a in ballots(chains)],
-            found_by=found_by_counts([c.found_by for c in chains]),
+            found_by=dict(Counter(c.found_by for c in chains if c.found_by is not None)),  # how many answers were found each way
             **won.details,
         )
 
