@@ -147,16 +147,12 @@ class ReasoningBank:
             )
         prepared: dict[str, MemoryItem] = {}
 
-        def place(item: MemoryItem) -> MemoryItem:
-            key = str(item.id)
-            if key in prepared:
-                return prepared[key]
-            stage = 0
-            if item.parent_memory_id is not None:
-                parent_key = str(item.parent_memory_id)
-                parent = parents.get(parent_key) or place(pending[parent_key])
-                stage = parent.evolution_stage + 1
-            prepared[key] = item.model_copy(update={"workspace": workspace, "evolution_stage": stage})
+        def place(item: MemoryItem) -> MemoryItem:  # a parent in the same write is placed first
+            key, parent_id = str(item.id), str(item.parent_memory_id or "")
+            if key not in prepared:
+                parent = parents.get(parent_id) or place(pending[parent_id]) if parent_id else None
+                stage = 0 if parent is None else parent.evolution_stage + 1
+                prepared[key] = item.model_copy(update={"workspace": workspace, "evolution_stage": stage})
             return prepared[key]
 
         return [place(i) for i in items]
