@@ -138,12 +138,11 @@ class SlotBoard:
             del self.seen[owner]
         if not dead:
             return []
-        gone = set(dead)
         for e in self.endpoints.values():
-            for lease_id in [i for i, o in e.held.items() if o in gone]:
+            for lease_id in [i for i, o in e.held.items() if o in dead]:
                 del e.held[lease_id]
                 e.granted_at.pop(lease_id, None)
-            for waiter in [w for w in e.waiting if w[1] in gone]:
+            for waiter in [w for w in e.waiting if w[1] in dead]:
                 e.waiting.remove(waiter)
                 waiter[2].cancel()
             self._grant(e)
