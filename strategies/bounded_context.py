@@ -233,7 +233,7 @@ class BoundedContext(Strategy):
             return state.mode == "delethink"
         return cfg.on_max_iterations == "final_answer"
 
-    def _messages(self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig) -> tuple[Message, ...]:
+    def _messages(self, query: str, state: RunState, iteration: int) -> tuple[Message, ...]:
         if iteration == 0:
             return system(DELETHINK_INSTRUCTIONS if state.mode == "delethink" else INSTRUCTIONS), user(query)
         if state.mode == "delethink":
@@ -259,7 +259,7 @@ class BoundedContext(Strategy):
         told = final and not delethink
 
         def measure() -> tuple[tuple[Message, ...], str, int]:
-            messages = self._messages(query, state, iteration, cfg)
+            messages = self._messages(query, state, iteration)
             if told:
                 messages = (messages[0], user(FINAL_PROMPT.format(prompt=messages[1].content, instruction=FINAL_INSTRUCTION)))
             thinking = state.kept() if delethink else ""
@@ -320,7 +320,7 @@ class BoundedContext(Strategy):
         if state.mode is None:  # auto: the first reply tells how the model reasons
             state.mode = "delethink" if thinks_then_answers(completion, reasoning) else "tail"
             if state.mode == "delethink":  # later chunks continue the thinking under delethink's own (shorter) instructions
-                state.first = self._messages(query, state, 0, cfg)
+                state.first = self._messages(query, state, 0)
         chunk = self._read_chunk(query, completion, reasoning, state)
         state.ledger.chunk(usage.prompt_tokens, usage.completion_tokens)
         record = {
