@@ -112,7 +112,6 @@ PASSIVE_TEMPLATE = "Question:\n{question}\n\nAnswer:\n{answer}"
 class Judgement:
     outcome: Outcome
     judged_by: Literal["verifier", "llm_judge"]
-    rationale: str = ""
 
 
 def passive_rejects(question: str, answer: str, min_answer_chars: int = 100, min_question_chars: int = 10) -> str | None:
@@ -188,8 +187,7 @@ class Learner:
 
     async def judge(self, query: str, trajectory: Trajectory, verifier: Verifier | None = None) -> Judgement:
         if verifier is not None:
-            ok = await verifier(trajectory.answer)
-            return Judgement("success" if ok else "failure", "verifier", f"the verifier {'accepted' if ok else 'rejected'} the answer")
+            return Judgement("success" if await verifier(trajectory.answer) else "failure", "verifier")
         reply = await self._ask(
             JUDGE_PROMPT, JUDGE_TEMPLATE.format(query=query, trajectory=clip(trajectory.text), answer=trajectory.answer), "judge"
         )
@@ -199,7 +197,7 @@ class Learner:
                 "the judge gave no <status>success</status> or <status>failure</status> verdict",
                 {"reply": reply[:500]},
             )
-        return Judgement(status, "llm_judge", reply[:2000])  # type: ignore[arg-type]
+        return Judgement(status, "llm_judge")  # type: ignore[arg-type]
 
     async def _extract(
         self, prompt: str, content: str, source: SourceType, limit: int, *, require_error: bool = False, **common
