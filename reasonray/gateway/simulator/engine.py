@@ -29,7 +29,7 @@ from reasonray.gateway.arithmetic import evaluate, format_number
 from reasonray.gateway.protocol import LLMRequest, Message, ToolCall
 from reasonray.gateway.simulator import structured
 from reasonray.gateway.simulator.disobedience import Disobedience, in_prose, malformed_arguments, ramble
-from reasonray.gateway.simulator.reasoning import CLOSE, THOUGHT, ReasoningPlan, resume_point, think, written
+from reasonray.gateway.simulator.reasoning import CLOSE, EFFORT_SCALE, THOUGHT, ReasoningPlan, resume_point, think, written
 from reasonray.gateway.tokens import TokenCounter, count_messages
 from reasonray.kernel.errors import ReasonRayError
 
@@ -350,7 +350,7 @@ class SimulatedModel:
         switched_off = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False  # as Qwen3's chat template takes it
         if plan.form == "off" or "script" in directives or switched_off or CLOSE.search(prefix or ""):
             return "", 0, True
-        total = plan.tokens_for(request.reasoning_effort)
+        total = round(plan.thinking_tokens * EFFORT_SCALE.get(request.reasoning_effort or "medium", 1.0))
         budget = request.max_tokens if request.max_tokens is not None else self.context_length
         done = resume_point(prefix, total)
         if not done and request.purpose is None:  # thinking carried forward in the prompt (a tail or a summary) resumes too
@@ -440,8 +440,12 @@ class SimulatedModel:
             return self._finish(self._judge(request) if purpose == "judge" else self._memories(request, purpose), request)
         if "script" in directives:
             return self._scripted(directives["script"])
-        if calls := parse_calls(_last_user_text(request.messages)):
-            return self._tool_step(request, calls)
+        if calls := parse_calls(_last_user_text(request.messages)):  # the next one as a tool call; then the last result
+            results = _tool_results_since_last_user(request.messages)
+            if len(results) >= len(calls):
+                return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{results[-1]}</answer>")
+            (name, arguments), call_id = calls[len(results)], f"call_{_request_digest(request)[:8]}_{len(results)}"
+            return SimChoice(finish_reason="tool_calls", tool_calls=(ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)),))
         rng = self._rng(request, index)
         if purpose == "summarize":
             return self._finish(self._carryover_summary(request, directives), request)
@@ -458,15 +462,6 @@ class SimulatedModel:
         else:
             text, cut_off = self._short_reasoning(request, directives, rng), False
         return self._finish(text, request, cut_off)
-
-    def _tool_step(self, request: LLMRequest, calls: list[tuple[str, dict[str, Any]]]) -> SimChoice:
-        """The next `call=` directive as a tool call, one per LLM call; then answer with the last result."""
-        results = _tool_results_since_last_user(request.messages)
-        if len(results) < len(calls):
-            name, arguments = calls[len(results)]
-            call_id = f"call_{_request_digest(request)[:8]}_{len(results)}"
-            return SimChoice(finish_reason="tool_calls", tool_calls=(ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)),))
-        return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{results[-1]}</answer>")
 
     def _scripted(self, name: str) -> SimChoice:
         queue = self._scripts.get(name)

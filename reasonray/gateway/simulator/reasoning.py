@@ -60,9 +60,6 @@ class ReasoningPlan:
         except ValueError as exc:
             raise ValueError(f"[[sim reasoning=... thinking=...]]: {exc}") from None
 
-    def tokens_for(self, effort: str | None) -> int:
-        return round(self.thinking_tokens * EFFORT_SCALE.get(effort or "medium", 1.0))
-
 
 def handed_over(reasoning: str, text: str, unfinished: bool, form: str) -> tuple[str | None, str | None]:
     """A reply's `content` and `reasoning_content` as a server of `form` hands them over."""
