@@ -175,11 +175,10 @@ class OpenAILLM:
         """What this endpoint can do: configuration first, then what discovery and the server's answers showed."""
         info = self.endpoint
         enforcing = info.flavour in ("openai", "vllm")
-        tokens = self.tokens
         return Capabilities(
             structured_output=enforcing if self._structured_output is None else self._structured_output,
             tool_choice=enforcing if self._tool_choice is None else self._tool_choice,
-            tokenize=isinstance(tokens, ModelTokenCounter) and tokens.exact,
+            tokenize=isinstance(self.tokens, ModelTokenCounter) and self.tokens.exact,
             context_length=self.context_length,
             max_concurrency=self._max_concurrency or info.max_concurrency or self.limiter.learned,
         )
@@ -248,10 +247,8 @@ class OpenAILLM:
 
     async def discover(self, *, force: bool = False) -> Capabilities:
         """Ask the endpoint what it is (once per `discovery_ttl_s`; concurrent callers share one probe)."""
-        if not self._discover:
-            return self.capabilities
         fresh = self._discovered_at is not None and time.monotonic() - self._discovered_at < self._discovery_ttl_s
-        if fresh and not force:
+        if not self._discover or (fresh and not force):
             return self.capabilities
         self._check_allowed()
         seen = self._discovered_at
