@@ -290,6 +290,11 @@ def ask(question, agent, strategy_config, trace, show_reasoning, url, timeout, *
         click.echo(json.dumps(result["trace"], indent=2))
 
 
+def _listed(context: Any, param: Any, kinds: str | None) -> tuple[str, ...] | None:
+    """A comma-separated option's values; None when it is not given."""
+    return tuple(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
+
+
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="config.toml whose [llm.simulator] gives the defaults.")
 @click.option("--host", default=None, help="Bind address [default: 127.0.0.1].")
@@ -297,32 +302,22 @@ def ask(question, agent, strategy_config, trace, show_reasoning, url, timeout, *
 @click.option("--ttft-ms", type=float, default=None, help="Simulated time to first token [default: 0].")
 @click.option("--tokens-per-second", type=float, default=None, help="Simulated generation speed [default: 0, instant].")
 @click.option("--fault-rate", type=float, default=None, help="Share of requests that fail on purpose [default: 0].")
-@click.option("--fault-kinds", default=None, help="Comma-separated: 429, 500, timeout [default: all three].")
+@click.option("--fault-kinds", default=None, callback=_listed, help="Comma-separated: 429, 500, timeout [default: all three].")
 @click.option("--seed", type=int, default=None, help="Seed of the model's choices [default: 0].")
 @click.option("--hang-s", default=30.0, show_default=True, help="How long a timeout fault keeps the client waiting.")
 @click.option("--disobey", "disobey_rate", type=float, default=None, help="Share of replies that disobey as real models do [default: 0].")
-@click.option("--disobey-kinds", default=None, help="Comma-separated: prose, ramble, tools [default: all three].")
+@click.option("--disobey-kinds", default=None, callback=_listed, help="Comma-separated: prose, ramble, tools [default: all three].")
 @click.option(
     "--tokenizer", type=click.Choice(["cl100k_base", "digits"]), default=None, help="Token counting [default: digits when disobeying]."
 )
 @click.option("--max-concurrency", type=int, default=None, help="Requests generated at once, 0: no limit [default: 1 when disobeying].")
 @click.option("--context-length", type=int, default=None, help="Context window in tokens [default: 4096 when disobeying, else 131072].")
-def sim(config_path, port, fault_kinds, disobey_kinds, context_length, **options: Any) -> None:
+def sim(config_path, port, context_length, **options: Any) -> None:
     """Run the simulated OpenAI-compatible model (docs/simulator.md)."""
     from reasonray.gateway.simulator.server import run
 
-    def listed(kinds: str | None) -> tuple[str, ...] | None:
-        return tuple(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
-
-    try:  # every other option (host, ttft_ms, seed, ...) is the simulator setting of its own name
-        settings = _simulator_settings(
-            _load(config_path, {}).llm.simulator,
-            port=port,
-            fault_kinds=listed(fault_kinds),
-            disobey_kinds=listed(disobey_kinds),
-            context_length=context_length or None,
-            **options,
-        )
+    try:  # every other option (host, ttft_ms, fault_kinds, seed, ...) is the simulator setting of its own name
+        settings = _simulator_settings(_load(config_path, {}).llm.simulator, port=port, context_length=context_length or None, **options)
     except ValueError as exc:  # a rate, a kind or a size the simulator refuses
         _fail(str(exc), error_type="invalid_params")
     disobedient = f", disobeying {settings.disobey_rate:.0%} of replies" if settings.disobedient else ""
