@@ -225,7 +225,16 @@ class BoundedContext(Strategy):
                 return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
         except BaseException as exc:  # provider, budget, deadline, cancellation: keep the iterations done
             raise attach_partial(exc, self._partial(cfg, state)) from None
-        raise self._out_of_iterations(cfg, state)
+        suggestion = min(cfg.max_iterations * 2, allowed)
+        hint = (
+            f"Consider increasing max_iterations to {suggestion}."
+            if suggestion > cfg.max_iterations
+            else "max_iterations is at the server's limit: raise chunk_size or lower carryover_size instead."
+        )
+        raise MaxIterationsError(
+            f"Unable to complete reasoning within {cfg.max_iterations} iterations (capacity {capacity(cfg)} tokens). {hint}",
+            {**self._partial(cfg, state), "suggested_max_iterations": suggestion},
+        )
 
     @staticmethod
     def _forces_answer(cfg: BoundedContextConfig, state: RunState) -> bool:
@@ -492,19 +501,6 @@ class BoundedContext(Strategy):
 
     def _partial(self, cfg: BoundedContextConfig, state: RunState) -> dict[str, Any]:
         return {**self._progress(cfg, state), "last_carryover": state.kept()}
-
-    def _out_of_iterations(self, cfg: BoundedContextConfig, state: RunState) -> MaxIterationsError:
-        allowed = self.settings.max_allowed_iterations
-        suggestion = min(cfg.max_iterations * 2, allowed)
-        hint = (
-            f"Consider increasing max_iterations to {suggestion}."
-            if suggestion > cfg.max_iterations
-            else "max_iterations is at the server's limit: raise chunk_size or lower carryover_size instead."
-        )
-        return MaxIterationsError(
-            f"Unable to complete reasoning within {cfg.max_iterations} iterations (capacity {capacity(cfg)} tokens). {hint}",
-            {**self._partial(cfg, state), "suggested_max_iterations": suggestion},
-        )
 
     def _result(
         self, context: StrategyContext, cfg: BoundedContextConfig, state: RunState, answer: str, stopped_by: str
