@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,15 +67,14 @@ RUN_STATS_WAIT_S = 5.0  # how often counted runs look for a memory bank that is 
 class _RunBatch:
     """Runs counted since the last send to the memory bank actor."""
 
-    tally: dict[str, int] = field(default_factory=dict)
+    tally: Counter[str] = field(default_factory=Counter)
     runs: int = 0
     errors: int = 0
 
     def add(self, tally: dict[str, Any], ok: bool) -> None:
         self.runs += 1
         self.errors += not ok
-        for key, value in tally.items():
-            self.tally[key] = self.tally.get(key, 0) + int(value)
+        self.tally.update({key: int(value) for key, value in tally.items()})
 
 
 class RayMemory(MemoryClient):
