@@ -142,6 +142,7 @@ class SharedCacheStore:
         "CREATE INDEX IF NOT EXISTS entries_by_use ON entries (used_at)",
         "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     )
+    COUNTS = "SELECT name, value FROM counters UNION ALL SELECT 'entries', count(*) FROM entries"
 
     def __init__(
         self, path: Path, max_entries: int = 10_000, ttl_s: float = 3600.0, clock: Callable[[], float] = time.time, prune_every: int = 64
@@ -177,15 +178,9 @@ class SharedCacheStore:
 
     async def stats(self) -> dict[str, Any]:
         """Hits, misses, evictions and expirations since the file was made, entries now, and the hit rate."""
-
-        def read(db: sqlite3.Connection) -> dict[str, int]:
-            counts = dict(db.execute("SELECT name, value FROM counters").fetchall())
-            counts["entries"] = db.execute("SELECT count(*) FROM entries").fetchone()[0]
-            return counts
-
         await asyncio.to_thread(self.flush)  # this process's own bookkeeping, counted
-        counts = self._reader.run(read)
-        stats = CacheStats(**{name: counts.get(name, 0) for name in ("hits", "misses", "evictions", "expirations", "entries")})
+        counts = self._reader.run(lambda db: db.execute(self.COUNTS).fetchall())
+        stats = msgspec.convert(dict(counts), CacheStats)  # a counter never written yet is 0
         return {**msgspec.structs.asdict(stats), "hit_rate": stats.hit_rate}
 
     def flush(self) -> None:
