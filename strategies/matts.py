@@ -261,9 +261,8 @@ class _Run:
             self.note_progress(list(finished.values()), len(settled) - len(finished))
             # a failed attempt starts no judging; a finished one starts it once two finished attempts disagree
             if judging and not isinstance(outcome, Failed) and (self.judges or not agree(list(finished.values()))):
-                for i, a in finished.items():
-                    if i not in self.judges:
-                        self.judges[i] = self.judge(a)
+                for a in finished.values():
+                    self.judge(a)
 
         self.note_progress([])
         outcomes = await self.context.fan_out_settled(
@@ -278,7 +277,9 @@ class _Run:
         return finished
 
     def judge(self, a: dict[str, Any]) -> asyncio.Task[float | None]:
-        """One attempt's judge call, started now as a branch of its own."""
+        """One attempt's judge call, started now as a branch of its own unless it was started before."""
+        if (started := self.judges.get(a["index"])) is not None:
+            return started
 
         async def judged() -> float | None:
             # the judge's 0-1 score (None: its reply held no readable score, so the attempt stays unscored)
@@ -286,7 +287,7 @@ class _Run:
             [(value, _)] = await self.context.fan_out([call], label=f"{self.strategy}.judge")
             return value
 
-        task = asyncio.ensure_future(judged())
+        task = self.judges[a["index"]] = asyncio.ensure_future(judged())
         task.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failure is read where it is awaited
         return task
 
@@ -294,18 +295,12 @@ class _Run:
         """Every attempt's score: the judges started alongside the attempts, and the rest started now. A judge
         the fan-out refused while the attempts held its slots (OverloadedError) is asked again now they are free;
         a judge that fails leaves its attempt unscored (its position in `attempts` goes to `judge_failed`)."""
-        judges = self.judges
-        for a in attempts:
-            if a["index"] not in judges:
-                judges[a["index"]] = self.judge(a)
-        outcomes: list[float | BaseException | None] = list(
-            await asyncio.gather(*(judges[a["index"]] for a in attempts), return_exceptions=True)
-        )
+        outcomes: list[float | BaseException | None] = list(await asyncio.gather(*map(self.judge, attempts), return_exceptions=True))
         scores: list[float | None] = []
         for i, outcome in enumerate(outcomes):
             if isinstance(outcome, OverloadedError):
-                judges[attempts[i]["index"]] = self.judge(attempts[i])
-                [outcome] = await asyncio.gather(judges[attempts[i]["index"]], return_exceptions=True)
+                del self.judges[attempts[i]["index"]]  # ask again
+                [outcome] = await asyncio.gather(self.judge(attempts[i]), return_exceptions=True)
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception) or ends_run(outcome):
                     raise outcome
