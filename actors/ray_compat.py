@@ -8,33 +8,25 @@ before a deployment finds out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.actor import ActorHandle
 
-
-@dataclass(frozen=True)
-class ServeHTTP:
-    """Where the running Serve instance's proxies listen (its `http_options`)."""
-
-    host: str
-    port: int
+if TYPE_CHECKING:
+    from ray.serve.config import HTTPOptions
 
 
-def serve_http() -> ServeHTTP | None:
-    """The HTTP options of the Serve instance running on this process's cluster, or None when Ray is not
-    initialised here or no Serve controller runs on it. Never starts Ray: Serve's own lookup would."""
+def serve_http() -> HTTPOptions | None:
+    """The HTTP options (where its proxies listen: `host`, `port`) of the Serve instance running on this process's
+    cluster, or None when Ray is not initialised here or no Serve controller runs on it. Never starts Ray: Serve's
+    own lookup would."""
     if not ray.is_initialized():
         return None
     from ray.serve.context import _get_global_client
 
     client = _get_global_client(raise_if_no_controller_running=False)
-    if client is None:
-        return None
-    options = client.http_config
-    return ServeHTTP(host=str(options.host), port=int(options.port))
+    return client.http_config if client is not None else None
 
 
 def actor_id_of(handle: ActorHandle) -> str:
