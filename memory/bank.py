@@ -265,11 +265,9 @@ class ReasoningBank:
         ancestors: list[MemoryItem] = []
         seen = {str(memory.id)}
         parent = memory.parent_memory_id
-        while parent is not None and str(parent) not in seen:
+        # a parent deleted with an older workspace state is not found: the chain ends there
+        while parent is not None and str(parent) not in seen and (found := self.store.get(workspace, [str(parent)])):
             seen.add(str(parent))
-            found = self.store.get(workspace, [str(parent)])
-            if not found:
-                break  # the parent was deleted with an older workspace state: the chain ends here
             ancestors.insert(0, found[0])
             parent = found[0].parent_memory_id
 

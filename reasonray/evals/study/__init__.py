@@ -121,7 +121,6 @@ def main(url: str, out: Path, parts: tuple[str, ...], timeout_s: float) -> None:
         if name.startswith(PILOT) and name not in names and pilot.exists():
             reports[name] = json.loads(pilot.read_text())
     seconds: dict[str, float] = {}
-    failed = 0
     for name in names:
         if not name.startswith(PILOT):
             study = after_pilot(study, pilot_accuracies(reports))
@@ -131,10 +130,9 @@ def main(url: str, out: Path, parts: tuple[str, ...], timeout_s: float) -> None:
             run_async(part_options(name, out, url=url, study=study, timeout_s=timeout_s, progress=True), echo=click.echo)
         )
         seconds[name] = time.perf_counter() - started
-        failed += len(reports[name]["failed"])
         click.echo(f"part {name}: {seconds[name] / 60:.1f} min, report {reports[name]['paths']['markdown']}")
     click.echo(f"summary: {summary(out, names, seconds, pilot_accuracies(reports))}; total {sum(seconds.values()) / 60:.1f} min")
-    if failed:
+    if failed := sum(len(reports[name]["failed"]) for name in names):
         click.echo(f"error: {failed} example(s) failed (a rerun retries them)", err=True)
         sys.exit(1)
 
