@@ -104,14 +104,12 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root
         return {name: instance(sub, fields, name, root) for name, sub in properties.items() if isinstance(sub, dict)}
     if kind == "array":
         items = schema["items"] if isinstance(schema.get("items"), dict) else {}
-        size = max(int(schema.get("minItems", 1)), 1)
-        size = min(size, int(schema.get("maxItems", size)))
+        size = min(max(int(schema.get("minItems", 1)), 1), int(schema.get("maxItems", 10**6)))
         return [instance(items, fields, key, root) for _ in range(size)]
     if kind in ("number", "integer"):
         found = NUMBER.findall(_field(key, fields))
         number = float(found[-1]) if found else 0.0
-        number = max(number, float(schema.get("minimum", number)))
-        number = min(number, float(schema.get("maximum", number)))
+        number = min(max(number, float(schema.get("minimum", "-inf"))), float(schema.get("maximum", "inf")))
         return round(number) if kind == "integer" else number
     if kind == "boolean":
         if "status" in fields:
@@ -129,9 +127,8 @@ def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     target: Any = root
     if not ref.startswith("#"):
         raise ValueError(f"response_format schema: only local $ref ('#/...') is supported, not {ref!r}")
-    for part in ref.removeprefix("#").strip("/").split("/"):
-        if part:
-            target = target.get(part) if isinstance(target, dict) else None
+    for part in filter(None, ref.removeprefix("#").strip("/").split("/")):
+        target = target.get(part) if isinstance(target, dict) else None
     if not isinstance(target, dict):
         raise ValueError(f"response_format schema: $ref {ref!r} points at nothing")
     return target
