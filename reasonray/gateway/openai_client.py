@@ -344,18 +344,13 @@ class OpenAILLM:
         params: dict[str, Any] = {"model": self.model, "messages": messages}
         names = ("temperature", "seed", "tool_choice", "response_format", "top_p", "presence_penalty", "frequency_penalty")
         wanted = {name: getattr(request, name) for name in names} | {"stop": list(request.stop) or None, "reasoning_effort": effort}
+        wanted |= {"n": request.n if request.n != 1 else None, "tools": list(request.tools) or None}
         wanted["max_completion_tokens" if "max_tokens" in refused else self.traits.max_tokens_param] = self._max_tokens(request, limit)
         if request.logprobs is not None and "logprobs" not in refused:  # top_logprobs is refused with logprobs
             wanted |= {"logprobs": True, "top_logprobs": request.logprobs or None}
         # sent where the request (or the client) sets them, unless the model refuses them
         params |= {name: value for name, value in wanted.items() if value is not None and name not in refused}
-        if request.n != 1:
-            params["n"] = request.n
-        if request.tools:
-            params["tools"] = list(request.tools)
-        params.update(self._extra_body)
-        if request.extra_body:
-            params.update(request.extra_body)
+        params |= self._extra_body | (request.extra_body or {})
         if continuation == "continue_final_message":
             params.update(continue_final_message=True, add_generation_prompt=False)
         elif continuation == "completions" and self._template is not None and prefix is not None:
