@@ -261,15 +261,12 @@ class ModelTokenCounter:
         self.observe_ratio(self._base_count(text), len(ids))
         return ids
 
-    def estimate(self, text: str) -> int:
-        return math.ceil(self._base_count(text) * self.ratio * (1 + self.margin))
-
     def count(self, text: str) -> int:
         self._first_use()
         if not text:
             return 0
-        ids = self._model_ids(text)
-        return len(ids) if ids is not None else self.estimate(text)
+        ids = self._model_ids(text)  # else the calibrated estimate, with its margin
+        return len(ids) if ids is not None else math.ceil(self._base_count(text) * self.ratio * (1 + self.margin))
 
     @property
     def renders_chat(self) -> bool:

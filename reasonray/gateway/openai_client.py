@@ -383,8 +383,7 @@ class OpenAILLM:
 
     async def complete(self, request: LLMRequest) -> Completion:
         self._check_allowed()
-        if self._discover:
-            await self.discover()
+        await self.discover()
         chosen = thinking.plan(
             request, self.traits, refused=self.refused(), default_effort=self._reasoning_effort, default_budget=self._thinking_budget
         )
