@@ -24,6 +24,7 @@ import ray
 import structlog
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
+from reasonray.actors.endpoint import warm
 from reasonray.actors.fanout import LLMSpec
 from reasonray.actors.lifecycle import Fingerprinted, NamedActor, fingerprint, lookup, private_files, retire_extra
 from reasonray.actors.memory import RayMemory
@@ -60,8 +61,6 @@ class SessionHost(Fingerprinted):
 
     async def warm(self) -> dict[str, Any]:
         """Discover the endpoint and open a connection on this host's loop before its first turn."""
-        from reasonray.actors.endpoint import warm
-
         return await warm(self.pipeline.llm)
 
     async def turn(self, session_id: str, message: str, trace_id: str, request_id: str, cache_scope: str | None = None) -> dict[str, Any]:
