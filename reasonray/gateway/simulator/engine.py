@@ -435,12 +435,12 @@ class SimulatedModel:
         return random.Random(f"{self.seed}:{request.seed}:{index}:{digest}")
 
     def _choice(self, request: LLMRequest, directives: dict[str, str], index: int) -> SimChoice:
-        purpose = request.purpose
+        purpose, shown = request.purpose, _last_user_text(request.messages)
         if purpose in READS_TASK:  # before the directives it quotes
-            return self._finish(self._judge(request) if purpose == "judge" else self._memories(request, purpose), request)
+            return self._finish(self._judge(shown) if purpose == "judge" else self._memories(shown, purpose), request)
         if "script" in directives:
             return self._scripted(directives["script"])
-        if calls := parse_calls(_last_user_text(request.messages)):  # the next one as a tool call; then the last result
+        if calls := parse_calls(shown):  # the next one as a tool call; then the last result
             results = _tool_results_since_last_user(request.messages)
             if len(results) >= len(calls):
                 return SimChoice(text=f"<thinking>The tools have answered.</thinking>\n<answer>{results[-1]}</answer>")
@@ -452,15 +452,15 @@ class SimulatedModel:
         if purpose == "final_answer":
             return self._finish(self._final_answer(request, directives), request)
         if purpose == "propose":
-            return self._finish(self._propose(request, directives, rng), request)
+            return self._finish(self._propose(request, shown, directives, rng), request)
         if purpose in ("score", "critique"):
-            return self._finish(self._value(request, rng, wants_feedback=purpose == "critique"), request)
+            return self._finish(self._value(shown, rng, wants_feedback=purpose == "critique"), request)
         if purpose == "choose":
-            return self._finish(self._vote(request, rng), request)
+            return self._finish(self._vote(shown, rng), request)
         if "think" in directives:
             text, cut_off = self._long_reasoning(request, directives, rng)
         else:
-            text, cut_off = self._short_reasoning(request, directives, rng), False
+            text, cut_off = self._short_reasoning(request, shown, directives, rng), False
         return self._finish(text, request, cut_off)
 
     def _scripted(self, name: str) -> SimChoice:
@@ -480,8 +480,7 @@ class SimulatedModel:
             reasoning=reply.get("reasoning_content") or "",
         )
 
-    def _short_reasoning(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
-        question = _last_user_text(request.messages)
+    def _short_reasoning(self, request: LLMRequest, question: str, directives: dict[str, str], rng: random.Random) -> str:
         if "answer" in directives:
             answer = directives["answer"]
             thought = f"The instructions fix the answer; after {rng.choice(_PHRASES)} it is {answer}."
@@ -506,10 +505,9 @@ class SimulatedModel:
         return request.temperature > 0 and rng.random() < chance
 
     # -- tree of thought ------------------------------------------------------------------------
-    def _propose(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> str:
+    def _propose(self, request: LLMRequest, shown: str, directives: dict[str, str], rng: random.Random) -> str:
         """The next step of a solution: `steps` steps (default 2), then the answer. The steps so far are
         its own step phrases that the prompt shows back."""
-        shown = _last_user_text(request.messages)
         depth = len(OWN_STEP.findall(shown))
         if depth >= _directed(directives, "steps", "2", int, "steps takes a whole number"):
             answer = self._final_answer(request, directives).removeprefix("<answer>").removesuffix("</answer>")
@@ -519,9 +517,8 @@ class SimulatedModel:
         thought = SLIP_STEP if self._slips(request, directives, rng) else rng.choice(_PHRASES)
         return f"<thinking>Deciding what to do next.</thinking>\n<step>Step {depth + 1}: {thought}.</step>"
 
-    def _value(self, request: LLMRequest, rng: random.Random, wants_feedback: bool = False) -> str:
+    def _value(self, shown: str, rng: random.Random, wants_feedback: bool = False) -> str:
         """A 0-1 score: low for a path with a slip or a wrong answer, high for a clean path that reached its answer."""
-        shown = _last_user_text(request.messages)
         if self._check(shown) is False:
             score, feedback = 0.1 + 0.2 * rng.random(), "The final answer does not follow from the problem; recompute it."
             if SLIP_STEP in shown:
@@ -573,20 +570,18 @@ class SimulatedModel:
         return answer if draw.random() < self.skill else _wrong(answer, draw)
 
     # -- reasoning memory -----------------------------------------------------------------------
-    def _judge(self, request: LLMRequest) -> str:
+    def _judge(self, shown: str) -> str:
         """The LLM-as-judge verdict: failure for a slip or a wrong answer, success otherwise."""
-        shown = _last_user_text(request.messages)
         verdict = self._check(shown)
         if verdict is None:
             verdict = _stated(shown) is not None and "I am a simulated model" not in shown
         why = "Every step holds and the answer solves the task." if verdict else "A step or the final answer is wrong."
         return f"Thoughts: {why}\n<status>{'success' if verdict else 'failure'}</status>"
 
-    def _memories(self, request: LLMRequest, purpose: str) -> str:
+    def _memories(self, shown: str, purpose: str) -> str:
         """Memory items, as the purpose asks: lessons from what worked and what failed.
 
         A contrast judges each numbered attempt itself (a slip or a wrong answer is a failure)."""
-        shown = _last_user_text(request.messages)
         if purpose == "extract_passive":  # the exchange's answer comes last: its last paragraph, without a heading line
             paragraphs = [p.strip().splitlines() for p in re.split(r"\n\s*\n", shown.strip()) if p.strip()]
             last = paragraphs[-1] if paragraphs else []
@@ -606,10 +601,9 @@ class SimulatedModel:
         items = [f"<memory>{LESSONS[lesson]}</memory>" for lesson in lessons]
         return "<thinking>Looking for what generalises.</thinking>\n" + "\n".join(items)
 
-    def _vote(self, request: LLMRequest, rng: random.Random) -> str:
+    def _vote(self, shown: str, rng: random.Random) -> str:
         """A vote for a numbered candidate that is not wrong (no slip, no answer that differs from the
         problem's), preferring those that reached an answer."""
-        shown = _last_user_text(request.messages)
         bodies = dict(_enumerated(shown))
         if not bodies:
             return "<thinking>There are no numbered candidates to compare.</thinking>\n<vote>1</vote>"
