@@ -43,14 +43,13 @@ def plan(
     """What a request's effort and budget become on a model of `traits`."""
     effort = request.reasoning_effort or default_effort
     budget = request.thinking_budget if request.thinking_budget is not None else default_budget
-    forcing = traits.prefix_continuation != "none"
     if budget is None and request.min_thinking is None and request.continue_thinking is None:
         if effort is None:
             return Plan("")
         if "reasoning_effort" not in refused and (traits.takes_reasoning_effort or not traits.family):
             return Plan("native", effort=effort)
         budget = EFFORT_BUDGET[effort]
-    if not forcing:
+    if traits.prefix_continuation == "none":  # no budget forcing on this endpoint
         if budget is not None and request.continue_thinking is None and traits.takes_reasoning_effort and "reasoning_effort" not in refused:
             nearest = next((name for name, tokens in EFFORT_BUDGET.items() if budget <= tokens), "high")  # the effort nearest the budget
             return Plan("native", effort=effort or nearest, budget=budget)
