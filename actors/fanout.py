@@ -26,7 +26,9 @@ import ray
 import structlog
 
 from reasonray.actors import NAMESPACE, unwrap
+from reasonray.actors.endpoint import share_endpoints, warm
 from reasonray.actors.lifecycle import private_files
+from reasonray.actors.metrics import ray_metrics
 from reasonray.actors.ray_compat import actor_id_of
 from reasonray.gateway.cache import cache_scope, scope_cache
 from reasonray.gateway.observed import ObservedLLM
@@ -52,8 +54,6 @@ class LLMSpec:
     app_name: str
 
     def build(self) -> LLM:
-        from reasonray.actors.endpoint import share_endpoints
-        from reasonray.actors.metrics import ray_metrics
         from reasonray.gateway.factory import build_llm, client_for, shared_cache
 
         settings = Settings.model_validate_json(self.settings_json)
@@ -116,7 +116,6 @@ class BranchRunner:
     async def warm(self, spec: LLMSpec) -> dict[str, Any]:
         """Build the LLM stack, import what branches need, discover the endpoint and open a connection on this
         runner's loop, so the first real branch pays nothing."""
-        from reasonray.actors.endpoint import warm
         from reasonray.strategies.registry import StrategyRegistry
 
         StrategyRegistry().discover()  # imports every strategy module (branches unpickle into them)
