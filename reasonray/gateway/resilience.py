@@ -211,15 +211,13 @@ class ResilientLLM(Layer):
         self.breaker.before_call()
         try:
             completion = await self.inner.complete(request)
-        except TransientProviderError as exc:
-            spent[:] = spent[0] + exc.spent[0], spent[1] + exc.spent[1]
+        except BaseException as exc:
+            if isinstance(exc, TransientProviderError):
+                spent[:] = spent[0] + exc.spent[0], spent[1] + exc.spent[1]
             if is_endpoint_fault(exc):
                 self.breaker.record_failure()
-            else:
+            else:  # a rejected request, a 429, a cancellation: nothing said about the endpoint's health
                 self.breaker.release_probe()
-            raise
-        except BaseException:
-            self.breaker.release_probe()
             raise
         self.breaker.record_success()
         return completion
