@@ -143,8 +143,7 @@ def _start_provider(settings: Settings, local: bool) -> tuple[Settings, Any, Any
     from reasonray.gateway.simulator.server import SimulatorServer
 
     if local:
-        local_model, settings = _start_local_model(settings)
-        return settings, None, local_model
+        return _start_local_model(settings)
     if settings.resolved_provider() != "simulated" or settings.llm.base_url:
         return settings, None, None
     simulator = SimulatorServer(_simulator_settings(settings.llm.simulator)).start()
@@ -218,7 +217,7 @@ def _banner(settings: Settings, context: Any, simulator: Any, local_model: Any) 
     click.echo(f'Try:  {sys.argv[0]} ask "What is 17 * 23?" --url {base}     (Ctrl-C stops)')
 
 
-def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
+def _start_local_model(settings: Settings) -> tuple[Settings, None, Any]:
     """Start [llm.local]'s model server and point [llm] at it: keyless, its alias as the model name."""
     from reasonray.gateway.local_model import LocalModelServer, model_path
 
@@ -237,7 +236,7 @@ def _start_local_model(settings: Settings) -> tuple[Any, Settings]:
     # its model file is here: prompts count as the server counts them (its own template; a --chat_format is another)
     if settings.llm.tokenizer == "auto" and not settings.llm.local.chat_format:
         update["tokenizer"] = str(model_path(settings.llm.local))
-    return server, settings.model_copy(update={"llm": settings.llm.model_copy(update=update)})
+    return settings.model_copy(update={"llm": settings.llm.model_copy(update=update)}), None, server
 
 
 @main.command()
