@@ -68,15 +68,14 @@ class SlotBoard:
         self.seen[owner] = self._clock()
         e = self._endpoint(endpoint)
         e.limit = max(1, limit)
-        if lease_id in e.gone:
+        if lease_id in e.gone:  # released before it arrived
             e.gone.discard(lease_id)
-            return e.serial
-        if len(e.held) < self._limit(e) and not e.waiting:
+        elif len(e.held) < self._limit(e) and not e.waiting:
             self._hold(e, lease_id, owner)
-            return e.serial
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        e.waiting.append((lease_id, owner, future))
-        await future  # cancelled with the caller: `release` then finds it waiting or holding
+        else:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            e.waiting.append((lease_id, owner, future))
+            await future  # cancelled with the caller: `release` then finds it waiting or holding
         return e.serial
 
     def _limit(self, e: _Endpoint) -> int:
