@@ -134,10 +134,7 @@ Proposal = tuple[str, bool, str]
 
 def free_step(text: str) -> str | None:
     """The next step in an untagged proposal: its first listed step, else its first paragraph; None when empty."""
-    visible = strip_thinking(text).strip()
-    if not visible:
-        return None
-    first = re.split(r"\n\s*\n", visible, maxsplit=1)[0].strip()
+    first = re.split(r"\n\s*\n", strip_thinking(text).strip(), maxsplit=1)[0].strip()
     lines = [line for line in first.splitlines() if line.strip()]
     if len(lines) > 1 and _STEP_PREFIX.match(lines[0]):
         first = lines[0]
