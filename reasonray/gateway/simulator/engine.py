@@ -172,11 +172,7 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 def parse_directives(text: str) -> dict[str, str]:
     """`[[sim think=300 answer=7]]` -> {"think": "300", "answer": "7"}; later keys win."""
-    found: dict[str, str] = {}
-    for body in DIRECTIVE.findall(text):
-        for key, value in re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", body):
-            found[key] = value.strip('"')
-    return found
+    return {key: value.strip('"') for body in DIRECTIVE.findall(text) for key, value in re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", body)}
 
 
 def evaluate_arithmetic(text: str) -> tuple[str, float] | None:

@@ -164,10 +164,8 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
 
 
 def _last_user_content(body: dict[str, Any]) -> str:
-    for m in reversed(body.get("messages") or []):
-        if isinstance(m, dict) and m.get("role") == "user":
-            return _content_text(m.get("content")) or ""
-    return ""
+    users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    return (_content_text(users[-1].get("content")) if users else None) or ""
 
 
 def _usage_json(response: SimResponse, form: str) -> dict[str, Any]:
