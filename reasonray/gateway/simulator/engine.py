@@ -545,8 +545,7 @@ class SimulatedModel:
     def _problem(self, text: str) -> tuple[str, str] | None:
         """What the text asks, as (how it was recognised, the right answer): an `answer=` directive, an
         answer-key question it quotes, or its first arithmetic expression; None for none of these."""
-        directives = parse_directives(text)
-        if "answer" in directives:
+        if "answer" in (directives := parse_directives(text)):
             return "directive", directives["answer"]
         if (known := self._known(text)) is not None:
             return f"key:{known[0]}", known[1]

@@ -120,7 +120,6 @@ def _content_text(content: Any) -> str | None:
 def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMRequest:
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ValueError("'messages' must be a non-empty list")
-    prefix = continued_prefix(body)
     if body.get("continue_final_message") and body.get("add_generation_prompt", True):  # vLLM's own refusal
         raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
     effort = body.get("reasoning_effort")
@@ -139,7 +138,6 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
         )
         for m in body["messages"]
     )
-    stop = body.get("stop") or ()
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError("'max_tokens' must be a positive integer")
@@ -149,7 +147,7 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
     return LLMRequest(
         messages=messages,
         max_tokens=max_tokens,
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop=(body["stop"],) if isinstance(body.get("stop"), str) else tuple(body.get("stop") or ()),
         temperature=1.0 if body.get("temperature") is None else float(body["temperature"]),  # OpenAI's default
         n=n,
         seed=body.get("seed"),
@@ -158,7 +156,7 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
         response_format=body.get("response_format"),
         purpose=purpose or None,
         reasoning_effort=effort,
-        continue_thinking=prefix,
+        continue_thinking=continued_prefix(body),
         extra_body={"chat_template_kwargs": body["chat_template_kwargs"]} if isinstance(body.get("chat_template_kwargs"), dict) else None,
     )
 
