@@ -497,7 +497,9 @@ class SimulatedModel:
 
     def _slips(self, request: LLMRequest, directives: dict[str, str], rng: random.Random) -> bool:
         """Whether a sampled reply (temperature > 0) slips, with the `slip` directive's probability."""
-        chance = _directed(directives, "slip", "0", _probability, "slip is a probability between 0 and 1")
+        why = "slip is a probability between 0 and 1"
+        if not 0.0 <= (chance := _directed(directives, "slip", "0", float, why)) <= 1.0:
+            raise SimulatorError(f"[[sim slip={directives['slip']}]]: {why}")
         return request.temperature > 0 and rng.random() < chance
 
     # -- tree of thought ------------------------------------------------------------------------
@@ -752,12 +754,6 @@ def _directed(directives: dict[str, str], key: str, default: str, parse: Callabl
         return parse(raw)
     except ValueError:
         raise SimulatorError(f"[[sim {key}={raw}]]: {what}") from None
-
-
-def _probability(raw: str) -> float:
-    if not 0.0 <= (chance := float(raw)) <= 1.0:
-        raise ValueError(raw)
-    return chance
 
 
 def _request_digest(request: LLMRequest) -> str:
