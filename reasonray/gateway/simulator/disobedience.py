@@ -50,9 +50,7 @@ class Disobedience:
     def from_directive(cls, value: str) -> Disobedience:
         """`disobey=0.3` (a rate, every kind) or `disobey=prose,tools` (always, one of these kinds)."""
         try:
-            if re.fullmatch(r"[\d.]+", value):
-                return cls(float(value))
-            return cls(1.0, tuple(k for k in value.split(",") if k))
+            return cls(float(value)) if re.fullmatch(r"[\d.]+", value) else cls(1.0, tuple(filter(None, value.split(","))))
         except ValueError as exc:
             raise ValueError(f"[[sim disobey={value}]]: {exc}") from None
 

@@ -13,6 +13,7 @@ and numbered lists (candidates, attempts). So rewording a strategy's prompts cha
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -180,12 +181,9 @@ def evaluate_arithmetic(text: str) -> tuple[str, float] | None:
     for match in ARITHMETIC.finditer(text):
         expr = match.group(0).strip().replace("×", "*").replace("÷", "/").replace("^", "**")
         expr = re.sub(r"(?<=\d)\s*x\s*(?=\d)", "*", expr)
-        if not re.search(r"\d\s*[-+*/%]", expr):
-            continue
-        try:
-            return expr, evaluate(expr)
-        except (ValueError, ZeroDivisionError, OverflowError):
-            continue
+        if re.search(r"\d\s*[-+*/%]", expr):
+            with contextlib.suppress(ValueError, ZeroDivisionError, OverflowError):
+                return expr, evaluate(expr)
     return None
 
 

@@ -55,8 +55,7 @@ class ReasoningPlan:
         if "reasoning" not in directives and "thinking" not in directives:
             return self
         try:
-            tokens = int(directives.get("thinking", self.thinking_tokens))
-            return ReasoningPlan(directives.get("reasoning", self.form), tokens)
+            return ReasoningPlan(directives.get("reasoning", self.form), int(directives.get("thinking", self.thinking_tokens)))
         except ValueError as exc:
             raise ValueError(f"[[sim reasoning=... thinking=...]]: {exc}") from None
 
