@@ -567,8 +567,7 @@ class SimulatedModel:
     # -- reasoning memory -----------------------------------------------------------------------
     def _judge(self, shown: str) -> str:
         """The LLM-as-judge verdict: failure for a slip or a wrong answer, success otherwise."""
-        verdict = self._check(shown)
-        if verdict is None:
+        if (verdict := self._check(shown)) is None:
             verdict = _stated(shown) is not None and "I am a simulated model" not in shown
         why = "Every step holds and the answer solves the task." if verdict else "A step or the final answer is wrong."
         return f"Thoughts: {why}\n<status>{'success' if verdict else 'failure'}</status>"
