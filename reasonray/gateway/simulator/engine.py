@@ -160,13 +160,11 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
     for match in CALL_DIRECTIVE.finditer(text):
         rest = text[match.end() :]
         arguments: dict[str, Any] = {}
-        if rest.startswith("{"):
+        if rest.startswith("{"):  # so what decodes is an object
             try:
                 arguments, _ = json.JSONDecoder().raw_decode(rest)
             except json.JSONDecodeError as exc:
                 raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments are not a JSON object ({exc})") from None
-            if not isinstance(arguments, dict):
-                raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments must be a JSON object")
         calls.append((match.group(1), arguments))
     return calls
 
