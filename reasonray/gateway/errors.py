@@ -11,23 +11,11 @@ LLMError                      something went wrong talking to the model
 
 from __future__ import annotations
 
-from typing import Any
-
 from reasonray.kernel.errors import ReasonRayError
 
 
 class LLMError(ReasonRayError, code=-32013, http_status=502, error_type="llm_error"):
     """Something went wrong talking to the model."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Fan-out branches run as Ray tasks, so these errors cross processes by pickle. The default
-        # reduction calls __init__(*args) again, which fails for keyword-only fields (CircuitOpenError's
-        # retry_after_s): Ray then raised its own wrapper and the caller saw "internal error".
-        return (_restore, (type(self), self.args), self.__dict__)
-
-
-def _restore(cls: type[LLMError], args: tuple[Any, ...]) -> LLMError:
-    return cls.__new__(cls, *args)
 
 
 class LLMConfigError(LLMError, error_type="llm_config"):  # the provider is unusable: a gateway failure (502), not a bug

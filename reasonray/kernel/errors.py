@@ -64,8 +64,9 @@ class ReasonRayError(Exception):
         self.data = data or {}
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # raised in an actor, re-raised in the caller: keep `data` (pickling keeps only `args` by default)
-        return type(self), (self.message, self.data)
+        # Raised in an actor or a Ray task, re-raised in the caller: restore every attribute (`data` and a subclass's
+        # own fields) without calling __init__ again, which fails for keyword-only fields (CircuitOpenError's retry_after_s).
+        return Exception.__new__, (type(self), *self.args), self.__dict__
 
 
 class InvalidParamsError(ReasonRayError, code=-32602, http_status=400, error_type="invalid_params", openai_type="invalid_request_error"):
