@@ -25,7 +25,7 @@ class Bench:
 
         from reasonray.actors.metrics import RayMetrics
         from reasonray.api.app import local_dispatcher
-        from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+        from reasonray.gateway.cache import CachingLLM, LRUTTLCache
         from reasonray.gateway.metered import MeteredLLM
         from reasonray.gateway.resilience import (
             CircuitBreaker,
@@ -41,7 +41,7 @@ class Bench:
 
         def dispatcher(metrics):
             breaker = CircuitBreaker()
-            llm = CachingLLM(ResilientLLM(SimulatedLLM(), RetryPolicy(), breaker), LocalCacheStore(LRUTTLCache()))
+            llm = CachingLLM(ResilientLLM(SimulatedLLM(), RetryPolicy(), breaker), LRUTTLCache())
             llm = MeteredLLM(llm, metrics, caching=True, breaker=breaker, endpoint="bench")
             return local_dispatcher(reasoning, llm, metrics=metrics)
 

@@ -25,7 +25,7 @@ from reasonray.api.jsonrpc import Dispatcher
 from reasonray.api.methods import build_dispatcher
 from reasonray.api.registry_service import LocalRegistry, Registry, RegistryService
 from reasonray.api.service import ReasoningService
-from reasonray.gateway.cache import CacheStore, LocalCacheStore, LRUTTLCache
+from reasonray.gateway.cache import CacheStore, LRUTTLCache
 from reasonray.gateway.factory import build_llm, client_for
 from reasonray.gateway.openai_client import OpenAILLM
 from reasonray.gateway.protocol import LLM
@@ -108,7 +108,7 @@ def build_application(
     if llm is None:
         client = client_for(settings)
         c = settings.llm.cache
-        cache = parts.cache if parts.cache is not UNSET else (LocalCacheStore(LRUTTLCache(c.max_entries, c.ttl_s)) if c.enabled else None)
+        cache = parts.cache if parts.cache is not UNSET else (LRUTTLCache(c.max_entries, c.ttl_s) if c.enabled else None)
         llm, resilient = build_llm(settings, client, cache, parts.metrics)
 
     use_memory = settings.memory.enabled if memory is None else memory

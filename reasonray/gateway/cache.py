@@ -3,7 +3,7 @@
 The key hashes everything that changes the output (model, messages, tools, max_tokens, stop,
 temperature, seed, n), what answers it (the endpoint and the fingerprint of the model it serves), and whose calls
 they are when authentication is on (`CACHE_SCOPE`). Sampled calls (temperature > 0 without a seed) are never served from the
-cache, so parallel branches stay diverse. The store is pluggable: one process's (`LocalCacheStore`), or the
+cache, so parallel branches stay diverse. The store is pluggable: one process's (`LRUTTLCache`), or the
 one every process of an application on a machine shares (`SharedCacheStore`, a SQLite file).
 """
 
@@ -71,7 +71,7 @@ class CacheStats(msgspec.Struct):
 
 
 class LRUTTLCache:
-    """At most `max_entries` values, each for at most `ttl_s` seconds; least recently used goes first."""
+    """One process's cache store: at most `max_entries` values, each for at most `ttl_s` seconds; least recently used goes first."""
 
     def __init__(self, max_entries: int = 10_000, ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic):
         if max_entries < 1:
@@ -82,7 +82,7 @@ class LRUTTLCache:
         self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._stats = CacheStats()
 
-    def get(self, key: str) -> bytes | None:
+    async def get(self, key: str) -> bytes | None:
         item = self._data.get(key)
         if item is not None and self._clock() - item[0] > self.ttl_s:
             del self._data[key]
@@ -95,7 +95,7 @@ class LRUTTLCache:
         self._stats.hits += 1
         return item[1]
 
-    def put(self, key: str, value: bytes) -> None:
+    async def put(self, key: str, value: bytes) -> None:
         self._data[key] = (self._clock(), value)
         self._data.move_to_end(key)
         while len(self._data) > self.max_entries:
@@ -112,17 +112,6 @@ class CacheStore(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
     async def put(self, key: str, value: bytes) -> None: ...
-
-
-class LocalCacheStore:
-    def __init__(self, cache: LRUTTLCache) -> None:
-        self.cache = cache
-
-    async def get(self, key: str) -> bytes | None:
-        return self.cache.get(key)
-
-    async def put(self, key: str, value: bytes) -> None:
-        self.cache.put(key, value)
 
 
 class SharedCacheStore:

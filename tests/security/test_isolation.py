@@ -7,7 +7,7 @@ import re
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Principal, principal_trace_id
 from reasonray.api.directory import RESERVED_AGENT_IDS
-from reasonray.gateway.cache import CACHE_SCOPE, CachingLLM, LocalCacheStore, LRUTTLCache
+from reasonray.gateway.cache import CACHE_SCOPE, CachingLLM, LRUTTLCache
 from reasonray.gateway.protocol import LLMRequest, Message
 from reasonray.gateway.testing import FunctionLLM
 from tests.unit.test_tenancy import ALICE, BOB, api, call
@@ -15,7 +15,7 @@ from tests.unit.test_tenancy import ALICE, BOB, api, call
 
 async def test_one_principals_cache_entries_are_not_another_ones_hits():
     model = FunctionLLM(lambda request: "<answer>4</answer>")
-    cached = CachingLLM(model, LocalCacheStore(LRUTTLCache(max_entries=10, ttl_s=60)))
+    cached = CachingLLM(model, LRUTTLCache(max_entries=10, ttl_s=60))
     request = LLMRequest(messages=(Message(role="user", content="alice's exact prompt"),))
     for who in ("alice", "bob", "alice"):
         token = CACHE_SCOPE.set(who)
@@ -111,7 +111,7 @@ async def test_session_turns_on_a_host_use_the_callers_cache_scope(tmp_path):
     from reasonray.stores.sessions import SqliteSessionStore
 
     model = FunctionLLM(lambda request: "<answer>4</answer>")
-    cached = CachingLLM(model, LocalCacheStore(LRUTTLCache(max_entries=10, ttl_s=60)))
+    cached = CachingLLM(model, LRUTTLCache(max_entries=10, ttl_s=60))
     pipeline = SessionPipeline(SqliteSessionStore(SessionState, tmp_path / "sessions"), cached, builtin_toolbox(), data_dir=tmp_path)
     host = object.__new__(SessionHost.__ray_metadata__.modified_class)  # the actor's own code, without Ray
     host.pipeline, host.live, host._sweeper = pipeline, LiveSessions(8, 60.0), None

@@ -1,6 +1,6 @@
 import pytest
 
-from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache, cache_key
+from reasonray.gateway.cache import CachingLLM, LRUTTLCache, cache_key
 from reasonray.gateway.protocol import LLMRequest, user
 from reasonray.gateway.testing import ScriptedLLM
 
@@ -30,38 +30,38 @@ def test_the_model_is_part_of_the_key_and_equal_requests_share_one():
     assert cache_key("a", BASE) == cache_key("a", LLMRequest(messages=(user("What is 2+2?"),), max_tokens=100))
 
 
-def test_lru_evicts_the_least_recently_used():
+async def test_lru_evicts_the_least_recently_used():
     cache = LRUTTLCache(max_entries=2)
-    cache.put("a", b"1")
-    cache.put("b", b"2")
-    assert cache.get("a") == b"1"  # a is now the most recent
-    cache.put("c", b"3")
-    assert cache.get("b") is None and cache.get("a") == b"1" and cache.get("c") == b"3"
+    await cache.put("a", b"1")
+    await cache.put("b", b"2")
+    assert await cache.get("a") == b"1"  # a is now the most recent
+    await cache.put("c", b"3")
+    assert await cache.get("b") is None and await cache.get("a") == b"1" and await cache.get("c") == b"3"
     assert cache.stats().evictions == 1
     assert cache.stats().entries == 2  # the cache is full, at its bound
 
 
-def test_entries_expire_after_the_ttl():
+async def test_entries_expire_after_the_ttl():
     now = [0.0]
     cache = LRUTTLCache(max_entries=10, ttl_s=5, clock=lambda: now[0])
-    cache.put("a", b"1")
+    await cache.put("a", b"1")
     now[0] = 5.0
-    assert cache.get("a") == b"1"
+    assert await cache.get("a") == b"1"
     now[0] = 5.1
-    assert cache.get("a") is None
+    assert await cache.get("a") is None
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.expirations, stats.entries) == (1, 1, 1, 0)
 
 
 async def test_repeatable_calls_are_served_from_the_cache():
     inner = ScriptedLLM(["<answer>4</answer>"])
-    store = LocalCacheStore(LRUTTLCache())
+    store = LRUTTLCache()
     llm = CachingLLM(inner, store)
     first = await llm.complete(BASE)
     second = await llm.complete(BASE)
     assert not first.cached and second.cached and second.text == first.text
     assert second.usage == first.usage and second.attempts == 0
-    assert store.cache.stats().hit_rate == 0.5
+    assert store.stats().hit_rate == 0.5
     inner.assert_complete()
 
 
@@ -71,7 +71,7 @@ async def test_sampled_calls_always_reach_the_model_but_seeded_ones_are_cached()
     sampled = msgspec.structs.replace(BASE, temperature=0.8)
     seeded = msgspec.structs.replace(BASE, temperature=0.8, seed=3)
     inner = ScriptedLLM(["one", "two", "seeded"])
-    llm = CachingLLM(inner, LocalCacheStore(LRUTTLCache()))
+    llm = CachingLLM(inner, LRUTTLCache())
     assert (await llm.complete(sampled)).text == "one"
     assert (await llm.complete(sampled)).text == "two"
     assert (await llm.complete(seeded)).text == "seeded"
@@ -79,31 +79,31 @@ async def test_sampled_calls_always_reach_the_model_but_seeded_ones_are_cached()
     inner.assert_complete()
 
 
-def test_a_cache_of_one_holds_one_and_none_is_refused():
+async def test_a_cache_of_one_holds_one_and_none_is_refused():
     with pytest.raises(ValueError, match="max_entries must be at least 1"):
         LRUTTLCache(max_entries=0)
     cache = LRUTTLCache(max_entries=1)
-    cache.put("a", b"1")
-    assert cache.get("a") == b"1"
-    cache.put("b", b"2")
-    assert cache.get("a") is None and cache.get("b") == b"2"
+    await cache.put("a", b"1")
+    assert await cache.get("a") == b"1"
+    await cache.put("b", b"2")
+    assert await cache.get("a") is None and await cache.get("b") == b"2"
 
 
-def test_the_statistics_count_every_lookup_and_eviction():
+async def test_the_statistics_count_every_lookup_and_eviction():
     now = [0.0]
     cache = LRUTTLCache(max_entries=2, ttl_s=5, clock=lambda: now[0])
     for key in "abcd":
-        cache.put(key, key.encode())  # a and b are evicted
-    assert [cache.get(k) for k in "abcd"] == [None, None, b"c", b"d"]
-    assert cache.get("c") == b"c"
+        await cache.put(key, key.encode())  # a and b are evicted
+    assert [await cache.get(k) for k in "abcd"] == [None, None, b"c", b"d"]
+    assert await cache.get("c") == b"c"
     now[0] = 10.0
-    assert cache.get("c") is None and cache.get("d") is None
+    assert await cache.get("c") is None and await cache.get("d") is None
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.evictions, stats.expirations, stats.entries) == (3, 4, 2, 2, 0)
 
 
 async def test_models_sharing_a_store_never_answer_for_each_other():
-    store = LocalCacheStore(LRUTTLCache())
+    store = LRUTTLCache()
     first, second = ScriptedLLM(["from a"], model="a"), ScriptedLLM(["from b"], model="b")
     assert (await CachingLLM(first, store).complete(BASE)).text == "from a"
     answer = await CachingLLM(second, store).complete(BASE)
@@ -117,14 +117,14 @@ async def test_a_hit_reports_the_lookup_time_and_an_error_reply_is_never_stored(
 
     slow = Completion(choices=(Choice(text="4"),), usage=Usage(10, 1), model="m", latency_ms=5_000.0)
     inner = ScriptedLLM([slow])
-    llm = CachingLLM(inner, LocalCacheStore(LRUTTLCache()))
+    llm = CachingLLM(inner, LRUTTLCache())
     await llm.complete(BASE)
     hit = await llm.complete(BASE)
     assert hit.cached and 0.0 < hit.latency_ms < 1_000.0  # the lookup, not the original call's 5 s
 
     failed = Completion(choices=(Choice(text="", finish_reason="error"),), usage=Usage(10, 0), model="m")
     inner = ScriptedLLM([failed, "<answer>4</answer>"])
-    llm = CachingLLM(inner, LocalCacheStore(LRUTTLCache()))
+    llm = CachingLLM(inner, LRUTTLCache())
     assert (await llm.complete(BASE)).finish_reason == "error"
     again = await llm.complete(BASE)
     assert again.text == "<answer>4</answer>" and not again.cached

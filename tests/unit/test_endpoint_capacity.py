@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from reasonray.gateway.cache import LocalCacheStore, LRUTTLCache
+from reasonray.gateway.cache import LRUTTLCache
 from reasonray.gateway.capabilities import capabilities_of, endpoint_client
 from reasonray.gateway.concurrency import EndpointLimiter
 from reasonray.gateway.errors import ProviderRejectedError, ProviderUnavailableError, TransientProviderError
@@ -48,7 +48,7 @@ def stack_for(server, **llm):
         {"llm": {"provider": "openai", "base_url": server.url, "model": "smollm2", "api_key_required": False, **llm}}
     )
     client = client_for(settings, {})
-    return build_llm(settings, client, LocalCacheStore(LRUTTLCache()))[0], client
+    return build_llm(settings, client, LRUTTLCache())[0], client
 
 
 def ask(text: str, **kw) -> LLMRequest:

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from reasonray.gateway.cache import LocalCacheStore, LRUTTLCache
+from reasonray.gateway.cache import LRUTTLCache
 from reasonray.gateway.errors import LLMConfigError, ProviderRejectedError, ProviderUnavailableError
 from reasonray.gateway.factory import build_llm, client_for
 from reasonray.gateway.openai_client import OpenAILLM
@@ -137,7 +137,7 @@ async def test_past_the_configured_attempts_the_call_fails_as_provider_unavailab
 
 async def test_with_the_cache_on_a_repeated_call_is_served_without_reaching_the_model(server):
     chosen = settings(server)
-    llm, _ = build_llm(chosen, client(chosen), LocalCacheStore(LRUTTLCache()))
+    llm, _ = build_llm(chosen, client(chosen), LRUTTLCache())
     first, second = await llm.complete(ASK), await llm.complete(ASK)
     assert second.text == first.text and second.cached and not first.cached
     assert requests_served(server) == 1
@@ -145,7 +145,7 @@ async def test_with_the_cache_on_a_repeated_call_is_served_without_reaching_the_
 
 async def test_with_the_cache_off_a_store_given_is_not_used(server):
     chosen = settings(server, cache={"enabled": False})
-    store = LocalCacheStore(LRUTTLCache())
+    store = LRUTTLCache()
     llm, _ = build_llm(chosen, client(chosen), store)
     await llm.complete(ASK)
     await llm.complete(ASK)
@@ -155,7 +155,7 @@ async def test_with_the_cache_off_a_store_given_is_not_used(server):
 async def test_metrics_count_calls_hits_and_misses_and_report_the_breaker_of_the_endpoint(server):
     chosen = settings(server)
     metrics = RecordingMetrics()
-    llm, _ = build_llm(chosen, client(chosen), LocalCacheStore(LRUTTLCache()), metrics)
+    llm, _ = build_llm(chosen, client(chosen), LRUTTLCache(), metrics)
     await llm.complete(ASK)
     await llm.complete(ASK)
     assert metrics.total("reasonray_llm_calls", outcome="ok") == 1 and metrics.total("reasonray_llm_calls", outcome="cached") == 1

@@ -103,7 +103,7 @@ async def test_solve_coding_task_verifies_with_the_tests_in_the_sandbox(tmp_path
 
 async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_show_the_saving(tmp_path):
     """Repeatable calls are answered from the response cache, and stats.get reports the hit rate and the API calls made."""
-    from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+    from reasonray.gateway.cache import CachingLLM, LRUTTLCache
 
     settings = load_settings()
     bank = make_bank(tmp_path / "bank")
@@ -118,7 +118,7 @@ async def test_repeated_tasks_after_warmup_are_served_from_the_cache_and_stats_s
     simulated = Counting()
     rpc = local_dispatcher(
         settings.reasoning,
-        CachingLLM(simulated, LocalCacheStore(LRUTTLCache())),
+        CachingLLM(simulated, LRUTTLCache()),
         data_dir=tmp_path,
         memory=local_memory(bank),
         memory_settings=settings.memory,

@@ -35,13 +35,13 @@ def test_structured_follows_the_capabilities_through_the_observed_llm():
 
 
 def test_every_layer_of_the_llm_stack_passes_the_endpoints_capabilities_through():
-    from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+    from reasonray.gateway.cache import CachingLLM, LRUTTLCache
     from reasonray.gateway.metered import MeteredLLM
     from reasonray.gateway.resilience import ResilientLLM
     from reasonray.kernel.telemetry import NoMetrics
 
     endpoint = ScriptedLLM([])
     endpoint.capabilities = Capabilities(structured_output=True, tool_choice=True)
-    stack = MeteredLLM(ResilientLLM(CachingLLM(endpoint, LocalCacheStore(LRUTTLCache())), None), NoMetrics(), caching=True)
+    stack = MeteredLLM(ResilientLLM(CachingLLM(endpoint, LRUTTLCache()), None), NoMetrics(), caching=True)
     context, _ = context_for(stack)
     assert context.llm.capabilities == endpoint.capabilities

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reasonray.api.app import local_dispatcher
 from reasonray.api.surfaces.prometheus import merge
-from reasonray.gateway.cache import CachingLLM, LocalCacheStore, LRUTTLCache
+from reasonray.gateway.cache import CachingLLM, LRUTTLCache
 from reasonray.gateway.errors import TransientProviderError
 from reasonray.gateway.metered import MeteredLLM
 from reasonray.gateway.protocol import LLMRequest, Message
@@ -188,7 +188,7 @@ async def test_the_llm_stack_counts_calls_cache_hits_retries_failures_and_the_br
 
     breaker = CircuitBreaker(minimum_calls=4, reset_timeout_s=60)  # a's fault and success, b's two faults: 75%
     resilient = ResilientLLM(FunctionLLM(reply, model="m"), RetryPolicy(2, 0, 0, 0), breaker)
-    llm = MeteredLLM(CachingLLM(resilient, LocalCacheStore(LRUTTLCache())), metrics, caching=True, breaker=breaker, endpoint="e")
+    llm = MeteredLLM(CachingLLM(resilient, LRUTTLCache()), metrics, caching=True, breaker=breaker, endpoint="e")
     await llm.complete(ask("a"))  # fails once, retried: ok
     await llm.complete(ask("a"))  # cached
     with pytest.raises(Exception):
