@@ -18,6 +18,7 @@ known to think in its text are taken out as thinking here.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from typing import Any, cast
@@ -57,21 +58,6 @@ def split_thinking(content: str, finish_reason: str, *, thinks: bool) -> tuple[s
     if close is None:
         return "", content[first.end() :].strip(), True, len(content)
     return content[close.end() :].lstrip(), content[first.end() : close.start()].strip(), False, close.end()
-
-
-def answer_logprobs(tokens: Sequence[Any], answer_start: int) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
-    """The log-probabilities of the answer's tokens (those after `answer_start` characters of thinking in the text)."""
-    chosen: list[float] = []
-    top: list[tuple[float, ...]] = []
-    offset = 0
-    for t in tokens:
-        offset += len(t.token or "")
-        if offset <= answer_start:
-            continue
-        chosen.append(float(t.logprob))
-        if t.top_logprobs:
-            top.append(tuple(float(a.logprob) for a in t.top_logprobs))
-    return tuple(chosen), tuple(top)
 
 
 class ReplyReader:
@@ -118,7 +104,7 @@ class ReplyReader:
     def _choice(self, c: WireChoice) -> Choice:
         """One choice of a reply, whatever form its thinking came in (a separate field, tags in the text, or none)."""
         m = c.message
-        reasoning = _text(m.reasoning_content) or _text(m.reasoning)
+        reasoning = next((r for r in (m.reasoning_content, m.reasoning) if isinstance(r, str) and r), None)
         choice = read_choice(
             m.content,
             reasoning,
@@ -150,15 +136,16 @@ def read_choice(
         unfinished, start = finish == "length" and not text.strip() and not tool_calls, 0
     else:
         text, reasoning, unfinished, start = split_thinking(text, finish, thinks=thinks and not tool_calls)
-    chosen, top = answer_logprobs(logprobs, start)
+    # the log-probabilities of the answer's tokens: those that end after `start` characters of thinking in the text
+    answer = [t for t, end in zip(logprobs, itertools.accumulate(len(t.token or "") for t in logprobs), strict=True) if end > start]
     return Choice(
         text=text,
         finish_reason=cast(FinishReason, finish),  # the provider's own word for it
         tool_calls=tool_calls,
         stop_sequence=stop_sequence,
         reasoning=reasoning,
-        token_logprobs=chosen,
-        top_logprobs=top,
+        token_logprobs=tuple(float(t.logprob) for t in answer),
+        top_logprobs=tuple(tuple(float(a.logprob) for a in t.top_logprobs) for t in answer if t.top_logprobs),
         thinking_unfinished=unfinished,
     )
 
@@ -334,7 +321,3 @@ class StreamParts:
             hidden = getattr(u.completion_tokens_details, "reasoning_tokens", None)
             u = WireUsage(u.prompt_tokens, u.completion_tokens, WireCompletionDetails(hidden))
         return WireCompletion([self.choices[i] for i in sorted(self.choices)], self.model or model, u)
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
