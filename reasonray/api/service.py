@@ -38,7 +38,7 @@ from reasonray.kernel.errors import (
     attach_partial,
     describe_errors,
 )
-from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, Tally, event_log_path
+from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLMInvocation, RecordMode, RunEnd, event_log_path
 from reasonray.kernel.redact import redact
 from reasonray.kernel.retention import sweep
 from reasonray.kernel.tags import extract_answer, normalize_answer, strip_thinking
@@ -267,7 +267,7 @@ class ReasoningService:
     async def execute(self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None) -> ExecuteResult:
         """Run the request's strategy in four stages: resolve (strategy and config, within the caps), admit
         (memory, budget, deadline, the run's recorder and context), run (memory retrieval, the strategy,
-        learning; under the deadline), settle (one `RunOutcome` handed to every run-end consumer, then the
+        learning; under the deadline), settle (the run's end recorded and handed to every run-end consumer, then the
         answer). The run's events also go to the context's RUN_LISTENER, for streams."""
         resolution = await self.resolve(params)
         plan = self._admit(params, resolution, trace_id)
@@ -276,12 +276,12 @@ class ReasoningService:
         except BaseException as exc:
             status, degraded = self._failed(exc, plan.context, resolution.strategy)
             error = exc if isinstance(exc, Exception) else None
-            await asyncio.shield(self._settle(plan, plan.outcome("degraded" if degraded else status, error, getattr(exc, "data", None))))
+            await asyncio.shield(self._settle(plan, "degraded" if degraded else status, error, getattr(exc, "data", None)))
             if degraded is None:
                 raise
             # the strategy's best answer from a run that failed part-way
             return self._answer(plan, params, plan.context.result(resolution.strategy, plan.context.progress["answer"]), degraded)
-        await asyncio.shield(self._settle(plan, plan.outcome("ok", None, result.metrics.strategy_specific)))
+        await asyncio.shield(self._settle(plan, "ok", None, result.metrics.strategy_specific))
         return self._answer(plan, params, result, None)
 
     def _admit(self, params: ExecuteParams, resolution: Resolution, trace_id: str) -> RunPlan:
@@ -371,15 +371,47 @@ class ReasoningService:
             span.set({"gen_ai.usage.input_tokens": t.prompt_tokens, "gen_ai.usage.output_tokens": t.completion_tokens})
         return result
 
-    async def _settle(self, plan: RunPlan, outcome: RunOutcome) -> None:
-        """The run's record ends its event log, then goes to every run-end consumer (metrics, the caller's token
-        budget, the memory bank's statistics, the run index); shielded by the caller: finished even when it goes away."""
-        plan.recorder(outcome.end)
+    async def _settle(self, plan: RunPlan, status: str, error: Exception | None, specific: dict[str, Any] | None) -> None:
+        """The run's record ends its event log, then goes to every run-end consumer: the metrics (a bounded-context
+        run under its own names too), the caller's token budget, the memory bank's statistics and the run index; the
+        last two are written while the answer goes out (the file index fsyncs each record, which no caller should wait
+        on). `status` is ok, degraded or the error's type; `specific` the strategy's own metrics or the error's data.
+        Shielded by the caller: finished even when it goes away."""
+        context, strategy, agent = plan.context, plan.resolution.strategy, plan.agent
+        t = msgspec.structs.replace(context.llm.tally)  # a copy: the run as it ended, whatever a stray branch adds later
+        end = RunEnd(
+            trace_id=context.trace_id,
+            strategy=strategy,
+            status="error" if error else "ok",
+            total_tokens=t.prompt_tokens + t.completion_tokens,
+            execution_time_ms=context.elapsed_ms(),
+            error=type(error).__name__ if error else None,
+        )
+        plan.recorder(end)
         await plan.recorder.aclose()  # the event log is whole before any consumer reads it
-        self._meter(outcome)
-        charge_tokens(outcome.end.total_tokens)  # the caller's token budget pays what the run used
-        self._record_run(outcome)
-        self._index(outcome)
+        record_run(self.metrics, strategy, agent, t.prompt_tokens, t.completion_tokens)
+        if strategy == "bounded_context":
+            bounded_status = type(error).__name__ if error is not None else "ok"
+            record_bounded_context(self.metrics, bounded_status, end.execution_time_ms / 1000, end.total_tokens, specific)
+        record_outcome(self.metrics, strategy, agent, status, end.execution_time_ms, t.calls)
+        charge_tokens(end.total_tokens)  # the caller's token budget pays what the run used
+        if self.memory is not None:
+            # the counts the bank keeps, as numbers (a Ray client adds up a batch of these before it sends them)
+            tally = {k: getattr(t, k) for k in ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tokens")}
+            self._in_background(self.memory.record_run(tally, status == "ok"), "memory.stats_not_recorded")
+        if self.runs is not None:
+            run = RunRecord(
+                trace_id=end.trace_id,
+                kind="execute",
+                strategy=strategy,
+                status=end.status,
+                prompt_tokens=t.prompt_tokens,
+                completion_tokens=t.completion_tokens,
+                started_at=datetime.fromtimestamp(plan.started, UTC),
+                elapsed_ms=end.execution_time_ms,
+                error=end.error,
+            )
+            self._in_background(self.runs.record(run, plan.event_log), "run.not_indexed", trace_id=end.trace_id)
 
     def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
         report = plan.report
@@ -453,56 +485,6 @@ class ReasoningService:
         elif self.memory_loop.settings.passive_learning:
             await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
 
-    def _meter(self, outcome: RunOutcome) -> None:
-        """The run's tokens and outcome in the metrics (and a bounded-context run under its own names)."""
-        t, end = outcome.tally, outcome.end
-        record_run(self.metrics, end.strategy, outcome.agent, t.prompt_tokens, t.completion_tokens)
-        if end.strategy == "bounded_context":
-            status = type(outcome.error).__name__ if outcome.error is not None else "ok"
-            record_bounded_context(self.metrics, status, end.execution_time_ms / 1000, end.total_tokens, outcome.specific)
-        record_outcome(self.metrics, end.strategy, outcome.agent, outcome.status, end.execution_time_ms, t.calls)
-
-    def _record_run(self, outcome: RunOutcome) -> None:
-        """Count the run in the bank's statistics (LLM calls, cache hits), without making the caller wait."""
-        if self.memory is None:
-            return
-        # the counts the bank keeps, as numbers (a Ray client adds up a batch of these before it sends them)
-        tally = {k: getattr(outcome.tally, k) for k in ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tokens")}
-        self._in_background(self.memory.record_run(tally, outcome.status == "ok"), "memory.stats_not_recorded")
-
-    def _index(self, outcome: RunOutcome) -> None:
-        """The run in the run index, with its event log, written while the answer goes out: the file index
-        fsyncs each record, which no caller should wait on; the write finishes even when the caller goes away."""
-        if self.runs is None:
-            return
-        end = outcome.end
-        run = RunRecord(
-            trace_id=end.trace_id,
-            kind="execute",
-            strategy=end.strategy,
-            status=end.status,
-            prompt_tokens=outcome.tally.prompt_tokens,
-            completion_tokens=outcome.tally.completion_tokens,
-            started_at=datetime.fromtimestamp(outcome.started, UTC),
-            elapsed_ms=end.execution_time_ms,
-            error=end.error,
-        )
-        self._in_background(self.runs.record(run, outcome.event_log), "run.not_indexed", trace_id=end.trace_id)
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """One run as it ended: what every run-end consumer reads (instead of each reading the LLM tally)."""
-
-    end: RunEnd  # the event that closes the run's event log: strategy, tokens, time
-    agent: str  # the agent the run acted as, or `none`
-    status: str  # ok, degraded, or the error's type
-    error: Exception | None
-    specific: dict[str, Any] | None  # the strategy's own metrics, or the error's data
-    tally: Tally  # what the run's LLM calls added up to, as it ended
-    started: float  # epoch seconds
-    event_log: Path | None
-
 
 @dataclass
 class RunPlan:
@@ -518,19 +500,6 @@ class RunPlan:
     deadline: float | None
     event_log: Path | None
     started: float
-
-    def outcome(self, status: str, error: Exception | None, specific: dict[str, Any] | None) -> RunOutcome:
-        t = self.context.llm.tally
-        end = RunEnd(
-            trace_id=self.context.trace_id,
-            strategy=self.resolution.strategy,
-            status="error" if error else "ok",
-            total_tokens=t.prompt_tokens + t.completion_tokens,
-            execution_time_ms=self.context.elapsed_ms(),
-            error=type(error).__name__ if error else None,
-        )
-        tally = msgspec.structs.replace(t)  # a copy: a consumer that runs later reads the run as it ended
-        return RunOutcome(end, self.agent, status, error, specific, tally, self.started, self.event_log)
 
 
 class RunSampling(ThinkingSampling, frozen=True, omit_defaults=True):
