@@ -42,7 +42,7 @@ from reasonray.kernel.events import Budget, Event, EventRecorder, EventSink, LLM
 from reasonray.kernel.redact import redact
 from reasonray.kernel.retention import sweep
 from reasonray.kernel.tags import extract_answer, normalize_answer, strip_thinking
-from reasonray.kernel.telemetry import Metrics, NoMetrics, record_bounded_context, record_outcome, record_run
+from reasonray.kernel.telemetry import Metrics, NoMetrics, record_run
 from reasonray.memory.learning import Verifier
 from reasonray.memory.loop import (
     MemoryLoop,
@@ -389,11 +389,7 @@ class ReasoningService:
         )
         plan.recorder(end)
         await plan.recorder.aclose()  # the event log is whole before any consumer reads it
-        record_run(self.metrics, strategy, agent, t.prompt_tokens, t.completion_tokens)
-        if strategy == "bounded_context":
-            bounded_status = type(error).__name__ if error is not None else "ok"
-            record_bounded_context(self.metrics, bounded_status, end.execution_time_ms / 1000, end.total_tokens, specific)
-        record_outcome(self.metrics, strategy, agent, status, end.execution_time_ms, t.calls)
+        record_run(self.metrics, end, agent, status, t, specific)
         charge_tokens(end.total_tokens)  # the caller's token budget pays what the run used
         if self.memory is not None:
             # the counts the bank keeps, as numbers (a Ray client adds up a batch of these before it sends them)

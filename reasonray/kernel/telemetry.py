@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from reasonray.kernel.events import RunEnd, Tally
+
 Kind = Literal["counter", "histogram", "gauge"]
 LATENCY_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 """Bucket bounds of the latency histograms, in seconds (Prometheus' base unit)."""
@@ -121,28 +123,23 @@ def check(name: str, tags: dict[str, str], value: float = 1.0) -> MetricSpec:
     return spec
 
 
-def record_run(metrics: Metrics, strategy: str, agent: str, prompt_tokens: int, completion_tokens: int) -> None:
-    """A reasoning run's tokens (tagged with the strategy and the agent, or `none`); a bounded-context
-    run's iterations and savings are `record_bounded_context`'s."""
-    metrics.record("reasonray_tokens", prompt_tokens, strategy=strategy, agent=agent, kind="prompt")
-    metrics.record("reasonray_tokens", completion_tokens, strategy=strategy, agent=agent, kind="completion")
-    metrics.record("reasonray_run_tokens", prompt_tokens + completion_tokens, strategy=strategy, agent=agent)
-
-
-def record_bounded_context(metrics: Metrics, status: str, seconds: float, tokens: int, specific: dict[str, Any] | None) -> None:
-    """A bounded-context run under the `reasoning_bounded_context_*` names (status `ok` or the error's type)."""
-    metrics.record("reasoning_bounded_context_requests", status=status)
-    metrics.record("reasoning_bounded_context_duration_seconds", seconds)
-    metrics.record("reasoning_bounded_context_tokens", tokens)
+def record_run(metrics: Metrics, end: RunEnd, agent: str, status: str, tally: Tally, specific: dict[str, Any] | None) -> None:
+    """One reasoning run, failed or not: its tokens, outcome (ok, degraded or the error type), time and LLM calls,
+    tagged with the strategy that ran and the agent (or `none`); a bounded-context run also under the
+    `reasoning_bounded_context_*` names (status `ok` or the error's type; `specific` the strategy's metrics)."""
+    tags = {"strategy": end.strategy, "agent": agent}
+    metrics.record("reasonray_tokens", tally.prompt_tokens, **tags, kind="prompt")
+    metrics.record("reasonray_tokens", tally.completion_tokens, **tags, kind="completion")
+    metrics.record("reasonray_run_tokens", tally.prompt_tokens + tally.completion_tokens, **tags)
+    metrics.record("reasonray_runs", 1, **tags, status=status)
+    metrics.record("reasonray_run_latency_seconds", end.execution_time_ms / 1000, **tags, status=status)
+    metrics.record("reasonray_run_llm_calls", tally.calls, **tags)
+    if end.strategy != "bounded_context":
+        return
+    metrics.record("reasoning_bounded_context_requests", status=end.error or "ok")
+    metrics.record("reasoning_bounded_context_duration_seconds", end.execution_time_ms / 1000)
+    metrics.record("reasoning_bounded_context_tokens", end.total_tokens)
     specific = specific or {}
-    if "total_iterations" in specific:
-        metrics.record("reasoning_bounded_context_iterations", specific["total_iterations"])
-    if "compute_savings_pct" in specific:
-        metrics.record("reasoning_bounded_context_compute_savings_pct", specific["compute_savings_pct"])
-
-
-def record_outcome(metrics: Metrics, strategy: str, agent: str, status: str, latency_ms: float, llm_calls: int) -> None:
-    """One reasoning run's outcome, tagged with the strategy that ran, whether it succeeded or not."""
-    metrics.record("reasonray_runs", strategy=strategy, agent=agent, status=status)
-    metrics.record("reasonray_run_latency_seconds", latency_ms / 1000, strategy=strategy, agent=agent, status=status)
-    metrics.record("reasonray_run_llm_calls", llm_calls, strategy=strategy, agent=agent)
+    for name, key in (("iterations", "total_iterations"), ("compute_savings_pct", "compute_savings_pct")):
+        if key in specific:
+            metrics.record(f"reasoning_bounded_context_{name}", specific[key])
