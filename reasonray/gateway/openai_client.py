@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -442,7 +442,10 @@ class OpenAILLM:
             else:
                 response = await self._chat(params)
                 self.limiter.started(ticket)
-                completion, reported = self._read(response), response.usage is not None
+                completion, reported = (
+                    self.replies.completion(response, counter=self.tokens, where=self.base_url),
+                    response.usage is not None,
+                )
         except openai.OpenAIError as exc:
             raise self._translate(exc, params) from exc
         finally:
@@ -483,12 +486,8 @@ class OpenAILLM:
             params = self._params(LLMRequest(probe, purpose=FRAMING_PROBE), limit=1)  # the gateway's own call, of no run
             response = await self._chat(params)
             if response.usage is not None:
-                self._observe(probe, self._read(response))
+                self._observe(probe, self.replies.completion(response, counter=self.tokens, where=self.base_url))
         return True
-
-    def _read(self, response: WireCompletion) -> Completion:
-        """A plain answer as a Completion, its thinking read in whatever form it came (`gateway.replies`)."""
-        return self.replies.completion(response, counter=self.tokens, where=self.base_url)
 
     def _observe(self, messages: tuple[Message, ...], completion: Completion) -> None:
         if isinstance(self.tokens, ModelTokenCounter) and completion.usage.prompt_tokens:
@@ -503,23 +502,22 @@ class OpenAILLM:
         params = {**params, "stream": True, "stream_options": {"include_usage": True}}
         parts = StreamParts()
         not_started = f"the server at {self.base_url} did not start on the call within queue_timeout_s={self._queue_timeout_s:g}"
-        with self.limiter.sending():
+
+        async def queued(step: Awaitable[Any]) -> Any:
             try:
                 async with asyncio.timeout(max(queue_left_s, 0.001)):
-                    stream = await self._post(
-                        "/chat/completions", params, cast_to=ChatCompletion, stream=True, stream_cls=openai.AsyncStream[ChatCompletionChunk]
-                    )
+                    return await step
             except TimeoutError:
                 raise TransientProviderError(not_started) from None
+
+        with self.limiter.sending():
+            stream_cls = openai.AsyncStream[ChatCompletionChunk]
+            stream = await queued(self._post("/chat/completions", params, cast_to=ChatCompletion, stream=True, stream_cls=stream_cls))
             chunks = aiter(stream)
             try:
-                try:  # llama.cpp sends its first chunk once it has started on the call: the queue's time ends there
-                    async with asyncio.timeout(max(queue_left_s, 0.001)):
-                        parts.add(await anext(chunks))
-                except TimeoutError:
-                    raise TransientProviderError(not_started) from None
-                except StopAsyncIteration:
-                    pass
+                # llama.cpp sends its first chunk once it has started on the call: the queue's time ends there
+                with contextlib.suppress(StopAsyncIteration):
+                    parts.add(await queued(anext(chunks)))
                 self.limiter.started(ticket)
                 await self._read_stream(chunks, parts, request)
             finally:
