@@ -36,6 +36,9 @@ from reasonray.memory.loop import MemoryParams
 log = structlog.get_logger(__name__)
 
 ANSWER_CHARS = 2000  # answers are kept this long in results.jsonl
+# a failed record's counts, from the partial result of what the run spent: record field -> partial result key
+SPENT = {"prompt_tokens": "prompt_tokens", "completion_tokens": "completion_tokens", "llm_calls": "calls"}
+MEMORY_KEYS = ("retrieved", "stored", "outcome", "learn_error")  # a record's memory: how many retrieved and stored, how learning went
 
 
 @dataclass
@@ -99,18 +102,9 @@ async def evaluate(service: ReasoningService, example: Example, cell: Cell, memo
     except Exception as exc:  # recorded, with what the run spent before it failed; the grid goes on
         rpc = error_for(exc)
         spent = getattr(exc, "partial_result", None) or {}
-        return _failed(
-            example,
-            cell,
-            f"{type(exc).__name__}: {exc}",
-            prompt_tokens=int(spent.get("prompt_tokens", 0)),
-            completion_tokens=int(spent.get("completion_tokens", 0)),
-            llm_calls=int(spent.get("calls", 0)),
-            latency_ms=_ms(started),
-            error_code=rpc.code,
-            error_type=rpc.data.get("error_type"),
-            trace_id=trace_id,
-        )
+        counts = {field: int(spent.get(key, 0)) for field, key in SPENT.items()}
+        fields = {"error_code": rpc.code, "error_type": rpc.data.get("error_type"), "trace_id": trace_id}
+        return _failed(example, cell, f"{type(exc).__name__}: {exc}", latency_ms=_ms(started), **counts, **fields)
     return await _scored(example, cell, result.model_dump(mode="json"), _ms(started))
 
 
@@ -134,14 +128,9 @@ async def _scored(example: Example, cell: Cell, result: dict[str, Any], latency:
         **{key: m[key] for key in ("prompt_tokens", "completion_tokens", "llm_calls", "cache_hits", "retries", "model", "simulated")},
         latency_ms=latency,
         trace_id=result["trace_id"],
-        memory=None
-        if not report
-        else {
-            "retrieved": len(report.get("retrieved") or []),
-            "stored": len(report.get("stored") or []),
-            "outcome": report.get("outcome"),
-            "learn_error": report.get("learn_error"),
-        },
+        memory={key: len(report.get(key) or []) if key in ("retrieved", "stored") else report.get(key) for key in MEMORY_KEYS}
+        if report
+        else None,
     )
 
 
