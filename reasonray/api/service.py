@@ -270,9 +270,9 @@ class ReasoningService:
         learning; under the deadline), settle (the run's end recorded and handed to every run-end consumer, then the
         answer). The run's events also go to the context's RUN_LISTENER, for streams."""
         resolution = await self.resolve(params)
-        plan = self._admit(params, resolution, trace_id)
+        plan = self._admit(params, resolution, trace_id, verifier)
         try:
-            result = await self._run(plan, params, verifier)
+            result = await self._run(plan)
         except BaseException as exc:
             status, degraded = self._failed(exc, plan.context, resolution.strategy)
             error = exc if isinstance(exc, Exception) else None
@@ -280,11 +280,11 @@ class ReasoningService:
             if degraded is None:
                 raise
             # the strategy's best answer from a run that failed part-way
-            return self._answer(plan, params, plan.context.result(resolution.strategy, plan.context.progress["answer"]), degraded)
+            return self._answer(plan, plan.context.result(resolution.strategy, plan.context.progress["answer"]), degraded)
         await asyncio.shield(self._settle(plan, "ok", None, result.metrics.strategy_specific))
-        return self._answer(plan, params, result, None)
+        return self._answer(plan, result, None)
 
-    def _admit(self, params: ExecuteParams, resolution: Resolution, trace_id: str) -> RunPlan:
+    def _admit(self, params: ExecuteParams, resolution: Resolution, trace_id: str, verifier: Verifier | None) -> RunPlan:
         """What the run may use: memory (refused when the server has none), the tightest budget and deadline,
         its recorder (event log, trace, listener) and the strategy's context."""
         if self.log_queries:  # opt-in debug logging, personal data redacted
@@ -320,11 +320,12 @@ class ReasoningService:
             resolve=self.resolve_strategy,
         )
         report = self.memory_loop.report(memory, trace_id) if self.memory_loop is not None else None
-        return RunPlan(resolution, params.agent_id or "none", memory, report, recorder, capture, context, deadline, path, time.time())
+        return RunPlan(params, verifier, resolution, report, recorder, capture, context, deadline, path, time.time())
 
-    async def _run(self, plan: RunPlan, params: ExecuteParams, verifier: Verifier | None) -> ReasoningResult:
+    async def _run(self, plan: RunPlan) -> ReasoningResult:
         """Memory retrieval, the strategy and learning, in the run's span and under its deadline."""
-        strategy_name, context, report, memory = plan.resolution.strategy, plan.context, plan.report, plan.memory
+        params, context, report = plan.params, plan.context, plan.report
+        strategy_name, memory = plan.resolution.strategy, params.memory
         strategy = self.catalogue.entries[strategy_name].strategy
         attributes = {
             "reasonray.strategy": strategy_name,
@@ -363,9 +364,14 @@ class ReasoningService:
                     raise  # the caller went away (or the service stops): nobody is left to answer
                 # something under the run was cancelled (a Ray branch, a provider call): the caller gets a -32014
                 raise self._carry_partial(RunCancelledError("the run was cancelled before it answered; retry the request"), exc) from None
-            if report is not None:
+            if report is not None and self.memory_loop is not None:
                 with tracing.span("memory.store", {"reasonray.workspace": report.workspace}):
-                    await self._learn(plan, report, params.query, result, verifier)
+                    # from the run's trajectories when it asked to learn, else passively (when the bank does)
+                    if memory is not None and (capture := plan.capture) is not None:  # memory.learn
+                        trajectories = context.trajectories or [capture.trajectory(result.answer)]
+                        await self.memory_loop.learn(memory, report, context.llm, capture, params.query, trajectories, plan.verifier)
+                    elif self.memory_loop.settings.passive_learning:
+                        await self.memory_loop.passive(report, context.llm, context.emit, params.query, result.answer)
                 result.metrics = context.metrics(**result.metrics.strategy_specific)  # learning's calls count too
             t = context.llm.tally
             span.set({"gen_ai.usage.input_tokens": t.prompt_tokens, "gen_ai.usage.output_tokens": t.completion_tokens})
@@ -377,7 +383,7 @@ class ReasoningService:
         last two are written while the answer goes out (the file index fsyncs each record, which no caller should wait
         on). `status` is ok, degraded or the error's type; `specific` the strategy's own metrics or the error's data.
         Shielded by the caller: finished even when it goes away."""
-        context, strategy, agent = plan.context, plan.resolution.strategy, plan.agent
+        context, strategy, agent = plan.context, plan.resolution.strategy, plan.params.agent_id or "none"
         t = msgspec.structs.replace(context.llm.tally)  # a copy: the run as it ended, whatever a stray branch adds later
         end = RunEnd(
             trace_id=context.trace_id,
@@ -409,16 +415,16 @@ class ReasoningService:
             )
             self._in_background(self.runs.record(run, plan.event_log), "run.not_indexed", trace_id=end.trace_id)
 
-    def _answer(self, plan: RunPlan, params: ExecuteParams, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
+    def _answer(self, plan: RunPlan, result: ReasoningResult, degraded: dict[str, Any] | None) -> ExecuteResult:
         report = plan.report
         if not result.reasoning:
             result.reasoning = plan.recorder.thinking_behind(result.answer)
         return ExecuteResult(
             **result.model_dump(exclude={"trace"}),
-            trace=plan.recorder.as_trace() if params.include_trace else None,
+            trace=plan.recorder.as_trace() if plan.params.include_trace else None,
             trace_id=plan.context.trace_id,
             resolution=plan.resolution,
-            memory=report if plan.memory is not None or (report is not None and report.passive) else None,
+            memory=report if plan.params.memory is not None or (report is not None and report.passive) else None,
             degraded=degraded is not None,
             degraded_error=degraded,
         )
@@ -471,24 +477,14 @@ class ReasoningService:
 
         task.add_done_callback(done)
 
-    async def _learn(self, plan: RunPlan, report: MemoryReport, query: str, result: ReasoningResult, verifier: Verifier | None) -> None:
-        """Learning from the run: from its trajectories when it asked to learn, else passively (when the bank does)."""
-        assert self.memory_loop is not None
-        memory, context, capture = plan.memory, plan.context, plan.capture
-        if memory is not None and capture is not None:  # memory.learn
-            trajectories = context.trajectories or [capture.trajectory(result.answer)]
-            await self.memory_loop.learn(memory, report, context.llm, capture, query, trajectories, verifier)
-        elif self.memory_loop.settings.passive_learning:
-            await self.memory_loop.passive(report, context.llm, context.emit, query, result.answer)
-
 
 @dataclass
 class RunPlan:
-    """What the admit stage decided for one run, and the run's recorder and context."""
+    """One run: what it asked for, what the admit stage decided, and its recorder and context."""
 
+    params: ExecuteParams
+    verifier: Verifier | None  # judges a learning run's answer (solve_coding_task's tests)
     resolution: Resolution
-    agent: str
-    memory: MemoryParams | None
     report: MemoryReport | None
     recorder: _Teed
     capture: TrajectoryCapture | None
