@@ -70,9 +70,6 @@ class RefusalBook:
         for base_url, model, param in entries:
             self._add(base_url, model, param)
 
-    def entries(self) -> list[tuple[str, str, str]]:
-        return [(url, model, p) for (url, model), params in self._known.items() for p in sorted(params)]
-
     def _add(self, base_url: str, model: str, param: str) -> bool:
         with self._lock:
             known = self._known.get((base_url, model), frozenset())

@@ -125,8 +125,10 @@ class CircuitBreaker:
             if self._opened_at is not None:  # only probes count now; a late reply from before the opening does not
                 if self.state == "half_open":
                     self._probes_succeeded += 1
-                    if self._probes_succeeded >= self.half_open_probes:
-                        self._close()
+                    if self._probes_succeeded >= self.half_open_probes:  # closed: the window starts afresh
+                        self._opened_at, self._faults, self._probes_started, self._probes_succeeded = None, 0, 0, 0
+                        self._outcomes.clear()
+                        log.info("llm.breaker.closed")
                 return
             self._record(False)
 
@@ -165,13 +167,6 @@ class CircuitBreaker:
         self._last_rate = rate
         self._probes_started = self._probes_succeeded = 0
         log.warning("llm.breaker.opened", failure_rate=round(rate, 3), calls=len(self._outcomes))
-
-    def _close(self) -> None:
-        self._opened_at = None
-        self._outcomes.clear()
-        self._faults = 0
-        self._probes_started = self._probes_succeeded = 0
-        log.info("llm.breaker.closed")
 
 
 _breakers: dict[tuple[str, tuple[tuple[str, float], ...]], CircuitBreaker] = {}

@@ -76,7 +76,7 @@ async def test_every_client_sharing_a_book_learns_from_the_first(server):
     assert (await stats(server))["rejected"] == before["rejected"]
     # a book that loads what another process learnt starts there too, and tells its sink nothing of it
     loaded = RefusalBook(sink=lambda *entry: shared.append(entry))
-    loaded.load(book.entries())
+    loaded.load(list(shared))
     assert loaded.refused(first.base_url, "acme-reasoner") == {"max_tokens", "temperature"} and len(shared) == 2
 
 
