@@ -15,6 +15,7 @@ by example. An example that failed (status "error") counts as not correct, as it
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,12 +47,8 @@ def holm(p_values: Sequence[float]) -> list[float]:
     i-th smallest p is multiplied by (m - i), made non-decreasing along the sorted order and capped at 1."""
     m = len(p_values)
     order = sorted(range(m), key=lambda i: p_values[i])
-    adjusted = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
+    adjusted = itertools.accumulate((min(1.0, (m - rank) * p_values[i]) for rank, i in enumerate(order)), max)
+    return [p for _, p in sorted(zip(order, adjusted, strict=True))]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from reasonray.evals.scoring import extract_number, same_number
 from reasonray.evals.studies import k_curves, learning_curves, repeat
 
 NON_INFERIORITY_MARGIN = 0.10  # bounded context against chain of thought at the same config and budget
+COMPARED = ("a", "b", "paired", "both", "only_a", "only_b")  # a comparison's names and counts, as its table shows them
 
 
 @dataclass(frozen=True)
@@ -202,15 +203,7 @@ def markdown(report: dict[str, Any]) -> str:
             "Paired comparisons",
             ["A", "B", "paired examples", "both right", "A better", "B better", "exact p", "Holm p", "A - B (95% CI)", "bootstrap p"],
             [
-                [
-                    c["a"],
-                    c["b"],
-                    *(str(c[k]) for k in ("paired", "both", "only_a", "only_b")),
-                    _p(c["mcnemar_p"]),
-                    _p(c["p_holm"]),
-                    _difference(c, ""),
-                    _p(c["bootstrap_p"]),
-                ]
+                [*(str(c[k]) for k in COMPARED), _p(c["mcnemar_p"]), _p(c["p_holm"]), _difference(c, ""), _p(c["bootstrap_p"])]
                 for c in report["comparisons"]
             ],
             intro="Same examples, strategy A against strategy B, counted by example (seeds of one example are one example: its "
