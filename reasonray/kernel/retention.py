@@ -23,7 +23,6 @@ class Swept:
     deleted_files: int
     deleted_bytes: int
     kept_files: int
-    kept_bytes: int
 
 
 def _logs(events_dir: Path) -> list[tuple[float, int, Path]]:
@@ -67,7 +66,7 @@ def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float |
     _remove_empty_days(events_dir, keep=recent)
     if deleted_files:
         log.info("events.swept", deleted_files=deleted_files, deleted_bytes=deleted_bytes)
-    return Swept(deleted_files, deleted_bytes, len(logs) - deleted_files, total)
+    return Swept(deleted_files, deleted_bytes, len(logs) - deleted_files)
 
 
 def purge(events_dir: Path, before: date) -> Swept:
@@ -83,8 +82,7 @@ def purge(events_dir: Path, before: date) -> Swept:
             deleted_files += 1
             deleted_bytes += size
     _remove_empty_days(events_dir, keep=set())
-    kept = [size for _, size, path in _logs(events_dir)]
-    return Swept(deleted_files, deleted_bytes, len(kept), sum(kept))
+    return Swept(deleted_files, deleted_bytes, len(_logs(events_dir)))
 
 
 def _remove_empty_days(events_dir: Path, keep: set[str]) -> None:

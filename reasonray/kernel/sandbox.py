@@ -66,7 +66,6 @@ class RunResult:
     stderr: str
     exit_code: int | None  # None: killed on timeout
     timed_out: bool
-    truncated: bool
 
     @property
     def ok(self) -> bool:
@@ -169,11 +168,10 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> RunR
         await proc.wait()
     if not timed_out and proc.returncode in (1, 127) and out.size == 0 and err.text().startswith(("bwrap:", "setpriv:", "prlimit:")):
         raise SandboxUnavailableError(f"the python sandbox could not start: {err.text().strip()[:300]}")
-    stdout, cut_out = out.clipped(limits.max_output_chars)
-    stderr, cut_err = err.clipped(limits.max_output_chars)
+    stdout, stderr = out.clipped(limits.max_output_chars), err.clipped(limits.max_output_chars)
     # RLIMIT_CPU's hard limit ends the code with SIGKILL (bwrap passes it on as 128 + 9): its time budget is spent
     timed_out = timed_out or proc.returncode in (128 + signal.SIGKILL, -signal.SIGKILL)
-    return RunResult(stdout, stderr, None if timed_out else proc.returncode, timed_out, cut_out or cut_err)
+    return RunResult(stdout, stderr, None if timed_out else proc.returncode, timed_out)
 
 
 @dataclass
@@ -195,11 +193,11 @@ class _Capture:
     def text(self) -> str:
         return self.kept.decode(errors="replace")
 
-    def clipped(self, limit: int) -> tuple[str, bool]:
-        """The text cut to `limit` characters, saying how many more there were; and whether it was cut."""
+    def clipped(self, limit: int) -> str:
+        """The text cut to `limit` characters, saying how many more there were."""
         text = self.text()
         more = max(len(text) - limit, 0) + (self.size - len(self.kept))
-        return (text[:limit] + f"\n... [truncated: {more} more characters]", True) if more else (text, False)
+        return text[:limit] + f"\n... [truncated: {more} more characters]" if more else text
 
 
 async def _feed(stdin: asyncio.StreamWriter | None, data: bytes) -> None:
