@@ -36,7 +36,8 @@ LLM_COUNTS = ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tok
 
 
 class RetrievalOptions(TypedDict, total=False):
-    """What narrows a retrieval (`ReasoningBank.ranked` holds the defaults), passed through every memory client."""
+    """What narrows a retrieval, passed through every memory client. Unset: the [memory] settings' top_k and
+    min_similarity, no excluded task, no domain or error pattern, not errors only."""
 
     top_k: int | None
     exclude_task_ids: Sequence[str]
@@ -188,32 +189,20 @@ class ReasoningBank:
         self.stats.add({"retrieval": (time.perf_counter() - started) * 1000})
         return found
 
-    def ranked(
-        self,
-        vector: Sequence[float],
-        *,
-        workspace: str,
-        top_k: int | None = None,
-        exclude_task_ids: Sequence[str] = (),
-        domain: str | None = None,
-        error_patterns: Sequence[str] = (),
-        error_only: bool = False,
-        min_similarity: float | None = None,
-    ) -> list[Retrieved]:
+    def ranked(self, vector: Sequence[float], *, workspace: str, **options: Unpack[RetrievalOptions]) -> list[Retrieved]:
         """Retrieval from an embedded query: nearest candidates, composite re-ranking, best `top_k` tasks."""
-        s = self.settings
-        top_k = top_k or s.top_k
-        floor = s.min_similarity if min_similarity is None else min_similarity
-        where = _where(
-            {"task_id": {"$nin": list(exclude_task_ids)}} if exclude_task_ids else None, {"has_error": True} if error_only else None
-        )
+        s, o = self.settings, options
+        top_k = o.get("top_k") or s.top_k
+        floor = s.min_similarity if (given := o.get("min_similarity")) is None else given
+        exclude, error_only = o.get("exclude_task_ids"), o.get("error_only")
+        where = _where({"task_id": {"$nin": list(exclude)}} if exclude else None, {"has_error": True} if error_only else None)
         score = partial(
             composite,
             now=self.clock(),
             weights=s.weights,
             half_life_days=s.recency_half_life_days,
-            domain=domain,
-            error_patterns=error_patterns,
+            domain=o.get("domain"),
+            error_patterns=o.get("error_patterns", ()),
         )
         nearest = self.store.nearest(workspace, vector, max(s.candidates, top_k * 3), where)
         scored = [(item, score(item, sim)) for item, distance in nearest if (sim := similarity_from_cosine_distance(distance)) >= floor]
