@@ -56,7 +56,13 @@ def _eval(node: ast.AST, max_digits: int) -> float:
                 f"exponent {right} is too large (the calculator's cap is {MAX_EXPONENT})",
                 {"cap": "calculator exponent", "limit": MAX_EXPONENT},
             )
-        digits = _result_digits(node.op, left, right)
+        # an upper estimate of the result's decimal digits, from its operands alone
+        if isinstance(node.op, ast.Pow):
+            digits = max(right, 0) * _digits(left)
+        elif isinstance(node.op, ast.Mult):
+            digits = _digits(left) + _digits(right)
+        else:
+            digits = max(_digits(left), _digits(right)) + 1
         if digits > max_digits:
             raise CapExceededError(
                 f"the result would have about {digits:.0f} digits; the calculator's cap is {max_digits}"
@@ -71,15 +77,6 @@ def _digits(value: float) -> float:
     if isinstance(value, int):
         return value.bit_length() * math.log10(2)
     return math.log10(abs(value)) if value and math.isfinite(value) else 0.0
-
-
-def _result_digits(op: ast.operator, left: float, right: float) -> float:
-    """An upper estimate of the result's decimal digits, from its operands alone."""
-    if isinstance(op, ast.Pow):
-        return max(right, 0) * _digits(left)
-    if isinstance(op, ast.Mult):
-        return _digits(left) + _digits(right)
-    return max(_digits(left), _digits(right)) + 1
 
 
 def format_number(value: float) -> str:

@@ -148,7 +148,7 @@ class EndpointLimiter:
                 self._give_back()
                 raise
             except Exception as exc:  # the cluster's slots are a courtesy to the server: the call still goes
-                self._shared_unavailable(exc)
+                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
             if lease is not None and lease.serial and not self.serial:
                 self._serialise(shared=False)
         return Ticket(self._clock(), lease)
@@ -194,10 +194,7 @@ class EndpointLimiter:
             try:
                 self.shared.serialise(self.name)
             except Exception as exc:
-                self._shared_unavailable(exc)
-
-    def _shared_unavailable(self, exc: Exception) -> None:
-        log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
+                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
 
     def _grant(self) -> None:
         # the lock is held
@@ -257,7 +254,7 @@ class EndpointLimiter:
             try:
                 self.shared.release(lease)
             except Exception as exc:  # the holder's lease then expires with its heartbeat
-                self._shared_unavailable(exc)
+                log.warning("llm.concurrency.shared_unavailable", endpoint=self.name, reason=str(exc)[:200])
 
 
 _limiters: dict[str, EndpointLimiter] = {}

@@ -121,30 +121,27 @@ class LocalModelServer:
         # a PORT a launcher (a PaaS, a script) exported would move the model server onto the API's own port
         env = {k: v for k, v in os.environ.items() if k not in SERVER_ENV_OVERRIDES}
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        deadline = time.monotonic() + self.section.startup_timeout_s
         try:
-            self._wait_until_ready()
+            while True:  # until the model has loaded and answers
+                if self.process.poll() is not None:
+                    raise LLMConfigError(
+                        f"the local model server exited with code {self.process.returncode} while starting: {self.log_tail()}"
+                    )
+                try:
+                    if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise LLMConfigError(
+                        f"the local model server did not answer within {self.section.startup_timeout_s:g} s "
+                        f"([llm.local] startup_timeout_s): {self.log_tail()}"
+                    )
+                time.sleep(0.25)
         except BaseException:
             self.stop()
             raise
-        return self
-
-    def _wait_until_ready(self) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + self.section.startup_timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise LLMConfigError(f"the local model server exited with code {self.process.returncode} while starting: {self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise LLMConfigError(
-                    f"the local model server did not answer within {self.section.startup_timeout_s:g} s "
-                    f"([llm.local] startup_timeout_s): {self.log_tail()}"
-                )
-            time.sleep(0.25)
 
     def log_tail(self, chars: int = 2000) -> str:
         if self.log_path is None or not self.log_path.exists():

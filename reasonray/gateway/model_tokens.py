@@ -307,26 +307,19 @@ class ModelTokenCounter:
             return text
         target = n
         for _ in range(6):  # decoding a cut and encoding it again can differ by a token or two at the seam
-            piece = self._candidate(text, target, from_end)
+            ids, piece = self._model_ids(text), None
+            if ids is not None and self.source is not None:
+                piece = self.source.decode(ids[len(ids) - target :] if from_end else ids[:target])
+            if piece is None:  # the estimate's cut, in base tokens
+                base_n = math.floor(target / (self.ratio * (1 + self.margin)))
+                piece = self.base.tail(text, base_n) if from_end else self.base.head(text, base_n)
             over = self.count(piece) - n
             if over <= 0:
                 return piece
             target -= over
             if target <= 0:
                 break
-        return self._bisect(text, n, from_end)
-
-    def _candidate(self, text: str, n: int, from_end: bool) -> str:
-        ids = self._model_ids(text)
-        if ids is not None and self.source is not None:
-            decoded = self.source.decode(ids[len(ids) - n :] if from_end else ids[:n])
-            if decoded is not None:
-                return decoded
-        base_n = math.floor(n / (self.ratio * (1 + self.margin)))
-        return self.base.tail(text, base_n) if from_end else self.base.head(text, base_n)
-
-    def _bisect(self, text: str, n: int, from_end: bool) -> str:
-        lo, hi = 0, len(text)  # the longest piece, in characters, whose count fits
+        lo, hi = 0, len(text)  # else the longest piece, in characters, whose count fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
             piece = text[len(text) - mid :] if from_end else text[:mid]

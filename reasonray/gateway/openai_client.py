@@ -57,12 +57,6 @@ def is_loopback_url(url: str) -> bool:
     return is_loopback_host(urlparse(url).hostname or "")
 
 
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    with contextlib.suppress(ValueError):  # absent, or an HTTP date rather than seconds
-        return float(exc.response.headers.get("retry-after", ""))
-    return None
-
-
 class OpenAILLM:
     """Chat completions through the official openai client, within what the endpoint can take.
 
@@ -373,7 +367,10 @@ class OpenAILLM:
             status = exc.status_code
             detail = f"HTTP {status} from {self.base_url}: {exc.message}"
             if status in TRANSIENT_STATUS or status >= 500:
-                return TransientProviderError(detail, status_code=status, retry_after_s=_retry_after(exc))
+                retry_after = None
+                with contextlib.suppress(ValueError):  # absent, or an HTTP date rather than seconds
+                    retry_after = float(exc.response.headers.get("retry-after", ""))
+                return TransientProviderError(detail, status_code=status, retry_after_s=retry_after)
             if (context := context_length_in(str(exc.message))) is not None:
                 self._learned_context = context  # the next calls are fitted to it
             elif status == 400 and params and (param := refused_param(str(exc.message), getattr(exc, "param", None), params)):
