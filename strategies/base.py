@@ -238,19 +238,14 @@ class StrategyContext:
 
     def metrics(self, **strategy_specific: Any) -> ReasoningMetrics:
         """The run's standard metrics so far, from what its LLM calls (branches included) added up to."""
-        t = self.llm.tally
+        tally = msgspec.structs.asdict(self.llm.tally)  # the token counts, cache hits, retries and simulated by their own names
+        calls, model = tally.pop("calls"), tally.pop("model")
         return ReasoningMetrics(
-            total_tokens=t.prompt_tokens + t.completion_tokens,
-            prompt_tokens=t.prompt_tokens,
-            completion_tokens=t.completion_tokens,
-            reasoning_tokens=t.reasoning_tokens,
-            thinking_unenforced=t.thinking_unenforced,
+            **tally,
+            total_tokens=tally["prompt_tokens"] + tally["completion_tokens"],
             execution_time_ms=self.elapsed_ms(),
-            llm_calls=t.calls,
-            cache_hits=t.cache_hits,
-            retries=t.retries,
-            model=t.model or self.llm.model,
-            simulated=t.simulated,
+            llm_calls=calls,
+            model=model or self.llm.model,
             strategy_specific=strategy_specific,
         )
 

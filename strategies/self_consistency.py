@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -97,14 +98,9 @@ class SelfConsistencyConfig(StrategyConfig):
 
 def lowest_group(values: tuple[float, ...] | list[float], window: int) -> float:
     """The lowest mean over any `window` consecutive values (the mean of all when there are fewer)."""
-    if len(values) <= window:
-        return sum(values) / len(values)
-    total = sum(values[:window])
-    lowest = total
-    for i in range(window, len(values)):
-        total += values[i] - values[i - window]
-        lowest = min(lowest, total)
-    return lowest / window
+    window = min(window, len(values))
+    sums = list(accumulate(values, initial=0.0))  # a window's sum is the difference of two running sums
+    return min(b - a for a, b in zip(sums, sums[window:], strict=False)) / window
 
 
 def confidences(choice: Choice, window: int) -> tuple[float | None, float | None]:
@@ -194,9 +190,7 @@ def vote(chains: list[Chain], cfg: SelfConsistencyConfig, *, weighed: bool = Tru
         if cfg.confidence == "filter":
             ranked = sorted(answered, key=lambda v: -weight_of(chains[v[0]]))  # stable: ties keep chain order
             kept = sorted(ranked[: max(1, math.ceil(cfg.keep_top * len(ranked)))])
-        weights = {}
-        for i, norm in kept:
-            weights[norm] = weights.get(norm, 0.0) + weight_of(chains[i])
+        weights = {norm: sum(weight_of(chains[i]) for i, n in kept if n == norm) for _, norm in kept}
         details |= {
             "confidences": [round(weight_of(c), 4) if a else None for c, a in zip(chains, voting, strict=True)],
             "weighted_votes": {norm: round(w, 4) for norm, w in sorted(weights.items(), key=lambda kv: -kv[1])},
