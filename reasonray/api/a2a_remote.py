@@ -130,6 +130,7 @@ async def forward(
     skill = skill or agent.get("default_strategy")
     started = time.perf_counter()
     limit_s = min(d for d in (egress.settings.call_timeout_s, deadline_s) if d is not None)
+    failure: str | None = None
     try:
         async with _slot(egress, agent["a2a_card_url"], limit_s), asyncio.timeout(limit_s):
             connection = http or egress.client(limit_s)
@@ -145,19 +146,14 @@ async def forward(
                     # door's), and a second cancel in the middle of the close left the remote's connection open
                     await asyncio.shield(connection.aclose())
     except TimeoutError:
-        raise RemoteAgentError(
-            f"remote agent {agent['id']!r} did not answer within {limit_s:g} s ([egress] call_timeout_s or budget.deadline_s)",
-            {"agent_id": agent["id"]},
-        ) from None
+        failure = f"did not answer within {limit_s:g} s ([egress] call_timeout_s or budget.deadline_s)"
     except InvalidParamsError:
-        raise RemoteAgentError(
-            f"remote agent {agent['id']!r} is unreachable: its card could not be fetched", {"agent_id": agent["id"]}
-        ) from None
+        failure = "is unreachable: its card could not be fetched"
     except (A2AError, A2AClientError, httpx.HTTPError) as exc:
         log.warning("agent.remote_failed", agent_id=agent["id"], trace_id=trace_id, error=f"{type(exc).__name__}: {exc}"[:500])
-        raise RemoteAgentError(
-            f"remote agent {agent['id']!r} gave no usable answer (the server log has the detail)", {"agent_id": agent["id"]}
-        ) from None
+        failure = "gave no usable answer (the server log has the detail)"
+    if failure is not None:  # raised outside the handlers: the caller sees no chained transport error
+        raise RemoteAgentError(f"remote agent {agent['id']!r} {failure}", {"agent_id": agent["id"]})
     answer, remote = _answer(agent["id"], replies)
     used = remote_strategy(agent["id"])
     return ExecuteResult(

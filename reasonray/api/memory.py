@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from pydantic import AwareDatetime, Field
@@ -21,7 +20,7 @@ from reasonray.api.declarations import EVERYONE, REASONERS, Access, Resource
 from reasonray.api.jsonrpc import Call, Params, Table, declare
 from reasonray.api.service import ExecuteParams
 from reasonray.kernel.errors import InvalidParamsError
-from reasonray.kernel.sandbox import SandboxLimits, run_python
+from reasonray.kernel.sandbox import run_python
 from reasonray.memory.items import WORKSPACE, Difficulty, ErrorContext
 from reasonray.memory.loop import MemoryParams, MemoryReport
 
@@ -119,15 +118,6 @@ def extract_code(answer: str) -> str:
     return (found.group(1) if found else answer).strip()
 
 
-def tests_verifier(tests: str, limits: SandboxLimits) -> Callable[[str], Awaitable[bool]]:
-    """Success when the solution and the tests run together in the sandbox without an error."""
-
-    async def verify(answer: str) -> bool:
-        return (await run_python(f"{extract_code(answer)}\n\n{tests}\n", limits)).ok
-
-    return verify
-
-
 READ_WORKSPACE = Access(EVERYONE, (Resource("workspace", "workspace", personal=True),))
 
 
@@ -212,20 +202,20 @@ SOLVE_ACCESS = Access(
 )
 
 
-def _solve_params(params: SolveCodingTaskParams) -> ExecuteParams:
-    """The run a coding task asks for: refine under MaTTS, memory-aware, in the coding domain."""
+@declare(MEMORY, "solve_coding_task", access=SOLVE_ACCESS, mcp_tool="solve_coding_task")
+async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: Call) -> results.SolveCodingTaskResult:
+    """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
+
+    async def verify(answer: str) -> bool:  # success: the solution and the tests run together in the sandbox without an error
+        return (await run_python(f"{extract_code(answer)}\n\n{params.tests}\n", ctx.sandbox)).ok
+
+    # the run a coding task asks for: refine under MaTTS, memory-aware, in the coding domain
     base = {"base_strategy": "refine", "k": params.matts_k, "mode": params.matts_mode, "enabled": params.enable_matts}
     memory = MemoryParams(
         enabled=params.use_memory, workspace=params.workspace, learn=params.store_result, task_id=params.task_id, domain="coding"
     )
-    return ExecuteParams.checked(query=params.task, strategy="matts", strategy_config=base, memory=memory)
-
-
-@declare(MEMORY, "solve_coding_task", access=SOLVE_ACCESS, mcp_tool="solve_coding_task")
-async def solve_coding_task(ctx: Context, params: SolveCodingTaskParams, call: Call) -> results.SolveCodingTaskResult:
-    """Solve a coding task with refine (and MaTTS), memory-aware; tests, when given, verify it."""
-    verifier = tests_verifier(params.tests, ctx.sandbox) if params.tests else None
-    result = await ctx.service.execute(_solve_params(params), call.trace_id, verifier=verifier)
+    run = ExecuteParams.checked(query=params.task, strategy="matts", strategy_config=base, memory=memory)
+    result = await ctx.service.execute(run, call.trace_id, verifier=verify if params.tests else None)
     report = result.memory or MemoryReport(workspace="", task_id="")  # none: nothing retrieved, judged or stored
     summary = {
         "solution": extract_code(result.answer),
