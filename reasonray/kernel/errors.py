@@ -6,26 +6,8 @@ A2A task becomes: `failed`, or `rejected` for a refusal before any run) and the 
 The gateway's errors (`reasonray.gateway.errors`), configuration, evaluation, tool-argument and
 simulator errors are branches of the same tree.
 
-    ReasonRayError
-    ├── InvalidParamsError          the caller sent bad parameters                      -32602
-    │   └── ReentryError            client tool results do not match the pending calls  -32602
-    ├── StrategyUnavailableError    the strategy asked for is unknown, disabled or none  -32002
-    ├── MaxIterationsError          a strategy used its iterations without an answer    -32001
-    │   └── MaxLLMCallsError        a turn used its LLM calls without finishing         -32001
-    ├── ModelBehaviorError          the model's output broke the strategy's protocol    -32010
-    │   └── UnregisteredToolError   the model called a tool that is not available       -32010
-    ├── BudgetExceededError         the request's token budget ran out                  -32004
-    ├── NotFoundError               the agent (session, memory) named does not exist    -32005
-    ├── ToolFailedError             a tool (server or client) failed: the turn ends     -32006
-    │   └── SandboxUnavailableError the python sandbox (bubblewrap) cannot start here   -32006
-    ├── SessionStateError           the session cannot take this request now            -32007
-    ├── MemoryUnavailableError      the memory store or embedding model cannot serve     -32008
-    ├── OverloadedError             too much in flight here now; retry after a while    -32011
-    ├── RunCancelledError           the run was cancelled (caller gone, shutdown)        -32014
-    ├── DeadlineExceededError       the request's deadline passed before an answer       -32015
-    ├── UnauthenticatedError        no valid credentials came with the request          -32016
-    ├── ForbiddenError              the caller may not do this (or it is not theirs)    -32003
-    └── RateLimitedError            the caller's rate limit or token budget is used up  -32012
+docs/api.md ("Errors") tables every code with its meaning and `data`; the classes below, each with its code
+in its header, are the tree itself.
 
 The model provider's own failures (`reasonray.gateway.errors`) map to -32013 with a summary that
 never carries the provider's URL or body (those go to the log).
