@@ -212,14 +212,12 @@ class SharedCacheStore:
         if self._since_prune >= min(self.prune_every, self.max_entries):
             self._since_prune = 0
             with self._transaction(db):
-                self._prune(db)
-
-    def _prune(self, db: sqlite3.Connection) -> None:
-        expired = db.execute("DELETE FROM entries WHERE stored_at < ?", (self._clock() - self.ttl_s,)).rowcount
-        evicted = db.execute(
-            "DELETE FROM entries WHERE key IN (SELECT key FROM entries ORDER BY used_at DESC LIMIT -1 OFFSET ?)", (self.max_entries,)
-        ).rowcount
-        self._count(db, {"expirations": expired, "evictions": evicted})
+                expired = db.execute("DELETE FROM entries WHERE stored_at < ?", (self._clock() - self.ttl_s,)).rowcount
+                evicted = db.execute(
+                    "DELETE FROM entries WHERE key IN (SELECT key FROM entries ORDER BY used_at DESC LIMIT -1 OFFSET ?)",
+                    (self.max_entries,),
+                ).rowcount
+                self._count(db, {"expirations": expired, "evictions": evicted})
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -62,15 +62,6 @@ def _ask(http: httpx.Client, url: str, body: dict[str, Any] | None = None) -> An
         return None
 
 
-def _from_models(data: Any, model: str) -> tuple[Flavour, tuple[str, ...], int | None]:
-    cards = [c for c in (data.get("data") if isinstance(data, dict) else None) or [] if isinstance(c, dict)]
-    ids = tuple(str(c.get("id")) for c in cards)
-    card = next((c for c in cards if c.get("id") == model), cards[0] if cards else {})
-    owner = str(card.get("owned_by", ""))
-    flavour: Flavour = {"vllm": "vllm", "llamacpp": "llama.cpp", "reasonray-simulator": "simulator"}.get(owner, "unknown")  # type: ignore[assignment]
-    return flavour, ids, _int(card.get("max_model_len"))
-
-
 TOKENIZE_STYLES: dict[str, tuple[str, str, str]] = {
     # style, in the order probed (llama-cpp-python first: its path is its own, so a hit also says which server this is):
     # (path of its tokenize and detokenize under the server's root, field of the text, field of the text in a detokenize answer)
@@ -112,7 +103,12 @@ def discover_sync(base_url: str, model: str, *, api_key: str | None = None, time
     root = base_url.rstrip("/").removesuffix("/v1")  # the server's root: the OpenAI base URL without its trailing /v1
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=timeout_s, headers=headers) as http:
-        flavour, ids, context = _from_models(_ask(http, f"{base_url.rstrip('/')}/models"), model)
+        models = _ask(http, f"{base_url.rstrip('/')}/models")
+        cards = [c for c in (models.get("data") if isinstance(models, dict) else None) or [] if isinstance(c, dict)]
+        card = next((c for c in cards if c.get("id") == model), cards[0] if cards else {})
+        owner = str(card.get("owned_by", ""))
+        flavour: Flavour = {"vllm": "vllm", "llamacpp": "llama.cpp", "reasonray-simulator": "simulator"}.get(owner, "unknown")  # type: ignore[assignment]
+        ids, context = [str(c.get("id")) for c in cards], _int(card.get("max_model_len"))
         props = _ask(http, f"{root}/props") if flavour in ("unknown", "llama.cpp") else None
         slots = model_path = None
         if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):

@@ -393,8 +393,14 @@ class OpenAILLM:
             completion = await self._learning(request, None, limit, effort=chosen.effort)
             if chosen.control:
                 completion = msgspec.structs.replace(completion, thinking_control=chosen.control)
-        if request.stop and "stop" in self.refused():
-            completion = _stopped(completion, request.stop)
+        if request.stop and "stop" in self.refused():  # the reply cut at its first stop sequence, as the server would have
+            choices = []
+            for choice in completion.choices:
+                if hits := [(i, s) for s in request.stop if s and (i := choice.text.find(s)) >= 0]:
+                    at, seq = min(hits)
+                    choice = msgspec.structs.replace(choice, text=choice.text[:at], finish_reason="stop", stop_sequence=seq)
+                choices.append(choice)
+            completion = msgspec.structs.replace(completion, choices=tuple(choices))
         return completion
 
     async def _learning(self, request: LLMRequest, prefix: str | None, limit: int | None, *, effort: str | None = None) -> Completion:
@@ -563,15 +569,3 @@ def _system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rest[i] = {**m, "content": f"{system}\n\n{m['content']}"}
             return rest
     return [{"role": "user", "content": system}, *rest]
-
-
-def _stopped(completion: Completion, stop: tuple[str, ...]) -> Completion:
-    """The reply cut at its first stop sequence, for a model that refuses `stop`: what the server would have done."""
-    choices = []
-    for choice in completion.choices:
-        hits = [(i, s) for s in stop if s and (i := choice.text.find(s)) >= 0]
-        if hits:
-            at, seq = min(hits)
-            choice = msgspec.structs.replace(choice, text=choice.text[:at], finish_reason="stop", stop_sequence=seq)
-        choices.append(choice)
-    return msgspec.structs.replace(completion, choices=tuple(choices))
