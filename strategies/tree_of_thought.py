@@ -207,8 +207,9 @@ class Search:
     def budget_left(self) -> int:
         return self.cfg.max_nodes - len(self.nodes)
 
-    async def expand(self, parents: list[Node]) -> list[Node]:
-        """Propose `breadth` children per parent (one fan-out), drop duplicates, evaluate them (another)."""
+    async def expand(self, parents: list[Node], keep: int | None = None) -> list[Node]:
+        """Propose `breadth` children per parent (one fan-out), drop duplicates, evaluate them (another); the `keep` best
+        that pass the threshold (scored first, best first; stable otherwise) are kept, the others pruned."""
         slots = [(p, i) for p in parents for i in range(self.cfg.breadth)][: max(self.budget_left, 0)]
         branches = [partial(propose, self.query, p.steps, self.cfg, self.cfg.seed + i) for p, i in slots]
         proposals = await self.settled(branches, f"{self.strategy}.expand") if branches else []
@@ -229,7 +230,11 @@ class Search:
         await self.evaluate(children)
         self.nodes += children
         self.note_progress()
-        return sorted(children, key=lambda n: (not n.scored, -n.score))  # scored first, best first; stable otherwise
+        ranked = sorted(children, key=lambda n: (not n.scored, -n.score))
+        kept = [n for n in ranked if self.passes(n)][:keep]
+        for node in ranked:
+            self.record(node, "kept" if node in kept else "pruned")
+        return kept
 
     def note_progress(self) -> None:
         """The best path and answer so far, for `error.data.partial` should a later call fail."""
@@ -288,10 +293,7 @@ class Search:
         for _ in range(self.cfg.depth):
             if not frontier or self.budget_left <= 0:
                 break
-            ranked = await self.expand(frontier)
-            kept = [n for n in ranked if self.passes(n)][: self.cfg.beam_width]
-            for node in ranked:
-                self.record(node, "kept" if node in kept else "pruned")
+            kept = await self.expand(frontier, self.cfg.beam_width)
             if kept and kept[0].answer is not None:
                 return kept[0]
             frontier = [n for n in kept if n.answer is None]
@@ -300,12 +302,7 @@ class Search:
     async def dfs(self, node: Node) -> Node | None:
         if node.depth >= self.cfg.depth or self.budget_left <= 0:
             return None
-        ranked = await self.expand([node])
-        for child in ranked:
-            self.record(child, "kept" if self.passes(child) else "pruned")
-        for child in ranked:
-            if child.status != "kept":
-                continue
+        for child in await self.expand([node]):
             if child.answer is not None:
                 return child
             if found := await self.dfs(child):
