@@ -1,4 +1,4 @@
-"""The audit log: who did what (principal, method, target, outcome, trace id), newest first when read.
+"""The audit log: who did what (principal, method, target, outcome, trace id), written for operators to read.
 
 `open_audit` picks the writer from the settings: with a cluster store (`[store] url`) every replica on
 every node appends to its `audit_log` table (`PgAuditLog`); without one, `JsonlAuditLog` appends one
@@ -42,17 +42,10 @@ class AuditRecord(BaseModel):
 class AuditLog(Protocol):
     async def write(self, record: AuditRecord) -> None: ...
 
-    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
-        """The newest records first, of one principal or of all."""
-        ...
-
 
 class NoAudit:
     async def write(self, record: AuditRecord) -> None:
         return None
-
-    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
-        return []
 
 
 class JsonlAuditLog:
@@ -60,16 +53,11 @@ class JsonlAuditLog:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.chmod(path, 0o600)  # an older file created with a laxer umask
 
     async def write(self, record: AuditRecord) -> None:
         os.write(self._fd, (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode())
-
-    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
-        records = [AuditRecord.model_validate_json(line) for line in self.path.read_bytes().splitlines() if line]
-        return [r for r in reversed(records) if principal is None or r.principal == principal][:limit]
 
 
 @dataclass
@@ -87,11 +75,6 @@ class PgAuditLog:
             "INSERT INTO audit_log (at, principal, action, detail) VALUES (%s, %s, %s, %s)",
             (record.at, record.principal, record.method, self.store.jsonb(detail)),
         )
-
-    async def recent(self, principal: str | None = None, limit: int = 100) -> list[AuditRecord]:
-        where, params = ("WHERE principal = %s", (principal, limit)) if principal is not None else ("", (limit,))
-        rows = await self.store.fetch(f"SELECT at, principal, action, detail FROM audit_log {where} ORDER BY id DESC LIMIT %s", params)
-        return [AuditRecord(at=at, principal=who, method=action, **detail) for at, who, action, detail in rows]
 
 
 async def audit_refusal(audit: AuditLog, *, method: str, outcome: str, reason: str, trace_id: str, principal: str | None = None) -> None:

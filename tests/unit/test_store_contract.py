@@ -205,15 +205,6 @@ async def test_session_turns_land_in_the_run_index(store):
     assert "LLM_INVOCATION" in [e["type"] for e in events]
 
 
-async def test_the_audit_log_reads_newest_first_and_by_principal(store):
-    log = open_audit(store.url, store.data_dir)
-    for i, who in enumerate(["alice", "bob", "alice"]):
-        await log.write(AuditRecord(at=datetime.now(UTC), principal=who, method="agent.register", outcome="ok", trace_id=f"t{i}"))
-    other = open_audit(store.url, store.other_data_dir())
-    assert [e.trace_id for e in await other.recent()] == ["t2", "t1", "t0"]
-    assert [e.trace_id for e in await other.recent(principal="alice", limit=1)] == ["t2"]
-
-
 def test_counters_add_up_per_window(store):
     c = open_counters(store.url, store.data_dir)
     now = time.time() // 60 * 60 + 1  # the start of a current window: ended windows are pruned by the clock
@@ -306,7 +297,6 @@ async def test_with_a_store_the_audit_log_is_its_table_and_nothing_is_written_to
     [(action, detail)] = await pg_store(postgres.url).fetch("SELECT action, detail FROM audit_log WHERE principal = 'alice'")
     assert action == "session.get"
     assert detail == {"roles": ["reasoner"], "target": "session:s1", "outcome": "forbidden", "trace_id": "t1"}
-    assert await open_audit(postgres.url, tmp_path / "node-b").recent(principal="alice") == [record]
     assert not (tmp_path / "node-a").exists()
 
 
@@ -316,7 +306,7 @@ async def test_the_file_audit_log_is_private_to_its_owner_and_makes_its_director
     await log.write(AuditRecord(at=datetime(2026, 1, 1, tzinfo=UTC), principal="alice", method="agent.register", outcome="ok"))
     path = data_dir / "audit" / "audit.jsonl"
     assert path.exists() and path.stat().st_mode & 0o777 == 0o600  # who did what is nobody else's to read
-    assert [e.method for e in await open_audit(None, data_dir).recent()] == ["agent.register"]
+    assert AuditRecord.model_validate_json(path.read_text()).method == "agent.register"
 
 
 def test_windows_start_on_multiples_of_their_length():
