@@ -264,16 +264,15 @@ async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, ec
             if options.client is None:
                 await client.aclose()
         return
-    ray_started = False
     app_name = "eval-" + hashlib.sha256(str(options.out.resolve()).encode()).hexdigest()[:10]
-    simulator: Any = None
     cluster: dict[str, Any] = {"ray": False}
-    try:
+    async with contextlib.AsyncExitStack() as stack:  # what started here stops in reverse order: the app, the simulator, Ray's
         if options.use_ray:
-            ray_started, cluster = _connect(options.address, settings)
+            cluster = _connect(options.address, settings, app_name, stack)
         if settings.resolved_provider() == "simulated":
             if not settings.llm.base_url:
                 simulator = start_simulator(settings, cluster)
+                stack.callback(simulator.stop)
                 settings = settings.model_copy(
                     update={"llm": settings.llm.model_copy(update={"provider": "simulated", "base_url": simulator.url})}
                 )
@@ -288,32 +287,20 @@ async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, ec
             from reasonray.api.app import build_application
 
             app = build_application(settings, data_dir=None, memory=options.memory)
-            try:
-                yield InProcessEngine(app.service), cluster
-            finally:
-                await app.client.close()
-    finally:
-        if simulator is not None:
-            simulator.stop()
-        if options.use_ray:
-            import ray
-
-            from reasonray.evals.distributed import release
-
-            if ray.is_initialized():  # not when joining the cluster failed: its error is the one to see
-                release(app_name)
-            if ray_started:
-                ray.shutdown()
+            stack.push_async_callback(app.client.close)
+            yield InProcessEngine(app.service), cluster
 
 
-def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, Any]]:
+def _connect(address: str | None, settings: Settings, app_name: str, stack: contextlib.AsyncExitStack) -> dict[str, Any]:
+    """Join (or start) the Ray cluster; on the way out the run's shared actor is released, and a cluster started here shut down."""
     import ray
 
     from reasonray.actors.environment import ray_environment
-    from reasonray.evals.distributed import cluster_summary
+    from reasonray.evals.distributed import cluster_summary, release
 
     if ray.is_initialized():
-        return False, {"ray": True, **cluster_summary()}
+        stack.callback(release, app_name)
+        return {"ray": True, **cluster_summary()}
     if address is None:
         address = "auto" if os.environ.get("RAY_ADDRESS") else "local"
     options: dict[str, Any] = {}
@@ -323,12 +310,14 @@ def _connect(address: str | None, settings: Settings) -> tuple[bool, dict[str, A
         options = {"include_dashboard": False}
     try:
         ray.init(address=address, namespace="reasonray", log_to_driver=False, **options)
-    except ConnectionError as exc:
+    except ConnectionError as exc:  # no actor to release: joining the cluster failed, its error is the one to see
         raise EvalError(
             f"cannot join the Ray cluster at {address}: {exc}; start one (`ray start --head`), "
             "or leave out --address to start a local one for the run"
         ) from None
-    return True, {"ray": True, "address": address, **cluster_summary()}
+    stack.callback(ray.shutdown)
+    stack.callback(release, app_name)
+    return {"ray": True, "address": address, **cluster_summary()}
 
 
 def _tick(progress: Any, record: Record) -> None:
