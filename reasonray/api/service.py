@@ -295,7 +295,12 @@ class ReasoningService:
                 "this server has no memory bank ([memory] enabled = false); omit `memory` or ask an operator to enable it",
                 {"available": []},
             )
-        self._sweep_events()
+        if self.data_dir is not None and (now := time.monotonic()) - self._last_sweep >= self.events.sweep_interval_s:
+            # the event logs' retention ([events] max_age_days, max_total_mb), enforced every sweep_interval_s, off the loop
+            self._last_sweep = now
+            e = self.events
+            retention = asyncio.to_thread(sweep, Path(self.data_dir) / "events", max_age_days=e.max_age_days, max_total_mb=e.max_total_mb)
+            self._in_background(retention, "events.sweep_failed")
         path = event_log_path(self.data_dir, trace_id) if self.data_dir is not None else None
         recorder = _Teed(path, keep=params.include_trace, listener=RUN_LISTENER.get(), mode=self.events.record)
         # a run that learns keeps its replies (its trajectory); others keep no history in memory
@@ -453,16 +458,6 @@ class ReasoningService:
         if not self.degraded_answers or not partial.get("answer") or error_type == "invalid_params":
             return error_type, None
         return error_type, {"code": error.code, "error_type": error_type, "message": error.message, "partial": partial}
-
-    def _sweep_events(self) -> None:
-        """Enforce the event logs' retention ([events] max_age_days, max_total_mb) every sweep_interval_s, off the loop."""
-        now = time.monotonic()
-        if self.data_dir is None or now - self._last_sweep < self.events.sweep_interval_s:
-            return
-        self._last_sweep = now
-        e = self.events
-        retention = asyncio.to_thread(sweep, Path(self.data_dir) / "events", max_age_days=e.max_age_days, max_total_mb=e.max_total_mb)
-        self._in_background(retention, "events.sweep_failed")
 
     def _in_background(self, work: Awaitable[Any], failed: str, **context: Any) -> None:
         """Run `work` as a task, referenced until it is done (the loop holds only weak references); its failure is
