@@ -351,14 +351,6 @@ class Strategy:
     async def reason(self, query: str, **kwargs: Any) -> ReasoningResult:
         raise NotImplementedError
 
-    def config_thinking(self, config: Any) -> Thinking:
-        """The thinking settings a config asks for; nothing is parsed unless it names them (the strategy parses it)."""
-        if isinstance(config, StrategyConfig):
-            return config.thinking
-        if isinstance(config, dict) and (config.get("reasoning_effort") is not None or config.get("thinking_budget") is not None):
-            return self.parse_config(config).thinking
-        return Thinking()
-
 
 Reason = Callable[..., Awaitable[ReasoningResult]]
 
@@ -369,10 +361,12 @@ def _applying_thinking(reason: Reason) -> Reason:
 
     @functools.wraps(reason)
     async def wrapper(self: Strategy, query: str, *args: Any, **kwargs: Any) -> ReasoningResult:
-        context = kwargs.get("context")
+        context, config = kwargs.get("context"), kwargs.get("config")
         if not isinstance(context, StrategyContext):
             return await reason(self, query, *args, **kwargs)
-        with thinking_of(self.config_thinking(kwargs.get("config")), context.llm):
+        if isinstance(config, dict) and (config.get("reasoning_effort") is not None or config.get("thinking_budget") is not None):
+            config = self.parse_config(config)  # a config is parsed here only when it names them: the strategy parses it
+        with thinking_of(config.thinking if isinstance(config, StrategyConfig) else Thinking(), context.llm):
             return await reason(self, query, *args, **kwargs)
 
     wrapper.applies_thinking = True  # type: ignore[attr-defined]

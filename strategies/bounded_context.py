@@ -238,9 +238,7 @@ class BoundedContext(Strategy):
 
     @staticmethod
     def _forces_answer(cfg: BoundedContextConfig, state: RunState) -> bool:
-        if cfg.on_max_iterations == "auto":
-            return state.mode == "delethink"
-        return cfg.on_max_iterations == "final_answer"
+        return state.mode == "delethink" if cfg.on_max_iterations == "auto" else cfg.on_max_iterations == "final_answer"
 
     def _messages(self, query: str, state: RunState, iteration: int) -> tuple[Message, ...]:
         if iteration == 0:

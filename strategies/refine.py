@@ -118,13 +118,10 @@ class Refine(Strategy):
         run = _Run(self.name, query, self.parse_config(config), context)
         # the documented partial shape from the start, so a failure before any draft still has every key
         context.progress.update(iterations=0, last_draft=None, last_answer=None, last_score=None, last_critique=None, answer=None)
-        stop = "max_iterations"
         for iteration in range(1, run.cfg.max_iterations + 1):
-            step = await run.iteration(iteration)
-            if step != "continue":
-                stop = step
-                break
-        return run.finish(stop)
+            if (stop := await run.iteration(iteration)) != "continue":
+                return run.finish(stop)
+        return run.finish("max_iterations")
 
 
 @dataclass
