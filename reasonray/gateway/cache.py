@@ -10,7 +10,6 @@ one every process of an application on a machine shares (`SharedCacheStore`, a S
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import sqlite3
 import time
@@ -177,11 +176,8 @@ class SharedCacheStore:
         self._writes.submit(lambda: None).result()
 
     def _later(self, write: Callable[..., None], *args: Any) -> None:
-        self._writes.submit(self._guarded, write, *args)
-
-    def _guarded(self, write: Callable[..., None], *args: Any) -> None:
-        with contextlib.suppress(sqlite3.Error, OSError):  # a lost write of a cache costs at most a later miss
-            self._writer.run(lambda db: write(db, *args))
+        # a write that fails stays in its future, which nothing waits on: a lost write of a cache costs at most a later miss
+        self._writes.submit(self._writer.run, lambda db: write(db, *args))
 
     @staticmethod
     def _count(db: sqlite3.Connection, counts: dict[str, int]) -> None:

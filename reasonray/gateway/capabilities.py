@@ -36,9 +36,6 @@ def capabilities_of(llm: Any) -> Capabilities:
 
 def endpoint_client(llm: Any) -> Any:
     """The innermost client of an LLM stack that talks to an endpoint (has `backend`), following `inner`; None if none."""
-    seen = 0
-    while llm is not None and seen < 16:
-        if hasattr(llm, "backend") and hasattr(llm, "discover"):
-            return llm
-        llm, seen = getattr(llm, "inner", None), seen + 1
-    return None
+    while llm is not None and not (hasattr(llm, "backend") and hasattr(llm, "discover")):
+        llm = getattr(llm, "inner", None)
+    return llm
