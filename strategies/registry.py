@@ -57,21 +57,17 @@ class StrategyRegistry:
         self.classes: dict[str, type] = {}
         self.failures: list[PluginFailure] = []
 
-    def register(self, cls: type, name: str | None = None) -> None:
-        name = name or getattr(cls, "name", None)
-        if not name:
-            raise TypeError(f"{cls.__qualname__} has no `name`")
-        missing = [m for m in ("reason", "get_config_schema", "get_capabilities") if not callable(getattr(cls, m, None))]
-        if missing:
-            raise TypeError(f"{cls.__qualname__} does not implement ReasoningStrategy: missing {', '.join(missing)}")
-        if name in self.classes and self.classes[name] is not cls:
-            raise TypeError(f"two strategies are named {name!r}: {self.classes[name].__module__} and {cls.__module__}")
-        self.classes[name] = cls
-
     def discover(self, found: Iterable[EntryPoint] | None = None) -> StrategyRegistry:
+        """Register every strategy class of the entry-point group under its entry point's name."""
         for ep in entry_points(group=ENTRY_POINT_GROUP) if found is None else found:
             try:
-                self.register(ep.load(), ep.name)
+                cls, name = ep.load(), ep.name
+                missing = [m for m in ("reason", "get_config_schema", "get_capabilities") if not callable(getattr(cls, m, None))]
+                if missing:
+                    raise TypeError(f"{cls.__qualname__} does not implement ReasoningStrategy: missing {', '.join(missing)}")
+                if name in self.classes and self.classes[name] is not cls:
+                    raise TypeError(f"two strategies are named {name!r}: {self.classes[name].__module__} and {cls.__module__}")
+                self.classes[name] = cls
             except Exception as exc:  # a broken plugin is reported, not fatal
                 failure = PluginFailure(ep.name, ep.value, f"{type(exc).__name__}: {exc}")
                 self.failures.append(failure)
