@@ -109,11 +109,7 @@ class EndpointLimiter:
 
     @property
     def limit(self) -> int:
-        if self.serial:
-            return 1
-        if self.fixed is not None:
-            return self.fixed
-        return self.learned if self.learned is not None else self.ceiling
+        return 1 if self.serial else next(limit for limit in (self.fixed, self.learned, self.ceiling) if limit is not None)
 
     @property
     def waiting(self) -> int:

@@ -142,7 +142,4 @@ _CONTEXT_PATTERNS = (
 
 def context_length_in(message: str) -> int | None:
     """The context length a server's "prompt too long" error names, if it names one."""
-    for pattern in _CONTEXT_PATTERNS:
-        if match := pattern.search(message):
-            return int(match.group(1))
-    return None
+    return next((int(match.group(1)) for pattern in _CONTEXT_PATTERNS if (match := pattern.search(message))), None)

@@ -73,10 +73,7 @@ _FAMILIES: tuple[tuple[re.Pattern[str], ModelTraits], ...] = (
 
 def traits_for(model: str) -> ModelTraits:
     """The traits a model's name says it has (plain ones for a name no family matches)."""
-    for pattern, traits in _FAMILIES:
-        if pattern.search(model):
-            return traits
-    return ModelTraits()
+    return next((traits for pattern, traits in _FAMILIES if pattern.search(model)), ModelTraits())
 
 
 EFFORT_BUDGET = {"low": 1024, "medium": 4096, "high": 16384}
