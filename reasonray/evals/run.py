@@ -252,21 +252,17 @@ async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, ec
     """The engine the examples run through, and the cluster the report names: the service at `options.url` (or
     `options.client`: its model, its settings, its whole stack), else this run's own stack as Ray tasks or in this
     process, with the simulated model when the settings name no real endpoint. What it started stops at the end."""
-    if options.url is not None or options.client is not None:
-        from reasonray.client import AsyncClient
-
-        client = options.client or AsyncClient(options.url or "", timeout=options.timeout_s)
-        url = options.url or str(client.http.base_url)
-        echo(f"evaluating through the service at {url}")
-        try:
-            yield HttpEngine(client), {"ray": False, "url": url}
-        finally:
-            if options.client is None:
-                await client.aclose()
-        return
     app_name = "eval-" + hashlib.sha256(str(options.out.resolve()).encode()).hexdigest()[:10]
     cluster: dict[str, Any] = {"ray": False}
     async with contextlib.AsyncExitStack() as stack:  # what started here stops in reverse order: the app, the simulator, Ray's
+        if options.url is not None or options.client is not None:  # a client of our own is closed, a given one stays open
+            from reasonray.client import AsyncClient
+
+            client = options.client or await stack.enter_async_context(AsyncClient(options.url or "", timeout=options.timeout_s))
+            url = options.url or str(client.http.base_url)
+            echo(f"evaluating through the service at {url}")
+            yield HttpEngine(client), {"ray": False, "url": url}
+            return
         if options.use_ray:
             cluster = _connect(options.address, settings, app_name, stack)
         if settings.resolved_provider() == "simulated":

@@ -116,18 +116,17 @@ class ContextProviders:
             "mode": {"mode": self.mode.mode, "modes": {k: v.model_dump() for k, v in self.mode.modes.items()}},
             "conversation": msgspec.to_builtins(self.history),
             "bootstrap": list(self.bootstrap),
-            "tool_results": {"rounds": msgspec.to_builtins(self.ledger.rounds), "unexpected": msgspec.to_builtins(self.ledger.unexpected)},
+            "tool_results": msgspec.to_builtins(self.ledger),  # {"rounds": [...], "unexpected": [...]}
         }
 
     @classmethod
     def load(cls, state: dict[str, Any]) -> ContextProviders:
-        ledger = state["tool_results"]
         return cls(
             instructions=state["instructions"],
             mode=ModeState(state["mode"]["mode"], {k: ModeSpec.model_validate(v) for k, v in state["mode"]["modes"].items()}),
             history=msgspec.convert(state["conversation"], list[Message]),
             bootstrap=list(state["bootstrap"]),
-            ledger=ToolLedger(msgspec.convert(ledger["rounds"], list[Round]), msgspec.convert(ledger["unexpected"], list[SubmittedResult])),
+            ledger=msgspec.convert(state["tool_results"], ToolLedger),
         )
 
 
