@@ -330,8 +330,13 @@ class OpenAILLM:
         (the endpoint's prefix continuation), `limit` its output limit, `effort` the `reasoning_effort` sent."""
         refused = self.refused()
         messages = [openai_message(m) for m in request.messages]
-        if "system" in refused:
-            messages = _system_into_user(messages)
+        if "system" in refused:  # the system text goes to the head of the first user message (openai_message: content is text)
+            system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+            messages = [m for m in messages if m["role"] != "system"]
+            if (first := next((i for i, m in enumerate(messages) if m["role"] == "user"), None)) is None:
+                messages.insert(0, {"role": "user", "content": system})
+            else:
+                messages[first] = {**messages[first], "content": f"{system}\n\n{messages[first]['content']}"}
         continuation = self.traits.prefix_continuation if prefix is not None else "none"
         if continuation in ("continue_final_message", "deepseek_prefix"):
             messages.append({"role": "assistant", "content": prefix, **({"prefix": True} if continuation == "deepseek_prefix" else {})})
@@ -558,14 +563,3 @@ class OpenAILLM:
                 why = f"sent no token for idle_timeout_s={self._idle_timeout_s:g}"
             timeout = TransientProviderError(f"Timeout: the model at {self.base_url} {why} (the stream was closed, which stops it)")
             raise parts.spent_on(timeout, self.tokens, request) from None
-
-
-def _system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages with the system text moved to the head of the first user message, for a model that takes no system message."""
-    system = "\n\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "system")
-    rest = [m for m in messages if m.get("role") != "system"]
-    for i, m in enumerate(rest):
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            rest[i] = {**m, "content": f"{system}\n\n{m['content']}"}
-            return rest
-    return [{"role": "user", "content": system}, *rest]
