@@ -254,8 +254,8 @@ class SelfConsistency(Strategy):
         why sampling stopped."""
         settled: dict[int, Chain | Failed] = {}
 
-        def arrived(start: int, index: int, outcome: Chain | Failed) -> None:  # `index` counts from the wave's first chain
-            settled[start + index] = outcome
+        def arrived(index: int, outcome: Chain | Failed) -> None:  # `index` counts from the wave's first chain
+            settled[len(outcomes) + index] = outcome  # the wave's chains join `outcomes` when it ends
             self._note_progress(context, cfg, [settled[i] for i in sorted(settled)])
 
         self._note_progress(context, cfg, [])
@@ -267,9 +267,8 @@ class SelfConsistency(Strategy):
                 if why := decided(counts, remaining, cfg.stop_confidence):
                     return outcomes, why
                 wave = next_wave(counts, remaining, cfg.stop_confidence)
-            start = len(outcomes)
-            chains = [partial(sample_chain, query, cfg, cfg.seed + i) for i in range(start, start + wave)]
-            outcomes += await context.fan_out_settled(chains, label=f"{self.name}.sample", arrived=partial(arrived, start))
+            chains = [partial(sample_chain, query, cfg, cfg.seed + i) for i in range(len(outcomes), len(outcomes) + wave)]
+            outcomes += await context.fan_out_settled(chains, label=f"{self.name}.sample", arrived=arrived)
         return outcomes, "all_samples"
 
     @staticmethod
