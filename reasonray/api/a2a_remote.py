@@ -61,9 +61,8 @@ def _slot(egress: Egress, url: str, call_s: float) -> AbstractAsyncContextManage
 
 
 async def fetch_card(url: str, egress: Egress, http: httpx.AsyncClient | None = None) -> A2ACard:
-    """The A2A card at `url`, validated by the SDK's resolver; EgressRefusedError when the policy does not
-    let the service go there, InvalidParamsError when no usable card came back (without saying what answered)."""
-    egress.policy.check_url(url)  # before any connection
+    """The A2A card at `url` (whose egress slot the caller holds: `_slot` checked the URL), validated by the SDK's
+    resolver; InvalidParamsError when no usable card came back (without saying what answered)."""
     parts = urlsplit(url)
     base, path = f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
     timeout_s = egress.settings.card_timeout_s

@@ -14,7 +14,7 @@ from reasonray.api.access.egress import Egress
 from reasonray.api.jsonrpc import Params
 from reasonray.api.registry_service import Registry
 from reasonray.api.service import ReasoningService
-from reasonray.kernel.config import CapSettings, MemorySettings
+from reasonray.kernel.config import CapSettings
 from reasonray.kernel.sandbox import SandboxLimits
 from reasonray.memory.loop import MemoryLoop
 from reasonray.memory.service import MemoryClient
@@ -48,18 +48,15 @@ class Context:
         return self.sessions
 
     @property
-    def memory(self) -> MemoryClient:
-        return self._memory_loop().client
-
-    @property
-    def memory_settings(self) -> MemorySettings:
-        return self._memory_loop().settings
-
-    def _memory_loop(self) -> MemoryLoop:
+    def memory_loop(self) -> MemoryLoop:
         if self.service.memory_loop is None:  # memory.* and stats.* are registered only where there is a bank
             raise RuntimeError("this application has no memory bank")
         return self.service.memory_loop
 
+    @property
+    def memory(self) -> MemoryClient:
+        return self.memory_loop.client
+
     def workspace(self, name: str | None) -> str:
         """The workspace a call names, else the server's default one."""
-        return name or self.memory_settings.default_workspace
+        return name or self.memory_loop.settings.default_workspace

@@ -180,6 +180,8 @@ def declare(
     Its signature is the schema: the params model is its `params` annotation, the result model its return
     annotation (`result` names it for a method that answers a record). `access` is required: a method nobody
     declared access for cannot be served."""
+    if not isinstance(access, Access):
+        raise TypeError(f"method {name!r} needs an Access declaration (reasonray.api.declarations), not {access!r}")
 
     def add(fn: _Fn) -> _Fn:
         hints = typing.get_type_hints(fn)

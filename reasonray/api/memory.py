@@ -178,7 +178,7 @@ async def list_workspaces(ctx: Context, params: NoParams, call: Call) -> results
     seen = call.visible  # what the guard says the caller may see (None: all)
     if seen is not None:
         workspaces = [w for w in workspaces if seen.allows(w["workspace"])]
-    default = ctx.memory_settings.default_workspace if seen is None else seen.default
+    default = ctx.workspace(None) if seen is None else seen.default
     return results.WorkspacesResult.of({"default_workspace": default, "workspaces": workspaces}, call.trace_id)
 
 
