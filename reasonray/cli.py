@@ -17,6 +17,7 @@ from reasonray.evals.run import main as eval_command
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.kernel.config import ConfigError, Settings, is_loopback_host, load_settings, require_auth_off_loopback
 from reasonray.kernel.errors import error_type_of
+from reasonray.kernel.logs import configure_logging
 from reasonray.kernel.ports import PortCollisionError, check_instance_ports
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -55,7 +56,10 @@ def _load(config: str | None, overrides: dict[str, Any]) -> Settings:
             continue
         section, key = dotted.split(".")
         data[section][key] = value
-    return Settings.model_validate(data)
+    settings = Settings.model_validate(data)
+    # before anything logs: structlog's default writes to stdout, which `reasonray mcp` speaks its protocol on
+    configure_logging(settings.logging)
+    return settings
 
 
 @click.group()

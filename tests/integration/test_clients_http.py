@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -331,6 +332,33 @@ def test_mcp_over_stdio_closes_its_model_client_at_exit(simulator, tmp_path):
     _, stderr = proc.communicate(timeout=60)  # closes stdin: the client goes away, the server ends
     assert proc.returncode == 0, stderr
     assert "Unclosed client session" not in stderr and "Unclosed connector" not in stderr, stderr
+
+
+def test_mcp_over_stdio_logs_on_stderr_at_the_operators_level(simulator, tmp_path):
+    """A warning logged while `reasonray mcp` starts (here: no tiktoken files and no way to fetch them, through a
+    proxy nobody listens on) goes to stderr, never into the protocol on stdout; info lines stay out at level warning."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    (tmp_path / "no-tiktoken").mkdir()
+    no_files = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "no-tiktoken"), "HTTPS_PROXY": closed, "HTTP_PROXY": closed}
+    env = mcp_stdio_env(simulator.url, tmp_path, **no_files, NO_PROXY="127.0.0.1,localhost")
+    initialize = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "reason", "arguments": {"query": "What is 6 * 7?"}}},
+    ]
+    sent = "".join(json.dumps(message) + "\n" for message in messages)
+    with subprocess.Popen(MCP_STDIO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(sent)
+        proc.stdin.flush()
+        replies = [json.loads(proc.stdout.readline()) for _ in range(2)]  # a log line here would not parse
+        _, stderr = proc.communicate(timeout=60)
+    assert [reply["id"] for reply in replies] == [1, 2] and replies[1]["result"]["structuredContent"]["answer"] == "42"
+    assert "tokenizer.fallback_estimate" in stderr  # the warning was logged, on stderr
+    assert "[info" not in stderr and '"level": "info"' not in stderr, stderr
 
 
 def test_ask_and_the_client_pass_reasoning_effort_and_show_the_models_thinking(api, serve_base):
