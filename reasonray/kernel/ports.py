@@ -38,22 +38,22 @@ class PortCollisionError(ReasonRayError):
     error_type = "config_error"
 
 
-def port_free(port: int, host: str = "0.0.0.0") -> bool:
+def port_free(port: int) -> bool:
     """Whether a plain bind (no SO_REUSEPORT: a holder that shares its port is found too) succeeds; the
     wildcard address also finds a holder bound to one address."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # closed connections (TIME_WAIT) do not count
         try:
-            probe.bind((host, port))
+            probe.bind(("0.0.0.0", port))
         except OSError:
             return False
     return True
 
 
-def free_block(size: int = REPLICA_PORTS, rng: random.Random | None = None, attempts: int = 200) -> int:
+def free_block(size: int = REPLICA_PORTS, rng: random.Random | None = None) -> int:
     """The first port of `size` consecutive ports that are all free now, at a random place in the block range."""
     rng = rng or random.SystemRandom()
-    for _ in range(attempts):
+    for _ in range(200):
         start = rng.randrange(BLOCK_LOW, BLOCK_HIGH - size)
         if all(port_free(p) for p in range(start, start + size)):
             return start
