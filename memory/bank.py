@@ -77,10 +77,6 @@ class BankStats:
                 self.samples[kind].append(took)
                 self.counts.update({f"{kind}_count": 1, f"{kind}_ms": took})  # type: ignore[dict-item]  # Counter adds floats too
 
-    def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
-        """Count `runs` runs at once (`errors` of them failed) whose LLM tallies add up to `tally`."""
-        self.add(runs=runs, errors=errors, **{key: int(tally.get(key, 0)) for key in LLM_COUNTS})
-
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             c = self.counts
@@ -286,9 +282,6 @@ class ReasoningBank:
             raise NotFoundError(f"no workspace {workspace!r}", {"workspace": workspace, "workspaces": self.store.workspaces()})
         memories, traces = self.store.drop(workspace)
         return {"workspace": workspace, "deleted_memories": memories, "deleted_traces": traces}
-
-    def traces(self, task_id: str, *, workspace: str) -> list[dict[str, Any]]:
-        return self.store.traces(workspace, task_id)
 
 
 def _where(*clauses: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ import httpx
 from reasonray.kernel.config import Settings
 from reasonray.kernel.errors import MemoryUnavailableError
 from reasonray.kernel.telemetry import Metrics, NoMetrics
-from reasonray.memory.bank import ReasoningBank, RetrievalOptions
+from reasonray.memory.bank import LLM_COUNTS, ReasoningBank, RetrievalOptions
 from reasonray.memory.embeddings import (
     ChromaDefaultEmbedder,
     Embedder,
@@ -99,7 +99,7 @@ class BankService:
         return [i.model_dump(mode="json") for i in found]
 
     def traces(self, task_id: str, workspace: str) -> list[dict[str, Any]]:
-        return self.bank.traces(task_id, workspace=workspace)
+        return self.bank.store.traces(workspace, task_id)
 
     def list_workspaces(self) -> list[dict[str, Any]]:
         return self.bank.list_workspaces()
@@ -117,8 +117,9 @@ class BankService:
         return self.stats()
 
     def record_runs(self, tally: dict[str, Any], runs: int, errors: int) -> None:
-        """Many runs counted at once (what `RayMemory` sends: one actor call for a batch of runs)."""
-        self.bank.stats.record_runs(tally, runs, errors)
+        """`runs` runs counted at once, `errors` of them failed, whose LLM tallies add up to `tally` (what `RayMemory`
+        sends: one actor call for a batch of runs)."""
+        self.bank.stats.add(runs=runs, errors=errors, **{key: int(tally.get(key, 0)) for key in LLM_COUNTS})
 
     def record_passive(self, captured: bool) -> None:
         self.bank.stats.add(**{"captured" if captured else "skipped": 1})

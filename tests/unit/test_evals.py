@@ -278,7 +278,7 @@ async def test_memory_aware_cells_stream_in_order_learn_as_they_go_and_never_see
     assert [r.memory["retrieved"] for r in records] == [0, 1, 1, 1]  # the first has nothing to learn from
     assert all(r.memory["stored"] >= 1 and r.memory["outcome"] == "success" for r in records)
     for example in examples:
-        assert len(bank.traces(example.id, workspace=cells[0].workspace)) == 1
+        assert len(bank.store.traces(cells[0].workspace, example.id)) == 1
     assert {w["workspace"]: w["traces"] for w in bank.list_workspaces()} == {cells[0].workspace: 4}
 
 

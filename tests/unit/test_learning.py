@@ -256,7 +256,7 @@ async def test_matts_learns_by_self_contrast_across_all_attempts(tmp_path):
     assert r["result"]["metrics"]["strategy_specific"]["k"] == 4
     items = [bank.get(i, workspace="default") for i in r["result"]["memory"]["stored"]]
     assert items and len(items) <= 5 and {i.source_type for i in items} == {"contrast"}
-    [trace] = bank.traces("m", workspace="default")
+    [trace] = bank.store.traces("default", "m")
     assert trace["trajectory"].count("[trajectory ") == 4
 
 

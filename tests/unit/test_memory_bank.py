@@ -22,6 +22,7 @@ from reasonray.memory.items import (
     format_memory_block,
 )
 from reasonray.memory.scoring import composite, recency, similarity_from_cosine_distance
+from reasonray.memory.service import BankService
 from reasonray.memory.store import ChromaStore, StoreError, open_client
 from tests.docs_examples import REPO
 from tests.unit.memory_harness import FixedClock, HashEmbedder, make_bank
@@ -119,7 +120,7 @@ def test_a_stored_entry_is_retrieved_for_a_similar_task_with_its_items_and_trace
     assert {r.memory.title for r in found} == {"Multiply rate by time", "Check units"}  # top 1 task: both its items
     assert all(r.memory.task_id == "t1" for r in found)
     assert found[0].scores.similarity > 0.5 and 0 <= found[0].scores.composite <= 1
-    trace = bank.traces("t1", workspace="w")[0]
+    trace = bank.store.traces("w", "t1")[0]
     assert trace["outcome"] == "success" and trace["item_ids"] == [str(i.id) for i in stored]
     assert "farmer" in trace["trajectory"]
     assert len(bank.retrieve("how many apples does the farmer sell", workspace="w", top_k=2, min_similarity=0)) == 3
@@ -268,7 +269,7 @@ def test_statistics_count_traces_runs_cache_hits_and_latencies_and_reset(tmp_pat
     bank.store_entry(entry("s", "task one", item()), workspace="w")
     bank.store_entry(entry("f", "task two", item("Lesson", error_context=ERROR), outcome="failure"), workspace="w")
     bank.retrieve("task one", workspace="w")
-    bank.stats.record_runs({"calls": 4, "cache_hits": 1, "prompt_tokens": 10, "completion_tokens": 5}, runs=1, errors=0)
+    BankService(bank).record_runs({"calls": 4, "cache_hits": 1, "prompt_tokens": 10, "completion_tokens": 5}, runs=1, errors=0)
     s = bank.stats.snapshot()
     assert s["traces"] == {"total": 2, "success": 1, "failure": 1, "success_rate": 0.5, "failure_rate": 0.5}
     assert s["llm"]["cache_hit_rate"] == 0.25 and s["llm"]["api_calls"] == 3
