@@ -41,7 +41,6 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from reasonray.gateway.protocol import Choice
 from reasonray.kernel.errors import ModelBehaviorError
 from reasonray.kernel.extraction import find_answer, numeric_question
 from reasonray.kernel.tags import normalize_answer
@@ -103,15 +102,6 @@ def lowest_group(values: tuple[float, ...] | list[float], window: int) -> float:
     return min(b - a for a, b in zip(sums, sums[window:], strict=False)) / window
 
 
-def confidences(choice: Choice, window: int) -> tuple[float | None, float | None]:
-    """A chain's lowest group confidence by its top-k log-probabilities (DeepConf's token confidence: the negated
-    mean of the k likeliest tokens' log-probabilities, high where the model was sure), and by its chosen tokens'."""
-    tops = choice.top_logprobs
-    top = lowest_group([-sum(t) / len(t) for t in tops], window) if tops and all(len(t) >= 2 for t in tops) else None
-    chosen = lowest_group(choice.token_logprobs, window) if choice.token_logprobs else None
-    return top, chosen
-
-
 async def sample_chain(query: str, cfg: SelfConsistencyConfig, seed: int, context: StrategyContext) -> Chain:
     """One sampled chain's answer, how it was found and, when asked for and given, its confidences."""
     logprobs = cfg.confidence_top_k if cfg.confidence != "off" else None
@@ -119,8 +109,14 @@ async def sample_chain(query: str, cfg: SelfConsistencyConfig, seed: int, contex
         context, ANSWER, cfg.system_prompt, query, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, logprobs=logprobs
     )
     found = find_answer(completion.text, numeric=numeric_question(query), structured=enforced)
-    top, chosen = confidences(completion.choices[0], cfg.confidence_window) if cfg.confidence != "off" else (None, None)
-    return Chain(found.answer if found else None, found.found_by if found else None, top, chosen)
+    answer, found_by = (found.answer, found.found_by) if found else (None, None)
+    if cfg.confidence == "off":
+        return Chain(answer, found_by)
+    # its lowest group confidence by its top-k log-probabilities (DeepConf's token confidence: the negated mean of the
+    # k likeliest tokens' log-probabilities, high where the model was sure), and by its chosen tokens'
+    tops, chosen, window = completion.choices[0].top_logprobs, completion.choices[0].token_logprobs, cfg.confidence_window
+    top = lowest_group([-sum(t) / len(t) for t in tops], window) if tops and all(len(t) >= 2 for t in tops) else None
+    return Chain(answer, found_by, top, lowest_group(chosen, window) if chosen else None)
 
 
 def ballots(chains: list[Chain]) -> list[str | None]:
