@@ -22,8 +22,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from reasonray.gateway.capabilities import endpoint_client
-from reasonray.gateway.layer import Layer
+from reasonray.gateway.capabilities import Layer, endpoint_client
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 from reasonray.kernel.storage import LocalDatabase
 

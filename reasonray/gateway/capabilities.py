@@ -3,7 +3,8 @@ tolerantly where it is not.
 
 The gateway learns an endpoint's capabilities (from configuration, from what the server advertises, or by
 probing it once) and exposes them on the LLM stack as `capabilities`; strategies read them with
-`capabilities_of(llm)` and never ask which server they are talking to.
+`capabilities_of(llm)` and never ask which server they are talking to. Every wrapper of the stack (cache, retries,
+metrics, observation) is a `Layer`, which passes them through unchanged.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+from reasonray.gateway.protocol import LLM
+from reasonray.gateway.tokens import TokenCounter, counter_of
 
 
 class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -39,3 +43,23 @@ def endpoint_client(llm: Any) -> Any:
     while llm is not None and not (hasattr(llm, "backend") and hasattr(llm, "discover")):
         llm = getattr(llm, "inner", None)
     return llm
+
+
+class Layer:
+    """An LLM over `inner`: the model, its capabilities and its token counter are the layer below's."""
+
+    inner: LLM
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The endpoint's capabilities, from the layer below."""
+        return capabilities_of(self.inner)
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """The endpoint's token counter (the model's own tokens where known), from the layer below."""
+        return counter_of(self.inner)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from reasonray.gateway.layer import Layer
+from reasonray.gateway.capabilities import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 from reasonray.kernel.telemetry import BREAKER_STATES, Metrics
 

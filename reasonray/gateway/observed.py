@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from reasonray.gateway.layer import Layer
+from reasonray.gateway.capabilities import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest, Message, with_system_note
 from reasonray.gateway.tokens import TokenCounter, count_messages, counter_of
 from reasonray.kernel import tracing

@@ -29,12 +29,12 @@ import msgspec
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from reasonray.gateway.capabilities import Layer
 from reasonray.gateway.errors import (
     CircuitOpenError,
     ProviderUnavailableError,
     TransientProviderError,
 )
-from reasonray.gateway.layer import Layer
 from reasonray.gateway.protocol import LLM, Completion, LLMRequest
 
 log = structlog.get_logger(__name__)
