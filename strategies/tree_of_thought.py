@@ -195,12 +195,14 @@ class Search:
         self.failures: list[Exception] = []  # the errors of branches that failed (each dropped, not fatal)
 
     async def settled(self, branches: Sequence[Branch[T]], label: str) -> list[T | Failed]:
-        """The branches' values in order, a `Failed` for one that failed; when every branch failed, the first error."""
+        """The branches' values in order, a `Failed` for one that failed; when every branch failed, the first error.
+        A None value is a reply that held no step, answer, score or vote: it counts as unparsed."""
         outcomes = await self.context.fan_out_settled(branches, label=label)
         failed = [o.error for o in outcomes if isinstance(o, Failed)]
         if failed and len(failed) == len(outcomes):
             raise failed[0]  # nothing came back: the search cannot go on
         self.failures += failed
+        self.unparsed += sum(o is None for o in outcomes)
         return outcomes
 
     @property
@@ -216,8 +218,7 @@ class Search:
         children: list[Node] = []
         seen: set[tuple[str, str, bool]] = set()
         for (parent, _), proposal in zip(slots, proposals, strict=False):
-            if proposal is None or isinstance(proposal, Failed):  # a failed proposal proposes nothing; a reply with neither is unparsed
-                self.unparsed += proposal is None
+            if proposal is None or isinstance(proposal, Failed):  # a failed proposal, or a reply with neither, proposes nothing
                 continue
             text, is_answer, how = proposal
             if (parent.id, text, is_answer) in seen:
@@ -256,14 +257,12 @@ class Search:
         label = f"{self.strategy}.evaluate"
         if self.cfg.evaluation == "value":
             scores = await self.settled([partial(value, self.query, n, self.cfg) for n in nodes], label)
-            self.unparsed += sum(s is None for s in scores)
             for node, outcome in zip(nodes, scores, strict=False):
                 score = None if isinstance(outcome, Failed) else outcome  # a failed value call scores as missing
                 node.score, node.scored = score or 0.0, score is not None
             return
         outcomes = await self.settled([partial(vote, self.query, nodes, self.cfg, self.cfg.seed + v) for v in range(self.cfg.votes)], label)
         ballots = [b for b in outcomes if not isinstance(b, Failed)]  # a failed vote is not cast
-        self.unparsed += sum(b is None for b in ballots)
         for index, node in enumerate(nodes):
             node.score = sum(b == index for b in ballots) / len(ballots)
 
