@@ -124,11 +124,7 @@ def openai_message(m: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content if m.content is not None else ""}
     if m.tool_calls:
         out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
-    if m.tool_call_id:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name:
-        out["name"] = m.name
-    return out
+    return out | {name: value for name in ("tool_call_id", "name") if (value := getattr(m, name))}
 
 
 def count_messages(counter: TokenCounter, messages: Iterable[Message], tools: Sequence[dict[str, Any]] = ()) -> int:
