@@ -36,7 +36,7 @@ from reasonray.api.errors import error_headers, rest_error
 from reasonray.api.jsonrpc import RpcError, error_for
 from reasonray.api.methods import new_trace_id
 from reasonray.api.surfaces import prometheus
-from reasonray.api.surfaces.a2a import A2AServer, card_headers, card_json, not_modified
+from reasonray.api.surfaces.a2a import A2AServer
 from reasonray.api.surfaces.gate import GateConfig
 from reasonray.api.surfaces.mcp_server import McpEndpoint
 from reasonray.api.surfaces.openai_compat import OpenAICompat, OpenAIError, Reply, respond
@@ -136,11 +136,7 @@ class Replica:
             return openai_response(exc.status, exc.body, {})
 
     async def agent_card(self, request: Request) -> Response:
-        card = card_json(self.a2a.card(str(request.base_url)))
-        headers = card_headers(card, self.card_modified)
-        if not_modified(request.headers.get("if-none-match"), headers["ETag"]):
-            return Response(status_code=304, headers=headers)
-        return JSONResponse(card, headers=headers)
+        return self.a2a.card_response(request, self.card_modified)
 
     async def a2a_call(self, request: Request, operation: str | None = None) -> Response:
         """An A2A call: the JSON-RPC binding, or with `operation` the HTTP+JSON one."""

@@ -14,6 +14,7 @@ from a2a.client import ClientConfig, create_client
 from a2a.client.errors import A2AClientError
 from a2a.server.cluster import TaskVersion
 from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types.a2a_pb2 import (
     Artifact,
     CancelTaskRequest,
@@ -38,7 +39,7 @@ from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import LocalLimits, RateLimiter
 from reasonray.api.access.tenancy import Guard, LocalOwners, install_guard
 from reasonray.api.app import local_dispatcher
-from reasonray.api.surfaces.a2a import A2AServer, agent_card, card_json
+from reasonray.api.surfaces.a2a import A2AServer, agent_card
 from reasonray.api.surfaces.a2a_tasks import (
     CONFLICT,
     NOT_YOURS,
@@ -74,7 +75,7 @@ def test_the_card_has_a_skill_per_strategy_and_declares_bearer_auth_only_when_co
     assert card.skills[0].description == "Step by step." and card.skills[0].examples
     assert card.supported_interfaces[0].url == "http://host:8000/a2a"
     assert not card.security_schemes and not card.security_requirements
-    secured = card_json(agent_card(CATALOGUE, "http://host:8000", "0.1.0", bearer=True))
+    secured = agent_card_to_dict(agent_card(CATALOGUE, "http://host:8000", "0.1.0", bearer=True))
     assert secured["securitySchemes"]["bearer"]["httpAuthSecurityScheme"] == {"scheme": "Bearer", "bearerFormat": "JWT"}
     assert secured["securityRequirements"] == [{"schemes": {"bearer": {}}}]
 
@@ -491,7 +492,7 @@ class RemoteAgent:
         async def card(request):
             from starlette.responses import JSONResponse
 
-            return JSONResponse(card_json(self.server.card("http://remote.test")))
+            return JSONResponse(agent_card_to_dict(self.server.card("http://remote.test")))
 
         app = Starlette(
             routes=[Route("/a2a", self.server.handle, methods=["POST"]), Route("/.well-known/agent-card.json", card, methods=["GET"])]

@@ -341,29 +341,8 @@ class ReasoningExecutor(AgentExecutor):
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
-card_json = agent_card_to_dict
-"""The card as the SDK serves it (camelCase JSON)."""
-
-
 CARD_MAX_AGE_S = 300
 """How long a client may keep the card without asking again: it changes only when the service is redeployed."""
-
-
-def card_headers(card: dict[str, Any], modified: float) -> dict[str, str]:
-    """Caching headers of the card: Cache-Control, a weak ETag of its content, Last-Modified (`modified`:
-    when this replica started serving it)."""
-    digest = hashlib.sha256(json.dumps(card, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return {
-        "Cache-Control": f"public, max-age={CARD_MAX_AGE_S}",
-        "ETag": f'W/"{digest}"',
-        "Last-Modified": formatdate(modified, usegmt=True),
-    }
-
-
-def not_modified(if_none_match: str | None, etag: str) -> bool:
-    """Whether If-None-Match names this ETag (weak comparison, RFC 9110 13.1.2)."""
-    candidates = [c.strip().removeprefix("W/") for c in (if_none_match or "").split(",") if c.strip()]
-    return "*" in candidates or etag.removeprefix("W/") in candidates
 
 
 class A2AServer:
@@ -462,3 +441,16 @@ class A2AServer:
 
     def card(self, base_url: str) -> AgentCard:
         return agent_card(self.catalogue.describe(), base_url, self.version, bearer=self.bearer)
+
+    def card_response(self, request: Request, modified: float) -> Response:
+        """The card as the SDK serves it (camelCase JSON) with caching headers: Cache-Control, a weak ETag of its content,
+        Last-Modified (`modified`: when this replica started serving it); 304 when If-None-Match names the ETag (weak
+        comparison, RFC 9110 13.1.2)."""
+        card = agent_card_to_dict(self.card(str(request.base_url)))
+        digest = hashlib.sha256(json.dumps(card, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        age, stamp = f"public, max-age={CARD_MAX_AGE_S}", formatdate(modified, usegmt=True)
+        headers = {"Cache-Control": age, "ETag": f'W/"{digest}"', "Last-Modified": stamp}
+        candidates = [c.strip().removeprefix("W/") for c in request.headers.get("if-none-match", "").split(",") if c.strip()]
+        if "*" in candidates or f'"{digest}"' in candidates:
+            return Response(status_code=304, headers=headers)
+        return JSONResponse(card, headers=headers)
