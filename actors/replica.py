@@ -147,8 +147,7 @@ class Replica:
         return response
 
     async def metrics_page(self, request: Request) -> Response:
-        openmetrics = prometheus.wants_openmetrics(request.headers.get("accept"))
-        return Response(prometheus.merge(await node_metric_pages(), openmetrics), media_type=prometheus.content_type(openmetrics))
+        return prometheus.page(await node_metric_pages(), request.headers.get("accept"))
 
     async def healthz(self) -> Response:
         body, status_code = await self.health()

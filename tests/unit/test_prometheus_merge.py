@@ -6,7 +6,7 @@ import subprocess
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from reasonray.api.surfaces.prometheus import content_type, merge, wants_openmetrics
+from reasonray.api.surfaces.prometheus import merge, page
 
 NODE_A = """# HELP ray_reasonray_requests_total JSON-RPC calls answered.
 # TYPE ray_reasonray_requests_total counter
@@ -74,9 +74,9 @@ def test_buckets_come_in_numeric_order_without_otel_scope_labels_and_promtool_ha
 
 
 def test_openmetrics_when_asked_and_its_parser_accepts_the_page():
-    assert wants_openmetrics("application/openmetrics-text; version=1.0.0,text/plain;q=0.5") and not wants_openmetrics("*/*")
-    assert content_type(True).startswith("application/openmetrics-text") and content_type(False).startswith("text/plain")
-    text = merge([NODE_A, NODE_B, OTEL], openmetrics=True).decode()
+    assert page([], "application/openmetrics-text; version=1.0.0,text/plain;q=0.5").media_type.startswith("application/openmetrics-text")
+    assert page([], "*/*").media_type.startswith("text/plain") and page([], None).media_type.startswith("text/plain")
+    text = bytes(page([NODE_A, NODE_B, OTEL], "application/openmetrics-text").body).decode()
     assert text.endswith("# EOF\n")
     families = {f.name: f for f in openmetrics_families(text)}
     assert families["reasonray_llm_cache_hits"].type == "counter" and families["reasonray_requests"].samples[0].value == 10.0

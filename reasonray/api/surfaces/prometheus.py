@@ -8,7 +8,7 @@ the name docs/operations.md gives), Ray's CamelCase tags go, counters and histog
 processes and nodes, gauges take the largest value (each process reports the same gauge), and
 the `otel_scope_*` labels Ray's OpenTelemetry export adds go (one scope, ours, on every series).
 Histogram buckets come in numeric order. The page is Prometheus text, or OpenMetrics when the
-scraper asks for it (`Accept: application/openmetrics-text`). Transport-free: the ingress fetches the pages (actors/metrics.py), this turns them into text.
+scraper asks for it (`Accept: application/openmetrics-text`). The ingress fetches the pages (actors/metrics.py), this turns them into the response.
 """
 
 from __future__ import annotations
@@ -23,20 +23,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.responses import Response
 
 from reasonray.kernel.telemetry import SPECS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OURS = tuple(f"ray_{name}" for name in SPECS)
-
-
-def wants_openmetrics(accept: str | None) -> bool:
-    """Whether a scraper's Accept header asks for OpenMetrics (Prometheus sends it first when it can)."""
-    return "application/openmetrics-text" in (accept or "")
-
-
-def content_type(openmetrics: bool) -> str:
-    return str(OPENMETRICS_TYPE) if openmetrics else CONTENT_TYPE
 
 
 def _label_kept(name: str) -> bool:
@@ -86,3 +78,10 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
         families.append(metric)
     merged_families = SimpleNamespace(collect=lambda: families)  # a collector is all the exposition functions read
     return generate_openmetrics(merged_families) if openmetrics else generate_latest(merged_families)  # type: ignore[no-untyped-call]
+
+
+def page(pages: Iterable[str], accept: str | None) -> Response:
+    """The merged page as the scraper's Accept header asks: OpenMetrics when it names it (Prometheus sends it first
+    when it can), else Prometheus text."""
+    openmetrics = "application/openmetrics-text" in (accept or "")
+    return Response(merge(pages, openmetrics), media_type=str(OPENMETRICS_TYPE) if openmetrics else CONTENT_TYPE)
