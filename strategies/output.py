@@ -30,9 +30,6 @@ class OutputFormat:
     schema: dict[str, Any]
     note: str
 
-    def response_format(self) -> dict[str, Any]:
-        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": True}}
-
 
 def _object(**properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
@@ -75,7 +72,8 @@ def shaped(request: LLMRequest, output: OutputFormat, enforced: bool) -> LLMRequ
     if not enforced:
         return request
     messages = with_system_note(request.messages, output.note)
-    return msgspec.structs.replace(request, messages=messages, response_format=output.response_format())
+    response_format = {"type": "json_schema", "json_schema": {"name": output.name, "schema": output.schema, "strict": True}}
+    return msgspec.structs.replace(request, messages=messages, response_format=response_format)
 
 
 def asking(output: OutputFormat, instructions: str, prompt: str, enforced: bool, **fields: Any) -> LLMRequest:
