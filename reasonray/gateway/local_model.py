@@ -8,6 +8,7 @@ server's whole process group. `make setup-real` installs both packages (docs/rea
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -128,11 +129,9 @@ class LocalModelServer:
                     raise LLMConfigError(
                         f"the local model server exited with code {self.process.returncode} while starting: {self.log_tail()}"
                     )
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
                         return self
-                except httpx.HTTPError:
-                    pass
                 if time.monotonic() > deadline:
                     raise LLMConfigError(
                         f"the local model server did not answer within {self.section.startup_timeout_s:g} s "
