@@ -192,20 +192,12 @@ async def run_async(options: EvalOptions, echo: Callable[[str], None] = lambda l
     async with _engine(options, settings, dataset, echo) as (engine, cluster):
         from tqdm import tqdm
 
-        progress = tqdm(total=todo, desc="evaluating", unit="example", file=sys.stderr, disable=not options.progress, mininterval=1.0)
         started = time.perf_counter()
-        try:
+        with tqdm(total=todo, desc="evaluating", unit="example", file=sys.stderr, disable=not options.progress, mininterval=1.0) as bar:
+            tick = functools.partial(_tick, bar)
             ran = await run_grid(
-                engine,
-                dataset.examples,
-                cells,
-                results,
-                concurrency=options.concurrency,
-                memory=options.memory,
-                on_record=lambda record: _tick(progress, record),
+                engine, dataset.examples, cells, results, concurrency=options.concurrency, memory=options.memory, on_record=tick
             )
-        finally:
-            progress.close()
         grid_s = time.perf_counter() - started
         echo(f"ran {ran} examples in {grid_s:.1f} s")
 
