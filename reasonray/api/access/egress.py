@@ -150,21 +150,6 @@ class _PolicyBackend(httpcore.AnyIOBackend):
         address = await self.policy.resolve(host, port, timeout)
         return await super().connect_tcp(address, port, timeout, local_address, socket_options)
 
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        raise EgressRefusedError("egress refused: unix sockets are never reached on a caller's behalf")
-
-
-class _PolicyTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport over a connection pool whose connections pass the policy. httpx takes no network
-    backend, so the pool it built is replaced by one that has it (same TLS context, no proxy)."""
-
-    def __init__(self, policy: EgressPolicy) -> None:
-        super().__init__(trust_env=False, retries=0)
-        ssl_context = httpx.create_ssl_context(trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=_PolicyBackend(policy), retries=0)
-
 
 class SharedSlots(Protocol):
     """Slots counted across the cluster (the application's limiter actor, with `[auth]`): `take` holds one slot
@@ -268,8 +253,13 @@ class Egress:
     def client(self, total_s: float) -> httpx.AsyncClient:
         """An httpx client whose connections pass the policy; `total_s` bounds each read and write, the
         caller bounds the whole call (asyncio.timeout)."""
+        # httpx takes no network backend: the pool its transport built is replaced by one whose connections pass the
+        # policy (same TLS context, no proxy; no unix socket either: the pool is given no path)
+        transport = httpx.AsyncHTTPTransport(trust_env=False, retries=0)
+        ssl_context = httpx.create_ssl_context(trust_env=False)
+        transport._pool = httpcore.AsyncConnectionPool(ssl_context=ssl_context, network_backend=_PolicyBackend(self.policy), retries=0)
         return httpx.AsyncClient(
-            transport=_PolicyTransport(self.policy),
+            transport=transport,
             timeout=httpx.Timeout(total_s, connect=self.settings.connect_timeout_s),
             follow_redirects=True,
             max_redirects=MAX_REDIRECTS,
