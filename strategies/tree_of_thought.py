@@ -308,6 +308,27 @@ class Search:
                 return found
         return None
 
+    async def answer_along(self, best: Node) -> tuple[str, str]:
+        """The answer along the best path (ending at `best`), and how it was found."""
+        shown = FINAL_PROMPT.format(path=render(self.query, best.steps))
+        completion, enforced = await ask(
+            self.context, ANSWER, ANSWER_PROMPT, shown, max_tokens=self.cfg.max_tokens, temperature=0.0, purpose="final_answer"
+        )
+        numeric = numeric_question(self.query)
+        found = find_answer(completion.text, numeric=numeric, structured=enforced)
+        # a number was asked for and the reply names none (a small model echoes the instruction, or fills the answer
+        # field with words): the best path's own working ("2 + 6 = 8") is the better evidence
+        no_number = numeric and (found is None or final_number(found.answer) is None)
+        if no_number and (number := final_number("\n".join(best.steps))) is not None:
+            return number, "best_path_number"
+        if found is None:
+            raise ModelBehaviorError(
+                f"the search found no answer and the model gave none for its best path ({self.unparsed} of its replies "
+                "had no step, answer or score); raise max_tokens or check the model",
+                {"unparsed_replies": self.unparsed, "nodes_evaluated": len(self.nodes)},
+            )
+        return found.answer, found.found_by
+
 
 class TreeOfThought(Strategy):
     name = "tree_of_thought"
@@ -329,7 +350,7 @@ class TreeOfThought(Strategy):
             answer, fallback, found_by = solution.answer or "", None if found else "best_answer_seen", solution.found_by
             search.record(solution, "answer")
         else:  # the search ended on steps only: ask for the answer along the best path
-            (answer, found_by), fallback = await self._answer_from_best_path(query, best, search, cfg, context), "final_answer_call"
+            (answer, found_by), fallback = await search.answer_along(best), "final_answer_call"
         return context.result(
             self.name,
             answer,
@@ -350,29 +371,6 @@ class TreeOfThought(Strategy):
             found_by=found_by,
             tree=[n.summary() for n in search.nodes],
         )
-
-    async def _answer_from_best_path(
-        self, query: str, best: Node, search: Search, cfg: TreeOfThoughtConfig, context: StrategyContext
-    ) -> tuple[str, str]:
-        """The answer along the best path (ending at `best`), and how it was found."""
-        shown = FINAL_PROMPT.format(path=render(query, best.steps))
-        completion, enforced = await ask(
-            context, ANSWER, ANSWER_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=0.0, purpose="final_answer"
-        )
-        numeric = numeric_question(query)
-        found = find_answer(completion.text, numeric=numeric, structured=enforced)
-        # a number was asked for and the reply names none (a small model echoes the instruction, or fills the answer
-        # field with words): the best path's own working ("2 + 6 = 8") is the better evidence
-        no_number = numeric and (found is None or final_number(found.answer) is None)
-        if no_number and (number := final_number("\n".join(best.steps))) is not None:
-            return number, "best_path_number"
-        if found is None:
-            raise ModelBehaviorError(
-                f"the search found no answer and the model gave none for its best path ({search.unparsed} of its replies "
-                "had no step, answer or score); raise max_tokens or check the model",
-                {"unparsed_replies": search.unparsed, "nodes_evaluated": len(search.nodes)},
-            )
-        return found.answer, found.found_by
 
 
 def _path_ids(node_id: str) -> list[str]:
