@@ -25,10 +25,6 @@ def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _token(value: Any) -> str:
-    return str(value.get("content", "")) if isinstance(value, dict) else str(value or "")  # an AddedToken's JSON form
-
-
 class ChatTemplate:
     """The template at `path` (a tokenizer_config.json, or any other file as Jinja), read and compiled once."""
 
@@ -44,7 +40,8 @@ class ChatTemplate:
             self._template = env.from_string(source)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration, jinja2.TemplateError) as exc:
             raise LLMConfigError(f"[llm] chat_template = {path!r} holds no chat template jinja2 can compile: {exc!r}") from None
-        self._tokens = {"bos_token": _token(config.get("bos_token")), "eos_token": _token(config.get("eos_token"))}
+        tokens = {name: config.get(name) for name in ("bos_token", "eos_token")}  # text, or an AddedToken's JSON form
+        self._tokens = {name: str(t.get("content", "")) if isinstance(t, dict) else str(t or "") for name, t in tokens.items()}
         self._path = path
 
     def continuing(self, messages: list[dict[str, Any]], prefix: str) -> str:

@@ -255,9 +255,8 @@ class OpenAILLM:
         """Discovery, synchronously, once: for a count needed before the first call (a strategy sizing its first
         prompt to a chunk), which must already be in the model's tokens. It blocks for the few probe requests."""
         with self._sync_discovery:
-            if not self._discover or self._discovered_at is not None or not (ALLOW_REMOTE_REQUESTS or is_loopback_url(self.base_url)):
-                return
-            self._apply(discover_sync(self.base_url, self.model, api_key=self._api_key))
+            if self._discover and self._discovered_at is None and (ALLOW_REMOTE_REQUESTS or is_loopback_url(self.base_url)):
+                self._apply(discover_sync(self.base_url, self.model, api_key=self._api_key))
 
     def _apply(self, info: EndpointInfo) -> None:
         changed = info.fingerprint != self.endpoint.fingerprint
