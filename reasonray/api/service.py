@@ -356,19 +356,17 @@ class ReasoningService:
             except TimeoutError as exc:
                 if not limit.expired():
                     raise
-                raise self._carry_partial(
-                    DeadlineExceededError(
-                        f"the run passed its deadline of {plan.deadline:g}s before answering; raise budget.deadline_s or ask for less work",
-                        {"deadline_s": plan.deadline},
-                    ),
-                    exc.__cause__ or exc.__context__,
-                ) from None
+                # the deadline's error (as the cancellation's below) keeps the partial result a strategy attached to what interrupted it
+                carried = getattr(exc.__cause__ or exc.__context__, "partial_result", None) or {}
+                late = f"the run passed its deadline of {plan.deadline:g}s before answering; raise budget.deadline_s or ask for less work"
+                raise attach_partial(DeadlineExceededError(late, {"deadline_s": plan.deadline}), carried) from None
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the caller went away (or the service stops): nobody is left to answer
                 # something under the run was cancelled (a Ray branch, a provider call): the caller gets a -32014
-                raise self._carry_partial(RunCancelledError("the run was cancelled before it answered; retry the request"), exc) from None
+                cancelled = RunCancelledError("the run was cancelled before it answered; retry the request")
+                raise attach_partial(cancelled, getattr(exc, "partial_result", None) or {}) from None
             if report is not None and self.memory_loop is not None:
                 with tracing.span("memory.store", {"reasonray.workspace": report.workspace}):
                     # from the run's trajectories when it asked to learn, else passively (when the bank does)
@@ -433,13 +431,6 @@ class ReasoningService:
             degraded=degraded is not None,
             degraded_error=degraded,
         )
-
-    @staticmethod
-    def _carry_partial(error: Exception, cause: BaseException | None) -> Exception:
-        """A deadline or cancellation error keeps the partial result a strategy attached to what interrupted it."""
-        if cause is not None and (partial := getattr(cause, "partial_result", None)):
-            attach_partial(error, partial)
-        return error
 
     def _failed(self, exc: BaseException, context: StrategyContext, strategy: str) -> tuple[str, dict[str, Any] | None]:
         """Attach what the run achieved (`partial`: the strategy's shape, plus the tokens and calls spent)
