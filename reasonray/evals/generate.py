@@ -83,8 +83,7 @@ def generate(spec: str) -> list[tuple[str, str, str]]:
     if make is None:
         raise GenerationError(f"{spec!r}: no generated family {family!r}; known: {', '.join(FAMILIES)}")
     params = dict(parse_qsl(query, keep_blank_values=True))
-    unknown = set(params) - _KNOWN_PARAMS
-    if unknown:
+    if unknown := set(params) - _KNOWN_PARAMS:
         raise GenerationError(f"{spec!r}: unknown parameter(s) {', '.join(sorted(unknown))}; known: n, seed, steps")
     try:
         n, seed = int(params.get("n", "100")), int(params.get("seed", "0"))

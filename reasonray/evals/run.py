@@ -31,7 +31,7 @@ from reasonray.evals.datasets import Dataset, DatasetError, load_dataset
 from reasonray.evals.grid import Cell, GridError, build_grid, parse_configs
 from reasonray.evals.provenance import provenance
 from reasonray.evals.report import Prices, build_report, write_report
-from reasonray.evals.runner import HttpEngine, InProcessEngine, Record, ResultLog, run_grid
+from reasonray.evals.runner import InProcessEngine, Record, ResultLog, over_http, run_grid
 from reasonray.gateway.errors import LLMConfigError
 from reasonray.kernel.config import (
     ConfigError,
@@ -253,7 +253,7 @@ async def _engine(options: EvalOptions, settings: Settings, dataset: Dataset, ec
             client = options.client or await stack.enter_async_context(AsyncClient(options.url or "", timeout=options.timeout_s))
             url = options.url or str(client.http.base_url)
             echo(f"evaluating through the service at {url}")
-            yield HttpEngine(client), {"ray": False, "url": url}
+            yield functools.partial(over_http, client), {"ray": False, "url": url}
             return
         if options.use_ray:
             cluster = _connect(options.address, settings, app_name, stack)

@@ -2,7 +2,7 @@
 appended to `results.jsonl` as it finishes.
 
 Ray-free: an `Engine` runs one (example, cell) and returns its `Record`; `InProcessEngine` runs it
-here, `evals.distributed.on_ray` as a Ray task, `HttpEngine` through a running service over HTTP. `run_grid` schedules with bounded concurrency:
+here, `evals.distributed.on_ray` as a Ray task, `over_http` through a running service over HTTP. `run_grid` schedules with bounded concurrency:
 examples of plain cells in any order, those of memory-aware cells one after the other in the
 cell's stream order (a stream: each example retrieves what the earlier ones taught, then learns,
 never seeing its own memories; stream order `order` is the examples shuffled with that seed, order
@@ -180,13 +180,10 @@ def InProcessEngine(service: ReasoningService) -> Engine:
     return functools.partial(evaluate, service)
 
 
-def HttpEngine(client: Any) -> Engine:
-    """Runs examples through a running service over HTTP (`reasoning.execute`, JSON-RPC), with `client` (a
-    `reasonray.AsyncClient`): the whole stack the service's users reach, its model and its settings."""
-    return functools.partial(_over_http, client)
-
-
-async def _over_http(client: Any, example: Example, cell: Cell, memory: bool) -> Record:
+async def over_http(client: Any, example: Example, cell: Cell, memory: bool) -> Record:
+    """The engine of a run through a running service (`functools.partial(over_http, client)`, `client` a
+    `reasonray.AsyncClient`): `reasoning.execute` over HTTP, the whole stack the service's users reach, its model and
+    its settings."""
     from reasonray.client import ReasonRayError
 
     started = time.perf_counter()

@@ -31,8 +31,7 @@ def load_study(path: Path = STUDY) -> dict[str, Any]:
     """The study file: its [study] header and its [parts.NAME] tables, in file order."""
     study = tomllib.loads(path.read_text(encoding="utf-8"))
     for name, part in study.get("parts", {}).items():
-        unknown = set(part) - PART_KEYS
-        if unknown:
+        if unknown := set(part) - PART_KEYS:
             raise ValueError(f"{path}: part {name!r} has unknown keys {sorted(unknown)}; known: {sorted(PART_KEYS)}")
     return study
 
