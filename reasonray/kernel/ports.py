@@ -62,11 +62,10 @@ def free_block(size: int = REPLICA_PORTS, rng: random.Random | None = None) -> i
 
 def instance_ports() -> dict[str, str]:
     """Ray Serve's internal ports for a new instance, all free now (the environment Ray reads them from)."""
-    http_block, grpc_block = free_block(), free_block()
     singles = free_block(len(SINGLE_PORTS))
     env = {name: str(singles + i) for i, name in enumerate(SINGLE_PORTS)}
-    env |= {REPLICA_HTTP_RANGE[0]: str(http_block), REPLICA_HTTP_RANGE[1]: str(http_block + REPLICA_PORTS)}
-    env |= {REPLICA_GRPC_RANGE[0]: str(grpc_block), REPLICA_GRPC_RANGE[1]: str(grpc_block + REPLICA_PORTS)}
+    for (low, high), block in ((REPLICA_HTTP_RANGE, free_block()), (REPLICA_GRPC_RANGE, free_block())):
+        env |= {low: str(block), high: str(block + REPLICA_PORTS)}
     return env
 
 

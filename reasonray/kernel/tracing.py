@@ -32,17 +32,15 @@ def trace_id_from(traceparent: str | None) -> str | None:
     return match[1] if match else None
 
 
-def configured(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the standard variables ask for trace export."""
-    env = os.environ if environ is None else environ
+def configured(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the standard variables (of this process, by default) ask for trace export."""
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true" or env.get("OTEL_TRACES_EXPORTER", "").lower() == "none":
         return False
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-def export_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def export_env(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The OTEL_* variables of this process, for Ray workers' runtime environment ({} when tracing is off)."""
-    env = os.environ if environ is None else environ
     return {k: v for k, v in env.items() if k.startswith("OTEL_")} if configured(env) else {}
 
 
