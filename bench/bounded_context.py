@@ -75,7 +75,7 @@ def closed_form(tokens: int, specific: dict, mode: str, visible: float) -> int:
     cfg = BoundedContextConfig(carryover_mode=mode)
     query = query_for(tokens)
     first_prompt = count_messages(COUNTER, (system(INSTRUCTIONS), user(query)))
-    frame = count_messages(COUNTER, BoundedContext()._messages(query, RunState(mode=mode), 1))
+    frame = count_messages(COUNTER, BoundedContext()._messages(RunState(query, mode=mode), 1))
     if mode == "tail":
         return closed_form_attention(
             specific["reasoning_tokens"],

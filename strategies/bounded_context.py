@@ -152,6 +152,7 @@ class RunState:
     """All a run holds between iterations: the head and carryover text (bounded by the config, whatever
     the depth) and a few numbers per iteration for its metrics."""
 
+    query: str = ""  # the problem every prompt of the run starts from
     head: str = ""
     carryover: str = ""
     """tail and summary modes: what the next prompt carries; delethink mode: the raw tail of the thinking after the head."""
@@ -207,22 +208,22 @@ class BoundedContext(Strategy):
                 f"max_iterations {cfg.max_iterations} exceeds this server's max_allowed_iterations ({allowed}): ask for at most {allowed}",
                 {"max_allowed_iterations": allowed},
             )
-        state = RunState(mode=None if cfg.carryover_mode == "auto" else cfg.carryover_mode)
+        state = RunState(query, mode=None if cfg.carryover_mode == "auto" else cfg.carryover_mode)
         try:
             for iteration in range(cfg.max_iterations):
-                chunk = await self._reason_chunk(query, state, iteration, cfg, context)
+                chunk = await self._reason_chunk(state, iteration, cfg, context)
                 if chunk.answer is not None:
                     state.found_by = chunk.found_by
                     return self._result(context, cfg, state, chunk.answer, "answer")
                 if chunk.stop == "answer_cut":  # the thinking is done: only the answer is missing
-                    await self._carry(query, chunk, state, iteration, cfg, context)
-                    return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
-                if not await self._carry(query, chunk, state, iteration, cfg, context):
+                    await self._carry(chunk, state, iteration, cfg, context)
+                    return self._result(context, cfg, state, await self._final_answer(state, cfg, context), "final_answer")
+                if not await self._carry(chunk, state, iteration, cfg, context):
                     if (require_room := getattr(context.llm, "require_room", None)) is not None:
                         require_room(MIN_CARRYOVER_SIZE)  # a chunk the run's budget cut short stopped for the budget
-                    return await self._no_progress(query, state, iteration, cfg, context)
+                    return await self._no_progress(state, iteration, cfg, context)
             if self._forces_answer(cfg, state):
-                return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
+                return self._result(context, cfg, state, await self._final_answer(state, cfg, context), "final_answer")
         except BaseException as exc:  # provider, budget, deadline, cancellation: keep the iterations done
             raise attach_partial(exc, self._partial(cfg, state)) from None
         suggestion = min(cfg.max_iterations * 2, allowed)
@@ -240,13 +241,13 @@ class BoundedContext(Strategy):
     def _forces_answer(cfg: BoundedContextConfig, state: RunState) -> bool:
         return state.mode == "delethink" if cfg.on_max_iterations == "auto" else cfg.on_max_iterations == "final_answer"
 
-    def _messages(self, query: str, state: RunState, iteration: int) -> tuple[Message, ...]:
+    def _messages(self, state: RunState, iteration: int) -> tuple[Message, ...]:
         if iteration == 0:
-            return system(DELETHINK_INSTRUCTIONS if state.mode == "delethink" else INSTRUCTIONS), user(query)
+            return system(DELETHINK_INSTRUCTIONS if state.mode == "delethink" else INSTRUCTIONS), user(state.query)
         if state.mode == "delethink":
             return state.first
         memory = (SUMMARY_MEMORY if state.mode == "summary" else TAIL_MEMORY).format(head=state.head, carryover=state.carryover)
-        return system(INSTRUCTIONS), user(CONTINUE_PROMPT.format(query=query, memory=memory))
+        return system(INSTRUCTIONS), user(CONTINUE_PROMPT.format(query=state.query, memory=memory))
 
     def _prompt(self, messages: tuple[Message, ...], state: RunState, context: StrategyContext, thinking: str = "") -> int:
         """The prompt's size as the server will count it (see the module docstring), with the thinking it continues."""
@@ -255,7 +256,7 @@ class BoundedContext(Strategy):
         return math.ceil(count_messages(context.tokens, messages) * state.prompt_ratio) + PROMPT_MARGIN
 
     def _fit(
-        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext, final: bool = False
+        self, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext, final: bool = False
     ) -> tuple[tuple[Message, ...], str, int]:
         """The call's messages, the thinking it continues (delethink mode) and its generation budget, shortening the
         carryover (then, in delethink mode, the head) if the prompt leaves less than a chunk needs to reason in or,
@@ -266,7 +267,7 @@ class BoundedContext(Strategy):
         told = final and not delethink
 
         def measure() -> tuple[tuple[Message, ...], str, int]:
-            messages = self._messages(query, state, iteration)
+            messages = self._messages(state, iteration)
             if told:
                 messages = (messages[0], user(FINAL_PROMPT.format(prompt=messages[1].content, instruction=FINAL_INSTRUCTION)))
             thinking = state.kept() if delethink else ""
@@ -292,10 +293,8 @@ class BoundedContext(Strategy):
             )
         return messages, thinking, room
 
-    async def _reason_chunk(
-        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
-    ) -> Chunk:
-        messages, thinking, room = self._fit(query, state, iteration, cfg, context)
+    async def _reason_chunk(self, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> Chunk:
+        messages, thinking, room = self._fit(state, iteration, cfg, context)
         if iteration == 0:
             state.first = messages
         completion = await context.llm.complete(
@@ -313,7 +312,7 @@ class BoundedContext(Strategy):
             # one would too; the head and raw tail of the thinking go in the prompt instead, which any model reads
             state.mode = "tail"
             context.warn(self.name, "carryover_fallback", "the endpoint cannot continue the thinking; carrying its raw tail in the prompt")
-            return await self._reason_chunk(query, state, iteration, cfg, context)
+            return await self._reason_chunk(state, iteration, cfg, context)
         usage = completion.usage
         sent = (*messages, Message(role="assistant", content=thinking)) if thinking else messages  # the continued thinking is prompt too
         state.calibrate(count_messages(context.tokens, sent), usage.prompt_tokens)
@@ -327,8 +326,8 @@ class BoundedContext(Strategy):
         if state.mode is None:  # auto: the first reply tells how the model reasons
             state.mode = "delethink" if thinks_then_answers(completion, reasoning) else "tail"
             if state.mode == "delethink":  # later chunks continue the thinking under delethink's own (shorter) instructions
-                state.first = self._messages(query, state, 0)
-        chunk = self._read_chunk(query, completion, reasoning, state)
+                state.first = self._messages(state, 0)
+        chunk = self._read_chunk(completion, reasoning, state)
         state.ledger.chunk(usage.prompt_tokens, usage.completion_tokens)
         record = {
             "iteration": iteration,
@@ -347,14 +346,14 @@ class BoundedContext(Strategy):
         return chunk
 
     @staticmethod
-    def _read_chunk(query: str, completion: Completion, reasoning: str, state: RunState) -> Chunk:
+    def _read_chunk(completion: Completion, reasoning: str, state: RunState) -> Chunk:
         """What the chunk came to: an answer, more reasoning to carry, or closed thinking with its answer missing."""
         if completion.thinking_unfinished:  # cut inside the thinking: whatever it says, it is not an answer
             answer, found_by, stop = None, None, "thinking"
         elif state.mode == "delethink":  # the thinking closed: what follows it is the answer
             answer, found_by = chunk_answer(completion.text, completion.finish_reason)
             if answer is None and stopped(completion):
-                found = find_answer(completion.text, numeric=numeric_question(query))
+                found = find_answer(completion.text, numeric=numeric_question(state.query))
                 answer, found_by = (found.answer, found.found_by) if found is not None else (None, None)
             stop = "answer" if answer is not None else "answer_cut"
         else:
@@ -362,9 +361,7 @@ class BoundedContext(Strategy):
             stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
         return Chunk(completion.text, answer, stop, found_by, reasoning)
 
-    async def _carry(
-        self, query: str, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
-    ) -> bool:
+    async def _carry(self, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> bool:
         """Make the next chunk's carryover; False when it would leave the next prompt as it was (no progress)."""
         before = (state.head, state.carryover)
         delethink = state.mode == "delethink"
@@ -383,7 +380,7 @@ class BoundedContext(Strategy):
                 )
         if not material and not delethink:
             return False
-        summary = await self._summarize(query, state, material, cfg, context) if state.mode == "summary" else None
+        summary = await self._summarize(state, material, cfg, context) if state.mode == "summary" else None
         fallback = state.mode == "summary" and summary is None
         if summary is None:  # the raw tail: of the thinking so far in delethink mode, else of this chunk's reasoning
             summary = context.tokens.tail((state.carryover if delethink else "") + material, cfg.carryover_size)
@@ -408,26 +405,22 @@ class BoundedContext(Strategy):
         )
         return True
 
-    async def _no_progress(
-        self, query: str, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext
-    ) -> ReasoningResult:
+    async def _no_progress(self, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> ReasoningResult:
         """The chunk left nothing new to carry (an empty reply, thinking out of sight, or the same carryover again):
         another chunk would repeat the last one, so the answer is asked for now, or the run fails."""
         why = f"chunk {iteration} left nothing new to carry into the next one"
         context.warn(self.name, "no_progress", why)
         if self._forces_answer(cfg, state) or state.thinks:
-            return self._result(context, cfg, state, await self._final_answer(query, state, cfg, context), "final_answer")
+            return self._result(context, cfg, state, await self._final_answer(state, cfg, context), "final_answer")
         raise ModelBehaviorError(
             f"the reasoning made no progress: {why} (an empty reply, or the same reasoning again); check the model, "
             'or set on_max_iterations="final_answer" to have it answer from what it has',
             self._partial(cfg, state),
         )
 
-    async def _summarize(
-        self, query: str, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext
-    ) -> str | None:
+    async def _summarize(self, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext) -> str | None:
         """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
-        frame = SUMMARY_FRAME.format(query=query, carryover=state.carryover or NO_CARRYOVER)
+        frame = SUMMARY_FRAME.format(query=state.query, carryover=state.carryover or NO_CARRYOVER)
         framed = lambda source: (system(SUMMARY_INSTRUCTIONS), user(frame + source))
         room = cfg.chunk_size - self._prompt(framed(""), state, context)
         source = context.tokens.tail(visible, max(math.floor((room - cfg.carryover_size) / state.prompt_ratio), 0))
@@ -455,10 +448,10 @@ class BoundedContext(Strategy):
             return None
         return context.tokens.head(summary, cfg.carryover_size)
 
-    async def _final_answer(self, query: str, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
+    async def _final_answer(self, state: RunState, cfg: BoundedContextConfig, context: StrategyContext) -> str:
         """One more call that must answer: in delethink mode the thinking so far, closed (`thinking_budget=0`), else the
         last carryover with an instruction to answer now."""
-        messages, thinking, room = self._fit(query, state, max(len(state.iterations), 1), cfg, context, final=True)
+        messages, thinking, room = self._fit(state, max(len(state.iterations), 1), cfg, context, final=True)
         if room < 1:
             raise InvalidParamsError(
                 f"context size exceeded: the final-answer prompt takes {cfg.chunk_size - room} of chunk_size {cfg.chunk_size} tokens; "
@@ -476,7 +469,7 @@ class BoundedContext(Strategy):
             )
         )
         state.ledger.other(completion.usage.prompt_tokens, completion.usage.completion_tokens)
-        found = None if completion.thinking_unfinished else find_answer(completion.text, numeric=numeric_question(query))
+        found = None if completion.thinking_unfinished else find_answer(completion.text, numeric=numeric_question(state.query))
         answer = found.answer if found is not None else ""
         state.found_by = found.found_by if found is not None else None
         if not answer.strip():
