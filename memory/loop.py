@@ -105,11 +105,8 @@ class MemoryLoop:
         found = await self.client.retrieve(query, report.workspace, exclude_task_ids=[report.task_id], **options)
         items = [MemoryItem.model_validate(r["memory"]) for r in found]
         llm.guidance = format_memory_block(items) or None
-        report.retrieved = [
-            RetrievedSummary(
-                id=str(i.id), title=i.title, warning=i.is_warning, composite=r["scores"]["composite"], similarity=r["scores"]["similarity"]
-            )
-            for i, r in zip(items, found, strict=False)
+        report.retrieved = [  # of the scores, the summary keeps the composite and the similarity
+            RetrievedSummary(id=str(i.id), title=i.title, warning=i.is_warning, **r["scores"]) for i, r in zip(items, found, strict=False)
         ]
         emit(
             MemoryRetrieval(
