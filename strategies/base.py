@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -128,15 +128,6 @@ class Thinking:
     def __bool__(self) -> bool:
         return self.reasoning_effort is not None or self.thinking_budget is not None
 
-    def over(self, outer: Thinking) -> Thinking:
-        """These settings where set, `outer`'s (an enclosing strategy's) elsewhere."""
-        return Thinking(**{**asdict(outer), **{k: v for k, v in asdict(self).items() if v is not None}})
-
-    def apply(self, request: LLMRequest) -> LLMRequest:
-        """`request` with these settings where it sets none of its own (a forced answer's budget of 0 stays 0)."""
-        changes = {k: v for k, v in asdict(self).items() if v is not None and getattr(request, k) is None}
-        return msgspec.structs.replace(request, **changes) if changes else request
-
 
 RUN_THINKING: ContextVar[Thinking] = ContextVar("reasonray_run_thinking", default=Thinking())  # noqa: B039 (frozen)
 """The running strategy's thinking settings. A context variable, so concurrent branches in one process each see
@@ -147,18 +138,18 @@ class ThinkingSampling(Sampling, frozen=True, omit_defaults=True):
     """The run's sampling, which also fills in the running strategy's thinking settings (RUN_THINKING)."""
 
     def apply(self, request: LLMRequest) -> LLMRequest:
-        return super().apply(RUN_THINKING.get().apply(request))
+        # only where the request sets none of its own: a forced answer's budget of 0 stays 0
+        changes = {k: v for k, v in asdict(RUN_THINKING.get()).items() if v is not None and getattr(request, k) is None}
+        return super().apply(msgspec.structs.replace(request, **changes) if changes else request)
 
 
 @contextmanager
 def thinking_of(settings: Thinking, llm: ObservedLLM) -> Iterator[None]:
     """Within the block, `llm`'s requests carry `settings` (over an enclosing strategy's) unless they set their own."""
-    if not settings:
-        yield
-        return
-    if not isinstance(llm.sampling, ThinkingSampling):  # apply RUN_THINKING, keeping whatever sampling the caller asked for
+    if settings and not isinstance(llm.sampling, ThinkingSampling):  # apply RUN_THINKING, keeping the caller's sampling
         llm.sampling = ThinkingSampling(**(msgspec.structs.asdict(llm.sampling) if llm.sampling is not None else {}))
-    token = RUN_THINKING.set(settings.over(RUN_THINKING.get()))
+    # these settings where set, an enclosing strategy's elsewhere
+    token = RUN_THINKING.set(replace(RUN_THINKING.get(), **{k: v for k, v in asdict(settings).items() if v is not None}))
     try:
         yield
     finally:
