@@ -66,7 +66,7 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
     given = OPEN + (request.continue_thinking or "")
     if chosen.budget == 0:  # no (more) thinking: close it at once and have the model answer
         reply = await send(request, given + CLOSE, visible_cap)
-        choice, used = _answered(reply, "", Usage())
+        choice, used = _answered(reply, "", "", Usage())
         return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=used, thinking_control=chosen.control)
     reply = await send(request, given if request.continue_thinking is not None else None, chosen.budget)
     used, choice = reply.usage, reply.choices[0]
@@ -80,20 +80,19 @@ async def controlled(send: Send, request: LLMRequest, chosen: Plan, *, visible_c
     if chosen.budget is not None and choice.finish_reason == "length" and not choice.tool_calls:
         # the budget ran out while thinking (or the answer was cut): close what there is and have the model answer
         reply = await send(request, given + thinking + CLOSE + text, visible_cap)
-        choice, used = _answered(reply, thinking, used)
-        choice = msgspec.structs.replace(choice, text=text + choice.text)
+        choice, used = _answered(reply, thinking, text, used)
     else:
         choice = msgspec.structs.replace(choice, text=text, reasoning=thinking)
     return msgspec.structs.replace(reply, choices=(choice, *reply.choices[1:]), usage=used, thinking_control=chosen.control)
 
 
-def _answered(reply: Completion, thinking: str, used: Usage) -> tuple[Choice, Usage]:
-    """The answer to a prefix whose thinking was closed: all of the reply is answer, even what a reader took for thinking
-    (an R1 parser sees no closing tag in it; a model known to think in its text may open an aside), and counted as
-    answer, as the server counts it."""
+def _answered(reply: Completion, thinking: str, head: str, used: Usage) -> tuple[Choice, Usage]:
+    """The answer to a prefix whose thinking was closed (after `head`, answer text the prefix already held): all of the
+    reply is answer, even what a reader took for thinking (an R1 parser sees no closing tag in it; a model known to think
+    in its text may open an aside), and counted as answer, as the server counts it."""
     after = reply.choices[0]
     usage = Usage(reply.usage.prompt_tokens, reply.usage.completion_tokens, 0)
-    choice = msgspec.structs.replace(after, text=after.text or after.reasoning, reasoning=thinking, thinking_unfinished=False)
+    choice = msgspec.structs.replace(after, text=head + (after.text or after.reasoning), reasoning=thinking, thinking_unfinished=False)
     return choice, _add(used, usage)
 
 
