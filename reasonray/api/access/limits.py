@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 import structlog
 
@@ -31,14 +31,8 @@ DAY_S = 86_400.0
 STALE_RUN_S = 3600.0  # a run slot held this long belonged to a replica that died: it is freed
 
 
-class LimitValues(TypedDict, total=False):
-    """The limits a key has (`LimitSettings` without the unset ones: those are unlimited)."""
-
-    requests_per_minute: int
-    concurrent_runs: int
-    tokens_per_minute: int
-    tokens_per_day: int
-
+LimitValues = dict[str, int]
+"""The limits a key has, by `LimitSettings` name (the unset ones left out: those are unlimited)."""
 
 KeyedLimits = list[tuple[str, LimitValues]]
 """(counter key, its limits) pairs a request is checked against, all of them."""
@@ -285,7 +279,7 @@ class LocalLimits:
 
 def limited(limits: LimitSettings) -> LimitValues:
     """The configured limits only (None means unlimited and is left out)."""
-    return cast(LimitValues, limits.model_dump(exclude_none=True))
+    return limits.model_dump(exclude_none=True)
 
 
 def own_statistics(server: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
