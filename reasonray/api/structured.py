@@ -22,6 +22,7 @@ from jsonschema.exceptions import SchemaError, best_match
 from reasonray.gateway.capabilities import capabilities_of
 from reasonray.gateway.protocol import LLM, LLMRequest, Message
 from reasonray.kernel.errors import InvalidParamsError, ModelBehaviorError
+from reasonray.kernel.extraction import json_values
 
 How = Literal["answer", "repair", "single_field", "wrapped"]
 REPAIR_PROMPT = (
@@ -60,26 +61,6 @@ def problem(value: Any, schema: dict[str, Any] | None) -> str | None:
         return None
     where = "/".join(map(str, error.absolute_path)) or "(root)"
     return f"{error.message} at {where}"
-
-
-def json_values(text: str) -> list[Any]:
-    """The JSON values a reply holds: the whole text, a fenced block, else each `{`/`[` that starts one."""
-    text = text.strip()
-    found: list[Any] = []
-    decoder = json.JSONDecoder()
-    fenced = [block.removeprefix("json").strip() for block in text.split("```")[1::2]]  # none without a fence
-    for candidate in [text, *fenced]:
-        try:
-            found.append(json.loads(candidate))
-        except ValueError:
-            continue
-    for i, char in enumerate(text):
-        if char in "{[":
-            try:
-                found.append(decoder.raw_decode(text, i)[0])
-            except ValueError:
-                continue
-    return found
 
 
 def _first_valid(text: str, schema: dict[str, Any] | None) -> Any | None:

@@ -65,21 +65,29 @@ def _clean(value: str) -> str:
     return value.strip().strip("*_`").rstrip(" .!;,").strip("*_` ")
 
 
-def parse_json_object(text: str) -> dict[str, Any] | None:
-    """The JSON object a reply holds (whole, fenced, or the outermost braces in it), or None."""
-    body = strip_thinking(text).strip()
-    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
-    candidates = [body]
-    if (start := body.find("{")) >= 0 and (end := body.rfind("}")) > start:
-        candidates.append(body[start : end + 1])
-    for candidate in candidates:
+def json_values(text: str) -> list[Any]:
+    """The JSON values a reply holds: the whole text, a fenced block, else each `{`/`[` that starts one."""
+    text = text.strip()
+    found: list[Any] = []
+    decoder = json.JSONDecoder()
+    fenced = [block.removeprefix("json").strip() for block in text.split("```")[1::2]]  # none without a fence
+    for candidate in [text, *fenced]:
         try:
-            value = json.loads(candidate)
+            found.append(json.loads(candidate))
         except ValueError:
             continue
-        if isinstance(value, dict):
-            return value
-    return None
+    for i, char in enumerate(text):
+        if char in "{[":
+            try:
+                found.append(decoder.raw_decode(text, i)[0])
+            except ValueError:
+                continue
+    return found
+
+
+def parse_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object a reply holds outside its thinking (whole, fenced, or within prose), or None."""
+    return next((value for value in json_values(strip_thinking(text)) if isinstance(value, dict)), None)
 
 
 def _json_text(value: Any) -> str | None:
