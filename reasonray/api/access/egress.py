@@ -197,30 +197,23 @@ class OutboundGate:
             raise self._too_many_there()
         self.principals[principal] += 1
         self.destinations[destination] += 1
+        mine, there = f"egress:principal:{principal}", f"egress:destination:{destination}"  # the cluster's counts
+        taken: Decision | None = None
         try:
-            async with self._cluster_slot(destination, principal, ttl_s):
-                yield
+            if self.shared is not None:
+                keyed: KeyedLimits = [(mine, {"concurrent_runs": self.per_principal}), (there, {"concurrent_runs": self.per_destination})]
+                taken = await self.shared.take(keyed, ttl_s)
+                if not taken["ok"]:
+                    raise self._too_many_of_theirs(principal) if taken.get("key") == mine else self._too_many_there()
+            yield
         finally:
             self.principals -= Counter([principal])  # a count that reaches 0 leaves the Counter
             self.destinations -= Counter([destination])
-
-    @asynccontextmanager
-    async def _cluster_slot(self, destination: str, principal: str, ttl_s: float) -> AsyncIterator[None]:
-        if self.shared is None:
-            yield
-            return
-        mine, there = f"egress:principal:{principal}", f"egress:destination:{destination}"
-        keyed: KeyedLimits = [(mine, {"concurrent_runs": self.per_principal}), (there, {"concurrent_runs": self.per_destination})]
-        decision = await self.shared.take(keyed, ttl_s)
-        if not decision["ok"]:
-            raise self._too_many_of_theirs(principal) if decision.get("key") == mine else self._too_many_there()
-        try:
-            yield
-        finally:
-            # given back whatever ends the call (a cancelled caller too), without holding up its end
-            done = asyncio.ensure_future(self.shared.give_back([mine, there], str(decision.get("run_id"))))
-            self._giving_back.add(done)
-            done.add_done_callback(self._given_back)
+            if self.shared is not None and taken is not None and taken["ok"]:
+                # given back whatever ends the call (a cancelled caller too), without holding up its end
+                done = asyncio.ensure_future(self.shared.give_back([mine, there], str(taken.get("run_id"))))
+                self._giving_back.add(done)
+                done.add_done_callback(self._given_back)
 
     def _given_back(self, done: asyncio.Future[None]) -> None:
         self._giving_back.discard(done)
