@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import structlog
 
@@ -54,7 +54,6 @@ class Lease:
     serial: bool = False
 
 
-@runtime_checkable
 class SharedSlots(Protocol):
     """An endpoint's slots shared by every process that calls it: FIFO, and a holder that dies loses its slots."""
 
