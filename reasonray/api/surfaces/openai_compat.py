@@ -291,15 +291,12 @@ def model_not_found(message: str, **extra: Any) -> OpenAIError:
 
 def http_error(status: int, path: str, method: str, detail: Any = None) -> OpenAIError:
     """An error the web framework found before any route ran (no such path, a method the path does not
-    take, a body that does not validate), in OpenAI's shape: everything under /v1 answers in it."""
+    take), in OpenAI's shape: everything under /v1 answers in it. (A body that does not validate is not one:
+    FastAPI raises RequestValidationError for it, which the application answers as invalid params.)"""
     if status == 404:
         return OpenAIError(404, f"Invalid URL ({method} {path}): no such endpoint here; see docs/openai.md", "unknown_url")
     if status == 405:
         return OpenAIError(405, f"Method {method} is not allowed on {path}", "method_not_allowed")
-    if status == 422 and isinstance(detail, list) and detail:
-        first = detail[0]
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return OpenAIError(400, f"invalid request: {param or 'body'}: {first.get('msg')}", "invalid_value", param)
     return OpenAIError(status, str(detail or "request refused"), type_="invalid_request_error" if status < 500 else "server_error")
 
 
