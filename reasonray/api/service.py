@@ -167,9 +167,7 @@ class ExecuteParams(Params):
     @field_validator("extra_body")
     @classmethod
     def _passable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is None:
-            return None
-        if reserved := sorted(EXTRA_BODY_RESERVED & value.keys()):
+        if reserved := sorted(EXTRA_BODY_RESERVED & (value or {}).keys()):
             raise ValueError(f"extra_body may not set {', '.join(reserved)}: the gateway sets them for every call")
         if len(json.dumps(value)) > 16_384:
             raise ValueError("extra_body is over 16 KiB as JSON")
@@ -266,7 +264,7 @@ class ReasoningService:
 
     async def execute(self, params: ExecuteParams, trace_id: str, *, verifier: Verifier | None = None) -> ExecuteResult:
         """Run the request's strategy in four stages: resolve (strategy and config, within the caps), admit
-        (memory, budget, deadline, the run's recorder and context), run (memory retrieval, the strategy,
+        (memory, token budget, the run's recorder and context), run (memory retrieval, the strategy,
         learning; under the deadline), settle (the run's end recorded and handed to every run-end consumer, then the
         answer). The run's events also go to the context's RUN_LISTENER, for streams."""
         resolution = await self.resolve(params)
@@ -285,8 +283,8 @@ class ReasoningService:
         return self._answer(plan, result, None)
 
     def _admit(self, params: ExecuteParams, resolution: Resolution, trace_id: str, verifier: Verifier | None) -> RunPlan:
-        """What the run may use: memory (refused when the server has none), the tightest budget and deadline,
-        its recorder (event log, trace, listener) and the strategy's context."""
+        """What the run may use: memory (refused when the server has none), the tightest token budget, its
+        recorder (event log, trace, listener) and the strategy's context."""
         if self.log_queries:  # opt-in debug logging, personal data redacted
             log.debug("query.received", query=redact(params.query), strategy=resolution.strategy)
         memory = params.memory
@@ -307,7 +305,6 @@ class ReasoningService:
         capture = TrajectoryCapture(recorder) if memory is not None and memory.learn else None
         sink: EventSink = capture or recorder
         budget = _tokens_of(self.budget).tightest(_tokens_of(params.budget) if params.budget else None)
-        deadline = self.deadline_s(params.budget)
         context = StrategyContext(
             llm=ObservedLLM(
                 self.llm,
@@ -325,12 +322,12 @@ class ReasoningService:
             resolve=self.resolve_strategy,
         )
         report = self.memory_loop.report(memory, trace_id) if self.memory_loop is not None else None
-        return RunPlan(params, verifier, resolution, report, recorder, capture, context, deadline, path, time.time())
+        return RunPlan(params, verifier, resolution, report, recorder, capture, context, path, time.time())
 
     async def _run(self, plan: RunPlan) -> ReasoningResult:
         """Memory retrieval, the strategy and learning, in the run's span and under its deadline."""
         params, context, report = plan.params, plan.context, plan.report
-        strategy_name, memory = plan.resolution.strategy, params.memory
+        strategy_name, memory, deadline = plan.resolution.strategy, params.memory, self.deadline_s(params.budget)
         strategy = self.catalogue.entries[strategy_name].strategy
         attributes = {
             "reasonray.strategy": strategy_name,
@@ -342,7 +339,7 @@ class ReasoningService:
             thinking_of(Thinking(params.reasoning_effort, params.thinking_budget), context.llm),
         ):
             try:
-                async with asyncio.timeout(plan.deadline) as limit:
+                async with asyncio.timeout(deadline) as limit:
                     if memory is not None and memory.enabled and report is not None and self.memory_loop is not None:
                         with tracing.span("memory.retrieve", {"reasonray.workspace": report.workspace}):
                             await self.memory_loop.retrieve(memory, report, context.llm, context.emit, params.query)
@@ -358,8 +355,8 @@ class ReasoningService:
                     raise
                 # the deadline's error (as the cancellation's below) keeps the partial result a strategy attached to what interrupted it
                 carried = getattr(exc.__cause__ or exc.__context__, "partial_result", None) or {}
-                late = f"the run passed its deadline of {plan.deadline:g}s before answering; raise budget.deadline_s or ask for less work"
-                raise attach_partial(DeadlineExceededError(late, {"deadline_s": plan.deadline}), carried) from None
+                late = f"the run passed its deadline of {deadline:g}s before answering; raise budget.deadline_s or ask for less work"
+                raise attach_partial(DeadlineExceededError(late, {"deadline_s": deadline}), carried) from None
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -475,7 +472,6 @@ class RunPlan:
     recorder: _Teed
     capture: TrajectoryCapture | None
     context: StrategyContext
-    deadline: float | None
     event_log: Path | None
     started: float
 
