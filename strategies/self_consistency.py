@@ -126,12 +126,6 @@ def ballots(chains: list[Chain]) -> list[str | None]:
     return [c.answer if c.answer and (not stated or c.found_by != "whole_text") else None for c in chains]
 
 
-def stated_counts(chains: list[Chain]) -> list[int]:
-    """The votes of stated answers only, most first: a whole-text vote can still be voided by a later stated answer."""
-    counts = Counter(normalize_answer(c.answer) for c in chains if c.answer and c.found_by != "whole_text")
-    return sorted(counts.values(), reverse=True)
-
-
 def beta_confidence(leader: int, runner_up: int) -> float:
     """P(p > 1/2) for p ~ Beta(leader + 1, runner_up + 1): Adaptive-Consistency's posterior that the leading answer
     beats the runner-up (exact for integer counts: a binomial tail)."""
@@ -257,9 +251,12 @@ class SelfConsistency(Strategy):
         self._note_progress(context, cfg, [])
         outcomes: list[Chain | Failed] = []
         while (remaining := cfg.samples - len(outcomes)) > 0:
-            counts = stated_counts([o for o in outcomes if not isinstance(o, Failed)])
             wave = remaining
-            if cfg.adaptive:
+            if cfg.adaptive:  # on the votes of stated answers only: a whole-text vote can still be voided by a later stated one
+                stated = Counter(
+                    normalize_answer(o.answer) for o in outcomes if isinstance(o, Chain) and o.answer and o.found_by != "whole_text"
+                )
+                counts = sorted(stated.values(), reverse=True)
                 if why := decided(counts, remaining, cfg.stop_confidence):
                     return outcomes, why
                 wave = next_wave(counts, remaining, cfg.stop_confidence)
