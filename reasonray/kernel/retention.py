@@ -8,6 +8,7 @@ empty day directories too.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -37,12 +38,14 @@ def _logs(events_dir: Path) -> list[tuple[float, int, Path]]:
     return sorted(found)
 
 
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
+def _delete(logs: list[tuple[float, int, Path]]) -> tuple[int, int]:
+    """Delete these event logs: the files and bytes that went (one deleted meanwhile, by another replica's sweep, is not counted)."""
+    sizes = []
+    for _, size, path in logs:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            sizes.append(size)
+    return len(sizes), sum(sizes)
 
 
 def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float | None, now: float | None = None) -> Swept:
@@ -50,18 +53,15 @@ def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float |
     now = time.time() if now is None else now
     logs = _logs(events_dir)
     total = sum(size for _, size, _ in logs)
-    deleted_files = deleted_bytes = 0
     cutoff = now - max_age_days * 86400 if max_age_days is not None else None
     limit = max_total_mb * 1024 * 1024 if max_total_mb is not None else None
-    for mtime, size, path in logs:  # oldest first
-        too_old = cutoff is not None and mtime < cutoff
-        too_big = limit is not None and total > limit
-        if not (too_old or too_big):
+    doomed = 0  # the oldest logs go while they are too old or the rest too big
+    for mtime, size, _ in logs:
+        if not ((cutoff is not None and mtime < cutoff) or (limit is not None and total > limit)):
             break
-        if _unlink(path):
-            deleted_files += 1
-            deleted_bytes += size
+        doomed += 1
         total -= size
+    deleted_files, deleted_bytes = _delete(logs[:doomed])
     recent = {(datetime.fromtimestamp(now, UTC).date() - timedelta(days=d)).isoformat() for d in (0, 1)}
     _remove_empty_days(events_dir, keep=recent)
     if deleted_files:
@@ -71,16 +71,12 @@ def sweep(events_dir: Path, *, max_age_days: float | None, max_total_mb: float |
 
 def purge(events_dir: Path, before: date) -> Swept:
     """Delete the event logs of every UTC day before `before` (by directory name), and their directories."""
-    deleted_files = deleted_bytes = 0
-    logs = _logs(events_dir)
-    for _, size, path in logs:
-        try:
-            day = date.fromisoformat(path.parent.name)
-        except ValueError:  # not a day directory: not ours to delete
-            continue
-        if day < before and _unlink(path):
-            deleted_files += 1
-            deleted_bytes += size
+    doomed = []
+    for entry in _logs(events_dir):
+        with contextlib.suppress(ValueError):  # a directory that is not a day's is not ours to delete
+            if date.fromisoformat(entry[2].parent.name) < before:
+                doomed.append(entry)
+    deleted_files, deleted_bytes = _delete(doomed)
     _remove_empty_days(events_dir, keep=set())
     return Swept(deleted_files, deleted_bytes, len(_logs(events_dir)))
 
