@@ -324,7 +324,10 @@ class BoundedContext(Strategy):
             state.calibrate_text(generated, usage.completion_tokens)
         state.thinks = state.thinks or bool(reasoning) or completion.thinking_unfinished or usage.reasoning_tokens > 0
         if state.mode is None:  # auto: the first reply tells how the model reasons
-            state.mode = "delethink" if thinks_then_answers(completion, reasoning) else "tail"
+            # a model that thinks first and answers after (R1, Qwen3, gpt-oss): its thinking was handed over, and the reply
+            # either ended inside it or closed it and stopped. A model whose visible text is still reasoning when the chunk
+            # ends (cut off, or asking to continue) reasons in the open, its thinking only asides: that text's tail is carried
+            state.mode = "delethink" if reasoning and (completion.thinking_unfinished or stopped(completion)) else "tail"
             if state.mode == "delethink":  # later chunks continue the thinking under delethink's own (shorter) instructions
                 state.first = self._messages(state, 0)
         chunk = self._read_chunk(completion, reasoning, state)
@@ -527,14 +530,6 @@ def stopped(completion: Completion) -> bool:
     at the end of the text)."""
     asked = completion.choices[0].stop_sequence == "<continue>" or completion.text.rstrip().endswith("<continue>")
     return completion.finish_reason != "length" and not asked
-
-
-def thinks_then_answers(completion: Completion, reasoning: str) -> bool:
-    """Whether a reply shows a model that thinks first and answers after (R1, Qwen3, gpt-oss): its thinking was
-    handed over, and the reply either ended inside it or closed it and stopped. A model whose visible text is
-    still reasoning when the chunk ends (cut off, or asking to continue) reasons in the open, its thinking only
-    asides: the tail of that text is what to carry."""
-    return bool(reasoning) and (completion.thinking_unfinished or stopped(completion))
 
 
 def capacity(cfg: BoundedContextConfig) -> int:

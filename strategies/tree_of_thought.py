@@ -132,15 +132,6 @@ Proposal = tuple[str, bool, str]
 """A proposed next step or final answer: (text, is_answer, how it was read)."""
 
 
-def free_step(text: str) -> str | None:
-    """The next step in an untagged proposal: its first listed step, else its first paragraph; None when empty."""
-    first = re.split(r"\n\s*\n", strip_thinking(text).strip(), maxsplit=1)[0].strip()
-    lines = [line for line in first.splitlines() if line.strip()]
-    if len(lines) > 1 and _STEP_PREFIX.match(lines[0]):
-        first = lines[0]
-    return _STEP_PREFIX.sub("", first, count=1).strip()[:MAX_STEP_CHARS] or None
-
-
 def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
     """A step or an answer, however the reply gives it; None when it holds neither (nothing visible)."""
     if answer := extract_answer(text):
@@ -154,7 +145,12 @@ def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
     stated = find_answer(text, numeric=numeric_question(query), fallback=False)
     if stated is not None and stated.found_by == "phrase":
         return stated.answer, True, "phrase"
-    step = free_step(text)
+    # the next step in an untagged proposal: its first listed step, else its first paragraph
+    first = re.split(r"\n\s*\n", strip_thinking(text).strip(), maxsplit=1)[0].strip()
+    lines = [line for line in first.splitlines() if line.strip()]
+    if len(lines) > 1 and _STEP_PREFIX.match(lines[0]):
+        first = lines[0]
+    step = _STEP_PREFIX.sub("", first, count=1).strip()[:MAX_STEP_CHARS]
     return (step, False, "free_text") if step else None
 
 
