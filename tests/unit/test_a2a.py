@@ -221,6 +221,18 @@ def rpc_body(request: SendMessageRequest, method: str = "SendMessage") -> dict:
     return {"jsonrpc": "2.0", "id": "r-1", "method": method, "params": json_format.MessageToDict(request)}
 
 
+async def test_a_refused_http_json_call_is_a_403_in_that_bindings_shape_and_leaves_no_task(tmp_path, http_clients):
+    agent = Agent(tmp_path)
+    agent.app.router.routes.append(Route("/a2a/{operation:path}", agent.server.handle_rest, methods=["GET", "POST"]))
+    request = json_format.MessageToDict(message("What is 6 * 7?", strategy="chain_of_thought"))
+    answer = await agent.http("rita", http_clients).post("/a2a/message:send", json=request)
+    assert answer.status_code == 403 and answer.headers["content-type"] == "application/json", answer.text
+    error = answer.json()["error"]
+    assert error["code"] == 403 and error["status"] == "PERMISSION_DENIED" and error["details"][0]["code"] == -32003
+    assert "may not call reasoning.execute" in error["message"] and agent.llm.requests == []
+    assert stored_rows(tmp_path / "sessions", "a2a_tasks") == 0
+
+
 async def test_a_refused_call_is_an_http_403_with_the_json_rpc_error_and_leaves_no_task(tmp_path, http_clients):
     agent = Agent(tmp_path)
     for method in ("SendMessage", "SendStreamingMessage"):

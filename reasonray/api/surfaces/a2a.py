@@ -387,15 +387,7 @@ class A2AServer:
 
     async def handle(self, request: Request) -> Response:
         """The SDK's answer, or for a refused call the JSON-RPC error with its HTTP status (and headers)."""
-        response, error = await self._answer(self._endpoint, request)
-        if error is None:
-            return response
-        request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
-        return JSONResponse(
-            {"jsonrpc": "2.0", "error": error, "id": request_id},
-            status_code=view_of(error["code"]).http_status,
-            headers=self.refusal_headers(error),
-        )
+        return await self._answer(self._endpoint, request)
 
     async def handle_rest(self, request: Request) -> Response:
         """An HTTP+JSON call (A2A's REST binding), answered by the SDK's route for its path and method; a 404 or
@@ -405,7 +397,10 @@ class A2AServer:
             match, child = route.matches(request.scope)
             if match == Match.FULL:
                 request.scope.update(child)
-                return await self._rest_call(route, request)
+                response = await self._answer(route.endpoint, request, rest=True)
+                if response.headers.get("content-type", "").startswith("application/a2a+json"):
+                    response.headers["content-type"] = "application/json"  # what the HTTP+JSON binding names (A2A 11.1)
+                return response
             if match == Match.PARTIAL and route.methods:
                 allowed += sorted(route.methods)
         status, reason = (405, "METHOD_NOT_ALLOWED") if allowed else (404, "NOT_FOUND")
@@ -413,20 +408,10 @@ class A2AServer:
         headers = {"Allow": ", ".join(dict.fromkeys(allowed))} if allowed else {}
         return JSONResponse({"error": {"code": status, "status": reason, "message": message}}, status_code=status, headers=headers)
 
-    async def _rest_call(self, route: Route, request: Request) -> Response:
-        response, error = await self._answer(route.endpoint, request)
-        if error is None:
-            if response.headers.get("content-type", "").startswith("application/a2a+json"):
-                response.headers["content-type"] = "application/json"  # what the HTTP+JSON binding names (A2A 11.1)
-            return response
-        status = view_of(error["code"]).http_status
-        reason = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}[status]
-        body = {"error": {"code": status, "status": reason, "message": error["message"], "details": [error]}}
-        return JSONResponse(body, status_code=status, headers=self.refusal_headers(error))
-
-    async def _answer(self, endpoint: Callable[[Request], Any], request: Request) -> tuple[Response, dict[str, Any] | None]:
-        """The SDK's answer and, when the guard refused the call, its JSON-RPC error: the SDK filed the refused
-        request as a failed task, which is deleted here (a refused call leaves none)."""
+    async def _answer(self, endpoint: Callable[[Request], Any], request: Request, rest: bool = False) -> Response:
+        """The SDK's answer; when the guard refused the call, its JSON-RPC error with its HTTP status and headers, in
+        the binding's shape (`rest`: HTTP+JSON's): the SDK filed the refused request as a failed task, which is deleted
+        here (a refused call leaves none)."""
         holder: dict[str, Any] = {}
         token = REFUSED.set(holder)
         try:
@@ -434,10 +419,18 @@ class A2AServer:
         finally:
             REFUSED.reset(token)
         if "error" not in holder:
-            return response, None
+            return response
         await self.store.repo.delete_a2a_task(holder["task_id"], holder["owner"])
         await self.board.forget(holder["task_id"])
-        return response, holder["error"]
+        error, status = holder["error"], view_of(holder["error"]["code"]).http_status
+        body: dict[str, Any]
+        if rest:
+            reason = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}[status]
+            body = {"error": {"code": status, "status": reason, "message": error["message"], "details": [error]}}
+        else:
+            request_id = json.loads(bytes(response.body)).get("id") if isinstance(response, JSONResponse) else None
+            body = {"jsonrpc": "2.0", "error": error, "id": request_id}
+        return JSONResponse(body, status_code=status, headers=self.refusal_headers(error))
 
     def card(self, base_url: str) -> AgentCard:
         return agent_card(self.catalogue.describe(), base_url, self.version, bearer=self.bearer)
