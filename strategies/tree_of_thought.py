@@ -226,26 +226,21 @@ class Search:
             children.append(Node(f"{parent.id}.{index}", parent.id, steps, text if is_answer else None, found_by=how))
         await self.evaluate(children)
         self.nodes += children
-        self.note_progress()
+        if self.nodes:  # the best path and answer so far, for `error.data.partial` (none parsed yet: the empty shape stands)
+            best = max(self.nodes, key=lambda n: (n.depth, n.score))
+            answers = [n for n in self.nodes if n.answer is not None and self.passes(n)]
+            self.context.progress.update(
+                nodes_evaluated=len(self.nodes),
+                best_path=_path_ids(best.id),
+                best_steps=list(best.steps),
+                best_score=round(best.score, 4),
+                answer=max(answers, key=lambda n: n.score).answer if answers else None,
+            )
         ranked = sorted(children, key=lambda n: (not n.scored, -n.score))
         kept = [n for n in ranked if self.passes(n)][:keep]
         for node in ranked:
             self.record(node, "kept" if node in kept else "pruned")
         return kept
-
-    def note_progress(self) -> None:
-        """The best path and answer so far, for `error.data.partial` should a later call fail."""
-        if not self.nodes:  # no proposal parsed yet: the empty shape set at the start stands
-            return
-        best = max(self.nodes, key=lambda n: (n.depth, n.score))
-        answers = [n for n in self.nodes if n.answer is not None and self.passes(n)]
-        self.context.progress.update(
-            nodes_evaluated=len(self.nodes),
-            best_path=_path_ids(best.id),
-            best_steps=list(best.steps),
-            best_score=round(best.score, 4),
-            answer=max(answers, key=lambda n: n.score).answer if answers else None,
-        )
 
     async def evaluate(self, nodes: list[Node]) -> None:
         if not nodes:
