@@ -73,10 +73,7 @@ def _single_field(answer: str, schema: dict[str, Any] | None) -> dict[str, Any] 
         return None
     (name,) = schema["properties"]
     bare = answer.strip()
-    for value in [*json_values(bare), bare]:
-        if problem({name: value}, schema) is None:
-            return {name: value}
-    return None
+    return next(({name: value} for value in [*json_values(bare), bare] if problem({name: value}, schema) is None), None)
 
 
 async def conform(answer: str, response_format: dict[str, Any], llm: LLM, query: str) -> Conformed:
