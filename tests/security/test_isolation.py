@@ -83,7 +83,7 @@ async def test_stats_show_a_non_admin_its_own_activity_only(tmp_path):
     rpc, _ = api(tmp_path, memory=True)
     for _ in range(3):
         assert "result" in await call(rpc, ALICE, "reasoning.execute", {"query": "2 + 2?"})
-    # a run is counted in the bank's statistics after its answer goes out (ReasoningService._record_run)
+    # a run is counted in the bank's statistics after its answer goes out (ReasoningService._settle)
     for _ in range(200):
         server = (await call(rpc, ADMIN, "stats.get", {}))["result"]
         if server["runs"]["total"] >= 3:
