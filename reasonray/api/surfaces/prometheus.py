@@ -48,10 +48,6 @@ def _sample_order(key: tuple[str, tuple[tuple[str, str], ...]]) -> tuple[object,
     return (rest, suffix, le, sample_name)
 
 
-def _ours(name: str) -> bool:
-    return any(name == base or name.startswith(base + "_") for base in OURS)
-
-
 def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
     """Our metric families from Ray's export pages, summed over processes and nodes, as Prometheus text
     (or OpenMetrics)."""
@@ -59,7 +55,7 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = defaultdict(dict)
     for page in pages:
         for family in text_string_to_metric_families(page):
-            if not _ours(family.name):
+            if not any(family.name == base or family.name.startswith(base + "_") for base in OURS):
                 continue
             name = family.name.removeprefix("ray_")
             kinds.setdefault(name, (family.type, family.documentation))
