@@ -221,7 +221,17 @@ class BoundedContext(Strategy):
                 if not await self._carry(chunk, state, iteration, cfg, context):
                     if (require_room := getattr(context.llm, "require_room", None)) is not None:
                         require_room(MIN_CARRYOVER_SIZE)  # a chunk the run's budget cut short stopped for the budget
-                    return await self._no_progress(state, iteration, cfg, context)
+                    # nothing new to carry (an empty reply, thinking out of sight, or the same carryover again): another
+                    # chunk would repeat the last one, so the answer is asked for now, or the run fails
+                    why = f"chunk {iteration} left nothing new to carry into the next one"
+                    context.warn(self.name, "no_progress", why)
+                    if not (self._forces_answer(cfg, state) or state.thinks):
+                        raise ModelBehaviorError(
+                            f"the reasoning made no progress: {why} (an empty reply, or the same reasoning again); check the model, "
+                            'or set on_max_iterations="final_answer" to have it answer from what it has',
+                            self._partial(cfg, state),
+                        )
+                    return self._result(context, cfg, state, await self._final_answer(state, cfg, context), "final_answer")
             if self._forces_answer(cfg, state):
                 return self._result(context, cfg, state, await self._final_answer(state, cfg, context), "final_answer")
         except BaseException as exc:  # provider, budget, deadline, cancellation: keep the iterations done
@@ -407,19 +417,6 @@ class BoundedContext(Strategy):
             )
         )
         return True
-
-    async def _no_progress(self, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> ReasoningResult:
-        """The chunk left nothing new to carry (an empty reply, thinking out of sight, or the same carryover again):
-        another chunk would repeat the last one, so the answer is asked for now, or the run fails."""
-        why = f"chunk {iteration} left nothing new to carry into the next one"
-        context.warn(self.name, "no_progress", why)
-        if self._forces_answer(cfg, state) or state.thinks:
-            return self._result(context, cfg, state, await self._final_answer(state, cfg, context), "final_answer")
-        raise ModelBehaviorError(
-            f"the reasoning made no progress: {why} (an empty reply, or the same reasoning again); check the model, "
-            'or set on_max_iterations="final_answer" to have it answer from what it has',
-            self._partial(cfg, state),
-        )
 
     async def _summarize(self, state: RunState, visible: str, cfg: BoundedContextConfig, context: StrategyContext) -> str | None:
         """A structured carryover of at most carryover_size tokens, or None when the model gives none."""
