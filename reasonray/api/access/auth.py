@@ -81,16 +81,6 @@ def mint_token(
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
-def bearer_token(authorization: str | None) -> str:
-    """The token of an `Authorization: Bearer <token>` header, or an error saying what is wrong with it."""
-    if not authorization:
-        raise UnauthenticatedError("missing credentials: send `Authorization: Bearer <token>` (see docs/security.md)")
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise UnauthenticatedError("malformed Authorization header: expected `Bearer <token>`")
-    return token.strip()
-
-
 class TokenVerifier:
     """Verifies bearer JWTs against the configured secret or JWKS, with exp always and iss/aud when configured."""
 
@@ -109,7 +99,13 @@ class TokenVerifier:
         self._verified: dict[str, tuple[Principal, float]] = {}  # token -> (its principal, taken until; epoch s)
 
     def verify(self, authorization: str | None) -> Principal:
-        return self.principal(bearer_token(authorization))
+        """The principal of an `Authorization: Bearer <token>` header, or an error saying what is wrong with it."""
+        if not authorization:
+            raise UnauthenticatedError("missing credentials: send `Authorization: Bearer <token>` (see docs/security.md)")
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise UnauthenticatedError("malformed Authorization header: expected `Bearer <token>`")
+        return self.principal(token.strip())
 
     def principal(self, token: str) -> Principal:
         now = time.time()
@@ -132,7 +128,14 @@ class TokenVerifier:
         if algorithm not in self.algorithms:
             raise UnauthenticatedError(f"token algorithm {algorithm!r} is not accepted (accepted: {', '.join(self.algorithms)})")
         claims = self._decode(token, algorithm, header.get("kid"))
-        return _principal(claims), float(claims["exp"])
+        sub, roles, agent_id = claims.get("sub"), claims.get("roles", []), claims.get("agent_id")
+        if not isinstance(sub, str) or not sub or len(sub) > 256:
+            raise UnauthenticatedError("token `sub` must be a non-empty string (the principal)")
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise UnauthenticatedError("token `roles` must be a list of role names")
+        if agent_id is not None and not isinstance(agent_id, str):
+            raise UnauthenticatedError("token `agent_id` must be a string")
+        return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id), float(claims["exp"])
 
     def _decode(self, token: str, algorithm: str, kid: str | None) -> Claims:
         s = self.settings
@@ -179,17 +182,6 @@ class FileJWKClient(jwt.PyJWKClient):
         if self.jwk_set_cache is not None:
             self.jwk_set_cache.put(jwk_set)
         return jwk_set
-
-
-def _principal(claims: Claims) -> Principal:
-    sub, roles, agent_id = claims.get("sub"), claims.get("roles", []), claims.get("agent_id")
-    if not isinstance(sub, str) or not sub or len(sub) > 256:
-        raise UnauthenticatedError("token `sub` must be a non-empty string (the principal)")
-    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-        raise UnauthenticatedError("token `roles` must be a list of role names")
-    if agent_id is not None and not isinstance(agent_id, str):
-        raise UnauthenticatedError("token `agent_id` must be a string")
-    return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id)
 
 
 class Policy:
