@@ -539,21 +539,18 @@ class _Teed(EventRecorder):
     def __call__(self, event: Event) -> None:
         super().__call__(event)
         if isinstance(event, LLMInvocation):
-            self._remember(event)
+            for i, text in enumerate(event.responses):
+                # the answer a reply gives, in the form answers are compared in: its `<answer>` block, else its whole text
+                tagged = extract_answer(text)
+                answer = normalize_answer(tagged if tagged is not None else strip_thinking(text))
+                if not answer:
+                    continue
+                self._thinking.pop(answer, None)  # the latest reply giving an answer is the one kept
+                self._thinking[answer] = bounded_thinking(event.reasoning[i] if i < len(event.reasoning) else "")
+                if len(self._thinking) > self.MAX_ANSWERS:
+                    del self._thinking[next(iter(self._thinking))]
         if self.listener is not None:
             self.listener(event)
-
-    def _remember(self, event: LLMInvocation) -> None:
-        for i, text in enumerate(event.responses):
-            # the answer a reply gives, in the form answers are compared in: its `<answer>` block, else its whole text
-            tagged = extract_answer(text)
-            answer = normalize_answer(tagged if tagged is not None else strip_thinking(text))
-            if not answer:
-                continue
-            self._thinking.pop(answer, None)  # the latest reply giving an answer is the one kept
-            self._thinking[answer] = bounded_thinking(event.reasoning[i] if i < len(event.reasoning) else "")
-            if len(self._thinking) > self.MAX_ANSWERS:
-                del self._thinking[next(iter(self._thinking))]
 
     def thinking_behind(self, answer: str) -> str:
         """The thinking of the run's last reply whose answer is `answer` ("" when none gave it as it stands)."""
