@@ -340,7 +340,19 @@ class BoundedContext(Strategy):
             state.mode = "delethink" if reasoning and (completion.thinking_unfinished or stopped(completion)) else "tail"
             if state.mode == "delethink":  # later chunks continue the thinking under delethink's own (shorter) instructions
                 state.first = self._messages(state, 0)
-        chunk = self._read_chunk(completion, reasoning, state)
+        # what the chunk came to: an answer, more reasoning to carry, or closed thinking with its answer missing
+        if completion.thinking_unfinished:  # cut inside the thinking: whatever it says, it is not an answer
+            answer, found_by, stop = None, None, "thinking"
+        elif state.mode == "delethink":  # the thinking closed: what follows it is the answer
+            answer, found_by = chunk_answer(completion.text, completion.finish_reason)
+            if answer is None and stopped(completion):
+                found = find_answer(completion.text, numeric=numeric_question(state.query))
+                answer, found_by = (found.answer, found.found_by) if found is not None else (None, None)
+            stop = "answer" if answer is not None else "answer_cut"
+        else:
+            answer, found_by = chunk_answer(completion.text, completion.finish_reason)
+            stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
+        chunk = Chunk(completion.text, answer, stop, found_by, reasoning)
         state.ledger.chunk(usage.prompt_tokens, usage.completion_tokens)
         record = {
             "iteration": iteration,
@@ -357,22 +369,6 @@ class BoundedContext(Strategy):
         ended = {k: v for k, v in record.items() if k not in ("tokens", "continued_tokens")}  # the event's fields
         context.emit(IterationEnd(trace_id=context.trace_id, strategy=self.name, **ended))
         return chunk
-
-    @staticmethod
-    def _read_chunk(completion: Completion, reasoning: str, state: RunState) -> Chunk:
-        """What the chunk came to: an answer, more reasoning to carry, or closed thinking with its answer missing."""
-        if completion.thinking_unfinished:  # cut inside the thinking: whatever it says, it is not an answer
-            answer, found_by, stop = None, None, "thinking"
-        elif state.mode == "delethink":  # the thinking closed: what follows it is the answer
-            answer, found_by = chunk_answer(completion.text, completion.finish_reason)
-            if answer is None and stopped(completion):
-                found = find_answer(completion.text, numeric=numeric_question(state.query))
-                answer, found_by = (found.answer, found.found_by) if found is not None else (None, None)
-            stop = "answer" if answer is not None else "answer_cut"
-        else:
-            answer, found_by = chunk_answer(completion.text, completion.finish_reason)
-            stop = "answer" if answer is not None else ("length" if completion.finish_reason == "length" else "continue")
-        return Chunk(completion.text, answer, stop, found_by, reasoning)
 
     async def _carry(self, chunk: Chunk, state: RunState, iteration: int, cfg: BoundedContextConfig, context: StrategyContext) -> bool:
         """Make the next chunk's carryover; False when it would leave the next prompt as it was (no progress)."""
