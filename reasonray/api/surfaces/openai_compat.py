@@ -547,7 +547,10 @@ class OpenAICompat:
             choice = _choice(
                 ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
             )
-        prompt, completion = _turn_tokens(turn.trace)
+        # tokens of the LLM calls this request made: the turn's calls since its last re-entry
+        start = max((i for i, s in enumerate(turn.trace) if s["type"] in ("TURN_STARTED", "REENTRY_VERIFIED")), default=0)
+        made = [s for s in turn.trace[start:] if s["type"] == "LLM_CALL"]
+        prompt, completion = sum(s["prompt_tokens"] for s in made), sum(s["completion_tokens"] for s in made)
         usage = usage_of(prompt, completion, self.tokens.count(turn.answer or ""), turn.usage.reasoning_tokens)
         trace_id = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
         extra = {"trace_id": trace_id, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
@@ -697,13 +700,6 @@ _SESSION_CALL = re.compile(r"^[0-9a-f]{32}-.+")
 
 def _tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _turn_tokens(trace: list[dict[str, Any]]) -> tuple[int, int]:
-    """Tokens of the LLM calls this request made: the turn's calls since its last re-entry."""
-    start = max((i for i, s in enumerate(trace) if s["type"] in ("TURN_STARTED", "REENTRY_VERIFIED")), default=0)
-    calls = [s for s in trace[start:] if s["type"] == "LLM_CALL"]
-    return sum(s["prompt_tokens"] for s in calls), sum(s["completion_tokens"] for s in calls)
 
 
 class Answered(NamedTuple):
