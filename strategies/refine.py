@@ -162,7 +162,21 @@ class _Run:
             self.iteration_end(iteration, before, True, "loop_detected")
             return "loop_detected"
         self.seen.add(digest)
-        score, feedback, failed = await self.critique(iteration, text, answer)
+        failed = False  # an evaluation that fails leaves the attempt standing, unscored
+        try:
+            score, feedback = await evaluate(self.query, text, answer, self.cfg.evaluate_max_tokens, context)
+        except Exception as exc:
+            if ends_run(exc):
+                raise
+            self.failures.append(exc)  # with no review there is nothing to refine on
+            score, feedback, failed = None, "", True
+        if score is None and not failed:
+            context.warn(
+                self.strategy,
+                "unscored",
+                f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
+                "(it cannot stop the loop or beat a scored attempt)",
+            )
         attempts.append(
             {
                 "iteration": iteration,
@@ -182,24 +196,6 @@ class _Run:
         step = "failed" if failed else ("threshold" if passed else "continue")
         self.iteration_end(iteration, before, True, step)
         return step
-
-    async def critique(self, iteration: int, text: str, answer: str) -> tuple[float | None, str, bool]:
-        """The attempt's score and feedback, and whether the evaluation failed (the attempt then stands, unscored)."""
-        try:
-            score, feedback = await evaluate(self.query, text, answer, self.cfg.evaluate_max_tokens, self.context)
-        except Exception as exc:
-            if ends_run(exc):
-                raise
-            self.failures.append(exc)  # the attempt stands, unscored; with no review there is nothing to refine on
-            return None, "", True
-        if score is None:
-            self.context.warn(
-                self.strategy,
-                "unscored",
-                f"the evaluator gave no readable score for iteration {iteration}; it stays unscored "
-                "(it cannot stop the loop or beat a scored attempt)",
-            )
-        return score, feedback, False
 
     def finish(self, stop: str) -> ReasoningResult:
         """The best attempt's answer, with the whole trajectory kept for memory learning."""
