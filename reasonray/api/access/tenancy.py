@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, Policy, Principal
 from reasonray.api.access.limits import Decision, KeyedLimits, Limits, limited, refusal_error
-from reasonray.api.declarations import REASONERS, RESOLVED, Access, Kind, Resource, Visible
+from reasonray.api.declarations import REASONERS, RESOLVED, Access, Resource, Visible
 from reasonray.api.jsonrpc import Call, Dispatcher, declare, error_for
 from reasonray.api.results import ShareResult
 from reasonray.kernel.errors import ForbiddenError, InvalidParamsError, NotFoundError, ReasonRayError, UnauthenticatedError
@@ -216,8 +216,12 @@ class Guard:
             check(params, sees_all)
         for resource in access.resources:
             await self._resource(principal, resource, params, sees_all)
-        if access.lists is not None:
-            call.visible = await self._visible(principal, access.lists, sees_all)
+        if access.lists is not None and not sees_all:  # what the caller may see of what the method lists (admins: everything)
+            readable = frozenset(await self.owners.readable(access.lists, principal.sub))
+            if access.lists == "workspace":
+                call.visible = Visible(readable, default=personal_workspace(principal.sub), unowned=False)
+            else:
+                call.visible = Visible(readable, frozenset(await self.owners.owned(access.lists)))
         if access.own_usage and not sees_all:
             call.usage = await self.limits.usage(principal.sub)
         return await self._strategy(principal, call.method, access.strategy, params) if access.strategy is not None else None
@@ -241,15 +245,6 @@ class Guard:
             await self._agent(principal, ident, write=write, claim=claim)
         elif not sees_all:
             await self._require(resource.kind, ident, principal, write=write, claim=claim)
-
-    async def _visible(self, principal: Principal, kind: Kind, sees_all: bool) -> Visible | None:
-        """What the caller may see of `kind`, for a method that lists them (None: everything, for admins)."""
-        if sees_all:
-            return None
-        readable = frozenset(await self.owners.readable(kind, principal.sub))
-        if kind == "workspace":
-            return Visible(readable, default=personal_workspace(principal.sub), unowned=False)
-        return Visible(readable, frozenset(await self.owners.owned(kind)))
 
     async def _settle(self, principal: Principal, access: Access, params: BaseModel, result: Any) -> None:
         """Record what the call created (claimed for the caller) and what it removed (released)."""
