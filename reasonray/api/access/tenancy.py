@@ -143,7 +143,13 @@ class Guard:
             strategy = await self._admit(principal, call, access, params)
             target = access.target(params)  # an omitted workspace is now the caller's own
             result = await self._limited(principal, access, strategy, invoke)
-            await self._settle(principal, access, params, result)
+            # what the call created is claimed for the caller, what it removed released
+            if access.creates is not None:
+                created = result[f"{access.creates}_id"] if isinstance(result, dict) else getattr(result, f"{access.creates}_id")
+                await self.owners.claim(access.creates, str(created), principal.sub)
+            for resource in access.resources:
+                if resource.mode == "drop" and (ident := resource.ident(params)) is not None:
+                    await self.owners.drop(resource.kind, ident)
             return result
         except Exception as exc:
             error = error_for(exc)
@@ -245,15 +251,6 @@ class Guard:
             await self._agent(principal, ident, write=write, claim=claim)
         elif not sees_all:
             await self._require(resource.kind, ident, principal, write=write, claim=claim)
-
-    async def _settle(self, principal: Principal, access: Access, params: BaseModel, result: Any) -> None:
-        """Record what the call created (claimed for the caller) and what it removed (released)."""
-        if access.creates is not None:
-            created = result[f"{access.creates}_id"] if isinstance(result, dict) else getattr(result, f"{access.creates}_id")
-            await self.owners.claim(access.creates, str(created), principal.sub)
-        for resource in access.resources:
-            if resource.mode == "drop" and (ident := resource.ident(params)) is not None:
-                await self.owners.drop(resource.kind, ident)
 
     async def _strategy(self, principal: Principal, method: str, declared: str, params: BaseModel) -> str:
         agent_id = getattr(params, "agent_id", None)
