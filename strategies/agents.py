@@ -101,9 +101,20 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
     """The card, once every strategy it advertises and configures is enabled here and configured validly; else
     InvalidParamsError naming every problem and the fix."""
     enabled = sorted(catalogue.entries)
-    if card.a2a_card_url is not None:
-        return _validate_remote(card, known_methods)
     problems: list[str] = []
+    if card.a2a_card_url is not None:  # a remote A2A agent (its card already fetched: `remote_skills` are its skills)
+        if not card.remote_skills:
+            problems.append(f"the agent's A2A card advertises no skills ({REMOTE_SKILL}<id>)")
+        if card.strategies:
+            problems.append(f"a remote A2A agent runs its own skills, not this server's strategies: drop {STRATEGY_CAPABILITY}*")
+        if card.strategy_config:
+            problems.append("strategy_config applies to this server's strategies; a remote A2A agent takes none")
+        if card.default_strategy is not None and card.default_strategy not in card.remote_skills:
+            problems.append(f"default_strategy {card.default_strategy!r} is not one of the remote agent's skills {card.remote_skills}")
+        problems += _unknown_methods(card, known_methods)
+        if problems:
+            raise InvalidParamsError(f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems})
+        return card
     if not card.strategies:
         problems.append(
             f"capabilities advertise no strategy; add `{STRATEGY_CAPABILITY}<name>` for one of: {', '.join(enabled) or 'none enabled'}"
@@ -127,23 +138,6 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
         raise InvalidParamsError(
             f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems, "enabled": enabled}
         )
-    return card
-
-
-def _validate_remote(card: AgentRegistration, known_methods: list[str]) -> AgentRegistration:
-    """A remote A2A agent (its card already fetched: `remote_skills` are its skills): runs no local strategy."""
-    problems: list[str] = []
-    if not card.remote_skills:
-        problems.append(f"the agent's A2A card advertises no skills ({REMOTE_SKILL}<id>)")
-    if card.strategies:
-        problems.append(f"a remote A2A agent runs its own skills, not this server's strategies: drop {STRATEGY_CAPABILITY}*")
-    if card.strategy_config:
-        problems.append("strategy_config applies to this server's strategies; a remote A2A agent takes none")
-    if card.default_strategy is not None and card.default_strategy not in card.remote_skills:
-        problems.append(f"default_strategy {card.default_strategy!r} is not one of the remote agent's skills {card.remote_skills}")
-    problems += _unknown_methods(card, known_methods)
-    if problems:
-        raise InvalidParamsError(f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems})
     return card
 
 
