@@ -132,8 +132,13 @@ Proposal = tuple[str, bool, str]
 """A proposed next step or final answer: (text, is_answer, how it was read)."""
 
 
-def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
-    """A step or an answer, however the reply gives it; None when it holds neither (nothing visible)."""
+async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> Proposal | None:
+    """One proposed next step, or the final answer, however the reply gives it; None when it holds neither (nothing visible)."""
+    shown = render(query, steps)
+    completion, enforced = await ask(
+        context, STEP, PROPOSE_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="propose"
+    )
+    text = completion.text
     if answer := extract_answer(text):
         return answer, True, "tag"
     if step := extract_tag(text, "step"):
@@ -152,15 +157,6 @@ def read_proposal(text: str, query: str, enforced: bool) -> Proposal | None:
         first = lines[0]
     step = _STEP_PREFIX.sub("", first, count=1).strip()[:MAX_STEP_CHARS]
     return (step, False, "free_text") if step else None
-
-
-async def propose(query: str, steps: tuple[str, ...], cfg: TreeOfThoughtConfig, seed: int, context: StrategyContext) -> Proposal | None:
-    """One proposed next step, or the final answer; None when the reply has neither."""
-    shown = render(query, steps)
-    completion, enforced = await ask(
-        context, STEP, PROPOSE_PROMPT, shown, max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, purpose="propose"
-    )
-    return read_proposal(completion.text, query, enforced)
 
 
 async def value(query: str, node: Node, cfg: TreeOfThoughtConfig, context: StrategyContext) -> float | None:
