@@ -221,7 +221,22 @@ class Guard:
         for check in access.checks:
             check(params, sees_all)
         for resource in access.resources:
-            await self._resource(principal, resource, params, sees_all)
+            found = resource.holder_and_name(params) if resource.applies is None or resource.applies(params) else None
+            if found is None:
+                continue
+            holder, name = found
+            ident = getattr(holder, name)
+            if ident is None and resource.personal and not sees_all:
+                ident = personal_workspace(principal.sub)  # an omitted workspace is the caller's own, never the shared default
+                setattr(holder, name, ident)
+            if ident is None:
+                continue
+            mode = "claim" if resource.claims is not None and resource.claims(params) else resource.mode
+            write, claim = mode != "read", mode == "claim"
+            if resource.kind == "agent":
+                await self._agent(principal, ident, write=write, claim=claim)
+            elif not sees_all:
+                await self._require(resource.kind, ident, principal, write=write, claim=claim)
         if access.lists is not None and not sees_all:  # what the caller may see of what the method lists (admins: everything)
             readable = frozenset(await self.owners.readable(access.lists, principal.sub))
             if access.lists == "workspace":
@@ -231,26 +246,6 @@ class Guard:
         if access.own_usage and not sees_all:
             call.usage = await self.limits.usage(principal.sub)
         return await self._strategy(principal, call.method, access.strategy, params) if access.strategy is not None else None
-
-    async def _resource(self, principal: Principal, resource: Resource, params: BaseModel, sees_all: bool) -> None:
-        if resource.applies is not None and not resource.applies(params):
-            return
-        found = resource.holder_and_name(params)
-        if found is None:
-            return
-        holder, name = found
-        ident = getattr(holder, name)
-        if ident is None and resource.personal and not sees_all:
-            ident = personal_workspace(principal.sub)  # an omitted workspace is the caller's own, never the shared default
-            setattr(holder, name, ident)
-        if ident is None:
-            return
-        mode = "claim" if resource.claims is not None and resource.claims(params) else resource.mode
-        write, claim = mode != "read", mode == "claim"
-        if resource.kind == "agent":
-            await self._agent(principal, ident, write=write, claim=claim)
-        elif not sees_all:
-            await self._require(resource.kind, ident, principal, write=write, claim=claim)
 
     async def _strategy(self, principal: Principal, method: str, declared: str, params: BaseModel) -> str:
         agent_id = getattr(params, "agent_id", None)
