@@ -29,8 +29,9 @@ from reasonray.client import AsyncClient
 LOCAL_URL = "http://reasonray.local"
 
 
-def rpc_asgi(rpc: Dispatcher) -> Starlette:
-    """An ASGI app serving `POST /rpc` over `rpc`."""
+def in_process_client(rpc: Dispatcher, **options: Any) -> AsyncClient:
+    """A `reasonray.AsyncClient` whose requests go to `rpc` in this process (no socket, no server): an ASGI app
+    serving `POST /rpc` over it."""
 
     async def endpoint(request: Request) -> Response:
         body = await request.body()
@@ -44,9 +45,5 @@ def rpc_asgi(rpc: Dispatcher) -> Starlette:
             return Response(status_code=204, headers=headers)
         return JSONResponse(payload, headers=headers)
 
-    return Starlette(routes=[Route("/rpc", endpoint, methods=["POST"])])
-
-
-def in_process_client(rpc: Dispatcher, **options: Any) -> AsyncClient:
-    """A `reasonray.AsyncClient` whose requests go to `rpc` in this process (no socket, no server)."""
-    return AsyncClient(LOCAL_URL, transport=httpx.ASGITransport(app=rpc_asgi(rpc)), **options)
+    app = Starlette(routes=[Route("/rpc", endpoint, methods=["POST"])])
+    return AsyncClient(LOCAL_URL, transport=httpx.ASGITransport(app=app), **options)
