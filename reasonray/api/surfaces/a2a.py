@@ -155,16 +155,6 @@ _ASKED: dict[str, tuple[type, tuple[str, ...]]] = {  # what a message's metadata
 }
 
 
-def _asked(context: RequestContext) -> dict[str, Any]:
-    """What a message's metadata (else the request's) asks for (`_ASKED`), without what it leaves out."""
-    sources = [json_format.MessageToDict(context.message.metadata) if context.message else {}, context.metadata]
-    found = {
-        name: next((s[k] for s in sources for k in keys if isinstance(s.get(k), kind) and s[k]), None)
-        for name, (kind, keys) in _ASKED.items()
-    }
-    return {name: value for name, value in found.items() if value is not None}
-
-
 def run_trace_id(context: RequestContext) -> str:
     """The trace id of the message's run: the caller's (traceparent, or the request's span) when it may choose one."""
     headers = context.call_context.state.get("headers", {}) if context.call_context else {}
@@ -206,7 +196,13 @@ class ReasoningExecutor(AgentExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
-        asked = _asked(context)
+        # what the message's metadata (else the request's) asks for (`_ASKED`), without what it leaves out
+        sources = [json_format.MessageToDict(context.message.metadata), context.metadata]
+        found = {
+            k: next((s[n] for s in sources for n in names if isinstance(s.get(n), kind) and s[n]), None)
+            for k, (kind, names) in _ASKED.items()
+        }
+        asked = {name: value for name, value in found.items() if value is not None}
         trace_id = run_trace_id(context)
         owner = owner_of(context.call_context)
         text = context.get_user_input()
