@@ -31,11 +31,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OURS = tuple(f"ray_{name}" for name in SPECS)
 
 
-def _label_kept(name: str) -> bool:
-    """Ray's per-process tags (CamelCase) and OpenTelemetry's scope labels are dropped: cluster totals."""
-    return not name[:1].isupper() and not name.startswith("otel_scope")
-
-
 _SUFFIX_ORDER = {"_bucket": 0, "_count": 1, "_sum": 2, "_created": 3}
 
 
@@ -62,7 +57,9 @@ def merge(pages: Iterable[str], openmetrics: bool = False) -> bytes:
             combine = max if family.type == "gauge" else operator.add
             merged = values[name]
             for sample in family.samples:
-                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if _label_kept(k)))
+                # Ray's per-process tags (CamelCase) and OpenTelemetry's scope labels are dropped: cluster totals
+                kept = ((k, v) for k, v in sample.labels.items() if not k[:1].isupper() and not k.startswith("otel_scope"))
+                labels = tuple(sorted(kept))
                 key = (sample.name.removeprefix("ray_"), labels)
                 merged[key] = combine(merged[key], sample.value) if key in merged else sample.value
     families = []
