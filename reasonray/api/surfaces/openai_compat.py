@@ -567,7 +567,22 @@ class OpenAICompat:
                 yield payload
             return
         params = self.execute_params(request)
-        await self._check_before_streaming(params)
+        # what reasoning.execute would refuse at once is an HTTP error (the SDK's NotFoundError / BadRequestError), not
+        # an error chunk after a 200: params that do not validate and, without auth, a strategy that is not enabled (with
+        # auth the guard resolves the strategy before the call is admitted, so the stream's own refusal says it, and a
+        # guarded caller may not be allowed reasoning.strategies). What only the run can find still comes as a chunk.
+        try:
+            ExecuteParams.model_validate(params)
+        except ValidationError as exc:
+            raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_params") from None
+        if (strategy := params.get("strategy")) is not None and self.rpc.guard is None:
+            enabled, _ = await self.strategies()
+            if strategy not in enabled:
+                raise model_not_found(
+                    f"The model {DEFAULT_MODEL}/{strategy} does not exist: strategy {strategy!r} is not enabled; "
+                    f"available: {', '.join(enabled) or 'none'} (GET /v1/models lists them)",
+                    reasonray={"code": StrategyUnavailableError.code, "data": {"available": enabled}},
+                )
         chunk = functools.partial(_chunk, f"chatcmpl-{trace_id or uuid.uuid4().hex}", request.model)
         progress = request.reasoning is None or request.reasoning.progress
         run = stream_call(self.rpc, "reasoning.execute", params, trace_id)
@@ -602,27 +617,6 @@ class OpenAICompat:
         if include_usage:
             yield chunk(usage=self._usage([counted]))
         yield "[DONE]"
-
-    async def _check_before_streaming(self, params: dict[str, Any]) -> None:
-        """Raise what reasoning.execute would refuse at once, so that it is an HTTP error (the SDK's
-        NotFoundError / BadRequestError), not an error chunk after a 200: params that do not validate
-        and, without auth, a strategy that is not enabled (with auth the guard resolves the strategy
-        before the call is admitted, so the stream's own refusal says it). What only the run can find
-        still comes as a chunk."""
-        try:
-            ExecuteParams.model_validate(params)
-        except ValidationError as exc:
-            raise OpenAIError(400, f"invalid request: {describe_errors(exc)}", "invalid_params") from None
-        strategy = params.get("strategy")
-        if strategy is None or self.rpc.guard is not None:  # a guarded caller may not be allowed reasoning.strategies
-            return
-        enabled, _ = await self.strategies()
-        if strategy not in enabled:
-            raise model_not_found(
-                f"The model {DEFAULT_MODEL}/{strategy} does not exist: strategy {strategy!r} is not enabled; "
-                f"available: {', '.join(enabled) or 'none'} (GET /v1/models lists them)",
-                reasonray={"code": StrategyUnavailableError.code, "data": {"available": enabled}},
-            )
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
