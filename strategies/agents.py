@@ -102,6 +102,8 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
     InvalidParamsError naming every problem and the fix."""
     enabled = sorted(catalogue.entries)
     problems: list[str] = []
+    unknown = [m for m in card.supported_methods if m not in known_methods]
+    methods = [f"supported_methods {unknown} are not methods of this server (known: {', '.join(known_methods)})"] if unknown else []
     if card.a2a_card_url is not None:  # a remote A2A agent (its card already fetched: `remote_skills` are its skills)
         if not card.remote_skills:
             problems.append(f"the agent's A2A card advertises no skills ({REMOTE_SKILL}<id>)")
@@ -111,7 +113,7 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
             problems.append("strategy_config applies to this server's strategies; a remote A2A agent takes none")
         if card.default_strategy is not None and card.default_strategy not in card.remote_skills:
             problems.append(f"default_strategy {card.default_strategy!r} is not one of the remote agent's skills {card.remote_skills}")
-        problems += _unknown_methods(card, known_methods)
+        problems += methods
         if problems:
             raise InvalidParamsError(f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems})
         return card
@@ -123,7 +125,7 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
         if name not in catalogue.entries:
             why = "is installed but not enabled on this server" if name in catalogue.installed else "is not a known strategy"
             problems.append(f"capability {STRATEGY_CAPABILITY}{name}: strategy {name!r} {why} (enabled: {', '.join(enabled) or 'none'})")
-    problems += _unknown_methods(card, known_methods)
+    problems += methods
     if card.default_strategy is not None and card.default_strategy not in card.strategies:
         problems.append(f"default_strategy {card.default_strategy!r} is not among the agent's strategies {card.strategies}")
     for name, values in card.strategy_config.items():
@@ -139,11 +141,6 @@ def validate_card(card: AgentRegistration, catalogue: Catalogue, known_methods: 
             f"agent {card.id!r} cannot be registered: " + "; ".join(problems), {"problems": problems, "enabled": enabled}
         )
     return card
-
-
-def _unknown_methods(card: AgentRegistration, known_methods: list[str]) -> list[str]:
-    unknown = [m for m in card.supported_methods if m not in known_methods]
-    return [f"supported_methods {unknown} are not methods of this server (known: {', '.join(known_methods)})"] if unknown else []
 
 
 AgentRepository = CardStore[AgentCard]
