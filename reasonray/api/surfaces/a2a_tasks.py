@@ -135,7 +135,9 @@ class TaskBoard:
     async def commit(self, task_id: str, owner: str | None, prev_version: int, state: int, doc: dict[str, Any]) -> int:
         """Store the task's new state; its new version, CONFLICT when `prev_version` is stale or the task ended
         (a cancel skips the version check), NOT_YOURS when another owner's."""
-        self._sweep()
+        now = time.monotonic()  # tasks that ended more than ENDED_KEPT_S ago go first
+        for ended in [t for t, live in self.tasks.items() if live.ended_at is not None and now - live.ended_at > ENDED_KEPT_S]:
+            del self.tasks[ended]
         live = self.tasks.get(task_id)
         if live is None:  # new here (or the board restarted): adopt it
             live = self.tasks[task_id] = _Live(owner)
@@ -146,7 +148,7 @@ class TaskBoard:
         live.version += 1
         live.state, live.doc = state, doc
         if state in TERMINAL:
-            live.ended_at = time.monotonic()
+            live.ended_at = now
         async with self._changed:
             self._changed.notify_all()
         return live.version
@@ -188,11 +190,6 @@ class TaskBoard:
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
-
-    def _sweep(self) -> None:
-        now = time.monotonic()
-        for task_id in [t for t, live in self.tasks.items() if live.ended_at is not None and now - live.ended_at > ENDED_KEPT_S]:
-            del self.tasks[task_id]
 
 
 class Board(Protocol):
