@@ -451,7 +451,7 @@ class OpenAICompat:
         if _forced(request):
             return await self._forced_call(request, trace_id)
         if _uses_tools(request) or _resumes(request):
-            return self._tool_turn_response(request, await self._tool_turn(request, trace_id))
+            return await self._tool_turn(request, trace_id)
         # choice 0 runs under the request's trace id, the others under ids derived from it
         traces = [trace_id, *(trace_id and f"{trace_id}-{i}" for i in range(1, request.n or 1))]
         runs = await asyncio.gather(*(self._run(request, self.execute_params(request, choice=i), t) for i, t in enumerate(traces)))
@@ -520,24 +520,21 @@ class OpenAICompat:
         return _completion(request.model, run.extra["trace_id"], [choice], self._usage([run]), run.extra)
 
     # -- tools: a session turn ------------------------------------------------------------------------
-    async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> TurnResult:
+    async def _tool_turn(self, request: ChatCompletionRequest, trace_id: str | None) -> ChatCompletion:
+        turn: TurnResult
         if tail := _resumes(request):  # re-entry: the tool messages answer the pending calls of the session named in their ids
             sessions = {(m.tool_call_id or "").partition("-")[0] for m in tail}  # ids `<session_id>-<call id>`, as this server issues them
             if len(sessions) > 1:
                 raise OpenAIError(400, "tool messages answer calls of different conversations", "invalid_request", "messages")
             results = [{"tool_call_id": (m.tool_call_id or "").partition("-")[2], "content": m.text(), "is_error": False} for m in tail]
-            resume = {"session_id": sessions.pop(), "tool_results": results}
-            resumed: TurnResult = await self._call("session.resume", resume, trace_id)
-            return resumed
-        # a new conversation, or results of calls no session is waiting for (a forced call, another
-        # server's): a new turn, the whole conversation its context
-        query, system = conversation_query(request.messages)
-        spec = {"client_tools": request.tools or [], **({"system_prompt": system} if system else {})}
-        created: SessionCreateResult = await self._call("session.create", spec)
-        turn: TurnResult = await self._call("session.turn", {"session_id": created.session_id, "message": query}, trace_id)
-        return turn
-
-    def _tool_turn_response(self, request: ChatCompletionRequest, turn: TurnResult) -> ChatCompletion:
+            turn = await self._call("session.resume", {"session_id": sessions.pop(), "tool_results": results}, trace_id)
+        else:
+            # a new conversation, or results of calls no session is waiting for (a forced call, another server's): a new
+            # turn, the whole conversation its context
+            query, system = conversation_query(request.messages)
+            spec = {"client_tools": request.tools or [], **({"system_prompt": system} if system else {})}
+            created: SessionCreateResult = await self._call("session.create", spec)
+            turn = await self._call("session.turn", {"session_id": created.session_id, "message": query}, trace_id)
         if turn.status == "completed":
             content = apply_stop(turn.answer, request.stops) if turn.answer is not None else None
             choice = _choice(ChatCompletionMessage(role="assistant", content=content), "stop")
@@ -552,9 +549,9 @@ class OpenAICompat:
         made = [s for s in turn.trace[start:] if s["type"] == "LLM_CALL"]
         prompt, completion = sum(s["prompt_tokens"] for s in made), sum(s["completion_tokens"] for s in made)
         usage = usage_of(prompt, completion, self.tokens.count(turn.answer or ""), turn.usage.reasoning_tokens)
-        trace_id = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
-        extra = {"trace_id": trace_id, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
-        return _completion(request.model, trace_id, [choice], usage, extra)
+        ran = next((s["trace_id"] for s in reversed(turn.trace) if s.get("trace_id")), uuid.uuid4().hex)
+        extra = {"trace_id": ran, "session_id": turn.session_id, "turn": turn.turn, "llm_calls": turn.llm_calls}
+        return _completion(request.model, ran, [choice], usage, extra)
 
     # -- streaming ------------------------------------------------------------------------------------
     async def stream(self, request: ChatCompletionRequest, trace_id: str | None = None) -> AsyncIterator[str]:
