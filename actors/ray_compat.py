@@ -1,14 +1,14 @@
 """The few things ReasonRay needs from Ray that Ray offers only through private names, in one place.
 
-Ray does not promise to keep these (`ray.serve.context._get_global_client`, `ActorHandle._actor_id`,
-`ray.autoscaler._private.util`, the HAProxy config template of `ray.serve._private.haproxy_templates`), so nothing else imports them: code and tests call the functions
-here, and `tests/unit/test_ray_compat.py` fails when a Ray upgrade renames or reshapes one of them,
-before a deployment finds out.
+Ray does not promise to keep these (`ray.serve.context._get_global_client`, `ActorHandle._actor_id`), so nothing
+else in the product imports them: code calls the functions here (the tests' own private names, Ray's cluster-file
+validation and HAProxy template, are in `tests/ray_private.py`), and `tests/unit/test_ray_compat.py` fails when a
+Ray upgrade renames or reshapes one of them, before a deployment finds out.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 from ray.actor import ActorHandle
@@ -33,26 +33,3 @@ def actor_id_of(handle: ActorHandle) -> str:
     """The hex id of the actor behind a handle: the id `ray.get_runtime_context().get_actor_id()` gives
     inside that actor, read from the caller's side (Ray has no public accessor on the handle)."""
     return str(handle._actor_id.hex())
-
-
-def validate_cluster_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A cluster launcher file (`cluster.yaml`), filled in with Ray's defaults as `ray up` would and
-    checked by the validation `ray up` runs; raises ValueError naming what is wrong. Plain JSON Schema
-    against `ray-schema.json` wrongly rejects the on-premises layout, which `prepare_config` fills in."""
-    import jsonschema
-    from ray.autoscaler._private.util import prepare_config, validate_config
-
-    prepared = prepare_config(config)
-    try:
-        validate_config(prepared)
-    except jsonschema.ValidationError as exc:
-        where = ".".join(str(part) for part in exc.absolute_path) or "the top level"
-        raise ValueError(f"cluster config: {where}: {exc.message}") from None
-    return prepared
-
-
-def haproxy_config_template() -> str:
-    """The template Ray writes its HAProxy config from (what ReasonRay's HAProxy wrapper changes must be in it)."""
-    from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
-
-    return str(HAPROXY_CONFIG_TEMPLATE)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reasonray.actors.environment import haproxy_wrapper
-from reasonray.actors.ray_compat import haproxy_config_template
+from tests.ray_private import haproxy_config_template
 
 # the lines of Ray's template the wrapper changes, as Ray writes them
 RAY_CONFIG = """global

