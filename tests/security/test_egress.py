@@ -257,8 +257,8 @@ async def test_the_outbound_gate_refuses_beyond_its_caps_and_never_queues():
                 async with gate.slot("a:1", "carol"):
                     pass
             async with gate.slot("b:1", "carol"):  # another destination and principal: room
-                assert gate.in_flight() == 4
-    assert gate.in_flight() == 0 and not gate.principals
+                assert gate.destinations.total() == 4
+    assert gate.destinations.total() == 0 and not gate.principals
 
 
 class ClusterSlots:
@@ -289,7 +289,7 @@ async def test_the_caps_hold_across_replicas_that_share_the_clusters_count():
             with pytest.raises(OverloadedError, match="max_per_destination"):
                 async with one.slot("a:1", "carol"):
                     pass
-        assert one.in_flight() == 1 and two.in_flight() == 1  # a refusal holds nothing, here or in the cluster
+        assert one.destinations.total() == 1 and two.destinations.total() == 1  # a refusal holds nothing, here or in the cluster
     await asyncio.sleep(0)  # the slots go back in the background
     assert shared.limiter.usage("egress:principal:alice")["runs_in_flight"] == 0
     assert shared.limiter.usage("egress:destination:a:1")["runs_in_flight"] == 0
@@ -320,7 +320,7 @@ async def test_a_tarpit_is_left_at_the_deadline_and_at_once_when_the_caller_goes
             await forward(agent, "hello", None, "trace-1", policy, deadline_s=1.0)
         assert time.monotonic() - started < 3
         await asyncio.sleep(0.2)
-        assert tarpit.open == 0 and policy.gate.in_flight() == 0  # the connection was closed, the slot given back
+        assert tarpit.open == 0 and policy.gate.destinations.total() == 0  # the connection was closed, the slot given back
         # the caller goes away (Serve cancels the handler's task): the connection goes with it
         token = CURRENT_PRINCIPAL.set(Principal("mallory", ("reasoner",)))
         try:
@@ -332,7 +332,7 @@ async def test_a_tarpit_is_left_at_the_deadline_and_at_once_when_the_caller_goes
             with pytest.raises(asyncio.CancelledError):
                 await call
             await asyncio.sleep(0.2)
-            assert tarpit.open == 0 and policy.gate.in_flight() == 0
+            assert tarpit.open == 0 and policy.gate.destinations.total() == 0
         finally:
             CURRENT_PRINCIPAL.reset(token)
 

@@ -220,9 +220,6 @@ class OutboundGate:
         if not done.cancelled() and (error := done.exception()) is not None:
             log.warning("egress.slot_not_given_back", error=f"{type(error).__name__}: {error}"[:200])
 
-    def in_flight(self) -> int:
-        return self.destinations.total()
-
 
 class Egress:
     """The policy, the gate and the clients of one application's outbound calls on callers' behalf."""
