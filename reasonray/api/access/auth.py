@@ -127,21 +127,10 @@ class TokenVerifier:
         algorithm = header.get("alg")
         if algorithm not in self.algorithms:
             raise UnauthenticatedError(f"token algorithm {algorithm!r} is not accepted (accepted: {', '.join(self.algorithms)})")
-        claims = self._decode(token, algorithm, header.get("kid"))
-        sub, roles, agent_id = claims.get("sub"), claims.get("roles", []), claims.get("agent_id")
-        if not isinstance(sub, str) or not sub or len(sub) > 256:
-            raise UnauthenticatedError("token `sub` must be a non-empty string (the principal)")
-        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-            raise UnauthenticatedError("token `roles` must be a list of role names")
-        if agent_id is not None and not isinstance(agent_id, str):
-            raise UnauthenticatedError("token `agent_id` must be a string")
-        return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id), float(claims["exp"])
-
-    def _decode(self, token: str, algorithm: str, kid: str | None) -> Claims:
         s = self.settings
         try:
-            key: Any = s.jwt_secret if algorithm in HMAC_ALGORITHMS else self._jwk(kid)
-            return jwt.decode(
+            key: Any = s.jwt_secret if algorithm in HMAC_ALGORITHMS else self._jwk(header.get("kid"))
+            claims: Claims = jwt.decode(
                 token, key, algorithms=[algorithm], audience=s.audience, issuer=s.issuer, leeway=s.leeway_s, options=self._options
             )
         except jwt.ExpiredSignatureError:
@@ -159,6 +148,14 @@ class TokenVerifier:
             raise UnauthenticatedError("invalid token: signature verification failed") from None
         except jwt.InvalidTokenError:
             raise UnauthenticatedError("malformed token") from None
+        sub, roles, agent_id = claims.get("sub"), claims.get("roles", []), claims.get("agent_id")
+        if not isinstance(sub, str) or not sub or len(sub) > 256:
+            raise UnauthenticatedError("token `sub` must be a non-empty string (the principal)")
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise UnauthenticatedError("token `roles` must be a list of role names")
+        if agent_id is not None and not isinstance(agent_id, str):
+            raise UnauthenticatedError("token `agent_id` must be a string")
+        return Principal(sub=sub, roles=tuple(roles), agent_id=agent_id), float(claims["exp"])
 
     def _jwk(self, kid: str | None) -> Any:
         assert self._jwks is not None  # asymmetric algorithms are accepted only with a JWKS source
