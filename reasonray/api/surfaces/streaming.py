@@ -64,10 +64,8 @@ async def stream_call(
     try:
         while (item := await queue.get()) is not _DONE:
             yield item
-        while not queue.empty():  # events handed over from another thread just before the end
-            item = queue.get_nowait()
-            if item is not _DONE:
-                yield item
+        while not queue.empty():  # events handed over from another thread just before the end (_DONE came once)
+            yield queue.get_nowait()
         yield CallResult(task.result())  # raises the call's RpcError
     finally:
         if not task.done():  # the consumer stopped early (client disconnected): stop the run
