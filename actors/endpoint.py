@@ -26,6 +26,7 @@ import ray
 import structlog
 
 from reasonray.actors import NAMESPACE
+from reasonray.gateway.capabilities import endpoint_client
 from reasonray.gateway.concurrency import Lease, use_shared_slots
 from reasonray.gateway.refusals import RefusalBook, use_refusal_book
 
@@ -90,11 +91,9 @@ class SlotBoard:
         e = self._endpoint(endpoint)
         e.granted_at.pop(lease_id, None)
         if e.held.pop(lease_id, None) is None:
-            for waiter in e.waiting:
-                if waiter[0] == lease_id:
-                    e.waiting.remove(waiter)
-                    waiter[2].cancel()
-                    break
+            if (waiter := next((w for w in e.waiting if w[0] == lease_id), None)) is not None:
+                e.waiting.remove(waiter)
+                waiter[2].cancel()
             else:
                 e.gone.add(lease_id)
                 if len(e.gone) > 1024:
@@ -267,8 +266,6 @@ def share_endpoints(app_name: str) -> RayEndpointSlots | None:
 
 def warm_now(llm: Any) -> None:
     """The blocking part of `warm`, for a constructor: discovery (a few probe requests) and the tokenizer."""
-    from reasonray.gateway.capabilities import endpoint_client
-
     client = endpoint_client(llm)
     try:
         if client is not None and hasattr(client, "discover_now"):
@@ -283,8 +280,6 @@ async def warm(llm: Any) -> dict[str, Any]:
     """Before a process takes work: discover the endpoint (its capacity, context, tokenizer) and open a connection
     from this event loop, so the first request pays for neither. Never raises: a model server that is not up yet is
     found at the first call, as before."""
-    from reasonray.gateway.capabilities import endpoint_client
-
     started = time.perf_counter()
     client = endpoint_client(llm)
     if client is None:

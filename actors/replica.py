@@ -28,7 +28,7 @@ from reasonray.actors.memory import RayMemory
 from reasonray.actors.metrics import node_metric_pages, ray_metrics
 from reasonray.actors.registry import RayRegistry, registry_actor
 from reasonray.actors.session import RaySessions, session_hosts, session_pipeline
-from reasonray.actors.tenancy import RayLimits, RayOwners, tenancy_clients
+from reasonray.actors.tenancy import tenancy_clients
 from reasonray.api.access.auth import CURRENT_PRINCIPAL, TokenVerifier
 from reasonray.api.access.tenancy import build_guard, install_guard
 from reasonray.api.app import Application, Backends, build_application
@@ -174,7 +174,11 @@ class Replica:
 
     async def health(self) -> tuple[dict[str, Any], int]:
         """Ray, the strategy registry and the model endpoint in detail; 503 when the registry cannot answer."""
-        registry, llm = await self._registry_health(), await self._llm_health()
+        try:
+            registry = {"ok": True, **await self.app.registry.snapshot()}
+        except Exception as exc:  # the actor is restarting or gone
+            registry = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        llm = await self._llm_health()
         status = "ok" if registry["ok"] and llm["reachable"] and llm["breaker"] == "closed" else "degraded"
         status = status if registry["ok"] else "unavailable"
         body = {
@@ -198,13 +202,6 @@ class Replica:
             except Exception as exc:  # the GCS is briefly unreachable: try again next round
                 log.warning("sessions.count_failed", error=f"{type(exc).__name__}: {exc}"[:200])
             await asyncio.sleep(SESSION_GAUGE_S)
-
-    async def _registry_health(self) -> dict[str, Any]:
-        try:
-            snapshot = await self.app.registry.snapshot()
-        except Exception as exc:  # the actor is restarting or gone
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-        return {"ok": True, **snapshot}
 
     async def _llm_health(self) -> dict[str, Any]:
         client, resilient = self.app.client, self.app.resilient
@@ -284,7 +281,13 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         executor=settings.a2a.executor,  # an agent executor plugged in around ReasonRay's (unset: messages reason)
     )
     openai = OpenAICompat(app.dispatcher, counter_for_model(app.client.model), app.client.model)
-    replica = Replica(app, openai, a2a, pool, _guard(settings, app, *tenancy) if tenancy is not None else None)
+    # authentication on: every method behind the one guard, and the gate's tokens and limits (one audit writer for both)
+    gate: GateConfig | None = None
+    if tenancy is not None:
+        guard = build_guard(settings, app.registry, app.service, *tenancy)
+        install_guard(app.dispatcher, guard)
+        gate = GateConfig(TokenVerifier(settings.auth), guard.policy, guard.admit_request, guard.audit)
+    replica = Replica(app, openai, a2a, pool, gate)
     # before the replica takes requests: the endpoint discovered and its tokenizer loaded here (blocking, the
     # constructor is the replica's readiness), the connection opened on the replica's loop right after
     warm_now(app.client)
@@ -292,10 +295,3 @@ def start_replica(settings: Settings, app_name: str) -> Replica:
         replica._warming = asyncio.get_running_loop().create_task(warm(app.client))
     log.info("ingress.ready", strategies=snapshot["enabled"], default=snapshot["default"], model=app.client.model)
     return replica
-
-
-def _guard(settings: Settings, app: Application, owners: RayOwners, limits: RayLimits) -> GateConfig:
-    """Authentication on: every method behind the one guard, and the gate's tokens and limits (one audit writer for both)."""
-    guard = build_guard(settings, app.registry, app.service, owners, limits)
-    install_guard(app.dispatcher, guard)
-    return GateConfig(TokenVerifier(settings.auth), guard.policy, guard.admit_request, guard.audit)

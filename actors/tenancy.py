@@ -174,20 +174,22 @@ class RayLimits:
             lease.busy.add(run_id)
             self._running[run_id] = lease
             return {**permit, "run_id": run_id}
-        await self._send_charges([k for k, _ in keyed])  # the limiter decides on every token this replica knows of
+        keys = [k for k, _ in keyed]
+        if (tokens := self._charges.pop(tuple(keys), 0)) > 0:  # the limiter decides on every token this replica knows of
+            await unwrap(self.handle.finish.remote(keys, None, tokens))
         size = _lease_size(keyed, "concurrent_runs", RUN_LEASE_SHARE, MAX_RUN_LEASE)
         if size > 1:
             decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True, runs=size, lease_s=RUN_SLOT_TTL_S))
             if decision["ok"] or decision.get("limit_name") != "concurrent_runs":
-                return self._leased(key, keyed, decision, permit, now)
+                return self._leased(key, keys, decision, permit, now)
         # a small concurrent_runs limit, or no room for a whole lease: one slot, freed when the run ends
         decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True))
         return {**permit, "run_id": decision["run_id"]} if decision["ok"] else decision
 
-    def _leased(self, key: tuple, keyed: KeyedLimits, decision: Decision, permit: Decision, now: float) -> Decision:
+    def _leased(self, key: tuple, keys: list[str], decision: Decision, permit: Decision, now: float) -> Decision:
         if not decision["ok"]:
             return decision
-        lease = self._runs.setdefault(key, _RunLease(keys=[k for k, _ in keyed], granted=now, renewed=now))
+        lease = self._runs.setdefault(key, _RunLease(keys=keys, granted=now, renewed=now))
         lease.granted = lease.renewed = now
         lease.budget_left = decision.get("budget_left")
         run_id, *spare = decision["run_ids"]
@@ -222,10 +224,6 @@ class RayLimits:
 
     async def give_back(self, keys: list[str], slot: str) -> None:
         await unwrap(self.handle.release.remote(keys, [slot]))
-
-    async def _send_charges(self, keys: list[str]) -> None:
-        if (tokens := self._charges.pop(tuple(keys), 0)) > 0:
-            await unwrap(self.handle.finish.remote(keys, None, tokens))
 
     def _send(self, ref: Any, keys: list[str]) -> None:
         settled = asyncio.ensure_future(_settle(ref, keys))
