@@ -173,14 +173,13 @@ class OutboundGate:
         self.principals: Counter[str] = Counter()
         self._giving_back: set[asyncio.Future[None]] = set()
 
-    def _too_many_of_theirs(self, principal: str) -> RateLimitedError:
-        return RateLimitedError(
-            f"rate limited: {principal!r} already has {self.per_principal} remote-agent calls in flight "
-            "([egress] max_per_principal); retry when one ends",
-            {"retry_after_s": 1.0, "limit_name": "remote_calls_in_flight", "limit": self.per_principal, "remaining": 0},
-        )
-
-    def _too_many_there(self) -> OverloadedError:
+    def _at_cap(self, principal: str | None) -> RateLimitedError | OverloadedError:  # the principal's cap, else the destination's
+        if principal is not None:
+            return RateLimitedError(
+                f"rate limited: {principal!r} already has {self.per_principal} remote-agent calls in flight "
+                "([egress] max_per_principal); retry when one ends",
+                {"retry_after_s": 1.0, "limit_name": "remote_calls_in_flight", "limit": self.per_principal, "remaining": 0},
+            )
         return OverloadedError(
             f"overloaded: {self.per_destination} calls to this remote agent's host are in flight "
             "([egress] max_per_destination); retry later",
@@ -192,9 +191,9 @@ class OutboundGate:
         """Hold a slot for one outbound call of `principal` to `destination`; `ttl_s` bounds how long the cluster's
         count keeps it if this process dies holding it (the call's own limit, with a margin)."""
         if self.principals[principal] >= self.per_principal:
-            raise self._too_many_of_theirs(principal)
+            raise self._at_cap(principal)
         if self.destinations[destination] >= self.per_destination:
-            raise self._too_many_there()
+            raise self._at_cap(None)
         self.principals[principal] += 1
         self.destinations[destination] += 1
         mine, there = f"egress:principal:{principal}", f"egress:destination:{destination}"  # the cluster's counts
@@ -204,7 +203,7 @@ class OutboundGate:
                 keyed: KeyedLimits = [(mine, {"concurrent_runs": self.per_principal}), (there, {"concurrent_runs": self.per_destination})]
                 taken = await self.shared.take(keyed, ttl_s)
                 if not taken["ok"]:
-                    raise self._too_many_of_theirs(principal) if taken.get("key") == mine else self._too_many_there()
+                    raise self._at_cap(principal if taken.get("key") == mine else None)
             yield
         finally:
             self.principals -= Counter([principal])  # a count that reaches 0 leaves the Counter

@@ -541,9 +541,8 @@ class OpenAICompat:
         else:
             pending = [(c, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)) for c in turn.pending_tool_calls]
             calls = [_tool_call(f"{turn.session_id}-{c.tool_call_id}", c.name, arguments) for c, arguments in pending]
-            choice = _choice(
-                ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls}), "tool_calls"
-            )
+            message = ChatCompletionMessage.model_validate({"role": "assistant", "content": None, "tool_calls": calls})
+            choice = _choice(message, "tool_calls")
         # tokens of the LLM calls this request made: the turn's calls since its last re-entry
         start = max((i for i, s in enumerate(turn.trace) if s["type"] in ("TURN_STARTED", "REENTRY_VERIFIED")), default=0)
         made = [s for s in turn.trace[start:] if s["type"] == "LLM_CALL"]
