@@ -50,6 +50,16 @@ def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | No
     ]
     by_name = {m.mcp_tool: name for name, m in rpc.methods.items() if m.mcp_tool is not None}
     has_memory = "memory.get" in rpc.methods
+    # resources: the strategies and, with a memory bank, its workspaces; templates: a session by id and, with a
+    # memory bank, a memory item by workspace and id
+    listed = [("strategies", STRATEGIES_URI, "The enabled strategies and their config schemas.")]
+    listed += [("memory-workspaces", WORKSPACES_URI, "Memory workspaces and their sizes.")] if has_memory else []
+    resources = [types.Resource(name=name, uri=uri, mime_type="application/json", description=about) for name, uri, about in listed]
+    listed = [("session", SESSION_TEMPLATE, "A session's state and last trace.")]
+    listed += [("memory", MEMORY_TEMPLATE, "One memory item of a workspace.")] if has_memory else []
+    templates = [
+        types.ResourceTemplate(name=name, uri_template=uri, mime_type="application/json", description=about) for name, uri, about in listed
+    ]
 
     async def call(method: str, params: dict[str, Any]) -> Any:
         """The method's typed result, through the method table (the guard of an authenticated API included)."""
@@ -76,10 +86,10 @@ def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | No
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(result))], structured_content=result)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=resources(has_memory))
+        return types.ListResourcesResult(resources=resources)
 
     async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        return types.ListResourceTemplatesResult(resource_templates=templates(has_memory))
+        return types.ListResourceTemplatesResult(resource_templates=templates)
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
@@ -101,22 +111,6 @@ def build_server(rpc: Dispatcher, principal: Callable[[], Principal | None] | No
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
     )
-
-
-def resources(has_memory: bool) -> list[types.Resource]:
-    """The strategies and, with a memory bank, its workspaces."""
-    listed = [("strategies", STRATEGIES_URI, "The enabled strategies and their config schemas.")]
-    listed += [("memory-workspaces", WORKSPACES_URI, "Memory workspaces and their sizes.")] if has_memory else []
-    return [types.Resource(name=name, uri=uri, mime_type="application/json", description=about) for name, uri, about in listed]
-
-
-def templates(has_memory: bool) -> list[types.ResourceTemplate]:
-    """A session by id and, with a memory bank, a memory item by workspace and id."""
-    listed = [("session", SESSION_TEMPLATE, "A session's state and last trace.")]
-    listed += [("memory", MEMORY_TEMPLATE, "One memory item of a workspace.")] if has_memory else []
-    return [
-        types.ResourceTemplate(name=name, uri_template=uri, mime_type="application/json", description=about) for name, uri, about in listed
-    ]
 
 
 def fillable(schema: dict[str, Any]) -> dict[str, Any]:
