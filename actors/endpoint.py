@@ -197,10 +197,10 @@ def board_name(app_name: str) -> str:
 class RayEndpointSlots:
     """`SharedSlots` and a refusal sink over the endpoint actor, for one process (its owner id, its heartbeat)."""
 
-    def __init__(self, handle: Any, book: RefusalBook | None = None) -> None:
+    def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.owner = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self.book = book
+        self.book = RefusalBook(self.record_refusal)  # what this process learns goes to the actor, whose news it loads
         self._refusals_seen = 0
         self.holding: set[str] = set()
         self.beat()  # registers the owner, takes in what the cluster learnt so far
@@ -229,7 +229,7 @@ class RayEndpointSlots:
     def beat(self) -> None:
         holding = list(self.holding)
         new, self._refusals_seen = ray.get(self.handle.heartbeat.remote(self.owner, self._refusals_seen, holding), timeout=30)
-        if new and self.book is not None:
+        if new:
             self.book.load(new)
 
     def _beating(self) -> None:
@@ -254,12 +254,10 @@ def share_endpoints(app_name: str) -> RayEndpointSlots | None:
     with _install_lock:
         slots = _installed.get(app_name)
         if slots is None:
-            book = RefusalBook()
             # the application's endpoint actor, created by whichever process asks first
             board = EndpointBoard.options(name=board_name(app_name), namespace=NAMESPACE, get_if_exists=True, lifetime="detached")
-            slots = _installed[app_name] = RayEndpointSlots(board.remote(), book)
-            book.sink = slots.record_refusal
-            use_refusal_book(book)
+            slots = _installed[app_name] = RayEndpointSlots(board.remote())
+            use_refusal_book(slots.book)
             use_shared_slots(slots)
         return slots
 

@@ -31,6 +31,7 @@ from reasonray.actors.lifecycle import private_files
 from reasonray.actors.metrics import ray_metrics
 from reasonray.actors.ray_compat import actor_id_of
 from reasonray.gateway.cache import cache_scope, scope_cache
+from reasonray.gateway.factory import build_llm, client_for, shared_cache
 from reasonray.gateway.observed import ObservedLLM
 from reasonray.gateway.protocol import LLM
 from reasonray.gateway.tokens import counter_for_model
@@ -40,6 +41,7 @@ from reasonray.kernel.errors import OverloadedError
 from reasonray.kernel.events import BranchRun, Event, Tally
 from reasonray.kernel.logs import configure_logging
 from reasonray.strategies.base import Arrived, Branch, StrategyContext
+from reasonray.strategies.registry import StrategyRegistry
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +56,6 @@ class LLMSpec:
     app_name: str
 
     def build(self) -> LLM:
-        from reasonray.gateway.factory import build_llm, client_for, shared_cache
-
         settings = Settings.model_validate_json(self.settings_json)
         configure_logging(settings.logging)  # runners and session hosts log as the ingress does (level, JSON)
         share_endpoints(self.app_name)  # a small endpoint's slots and the refusals learnt are the cluster's, not this process's
@@ -116,8 +116,6 @@ class BranchRunner:
     async def warm(self, spec: LLMSpec) -> dict[str, Any]:
         """Build the LLM stack, import what branches need, discover the endpoint and open a connection on this
         runner's loop, so the first real branch pays nothing."""
-        from reasonray.strategies.registry import StrategyRegistry
-
         StrategyRegistry().discover()  # imports every strategy module (branches unpickle into them)
         llm = WorkerLoop.llm(spec)
         counter_for_model(llm.model).count("warm")  # loads the tokenizer

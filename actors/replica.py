@@ -94,12 +94,10 @@ class Replica:
         if self._session_gauge is None:
             self._session_gauge = asyncio.create_task(self._count_sessions())
         rpc, body = self.app.dispatcher, await request.body()
-        if (call := streaming_call(rpc, body)) is not None:  # reasoning.execute with "stream": true, as SSE
-            with request_span("/rpc", request.headers) as trace_id:  # the caller's traceparent names the run here too
+        with request_span("/rpc", request.headers) as trace_id:  # the caller's traceparent names the run here too
+            if (call := streaming_call(rpc, body)) is not None:  # reasoning.execute with "stream": true, as SSE
                 trace_id = trace_id or new_trace_id()
-                events = in_request_trace("/rpc stream", rpc_sse(rpc, call, trace_id))
-            return EventSourceResponse(events, headers={"X-Trace-Id": trace_id})
-        with request_span("/rpc", request.headers) as trace_id:
+                return EventSourceResponse(in_request_trace("/rpc stream", rpc_sse(rpc, call, trace_id)), headers={"X-Trace-Id": trace_id})
             payload, trace_ids = await rpc.handle(body, trace_id)
         headers = {"X-Trace-Id": trace_ids[0]} if len(trace_ids) == 1 else {}
         if payload is None:
