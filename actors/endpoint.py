@@ -44,8 +44,7 @@ LEASE_TTL_S = 15.0
 class _Endpoint:
     limit: int = 1
     serial: bool = False
-    held: dict[str, str] = field(default_factory=dict)  # lease id -> owner
-    granted_at: dict[str, float] = field(default_factory=dict)
+    held: dict[str, tuple[str, float]] = field(default_factory=dict)  # lease id -> owner, when granted
     waiting: deque[tuple[str, str, asyncio.Future[None]]] = field(default_factory=deque)
     peak: int = 0  # the most slots held at once
     gone: set[str] = field(default_factory=set)  # released before their acquire arrived
@@ -83,13 +82,11 @@ class SlotBoard:
         return 1 if e.serial else e.limit
 
     def _hold(self, e: _Endpoint, lease_id: str, owner: str) -> None:
-        e.held[lease_id] = owner
-        e.granted_at[lease_id] = self._clock()
+        e.held[lease_id] = (owner, self._clock())
         e.peak = max(e.peak, len(e.held))
 
     def release(self, endpoint: str, lease_id: str) -> None:
         e = self._endpoint(endpoint)
-        e.granted_at.pop(lease_id, None)
         if e.held.pop(lease_id, None) is None:
             if (waiter := next((w for w in e.waiting if w[0] == lease_id), None)) is not None:
                 e.waiting.remove(waiter)
@@ -121,7 +118,7 @@ class SlotBoard:
         if holding is not None:
             kept = set(holding)
             for name, e in self.endpoints.items():
-                lost = [i for i, o in e.held.items() if o == owner and i not in kept and now - e.granted_at.get(i, now) > ORPHAN_GRACE_S]
+                lost = [i for i, (o, at) in e.held.items() if o == owner and i not in kept and now - at > ORPHAN_GRACE_S]
                 for lease_id in lost:
                     self.release(name, lease_id)
                 if lost:
@@ -137,9 +134,7 @@ class SlotBoard:
         if not dead:
             return []
         for e in self.endpoints.values():
-            for lease_id in [i for i, o in e.held.items() if o in dead]:
-                del e.held[lease_id]
-                e.granted_at.pop(lease_id, None)
+            e.held = {i: held for i, held in e.held.items() if held[0] not in dead}
             for waiter in [w for w in e.waiting if w[1] in dead]:
                 e.waiting.remove(waiter)
                 waiter[2].cancel()
