@@ -141,8 +141,7 @@ class RateLimiter:
         wanted = runs if run else 0
         for key, limits in keyed:
             c = self._window(key, now)
-            refusal = self._refusal(key, c, limits, now, requests, wanted)
-            if refusal is not None:
+            if (refusal := self._refusal(key, c, limits, now, requests, wanted)) is not None:
                 return {**refusal, "key": key}
             rpm = limits.get("requests_per_minute")
             if rpm:

@@ -235,11 +235,10 @@ class ReasoningExecutor(AgentExecutor):
             tools = {"code": -32602, "message": "the session asks for client tools, which A2A cannot run; use session.* over /rpc"}
             return await self._not_answered(updater, tools)
         # camelCase keys: A2A's JSON serialization rule holds for metadata too
-        metadata: dict[str, Any] = {"traceId": trace_id}
         if isinstance(result, TurnResult):
-            metadata |= {"sessionId": result.session_id, "turn": result.turn, "totalTokens": result.usage.total_tokens}
+            metadata = {"traceId": trace_id, "sessionId": result.session_id, "turn": result.turn, "totalTokens": result.usage.total_tokens}
         else:
-            metadata |= {"strategyUsed": result.strategy_used, "totalTokens": result.metrics.total_tokens}
+            metadata = {"traceId": trace_id, "strategyUsed": result.strategy_used, "totalTokens": result.metrics.total_tokens}
         await updater.add_artifact([new_text_part(result.answer or "")], name="answer", metadata=metadata, last_chunk=True)
         await updater.complete()
 
