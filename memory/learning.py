@@ -114,12 +114,12 @@ class Judgement:
     judged_by: Literal["verifier", "llm_judge"]
 
 
-def passive_rejects(question: str, answer: str, min_answer_chars: int = 100, min_question_chars: int = 10) -> str | None:
+def passive_rejects(question: str, answer: str, min_answer_chars: int = 100) -> str | None:
     """Why an exchange is not worth learning from passively, or None when it is."""
     if len(answer.strip()) < min_answer_chars:
         return f"answer shorter than {min_answer_chars} characters"
-    if len(question.strip()) < min_question_chars:
-        return f"question shorter than {min_question_chars} characters"
+    if len(question.strip()) < 10:
+        return "question shorter than 10 characters"
     return None
 
 

@@ -32,18 +32,6 @@ def recency(created_at: datetime, now: datetime, half_life_days: float) -> float
     return 0.5 ** (age_days / half_life_days)
 
 
-def error_relevance(item: MemoryItem, similarity: float, domain: str | None, error_patterns: Sequence[str]) -> float:
-    if item.error_context is None:
-        return 0.0
-    signals = [similarity]  # a failure on a similar task is a relevant warning
-    if domain is not None:
-        signals.append(1.0 if item.domain_category == domain else 0.0)
-    if error_patterns:
-        named = {t.lower() for t in item.pattern_tags} | {item.error_context.error_type.lower()}
-        signals.append(sum(p.lower() in named for p in error_patterns) / len(error_patterns))
-    return max(signals)
-
-
 def composite(
     item: MemoryItem,
     similarity: float,
@@ -55,7 +43,15 @@ def composite(
     error_patterns: Sequence[str] = (),
 ) -> Scores:
     r = recency(item.created_at, now, half_life_days)
-    e = error_relevance(item, similarity, domain, error_patterns)
+    e = 0.0  # the error-context relevance: without an error context, none
+    if item.error_context is not None:
+        signals = [similarity]  # a failure on a similar task is a relevant warning
+        if domain is not None:
+            signals.append(1.0 if item.domain_category == domain else 0.0)
+        if error_patterns:
+            named = {t.lower() for t in item.pattern_tags} | {item.error_context.error_type.lower()}
+            signals.append(sum(p.lower() in named for p in error_patterns) / len(error_patterns))
+        e = max(signals)
     total = weights.similarity + weights.recency + weights.error_context
     score = (weights.similarity * similarity + weights.recency * r + weights.error_context * e) / total
     return Scores(similarity=round(similarity, 6), recency=round(r, 6), error_context=round(e, 6), composite=round(score, 6))

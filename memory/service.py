@@ -51,9 +51,9 @@ def build_embedder(settings: Settings, environ: dict[str, str] | None = None) ->
     return ChromaDefaultEmbedder()
 
 
-def open_bank(settings: Settings, embedder: Embedder | None = None) -> ReasoningBank:
+def open_bank(settings: Settings) -> ReasoningBank:
     """The configured bank: Chroma embedded under data_dir/chroma, or the server at [memory] chroma_url."""
-    embedder = embedder or build_embedder(settings)
+    embedder = build_embedder(settings)
     client = open_client(settings.memory.chroma_url, Path(settings.data_dir))
     return ReasoningBank(ChromaStore(client, embedder.name, settings.memory.collection_prefix), embedder, settings.memory)
 

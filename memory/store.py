@@ -181,9 +181,8 @@ class ChromaStore:
         ]
 
     def count(self, workspace: str) -> tuple[int, int]:
-        memories = self._collection(MEMORIES, workspace, create=False)
-        traces = self._collection(TRACES, workspace, create=False)
-        return (memories.count() if memories else 0, traces.count() if traces else 0)
+        memories, traces = (c.count() if (c := self._collection(kind, workspace, create=False)) else 0 for kind in (MEMORIES, TRACES))
+        return memories, traces
 
     # -- workspaces -------------------------------------------------------------------------------
     def workspaces(self) -> list[str]:
