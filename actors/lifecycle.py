@@ -71,11 +71,7 @@ def fingerprint_of(handle: Any) -> str | None:
 
 def retire_if_stale(name: str, fp: str) -> bool:
     """Kill the actor `name` when it runs with other settings than `fp`; True when one was killed."""
-    handle = lookup(name)
-    if handle is None:
-        return False
-    current = fingerprint_of(handle)
-    if current == fp:
+    if (handle := lookup(name)) is None or (current := fingerprint_of(handle)) == fp:
         return False
     log.info("actor.retired", name=name, fingerprint=current, wanted=fp)
     ray.kill(handle, no_restart=True)

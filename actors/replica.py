@@ -204,23 +204,22 @@ class Replica:
     async def _llm_health(self) -> dict[str, Any]:
         client, resilient = self.app.client, self.app.resilient
         assert client is not None and resilient is not None
-        checked_at, cached = self._llm_probe
-        if time.monotonic() - checked_at < LLM_PROBE_TTL_S:
-            return {**cached, "breaker": resilient.breaker.state}
-        started = time.perf_counter()
-        try:
-            await client.ping()
-            probe: dict[str, Any] = {"reachable": True, "latency_ms": round((time.perf_counter() - started) * 1000, 2)}
-        except Exception as exc:
-            probe = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-        probe.update(
-            provider=self.app.settings.resolved_provider(),
-            provider_reason=self.app.settings.provider_reason(),
-            model=client.model,
-            base_url=client.base_url,
-            simulated=self.app.settings.resolved_provider() == "simulated",
-        )
-        self._llm_probe = (time.monotonic(), probe)
+        checked_at, probe = self._llm_probe
+        if time.monotonic() - checked_at >= LLM_PROBE_TTL_S:  # else the last probe's answer, with the breaker's state now
+            started = time.perf_counter()
+            try:
+                await client.ping()
+                probe = {"reachable": True, "latency_ms": round((time.perf_counter() - started) * 1000, 2)}
+            except Exception as exc:
+                probe = {"reachable": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            probe.update(
+                provider=self.app.settings.resolved_provider(),
+                provider_reason=self.app.settings.provider_reason(),
+                model=client.model,
+                base_url=client.base_url,
+                simulated=self.app.settings.resolved_provider() == "simulated",
+            )
+            self._llm_probe = (time.monotonic(), probe)
         return {**probe, "breaker": resilient.breaker.state}
 
 

@@ -55,8 +55,7 @@ class SessionHost(Fingerprinted):
         self._fingerprint = fp
         settings = Settings.model_validate_json(spec.settings_json)
         self.pipeline = session_pipeline(settings, spec.build(), spec.app_name)
-        s = settings.sessions
-        self.live = LiveSessions(s.max_live_per_host, s.idle_timeout_s, RETRY_AFTER_S)
+        self.live = LiveSessions(settings.sessions.max_live_per_host, settings.sessions.idle_timeout_s, RETRY_AFTER_S)
         self._sweeper: asyncio.Task[None] | None = None
 
     async def warm(self) -> dict[str, Any]:
@@ -96,8 +95,7 @@ class SessionHost(Fingerprinted):
         """Drop idle sessions from memory; their state stays in the repository."""
         while True:
             await asyncio.sleep(max(self.live.idle_timeout_s / 4, 0.05))
-            dropped = self.live.drop_idle()
-            if dropped:
+            if dropped := self.live.drop_idle():
                 log.info("session.idle_dropped", sessions=dropped, live=len(self.live))
 
 
@@ -118,8 +116,7 @@ def session_hosts(app_name: str, settings: Settings, spec: LLMSpec) -> list[Name
     hosts = [NamedActor(SessionHost, name, fp, (spec,), HOST_OPTIONS).deploy(settings.server.prestart) for name in names]
     if settings.server.prestart:
         ray.get([h.handle.warm.remote() for h in hosts], timeout=120)  # the first turn finds the endpoint known
-    retired = retire_extra(host_name(app_name, 0)[:-1], set(names))
-    if retired:
+    if retired := retire_extra(host_name(app_name, 0)[:-1], set(names)):
         log.info("session.hosts_retired", hosts=retired)
     return hosts
 
