@@ -222,8 +222,7 @@ class RayEndpointSlots:
         self.handle.record_refusal.remote(base_url, model, param)
 
     def beat(self) -> None:
-        holding = list(self.holding)
-        new, self._refusals_seen = ray.get(self.handle.heartbeat.remote(self.owner, self._refusals_seen, holding), timeout=30)
+        new, self._refusals_seen = ray.get(self.handle.heartbeat.remote(self.owner, self._refusals_seen, list(self.holding)), timeout=30)
         if new:
             self.book.load(new)
 
