@@ -263,13 +263,12 @@ class ReasoningBank:
             shown.extend(kids)
             return {"memory": item.model_dump(mode="json"), "children": [tree(k, depth + 1) for k in kids]}
 
-        descendants = tree(memory, 0)["children"]
         return {
             "memory": memory.model_dump(mode="json"),
             "evolution_stage": memory.evolution_stage,
             "ancestors": [a.model_dump(mode="json") for a in ancestors],
-            "descendants": descendants,
-            "descendant_count": len(shown),
+            "descendants": tree(memory, 0)["children"],
+            "descendant_count": len(shown),  # as the tree above found them
         }
 
     # -- workspaces -------------------------------------------------------------------------------

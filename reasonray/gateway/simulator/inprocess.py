@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from reasonray.gateway.protocol import Choice, Completion, LLMRequest, Usage
+from reasonray.gateway.protocol import Completion, LLMRequest, Usage
 from reasonray.gateway.replies import read_choice, settle
-from reasonray.gateway.simulator.engine import MODEL_NAME, SimChoice, SimulatedModel
+from reasonray.gateway.simulator.engine import MODEL_NAME, SimulatedModel
 from reasonray.gateway.simulator.reasoning import handed_over
 from reasonray.gateway.tokens import counter_for_model
 
@@ -33,18 +33,17 @@ class SimulatedLLM:
         if delay:
             await asyncio.sleep(delay)
         usage = Usage(response.prompt_tokens, response.completion_tokens, response.reasoning_tokens)
+        choices = []
+        for c in response.choices:  # read as the client reads the server's reply in `form` (an R1 model thinks in its text)
+            content, reasoning = handed_over(c.reasoning, c.text, c.thinking_unfinished, form)
+            read = read_choice(
+                content, reasoning, c.finish_reason, thinks=form == "r1", tool_calls=c.tool_calls, stop_sequence=c.stop_reason
+            )
+            choices.append(read)
         return Completion(
-            choices=settle([_read(c, form) for c in response.choices], usage),
+            choices=settle(choices, usage),
             usage=usage,
             model=MODEL_NAME,
             latency_ms=(time.perf_counter() - started) * 1000,
             simulated=True,
         )
-
-
-def _read(choice: SimChoice, form: str) -> Choice:
-    """The choice as the client reads the server's reply in `form` (an R1 model is known to think in its text)."""
-    content, reasoning = handed_over(choice.reasoning, choice.text, choice.thinking_unfinished, form)
-    return read_choice(
-        content, reasoning, choice.finish_reason, thinks=form == "r1", tool_calls=choice.tool_calls, stop_sequence=choice.stop_reason
-    )

@@ -161,11 +161,6 @@ def _parse_request(body: dict[str, Any], purpose: str | None = None) -> LLMReque
     )
 
 
-def _last_user_content(body: dict[str, Any]) -> str:
-    users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
-    return (_content_text(users[-1].get("content")) if users else None) or ""
-
-
 def _usage_json(response: SimResponse, form: str) -> dict[str, Any]:
     prompt, completion = response.prompt_tokens, response.completion_tokens
     usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -331,7 +326,8 @@ def _chat_route(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel
     async def chat(request: Request) -> Response:
         try:
             body = await request.json()
-            form = model.reasoning.directed(parse_directives(_last_user_content(body))).form
+            users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
+            form = model.reasoning.directed(parse_directives((_content_text(users[-1].get("content")) if users else None) or "")).form
             refused = refusal(body) if form == "hidden" else None
             if refused is not None:  # as OpenAI's reasoning models refuse it, before anything else
                 return rejected(**refused)
