@@ -147,29 +147,6 @@ def exact_verifier(expected: str) -> Verifier:
     return verify
 
 
-def parse_items(text: str, *, limit: int, require_error: bool = False) -> list[dict]:
-    """The usable memory items in a reply as field dicts, at most `limit`."""
-    drafts = []
-    for body in MEMORY_BLOCK.findall(text):
-        fields = {k: extract_tag(body, k) for k in (*TEXT_FIELDS, *ERROR_KEYS, "tags")}
-        has_error = all(fields[k] for k in ERROR_KEYS)
-        if all(fields[k] for k in TEXT_FIELDS) and (has_error or not require_error):
-            drafts.append({**fields, "has_error": has_error})
-    return drafts[:limit]
-
-
-def worked_example(query: str, trajectory: Trajectory, **common) -> MemoryItem:
-    """A verified attempt stored as it was: what a model that writes no memory items still learns from."""
-    return MemoryItem(
-        title="Worked example",
-        description=f"A solved task: {query if len(query) <= 480 else query[:477] + '...'}",
-        content=f"{clip(trajectory.text, 3000)}\nFinal answer: {trajectory.answer[:500]}",
-        pattern_tags=["worked-example"],
-        source_type="success",
-        **common,
-    )
-
-
 @dataclass(eq=False)
 class Learner:
     """Judges and extracts with one LLM (strategies' model, cache and retries included)."""
@@ -204,9 +181,11 @@ class Learner:
     ) -> list[MemoryItem]:
         """Ask for items with `prompt`; the reply's usable ones, from `source`."""
         reply = await self._ask(prompt.format(n=limit), content, f"extract_{source}")
+        drafts = [{k: extract_tag(body, k) for k in (*TEXT_FIELDS, *ERROR_KEYS, "tags")} for body in MEMORY_BLOCK.findall(reply)]
+        usable = [d for d in drafts if all(d[k] for k in TEXT_FIELDS) and (all(d[k] for k in ERROR_KEYS) or not require_error)]
         items = []
-        for d in parse_items(reply, limit=limit, require_error=require_error):
-            error = ErrorContext(**{k: d[k] for k in ERROR_KEYS}) if d["has_error"] else None
+        for d in usable[:limit]:  # a block that does not parse or validate is skipped, never stored half-formed
+            error = ErrorContext(**{k: d[k] for k in ERROR_KEYS}) if all(d[k] for k in ERROR_KEYS) else None
             tags = [t.strip() for t in (d["tags"] or "").split(",") if t.strip()][:20]
             text = {k: d[k][:cap] for k, cap in TEXT_FIELDS.items()}
             with contextlib.suppress(ValidationError):
@@ -254,7 +233,18 @@ class Learner:
             text = "\n\n".join(f"[trajectory {i} - {j.outcome}]\n{t.text}" for i, (t, j) in enumerate(judged, 1))
         verified = [t for t, j in judged if j.outcome == "success" and j.judged_by == "verifier"]
         if not items and verified and self.worked_examples:
-            items = [worked_example(query, verified[0], **common)]
+            # a verified attempt stored as it was: what a model that writes no memory items still learns from
+            worked = verified[0]
+            items = [
+                MemoryItem(
+                    title="Worked example",
+                    description=f"A solved task: {query if len(query) <= 480 else query[:477] + '...'}",
+                    content=f"{clip(worked.text, 3000)}\nFinal answer: {worked.answer[:500]}",
+                    pattern_tags=["worked-example"],
+                    source_type="success",
+                    **common,
+                )
+            ]
         chosen = [j for t, j in judged if t.selected] or judgements[-1:]
         outcome: Outcome = chosen[0].outcome  # the outcome of the answer the task returned
         entry = MemoryEntry(task_id=task_id, query=query, trajectory=text, outcome=outcome, judged_by=judgements[0].judged_by, items=items)

@@ -16,9 +16,7 @@ from reasonray.memory.learning import (
     SUCCESS_PROMPT,
     Learner,
     exact_verifier,
-    parse_items,
     passive_rejects,
-    worked_example,
 )
 from tests.unit.memory_harness import local_memory, make_bank
 
@@ -108,15 +106,18 @@ async def test_model_written_items_take_precedence_over_the_worked_example():
     assert [i.title for i in entry.items] == ["Multiply carefully"]
 
 
-def test_a_worked_example_of_a_long_attempt_is_clipped_to_fit_an_item():
+async def test_a_worked_example_of_a_long_attempt_is_clipped_to_fit_an_item():
     long = Trajectory(text="step " * 5000, answer="1")
-    item = worked_example("q" * 1000, long)
+    learner = Learner(ScriptedLLM(["no tags at all"]))
+    entry, _ = await learner.learn("q" * 1000, [long], task_id="t", workspace="w", verifier=exact_verifier("1"))
+    [item] = entry.items
     assert len(item.description) <= 500 and len(item.content) <= 4000
 
 
-def test_parse_items_skips_incomplete_blocks():
-    drafts = parse_items(ITEM.format(t="ok") + "<memory><title>no content</title></memory>", limit=3)
-    assert [d["title"] for d in drafts] == ["ok"]
+async def test_extraction_skips_incomplete_blocks():
+    learner = Learner(ScriptedLLM([ITEM.format(t="ok") + "<memory><title>no content</title></memory>"]))
+    items = await learner.extract("What is 12 * 3?", RUN, "success", task_id="t", workspace="w")
+    assert [i.title for i in items] == ["ok"]
 
 
 async def test_self_contrast_over_several_trajectories_extracts_at_most_five_items():
