@@ -118,6 +118,10 @@ class _RunLease:
     busy: set[str] = field(default_factory=set)
     renewed: float = 0.0
 
+    def usable(self, now: float) -> bool:
+        """A free slot in a lease still fresh, with tokens left in its budget."""
+        return bool(self.free) and now - self.granted < RUN_LEASE_S and (self.budget_left is None or self.budget_left > 0)
+
 
 class RayLimits:
     """`reasonray.api.access.limits.Limits` over the application's limiter actor, with leased request permits and
@@ -169,35 +173,29 @@ class RayLimits:
         key = _lease_key(keyed)
         lease = self._runs.get(key)
         now = time.monotonic()
-        if lease is not None and lease.free and now - lease.granted < RUN_LEASE_S and (lease.budget_left is None or lease.budget_left > 0):
-            run_id = lease.free.pop()
-            lease.busy.add(run_id)
-            self._running[run_id] = lease
-            return {**permit, "run_id": run_id}
-        keys = [k for k, _ in keyed]
-        if (tokens := self._charges.pop(tuple(keys), 0)) > 0:  # the limiter decides on every token this replica knows of
-            await unwrap(self.handle.finish.remote(keys, None, tokens))
-        size = _lease_size(keyed, "concurrent_runs", RUN_LEASE_SHARE, MAX_RUN_LEASE)
-        if size > 1:
-            decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True, runs=size, lease_s=RUN_SLOT_TTL_S))
-            if decision["ok"] or decision.get("limit_name") != "concurrent_runs":
-                return self._leased(key, keys, decision, permit, now)
-        # a small concurrent_runs limit, or no room for a whole lease: one slot, freed when the run ends
-        decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True))
-        return {**permit, "run_id": decision["run_id"]} if decision["ok"] else decision
-
-    def _leased(self, key: tuple, keys: list[str], decision: Decision, permit: Decision, now: float) -> Decision:
-        if not decision["ok"]:
-            return decision
-        lease = self._runs.setdefault(key, _RunLease(keys=keys, granted=now, renewed=now))
-        lease.granted = lease.renewed = now
-        lease.budget_left = decision.get("budget_left")
-        run_id, *spare = decision["run_ids"]
+        if lease is None or not lease.usable(now):
+            keys = [k for k, _ in keyed]
+            if (tokens := self._charges.pop(tuple(keys), 0)) > 0:  # the limiter decides on every token this replica knows of
+                await unwrap(self.handle.finish.remote(keys, None, tokens))
+            size = _lease_size(keyed, "concurrent_runs", RUN_LEASE_SHARE, MAX_RUN_LEASE)
+            leased = None
+            if size > 1:
+                leased = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True, runs=size, lease_s=RUN_SLOT_TTL_S))
+            if leased is None or (not leased["ok"] and leased.get("limit_name") == "concurrent_runs"):
+                # a small concurrent_runs limit, or no room for a whole lease: one slot, freed when the run ends
+                decision = await unwrap(self.handle.admit.remote(keyed, requests=0, run=True))
+                return {**permit, "run_id": decision["run_id"]} if decision["ok"] else decision
+            if not leased["ok"]:
+                return leased
+            lease = self._runs.setdefault(key, _RunLease(keys=keys, granted=now, renewed=now))
+            lease.granted = lease.renewed = now
+            lease.budget_left = leased.get("budget_left")
+            lease.free.extend(reversed(leased["run_ids"]))  # the first is this run's (free.pop() takes the last)
+            if self._keeper is None or self._keeper.done():
+                self._keeper = asyncio.ensure_future(self._keep())
+        run_id = lease.free.pop()
         lease.busy.add(run_id)
         self._running[run_id] = lease
-        lease.free.extend(spare)
-        if self._keeper is None or self._keeper.done():
-            self._keeper = asyncio.ensure_future(self._keep())
         return {**permit, "run_id": run_id}
 
     async def finish(self, keys: list[str], run_id: str | None, tokens: int) -> None:
