@@ -86,8 +86,15 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root
     anyOf/oneOf, `$ref` into `$defs` as Pydantic writes them, minimum/maximum, min/max items and length),
     carrying the reply's part that the field's name asks for."""
     root = schema if root is None else root
-    if isinstance(schema.get("$ref"), str):
-        return instance(_resolve(schema["$ref"], root), fields, key, root)
+    if isinstance(ref := schema.get("$ref"), str):  # a local one ("#/$defs/Step"); a ref elsewhere is a ValueError
+        if not ref.startswith("#"):
+            raise ValueError(f"response_format schema: only local $ref ('#/...') is supported, not {ref!r}")
+        target: Any = root
+        for part in filter(None, ref.removeprefix("#").strip("/").split("/")):
+            target = target.get(part) if isinstance(target, dict) else None
+        if not isinstance(target, dict):
+            raise ValueError(f"response_format schema: $ref {ref!r} points at nothing")
+        return instance(target, fields, key, root)
     if "const" in schema:
         return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -120,18 +127,6 @@ def instance(schema: dict[str, Any], fields: dict[str, str], key: str = "", root
         return None
     text = _field(key, fields)[: int(schema["maxLength"]) if "maxLength" in schema else None]
     return text.ljust(int(schema.get("minLength", 0)), " ")
-
-
-def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
-    """The schema a local `$ref` ("#/$defs/Step") points at; a ref elsewhere is a ValueError."""
-    target: Any = root
-    if not ref.startswith("#"):
-        raise ValueError(f"response_format schema: only local $ref ('#/...') is supported, not {ref!r}")
-    for part in filter(None, ref.removeprefix("#").strip("/").split("/")):
-        target = target.get(part) if isinstance(target, dict) else None
-    if not isinstance(target, dict):
-        raise ValueError(f"response_format schema: $ref {ref!r} points at nothing")
-    return target
 
 
 def _field(key: str, fields: dict[str, str]) -> str:
