@@ -218,7 +218,7 @@ class SimulatedModel:
         if not 0.0 <= skill <= 1.0:
             raise ValueError(f"skill must be between 0 and 1, got {skill}")
         for question, answer in answers.items():
-            key = _normalise(question)
+            key = " ".join(question.split())
             if len(key) < 20:
                 raise ValueError(f"question {question!r} is too short to be recognised in prompts (20 characters at least)")
             self._answers[key] = str(answer)
@@ -314,14 +314,13 @@ class SimulatedModel:
             replies = [reply(index) for index in range(max(1, request.n))]
             for choice, _, _ in replies:
                 choice.reasoning = thinking or choice.reasoning
-        choices = [choice for choice, _, _ in replies]
+        choices, kinds, stated = (tuple(column) for column in zip(*replies, strict=True))
         reasoning_tokens = sum(self.counter.count(c.reasoning) for c in choices)
         parts = (part for c in choices for part in (c.text, *(t.name + t.arguments for t in c.tool_calls), c.reasoning))
-        response = SimResponse(choices, prompt_tokens, sum(self.counter.count(part) for part in parts), reasoning_tokens)
+        response = SimResponse(list(choices), prompt_tokens, sum(self.counter.count(part) for part in parts), reasoning_tokens)
         for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(response, name))
         finish_reasons, calls = tuple(c.finish_reason for c in choices), tuple(call for c in choices for call in c.tool_calls)
-        kinds, stated = tuple(kind for _, kind, _ in replies), tuple(says for _, _, says in replies)
         self.exchanges.append(
             Exchange(request.purpose, kinds, finish_reasons, stated, calls, prompt_tokens, response.completion_tokens, reasoning_tokens)
         )
@@ -553,7 +552,7 @@ class SimulatedModel:
 
     def _known(self, text: str) -> tuple[str, str] | None:
         """The answer-key question this text quotes, with its answer."""
-        flat = _normalise(text) if self._answers else ""
+        flat = " ".join(text.split()) if self._answers else ""  # the keys are whitespace-normalised
         return next(((question, answer) for question, answer in self._answers.items() if question in flat), None)
 
     def _recall(self, request: LLMRequest, known: tuple[str, str], rng: random.Random) -> str:
@@ -714,10 +713,6 @@ def _enumerated(text: str) -> list[tuple[int, str]]:
     marks = min(lists, key=lambda found: found[0].start())
     ends = [m.start() for m in marks[1:]] + [len(text)]
     return [(int(m.group("number")), text[m.end() : end]) for m, end in zip(marks, ends, strict=True)]
-
-
-def _normalise(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _wrong(answer: str, rng: random.Random) -> str:
