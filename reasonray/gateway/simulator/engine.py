@@ -158,13 +158,10 @@ def parse_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
     """`[[sim call=calculator {"expression": "2+3"}]]` directives, in order: (tool name, arguments)."""
     calls = []
     for match in CALL_DIRECTIVE.finditer(text):
-        rest = text[match.end() :]
-        arguments: dict[str, Any] = {}
-        if rest.startswith("{"):  # so what decodes is an object
-            try:
-                arguments, _ = json.JSONDecoder().raw_decode(rest)
-            except json.JSONDecodeError as exc:
-                raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments are not a JSON object ({exc})") from None
+        try:  # arguments that start with '{', so what decodes is an object
+            arguments = json.JSONDecoder().raw_decode(text[match.end() :])[0] if text.startswith("{", match.end()) else {}
+        except json.JSONDecodeError as exc:
+            raise SimulatorError(f"[[sim call={match.group(1)} ...]]: the arguments are not a JSON object ({exc})") from None
         calls.append((match.group(1), arguments))
     return calls
 
