@@ -135,7 +135,7 @@ class ReasoningBank:
         if len(pending) != len(items):
             raise InvalidParamsError("two memory items share an id; give each its own (or omit ids)")
         parent_ids = {str(i.parent_memory_id) for i in items if i.parent_memory_id} - set(pending)
-        parents = {str(p.id): p for p in self.store.get(workspace, sorted(parent_ids))}
+        parents = {str(p.id): p for p in self.store.find(workspace, None, ids=sorted(parent_ids))} if parent_ids else {}
         if missing := parent_ids - set(parents):
             raise InvalidParamsError(
                 f"parent_memory_id {', '.join(sorted(missing))} is not a memory of workspace {workspace!r}; "
@@ -224,7 +224,7 @@ class ReasoningBank:
     # -- single items and genealogy ---------------------------------------------------------------
     def get(self, memory_id: str, *, workspace: str) -> MemoryItem:
         key = _uuid(memory_id)
-        found = self.store.get(workspace, [key])
+        found = self.store.find(workspace, None, ids=[key])
         if not found:
             raise NotFoundError(f"no memory {key} in workspace {workspace!r}", {"memory_id": key, "workspace": workspace})
         return found[0]
@@ -251,7 +251,7 @@ class ReasoningBank:
         seen = {str(memory.id)}
         parent = memory.parent_memory_id
         # a parent deleted with an older workspace state is not found: the chain ends there
-        while parent is not None and str(parent) not in seen and (found := self.store.get(workspace, [str(parent)])):
+        while parent is not None and str(parent) not in seen and (found := self.store.find(workspace, None, ids=[str(parent)])):
             seen.add(str(parent))
             ancestors.insert(0, found[0])
             parent = found[0].parent_memory_id

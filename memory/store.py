@@ -161,9 +161,6 @@ class ChromaStore:
         found = collection.query(query_embeddings=[list(embedding)], n_results=n, where=where or None, include=["metadatas", "distances"])
         return list(zip(_items(found["metadatas"][0]), found["distances"][0], strict=False))
 
-    def get(self, workspace: str, ids: Sequence[str]) -> list[MemoryItem]:
-        return self.find(workspace, None, ids=list(ids)) if ids else []
-
     def find(
         self, workspace: str, where: dict[str, Any] | None, limit: int | None = None, *, ids: list[str] | None = None
     ) -> list[MemoryItem]:
