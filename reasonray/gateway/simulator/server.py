@@ -332,8 +332,13 @@ def _chat_route(app: FastAPI, settings: SimulatorSettings, model: SimulatedModel
             if refused is not None:  # as OpenAI's reasoning models refuse it, before anything else
                 return rejected(**refused)
             sim_request = _parse_request(body, request.headers.get(PURPOSE_HEADER))
-            if (fault := model.fault_for(sim_request)) is not None:
-                return await _inject(fault, settings)
+            if (fault := model.fault_for(sim_request)) == "429":
+                return _error(429, "simulated rate limit (fault injection)", "rate_limit_error", {"Retry-After": "0"})
+            if fault == "timeout":
+                await asyncio.sleep(settings.hang_s)
+                return _error(504, "simulated timeout (fault injection)", "timeout")
+            if fault is not None:
+                return _error(500, "simulated server error (fault injection)", "server_error")
             response = model.respond(sim_request)
         except ContextLengthExceeded as exc:
             return rejected(str(exc), code="context_length_exceeded")
@@ -434,15 +439,6 @@ _PLAN_ROUTES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
         lambda body: ReasoningPlan(str(body.get("form", "off")), int(body.get("thinking_tokens", DEFAULT_THINKING_TOKENS))),
     ),
 }
-
-
-async def _inject(kind: str, settings: SimulatorSettings) -> JSONResponse:
-    if kind == "429":
-        return _error(429, "simulated rate limit (fault injection)", "rate_limit_error", {"Retry-After": "0"})
-    if kind == "timeout":
-        await asyncio.sleep(settings.hang_s)
-        return _error(504, "simulated timeout (fault injection)", "timeout")
-    return _error(500, "simulated server error (fault injection)", "server_error")
 
 
 def _pieces(text: str, counter: TokenCounter, tokens_per_piece: int = 8) -> list[tuple[str, int]]:
