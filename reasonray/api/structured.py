@@ -12,6 +12,7 @@ the JSON was found.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Literal
 
@@ -99,9 +100,9 @@ async def conform(answer: str, response_format: dict[str, Any], llm: LLM, query:
         return Conformed(json.dumps(single), "single_field")
     if schema is None:  # any object will do: the answer as its one field, a JSON scalar when it is exactly one
         bare = answer.strip()
-        scalar = next((v for v in json_values(bare)[:1] if json.dumps(v) == bare), bare)
+        scalar = next((v for v in itertools.islice(json_values(bare), 1) if json.dumps(v) == bare), bare)
         return Conformed(json.dumps({"answer": scalar}), "wrapped")
-    values = json_values(repair.text) or json_values(answer)
+    values = [*json_values(repair.text)] or [*json_values(answer)]
     why = problem(values[0], schema) if values else "the model's reply holds no JSON"
     raise ModelBehaviorError(
         f"the model's answer does not satisfy response_format, even after one repair: {why}",

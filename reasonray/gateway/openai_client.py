@@ -384,7 +384,8 @@ class OpenAILLM:
 
     async def complete(self, request: LLMRequest) -> Completion:
         self._check_allowed()
-        await self.discover()
+        if self._discover:  # not otherwise: this runs on every call, and discover() would only build the capabilities
+            await self.discover()
         chosen = thinking.plan(
             request, self.traits, refused=self.refused(), default_effort=self._reasoning_effort, default_budget=self._thinking_budget
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,24 +66,23 @@ def _clean(value: str) -> str:
     return value.strip().strip("*_`").rstrip(" .!;,").strip("*_` ")
 
 
-def json_values(text: str) -> list[Any]:
-    """The JSON values a reply holds: the whole text, a fenced block, else each `{`/`[` that starts one."""
+def json_values(text: str) -> Iterator[Any]:
+    """The JSON values a reply holds: the whole text, a fenced block, else each `{`/`[` that starts one. Lazily, so a
+    caller taking the first that fits does not decode from every bracket of a long reply."""
     text = text.strip()
-    found: list[Any] = []
     decoder = json.JSONDecoder()
     fenced = [block.removeprefix("json").strip() for block in text.split("```")[1::2]]  # none without a fence
     for candidate in [text, *fenced]:
         try:
-            found.append(json.loads(candidate))
+            yield json.loads(candidate)
         except ValueError:
             continue
     for i, char in enumerate(text):
         if char in "{[":
             try:
-                found.append(decoder.raw_decode(text, i)[0])
+                yield decoder.raw_decode(text, i)[0]
             except ValueError:
                 continue
-    return found
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:

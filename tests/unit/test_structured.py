@@ -26,10 +26,10 @@ class EnforcingLLM(ScriptedLLM):
 
 
 def test_json_is_found_whole_fenced_or_embedded():
-    assert json_values('{"a": 1}') == [{"a": 1}, {"a": 1}]
+    assert list(json_values('{"a": 1}')) == [{"a": 1}, {"a": 1}]
     assert {"a": 1} in json_values('Here:\n```json\n{"a": 1}\n```')
     assert {"b": [2]} in json_values('The result is {"b": [2]}, as asked.')
-    assert json_values("no json here") == []
+    assert list(json_values("no json here")) == []
 
 
 async def test_an_answer_that_conforms_is_used_as_it_is_without_a_call():
